@@ -1,0 +1,133 @@
+"""Every exception ctxwarden raises, in one tree.
+
+User mistakes (bad input, bad configuration) are kept apart from runtime failures
+(a provider that times out, a database that is locked), so callers can tell "fix
+your call" from "try again later"::
+
+    CtxwardenError
+    ├── UsageError                  the caller must change something
+    │   ├── InvalidMessageError     a message (or transcript) is malformed
+    │   ├── UnknownModelError       a model name not in the registry
+    │   ├── ConfigError             a policy / registry / spec file is wrong
+    │   ├── BudgetError             the budget cannot hold what must be kept
+    │   └── MissingDependencyError  an optional extra is not installed
+    └── RuntimeFailure              the call was right, the world was not
+        ├── ProviderError           a model call failed (after retries)
+        │   └── ProviderTimeout
+        ├── StoreError              the session store failed
+        │   └── VersionConflict     an optimistic write lost a race
+        └── SummarizationError      a summary or fact extraction failed
+
+Messages say what to do next ("install ctxwarden[anthropic]", "budget must be at
+least 1,412 tokens").
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BudgetError",
+    "ConfigError",
+    "CtxwardenError",
+    "InvalidMessageError",
+    "MissingDependencyError",
+    "ProviderError",
+    "ProviderTimeout",
+    "RuntimeFailure",
+    "StoreError",
+    "SummarizationError",
+    "UnknownModelError",
+    "UsageError",
+    "VersionConflict",
+]
+
+
+class CtxwardenError(Exception):
+    """Base of every ctxwarden exception."""
+
+
+class UsageError(CtxwardenError):
+    """The caller must change something: input, configuration or environment."""
+
+
+class InvalidMessageError(UsageError, ValueError):
+    """A message or transcript is malformed; ``index`` and ``field`` locate it."""
+
+    def __init__(self, reason: str, *, index: int | None = None, field: str | None = None):
+        self.reason = reason
+        self.index = index
+        self.field = field
+        where = []
+        if index is not None:
+            where.append(f"message {index}")
+        if field is not None:
+            where.append(f"field {field!r}")
+        prefix = (", ".join(where) + ": ") if where else ""
+        super().__init__(prefix + reason)
+
+
+class UnknownModelError(UsageError, KeyError):
+    """A model name that the registry does not know."""
+
+    def __init__(self, model: str, known: list[str] | None = None):
+        self.model = model
+        hint = ""
+        if known:
+            close = [k for k in known if model.split(":")[0].split("-")[0] in k][:5]
+            if close:
+                hint = f" Did you mean one of: {', '.join(close)}?"
+        super().__init__(
+            f"unknown model {model!r}.{hint} Add it with a registry TOML file "
+            "(see `ctxwarden models --help`)."
+        )
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class ConfigError(UsageError, ValueError):
+    """A policy, registry or provider spec is wrong."""
+
+
+class BudgetError(UsageError, ValueError):
+    """The token budget cannot hold what must always be kept."""
+
+    def __init__(self, message: str, *, minimum: int | None = None):
+        self.minimum = minimum
+        super().__init__(message)
+
+
+class MissingDependencyError(UsageError, ImportError):
+    """An optional extra is needed: the message names the ``pip install`` to run."""
+
+    def __init__(self, feature: str, extra: str):
+        self.extra = extra
+        super().__init__(f"{feature} needs an optional dependency: pip install 'ctxwarden[{extra}]'")
+
+
+class RuntimeFailure(CtxwardenError):
+    """The call was right but something outside failed; retrying may help."""
+
+
+class ProviderError(RuntimeFailure):
+    """A model provider call failed after retries."""
+
+    def __init__(self, message: str, *, status: int | None = None, provider: str | None = None):
+        self.status = status
+        self.provider = provider
+        super().__init__(message)
+
+
+class ProviderTimeout(ProviderError):
+    """A model provider did not answer in time."""
+
+
+class StoreError(RuntimeFailure):
+    """The session store failed (locked, unreachable, corrupt)."""
+
+
+class VersionConflict(StoreError):
+    """An optimistic write found the session changed since it was read."""
+
+
+class SummarizationError(RuntimeFailure):
+    """A summary or fact extraction failed; the messages are left in place."""

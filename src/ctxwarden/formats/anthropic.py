@@ -1,0 +1,229 @@
+"""Anthropic Messages wire format <-> :class:`~ctxwarden.messages.Message`.
+
+Anthropic differs from OpenAI in four ways that matter here:
+
+* the system prompt is a separate parameter (we send it as a list of text blocks, one
+  per system message, so cache breakpoints can sit between them);
+* tool calls are ``tool_use`` blocks inside the assistant turn and results are
+  ``tool_result`` blocks inside the next *user* turn; consecutive results (and a user
+  text that follows them) are merged into one user turn, as the API requires;
+* ``tool_use`` ids must be unique in a request, while recorded traces reuse them: a
+  reused id is sent with a ``__dupN`` suffix on both the call and its result, and the
+  suffix is removed on the way back;
+* ``cache_control`` marks the end of a cacheable prefix (at most 4 breakpoints).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any
+
+from ..conversation import group_blocks
+from ..errors import InvalidMessageError
+from ..messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
+
+__all__ = ["MAX_CACHE_BREAKPOINTS", "messages_from_anthropic", "messages_to_anthropic"]
+
+MAX_CACHE_BREAKPOINTS = 4
+_DUP = re.compile(r"__dup\d+$")
+_DATA_URI = re.compile(r"^data:(?P<media>[\w/+.-]+);base64,(?P<data>.*)$", re.DOTALL)
+_CACHE = {"type": "ephemeral"}
+
+
+def _image_block(part: ImagePart) -> dict[str, Any]:
+    match = _DATA_URI.match(part.url)
+    if match:
+        source = {"type": "base64", "media_type": match["media"], "data": match["data"]}
+    else:
+        source = {"type": "url", "url": part.url}
+    return {"type": "image", "source": source}
+
+
+def _content_blocks(content: str | tuple[Part, ...] | None) -> list[dict[str, Any]]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    blocks: list[dict[str, Any]] = []
+    for part in content:
+        if isinstance(part, TextPart):
+            blocks.append({"type": "text", "text": part.text})
+        elif isinstance(part, ImagePart):
+            blocks.append(_image_block(part))
+        else:
+            blocks.append(dict(part.data))
+    return blocks
+
+
+def _tool_input(call: ToolCall) -> dict[str, Any]:
+    try:
+        value = json.loads(call.arguments) if call.arguments.strip() else {}
+    except ValueError:
+        return {"_raw_arguments": call.arguments}
+    return value if isinstance(value, dict) else {"_value": value}
+
+
+def messages_to_anthropic(
+    messages: Sequence[Message], *, cache_breakpoints: Collection[str] = ()
+) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]]]:
+    """Convert to ``(system, messages)`` for ``client.messages.create``.
+
+    ``cache_breakpoints`` holds message ids whose last block gets ``cache_control``.
+    """
+    if len(cache_breakpoints) > MAX_CACHE_BREAKPOINTS:
+        raise InvalidMessageError(
+            f"Anthropic allows at most {MAX_CACHE_BREAKPOINTS} cache breakpoints, "
+            f"got {len(cache_breakpoints)}"
+        )
+    system: list[dict[str, Any]] = []
+    turns: list[dict[str, Any]] = []
+    seen_ids: dict[str, int] = {}
+
+    def unique(call_id: str) -> str:
+        count = seen_ids.get(call_id, 0) + 1
+        seen_ids[call_id] = count
+        return call_id if count == 1 else f"{call_id}__dup{count}"
+
+    def add(role: str, blocks: list[dict[str, Any]], msg: Message) -> None:
+        if msg.id in cache_breakpoints and blocks:
+            blocks[-1] = {**blocks[-1], "cache_control": dict(_CACHE)}
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"].extend(blocks)
+        else:
+            turns.append({"role": role, "content": blocks})
+
+    for block in group_blocks(messages):
+        head = block.head
+        if head.role == "system":
+            blocks = [{"type": "text", "text": head.text}]
+            if head.id in cache_breakpoints:
+                blocks[-1]["cache_control"] = dict(_CACHE)
+            system.extend(blocks)
+        elif head.role == "user" or head.role == "tool":  # a lone tool result is an orphan
+            if head.role == "tool":
+                raise InvalidMessageError(
+                    f"tool result for call {head.tool_call_id!r} has no tool call before it",
+                    index=block.start,
+                    field="tool_call_id",
+                )
+            add("user", _content_blocks(head.content), head)
+        else:
+            renamed: dict[str, list[str]] = {c.id: [] for c in head.tool_calls}
+            uses = []
+            for call in head.tool_calls:
+                new_id = unique(call.id)
+                renamed[call.id].append(new_id)
+                uses.append({"type": "tool_use", "id": new_id, "name": call.name, "input": _tool_input(call)})
+            add("assistant", _content_blocks(head.content) + uses, head)
+            for result in block.messages[1:]:
+                ids = renamed[result.tool_call_id or ""]
+                tool_use_id = ids.pop(0)
+                item: dict[str, Any] = {
+                    "type": "tool_result",
+                    "tool_use_id": tool_use_id,
+                    "content": _content_blocks(result.content) or "",
+                }
+                if result.meta.get("is_error"):
+                    item["is_error"] = True
+                add("user", [item], result)
+    return (system or None), turns
+
+
+def _parts_from_blocks(blocks: Iterable[Mapping[str, Any]]) -> tuple[Part, ...]:
+    parts: list[Part] = []
+    for b in blocks:
+        if b.get("type") == "text":
+            parts.append(TextPart(str(b.get("text", ""))))
+        elif b.get("type") == "image":
+            src = b.get("source", {})
+            if src.get("type") == "base64":
+                parts.append(ImagePart(url=f"data:{src['media_type']};base64,{src['data']}"))
+            elif src.get("type") == "url":
+                parts.append(ImagePart(url=src["url"]))
+            else:
+                parts.append(RawPart(dict(b)))
+        else:
+            parts.append(RawPart(dict(b)))
+    return tuple(parts)
+
+
+def _simplify(parts: tuple[Part, ...]) -> str | tuple[Part, ...]:
+    """A single text part becomes a plain string (OpenAI's usual shape)."""
+    if len(parts) == 1 and isinstance(parts[0], TextPart):
+        return parts[0].text
+    if not parts:
+        return ""
+    return parts
+
+
+def messages_from_anthropic(
+    system: str | Sequence[Mapping[str, Any]] | None, messages: Sequence[Mapping[str, Any]]
+) -> list[Message]:
+    """Convert an Anthropic request (``system``, ``messages``) back to our messages."""
+    out: list[Message] = []
+    if isinstance(system, str):
+        out.append(Message.system(system))
+    elif system:
+        for block in system:
+            out.append(Message.system(str(block.get("text", ""))))
+    names: dict[str, str] = {}
+    for index, turn in enumerate(messages):
+        role = turn.get("role")
+        content = turn.get("content")
+        if role not in ("user", "assistant"):
+            raise InvalidMessageError(
+                f"role must be user or assistant, got {role!r}", index=index, field="role"
+            )
+        blocks: list[Mapping[str, Any]]
+        if isinstance(content, str):
+            blocks = [{"type": "text", "text": content}]
+        elif isinstance(content, list):
+            blocks = [b for b in content if isinstance(b, Mapping)]
+        else:
+            raise InvalidMessageError("content must be text or a list", index=index, field="content")
+        if role == "assistant":
+            calls = []
+            for b in blocks:
+                if b.get("type") == "tool_use":
+                    call_id = _DUP.sub("", str(b["id"]))
+                    names[str(b["id"])] = str(b["name"])
+                    raw = b.get("input", {})
+                    args = raw["_raw_arguments"] if set(raw) == {"_raw_arguments"} else json.dumps(raw)
+                    calls.append(ToolCall(id=call_id, name=str(b["name"]), arguments=args))
+            text_blocks = [b for b in blocks if b.get("type") != "tool_use"]
+            text = "".join(str(b.get("text", "")) for b in text_blocks if b.get("type") == "text")
+            others = [b for b in text_blocks if b.get("type") != "text"]
+            extra = {"anthropic_blocks": others} if others else {}
+            out.append(Message.assistant(text or None, tuple(calls), meta=extra))
+            continue
+        pending: list[Mapping[str, Any]] = []
+        for b in blocks:
+            if b.get("type") == "tool_result":
+                use_id = str(b.get("tool_use_id", ""))
+                inner = b.get("content", "")
+                parts = _parts_from_blocks(inner) if isinstance(inner, list) else (TextPart(str(inner)),)
+                result = _simplify(parts)
+                meta = {"is_error": True} if b.get("is_error") else {}
+                out.append(
+                    Message(
+                        role="tool",
+                        content=result,
+                        tool_call_id=_DUP.sub("", use_id),
+                        name=names.get(use_id),
+                        meta=meta,
+                    )
+                )
+            else:
+                pending.append(b)
+        if pending:
+            out.append(Message.user(_simplify(_parts_from_blocks(pending))))
+    return out
+
+
+def decode_data_uri(url: str) -> bytes | None:
+    """The bytes of a ``data:`` URI image (used to size images for token estimates)."""
+    match = _DATA_URI.match(url)
+    return base64.b64decode(match["data"]) if match else None

@@ -1,0 +1,233 @@
+"""The message model every other module speaks (R1).
+
+One frozen dataclass, :class:`Message`, with a ``role`` discriminator covering system,
+user, assistant (text and tool calls) and tool results, plus the metadata a context
+manager needs: a stable ``id``, the ``kind`` of a tool result, ``pinned``,
+``priority``, ``created_at`` and free ``meta``. Wire formats live at the edges
+(:mod:`ctxwarden.formats`); the methods here only delegate to them.
+
+Messages never change: strategies return new ones with :func:`dataclasses.replace`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any, Literal, get_args
+
+from .errors import InvalidMessageError
+
+__all__ = [
+    "ImagePart",
+    "Message",
+    "Part",
+    "Priority",
+    "RawPart",
+    "ResultKind",
+    "Role",
+    "TextPart",
+    "ToolCall",
+    "detect_kind",
+]
+
+Role = Literal["system", "user", "assistant", "tool"]
+ResultKind = Literal["stack_trace", "json", "article", "text"]
+Priority = Literal["critical", "high", "medium", "low"]
+
+ROLES: tuple[str, ...] = get_args(Role)
+RESULT_KINDS: tuple[str, ...] = get_args(ResultKind)
+PRIORITIES: tuple[str, ...] = get_args(Priority)
+
+
+@dataclass(frozen=True)
+class TextPart:
+    """A text part of a multi-part content."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ImagePart:
+    """An image, by URL (``https://…`` or a ``data:`` URI); ``detail`` as OpenAI names it."""
+
+    url: str
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class RawPart:
+    """A part we do not model (audio, file, provider extensions), kept verbatim."""
+
+    data: Mapping[str, Any]
+
+
+Part = TextPart | ImagePart | RawPart
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One function call requested by the assistant; ``arguments`` is the raw JSON text."""
+
+    id: str
+    name: str
+    arguments: str = "{}"
+
+    def parsed_arguments(self) -> dict[str, Any]:
+        """The arguments as a dict; ``{}`` when they are not a JSON object."""
+        try:
+            value = json.loads(self.arguments) if self.arguments else {}
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Message:
+    """One conversation message, provider-neutral.
+
+    ``content`` is text, a tuple of parts (text and images), or ``None`` (an assistant
+    message that only calls tools). ``extra`` keeps wire keys we do not model so the
+    round trip to the provider format is lossless.
+    """
+
+    role: Role
+    content: str | tuple[Part, ...] | None = None
+    id: str = ""
+    name: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    kind: ResultKind | None = None
+    pinned: bool = False
+    priority: Priority = "medium"
+    created_at: float | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.content, list):
+            object.__setattr__(self, "content", tuple(self.content))
+        if isinstance(self.tool_calls, list):
+            object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
+        if self.role not in ROLES:
+            raise InvalidMessageError(
+                f"role must be one of {', '.join(ROLES)}, got {self.role!r}", field="role"
+            )
+        if self.priority not in PRIORITIES:
+            raise InvalidMessageError(
+                f"priority must be one of {', '.join(PRIORITIES)}, got {self.priority!r}",
+                field="priority",
+            )
+        if self.tool_calls and self.role != "assistant":
+            raise InvalidMessageError("only assistant messages carry tool_calls", field="tool_calls")
+        if self.role == "tool":
+            if not self.tool_call_id:
+                raise InvalidMessageError(
+                    "a tool result needs the tool_call_id of its call", field="tool_call_id"
+                )
+            if self.kind is None:
+                object.__setattr__(self, "kind", detect_kind(self.text))
+        elif self.kind is not None:
+            raise InvalidMessageError("only tool results have a kind", field="kind")
+        if self.kind is not None and self.kind not in RESULT_KINDS:
+            raise InvalidMessageError(
+                f"kind must be one of {', '.join(RESULT_KINDS)}, got {self.kind!r}", field="kind"
+            )
+        if not self.id:
+            object.__setattr__(self, "id", "h" + self.fingerprint[:12])
+
+    # -- constructors -------------------------------------------------------------------
+
+    @classmethod
+    def system(cls, text: str, **kw: Any) -> Message:
+        return cls(role="system", content=text, **kw)
+
+    @classmethod
+    def user(cls, content: str | tuple[Part, ...], **kw: Any) -> Message:
+        return cls(role="user", content=content, **kw)
+
+    @classmethod
+    def assistant(
+        cls, text: str | None = None, tool_calls: tuple[ToolCall, ...] = (), **kw: Any
+    ) -> Message:
+        return cls(role="assistant", content=text, tool_calls=tuple(tool_calls), **kw)
+
+    @classmethod
+    def tool(cls, content: str, tool_call_id: str, name: str | None = None, **kw: Any) -> Message:
+        return cls(role="tool", content=content, tool_call_id=tool_call_id, name=name, **kw)
+
+    # -- views ----------------------------------------------------------------------------
+
+    @cached_property
+    def text(self) -> str:
+        """The text content: parts joined by newlines, images and raw parts left out."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(p.text for p in self.content if isinstance(p, TextPart))
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """A hash of everything the provider sees (not our metadata): the token-cache key."""
+        payload = json.dumps(self.to_openai(), sort_keys=True, ensure_ascii=False, default=str)
+        return hashlib.sha1(payload.encode("utf-8")).hexdigest()
+
+    @property
+    def is_tool_call(self) -> bool:
+        return self.role == "assistant" and bool(self.tool_calls)
+
+    def with_content(self, content: str | tuple[Part, ...] | None, **meta: Any) -> Message:
+        """A copy with new content (and extra ``meta`` keys), same id and metadata."""
+        new_meta = {**self.meta, **meta} if meta else self.meta
+        return replace(self, content=content, meta=new_meta)
+
+    # -- wire formats -----------------------------------------------------------------------
+
+    @classmethod
+    def from_openai(cls, data: Mapping[str, Any], *, index: int | None = None) -> Message:
+        """Parse one OpenAI chat message dict; errors name ``index`` and the field."""
+        from .formats.openai import message_from_openai
+
+        return message_from_openai(data, index=index)
+
+    def to_openai(self) -> dict[str, Any]:
+        """This message as an OpenAI chat-completions dict."""
+        from .formats.openai import message_to_openai
+
+        return message_to_openai(self)
+
+
+# -- tool-result kind detection ---------------------------------------------------------------
+
+_TRACE_MARKERS = re.compile(
+    r"Traceback \(most recent call last\)"  # Python
+    r"|^\s+at [\w$.<>]+\(.*:\d+\)"  # Java / Kotlin
+    r"|^\s+at .+ \(.+:\d+:\d+\)"  # Node.js
+    r"|^goroutine \d+ \["  # Go
+    r"|panicked at .+:\d+:\d+",  # Rust
+    re.MULTILINE,
+)
+
+
+def detect_kind(text: str) -> ResultKind:
+    """Guess the kind of a tool result from its text: a stack trace, JSON, an article or text."""
+    stripped = text.strip()
+    if not stripped:
+        return "text"
+    if stripped[0] in "[{":
+        try:
+            json.loads(stripped)
+        except ValueError:
+            pass
+        else:
+            return "json"
+    if _TRACE_MARKERS.search(text):
+        return "stack_trace"
+    sentences = len(re.findall(r"[.!?。](\s|$)", stripped))
+    if len(stripped) >= 600 and sentences >= 5:
+        return "article"
+    return "text"
