@@ -1,0 +1,1 @@
+"""Context strategies, one module each, applied as a cascade (cheapest first)."""
