@@ -56,7 +56,9 @@ class PairingProblem:
 
     def describe(self) -> str:
         if self.problem == "orphan_result":
-            return f"tool result for call {self.call_id!r} has no matching tool call right before it"
+            return (
+                f"tool result for call {self.call_id!r} has no matching tool call right before it"
+            )
         return f"tool call {self.call_id!r} has no tool result after it"
 
 
@@ -86,7 +88,9 @@ def pairing_problems(messages: Sequence[Message]) -> list[PairingProblem]:
     problems: list[PairingProblem] = []
     for block in group_blocks(messages):
         if block.orphan:
-            problems.append(PairingProblem(block.start, "orphan_result", block.head.tool_call_id or ""))
+            problems.append(
+                PairingProblem(block.start, "orphan_result", block.head.tool_call_id or "")
+            )
         for call_id in block.unanswered:
             problems.append(PairingProblem(block.start, "unanswered_call", call_id))
     return problems

@@ -101,7 +101,9 @@ class MissingDependencyError(UsageError, ImportError):
 
     def __init__(self, feature: str, extra: str):
         self.extra = extra
-        super().__init__(f"{feature} needs an optional dependency: pip install 'ctxwarden[{extra}]'")
+        super().__init__(
+            f"{feature} needs an optional dependency: pip install 'ctxwarden[{extra}]'"
+        )
 
 
 class RuntimeFailure(CtxwardenError):

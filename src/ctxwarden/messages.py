@@ -122,7 +122,9 @@ class Message:
                 field="priority",
             )
         if self.tool_calls and self.role != "assistant":
-            raise InvalidMessageError("only assistant messages carry tool_calls", field="tool_calls")
+            raise InvalidMessageError(
+                "only assistant messages carry tool_calls", field="tool_calls"
+            )
         if self.role == "tool":
             if not self.tool_call_id:
                 raise InvalidMessageError(

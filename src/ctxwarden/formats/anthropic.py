@@ -98,12 +98,12 @@ def messages_to_anthropic(
     for block in group_blocks(messages):
         head = block.head
         if head.role == "system":
-            blocks = [{"type": "text", "text": head.text}]
+            blocks: list[dict[str, Any]] = [{"type": "text", "text": head.text}]
             if head.id in cache_breakpoints:
                 blocks[-1]["cache_control"] = dict(_CACHE)
             system.extend(blocks)
-        elif head.role == "user" or head.role == "tool":  # a lone tool result is an orphan
-            if head.role == "tool":
+        elif head.role in ("user", "tool"):
+            if head.role == "tool":  # a tool result outside a call block is an orphan
                 raise InvalidMessageError(
                     f"tool result for call {head.tool_call_id!r} has no tool call before it",
                     index=block.start,
@@ -116,7 +116,14 @@ def messages_to_anthropic(
             for call in head.tool_calls:
                 new_id = unique(call.id)
                 renamed[call.id].append(new_id)
-                uses.append({"type": "tool_use", "id": new_id, "name": call.name, "input": _tool_input(call)})
+                uses.append(
+                    {
+                        "type": "tool_use",
+                        "id": new_id,
+                        "name": call.name,
+                        "input": _tool_input(call),
+                    }
+                )
             add("assistant", _content_blocks(head.content) + uses, head)
             for result in block.messages[1:]:
                 ids = renamed[result.tool_call_id or ""]
@@ -183,7 +190,9 @@ def messages_from_anthropic(
         elif isinstance(content, list):
             blocks = [b for b in content if isinstance(b, Mapping)]
         else:
-            raise InvalidMessageError("content must be text or a list", index=index, field="content")
+            raise InvalidMessageError(
+                "content must be text or a list", index=index, field="content"
+            )
         if role == "assistant":
             calls = []
             for b in blocks:
@@ -191,7 +200,9 @@ def messages_from_anthropic(
                     call_id = _DUP.sub("", str(b["id"]))
                     names[str(b["id"])] = str(b["name"])
                     raw = b.get("input", {})
-                    args = raw["_raw_arguments"] if set(raw) == {"_raw_arguments"} else json.dumps(raw)
+                    args = (
+                        raw["_raw_arguments"] if set(raw) == {"_raw_arguments"} else json.dumps(raw)
+                    )
                     calls.append(ToolCall(id=call_id, name=str(b["name"]), arguments=args))
             text_blocks = [b for b in blocks if b.get("type") != "tool_use"]
             text = "".join(str(b.get("text", "")) for b in text_blocks if b.get("type") == "text")
@@ -204,7 +215,11 @@ def messages_from_anthropic(
             if b.get("type") == "tool_result":
                 use_id = str(b.get("tool_use_id", ""))
                 inner = b.get("content", "")
-                parts = _parts_from_blocks(inner) if isinstance(inner, list) else (TextPart(str(inner)),)
+                parts = (
+                    _parts_from_blocks(inner)
+                    if isinstance(inner, list)
+                    else (TextPart(str(inner)),)
+                )
                 result = _simplify(parts)
                 meta = {"is_error": True} if b.get("is_error") else {}
                 out.append(

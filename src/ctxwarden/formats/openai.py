@@ -192,6 +192,8 @@ def messages_from_openai(
     return out
 
 
-def messages_to_openai(messages: Sequence[Message], *, with_meta: bool = False) -> list[dict[str, Any]]:
+def messages_to_openai(
+    messages: Sequence[Message], *, with_meta: bool = False
+) -> list[dict[str, Any]]:
     """Write a list of messages in OpenAI chat format."""
     return [message_to_openai(m, with_meta=with_meta) for m in messages]

@@ -1,0 +1,197 @@
+"""Token counting: the published OpenAI formula, offline loading, caching, estimates."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import ctxwarden
+from ctxwarden.encodings import get_encoding
+from ctxwarden.images import image_size, tile_tokens
+from ctxwarden.messages import ImagePart, Message, TextPart, ToolCall
+from ctxwarden.tokens import TokenCounter, count_tokens, render_tools
+
+
+def cookbook_count(messages: list[dict[str, Any]], encoding_name: str) -> int:
+    """OpenAI cookbook's num_tokens_from_messages, written out independently."""
+    enc = get_encoding(encoding_name)
+    total = 0
+    for message in messages:
+        total += 3
+        for key, value in message.items():
+            total += len(enc.encode(value))
+            if key == "name":
+                total += 1
+    return total + 3
+
+
+def test_plain_text_messages_match_published_formula_on_tau_bench(tau_bench_path: Path) -> None:
+    runs = json.loads(tau_bench_path.read_text())
+    checked = 0
+    for run in runs:
+        plain = [m for m in run["traj"] if m["role"] in ("system", "user", "assistant")]
+        plain = [m for m in plain if isinstance(m.get("content"), str) and "tool_calls" not in m]
+        for model, encoding in (("gpt-4o", "o200k_base"), ("gpt-4", "cl100k_base")):
+            assert count_tokens(plain, model=model) == cookbook_count(plain, encoding)
+        checked += 1
+    assert checked == len(runs) == 120
+
+
+def test_plain_text_count_is_exact_and_tool_calls_are_labelled() -> None:
+    counter = TokenCounter("gpt-4o")
+    plain = [Message.system("You are terse."), Message.user("hi there")]
+    result = counter.count_messages(plain)
+    assert result.exact and result.encoding == "o200k_base"
+    with_call = [*plain, Message.assistant(None, (ToolCall("c1", "lookup", '{"q": "x"}'),))]
+    assert not counter.count_messages(with_call).exact
+
+
+def test_tool_call_method_is_name_plus_arguments_plus_framing() -> None:
+    counter = TokenCounter("gpt-4o")
+    enc = get_encoding("o200k_base")
+    call = ToolCall("call_1", "get_user_details", '{"user_id": "mia_li_3668"}')
+    msg = Message.assistant(None, (call,))
+    expected = 3 + len(enc.encode("assistant")) + 3 + len(enc.encode(call.name))
+    expected += len(enc.encode(call.arguments))
+    assert counter.count_message(msg) == expected
+    result = Message.tool('{"ok": true}', "call_1", name="get_user_details")
+    expected_result = 3 + len(enc.encode("tool")) + len(enc.encode('{"ok": true}'))
+    expected_result += len(enc.encode("get_user_details")) + 1
+    assert counter.count_message(result) == expected_result
+
+
+def test_tool_definitions_are_rendered_and_counted() -> None:
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather for a city",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "city": {"type": "string", "description": "City name"},
+                        "unit": {"type": "string", "enum": ["c", "f"]},
+                    },
+                    "required": ["city"],
+                },
+            },
+        }
+    ]
+    rendered = render_tools(tools)
+    assert "type get_weather = (_: {" in rendered
+    assert "// City name" in rendered and 'unit?: "c" | "f",' in rendered
+    counter = TokenCounter("gpt-4o")
+    msgs = [Message.user("weather in Kyiv?")]
+    without = counter.count_messages(msgs).tokens
+    assert counter.count_messages(msgs, tools).tokens == without + counter.count_tools(tools)
+    assert counter.count_tools(tools) > 20
+
+
+def test_models_choose_their_encoding() -> None:
+    assert TokenCounter("gpt-4o").encoding_name == "o200k_base"
+    assert TokenCounter("gpt-5-mini").encoding_name == "o200k_base"
+    assert TokenCounter("o3").encoding_name == "o200k_base"
+    assert TokenCounter("gpt-4").encoding_name == "cl100k_base"
+    assert TokenCounter("gpt-3.5-turbo").encoding_name == "cl100k_base"
+
+
+def test_cjk_and_cyrillic_are_counted_by_the_real_tokenizer() -> None:
+    counter = TokenCounter("gpt-4o")
+    enc = get_encoding("o200k_base")
+    for text in ("你好，世界。今天天气很好。", "Привіт, світе! Як справи?", "日本語のテキスト"):
+        assert counter.count_text(text) == len(enc.encode(text))
+        assert counter.count_text(text) > 0
+
+
+def test_other_families_are_estimates() -> None:
+    msgs = [Message.user("The quick brown fox jumps over the lazy dog. " * 20)]
+    claude = TokenCounter("claude-sonnet-4-5").count_messages(msgs)
+    gpt = TokenCounter("gpt-4o").count_messages(msgs)
+    assert not claude.exact and claude.method.startswith("estimate:")
+    assert claude.tokens > gpt.tokens  # conservative: never under the OpenAI count
+
+
+def test_unknown_model_is_a_clear_error() -> None:
+    with pytest.raises(ctxwarden.UnknownModelError, match="unknown model 'bananas-7'"):
+        TokenCounter("bananas-7")
+
+
+def test_counts_are_cached_per_message() -> None:
+    counter = TokenCounter("gpt-4o")
+    history = [Message.user(f"message number {i} with some words") for i in range(50)]
+    first = counter.count_messages(history).tokens
+    calls = 0
+    original = counter._message_tokens
+
+    def spy(message: Message) -> tuple[int, bool]:
+        nonlocal calls
+        calls += 1
+        return original(message)
+
+    counter._message_tokens = spy  # type: ignore[method-assign]
+    history.append(Message.assistant("a new reply"))
+    second = counter.count_messages(history).tokens
+    assert calls == 1  # only the new message was tokenized
+    assert second == first + counter.count_message(history[-1])
+
+
+def _png(width: int, height: int) -> bytes:
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = (
+        struct.pack(">I", len(ihdr))
+        + b"IHDR"
+        + ihdr
+        + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr))
+    )
+    return b"\x89PNG\r\n\x1a\n" + chunk
+
+
+def test_image_tokens_follow_the_tile_formula() -> None:
+    assert tile_tokens(1024, 1024) == 765
+    assert tile_tokens(2048, 4096) == 1105
+    assert tile_tokens(4000, 4000, "low") == 85
+    assert image_size(_png(640, 480)) == (640, 480)
+    url = "data:image/png;base64," + base64.b64encode(_png(640, 480)).decode()
+    counter = TokenCounter("gpt-4o")
+    msg = Message.user((TextPart("what is this?"), ImagePart(url=url)))
+    text_only = counter.count_message(Message.user((TextPart("what is this?"),)))
+    assert counter.count_message(msg) == text_only + tile_tokens(640, 480)
+    assert counter.count_messages([msg]).exact
+    remote = Message.user((ImagePart(url="https://example.com/cat.png"),))
+    assert not counter.count_messages([remote]).exact
+
+
+def test_counting_works_with_sockets_blocked(tmp_path: Path) -> None:
+    """A fresh process with an empty cache and every socket refused still counts."""
+    script = textwrap.dedent(
+        """
+        import socket
+        def refuse(*a, **k):
+            raise OSError("network blocked by test")
+        socket.socket.connect = refuse
+        socket.create_connection = refuse
+        socket.getaddrinfo = refuse
+        from ctxwarden.tokens import count_tokens
+        n = count_tokens([{"role": "user", "content": "hello world"}], model="gpt-4o")
+        m = count_tokens([{"role": "user", "content": "hello world"}], model="gpt-4")
+        print(n, m)
+        """
+    )
+    env = {**os.environ, "CTXWARDEN_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("TIKTOKEN_CACHE_DIR", None)
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["9", "9"]
+    assert len(list((tmp_path / "cache" / "tiktoken").iterdir())) >= 2
