@@ -1,0 +1,339 @@
+"""The operations of a :class:`~ctxwarden.store.base.SessionStore`, written once in SQL.
+
+Both backends subclass :class:`SqlStore` and supply only transactions (``_read`` and
+``_write``), the schema introspection, and connection bookkeeping. Queries use ``?``
+placeholders; the PostgreSQL cursor rewrites them.
+
+Sequence numbers come from ``ctxwarden_sessions.next_seq``, bumped by the same
+transaction that inserts the messages: the row lock (PostgreSQL) or the single writer
+(SQLite) serialises appenders, so numbers never collide and are visible only together
+with their messages. Reads for the build walk the primary key backwards in chunks and
+stop when the budget is full, never reading the history.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from ..errors import StoreError, VersionConflict
+from ..messages import Message
+from ..usage import Usage
+from .base import (
+    StoredMessage,
+    StoredSession,
+    SummaryInput,
+    decode_message,
+    decode_usage,
+    encode_message,
+    encode_usage,
+)
+from .migrations import Tx
+
+__all__ = ["SqlStore"]
+
+_SESSION_COLS = (
+    "tenant, session_id, summary, facts, sticky, version, created_at, updated_at, "
+    "summary_upto, next_seq, usage"
+)
+_WHERE = "WHERE tenant = ? AND session_id = ?"
+_MAX_SEQ = 2**62
+
+
+def _session(row: Sequence[Any]) -> StoredSession:
+    return StoredSession(
+        tenant=row[0],
+        session_id=row[1],
+        summary=row[2],
+        facts=json.loads(row[3]),
+        sticky=json.loads(row[4]),
+        version=int(row[5]),
+        created_at=float(row[6]),
+        updated_at=float(row[7]),
+        summary_upto=int(row[8]),
+        next_seq=int(row[9]),
+        usage=decode_usage(row[10]),
+    )
+
+
+def _message(row: Sequence[Any]) -> StoredMessage:
+    seq = int(row[0])
+    return StoredMessage(seq, decode_message(row[1], seq), json.loads(row[2]))
+
+
+class SqlStore(ABC):
+    """Shared implementation; see the module docstring."""
+
+    url: str
+
+    @abstractmethod
+    def _read(self) -> AbstractContextManager[Tx]:
+        """A short read transaction seeing one snapshot."""
+
+    @abstractmethod
+    def _write(self) -> AbstractContextManager[Tx]:
+        """A short write transaction (holding the write lock from its first statement)."""
+
+    # -- sessions -------------------------------------------------------------------------
+
+    def create_session(self, tenant: str, session_id: str) -> StoredSession:
+        """Get the session, creating it when new (idempotent, safe under concurrency)."""
+        if not tenant or not session_id:
+            raise ValueError("tenant and session_id must be non-empty strings")
+        now = time.time()
+        with self._write() as tx:
+            tx.execute(
+                "INSERT INTO ctxwarden_sessions (tenant, session_id, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (tenant, session_id) DO NOTHING",
+                (tenant, session_id, now, now),
+            )
+            rows = tx.execute(
+                f"SELECT {_SESSION_COLS} FROM ctxwarden_sessions {_WHERE}", (tenant, session_id)
+            )
+        return _session(rows[0])
+
+    def get_session(self, tenant: str, session_id: str) -> StoredSession | None:
+        with self._read() as tx:
+            rows = tx.execute(
+                f"SELECT {_SESSION_COLS} FROM ctxwarden_sessions {_WHERE}", (tenant, session_id)
+            )
+        return _session(rows[0]) if rows else None
+
+    def _require(self, tx: Tx, tenant: str, session_id: str) -> StoredSession:
+        rows = tx.execute(
+            f"SELECT {_SESSION_COLS} FROM ctxwarden_sessions {_WHERE}", (tenant, session_id)
+        )
+        if not rows:
+            raise StoreError(f"no session {session_id!r} for tenant {tenant!r}; create it first")
+        return _session(rows[0])
+
+    def list_sessions(self, tenant: str) -> list[StoredSession]:
+        with self._read() as tx:
+            rows = tx.execute(
+                f"SELECT {_SESSION_COLS} FROM ctxwarden_sessions WHERE tenant = ? "
+                "ORDER BY created_at, session_id",
+                (tenant,),
+            )
+        return [_session(r) for r in rows]
+
+    # -- messages -------------------------------------------------------------------------
+
+    def append(
+        self,
+        tenant: str,
+        session_id: str,
+        messages: Sequence[Message],
+        token_counts: Sequence[Mapping[str, int]],
+    ) -> list[int]:
+        """Store ``messages`` atomically, in order; return their sequence numbers."""
+        if len(token_counts) != len(messages):
+            raise ValueError("give one token_counts mapping per message")
+        if not messages:
+            return []
+        encoded = [encode_message(m) for m in messages]  # before the transaction opens
+        now = time.time()
+        n = len(messages)
+        with self._write() as tx:
+            rows = tx.execute(
+                "UPDATE ctxwarden_sessions SET next_seq = next_seq + ?, updated_at = ? "
+                f"{_WHERE} RETURNING next_seq",
+                (n, now, tenant, session_id),
+            )
+            if not rows:
+                raise StoreError(
+                    f"no session {session_id!r} for tenant {tenant!r}; create it first"
+                )
+            first = int(rows[0][0]) - n
+            tx.executemany(
+                "INSERT INTO ctxwarden_messages (tenant, session_id, seq, message, role, kind, "
+                "pinned, priority, token_counts, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        tenant,
+                        session_id,
+                        first + i,
+                        encoded[i],
+                        m.role,
+                        m.kind,
+                        # the system prompt is read with the pinned messages on every build
+                        1 if (m.pinned or m.role == "system") else 0,
+                        m.priority,
+                        json.dumps(dict(token_counts[i])),
+                        m.created_at if m.created_at is not None else now,
+                    )
+                    for i, m in enumerate(messages)
+                ],
+            )
+        return list(range(first, first + n))
+
+    def tail(
+        self,
+        tenant: str,
+        session_id: str,
+        max_tokens: int,
+        encoding: str,
+        *,
+        after_seq: int = -1,
+        min_messages: int = 1,
+    ) -> list[StoredMessage]:
+        """The newest messages (seq > ``after_seq``) whose ``encoding`` counts fit in
+        ``max_tokens``, oldest first; at least ``min_messages`` whatever their size.
+
+        Reads the primary key backwards in growing chunks and stops at the first message
+        that does not fit, so the cost is bounded by the budget, not by the history.
+        A message stored without a count for ``encoding`` is a :class:`StoreError`.
+        """
+        out: list[StoredMessage] = []
+        used = 0
+        before = _MAX_SEQ
+        chunk = 32
+        with self._read() as tx:
+            while True:
+                rows = tx.execute(
+                    "SELECT seq, message, token_counts FROM ctxwarden_messages "
+                    f"{_WHERE} AND seq > ? AND seq < ? ORDER BY seq DESC LIMIT ?",
+                    (tenant, session_id, after_seq, before, chunk),
+                )
+                for row in rows:
+                    counts = json.loads(row[2])
+                    if encoding not in counts:
+                        raise StoreError(
+                            f"message {row[0]} has no token count for {encoding!r} "
+                            f"(stored: {', '.join(counts) or 'none'})"
+                        )
+                    size = int(counts[encoding])
+                    if used + size > max_tokens and len(out) >= min_messages:
+                        return out[::-1]
+                    used += size
+                    seq = int(row[0])
+                    out.append(StoredMessage(seq, decode_message(row[1], seq), counts))
+                if len(rows) < chunk:
+                    return out[::-1]
+                before = int(rows[-1][0])
+                chunk = min(chunk * 2, 1024)
+
+    def pinned(self, tenant: str, session_id: str) -> list[StoredMessage]:
+        """Pinned messages and system prompts, in order (by the partial index)."""
+        with self._read() as tx:
+            rows = tx.execute(
+                "SELECT seq, message, token_counts FROM ctxwarden_messages "
+                f"{_WHERE} AND pinned = 1 ORDER BY seq",
+                (tenant, session_id),
+            )
+        return [_message(r) for r in rows]
+
+    def count(self, tenant: str, session_id: str) -> int:
+        """Messages stored (the session's next sequence number; no scan)."""
+        session = self.get_session(tenant, session_id)
+        return session.next_seq if session else 0
+
+    def range(
+        self, tenant: str, session_id: str, seq_from: int, seq_to: int
+    ) -> list[StoredMessage]:
+        """Messages with ``seq_from <= seq < seq_to``, in order."""
+        with self._read() as tx:
+            rows = tx.execute(
+                "SELECT seq, message, token_counts FROM ctxwarden_messages "
+                f"{_WHERE} AND seq >= ? AND seq < ? ORDER BY seq",
+                (tenant, session_id, seq_from, seq_to),
+            )
+        return [_message(r) for r in rows]
+
+    def iter_messages(
+        self, tenant: str, session_id: str, *, batch: int = 500
+    ) -> Iterator[StoredMessage]:
+        """Every message in order, read in batches of short transactions (for export)."""
+        start = 0
+        while True:
+            rows = self.range(tenant, session_id, start, start + batch)
+            yield from rows
+            if not rows:
+                return
+            start = rows[-1].seq + 1
+
+    # -- summarisation cycle --------------------------------------------------------------
+
+    def read_for_summary(
+        self, tenant: str, session_id: str, *, keep_recent: int = 0, max_messages: int = 1000
+    ) -> SummaryInput:
+        """Step 1: the session and the messages the summary does not cover yet, leaving
+        the ``keep_recent`` newest out; one read transaction, closed on return."""
+        with self._read() as tx:
+            session = self._require(tx, tenant, session_id)
+            stop = min(session.next_seq - keep_recent, session.summary_upto + 1 + max_messages)
+            rows = tx.execute(
+                "SELECT seq, message, token_counts FROM ctxwarden_messages "
+                f"{_WHERE} AND seq > ? AND seq < ? ORDER BY seq",
+                (tenant, session_id, session.summary_upto, stop),
+            )
+        return SummaryInput(session, tuple(_message(r) for r in rows))
+
+    def write_summary(
+        self,
+        tenant: str,
+        session_id: str,
+        *,
+        expected_version: int,
+        summary: str | None,
+        facts: Mapping[str, Any],
+        covered_up_to_seq: int,
+    ) -> StoredSession:
+        """Step 3: store the new summary and facts if nobody wrote one since
+        ``expected_version`` was read; raise :class:`VersionConflict` otherwise."""
+        facts_json = json.dumps(dict(facts), ensure_ascii=False)
+        with self._write() as tx:
+            rows = tx.execute(
+                "UPDATE ctxwarden_sessions SET summary = ?, facts = ?, summary_upto = ?, "
+                f"version = version + 1, updated_at = ? {_WHERE} AND version = ? "
+                f"RETURNING {_SESSION_COLS}",
+                (
+                    summary,
+                    facts_json,
+                    covered_up_to_seq,
+                    time.time(),
+                    tenant,
+                    session_id,
+                    expected_version,
+                ),
+            )
+            if not rows:
+                current = self._require(tx, tenant, session_id)
+                raise VersionConflict(
+                    f"session {session_id!r} is at version {current.version}, expected "
+                    f"{expected_version}: another summary was written meanwhile; re-read and retry"
+                )
+        return _session(rows[0])
+
+    def save_sticky(self, tenant: str, session_id: str, sticky: Mapping[str, str]) -> None:
+        """Keep the last build's decisions (last build wins; not versioned)."""
+        with self._write() as tx:
+            tx.execute(
+                f"UPDATE ctxwarden_sessions SET sticky = ? {_WHERE}",
+                (json.dumps(dict(sticky)), tenant, session_id),
+            )
+
+    def record_usage(self, tenant: str, session_id: str, usage: Usage) -> Usage:
+        """Add one call's usage to the session's total (atomically); return the total."""
+        with self._write() as tx:
+            rows = tx.execute(
+                f"SELECT usage FROM ctxwarden_sessions {_WHERE} FOR UPDATE"
+                if self._select_for_update
+                else f"SELECT usage FROM ctxwarden_sessions {_WHERE}",
+                (tenant, session_id),
+            )
+            if not rows:
+                raise StoreError(
+                    f"no session {session_id!r} for tenant {tenant!r}; create it first"
+                )
+            total = decode_usage(rows[0][0]) + usage
+            tx.execute(
+                f"UPDATE ctxwarden_sessions SET usage = ? {_WHERE}",
+                (encode_usage(total), tenant, session_id),
+            )
+        return total
+
+    _select_for_update = False

@@ -1,0 +1,184 @@
+"""What a session store is: records, one protocol, and the JSON codec both backends share (R13).
+
+A store keeps, per ``(tenant, session_id)``: the messages in order (each with a sequence
+number allocated inside the appending transaction, so concurrent appenders never collide),
+the rolling summary and the facts written by the summarisation cycle, the sticky decisions
+of the last build, and the usage so far. Every operation is one short transaction; none
+stays open across a model call (seed 000: a transaction held through a 5–30 s LLM call is
+the production bug that exhausts the connection pool).
+
+The build path only ever asks for :meth:`SessionStore.pinned` and :meth:`SessionStore.tail`,
+which are indexed reads bounded by the budget, so a build costs the same at 100 and at
+100,000 messages.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from ..errors import StoreError
+from ..formats.openai import message_from_openai, message_to_openai
+from ..messages import Message
+from ..usage import Usage
+
+__all__ = [
+    "SessionStore",
+    "StoredMessage",
+    "StoredSession",
+    "SummaryInput",
+    "decode_message",
+    "decode_usage",
+    "encode_message",
+    "encode_usage",
+]
+
+
+@dataclass(frozen=True)
+class StoredSession:
+    """A session row. ``version`` counts summary writes (the optimistic-lock token);
+    ``summary_upto`` is the last sequence number the summary covers (-1: none);
+    ``next_seq`` is the number of messages ever appended."""
+
+    tenant: str
+    session_id: str
+    summary: str | None
+    facts: Mapping[str, Any]
+    sticky: Mapping[str, str]
+    version: int
+    created_at: float
+    updated_at: float
+    summary_upto: int = -1
+    next_seq: int = 0
+    usage: Usage = field(default_factory=lambda: Usage(calls=0))
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    """One stored message with its place in the session and its token counts per encoding."""
+
+    seq: int
+    message: Message
+    token_counts: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class SummaryInput:
+    """Step 1 of the summarisation cycle: a snapshot to summarise, read in one short
+    transaction. ``messages`` are those after ``session.summary_upto`` and before the
+    ``keep_recent`` newest; ``session.version`` is what the write must still find."""
+
+    session: StoredSession
+    messages: tuple[StoredMessage, ...]
+
+    @property
+    def up_to_seq(self) -> int:
+        """The last sequence number this batch covers (the old mark when it is empty)."""
+        return self.messages[-1].seq if self.messages else self.session.summary_upto
+
+
+@runtime_checkable
+class SessionStore(Protocol):
+    """Storage for sessions; SQLite and PostgreSQL implement it with one schema.
+
+    Every method is a short transaction of its own. ``release()`` gives back whatever
+    connection the calling thread holds, so a caller about to wait on a model holds none.
+    """
+
+    url: str
+
+    def create_session(self, tenant: str, session_id: str) -> StoredSession: ...
+
+    def get_session(self, tenant: str, session_id: str) -> StoredSession | None: ...
+
+    def list_sessions(self, tenant: str) -> list[StoredSession]: ...
+
+    def append(
+        self,
+        tenant: str,
+        session_id: str,
+        messages: Sequence[Message],
+        token_counts: Sequence[Mapping[str, int]],
+    ) -> list[int]: ...
+
+    def tail(
+        self,
+        tenant: str,
+        session_id: str,
+        max_tokens: int,
+        encoding: str,
+        *,
+        after_seq: int = -1,
+        min_messages: int = 1,
+    ) -> list[StoredMessage]: ...
+
+    def pinned(self, tenant: str, session_id: str) -> list[StoredMessage]: ...
+
+    def count(self, tenant: str, session_id: str) -> int: ...
+
+    def range(
+        self, tenant: str, session_id: str, seq_from: int, seq_to: int
+    ) -> list[StoredMessage]: ...
+
+    def iter_messages(
+        self, tenant: str, session_id: str, *, batch: int = 500
+    ) -> Iterator[StoredMessage]: ...
+
+    def read_for_summary(
+        self, tenant: str, session_id: str, *, keep_recent: int = 0, max_messages: int = 1000
+    ) -> SummaryInput: ...
+
+    def write_summary(
+        self,
+        tenant: str,
+        session_id: str,
+        *,
+        expected_version: int,
+        summary: str | None,
+        facts: Mapping[str, Any],
+        covered_up_to_seq: int,
+    ) -> StoredSession: ...
+
+    def save_sticky(self, tenant: str, session_id: str, sticky: Mapping[str, str]) -> None: ...
+
+    def record_usage(self, tenant: str, session_id: str, usage: Usage) -> Usage: ...
+
+    def connections_in_use(self) -> int: ...
+
+    def release(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# -- codec shared by the backends ------------------------------------------------------------
+
+
+def encode_message(message: Message) -> str:
+    """The stored form: the OpenAI dict with our metadata, so the round trip is lossless."""
+    return json.dumps(message_to_openai(message, with_meta=True), ensure_ascii=False)
+
+
+def decode_message(text: str, seq: int) -> Message:
+    try:
+        return message_from_openai(json.loads(text), index=seq)
+    except (ValueError, TypeError) as exc:  # InvalidMessageError is a ValueError too
+        raise StoreError(f"stored message {seq} cannot be read back: {exc}") from exc
+
+
+def encode_usage(usage: Usage) -> str:
+    return json.dumps(
+        {
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "cached_input_tokens": usage.cached_input_tokens,
+            "cache_write_tokens": usage.cache_write_tokens,
+            "calls": usage.calls,
+        }
+    )
+
+
+def decode_usage(text: str | None) -> Usage:
+    data = json.loads(text) if text else {}
+    return Usage(**data) if data else Usage(calls=0)

@@ -1,0 +1,170 @@
+"""Ordered, named schema steps recorded in ``ctxwarden_migrations`` (simonw/llm style).
+
+One schema serves SQLite and PostgreSQL: the statements below use only types and syntax
+both accept (``BIGINT``, ``DOUBLE PRECISION``, ``TEXT``, partial indexes), and JSON is
+kept as ``TEXT`` so the two backends read and write the same bytes. Steps are applied on
+open, all pending ones in one transaction under the backend's write lock, so two
+processes opening a new database at once cannot both apply a step, and a crash leaves
+either the old schema or the new one. A step is never edited once released: changes
+are new steps, and a database created at any earlier step upgrades to the latest.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..errors import StoreError
+
+__all__ = ["MIGRATIONS", "REQUIRED_COLUMNS", "Migration", "Tx", "check_schema", "migrate"]
+
+
+class Tx(Protocol):
+    """A cursor inside an open transaction; SQL uses ``?`` placeholders on every backend."""
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Migration:
+    name: str
+    statements: tuple[str, ...]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        "001_initial",
+        (
+            """CREATE TABLE ctxwarden_sessions (
+                tenant TEXT NOT NULL,
+                session_id TEXT NOT NULL,
+                summary TEXT,
+                facts TEXT NOT NULL DEFAULT '{}',
+                sticky TEXT NOT NULL DEFAULT '{}',
+                version BIGINT NOT NULL DEFAULT 0,
+                next_seq BIGINT NOT NULL DEFAULT 0,
+                summary_upto BIGINT NOT NULL DEFAULT -1,
+                created_at DOUBLE PRECISION NOT NULL,
+                updated_at DOUBLE PRECISION NOT NULL,
+                PRIMARY KEY (tenant, session_id)
+            )""",
+            """CREATE TABLE ctxwarden_messages (
+                tenant TEXT NOT NULL,
+                session_id TEXT NOT NULL,
+                seq BIGINT NOT NULL,
+                message TEXT NOT NULL,
+                role TEXT NOT NULL,
+                kind TEXT,
+                pinned INTEGER NOT NULL DEFAULT 0,
+                priority TEXT NOT NULL DEFAULT 'medium',
+                token_counts TEXT NOT NULL DEFAULT '{}',
+                created_at DOUBLE PRECISION NOT NULL,
+                PRIMARY KEY (tenant, session_id, seq),
+                FOREIGN KEY (tenant, session_id)
+                    REFERENCES ctxwarden_sessions (tenant, session_id) ON DELETE CASCADE
+            )""",
+        ),
+    ),
+    Migration(
+        "002_usage_and_pinned_index",
+        (
+            "ALTER TABLE ctxwarden_sessions ADD COLUMN usage TEXT NOT NULL DEFAULT '{}'",
+            # the build reads pinned messages on every call: keep that read off the history
+            """CREATE INDEX ctxwarden_messages_pinned
+                ON ctxwarden_messages (tenant, session_id, seq) WHERE pinned = 1""",
+        ),
+    ),
+)
+
+REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
+    "ctxwarden_sessions": frozenset(
+        [
+            "tenant",
+            "session_id",
+            "summary",
+            "facts",
+            "sticky",
+            "version",
+            "next_seq",
+            "summary_upto",
+            "created_at",
+            "updated_at",
+            "usage",
+        ]
+    ),
+    "ctxwarden_messages": frozenset(
+        [
+            "tenant",
+            "session_id",
+            "seq",
+            "message",
+            "role",
+            "kind",
+            "pinned",
+            "priority",
+            "token_counts",
+            "created_at",
+        ]
+    ),
+}
+
+_CREATE_TABLE = (
+    "CREATE TABLE IF NOT EXISTS ctxwarden_migrations "
+    "(name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
+)
+
+
+def migrate(
+    begin: Callable[[], AbstractContextManager[Tx]], *, upto: str | None = None
+) -> list[str]:
+    """Apply the pending steps (up to and including ``upto``) in one transaction.
+
+    ``begin`` opens a write transaction that holds the backend's migration lock. Returns
+    the names applied. A database that records a step this version does not know was
+    migrated by a newer ctxwarden and is refused rather than guessed at.
+    """
+    known = [m.name for m in MIGRATIONS]
+    if upto is not None and upto not in known:
+        raise ValueError(f"unknown migration {upto!r}; known: {', '.join(known)}")
+    applied: list[str] = []
+    with begin() as tx:
+        tx.execute(_CREATE_TABLE)
+        done = {row[0] for row in tx.execute("SELECT name FROM ctxwarden_migrations")}
+        unknown = sorted(done - set(known))
+        if unknown:
+            raise StoreError(
+                f"this database was migrated by a newer ctxwarden (unknown steps: "
+                f"{', '.join(unknown)}); upgrade ctxwarden to open it"
+            )
+        for step in MIGRATIONS:
+            if step.name not in done:
+                for statement in step.statements:
+                    tx.execute(statement)
+                tx.execute(
+                    "INSERT INTO ctxwarden_migrations (name, applied_at) VALUES (?, ?)",
+                    (step.name, time.time()),
+                )
+                applied.append(step.name)
+            if step.name == upto:
+                break
+    return applied
+
+
+def check_schema(columns: Callable[[str], set[str]]) -> None:
+    """Fail with a clear error when a table or column the store needs is missing
+    (a table dropped by hand, or a half-copied database)."""
+    for table, needed in REQUIRED_COLUMNS.items():
+        have = columns(table)
+        if not have:
+            raise StoreError(
+                f"table {table} is missing although the migrations table says it was created; "
+                "the database was changed by hand — restore it from a backup or use a new one"
+            )
+        missing = sorted(needed - have)
+        if missing:
+            raise StoreError(f"table {table} lacks columns {', '.join(missing)}")

@@ -1,0 +1,194 @@
+"""The embedded backend: one SQLite file in WAL mode, stdlib :mod:`sqlite3` only.
+
+Each thread (and each process) gets its own connection, opened lazily; WAL lets readers
+run while one writer commits, and writes start with ``BEGIN IMMEDIATE`` so a writer
+takes the lock up front and waits (``busy_timeout``) instead of failing half-way with a
+deadlock between two deferred transactions. :meth:`SQLiteStore.release` closes the
+calling thread's connection: the summarisation cycle calls it before the model call, so
+nothing is held while the model thinks. ``:memory:`` keeps one shared connection (closing
+it would drop the database), guarded by a lock.
+
+Opening never writes to a file that is not ours: a file that is not SQLite, or an SQLite
+database without ``ctxwarden_migrations`` but with other tables, is refused before WAL
+mode or any table is set up.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ..errors import StoreError
+from ._sql import SqlStore
+from .migrations import Tx, check_schema, migrate
+
+__all__ = ["SQLiteStore"]
+
+
+class _SqliteTx:
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self._conn.execute(sql, tuple(params)).fetchall()
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        self._conn.executemany(sql, [tuple(r) for r in rows])
+
+
+class SQLiteStore(SqlStore):
+    """A :class:`~ctxwarden.store.SessionStore` in one SQLite file (or ``:memory:``).
+
+    ``migrate_upto`` stops the migrations at a named step (for upgrade tests and tools).
+    """
+
+    def __init__(
+        self, path: str | Path, *, timeout: float = 30.0, migrate_upto: str | None = None
+    ) -> None:
+        self.path = str(path)
+        self.url = f"sqlite:///{self.path}"
+        self.timeout = timeout
+        self._memory = self.path == ":memory:"
+        self._local = threading.local()
+        self._lock = threading.RLock()
+        self._open: set[sqlite3.Connection] = set()
+        self._shared: sqlite3.Connection | None = None
+        self._closed = False
+        try:
+            self._setup(migrate_upto)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- connections ------------------------------------------------------------------------
+
+    def _new_connection(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(
+                self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False
+            )
+            conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute("PRAGMA synchronous = NORMAL")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open SQLite database {self.path}: {exc}") from exc
+        with self._lock:
+            self._open.add(conn)
+        return conn
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._closed:
+            raise StoreError(f"the store for {self.url} is closed")
+        if self._memory:
+            if self._shared is None:
+                self._shared = self._new_connection()
+            return self._shared
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None or getattr(self._local, "pid", None) != os.getpid():
+            conn = self._new_connection()
+            self._local.conn = conn
+            self._local.pid = os.getpid()
+        return conn
+
+    def connections_in_use(self) -> int:
+        """Connections this store holds open (all threads)."""
+        with self._lock:
+            return len(self._open)
+
+    def release(self) -> None:
+        """Close the calling thread's connection (no-op for ``:memory:``)."""
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None or self._memory:
+            return
+        self._local.conn = None
+        with self._lock:
+            self._open.discard(conn)
+        conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._open = list(self._open), set()
+            self._closed = True
+        for conn in conns:
+            conn.close()
+        self._shared = None
+
+    def __enter__(self) -> SQLiteStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transactions -----------------------------------------------------------------------
+
+    @contextmanager
+    def _transaction(self, begin: str) -> Iterator[Tx]:
+        with self._lock if self._memory else _nolock():
+            conn = self._connection()
+            try:
+                conn.execute(begin)
+                try:
+                    yield _SqliteTx(conn)
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise StoreError(f"SQLite error on {self.path}: {exc}") from exc
+
+    def _read(self) -> Any:
+        return self._transaction("BEGIN")
+
+    def _write(self) -> Any:
+        return self._transaction("BEGIN IMMEDIATE")
+
+    # -- opening ----------------------------------------------------------------------------
+
+    def _setup(self, migrate_upto: str | None) -> None:
+        conn = self._connection()
+        try:
+            names = {
+                row[0]
+                for row in conn.execute(
+                    "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')"
+                )
+            }
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(
+                f"{self.path} is not an SQLite database ({exc}); ctxwarden left it untouched — "
+                "point --db at a new file"
+            ) from exc
+        if names and "ctxwarden_migrations" not in names:
+            raise StoreError(
+                f"{self.path} is an SQLite database that ctxwarden did not create (tables: "
+                f"{', '.join(sorted(names))}); ctxwarden left it untouched — give it its own file"
+            )
+        if not self._memory:
+            try:
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot switch {self.path} to WAL mode: {exc}") from exc
+            if mode is None or str(mode[0]).lower() != "wal":
+                raise StoreError(
+                    f"{self.path} refused WAL mode (got {mode}); is it on a network disk?"
+                )
+        migrate(self._write, upto=migrate_upto)
+        if migrate_upto is None:
+            check_schema(self._columns)
+
+    def _columns(self, table: str) -> set[str]:
+        with self._read() as tx:
+            return {row[1] for row in tx.execute(f"PRAGMA table_info({table})")}
+
+
+@contextmanager
+def _nolock() -> Iterator[None]:
+    yield
