@@ -1,0 +1,58 @@
+"""What every command shares: turning user errors into one line and exit code 2."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import ParamSpec, TypeVar
+
+import typer
+
+from ..errors import CtxwardenError, InvalidMessageError, UsageError
+from ..registry import Registry, load_registry
+from ..transcript import Transcript, load_example, parse_transcript, read_transcript
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+USER_ERROR = 2  # bad input or configuration: fix the call
+RUNTIME_ERROR = 1  # the world failed: retrying may help
+
+
+def handle_errors(command: Callable[P, R]) -> Callable[P, R]:
+    """Print a ctxwarden error as ``error: ...`` on stderr and exit; never a traceback.
+
+    Bugs (any other exception) still raise: a traceback is the right report for those.
+    """
+
+    @functools.wraps(command)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return command(*args, **kwargs)
+        except CtxwardenError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(USER_ERROR if isinstance(exc, UsageError) else RUNTIME_ERROR) from None
+
+    return wrapper
+
+
+def registry_from(paths: list[Path] | None) -> Registry:
+    """The default registry (with ``CTXWARDEN_MODELS``) plus ``--registry`` files."""
+    return load_registry(paths or ())
+
+
+def transcript_from(file: str | None, example: bool) -> Transcript:
+    """A transcript from FILE, ``-`` / piped stdin, or the packaged example."""
+    if example:
+        if file is not None:
+            raise InvalidMessageError("give either a transcript FILE or --example, not both")
+        return load_example()
+    if file == "-" or (file is None and not sys.stdin.isatty()):
+        return parse_transcript(sys.stdin.read(), source="<stdin>")
+    if file is None:
+        raise InvalidMessageError(
+            "no transcript: give a JSON FILE, '-' for stdin, or --example for the bundled one"
+        )
+    return read_transcript(file)
