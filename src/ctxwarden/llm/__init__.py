@@ -1,0 +1,47 @@
+"""Model clients behind one protocol (R12): OpenAI-compatible endpoints, Anthropic, specs.
+
+Importing this package never imports ``openai`` or ``anthropic``: the client classes
+are loaded on first access, and the SDK only when a client is built (a missing SDK is
+a :class:`~ctxwarden.errors.MissingDependencyError` naming the extra to install).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .base import (
+    ChatModel,
+    Completion,
+    RetryPolicy,
+    StreamingChatModel,
+    TextStream,
+    complete_sync,
+    parse_retry_after,
+)
+from .spec import parse_spec
+
+if TYPE_CHECKING:
+    from .anthropic_client import AnthropicModel
+    from .openai_compat import OpenAICompatible
+
+__all__ = [
+    "AnthropicModel",
+    "ChatModel",
+    "Completion",
+    "OpenAICompatible",
+    "RetryPolicy",
+    "StreamingChatModel",
+    "TextStream",
+    "complete_sync",
+    "parse_retry_after",
+    "parse_spec",
+]
+
+_LAZY = {"AnthropicModel": ".anthropic_client", "OpenAICompatible": ".openai_compat"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,314 @@
+"""In-process HTTP servers that speak the OpenAI and Anthropic wire formats, for tests.
+
+The real ``openai`` / ``anthropic`` SDKs are pointed at ``ScriptedServer.url``. Each
+test scripts the replies (status, body, headers, delay, or SSE events) in order and
+then inspects ``server.requests`` to see exactly what the SDK sent. The server binds
+127.0.0.1 on a random port and never reaches past the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections import deque
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+__all__ = [
+    "Recorded",
+    "Reply",
+    "ScriptedServer",
+    "anthropic_error",
+    "anthropic_message",
+    "anthropic_stream",
+    "openai_completion",
+    "openai_error",
+    "openai_stream",
+    "scripted_server",
+]
+
+
+@dataclass
+class Reply:
+    """One scripted response. ``body`` may be a dict (sent as JSON), str or bytes (sent
+    verbatim, e.g. malformed JSON); ``events`` (SSE frames) makes it a stream."""
+
+    status: int = 200
+    body: Any = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+    events: list[str] | None = None
+
+
+@dataclass
+class Recorded:
+    """One request as the server received it (header names lower-cased)."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class ScriptedServer:
+    """A threaded HTTP server replaying a queue of :class:`Reply` objects."""
+
+    def __init__(self) -> None:
+        self.requests: list[Recorded] = []
+        self._replies: deque[Reply] = deque()
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def reply(self, *replies: Reply) -> None:
+        with self._lock:
+            self._replies.extend(replies)
+
+    def start(self) -> ScriptedServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()  # wakes handlers sleeping in a scripted delay
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def _next(self, recorded: Recorded) -> Reply:
+        with self._lock:
+            self.requests.append(recorded)
+            if self._replies:
+                return self._replies.popleft()
+        return Reply(500, {"error": {"message": "no scripted reply left", "type": "test"}})
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:  # quiet
+                pass
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(length)
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                reply = server._next(Recorded("POST", self.path, headers, body))
+                if reply.delay and server._stopping.wait(reply.delay):
+                    return
+                with contextlib.suppress(OSError):  # the client gave up (timeout)
+                    self._send(reply)
+
+            do_GET = do_POST
+
+            def _send(self, reply: Reply) -> None:
+                if reply.events is not None:
+                    self.send_response(reply.status)
+                    self.send_header("content-type", "text/event-stream")
+                    for k, v in reply.headers.items():
+                        self.send_header(k, v)
+                    self.end_headers()
+                    for frame in reply.events:
+                        self.wfile.write(frame.encode())
+                        self.wfile.flush()
+                    return
+                if isinstance(reply.body, bytes):
+                    payload = reply.body
+                elif isinstance(reply.body, str):
+                    payload = reply.body.encode()
+                else:
+                    payload = json.dumps(reply.body).encode()
+                self.send_response(reply.status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(payload)))
+                for k, v in reply.headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(payload)
+
+        return Handler
+
+
+@pytest.fixture
+def scripted_server() -> Iterator[ScriptedServer]:
+    server = ScriptedServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+# --- OpenAI chat-completions bodies ------------------------------------------------------
+
+
+def openai_completion(
+    text: str = "ok",
+    *,
+    prompt: int = 10,
+    completion: int = 5,
+    cached: int = 0,
+    model: str = "gpt-4o-mini",
+    finish_reason: str = "stop",
+) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "created": 1_700_000_000,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": finish_reason,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        },
+    }
+
+
+def openai_stream(
+    deltas: list[str],
+    *,
+    prompt: int = 10,
+    completion: int = 5,
+    cached: int = 0,
+    model: str = "gpt-4o-mini",
+    with_usage: bool = True,
+) -> list[str]:
+    """SSE frames of a streamed completion; with ``stream_options.include_usage`` the
+    last chunk has empty ``choices`` and the usage."""
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {
+            "id": "chatcmpl-test",
+            "object": "chat.completion.chunk",
+            "created": 1_700_000_000,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+
+    payloads = [chunk({"role": "assistant", "content": ""})]
+    payloads += [chunk({"content": d}) for d in deltas]
+    payloads.append(chunk({}, "stop"))
+    if with_usage:
+        final = chunk({})
+        final["choices"] = []
+        final["usage"] = openai_completion(prompt=prompt, completion=completion, cached=cached)[
+            "usage"
+        ]
+        payloads.append(final)
+    return [f"data: {json.dumps(p)}\n\n" for p in payloads] + ["data: [DONE]\n\n"]
+
+
+def openai_error(message: str, kind: str = "server_error") -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+# --- Anthropic messages bodies -----------------------------------------------------------
+
+
+def anthropic_message(
+    text: str = "ok",
+    *,
+    input_tokens: int = 10,
+    output_tokens: int = 5,
+    cache_read: int = 0,
+    cache_write: int = 0,
+    model: str = "claude-haiku-4-5",
+    stop_reason: str = "end_turn",
+    extra_content: list[dict[str, Any]] | None = None,
+    iterations: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    usage: dict[str, Any] = {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cache_read_input_tokens": cache_read,
+        "cache_creation_input_tokens": cache_write,
+    }
+    if iterations is not None:
+        usage["iterations"] = iterations
+    return {
+        "id": "msg_test",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [*(extra_content or []), {"type": "text", "text": text}],
+        "stop_reason": stop_reason,
+        "stop_sequence": None,
+        "usage": usage,
+    }
+
+
+def anthropic_stream(
+    deltas: list[str],
+    *,
+    input_tokens: int = 10,
+    output_tokens: int = 5,
+    cache_read: int = 0,
+    cache_write: int = 0,
+    model: str = "claude-haiku-4-5",
+) -> list[str]:
+    """SSE events of a streamed message: input and cache usage arrive in
+    ``message_start``, output tokens and the stop reason in ``message_delta``."""
+    start = anthropic_message("", input_tokens=input_tokens, output_tokens=1, model=model)
+    start["content"] = []
+    start["stop_reason"] = None
+    start["usage"]["cache_read_input_tokens"] = cache_read
+    start["usage"]["cache_creation_input_tokens"] = cache_write
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("message_start", {"type": "message_start", "message": start}),
+        (
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            },
+        ),
+    ]
+    events += [
+        (
+            "content_block_delta",
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": d}},
+        )
+        for d in deltas
+    ]
+    events += [
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "usage": {"output_tokens": output_tokens},
+            },
+        ),
+        ("message_stop", {"type": "message_stop"}),
+    ]
+    return [f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events]
+
+
+def anthropic_error(message: str, kind: str = "api_error") -> dict[str, Any]:
+    return {"type": "error", "error": {"type": kind, "message": message}}
