@@ -1,0 +1,417 @@
+"""Rule-based entity extraction and the entity ledger (issue 3, item 5).
+
+When a message is masked, truncated or leaves the window, the identifiers, dates,
+amounts and names it carried are what the agent most needs later ("reservation ZFA04Y,
+user mia_li_3668, 2024-05-20"); losing them makes it re-ask the user or re-call tools.
+:func:`extract_entities` pulls them out with patterns that rely on the *shape* of a value
+(letters mixed with digits, ``@``, ISO dates, currency signs, capitalised words not at a
+sentence start), not on one data set's vocabulary, so they work in any language written
+with word boundaries; month names are known in several languages. In JSON (tool results
+and tool-call arguments) each value is paired with its key, so the ledger can say what a
+value *is*: ``reservation_id: ZFA04Y``.
+
+:class:`EntityLedger` collects them (deduplicated by value, first-seen order, so its
+rendering is stable across turns and cacheable) and renders a compact system block,
+trimming the least useful entries (low-value categories first, then the oldest) to fit
+a token budget.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .messages import Message
+
+__all__ = [
+    "CATEGORY_TIERS",
+    "Entity",
+    "EntityLedger",
+    "LedgerEntry",
+    "extract_entities",
+    "extract_from_json",
+    "extract_from_text",
+]
+
+
+@dataclass(frozen=True)
+class Entity:
+    """A value worth remembering: ``label`` is its JSON key or its category."""
+
+    value: str
+    label: str
+    source_id: str
+    category: str = ""
+
+
+#: Trimming order of the ledger: tier 0 goes first when over budget, tier 2 last.
+CATEGORY_TIERS: dict[str, int] = {
+    "id": 2,
+    "email": 2,
+    "url": 2,
+    "path": 2,
+    "date": 2,
+    "amount": 2,
+    "name": 2,
+    "time": 1,
+    "code": 1,
+    "quantity": 1,
+    "value": 1,
+    "number": 0,
+}
+
+# -- patterns ----------------------------------------------------------------------------------
+
+_MONTHS = (
+    # English, German, French, Spanish, Italian, Portuguese (stems; inflected forms follow)
+    r"jan(?:uary|uar|vier)?|feb(?:ruary|ruar)?|f[ée]vrier|mar(?:ch|s|zo)?|märz|apr(?:il|ile)?"
+    r"|avril|abril|may|mai|mayo|maggio|maio|jun(?:e|i|io|ho)?|juin|jul(?:y|i|io|ho)?|juillet"
+    r"|aug(?:ust)?|août|agosto|sep(?:t|tember|tiembre|tembre)?|oct(?:ober|obre)?|okt(?:ober)?"
+    r"|octubre|ottobre|outubro|nov(?:ember|embre|iembre)?|dec(?:ember)?|dez(?:ember)?"
+    r"|d[ée]cembre|diciembre|dicembre|enero|febrero|gennaio|febbraio|janeiro|fevereiro"
+    # Polish, Ukrainian, Russian (stems cover the genitive: "20 maja", "20 травня")
+    r"|stycz\w*|lut\w*|marz\w*|marca|kwie\w*|maj\w*|czerw\w*|lip\w*|sierp\w*|wrze[sś]\w*"
+    r"|pa[zź]dziern\w*|listopad\w*|grud\w*"
+    r"|січ\w*|лют\w*|берез\w*|квіт\w*|трав\w*|черв\w*|лип\w*|серп\w*|верес\w*|жовт\w*"
+    r"|листопад\w*|груд\w*|январ\w*|феврал\w*|март\w*|апрел\w*|ма[яй]|июн\w*|июл\w*"
+    r"|август\w*|сентябр\w*|октябр\w*|ноябр\w*|декабр\w*"
+)
+_DAY = r"(?:[12]\d|3[01]|0?[1-9])(?:st|nd|rd|th|\.|-?го)?"
+_WRITTEN_DATE = (
+    rf"\b(?:{_DAY}\s+(?:of\s+)?(?:{_MONTHS})\b\.?(?:,?\s+\d{{4}})?"
+    rf"|(?:{_MONTHS})\.?\s+{_DAY}(?![\d:])(?:,?\s+\d{{4}})?)"
+)
+_NUM = r"\d{1,3}(?:[,\u00a0\u202f ]\d{3})+(?:[.,]\d+)?|\d+(?:[.,]\d+)?"
+_CUR_SYM = r"[$€£¥₴₽₹₩₪₺]"
+_CUR_CODE = r"USD|EUR|GBP|PLN|UAH|CHF|JPY|CNY|CAD|AUD|RUB|INR|SEK|NOK|DKK|CZK|HUF|BRL|MXN"
+_CUR_WORD = (
+    r"dollars?|euros?|pounds?|yen|z[łl](?:otych|ote|oty)?|гривень|гривні|гривня|грн"
+    r"|руб(?:лей|ля|ль)?\.?|доларів|долари|євро"
+)
+_UNITS = (
+    r"kg|mg|g|lbs?|oz|km|cm|mm|m|mi|miles?|ft|feet|kilomet(?:er|re)s?|met(?:er|re)s?|km/h|mph"
+    r"|[KMGT]i?B|ms|sec(?:onds?)?|s|min(?:utes?)?|h|hrs?|hours?|days?|weeks?|months?|years?"
+    r"|nights?|bags?|pieces?|items?|passengers?|people|persons?|seats?|tickets?|°[CF]|px|kWh|kW"
+    r"|W|V|mAh|ml|l|L|dni|dzie[nń]|godz\w*|os[oó]b|кг|км|см|м|год\w*|дн\w*|хв|шт"
+)
+
+_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (cat, re.compile(rx, re.IGNORECASE if cat == "date-written" else 0))
+    for cat, rx in (
+        ("url", r"\b(?:https?|ftp)://[^\s<>\"'()\[\]{}]+"),
+        ("email", r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+"),
+        ("id", r"\b[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}\b"),
+        (
+            "date",
+            r"\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?\b"
+            r"|\b\d{1,2}[./]\d{1,2}[./]\d{2,4}\b",
+        ),
+        ("date-written", _WRITTEN_DATE),
+        (
+            "path",
+            r"(?<![\w/:.])(?:~|\.{1,2})?/(?:[\w.@+-]+/)*[\w.@+-]*[A-Za-z][\w.@+-]*"
+            r"|\b[A-Za-z]:\\(?:[\w.-]+\\)*[\w.-]+|\b(?:[\w.-]+/)+[\w-]+\.[A-Za-z]\w{0,4}\b",
+        ),
+        (
+            "time",
+            r"\b\d{1,2}:\d{2}(?::\d{2})?(?:\s?[AaPp]\.?[Mm]\b\.?)?(?:\+\d)?|\b\d{1,2}\s?[AaPp]\.?[Mm]\b",
+        ),
+        (
+            "amount",
+            rf"(?:{_CUR_SYM}\s?|\b(?:{_CUR_CODE})\s?)-?(?:{_NUM})"
+            rf"|(?<![\w.,])(?:{_NUM})\s?(?:{_CUR_SYM}|(?:{_CUR_CODE}|{_CUR_WORD})(?!\w))",
+        ),
+        ("quantity", rf"(?<![\w.,])(?:{_NUM})\s?(?:%|(?:{_UNITS})(?![\w/]))"),
+        ("id", r"#?\w(?:[\w-]*\w)?"),
+        ("number", rf"(?<![\w.,-])-?(?:{_NUM})(?![\w])"),
+    )
+)
+_ORDINAL = re.compile(r"^\d+(?:st|nd|rd|th|-?го|-?й|-?ий)$", re.IGNORECASE)
+_SENTENCE_END = re.compile(r"(?:^|[.!?:;…\n•*>\-–—]|\d\.)[\s\"'“„«(\[]*$")
+_WORD = re.compile(r"[^\W\d_][\w'’-]*")
+# capitalised function words that open sentences; not names
+_NAME_SKIP_WORDS = (
+    "I I'm I'll I've I'd The A An My Your Our His Her Their This That These Those Please Thank "
+    "Thanks Hi Hello Hey Dear Yes No Sure Okay Ok Could Can Would Will Let Here There What When "
+    "Where Which Who How Why If And But So For In On At To From With By Of As It We You He She "
+    "They Also Then Now Just Unfortunately However Great Perfect Monday Tuesday Wednesday "
+    "Thursday Friday Saturday Sunday Error Traceback None True False Note"
+)
+_NAME_SKIP = frozenset(_NAME_SKIP_WORDS.split())
+_CODE_SKIP_WORDS = "OK ID AM PM TV FYI ASAP PS NB EST UTC GMT JSON HTTP API URL"
+_CODE_SKIP = frozenset(_CODE_SKIP_WORDS.split())
+
+
+def _is_title(word: str) -> bool:
+    return word[0].isupper() and any(c.islower() for c in word[1:])
+
+
+def _clean(value: str) -> str:
+    return " ".join(value.split()).strip(".,;:!?)(\"'")
+
+
+def extract_from_text(text: str, source_id: str = "") -> list[Entity]:
+    """Entities of free text, each labelled by its category; first occurrence wins."""
+    out: dict[str, Entity] = {}
+    claimed = bytearray(len(text))
+
+    def take(start: int, end: int, value: str, category: str) -> None:
+        if any(claimed[start:end]):
+            return
+        claimed[start:end] = b"\x01" * (end - start)
+        value = _clean(value)
+        if value and value not in out:
+            out[value] = Entity(value, category, source_id, category)
+
+    upper_share = sum(c.isupper() for c in text) / max(sum(c.isalpha() for c in text), 1)
+    for category, pattern in _PATTERNS:
+        for m in pattern.finditer(text):
+            value = m.group(0)
+            if category == "date-written":
+                category_out = "date"
+            elif category == "id" and not value.startswith("#"):
+                has_digit = any(c.isdigit() for c in value)
+                has_alpha = any(c.isalpha() for c in value)
+                if has_digit and (has_alpha or "_" in value) and not _ORDINAL.match(value):
+                    category_out = "id"
+                elif (
+                    not has_digit
+                    and len(value) >= 3
+                    and value.isupper()
+                    and value not in _CODE_SKIP
+                    and upper_share < 0.5
+                ):
+                    category_out = "code"
+                else:
+                    continue
+            else:
+                category_out = category
+            take(m.start(), m.end(), value, category_out)
+    # proper names: runs of capitalised words, not a lone word at a sentence start
+    run: list[re.Match[str]] = []
+    words: list[re.Match[str] | None] = [*_WORD.finditer(text), None]
+    for w in words:
+        title = w is not None and _is_title(w.group(0)) and not any(claimed[w.start() : w.end()])
+        joined = not run or (w is not None and text[run[-1].end() : w.start()] in (" ", "\u00a0"))
+        if w is not None and title and joined:
+            run.append(w)
+            continue
+        while run:
+            at_start = bool(_SENTENCE_END.search(text[: run[0].start()]))
+            if run[0].group(0) in _NAME_SKIP or (at_start and len(run) == 1):
+                run = run[1:]
+                continue
+            break
+        if run:
+            take(run[0].start(), run[-1].end(), text[run[0].start() : run[-1].end()], "name")
+        run = [w] if w is not None and title else []
+    return list(out.values())
+
+
+# -- JSON ----------------------------------------------------------------------------------------
+
+_ID_KEY = re.compile(r"(?:^|_)(?:id|ids|number|code|no|ref|key|sku|iban|account)$", re.IGNORECASE)
+_AMOUNT_KEY = re.compile(r"amount|price|cost|total|balance|fee|paid|refund", re.IGNORECASE)
+_GENERIC_KEYS = frozenset({"id", "name", "value", "code", "type", "key", "number", "date", "text"})
+
+
+def _category_of(value: str) -> str:
+    """The category of a short JSON string from its shape alone."""
+    found = extract_from_text(value)
+    if len(found) == 1 and found[0].value == _clean(value):
+        return found[0].category
+    return "value"
+
+
+def extract_from_json(data: Any, source_id: str = "") -> list[Entity]:
+    """Entities of a parsed JSON value; each scalar is labelled with the key that holds it.
+
+    Object keys that are themselves identifiers (``"credit_card_7815826": {...}``) are
+    taken too, labelled with their parent's key. Long strings are scanned as text.
+    """
+    out: dict[str, Entity] = {}
+
+    def add(value: str, label: str, category: str) -> None:
+        value = _clean(value)
+        if value and value not in out:
+            out[value] = Entity(value, label, source_id, category)
+
+    def walk(node: Any, key: str, context: str) -> None:
+        label = f"{context}.{key}" if key in _GENERIC_KEYS and context else key
+        if isinstance(node, dict):
+            for k, v in node.items():
+                k = str(k)
+                if _category_of(k) == "id":
+                    add(k, key or "key", "id")
+                    walk(v, k, context)
+                else:
+                    walk(v, k, key or context)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, key, context)
+        elif isinstance(node, bool) or node is None:
+            return
+        elif isinstance(node, (int, float)):
+            text = json.dumps(node)
+            if label:
+                add(text, label, "amount" if _AMOUNT_KEY.search(key) else "number")
+        elif isinstance(node, str):
+            if len(node) <= 60 and len(node.split()) <= 4 and "\n" not in node and label:
+                category = "id" if _ID_KEY.search(key) else _category_of(node)
+                add(node, label, category)
+            else:
+                for e in extract_from_text(node, source_id):
+                    add(e.value, e.label, e.category)
+
+    walk(data, "", "")
+    return list(out.values())
+
+
+# -- messages, cached ----------------------------------------------------------------------------
+
+_CACHE: OrderedDict[tuple[str, str], tuple[Entity, ...]] = OrderedDict()
+_CACHE_MAX = 20_000
+
+
+def _parse_json(text: str) -> tuple[bool, Any]:
+    stripped = text.strip()
+    if not stripped or stripped[0] not in "[{":
+        return False, None
+    try:
+        return True, json.loads(stripped)
+    except ValueError:
+        return False, None
+
+
+def extract_entities(message: Message) -> list[Entity]:
+    """The entities of one message: its text, its tool-call arguments, its JSON result.
+
+    Cached by (fingerprint, id), so a history re-scanned every turn costs a dict lookup
+    per message.
+    """
+    key = (message.fingerprint, message.id)
+    cached = _CACHE.get(key)
+    if cached is not None:
+        _CACHE.move_to_end(key)
+        return list(cached)
+    found: dict[str, Entity] = {}
+    is_json, data = _parse_json(message.text) if message.role == "tool" else (False, None)
+    parts = extract_from_json(data, message.id) if is_json else []
+    if not is_json and message.text:
+        parts = extract_from_text(message.text, message.id)
+    for call in message.tool_calls:
+        parts += extract_from_json(call.parsed_arguments(), message.id)
+    for e in parts:
+        found.setdefault(e.value, e)
+    result = tuple(found.values())
+    _CACHE[key] = result
+    if len(_CACHE) > _CACHE_MAX:
+        _CACHE.popitem(last=False)
+    return list(result)
+
+
+# -- the ledger ----------------------------------------------------------------------------------
+
+DEFAULT_HEADER = "Known values from earlier messages (may have been removed from the context):"
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    value: str
+    label: str
+    category: str
+    source_id: str
+    first_seen: int
+    last_seen: int
+
+
+@dataclass(frozen=True)
+class EntityLedger:
+    """Values seen so far, deduplicated by value, in first-seen order (newest last).
+
+    Adding a value already present only refreshes its recency (used for trimming); it
+    keeps its place and label, so the rendered block changes only by growing at the end
+    and stays a cacheable prefix.
+    """
+
+    entries: tuple[LedgerEntry, ...] = ()
+    seq: int = 0
+    header: str = DEFAULT_HEADER
+    _index: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+    _renders: dict[tuple[int, Callable[[str], int]], str] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def add(self, entities: Iterable[Entity]) -> EntityLedger:
+        """A new ledger with ``entities`` added (new values last, known ones refreshed)."""
+        entries = list(self.entries)
+        # The value -> position index is shared with the ledger this one came from (it
+        # only grows); if another ledger grew it since, it holds values we lack: rebuild.
+        index = self._index
+        if len(index) != len(entries):
+            index = {e.value: i for i, e in enumerate(entries)}
+        seq = self.seq
+        for e in entities:
+            seq += 1
+            i = index.get(e.value)
+            if i is not None:
+                old = entries[i]
+                entries[i] = LedgerEntry(
+                    old.value, old.label, old.category, old.source_id, old.first_seen, seq
+                )
+            else:
+                index[e.value] = len(entries)
+                category = e.category or e.label
+                entries.append(LedgerEntry(e.value, e.label, category, e.source_id, seq, seq))
+        return EntityLedger(tuple(entries), seq, self.header, index)
+
+    def values(self) -> list[str]:
+        return [e.value for e in self.entries]
+
+    def _render(self, entries: Iterable[LedgerEntry]) -> str:
+        groups: dict[str, list[str]] = {}
+        for e in entries:
+            value = f'"{e.value}"' if "," in e.value else e.value
+            groups.setdefault(e.label, []).append(value)
+        if not groups:
+            return ""
+        lines = [f"- {label}: {', '.join(values)}" for label, values in groups.items()]
+        return "\n".join([self.header, *lines])
+
+    def render(self, max_tokens: int, count: Callable[[str], int]) -> str:
+        """The ledger as a system-block text of at most ``max_tokens`` ("" when empty).
+
+        Over budget, entries are dropped lowest category tier first (plain numbers),
+        then oldest (least recently seen) first; a binary search finds how many.
+        """
+        memo = (max_tokens, count)
+        if memo in self._renders:
+            return self._renders[memo]
+        text = self._render(self.entries)
+        if text and count(text) > max_tokens:
+            drop_order = sorted(
+                range(len(self.entries)),
+                key=lambda i: (
+                    CATEGORY_TIERS.get(self.entries[i].category, 1),
+                    self.entries[i].last_seen,
+                ),
+            )
+            lo, hi = 1, len(drop_order)
+            text = ""
+            while lo <= hi:  # the fewest dropped entries that fit
+                mid = (lo + hi) // 2
+                gone = set(drop_order[:mid])
+                candidate = self._render(e for i, e in enumerate(self.entries) if i not in gone)
+                if candidate and count(candidate) <= max_tokens:
+                    text, hi = candidate, mid - 1
+                else:
+                    lo = mid + 1
+        self._renders[memo] = text
+        return text
