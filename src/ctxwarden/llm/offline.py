@@ -1,0 +1,389 @@
+"""The offline default: an extractive summariser and a rule-based fact extractor (R12).
+
+No key, no network, no model: every feature runs on a fresh machine. Both are honest
+about what they are. The summary quotes sentences from the conversation (prefixed
+with who said them) under a header saying it is extractive; it never writes a
+sentence nobody said. Sentences are ranked by
+
+- **entity density** — numbers, ids, amounts, dates, emails, paths, names per word
+  (what the agent asks about later; seed 000's importance signal);
+- **novelty** — overlap with what is already chosen (the previous summary's kept
+  sentences included) is penalised, so the summary does not say one thing twice;
+- **position and speaker** — what the user states outweighs what is asked, and the
+  opening message of a stretch (where goals are stated) gets a small bonus,
+
+then chosen greedily within ``max_tokens`` and printed in conversation order.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from ..errors import CtxwardenError
+from ..facts import Facts, FactSchema, is_missing, normalize_key, schema_fields, validate_facts
+from ..messages import Message
+from ..summarize import SummaryResult
+from ..usage import Usage
+
+__all__ = ["OfflineSummarizer", "RuleBasedFactExtractor"]
+
+_ENTITY = re.compile(
+    r"[\w.+-]+@[\w-]+\.[\w.]+"  # email
+    r"|https?://\S+"  # url
+    r"|(?:[\w.-]+/)+[\w.-]+"  # path
+    r"|[$€£₴]\s?\d[\d,.]*"  # money
+    r"|\b[A-Za-z]*\d[\w-]*"  # numbers and ids: 1500, TCK-48213, 2023, 3pm
+    r"|\b(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\b"  # months
+    r"|\b(?:Mon|Tues|Wednes|Thurs|Fri|Satur|Sun)day\b"
+    r"|\b(?:yesterday|today|tomorrow|tonight|last \w+|next \w+)\b"
+    r"|(?<=[a-z,;] )[A-Z][a-z]+(?: [A-Z][a-z]+)*"  # capitalised names mid-sentence
+    r"|\"[^\"]{2,40}\""  # quoted titles
+)
+_WORD = re.compile(r"[a-z0-9]+")
+_STOP_WORDS = (
+    "a an the and or but if of to in on at for with from by about as is are was were be been "
+    "being am do does did have has had i you he she it we they me him her us them my your his "
+    "its our their this that these those so just very really too also not no yes oh hey hi "
+    "hello thanks thank okay ok sure will would can could should what how why when where who "
+    "which there here then than well like get got go going know think im it's i'm that's "
+    "don't can't some any all more much one"
+)
+_STOP = frozenset(_STOP_WORDS.split())
+_SPLIT = re.compile(r"(?<=[.!?…])\s+(?=[\"'(\[]?[A-Z0-9])|\n+")
+_SPEAKER = re.compile(r"^([A-Z][\w'.-]*(?: [A-Z][\w'.-]*){0,2}): (?=\S)")
+_LINE = re.compile(r"^([^:\n]{1,48}): (.+)$")
+_HEADER = re.compile(r"^Summary \(extractive, offline\).*?(?:messages (\S+)[–-](\S+?))?[,:]")
+_MAX_WORDS = 60
+
+
+def _content(text: str) -> frozenset[str]:
+    return frozenset(w for w in _WORD.findall(text.lower()) if w not in _STOP and len(w) > 1)
+
+
+@lru_cache(maxsize=1)
+def _default_counter() -> Callable[[str], int]:
+    try:
+        from ..tokens import TokenCounter
+
+        return TokenCounter.for_model("gpt-4o").count_text
+    except (ImportError, CtxwardenError):  # pragma: no cover - tokens.py always ships
+        return lambda s: max(1, len(s) // 4)
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """One candidate sentence with its speaker and where it came from."""
+
+    speaker: str
+    text: str
+    group: tuple[int, int]  # (source, index): consecutive units of one group share a line
+    order: tuple[int, int, int]
+    bonus: float = 1.0
+
+
+def _sentences(text: str) -> list[str]:
+    out = []
+    for raw in _SPLIT.split(text):
+        s = " ".join(raw.split())
+        if not any(ch.isalnum() for ch in s):
+            continue
+        words = s.split(" ")
+        if len(words) > _MAX_WORDS:
+            s = " ".join(words[:_MAX_WORDS]) + " …"
+        out.append(s)
+    return out
+
+
+def _message_units(messages: Sequence[Message]) -> list[_Unit]:
+    units: list[_Unit] = []
+    for i, m in enumerate(messages):
+        speaker, text = {"user": "User", "assistant": "Assistant"}.get(m.role, "Tool"), m.text
+        if m.role == "system":
+            continue
+        if m.role == "tool":
+            speaker, text = f"Tool result ({m.name or 'tool'})", _tool_text(m)
+        elif (hit := _SPEAKER.match(text)) is not None:
+            speaker, text = hit.group(1), text[hit.end() :]
+        bonus = (1.25 if m.role == "user" else 1.0) * (1.1 if i == 0 else 1.0)
+        for j, s in enumerate(_sentences(text)):
+            units.append(_Unit(speaker, s, (1, i), (1, i, j), bonus))
+        for k, call in enumerate(m.tool_calls):
+            args = call.arguments if len(call.arguments) <= 160 else call.arguments[:159] + "…"
+            units.append(
+                _Unit("Assistant", f"called {call.name}({args})", (1, i), (1, i, 1000 + k))
+            )
+    return units
+
+
+def _tool_text(m: Message) -> str:
+    """What a tool result says in sentences: scalar fields of JSON, the error line of a trace."""
+    if m.kind == "json":
+        try:
+            data = json.loads(m.text)
+        except ValueError:
+            return ""
+        if isinstance(data, dict):
+            pairs = [f"{k}: {v}" for k, v in data.items() if isinstance(v, (str, int, float))]
+            return "; ".join(pairs[:8]) + "."
+        return ""
+    if m.kind == "stack_trace":
+        errors = [
+            ln.strip() for ln in m.text.splitlines() if re.search(r"Error|Exception|panic", ln)
+        ]
+        return errors[-1] if errors else ""
+    return m.text
+
+
+def _summary_units(summary: str, source: int) -> tuple[list[_Unit], str | None]:
+    """Sentences of an earlier extractive (or any) summary, with their speakers."""
+    units: list[_Unit] = []
+    first: str | None = None
+    for li, line in enumerate(summary.splitlines()):
+        line = line.strip()
+        if not line:
+            continue
+        if (head := _HEADER.match(line)) is not None:
+            first = first or head.group(1)
+            continue
+        hit = _LINE.match(line)
+        speaker, text = (hit.group(1), hit.group(2)) if hit else ("Earlier", line)
+        for j, s in enumerate(_sentences(text)):
+            units.append(_Unit(speaker, s, (0, source * 10_000 + li), (0, source, li * 1000 + j)))
+    return units, first
+
+
+@dataclass(frozen=True)
+class OfflineSummarizer:
+    """Extractive summaries within ``max_tokens`` (meta-summaries within ``meta_max_tokens``).
+
+    ``count_text`` counts tokens of a string (default: gpt-4o's tokenizer, offline).
+    """
+
+    max_tokens: int = 500
+    meta_max_tokens: int = 1000
+    count_text: Callable[[str], int] | None = field(default=None, compare=False)
+
+    def _count(self, text: str) -> int:
+        return (self.count_text or _default_counter())(text)
+
+    async def summarize(
+        self, messages: Sequence[Message], previous: str | None = None
+    ) -> SummaryResult:
+        return self.summarize_sync(messages, previous)
+
+    async def merge(self, summaries: Sequence[str]) -> SummaryResult:
+        return self.merge_sync(summaries)
+
+    def summarize_sync(
+        self, messages: Sequence[Message], previous: str | None = None
+    ) -> SummaryResult:
+        """The previous summary's sentences and the new messages' sentences, re-ranked."""
+        units, first = _summary_units(previous, 0) if previous else ([], None)
+        units += _message_units(messages)
+        ids = [m.id for m in messages if m.role != "system"]
+        first = first or (ids[0] if ids else None)
+        span = f" of messages {first}–{ids[-1]}" if first and ids else ""
+        return self._compose(units, f"Summary (extractive, offline){span}:", self.max_tokens)
+
+    def merge_sync(self, summaries: Sequence[str]) -> SummaryResult:
+        units: list[_Unit] = []
+        firsts: list[str] = []
+        last: str | None = None
+        for n, text in enumerate(summaries):
+            more, first = _summary_units(text, n)
+            units += more
+            if first:
+                firsts.append(first)
+            for hit in re.finditer(r"of messages \S+?[–-](\S+?)[,:]", text):
+                last = hit.group(1)
+        span = f" of messages {firsts[0]}–{last}" if firsts and last else ""
+        header = f"Summary (extractive, offline){span}, merged from {len(summaries)} summaries:"
+        return self._compose(units, header, self.meta_max_tokens)
+
+    def _compose(self, units: list[_Unit], header: str, budget: int) -> SummaryResult:
+        chosen = _select(units, budget - self._count(header) - 1, self._count)
+        lines: list[str] = [header]
+        last_group: tuple[int, int] | None = None
+        for u in sorted(chosen, key=lambda u: u.order):
+            if u.group == last_group:
+                lines[-1] += " " + u.text
+            else:
+                lines.append(f"{u.speaker}: {u.text}")
+            last_group = u.group
+        text = "\n".join(lines) if len(lines) > 1 else ""
+        return SummaryResult(text, Usage(calls=0))
+
+
+def _select(units: list[_Unit], budget: int, count: Callable[[str], int]) -> list[_Unit]:
+    """Greedy choice by value per token, discounted by overlap with what is chosen."""
+    scored = []
+    for u in units:
+        words = _content(u.text)
+        entities = len(_ENTITY.findall(u.text))
+        value = (entities + 0.3 * min(len(words), 15)) * u.bonus
+        if u.text.rstrip().endswith("?"):
+            value *= 0.6
+        if len(words) < 2 and entities == 0:
+            continue
+        tokens = count(f"{u.speaker}: {u.text}") + 1
+        scored.append((value / math.sqrt(tokens), tokens, words, u))
+    scored.sort(key=lambda t: -t[0])
+    seen: set[str] = set()
+    chosen: list[_Unit] = []
+    used = 0
+    for score, tokens, words, u in scored:
+        if used + tokens > budget:
+            continue
+        overlap = len(words & seen) / len(words) if words else 1.0
+        if overlap >= 0.8 or score * (1 - 0.7 * overlap) <= 0:
+            continue
+        chosen.append(u)
+        seen |= words
+        used += tokens
+    return chosen
+
+
+# -- facts --------------------------------------------------------------------------------------
+
+_MONEY = (
+    r"(?:[$€£₴]\s?\d[\d,.]*\s?[kK]?"
+    r"|\d[\d,.]*\s?[kK]?\s?(?:USD|EUR|GBP|UAH|PLN|usd|eur|dollars?|euros?|bucks|грн|zł|\$|€))"
+)
+_MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*"
+_DATE = (
+    r"(?:\d{4}-\d{2}-\d{2}|\d{1,2}/\d{1,2}(?:/\d{2,4})?"
+    rf"|{_MONTH}\.? \d{{1,2}}(?:st|nd|rd|th)?(?:,? \d{{4}})?"
+    rf"|\d{{1,2}}(?:st|nd|rd|th)? (?:of )?{_MONTH}(?:,? \d{{4}})?"
+    r"|(?:next |this )?(?:Mon|Tues|Wednes|Thurs|Fri|Satur|Sun)day"
+    r"|tomorrow|tonight|end of (?:the )?(?:day|week|month))"
+)
+_I = re.IGNORECASE
+_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("budget", re.compile(rf"\bbudget\b[^.?!\n]{{0,30}}?({_MONEY})", _I)),
+    (
+        "budget",
+        re.compile(rf"\b(?:up to|under|below|no more than|at most|max(?:imum)?)\s+({_MONEY})", _I),
+    ),
+    (
+        "size",
+        re.compile(
+            r"\bsize\s*(?:is|:|=|of)?\s*"
+            r"(extra large|small|medium|large|XXXL|XXL|XL|XXS|XS|[SML]|\d{1,2}(?:\.5)?)\b",
+            _I,
+        ),
+    ),
+    ("email", re.compile(r"\b([\w.+-]+@[\w-]+\.[\w.-]*\w)")),
+    ("phone", re.compile(r"(\+\d[\d ()-]{7,}\d)")),
+    ("name", re.compile(r"\b(?:[Mm]y name is|[Cc]all me)\s+([A-Z][\w'-]+(?: [A-Z][\w'-]+)?)")),
+    ("deadline", re.compile(rf"\b(?:by|before|until|no later than|deadline is)\s+({_DATE})\b", _I)),
+    ("date", re.compile(rf"\b(?:on|for|date is)\s+({_DATE})\b", _I)),
+    (
+        "delivery_address",
+        re.compile(r"\b(?:deliver|ship|send)(?: it| them)? to\s+([A-Z0-9][^.?!\n]{2,60})"),
+    ),
+    ("preference", re.compile(r"\bI (?:prefer|only want|'d prefer)\s+([^.?!\n]{3,60})", _I)),
+    (
+        "need",
+        re.compile(
+            r"\bI(?: really)? (?:need|want|would like|'d like|am looking for|'m looking for)"
+            r"\s+([^.?!\n]{3,80})",
+            _I,
+        ),
+    ),
+)
+_ID = re.compile(
+    r"\b(order|ticket|reservation|booking|case|invoice|account|tracking|confirmation)"
+    r"(?:\s*(?:id|number|no\.?|num|code|#))?\s*(?:is|:|=)?\s*#?\s*([A-Za-z0-9][A-Za-z0-9-]{2,}\d|\d{4,})\b",
+    _I,
+)
+_KEY_VALUE = re.compile(r"^\s*([A-Za-z][\w ]{1,24}?)\s*[:=]\s*(\S[^\n]{0,60}?)\s*$", re.MULTILINE)
+_VALUE_END = re.compile(r"\s+(?:and|but|because|so|which|please)\b.*$|[,;]\s.*$", _I)
+
+
+_PLACE_END = re.compile(r"\s+(?:by|before|on|until|and|please)\b.*$", _I)
+
+
+def _clean(key: str, value: str) -> str:
+    """Trim a captured value at the next clause; addresses keep their commas."""
+    end = _PLACE_END if key.endswith("address") else _VALUE_END
+    return end.sub("", value).strip(" \"'")
+
+
+def _field_rules(name: str) -> list[re.Pattern[str]]:
+    spoken = re.escape(name.replace("_", " "))
+    return [
+        re.compile(
+            rf"\b(?:my |the |our )?{spoken}\s*(?:is|:|=|will be|should be)\s+([^.?!\n]{{1,60}})", _I
+        ),
+        re.compile(rf"\b{spoken}\s+({_MONEY}|[A-Z0-9][A-Za-z0-9-]*\b)", _I),
+    ]
+
+
+@dataclass(frozen=True)
+class RuleBasedFactExtractor:
+    """Facts from user messages by rules, values copied verbatim from the text.
+
+    With a schema, each field name is looked for as ``field: value``, ``my field is
+    value`` and ``field VALUE``; the generic rules (budget with currency, size, email,
+    phone, order/ticket/reservation ids, name, deadline, date, "I need/want …") fill
+    the fields they name. Without one, the generic rules and ``key: value`` lines give
+    free keys. A later statement replaces an earlier one; the history keeps both.
+    """
+
+    roles: tuple[str, ...] = ("user",)
+
+    async def extract(
+        self, messages: Sequence[Message], existing: Facts, schema: FactSchema = None
+    ) -> Facts:
+        return self.extract_sync(messages, existing, schema)
+
+    def extract_sync(
+        self, messages: Sequence[Message], existing: Facts | None = None, schema: FactSchema = None
+    ) -> Facts:
+        facts = existing or Facts()
+        fields = list(schema_fields(schema)) if schema is not None else []
+        for m in messages:
+            if m.role not in self.roles or not m.text:
+                continue
+            found = self.facts_in(m.text, fields)
+            valid = _valid_only(found, schema) if schema is not None else found
+            facts = facts.merge(valid, source=m.id or None)
+        return facts
+
+    def facts_in(self, text: str, fields: Iterable[str] = ()) -> dict[str, str]:
+        """The facts one text states (later statements in it win), before validation."""
+        hits: list[tuple[int, str, str]] = []
+        speaker = _SPEAKER.match(text)
+        for kv in _KEY_VALUE.finditer(text):
+            if speaker is not None and kv.start() == 0:
+                continue  # "Caroline: I went…" is a speaker, not a field
+            hits.append((kv.start(), normalize_key(kv.group(1)), kv.group(2)))
+        for key, rule in _RULES:
+            hits += [(h.start(), key, h.group(1)) for h in rule.finditer(text)]
+        for h in _ID.finditer(text):
+            hits.append((h.start(), f"{h.group(1).lower()}_id", h.group(2)))
+        for name in fields:
+            for rule in _field_rules(name):
+                hits += [(h.start(), name, h.group(1)) for h in rule.finditer(text)]
+        out: dict[str, str] = {}
+        for _, key, value in sorted(hits, key=lambda h: h[0]):
+            value = _clean(key, value)
+            if not is_missing(value):
+                out[key] = value
+        return out
+
+
+def _valid_only(found: dict[str, str], schema: FactSchema) -> dict[str, object]:
+    """Validate field by field: a rule's guess that does not fit the schema is dropped."""
+    out: dict[str, object] = {}
+    for key, value in found.items():
+        try:
+            out.update(validate_facts({key: value}, schema))
+        except CtxwardenError:
+            continue
+    return out
