@@ -1,0 +1,452 @@
+"""``build_context``: the cascade, the layout and the audit in one pass (R4–R11).
+
+The build is O(window + new messages), never O(history): the window start is sticky
+(it only moves forward, remembered in :class:`~ctxwarden.audit.BuildState`), the
+strategies run on the window alone, token counts and entity extraction are cached per
+message. A cold build (no previous state) finds the start by walking back from the
+newest message.
+
+Layout (R10), stable parts first so provider caches reuse the prefix::
+
+    [system prompt][facts][ledger][summary][pinned][window ... newest message]
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .audit import Audit, BuildState
+from .conversation import Block, group_blocks
+from .errors import BudgetError
+from .formats.anthropic import MAX_CACHE_BREAKPOINTS, messages_to_anthropic
+from .formats.openai import messages_from_openai, messages_to_openai
+from .ledger import LedgerBuilder
+from .messages import Message
+from .policy import Policy
+from .strategies.base import Action, ActionKind, StrategyContext
+from .strategies.priority import eviction_order
+from .tokens import REPLY_PRIMING, TokenCounter
+
+__all__ = ["BuiltContext", "build_context"]
+
+
+@dataclass(frozen=True)
+class BuiltContext:
+    """The context to send, what was done to build it, and what the next build needs."""
+
+    messages: tuple[Message, ...]
+    audit: Audit
+    state: BuildState
+    model: str
+    layers: Mapping[str, str]  # message id -> layer name
+
+    @property
+    def input_tokens(self) -> int:
+        return self.audit.input_tokens
+
+    def to_openai(self) -> list[dict[str, Any]]:
+        """OpenAI chat messages, ready to send."""
+        return messages_to_openai(self.messages)
+
+    def to_anthropic(self) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]]]:
+        """``(system, messages)`` for the Anthropic API, ``cache_control`` placed."""
+        return messages_to_anthropic(self.messages, cache_breakpoints=self.audit.cache_breakpoints)
+
+
+def _as_messages(messages: Iterable[Message | Mapping[str, Any]]) -> list[Message]:
+    items = list(messages)
+    if all(isinstance(m, Message) for m in items):
+        return items  # type: ignore[return-value]
+    return messages_from_openai(items)
+
+
+def _resume(previous: BuiltContext | BuildState | None, history: Sequence[Message]) -> BuildState:
+    """The previous state if ``history`` extends the history it was built from."""
+    state = previous.state if isinstance(previous, BuiltContext) else previous
+    if state is None or state.history_length == 0 or state.history_length > len(history):
+        return BuildState()
+    if history[state.history_length - 1].id != state.last_id:
+        return BuildState()
+    return state
+
+
+def _leading_system(history: Sequence[Message]) -> int:
+    i = 0
+    while i < len(history) and history[i].role == "system":
+        i += 1
+    return i
+
+
+def _newest_user(history: Sequence[Message], start: int) -> int | None:
+    for i in range(len(history) - 1, start - 1, -1):
+        if history[i].role == "user":
+            return i
+    return None
+
+
+def _pinned(history: Sequence[Message], sys_end: int, pin_first: int, limit: int) -> list[int]:
+    """Indices before ``limit`` that are pinned: the first N (block-aligned), flags, critical."""
+    out: list[int] = []
+    i, taken = sys_end, 0
+    while i < limit and taken < pin_first:
+        out.append(i)
+        taken += 1
+        i += 1
+        while i < limit and history[i].role == "tool":  # keep a call with its results
+            out.append(i)
+            i += 1
+    for j in range(i, limit):
+        m = history[j]
+        if (m.pinned or m.priority == "critical") and m.role != "system":
+            out.append(j)
+    return _pair_safe(history, out, limit)
+
+
+def _pair_safe(history: Sequence[Message], indices: list[int], limit: int) -> list[int]:
+    """Extend pinned indices to whole blocks (a pinned call brings its results and back)."""
+    chosen = set(indices)
+    for i in list(indices):
+        start = i
+        while start > 0 and history[start].role == "tool":
+            start -= 1
+        end = start + 1
+        while end < limit and history[end].role == "tool":
+            end += 1
+        chosen.update(range(start, end))
+    return sorted(chosen)
+
+
+def _align(history: Sequence[Message], start: int) -> int:
+    while start < len(history) and history[start].role == "tool":
+        start += 1
+    return start
+
+
+def _cold_start(history: Sequence[Message], sys_end: int, room: int, counter: TokenCounter) -> int:
+    """Walk back from the newest message until well past what the room can hold."""
+    acc, i = 0, len(history)
+    while i > sys_end and acc <= 3 * room:
+        i -= 1
+        acc += min(counter.count_message(history[i]), room)
+    return i
+
+
+def build_context(
+    messages: Iterable[Message | Mapping[str, Any]],
+    model: str = "gpt-4o",
+    max_input_tokens: int | None = None,
+    *,
+    policy: Policy | None = None,
+    previous: BuiltContext | BuildState | None = None,
+    summary: str | None = None,
+    facts: str | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> BuiltContext:
+    """Build the context to send: within budget, pair-safe, stable prefix first, audited.
+
+    ``messages`` are OpenAI dicts or :class:`Message` s (pass Messages in an agent loop:
+    parsing dicts costs O(history)). ``previous`` is the last build (or its ``state``)
+    so decisions stay sticky. ``summary`` and ``facts`` are layer texts.
+    """
+    policy = policy or Policy()
+    history = _as_messages(messages)
+    counter = TokenCounter.for_model(model)
+    info = _model_info(model)
+    budget = policy.budget_for(info.context_window if info else None, max_input_tokens)
+    state = _resume(previous, history)
+    return _Build(history, model, budget, policy, counter, state, summary, facts, tools).run(info)
+
+
+def _model_info(model: str) -> Any:
+    from .errors import UnknownModelError
+    from .registry import get_model
+
+    try:
+        return get_model(model)
+    except UnknownModelError:
+        return None
+
+
+class _Build:
+    """One build's working state; ``run`` does the cascade in order."""
+
+    def __init__(
+        self,
+        history: list[Message],
+        model: str,
+        budget: int,
+        policy: Policy,
+        counter: TokenCounter,
+        state: BuildState,
+        summary: str | None,
+        facts: str | None,
+        tools: Sequence[Mapping[str, Any]] | None,
+    ):
+        self.history, self.model, self.budget, self.policy = history, model, budget, policy
+        self.counter, self.state, self.tools = counter, state, tools
+        self.count = counter.count_message
+        self.actions: list[Action] = []
+        self.warnings: list[str] = []
+        self.sys_end = _leading_system(history)
+        self.system = history[: self.sys_end]
+        self.layer_msgs: list[tuple[str, Message]] = []
+        if facts:
+            self.layer_msgs.append(("facts", Message.system(facts, id="ctxwarden:facts")))
+        if summary:
+            self.layer_msgs.append(("summary", Message.system(summary, id="ctxwarden:summary")))
+
+    def _total(self, messages: Sequence[Message]) -> int:
+        return sum(self.count(m) for m in messages)
+
+    def run(self, info: Any) -> BuiltContext:
+        h, policy = self.history, self.policy
+        newest = _newest_user(h, self.sys_end)
+        tools_tokens = self.counter.count_tools(self.tools)
+        fixed = REPLY_PRIMING + tools_tokens + self._total(self.system)
+        fixed += self._total([m for _, m in self.layer_msgs])
+        protected = {h[newest].id} if newest is not None else set()
+        minimum = fixed + (self.count(h[newest]) if newest is not None else 0)
+        if minimum > self.budget:
+            raise BudgetError(
+                f"budget of {self.budget:,} tokens cannot hold the system prompt, layers and "
+                f"the newest user message: budget must be at least {minimum:,} tokens",
+                minimum=minimum,
+            )
+        ledger_cap = (
+            min(policy.ledger.max_tokens, int((self.budget - fixed) * policy.ledger.max_share))
+            if policy.ledger.enabled
+            else 0
+        )
+
+        # Window start: sticky, or found by walking back (cold).
+        start = max(self.state.window_start, self.sys_end)
+        if self.state.history_length == 0:
+            start = _cold_start(h, self.sys_end, self.budget - fixed, self.counter)
+        start = _align(h, start)
+        if newest is not None and start > newest:
+            start = newest
+        pinned_idx = _pinned(h, self.sys_end, policy.window.pin_first, start)
+        pinned = [h[i] for i in pinned_idx]
+        sticky = dict(self.state.sticky)
+        ctx = StrategyContext(
+            count=self.count,
+            budget=self.budget,
+            total=lambda ms: self.counter.count_messages(ms).tokens,
+            protected=frozenset(protected),
+            sticky=sticky,
+        )
+        window = h[start:]
+        for strategy in (policy.truncate, policy.mask):
+            if strategy is not None:
+                result = strategy(window, ctx)
+                window = result.messages
+                self.actions.extend(result.actions)
+        originals = {m.id: m for m in h[start:]}
+        blocks = self._sendable(group_blocks(window), start)
+        pinned_tokens = self._total(pinned)
+        ledger = LedgerBuilder(self.counter, ledger_cap)
+
+        # Fit: drop oldest blocks (never the newest user message), refilling to a watermark.
+        ledger_msg: Message | None = None
+        room = 0
+        for _ in range(4):
+            edited = [
+                originals[m.id] for b in blocks for m in b.messages if m is not originals[m.id]
+            ]
+            ledger_msg = ledger.render(h, self.sys_end, start, pinned_idx, edited)
+            room = (
+                self.budget - fixed - pinned_tokens - (self.count(ledger_msg) if ledger_msg else 0)
+            )
+            used = sum(self._total(b.messages) for b in blocks)
+            limit = policy.window.max_messages
+            over_count = limit is not None and sum(len(b.messages) for b in blocks) > limit
+            if used <= room and not over_count:
+                break
+            target = int(room * policy.window.refill_ratio) if used > room else room
+            blocks, start = self._drop_oldest(blocks, target, protected, start, limit)
+        used = sum(self._total(b.messages) for b in blocks)
+        if used > room:
+            pinned, pinned_tokens, ledger_msg = self._evict(pinned, ledger_msg, ledger, used - room)
+
+        # Layout and audit.
+        layer_of: dict[str, str] = {m.id: "system" for m in self.system}
+        ordered: list[Message] = list(self.system)
+        facts_layers = [(name, m) for name, m in self.layer_msgs if name == "facts"]
+        other_layers = [(name, m) for name, m in self.layer_msgs if name != "facts"]
+        for name, m in [
+            *facts_layers,
+            *([("ledger", ledger_msg)] if ledger_msg else []),
+            *other_layers,
+        ]:
+            ordered.append(m)
+            layer_of[m.id] = name
+        for m in pinned:
+            ordered.append(m)
+            layer_of[m.id] = "pinned"
+        for b in blocks:
+            for m in b.messages:
+                ordered.append(m)
+                layer_of[m.id] = (
+                    "current" if newest is not None and b.start + 0 >= newest else "window"
+                )
+        return self._finish(ordered, layer_of, info, start, sticky, window)
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def _sendable(self, blocks: list[Block], offset: int) -> list[Block]:
+        """Blocks a provider accepts, re-indexed to history positions; the rest rejected."""
+        out: list[Block] = []
+        for b in blocks:
+            if b.sendable:
+                out.append(replace(b, start=b.start + offset))
+                continue
+            reason = (
+                "tool result with no matching tool call before it"
+                if b.orphan
+                else f"tool call(s) {', '.join(b.unanswered)} without results"
+            )
+            for m in b.messages:
+                self.actions.append(Action(m.id, "rejected", reason, self.count(m), 0, "pairing"))
+        return out
+
+    def _drop_oldest(
+        self,
+        blocks: list[Block],
+        target: int,
+        protected: set[str],
+        start: int,
+        max_messages: int | None,
+    ) -> tuple[list[Block], int]:
+        """Keep the protected block and the newest contiguous blocks that fit ``target``."""
+        is_protected = [any(m.id in protected for m in b.messages) for b in blocks]
+        used = sum(self._total(b.messages) for b, p in zip(blocks, is_protected, strict=True) if p)
+        count = sum(len(b.messages) for b, p in zip(blocks, is_protected, strict=True) if p)
+        keep: list[bool] = list(is_protected)
+        for i in range(len(blocks) - 1, -1, -1):
+            if is_protected[i]:
+                continue
+            tokens, size = self._total(blocks[i].messages), len(blocks[i].messages)
+            if used + tokens > target or (max_messages is not None and count + size > max_messages):
+                break
+            keep[i] = True
+            used += tokens
+            count += size
+        for b, kept in zip(blocks, keep, strict=True):
+            if not kept:
+                for m in b.messages:
+                    reason = "left the window (budget)"
+                    self.actions.append(Action(m.id, "dropped", reason, self.count(m), 0, "window"))
+        kept_blocks = [b for b, k in zip(blocks, keep, strict=True) if k]
+        return kept_blocks, max(kept_blocks[0].start if kept_blocks else start, start)
+
+    def _evict(
+        self, pinned: list[Message], ledger_msg: Message | None, ledger: LedgerBuilder, over: int
+    ) -> tuple[list[Message], int, Message | None]:
+        """Last resort (R9): shrink the ledger, then evict pinned messages by importance."""
+        if ledger_msg is not None:
+            before = self.count(ledger_msg)
+            ledger_msg = ledger.shrink(ledger_msg, max(before - over, 0))
+            after = self.count(ledger_msg) if ledger_msg else 0
+            over -= before - after
+            self.warnings.append(
+                f"entity ledger cut from {before:,} to {after:,} tokens to fit the budget"
+            )
+        if over > 0 and pinned:
+            for m in eviction_order(pinned):
+                if over <= 0:
+                    break
+                tokens = self.count(m)
+                pinned = [p for p in pinned if p.id != m.id]
+                over -= tokens
+                reason = "pinned, but the budget cannot hold it"
+                self.actions.append(Action(m.id, "evicted", reason, tokens, 0, "priority"))
+                self.warnings.append(f"pinned message {m.id} evicted to fit the budget")
+        return pinned, self._total(pinned), ledger_msg
+
+    def _finish(
+        self,
+        ordered: list[Message],
+        layer_of: dict[str, str],
+        info: Any,
+        start: int,
+        sticky: dict[str, ActionKind],
+        window: list[Message],
+    ) -> BuiltContext:
+        h = self.history
+        total = self.counter.count_messages(ordered, self.tools)
+        layers = dict.fromkeys(
+            ("system", "facts", "ledger", "summary", "pinned", "window", "current"), 0
+        )
+        for m in ordered:
+            layers[layer_of[m.id]] += self.count(m)
+        fingerprints = tuple(m.fingerprint for m in ordered)
+        shared = 0
+        for a, b, m in zip(self.state.prefix, fingerprints, ordered, strict=False):
+            if a != b:
+                break
+            shared += self.count(m)
+        stable = [
+            m
+            for m in ordered
+            if layer_of[m.id] in ("system", "facts", "ledger", "summary", "pinned")
+        ]
+        cacheable = self._total(stable)
+        breakpoints = self._breakpoints(ordered, layer_of)
+        new_sticky: dict[str, ActionKind] = {
+            a.message_id: a.action for a in self.actions if a.action in ("masked", "truncated")
+        }
+        kept_ids = {m.id for m in window}
+        new_sticky.update({k: v for k, v in sticky.items() if k in kept_ids})
+        cost = effective = None
+        if info is not None:
+            from .cost import estimate_cost
+            from .usage import Usage
+
+            cost = estimate_cost(Usage(input_tokens=total.tokens), info)
+            cached = min(shared, total.tokens)
+            effective = estimate_cost(
+                Usage(input_tokens=total.tokens, cached_input_tokens=cached), info
+            )
+        key_src = "".join(m.fingerprint for m in self.system) + self.model
+        audit = Audit(
+            model=self.model,
+            budget=self.budget,
+            input_tokens=total.tokens,
+            exact=total.exact,
+            layers=layers,
+            actions=tuple(self.actions),
+            warnings=tuple(self.warnings),
+            context_window=info.context_window if info is not None else None,
+            history_messages=len(h),
+            kept_messages=len(ordered),
+            prefix_shared_tokens=shared,
+            cacheable_prefix_tokens=cacheable,
+            estimated_cost_usd=cost,
+            effective_cost_usd=effective,
+            prompt_cache_key="cw-" + hashlib.sha1(key_src.encode()).hexdigest()[:16],
+            cache_breakpoints=breakpoints,
+        )
+        state = BuildState(
+            history_length=len(h),
+            last_id=h[-1].id if h else "",
+            window_start=start,
+            sticky=new_sticky,
+            prefix=fingerprints,
+        )
+        return BuiltContext(tuple(ordered), audit, state, self.model, layer_of)
+
+    def _breakpoints(self, ordered: list[Message], layer_of: Mapping[str, str]) -> tuple[str, ...]:
+        """Anthropic cache breakpoints: the end of each stable part, and the newest message."""
+        if not self.policy.cache_breakpoints or not ordered:
+            return ()
+        marks: list[str] = []
+        for group in (("system",), ("facts", "ledger", "summary"), ("pinned",)):
+            last = [m.id for m in ordered if layer_of[m.id] in group]
+            if last:
+                marks.append(last[-1])
+        marks.append(ordered[-1].id)
+        unique = list(dict.fromkeys(marks))
+        return tuple(unique[-MAX_CACHE_BREAKPOINTS:])

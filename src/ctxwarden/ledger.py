@@ -1,0 +1,98 @@
+"""The ledger layer of a build: values from messages the context no longer shows.
+
+Everything before the window start (that is not pinned), and the original text of
+every masked or truncated result, feeds :class:`~ctxwarden.entities.EntityLedger`; its
+rendering becomes one system block near the top of the context.
+
+The region before the window only grows (the window start is sticky), so the ledger of
+a conversation is extended, never rebuilt: a small module-level memo keyed by the
+conversation's first message and the window start makes each build cost the messages
+that left since the last one.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from .entities import EntityLedger, extract_entities
+from .messages import Message
+from .tokens import TokenCounter
+
+__all__ = ["LEDGER_ID", "LedgerBuilder"]
+
+LEDGER_ID = "ctxwarden:ledger"
+_FRAMING = 5  # message framing + role tokens around the ledger text
+_MEMO: OrderedDict[tuple[str, int], tuple[str, EntityLedger]] = OrderedDict()
+_BY_CONVERSATION: dict[str, int] = {}
+_MEMO_MAX = 256
+
+
+def _memo_get(history: Sequence[Message], anchor: str, start: int) -> EntityLedger | None:
+    """A memoised ledger for this conversation up to ``start``, if its history matches."""
+    hit = _MEMO.get((anchor, start))
+    if hit is None or hit[0] != history[start - 1].fingerprint:
+        return None
+    _MEMO.move_to_end((anchor, start))
+    return hit[1]
+
+
+def _dropped_ledger(
+    history: Sequence[Message], sys_end: int, start: int, pinned: frozenset[int]
+) -> EntityLedger:
+    """The ledger of ``history[sys_end:start]`` minus pinned messages, extended from a memo."""
+    if start <= sys_end:
+        return EntityLedger()
+    anchor = history[sys_end].fingerprint
+    hit = _memo_get(history, anchor, start)
+    if hit is not None:
+        return hit
+    base_start = _BY_CONVERSATION.get(anchor, sys_end)
+    base = _memo_get(history, anchor, base_start) if sys_end < base_start < start else None
+    if base is None:
+        base, base_start = EntityLedger(), sys_end
+    ledger = base
+    for i in range(base_start, start):
+        if i not in pinned:
+            ledger = ledger.add(extract_entities(history[i]))
+    _MEMO[(anchor, start)] = (history[start - 1].fingerprint, ledger)
+    _BY_CONVERSATION[anchor] = start
+    if len(_MEMO) > _MEMO_MAX:
+        _MEMO.popitem(last=False)
+    return ledger
+
+
+class LedgerBuilder:
+    """Renders the ledger block for one build, within ``cap`` tokens."""
+
+    def __init__(self, counter: TokenCounter, cap: int):
+        self.counter = counter
+        self.cap = cap
+        self.ledger = EntityLedger()
+
+    def render(
+        self,
+        history: Sequence[Message],
+        sys_end: int,
+        start: int,
+        pinned: Sequence[int],
+        edited: Sequence[Message],
+    ) -> Message | None:
+        """The ledger message for a window starting at ``start`` (None when empty)."""
+        if self.cap <= 0:
+            return None
+        ledger = _dropped_ledger(history, sys_end, start, frozenset(pinned))
+        for original in edited:
+            ledger = ledger.add(extract_entities(original))
+        self.ledger = ledger
+        return self._message(self.cap - _FRAMING)
+
+    def shrink(self, current: Message, max_tokens: int) -> Message | None:
+        """The same ledger rendered within ``max_tokens`` (priority eviction)."""
+        return self._message(max_tokens - _FRAMING)
+
+    def _message(self, max_tokens: int) -> Message | None:
+        if max_tokens <= 0:
+            return None
+        text = self.ledger.render(max_tokens, self.counter.count_text)
+        return Message.system(text, id=LEDGER_ID) if text else None
