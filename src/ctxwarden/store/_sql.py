@@ -16,8 +16,9 @@ from __future__ import annotations
 import json
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from typing import Any
 
 from ..errors import StoreError, VersionConflict
@@ -45,6 +46,7 @@ _MAX_SEQ = 2**62
 
 
 def _session(row: Sequence[Any]) -> StoredSession:
+    by_model, dollars = decode_usage(row[10])
     return StoredSession(
         tenant=row[0],
         session_id=row[1],
@@ -56,7 +58,8 @@ def _session(row: Sequence[Any]) -> StoredSession:
         updated_at=float(row[7]),
         summary_upto=int(row[8]),
         next_seq=int(row[9]),
-        usage=decode_usage(row[10]),
+        usage=by_model,
+        dollars=dollars,
     )
 
 
@@ -129,12 +132,18 @@ class SqlStore(ABC):
         messages: Sequence[Message],
         token_counts: Sequence[Mapping[str, int]],
     ) -> list[int]:
-        """Store ``messages`` atomically, in order; return their sequence numbers."""
+        """Store ``messages`` atomically, in order; return their sequence numbers.
+
+        A message whose id was derived from its content (no explicit id) is stored with
+        id ``m<seq>``: unique in the session even for repeated texts, and the same id
+        :func:`~ctxwarden.formats.messages_from_openai` gives the exported transcript.
+        """
         if len(token_counts) != len(messages):
             raise ValueError("give one token_counts mapping per message")
         if not messages:
             return []
         encoded = [encode_message(m) for m in messages]  # before the transaction opens
+        auto = [m.id == "h" + m.fingerprint[:12] for m in messages]
         now = time.time()
         n = len(messages)
         with self._write() as tx:
@@ -148,6 +157,9 @@ class SqlStore(ABC):
                     f"no session {session_id!r} for tenant {tenant!r}; create it first"
                 )
             first = int(rows[0][0]) - n
+            for i, message in enumerate(messages):
+                if auto[i]:
+                    encoded[i] = encode_message(replace(message, id=f"m{first + i}"))
             tx.executemany(
                 "INSERT INTO ctxwarden_messages (tenant, session_id, seq, message, role, kind, "
                 "pinned, priority, token_counts, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -179,13 +191,15 @@ class SqlStore(ABC):
         *,
         after_seq: int = -1,
         min_messages: int = 1,
+        count: Callable[[Message], int] | None = None,
     ) -> list[StoredMessage]:
         """The newest messages (seq > ``after_seq``) whose ``encoding`` counts fit in
         ``max_tokens``, oldest first; at least ``min_messages`` whatever their size.
 
         Reads the primary key backwards in growing chunks and stops at the first message
         that does not fit, so the cost is bounded by the budget, not by the history.
-        A message stored without a count for ``encoding`` is a :class:`StoreError`.
+        A message stored without a count for ``encoding`` is counted with ``count``
+        (a :class:`StoreError` without one).
         """
         out: list[StoredMessage] = []
         used = 0
@@ -199,18 +213,24 @@ class SqlStore(ABC):
                     (tenant, session_id, after_seq, before, chunk),
                 )
                 for row in rows:
-                    counts = json.loads(row[2])
-                    if encoding not in counts:
+                    seq, counts = int(row[0]), json.loads(row[2])
+                    message = None
+                    if encoding in counts:
+                        size = int(counts[encoding])
+                    elif count is not None:
+                        message = decode_message(row[1], seq)
+                        size = count(message)
+                    else:
                         raise StoreError(
-                            f"message {row[0]} has no token count for {encoding!r} "
-                            f"(stored: {', '.join(counts) or 'none'})"
+                            f"message {seq} has no token count for {encoding!r} "
+                            f"(stored: {', '.join(counts) or 'none'}); pass count="
                         )
-                    size = int(counts[encoding])
                     if used + size > max_tokens and len(out) >= min_messages:
                         return out[::-1]
                     used += size
-                    seq = int(row[0])
-                    out.append(StoredMessage(seq, decode_message(row[1], seq), counts))
+                    if message is None:
+                        message = decode_message(row[1], seq)
+                    out.append(StoredMessage(seq, message, counts))
                 if len(rows) < chunk:
                     return out[::-1]
                 before = int(rows[-1][0])
@@ -308,7 +328,7 @@ class SqlStore(ABC):
                 )
         return _session(rows[0])
 
-    def save_sticky(self, tenant: str, session_id: str, sticky: Mapping[str, str]) -> None:
+    def save_sticky(self, tenant: str, session_id: str, sticky: Mapping[str, Any]) -> None:
         """Keep the last build's decisions (last build wins; not versioned)."""
         with self._write() as tx:
             tx.execute(
@@ -316,24 +336,25 @@ class SqlStore(ABC):
                 (json.dumps(dict(sticky)), tenant, session_id),
             )
 
-    def record_usage(self, tenant: str, session_id: str, usage: Usage) -> Usage:
-        """Add one call's usage to the session's total (atomically); return the total."""
+    def record_usage(
+        self, tenant: str, session_id: str, usage: Usage, *, model: str, dollars: float = 0.0
+    ) -> StoredSession:
+        """Add one call's usage (and its price) to the session's totals, atomically."""
+        lock = " FOR UPDATE" if self._select_for_update else ""
         with self._write() as tx:
             rows = tx.execute(
-                f"SELECT usage FROM ctxwarden_sessions {_WHERE} FOR UPDATE"
-                if self._select_for_update
-                else f"SELECT usage FROM ctxwarden_sessions {_WHERE}",
-                (tenant, session_id),
+                f"SELECT usage FROM ctxwarden_sessions {_WHERE}{lock}", (tenant, session_id)
             )
             if not rows:
                 raise StoreError(
                     f"no session {session_id!r} for tenant {tenant!r}; create it first"
                 )
-            total = decode_usage(rows[0][0]) + usage
-            tx.execute(
-                f"UPDATE ctxwarden_sessions SET usage = ? {_WHERE}",
-                (encode_usage(total), tenant, session_id),
+            by_model, total = decode_usage(rows[0][0])
+            by_model[model] = by_model[model] + usage if model in by_model else usage
+            rows = tx.execute(
+                f"UPDATE ctxwarden_sessions SET usage = ? {_WHERE} RETURNING {_SESSION_COLS}",
+                (encode_usage(by_model, total + dollars), tenant, session_id),
             )
-        return total
+        return _session(rows[0])
 
     _select_for_update = False

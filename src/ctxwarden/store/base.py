@@ -15,7 +15,7 @@ which are indexed reads bounded by the budget, so a build costs the same at 100 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -46,13 +46,22 @@ class StoredSession:
     session_id: str
     summary: str | None
     facts: Mapping[str, Any]
-    sticky: Mapping[str, str]
+    sticky: Mapping[str, Any]
     version: int
     created_at: float
     updated_at: float
     summary_upto: int = -1
     next_seq: int = 0
-    usage: Usage = field(default_factory=lambda: Usage(calls=0))
+    usage: Mapping[str, Usage] = field(default_factory=dict)
+    dollars: float = 0.0
+
+    @property
+    def total_usage(self) -> Usage:
+        """Every recorded call summed over models."""
+        total = Usage(calls=0)
+        for usage in self.usage.values():
+            total = total + usage
+        return total
 
 
 @dataclass(frozen=True)
@@ -112,6 +121,7 @@ class SessionStore(Protocol):
         *,
         after_seq: int = -1,
         min_messages: int = 1,
+        count: Callable[[Message], int] | None = None,
     ) -> list[StoredMessage]: ...
 
     def pinned(self, tenant: str, session_id: str) -> list[StoredMessage]: ...
@@ -141,15 +151,21 @@ class SessionStore(Protocol):
         covered_up_to_seq: int,
     ) -> StoredSession: ...
 
-    def save_sticky(self, tenant: str, session_id: str, sticky: Mapping[str, str]) -> None: ...
+    def save_sticky(self, tenant: str, session_id: str, sticky: Mapping[str, Any]) -> None: ...
 
-    def record_usage(self, tenant: str, session_id: str, usage: Usage) -> Usage: ...
+    def record_usage(
+        self, tenant: str, session_id: str, usage: Usage, *, model: str, dollars: float = 0.0
+    ) -> StoredSession: ...
 
     def connections_in_use(self) -> int: ...
 
     def release(self) -> None: ...
 
     def close(self) -> None: ...
+
+    def __enter__(self) -> SessionStore: ...
+
+    def __exit__(self, *exc: object) -> None: ...
 
 
 # -- codec shared by the backends ------------------------------------------------------------
@@ -167,18 +183,24 @@ def decode_message(text: str, seq: int) -> Message:
         raise StoreError(f"stored message {seq} cannot be read back: {exc}") from exc
 
 
-def encode_usage(usage: Usage) -> str:
+def _usage_dict(usage: Usage) -> dict[str, int]:
+    return {
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "cached_input_tokens": usage.cached_input_tokens,
+        "cache_write_tokens": usage.cache_write_tokens,
+        "calls": usage.calls,
+    }
+
+
+def encode_usage(by_model: Mapping[str, Usage], dollars: float) -> str:
+    """Usage per model (so cost can use each model's prices) and the dollars so far."""
     return json.dumps(
-        {
-            "input_tokens": usage.input_tokens,
-            "output_tokens": usage.output_tokens,
-            "cached_input_tokens": usage.cached_input_tokens,
-            "cache_write_tokens": usage.cache_write_tokens,
-            "calls": usage.calls,
-        }
+        {"by_model": {m: _usage_dict(u) for m, u in by_model.items()}, "dollars": dollars}
     )
 
 
-def decode_usage(text: str | None) -> Usage:
+def decode_usage(text: str | None) -> tuple[dict[str, Usage], float]:
     data = json.loads(text) if text else {}
-    return Usage(**data) if data else Usage(calls=0)
+    by_model = {m: Usage(**u) for m, u in data.get("by_model", {}).items()}
+    return by_model, float(data.get("dollars", 0.0))

@@ -76,7 +76,7 @@ class SQLiteStore(SqlStore):
             conn.execute("PRAGMA foreign_keys = ON")
             conn.execute("PRAGMA synchronous = NORMAL")
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot open SQLite database {self.path}: {exc}") from exc
+            raise self._open_error(exc) from exc
         with self._lock:
             self._open.add(conn)
         return conn
@@ -162,10 +162,7 @@ class SQLiteStore(SqlStore):
                 )
             }
         except sqlite3.DatabaseError as exc:
-            raise StoreError(
-                f"{self.path} is not an SQLite database ({exc}); ctxwarden left it untouched — "
-                "point --db at a new file"
-            ) from exc
+            raise self._open_error(exc) from exc
         if names and "ctxwarden_migrations" not in names:
             raise StoreError(
                 f"{self.path} is an SQLite database that ctxwarden did not create (tables: "
@@ -183,6 +180,14 @@ class SQLiteStore(SqlStore):
         migrate(self._write, upto=migrate_upto)
         if migrate_upto is None:
             check_schema(self._columns)
+
+    def _open_error(self, exc: sqlite3.Error) -> StoreError:
+        if "not a database" in str(exc):
+            return StoreError(
+                f"{self.path} is not an SQLite database ({exc}); ctxwarden left it untouched — "
+                "point the store at a new file"
+            )
+        return StoreError(f"cannot open SQLite database {self.path}: {exc}")
 
     def _columns(self, table: str) -> set[str]:
         with self._read() as tx:
