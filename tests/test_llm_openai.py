@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from typing import Any
 
 import pytest
 from llm_servers import (
@@ -28,10 +29,10 @@ FAST = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.02)
 MESSAGES = [Message.system("You summarise.", id="s"), Message.user("Summarise this.", id="u")]
 
 
-def client(server: ScriptedServer, **kw: object) -> OpenAICompatible:
+def client(server: ScriptedServer, **kw: Any) -> OpenAICompatible:
     kw.setdefault("retry", FAST)
     kw.setdefault("timeout", 5.0)
-    return OpenAICompatible("gpt-4o-mini", base_url=server.url + "/v1", api_key="sk-test", **kw)  # type: ignore[arg-type]
+    return OpenAICompatible("gpt-4o-mini", base_url=server.url + "/v1", api_key="sk-test", **kw)
 
 
 async def test_success_maps_text_and_usage_with_cached_tokens(

@@ -194,12 +194,13 @@ class AnthropicModel:
         }
         if system:
             params["system"] = system
-        if temperature is not None:
-            params["temperature"] = temperature
         if self.betas:
             params["betas"] = list(self.betas)
-        if self.extra_body:
-            params["extra_body"] = dict(self.extra_body)
+        extra = dict(self.extra_body)
+        if temperature is not None:  # the 2.x SDK dropped the typed parameter; the API reads it
+            extra["temperature"] = temperature
+        if extra:
+            params["extra_body"] = extra
         return params
 
     def _classify(self, exc: BaseException) -> Failure | None:
