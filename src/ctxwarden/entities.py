@@ -23,6 +23,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from .messages import Message
@@ -139,7 +140,8 @@ _NAME_SKIP_WORDS = (
     "Thanks Hi Hello Hey Dear Yes No Sure Okay Ok Could Can Would Will Let Here There What When "
     "Where Which Who How Why If And But So For In On At To From With By Of As It We You He She "
     "They Also Then Now Just Unfortunately However Great Perfect Monday Tuesday Wednesday "
-    "Thursday Friday Saturday Sunday Error Traceback None True False Note"
+    "Thursday Friday Saturday Sunday January February March April May June July August "
+    "September October November December Error Traceback None True False Note"
 )
 _NAME_SKIP = frozenset(_NAME_SKIP_WORDS.split())
 _CODE_SKIP_WORDS = "OK ID AM PM TV FYI ASAP PS NB EST UTC GMT JSON HTTP API URL"
@@ -148,6 +150,13 @@ _CODE_SKIP = frozenset(_CODE_SKIP_WORDS.split())
 
 def _is_title(word: str) -> bool:
     return word[0].isupper() and any(c.islower() for c in word[1:])
+
+
+def _is_id(token: str) -> bool:
+    """Letters (or underscores) mixed with digits, and not an ordinal like 20th."""
+    has_digit = any(c.isdigit() for c in token)
+    has_other = any(c.isalpha() or c == "_" for c in token)
+    return has_digit and has_other and not _ORDINAL.match(token)
 
 
 def _clean(value: str) -> str:
@@ -167,29 +176,32 @@ def extract_from_text(text: str, source_id: str = "") -> list[Entity]:
         if value and value not in out:
             out[value] = Entity(value, category, source_id, category)
 
-    upper_share = sum(c.isupper() for c in text) / max(sum(c.isalpha() for c in text), 1)
+    letters = sum(c.isalpha() for c in text)
+    shouting = letters > 24 and sum(c.isupper() for c in text) > letters // 2  # no codes then
     for category, pattern in _PATTERNS:
         for m in pattern.finditer(text):
             value = m.group(0)
             if category == "date-written":
                 category_out = "date"
-            elif category == "id" and not value.startswith("#"):
-                has_digit = any(c.isdigit() for c in value)
-                has_alpha = any(c.isalpha() for c in value)
-                if has_digit and (has_alpha or "_" in value) and not _ORDINAL.match(value):
+            elif category == "id":
+                if _is_id(value.lstrip("#")):
                     category_out = "id"
                 elif (
-                    not has_digit
+                    not any(c.isdigit() for c in value)
                     and len(value) >= 3
                     and value.isupper()
                     and value not in _CODE_SKIP
-                    and upper_share < 0.5
+                    and not shouting
                 ):
                     category_out = "code"
                 else:
                     continue
             else:
                 category_out = category
+            if category == "email":  # a user name is often an account id too: mia_li_3668@…
+                local = value.split("@", 1)[0]
+                if _is_id(local):
+                    out.setdefault(local, Entity(local, "id", source_id, "id"))
             take(m.start(), m.end(), value, category_out)
     # proper names: runs of capitalised words, not a lone word at a sentence start
     run: list[re.Match[str]] = []
@@ -206,7 +218,8 @@ def extract_from_text(text: str, source_id: str = "") -> list[Entity]:
                 run = run[1:]
                 continue
             break
-        if run:
+        heading = bool(run) and text[run[-1].end() :][:8].lstrip(" *_0-9").startswith(":")
+        if run and not heading:  # "Total Cost:" / "**Flight Option 1:**" label a field
             take(run[0].start(), run[-1].end(), text[run[0].start() : run[-1].end()], "name")
         run = [w] if w is not None and title else []
     return list(out.values())
@@ -219,6 +232,7 @@ _AMOUNT_KEY = re.compile(r"amount|price|cost|total|balance|fee|paid|refund", re.
 _GENERIC_KEYS = frozenset({"id", "name", "value", "code", "type", "key", "number", "date", "text"})
 
 
+@lru_cache(maxsize=65_536)
 def _category_of(value: str) -> str:
     """The category of a short JSON string from its shape alone."""
     found = extract_from_text(value)
@@ -245,8 +259,9 @@ def extract_from_json(data: Any, source_id: str = "") -> list[Entity]:
         if isinstance(node, dict):
             for k, v in node.items():
                 k = str(k)
-                if _category_of(k) == "id":
-                    add(k, key or "key", "id")
+                kind = _category_of(k)
+                if kind == "id" or (kind == "code" and not isinstance(v, (dict, list))):
+                    add(k, key or "key", kind)  # a key that is data: {"credit_card_1": …}
                     walk(v, k, context)
                 else:
                     walk(v, k, key or context)
