@@ -138,19 +138,18 @@ class Registry:
         self._tables = {name: dict(t) for name, t in tables.items()}
         self._models: dict[str, ModelInfo] = {}
         self._index: dict[str, str] = {}
-        for name, table in self._tables.items():
-            self._add(_build(name, table, source), source)
-
-    def _add(self, info: ModelInfo, source: str) -> None:
-        for key in (info.name, *info.aliases):
-            owner = self._index.get(key.lower())
-            if owner is not None and owner != info.name:
-                raise ConfigError(
-                    f"{source}: model {info.name!r}, field 'aliases': {key!r} already names "
-                    f"model {owner!r}"
-                )
-            self._index[key.lower()] = info.name
-        self._models[info.name] = info
+        built = [_build(name, table, source) for name, table in self._tables.items()]
+        for info in built:  # names first, so a clashing alias is blamed on its own model
+            self._models[info.name] = info
+            self._index[info.name.lower()] = info.name
+        for info in built:
+            for alias in info.aliases:
+                owner = self._index.setdefault(alias.lower(), info.name)
+                if owner != info.name:
+                    raise ConfigError(
+                        f"{source}: model {info.name!r}, field 'aliases': {alias!r} already "
+                        f"names model {owner!r}"
+                    )
 
     # -- construction -------------------------------------------------------------------------
 

@@ -55,40 +55,47 @@ def transcript_from_data(data: Any, *, source: str = "<transcript>") -> Transcri
     model: Any = None
     if isinstance(data, Mapping):
         if "messages" not in data:
-            raise InvalidMessageError(
-                f"{source}: an object transcript needs a 'messages' list", field="messages"
-            )
+            raise _located(source, "an object transcript needs a 'messages' list", "messages")
         raw, tools, model = data["messages"], data.get("tools") or [], data.get("model")
     else:
         raw = data
     if not isinstance(raw, list):
-        raise InvalidMessageError(
-            f"{source}: expected a list of chat messages or an object with 'messages', "
+        raise _located(
+            source,
+            "expected a list of chat messages or an object with 'messages', "
             f"got {type(raw).__name__}",
-            field="messages",
+            "messages",
         )
     if model is not None and not isinstance(model, str):
-        raise InvalidMessageError(f"{source}: 'model' must be a string", field="model")
+        raise _located(source, "'model' must be a string", "model")
     try:
         messages = messages_from_openai(raw)
         validate_pairing(messages)
     except InvalidMessageError as exc:
-        located = InvalidMessageError(f"{source}: {exc}")
-        located.index, located.field = exc.index, exc.field
-        raise located from None
+        raise _located(source, str(exc), exc.field, exc.index) from None
     return Transcript(tuple(messages), _check_tools(tools, source), model, source)
+
+
+def _located(
+    source: str, reason: str, field: str | None = None, index: int | None = None
+) -> InvalidMessageError:
+    """An error whose text starts with the source; ``index`` and ``field`` kept as data."""
+    error = InvalidMessageError(f"{source}: {reason}")
+    error.index, error.field = index, field
+    return error
 
 
 def _check_tools(tools: Any, source: str) -> tuple[Mapping[str, Any], ...]:
     if not isinstance(tools, list):
-        raise InvalidMessageError(f"{source}: 'tools' must be a list", field="tools")
+        raise _located(source, "'tools' must be a list", "tools")
     for i, tool in enumerate(tools):
         fn = tool.get("function") if isinstance(tool, Mapping) else None
         if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
-            raise InvalidMessageError(
-                f"{source}: tool {i} must look like "
+            raise _located(
+                source,
+                f"tool {i} must look like "
                 '{"type": "function", "function": {"name": ..., "parameters": {...}}}',
-                field="tools",
+                "tools",
             )
     return tuple(tools)
 

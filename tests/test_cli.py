@@ -1,0 +1,191 @@
+"""The ctxwarden CLI: count, models, --version, and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from ctxwarden import __version__
+from ctxwarden.cli import app
+from ctxwarden.tokens import TokenCounter, count_tokens
+from ctxwarden.transcript import load_example
+
+runner = CliRunner()
+
+PLAIN = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+    {"role": "assistant", "content": "Paris."},
+]
+
+
+def invoke(*args: str, input: str | None = None) -> Any:
+    return runner.invoke(app, list(args), input=input)
+
+
+def write(tmp_path: Path, data: Any, name: str = "chat.json") -> str:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return str(path)
+
+
+def test_version() -> None:
+    result = invoke("--version")
+    assert result.exit_code == 0
+    assert result.stdout.strip() == f"ctxwarden {__version__}"
+
+
+def test_count_plain_file_is_exact_and_matches_the_library(tmp_path: Path) -> None:
+    result = invoke("count", "--model", "gpt-4o", "--json", write(tmp_path, PLAIN))
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["tokens"] == count_tokens(PLAIN, model="gpt-4o")
+    assert report["exact"] is True
+    assert (report["model"], report["encoding"], report["messages"]) == ("gpt-4o", "o200k_base", 3)
+    assert report["input_cost_usd"] == pytest.approx(report["tokens"] * 2.5 / 1e6)
+
+
+def test_count_example_with_tools(tmp_path: Path) -> None:
+    result = invoke("count", "--example", "--json")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    example = load_example()
+    expected = TokenCounter.for_model("gpt-4o").count_messages(
+        example.messages, list(example.tools)
+    )
+    assert report["tokens"] == expected.tokens
+    assert report["exact"] is False  # tool calls are counted by a documented method
+    assert report["tool_calls"] == 6 and report["tool_definitions"] == 6
+    human = invoke("count", "--example", "--model", "claude-sonnet-4-5")
+    assert human.exit_code == 0
+    assert "claude-sonnet-4-5 (anthropic)" in human.stdout and "estimate" in human.stdout
+
+
+def test_count_reads_stdin_and_the_model_named_in_a_request_body() -> None:
+    body = json.dumps({"model": "gpt-3.5-turbo-0125", "messages": PLAIN, "temperature": 0})
+    result = invoke("count", "-", "--json", input=body)
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["model"], report["encoding"]) == ("gpt-3.5-turbo", "cl100k_base")
+    assert report["tokens"] == count_tokens(PLAIN, model="gpt-3.5-turbo")
+
+
+def test_count_a_model_added_by_registry_file(tmp_path: Path) -> None:
+    registry = tmp_path / "models.toml"
+    registry.write_text(
+        '[models."my-llama"]\nprovider = "vllm"\ncontext_window = 8192\n'
+        'max_output_tokens = 2048\nestimator = "llama"\nprice = { input = 0.1, output = 0.1 }\n'
+    )
+    result = invoke(
+        "count",
+        "--model",
+        "my-llama",
+        "--registry",
+        str(registry),
+        "--json",
+        write(tmp_path, PLAIN),
+    )
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["provider"], report["context_window"], report["exact"]) == ("vllm", 8192, False)
+
+
+@pytest.mark.parametrize(
+    ("content", "needles"),
+    [
+        (
+            '[{"role": "user", "content": "hi"},\n  {"role": }]',
+            ["not valid JSON", "line 2, column"],
+        ),
+        (
+            [{"role": "user", "content": "hi"}, {"content": "x"}],
+            ["message 1", "'role'", "missing role"],
+        ),
+        (
+            [
+                {"role": "user", "content": "hi"},
+                {"role": "tool", "tool_call_id": "c1", "content": "{}"},
+            ],
+            ["message 1", "'tool_call_id'", "no matching tool call"],
+        ),
+        ({"msgs": []}, ["'messages'"]),
+        ("42", ["expected a list of chat messages"]),
+    ],
+)
+def test_bad_transcripts_fail_with_one_line_and_exit_2(
+    tmp_path: Path, content: Any, needles: list[str]
+) -> None:
+    path = write(tmp_path, content)
+    result = invoke("count", path)
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith(f"error: {path}")
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["count", "--model", "gtp-5", "--example"], "unknown model 'gtp-5'"),
+        (["count", "/no/such/file.json"], "cannot read transcript"),
+        (["count", "--example", "x.json"], "not both"),
+        (["models", "--registry", "/no/such/models.toml"], "cannot read model registry file"),
+    ],
+)
+def test_user_errors_exit_2(args: list[str], needle: str) -> None:
+    result = invoke(*args)
+    assert result.exit_code == 2
+    assert needle in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bad_registry_file_names_file_and_field(tmp_path: Path) -> None:
+    registry = tmp_path / "models.toml"
+    registry.write_text('[models."gpt-4o"]\nprice = { input = -1 }\n')
+    result = invoke("models", "--registry", str(registry))
+    assert result.exit_code == 2
+    assert f"{registry}: model 'gpt-4o', field 'price.input'" in result.stderr
+
+
+def test_models_table_json_and_filters(tmp_path: Path) -> None:
+    table = invoke("models")
+    assert table.exit_code == 0
+    for name in ("gpt-4o", "claude-sonnet-4-5", "gemini-2.5-pro", "qwen3:8b", "o200k_base"):
+        assert name in table.stdout
+    listed = json.loads(invoke("models", "--json", "--provider", "anthropic").stdout)
+    assert listed and {m["provider"] for m in listed} == {"anthropic"}
+    sonnet = next(m for m in listed if m["name"] == "claude-sonnet-4-5")
+    assert sonnet["price"] == {
+        "input": 3.0,
+        "output": 15.0,
+        "cached_input": 0.3,
+        "cache_write": 3.75,
+    }
+    registry = tmp_path / "extra.toml"
+    registry.write_text(
+        '[models."tiny-local"]\nprovider = "ollama"\ncontext_window = 4096\n'
+        'max_output_tokens = 4096\nestimator = "qwen"\nprice = { input = 0, output = 0 }\n'
+    )
+    assert "tiny-local" in invoke("models", "--registry", str(registry)).stdout
+
+
+def test_installed_script_prints_no_traceback(tmp_path: Path) -> None:
+    script = Path(sys.executable).parent / "ctxwarden"
+    if not script.exists():
+        pytest.skip("ctxwarden console script not installed in this environment")
+    bad = write(tmp_path, '{"messages": [', "broken.json")
+    proc = subprocess.run([str(script), "count", bad], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stdout == "" and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"error: {bad} is not valid JSON")
+    ok = subprocess.run(
+        [str(script), "count", "--example"], capture_output=True, text=True, timeout=60
+    )
+    assert ok.returncode == 0 and "tokens" in ok.stdout

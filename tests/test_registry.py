@@ -1,0 +1,217 @@
+"""The model registry: the shipped data, name resolution, and user overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ctxwarden.errors import ConfigError, UnknownModelError, UsageError
+from ctxwarden.registry import ModelInfo, Registry, get_model, load_registry
+
+REQUIRED = [
+    "gpt-4o",
+    "gpt-4o-mini",
+    "gpt-4.1",
+    "gpt-4.1-mini",
+    "gpt-5",
+    "gpt-5-mini",
+    "o3",
+    "o4-mini",
+    "gpt-3.5-turbo",
+    "gpt-4",
+    "claude-3-5-sonnet",
+    "claude-3-5-haiku",
+    "claude-sonnet-4",
+    "claude-sonnet-4-5",
+    "claude-opus-4",
+    "claude-opus-4-1",
+    "claude-haiku-4-5",
+    "gemini-1.5-pro",
+    "gemini-1.5-flash",
+    "gemini-2.5-pro",
+    "gemini-2.5-flash",
+    "deepseek-chat",
+    "llama3.1:8b",
+    "qwen3:8b",
+]
+
+
+@pytest.fixture
+def builtin() -> Registry:
+    return Registry.builtin()
+
+
+def test_required_models_are_shipped(builtin: Registry) -> None:
+    missing = [name for name in REQUIRED if name not in builtin.names()]
+    assert missing == []
+
+
+def test_openai_models_count_exactly_with_the_right_encoding(builtin: Registry) -> None:
+    cl100k = {m.name for m in builtin if m.encoding == "cl100k_base"}
+    assert {"gpt-4", "gpt-3.5-turbo"} <= cl100k
+    for name in ("gpt-4o", "gpt-4.1", "gpt-5", "o3", "o4-mini"):
+        assert builtin.get(name).encoding == "o200k_base"
+    for m in builtin:
+        assert m.exact == (m.provider == "openai"), m.name
+        assert (m.encoding is None) != (m.estimator is None), m.name
+
+
+def test_anthropic_cache_prices_follow_the_published_multipliers(builtin: Registry) -> None:
+    # Claude 3 Haiku is the published exception: writes $0.30, reads $0.03 on $0.25 input
+    claude = [m for m in builtin if m.provider == "anthropic" and m.name != "claude-3-haiku"]
+    assert len(claude) >= 7
+    for m in claude:
+        assert m.price.cache_write == pytest.approx(1.25 * m.price.input), m.name
+        assert m.price.cached_input == pytest.approx(0.1 * m.price.input), m.name
+        assert m.estimator == "claude"
+
+
+def test_limits_are_consistent_and_local_models_are_free(builtin: Registry) -> None:
+    for m in builtin:
+        assert 0 < m.max_output_tokens <= m.context_window, m.name
+        if m.price.cached_input is not None:
+            assert m.price.cached_input < m.price.input, m.name
+    for name in ("llama3.1:8b", "qwen3:8b"):
+        info = builtin.get(name)
+        assert (info.provider, info.price.input, info.price.output) == ("ollama", 0.0, 0.0)
+    assert builtin.get("gpt-4o").price.cache_write is None  # OpenAI has no write charge
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("gpt-4o-2024-08-06", "gpt-4o"),
+        ("gpt-4o-mini-2024-07-18", "gpt-4o-mini"),  # not gpt-4o
+        ("gpt-4o-2024-05-13", "gpt-4o-2024-05-13"),  # listed on its own: launch price
+        ("GPT-4o", "gpt-4o"),
+        ("gpt-4-0613", "gpt-4"),
+        ("gpt-4-1106-preview", "gpt-4-turbo"),  # not gpt-4, despite the suffixes
+        ("gpt-3.5-turbo-0125", "gpt-3.5-turbo"),
+        ("o4-mini-2025-04-16", "o4-mini"),
+        ("claude-sonnet-4-5-20250929", "claude-sonnet-4-5"),
+        ("claude-3-5-sonnet-latest", "claude-3-5-sonnet"),
+        ("claude-sonnet-4-0", "claude-sonnet-4"),
+        ("openai:gpt-4o", "gpt-4o"),
+        ("openrouter:openai/gpt-4o", "gpt-4o"),
+        ("openrouter:anthropic/claude-3.5-sonnet", "claude-3-5-sonnet"),
+        ("anthropic:claude-haiku-4-5-20251001", "claude-haiku-4-5"),
+        ("us.anthropic.claude-3-5-sonnet-20241022-v2:0", "claude-3-5-sonnet"),
+        ("claude-3-5-sonnet-v2@20241022", "claude-3-5-sonnet"),
+        ("models/gemini-1.5-pro-002", "gemini-1.5-pro"),
+        ("gemini-2.5-flash-preview-05-20", "gemini-2.5-flash"),
+        ("ollama:qwen3:8b", "qwen3:8b"),
+        ("qwen3", "qwen3:8b"),
+        ("llama3.1:8b-instruct-q4_K_M", "llama3.1:8b"),
+        ("deepseek/deepseek-chat", "deepseek-chat"),
+    ],
+)
+def test_names_resolve(builtin: Registry, name: str, expected: str) -> None:
+    assert builtin.resolve(name) == expected
+    assert name in builtin
+
+
+@pytest.mark.parametrize(
+    "name", ["o3-mini", "gpt-4o-realtime-preview-2024-12-17", "gpt-4-32k", "llama3.1:70b", ""]
+)
+def test_other_models_are_not_guessed(builtin: Registry, name: str) -> None:
+    with pytest.raises(UnknownModelError):
+        builtin.get(name)
+    assert name not in builtin
+
+
+def test_unknown_model_error_suggests_and_is_a_user_error(builtin: Registry) -> None:
+    with pytest.raises(UnknownModelError) as info:
+        builtin.get("gpt-4-32k")
+    assert isinstance(info.value, UsageError) and isinstance(info.value, KeyError)
+    assert "gpt-4-32k" in str(info.value) and "gpt-4," in str(info.value)
+
+
+def test_long_context_tier_applies_above_the_threshold(builtin: Registry) -> None:
+    pro = builtin.get("gemini-2.5-pro")
+    assert pro.price_for(200_000).input == 1.25
+    assert pro.price_for(200_001).input == 2.50
+    assert builtin.get("gpt-4o").price_for(10_000_000) == builtin.get("gpt-4o").price
+
+
+def test_partial_override_changes_one_price_and_keeps_the_rest(builtin: Registry) -> None:
+    custom = builtin.with_overrides('[models."gpt-4o"]\nprice = { input = 2.0 }\n')
+    assert custom.get("gpt-4o-2024-08-06").price.input == 2.0
+    assert custom.get("gpt-4o").price.output == 10.0
+    assert custom.get("gpt-4o").context_window == 128_000
+    assert builtin.get("gpt-4o").price.input == 2.5  # the original is untouched
+
+
+def test_override_by_alias_and_switching_tokenizer(builtin: Registry) -> None:
+    custom = builtin.with_overrides('[models."qwen3"]\nestimator = "llama"\n')
+    info = custom.get("qwen3:8b")
+    assert (info.estimator, info.encoding) == ("llama", None)
+    switched = builtin.with_overrides('[models."claude-3-haiku"]\nencoding = "o200k_base"\n')
+    assert switched.get("claude-3-haiku").exact
+
+
+def test_user_file_adds_a_model(tmp_path: Path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text(
+        '[models."mistral-small"]\nprovider = "mistral"\ncontext_window = 32_000\n'
+        'max_output_tokens = 8_000\nestimator = "mistral"\nestimate_factor = 1.3\n'
+        'price = { input = 0.2, output = 0.6 }\naliases = ["mistral-small-latest"]\n'
+    )
+    registry = load_registry([path], use_env=False)
+    info = registry.get("mistral:mistral-small-latest")
+    assert info == ModelInfo(
+        name="mistral-small",
+        provider="mistral",
+        context_window=32_000,
+        max_output_tokens=8_000,
+        price=info.price,
+        estimator="mistral",
+        estimate_factor=1.3,
+        aliases=("mistral-small-latest",),
+    )
+    assert (info.price.input, info.price.output, info.price.cached_input) == (0.2, 0.6, None)
+    assert len(registry) == len(Registry.builtin()) + 1
+
+
+@pytest.mark.parametrize(
+    ("toml", "needle"),
+    [
+        ('[models."x"]\nprovider = "a"\n', "model 'x', field 'context_window': missing"),
+        ('[models."gpt-4o"]\ncontext_windw = 5\n', "field 'context_windw': unknown field"),
+        ('[models."gpt-4o"]\ncontext_window = -1\n', "field 'context_window': must be a positive"),
+        ('[models."gpt-4o"]\nmax_output_tokens = 999999\n', "exceeds context_window"),
+        ('[models."gpt-4o"]\nprice = { input = "cheap" }\n', "field 'price.input'"),
+        ('[models."gpt-4o"]\nprice = { inptu = 1.0 }\n', "field 'price.inptu': unknown price"),
+        ('[models."gpt-4o"]\nencoding = "p50k_base"\n', "field 'encoding': must be one of"),
+        ('[models."gpt-4o"]\nestimator = "gpt"\n', "field 'estimator': must be one of"),
+        (
+            '[models."gpt-4o"]\naliases = ["gpt-4"]\n',
+            "model 'gpt-4o', field 'aliases': 'gpt-4' already names model 'gpt-4'",
+        ),
+        ('[model."gpt-4o"]\nprovider = "x"\n', "unknown top-level key 'model'"),
+        ("[models.\nbroken", "not valid TOML"),
+    ],
+)
+def test_bad_override_file_names_file_and_field(tmp_path: Path, toml: str, needle: str) -> None:
+    path = tmp_path / "bad-models.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError) as info:
+        Registry.builtin().with_overrides(path)
+    assert str(info.value).startswith(f"{path}: ")
+    assert needle in str(info.value)
+
+
+def test_missing_override_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read model registry file"):
+        load_registry([tmp_path / "nope.toml"])
+
+
+def test_env_var_adds_files_to_the_default_registry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "env.toml"
+    path.write_text('[models."deepseek-chat"]\nprice = { input = 0.5 }\n')
+    monkeypatch.setenv("CTXWARDEN_MODELS", str(path))
+    assert get_model("deepseek-chat").price.input == 0.5
+    monkeypatch.delenv("CTXWARDEN_MODELS")
+    assert get_model("deepseek-chat").price.input == 0.28
