@@ -49,10 +49,11 @@ def transcript_from(file: str | None, example: bool) -> Transcript:
         if file is not None:
             raise InvalidMessageError("give either a transcript FILE or --example, not both")
         return load_example()
-    if file == "-" or (file is None and not sys.stdin.isatty()):
-        return parse_transcript(sys.stdin.read(), source="<stdin>")
-    if file is None:
+    if file is not None and file != "-":
+        return read_transcript(file)
+    text = sys.stdin.read() if file == "-" or not sys.stdin.isatty() else ""
+    if not text.strip():
         raise InvalidMessageError(
             "no transcript: give a JSON FILE, '-' for stdin, or --example for the bundled one"
         )
-    return read_transcript(file)
+    return parse_transcript(text, source="<stdin>")

@@ -19,14 +19,17 @@ DEFAULT_MODEL = "gpt-4o"
 
 def count(
     file: Annotated[
-        str | None, typer.Argument(help="Transcript JSON file ('-' for stdin).", show_default=False)
+        str | None,
+        typer.Argument(
+            metavar="FILE", help="Transcript JSON file ('-' for stdin).", show_default=False
+        ),
     ] = None,
     model: Annotated[
         str | None,
         typer.Option(
             "--model",
             "-m",
-            help=f"Model to count for [default: the file's 'model', or {DEFAULT_MODEL}].",
+            help=f"Model to count for (default: the file's 'model', else {DEFAULT_MODEL}).",
         ),
     ] = None,
     example: Annotated[
