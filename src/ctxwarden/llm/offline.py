@@ -42,6 +42,7 @@ _ENTITY = re.compile(
     r"|\b(?:Mon|Tues|Wednes|Thurs|Fri|Satur|Sun)day\b"
     r"|\b(?:yesterday|today|tomorrow|tonight|last \w+|next \w+)\b"
     r"|(?<=[a-z,;] )[A-Z][a-z]+(?: [A-Z][a-z]+)*"  # capitalised names mid-sentence
+    r"|\b(?!I\b|A\b|OK\b)[A-Z]{1,5}\b"  # sizes, codes, currencies: L, XL, USD
     r"|\"[^\"]{2,40}\""  # quoted titles
 )
 _WORD = re.compile(r"[a-z0-9]+")
@@ -152,8 +153,10 @@ def _summary_units(summary: str, source: int) -> tuple[list[_Unit], str | None]:
             continue
         hit = _LINE.match(line)
         speaker, text = (hit.group(1), hit.group(2)) if hit else ("Earlier", line)
+        bonus = 1.25 if speaker == "User" else 1.0
         for j, s in enumerate(_sentences(text)):
-            units.append(_Unit(speaker, s, (0, source * 10_000 + li), (0, source, li * 1000 + j)))
+            group, order = (0, source * 10_000 + li), (0, source, li * 1000 + j)
+            units.append(_Unit(speaker, s, group, order, bonus))
     return units, first
 
 
@@ -320,7 +323,8 @@ def _field_rules(name: str) -> list[re.Pattern[str]]:
         re.compile(
             rf"\b(?:my |the |our )?{spoken}\s*(?:is|:|=|will be|should be)\s+([^.?!\n]{{1,60}})", _I
         ),
-        re.compile(rf"\b{spoken}\s+({_MONEY}|[A-Z0-9][A-Za-z0-9-]*\b)", _I),
+        # "size L", "order A-1": a code-like value right after the name (case matters)
+        re.compile(rf"\b(?i:{spoken})\s+({_MONEY}|[A-Z0-9][A-Z0-9-]*\b)"),
     ]
 
 
