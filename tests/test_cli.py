@@ -189,3 +189,9 @@ def test_installed_script_prints_no_traceback(tmp_path: Path) -> None:
         [str(script), "count", "--example"], capture_output=True, text=True, timeout=60
     )
     assert ok.returncode == 0 and "tokens" in ok.stdout
+
+
+def test_empty_stdin_says_what_to_give() -> None:
+    result = invoke("count", "-", input="")
+    assert result.exit_code == 2
+    assert "no transcript: give a JSON FILE" in result.stderr
