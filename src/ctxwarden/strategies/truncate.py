@@ -71,6 +71,7 @@ def truncate_text(text: str, *, target_tokens: int, count: Count) -> str:
 
     The head gets 60% of the kept characters (it usually says what the output is), the
     tail 40% (it usually says how it ended). Cuts snap to line ends when one is near.
+    A target smaller than the marker itself leaves ``text`` as it is (irreducible).
     """
     total = count(text)
     if total <= target_tokens:
@@ -101,7 +102,8 @@ def truncate_text(text: str, *, target_tokens: int, count: Count) -> str:
             best, lo = candidate, mid + 1
         else:
             hi = mid - 1
-    return best
+    # a target smaller than the marker itself: never return more than we were given
+    return best if count(best) < total else text
 
 
 def _cut_prose(text: str, *, target_tokens: int, count: Count) -> str:
@@ -306,17 +308,20 @@ def truncate_stack_trace(
         if count(candidate) <= target_tokens:
             return candidate
     final_line = lines[final]
-    if count(final_line) > target_tokens // 2:
-        final_line = truncate_text(final_line, target_tokens=target_tokens // 2, count=count)
+    if count(final_line) > target_tokens:
+        final_line = truncate_text(final_line, target_tokens=target_tokens * 3 // 4, count=count)
     rest = "\n".join(
         f"{line[:120]}…[{_fmt(len(line) - 120)} chars cut]" if len(line) > 160 else line
         for line, t in kept
         if t != 0
     )
-    budget = max(target_tokens - count(final_line) - 1, 1)
+    budget = target_tokens - count(final_line) - 1
     if count(rest) > budget:
-        rest = truncate_text(rest, target_tokens=budget, count=count)
-    return f"{rest}\n{final_line}" if rest.strip() else final_line
+        rest = truncate_text(rest, target_tokens=max(budget, 1), count=count)
+        if count(rest) > budget:  # no room even for a cut: say so as briefly as possible
+            rest = f"[... {_fmt(len(kept) - 1)} lines cut ...]"
+            rest = rest if count(rest) <= budget else ""
+    return f"{rest}\n{final_line}" if rest else final_line
 
 
 # -- JSON ---------------------------------------------------------------------------------------
