@@ -1,0 +1,326 @@
+"""Shared measuring tools for the bench: token series, tables, cache and cost, windows.
+
+Every scenario produces, per strategy, the list of messages sent at each turn. From
+those lists alone this module computes what the report shows:
+
+* input tokens per turn, counted exactly (OpenAI models) by one shared
+  :class:`~ctxwarden.tokens.TokenCounter`, whose per-message cache makes a 50-turn run
+  cost O(new messages) per turn;
+* the seeds' "% of Basic" and "reduction vs Basic" tables at chosen turns;
+* the prompt-cache share: for each pair of consecutive calls the longest common prefix,
+  first in whole messages (a message is either byte-identical or not), then in tokens
+  (the sum of those messages' counts, plus the tool definitions that precede them). Those
+  tokens are what a provider's prompt cache serves as cache reads;
+* dollars from the model registry: plain input price, and the effective cost with cache
+  reads priced as cached input (other input at the plain price), plus summariser calls.
+
+It also holds the plain pair-safe "newest that fit" window the real-trace baselines use,
+and a tiny extractive summariser used when no better offline summariser is installed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..conversation import group_blocks
+from ..messages import Message
+from ..tokens import REPLY_PRIMING, TokenCounter
+from ..usage import Usage
+
+__all__ = [
+    "StrategyRun",
+    "Summarizer",
+    "common_prefix_tokens",
+    "extractive_summary",
+    "get_summarizer",
+    "plain_window",
+    "price_run",
+    "reduction_table",
+]
+
+Tools = Sequence[Mapping[str, Any]]
+
+
+class Summarizer(Protocol):
+    """Merges ``previous`` (the last summary, if any) with what ``messages`` say."""
+
+    def __call__(self, messages: Sequence[Message], previous: str | None) -> str: ...
+
+
+@dataclass(frozen=True)
+class StrategyRun:
+    """What one strategy sent at every turn of one scenario, and what that cost."""
+
+    name: str
+    input_tokens_per_turn: list[int]
+    cached_tokens_per_turn: list[int]
+    summarizer_usage: Usage = field(default_factory=lambda: Usage(calls=0))
+    cost_usd: float = 0.0
+    effective_cost_usd: float = 0.0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def total_input_tokens(self) -> int:
+        return sum(self.input_tokens_per_turn)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "input_tokens_per_turn": list(self.input_tokens_per_turn),
+            "total_input_tokens": self.total_input_tokens,
+            "cached_tokens_per_turn": list(self.cached_tokens_per_turn),
+            "summarizer_calls": self.summarizer_usage.calls,
+            "summarizer_input_tokens": self.summarizer_usage.input_tokens,
+            "summarizer_output_tokens": self.summarizer_usage.output_tokens,
+            "cost_usd": round(self.cost_usd, 6),
+            "effective_cost_usd": round(self.effective_cost_usd, 6),
+            **dict(self.extra),
+        }
+
+
+def common_prefix_tokens(
+    previous: Sequence[Message],
+    current: Sequence[Message],
+    counter: TokenCounter,
+    tools_tokens: int,
+) -> int:
+    """Tokens of ``current`` a prompt cache filled by ``previous`` would serve.
+
+    The prefix is measured in whole messages (compared by fingerprint, which covers
+    everything the provider sees), then converted to tokens; the tool definitions come
+    first in the request, so they belong to any non-empty common prefix.
+    """
+    same = 0
+    for a, b in zip(previous, current, strict=False):
+        if a.fingerprint != b.fingerprint:
+            break
+        same += 1
+    if same == 0:
+        return 0
+    return tools_tokens + sum(counter.count_message(m) for m in current[:same])
+
+
+def price_run(
+    name: str,
+    contexts: Sequence[Sequence[Message]],
+    counter: TokenCounter,
+    model: str,
+    *,
+    tools: Tools | None = None,
+    summarizer_usage: Usage | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> StrategyRun:
+    """Count, cache-match and price the contexts one strategy sent, turn by turn."""
+    from ..cost import estimate_cost
+
+    tools_tokens = counter.count_tools(tools) if tools else 0
+    per_turn: list[int] = []
+    cached: list[int] = []
+    previous: Sequence[Message] = ()
+    for ctx in contexts:
+        per_turn.append(counter.count_messages(ctx, tools).tokens)
+        cached.append(common_prefix_tokens(previous, ctx, counter, tools_tokens))
+        previous = ctx
+    total = sum(per_turn)
+    summ = summarizer_usage or Usage(calls=0)
+    plain = estimate_cost(Usage(input_tokens=total), model)
+    effective = estimate_cost(Usage(input_tokens=total, cached_input_tokens=sum(cached)), model)
+    summ_cost = estimate_cost(summ, model) if summ.calls else 0.0
+    return StrategyRun(
+        name, per_turn, cached, summ, plain + summ_cost, effective + summ_cost, dict(extra or {})
+    )
+
+
+def reduction_table(
+    series: Mapping[str, Sequence[int]], turns: Sequence[int], baseline: str
+) -> dict[str, dict[int, dict[str, float]]]:
+    """``{strategy: {turn: {"tokens", "pct_of_baseline", "reduction"}}}`` (turns 1-based)."""
+    base = series[baseline]
+    table: dict[str, dict[int, dict[str, float]]] = {}
+    for name, values in series.items():
+        row: dict[int, dict[str, float]] = {}
+        for turn in turns:
+            if turn > len(values):
+                continue
+            pct = 100.0 * values[turn - 1] / base[turn - 1]
+            row[turn] = {"tokens": values[turn - 1], "pct_of_baseline": pct, "reduction": 100 - pct}
+        table[name] = row
+    return table
+
+
+def plain_window(
+    messages: Sequence[Message], counts: Sequence[int], budget: int
+) -> tuple[list[int], int]:
+    """The baseline window: the system prompt plus the newest blocks that fit.
+
+    Blocks (a tool call with its results, or one message) are taken newest first; a
+    block that does not fit is skipped and older, smaller blocks may still fit, the
+    way a "newest that fit" loop over cached counts behaves. Returns the kept indices
+    (in order) and the tokens of the result (reply priming included).
+    """
+    used = REPLY_PRIMING
+    kept: list[int] = []
+    start = 0
+    if messages and messages[0].role == "system":
+        used += counts[0]
+        kept.append(0)
+        start = 1
+    chosen: list[range] = []
+    for block in reversed(group_blocks(messages[start:])):
+        lo, hi = block.start + start, block.end + start
+        size = sum(counts[lo:hi])
+        if used + size > budget:
+            continue
+        used += size
+        chosen.append(range(lo, hi))
+    for r in reversed(chosen):
+        kept.extend(r)
+    return kept, used
+
+
+# -- summarisers ---------------------------------------------------------------------------
+
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+
+
+def extractive_summary(
+    messages: Sequence[Message], previous: str | None, max_sentences: int = 12
+) -> str:
+    """A deliberately plain extractive summary: the previous one, then the first
+    sentence of each user and assistant text (tool output left out). Used only when the
+    package's offline summariser is not installed."""
+    lines = [previous] if previous else []
+    picked = 0
+    for m in messages:
+        if m.role not in ("user", "assistant") or not m.text.strip():
+            continue
+        first = _SENTENCE.split(m.text.strip(), maxsplit=1)[0]
+        lines.append(f"The {m.role} said: {first[:240]}")
+        picked += 1
+        if picked >= max_sentences:
+            break
+    return "\n".join(lines)
+
+
+def get_summarizer(spec: str | Summarizer = "offline") -> tuple[Summarizer, str]:
+    """A summariser for the hand-written seed strategies and a label saying which one.
+
+    ``"offline"`` uses the package's offline summariser when it is installed, else the
+    plain extractive fallback above; a callable is used as given.
+    """
+    if not isinstance(spec, str):
+        return spec, getattr(spec, "__name__", type(spec).__name__)
+    if spec == "offline":
+        found = _package_offline_summarizer()
+        if found is not None:
+            return found, "offline"
+        return extractive_summary, "extractive-fallback"
+    from ..errors import ConfigError
+
+    raise ConfigError(
+        f"the bench's seed strategies take summarizer 'offline' or a callable, got {spec!r}"
+    )
+
+
+def _package_offline_summarizer() -> Summarizer | None:
+    """Adapter to :class:`ctxwarden.llm.offline.OfflineSummarizer` (extractive, no model)."""
+    try:
+        from ..llm.offline import OfflineSummarizer
+    except ImportError:  # pragma: no cover - ships with the package
+        return None
+    engine = OfflineSummarizer()
+
+    def summarize(messages: Sequence[Message], previous: str | None) -> str:
+        return engine.summarize_sync(messages, previous).text
+
+    return summarize
+
+
+# -- our engine, driven turn by turn ---------------------------------------------------------
+
+
+def summary_usage(
+    counter: TokenCounter, fold: Sequence[Message], previous: str | None, text: str
+) -> Usage:
+    """What one summariser call would cost on a model: the folded messages and the
+    previous summary in, the new summary out (priced even when the summariser is
+    offline, so strategies compare as the seed compares them)."""
+    prompt = counter.count_messages(fold).tokens + (counter.count_text(previous) if previous else 0)
+    return Usage(input_tokens=prompt + 100, output_tokens=counter.count_text(text))
+
+
+class OursStrategy:
+    """ctxwarden's own pipeline as an agent loop runs it: facts from each new user message
+    (rule-based, offline), a rolling summary when ``trigger`` fires, then
+    :func:`ctxwarden.engine.build_context` with the previous build for sticky decisions.
+
+    Stateful on purpose (one instance per scenario run): it is called once per turn with
+    the whole history so far and returns the messages to send.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        max_input_tokens: int,
+        *,
+        trigger: Any = None,
+        schema: Any = None,
+        summarizer: Summarizer | None = None,
+        tools: Tools | None = None,
+        policy: Any = None,
+    ) -> None:
+        from ..facts import Facts
+        from ..llm.offline import RuleBasedFactExtractor
+        from ..summarize import SummaryState
+
+        self.model = model
+        self.budget = max_input_tokens
+        self.trigger = trigger
+        self.schema = schema
+        self.summarize = summarizer or get_summarizer("offline")[0]
+        self.tools = tools
+        self.policy = policy
+        self.counter = TokenCounter.for_model(model)
+        self.extractor = RuleBasedFactExtractor()
+        self.facts = Facts()
+        self.state = SummaryState()
+        self.usage = Usage(calls=0)
+        self.seen = 0
+        self.previous: Any = None
+        self.last: Any = None
+
+    def __call__(self, history: Sequence[Message]) -> list[Message]:
+        from ..engine import build_context
+        from ..summarize import plan_summary
+
+        new = [m for m in history[self.seen :] if m.role == "user"]
+        self.seen = len(history)
+        if new:
+            self.facts = self.extractor.extract_sync(new, self.facts, self.schema)
+        if self.trigger is not None:
+            plan = plan_summary(
+                history, self.trigger, self.counter.count_message, self.budget, self.state
+            )
+            if plan is not None:
+                previous = self.state.level_one
+                text = self.summarize(plan.fold, previous)
+                self.usage = self.usage + summary_usage(self.counter, plan.fold, previous, text)
+                self.state = self.state.apply(plan, text)
+                self.previous = None  # positions changed: the next build starts cold
+        covered = self.state.covered_ids
+        live = [m for m in history if m.id not in covered]
+        facts = self.facts.render() if len(self.facts) else None
+        built = build_context(
+            live,
+            model=self.model,
+            max_input_tokens=self.budget,
+            policy=self.policy,
+            previous=self.previous,
+            summary=self.state.text or None,
+            facts=facts,
+            tools=self.tools,
+        )
+        self.previous = self.last = built
+        return list(built.messages)
