@@ -18,7 +18,7 @@ from llm_servers import (
 
 from ctxwarden.errors import ConfigError, MissingDependencyError, ProviderError, ProviderTimeout
 from ctxwarden.llm import AnthropicModel, ChatModel, RetryPolicy, StreamingChatModel
-from ctxwarden.llm.anthropic_client import extract_json_object
+from ctxwarden.llm.anthropic_client import assistant_message, extract_json_object
 from ctxwarden.messages import Message, ToolCall
 from ctxwarden.usage import Usage
 
@@ -319,3 +319,28 @@ def test_missing_sdk_raises_missing_dependency(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setitem(sys.modules, "anthropic", None)
     with pytest.raises(MissingDependencyError, match=r"ctxwarden\[anthropic\]"):
         AnthropicModel("claude-haiku-4-5", api_key="k")
+
+
+async def test_compaction_block_round_trips_into_the_next_request(
+    scripted_server: ScriptedServer,
+) -> None:
+    block = {
+        "type": "compaction",
+        "content": "Customer wants a size L jacket; budget $500.",
+        "encrypted_content": "opaque-xyz",
+    }
+    scripted_server.reply(
+        Reply(body=anthropic_message("Noted.", extra_content=[block], stop_reason="compaction")),
+        Reply(body=anthropic_message("Ordered.")),
+    )
+    model = client(scripted_server, compaction=True, pause_after_compaction=True)
+
+    first = await model.complete(HISTORY)
+    reply = assistant_message(first, id="a2")
+    await model.complete([*HISTORY, reply, Message.user("Order it now.", id="u3")])
+
+    assert first.finish_reason == "compaction"
+    edit = scripted_server.requests[0].json["context_management"]["edits"][0]
+    assert edit == {"type": "compact_20260112", "pause_after_compaction": True}
+    sent = scripted_server.requests[1].json["messages"]
+    assert sent[-2] == {"role": "assistant", "content": [block, {"type": "text", "text": "Noted."}]}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 import time
 from typing import Any
@@ -344,3 +345,16 @@ def test_missing_sdk_raises_missing_dependency(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setitem(sys.modules, "openai", None)  # makes `import openai` fail
     with pytest.raises(MissingDependencyError, match=r"ctxwarden\[openai\]"):
         OpenAICompatible("gpt-4o-mini", api_key="k")
+
+
+async def test_connection_refused_is_retried_then_a_provider_error() -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    model = OpenAICompatible(
+        "gpt-4o-mini", base_url=f"http://127.0.0.1:{port}/v1", api_key="k", retry=FAST
+    )
+    with pytest.raises(ProviderError, match=r"connection failed.*after 3 attempts") as info:
+        await model.complete(MESSAGES)
+    assert info.value.status is None
+    assert not isinstance(info.value, ProviderTimeout)

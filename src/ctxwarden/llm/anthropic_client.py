@@ -33,13 +33,14 @@ What this adds over a plain call:
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigError, MissingDependencyError, ProviderError
 from ..formats.anthropic import messages_to_anthropic
-from ..messages import Message
+from ..messages import Message, Part, RawPart, TextPart, ToolCall
 from ..usage import Usage
 from .base import (
     DEFAULT_TIMEOUT,
@@ -52,7 +53,13 @@ from .base import (
     call_with_retry,
 )
 
-__all__ = ["COMPACTION_BETA", "CONTEXT_MANAGEMENT_BETA", "AnthropicModel", "extract_json_object"]
+__all__ = [
+    "COMPACTION_BETA",
+    "CONTEXT_MANAGEMENT_BETA",
+    "AnthropicModel",
+    "assistant_message",
+    "extract_json_object",
+]
 
 COMPACTION_BETA = "compact-2026-01-12"
 COMPACTION_EDIT = "compact_20260112"
@@ -76,6 +83,40 @@ def extract_json_object(text: str) -> str:
     """The outermost ``{...}`` of ``text`` (prose and code fences dropped), else ``text``."""
     start, end = text.find("{"), text.rfind("}")
     return text[start : end + 1] if 0 <= start < end else text
+
+
+def _block_dict(block: Any) -> dict[str, Any]:
+    if isinstance(block, Mapping):
+        return dict(block)
+    data: dict[str, Any] = block.to_dict(mode="json")  # exactly the fields the server sent
+    return data
+
+
+def assistant_message(completion: Completion, **kw: Any) -> Message:
+    """The reply as an assistant :class:`Message` to append to the history.
+
+    Blocks we do not model (``compaction``, ``thinking``) ride along verbatim as
+    :class:`RawPart` and are sent back unchanged, which server-side compaction needs:
+    the next request must carry the ``compaction`` block, and the API then drops
+    everything before it. ``tool_use`` blocks become :class:`ToolCall`.
+    """
+    parts: list[Part] = []
+    calls: list[ToolCall] = []
+    for block in getattr(completion.raw, "content", None) or ():
+        data = _block_dict(block)
+        if data.get("type") == "text":
+            parts.append(TextPart(str(data.get("text", ""))))
+        elif data.get("type") == "tool_use":
+            args = json.dumps(data.get("input", {}))
+            calls.append(ToolCall(str(data["id"]), str(data["name"]), args))
+        else:
+            parts.append(RawPart(data))
+    if not parts and not calls:
+        parts.append(TextPart(completion.text))
+    content: str | tuple[Part, ...] | None = tuple(parts) or None
+    if len(parts) == 1 and isinstance(parts[0], TextPart):
+        content = parts[0].text
+    return Message(role="assistant", content=content, tool_calls=tuple(calls), **kw)
 
 
 def _int(obj: Any, name: str) -> int:
