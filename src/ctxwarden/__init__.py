@@ -1,7 +1,9 @@
 """ctxwarden: keeps a long-running LLM agent's context window small, cheap and faithful."""
 
 from ._version import __version__
+from .audit import Audit, BuildState
 from .conversation import Block, group_blocks, pairing_problems, validate_pairing
+from .engine import BuiltContext, build_context
 from .errors import (
     BudgetError,
     ConfigError,
@@ -24,16 +26,23 @@ from .formats import (
     messages_to_openai,
 )
 from .messages import ImagePart, Message, RawPart, TextPart, ToolCall, detect_kind
+from .policy import LedgerConfig, Policy, WindowConfig
+from .tokens import TokenCount, TokenCounter, count_tokens
 
 __all__ = [
+    "Audit",
     "Block",
     "BudgetError",
+    "BuildState",
+    "BuiltContext",
     "ConfigError",
     "CtxwardenError",
     "ImagePart",
     "InvalidMessageError",
+    "LedgerConfig",
     "Message",
     "MissingDependencyError",
+    "Policy",
     "ProviderError",
     "ProviderTimeout",
     "RawPart",
@@ -41,11 +50,16 @@ __all__ = [
     "StoreError",
     "SummarizationError",
     "TextPart",
+    "TokenCount",
+    "TokenCounter",
     "ToolCall",
     "UnknownModelError",
     "UsageError",
     "VersionConflict",
+    "WindowConfig",
     "__version__",
+    "build_context",
+    "count_tokens",
     "detect_kind",
     "group_blocks",
     "messages_from_anthropic",

@@ -1,0 +1,243 @@
+"""The context engine: invariants on random conversations, and its behaviours one by one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ctxwarden
+from ctxwarden.conversation import pairing_problems
+from ctxwarden.engine import BuiltContext, build_context
+from ctxwarden.errors import BudgetError, ConfigError
+from ctxwarden.messages import Message, ToolCall
+from ctxwarden.policy import Policy
+from ctxwarden.tokens import TokenCounter
+
+COUNTER = TokenCounter.for_model("gpt-4o")
+WORDS = ["flight", "HAT123", "booking", "ZFA04Y", "please", "2024-05-20", "Mia", "refund", "ok"]
+
+
+@st.composite
+def conversations(draw: st.DrawFn) -> list[Message]:
+    text = st.tuples(st.integers(0, 40), st.integers(0, 10_000)).map(
+        lambda t: " ".join(WORDS[(t[1] + i * 7) % len(WORDS)] for i in range(t[0]))
+    )
+    msgs = [Message.system("You are an airline agent. " + draw(text), id="sys")]
+    turns = draw(st.integers(min_value=1, max_value=14))
+    n = 0
+    for _ in range(turns):
+        n += 1
+        msgs.append(Message.user(draw(text) or "hi", id=f"u{n}"))
+        for _ in range(draw(st.integers(0, 3))):
+            calls = draw(st.integers(1, 3))
+            tool_calls = tuple(
+                ToolCall(f"call_{draw(st.integers(0, 3))}", "lookup", json.dumps({"q": draw(text)}))
+                for _ in range(calls)
+            )
+            n += 1
+            msgs.append(Message.assistant(draw(st.none() | text), tool_calls, id=f"a{n}"))
+            for call in tool_calls:
+                n += 1
+                size = draw(st.sampled_from([0, 5, 60, 900]))
+                item = draw(text)
+                body = (
+                    json.dumps({"items": [f"{item} #{i}" for i in range(size // 5)]})
+                    if size
+                    else ""
+                )
+                msgs.append(Message.tool(body, call.id, name="lookup", id=f"t{n}"))
+        if draw(st.booleans()):
+            n += 1
+            msgs.append(Message.assistant(draw(text) or "done", id=f"a{n}"))
+    if draw(st.booleans()):  # end with the newest user message
+        n += 1
+        msgs.append(Message.user(draw(text) or "and now?", id=f"u{n}"))
+    return msgs
+
+
+def check_invariants(history: list[Message], built: BuiltContext, budget: int) -> None:
+    sent = list(built.messages)
+    assert COUNTER.count_messages(sent).tokens == built.input_tokens <= budget
+    assert pairing_problems(sent) == []
+    assert sent[0] == history[0]  # the system prompt, first and unchanged
+    ids = [m.id for m in sent]
+    assert len(ids) == len(set(ids))
+    newest_user = [m for m in history if m.role == "user"][-1]
+    assert newest_user in sent
+    assert [m.id for m in sent if m.role == "user"] == sorted(
+        (m.id for m in sent if m.role == "user"), key=[m.id for m in history].index
+    )
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(history=conversations(), budget=st.integers(min_value=60, max_value=3000))
+def test_built_context_invariants(history: list[Message], budget: int) -> None:
+    try:
+        built = build_context(history, "gpt-4o", budget)
+    except BudgetError as exc:
+        assert exc.minimum is not None and exc.minimum > budget
+        return
+    check_invariants(history, built, budget)
+    again = build_context(history, "gpt-4o", budget)
+    assert again.to_openai() == built.to_openai()  # deterministic
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(history=conversations(), budget=st.integers(min_value=400, max_value=2500))
+def test_invariants_hold_turn_by_turn_with_sticky_state(
+    history: list[Message], budget: int
+) -> None:
+    previous = None
+    for end in range(2, len(history) + 1):
+        prefix = history[:end]
+        if not any(m.role == "user" for m in prefix):
+            continue
+        try:
+            built = build_context(prefix, "gpt-4o", budget, previous=previous)
+        except BudgetError:
+            previous = None
+            continue
+        check_invariants(prefix, built, budget)
+        previous = built
+
+
+def _agent_session(turns: int) -> list[Message]:
+    msgs = [Message.system("You are a helpful booking agent.", id="sys")]
+    for t in range(turns):
+        msgs.append(Message.user(f"Turn {t}: please check reservation R{t:04d}X", id=f"u{t}"))
+        call = ToolCall(f"c{t}", "get_reservation", json.dumps({"reservation_id": f"R{t:04d}X"}))
+        msgs.append(Message.assistant(None, (call,), id=f"a{t}"))
+        notes = "The passenger asked about seating and meals on this booking. " * 12
+        body = {"reservation_id": f"R{t:04d}X", "status": "confirmed", "notes": notes}
+        msgs.append(Message.tool(json.dumps(body), f"c{t}", name="get_reservation", id=f"t{t}"))
+        msgs.append(Message.assistant(f"Reservation R{t:04d}X is confirmed.", id=f"r{t}"))
+    return msgs
+
+
+def test_dropped_identifiers_stay_in_the_ledger() -> None:
+    history = _agent_session(30)
+    built = build_context(history, "gpt-4o", 1500)
+    text = "\n".join(m.text for m in built.messages)
+    assert "R0000X" in text  # from the first turn, long gone from the window
+    assert built.audit.layers["ledger"] > 0
+    assert built.audit.by_action("dropped")
+    assert built.layers["ctxwarden:ledger"] == "ledger"
+
+
+def test_sticky_window_gives_a_stable_prefix() -> None:
+    history = _agent_session(50)
+    previous = None
+    hits = 0
+    for end in range(8, len(history) + 1, 4):
+        built = build_context(history[:end], "gpt-4o", 3000, previous=previous)
+        if (
+            previous is not None
+            and built.audit.prefix_shared_tokens >= built.audit.cacheable_prefix_tokens
+        ):
+            hits += 1
+        previous = built
+    assert hits >= 0.7 * (len(range(8, len(history) + 1, 4)) - 1)
+
+
+def test_budget_too_small_names_the_minimum() -> None:
+    history = [Message.system("x " * 500), Message.user("hello")]
+    with pytest.raises(BudgetError, match=r"budget must be at least [\d,]+ tokens") as info:
+        build_context(history, "gpt-4o", 100)
+    assert info.value.minimum is not None and info.value.minimum > 100
+
+
+def test_orphan_tool_results_are_reported_not_sent() -> None:
+    history = [
+        Message.system("sys"),
+        Message.user("hi", id="u1"),
+        Message.tool("stray result", "nope", id="orphan"),
+        Message.user("again", id="u2"),
+    ]
+    built = build_context(history, "gpt-4o", 1000)
+    assert "orphan" not in [m.id for m in built.messages]
+    rejected = built.audit.by_action("rejected")
+    assert [a.message_id for a in rejected] == ["orphan"]
+    assert "no matching tool call" in rejected[0].reason
+
+
+def test_pending_tool_call_is_not_sent() -> None:
+    call = ToolCall("c1", "lookup", "{}")
+    history = [Message.system("sys"), Message.user("hi"), Message.assistant(None, (call,), id="a1")]
+    built = build_context(history, "gpt-4o", 1000)
+    assert "a1" not in [m.id for m in built.messages]
+
+
+def test_large_tool_results_are_truncated_and_old_ones_masked() -> None:
+    history = _agent_session(14)
+    big = json.dumps(
+        {"flights": [{"flight_number": f"HAT{i:03d}", "price": 100 + i} for i in range(300)]}
+    )
+    history[3] = Message.tool(big, "c0", name="get_reservation", id="t0")
+    built = build_context(history, "gpt-4o", 50_000)
+    truncated = built.audit.by_action("truncated")
+    assert [a.message_id for a in truncated] == ["t0"] and truncated[0].tokens_saved > 1000
+    masked = built.audit.by_action("masked")
+    assert masked and all(a.tokens_saved > 0 for a in masked)
+    last_result = [m for m in built.messages if m.role == "tool"][-1]
+    assert "masked" not in last_result.text
+
+
+def test_pinned_messages_survive_and_appear_once() -> None:
+    history = _agent_session(30)
+    history[1] = Message.user("My budget is 1500 USD and I need size L.", id="u0", pinned=True)
+    built = build_context(history, "gpt-4o", 1500)
+    ids = [m.id for m in built.messages]
+    assert ids.count("u0") == 1
+    assert built.layers["u0"] == "pinned"
+
+
+def test_pin_first_keeps_a_whole_block() -> None:
+    history = _agent_session(30)
+    built = build_context(
+        history, "gpt-4o", 1500, policy=Policy(window=ctxwarden.WindowConfig(pin_first=2))
+    )
+    assert pairing_problems(list(built.messages)) == []
+    assert {"u0", "a0", "t0"} <= {m.id for m in built.messages}
+
+
+def test_outputs_for_both_providers() -> None:
+    history = _agent_session(10)
+    built = build_context(history, "gpt-4o", 2000)
+    assert built.to_openai()[0] == history[0].to_openai()
+    system, turns = built.to_anthropic()
+    assert system is not None and turns[0]["role"] == "user"
+    marks = json.dumps([system, turns]).count("cache_control")
+    assert 1 <= marks <= 4
+
+
+def test_accepts_openai_dicts_and_reports_cost() -> None:
+    history = [m.to_openai() for m in _agent_session(5)]
+    built = build_context(history, "gpt-4o", 2000)
+    assert built.audit.estimated_cost_usd is not None and built.audit.estimated_cost_usd > 0
+    assert built.audit.fill_ratio is not None and 0 < built.audit.fill_ratio < 1
+    assert json.loads(json.dumps(built.audit.to_dict()))["input_tokens"] == built.input_tokens
+
+
+def test_policy_from_toml_and_errors(tmp_path: object) -> None:
+    policy = Policy.from_toml(
+        "max_input_tokens = 900\n[mask]\nkeep_last = 1\n[window]\npin_first = 1\n"
+    )
+    assert policy.max_input_tokens == 900 and policy.mask is not None and policy.mask.keep_last == 1
+    assert Policy.from_toml("truncate = false\n").truncate is None
+    with pytest.raises(ConfigError, match="unknown key 'bogus'"):
+        Policy.from_toml("bogus = 1\n")
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) in \[window\]: pinfirst"):
+        Policy.from_toml("[window]\npinfirst = 1\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        Policy.from_toml("[window\n")
