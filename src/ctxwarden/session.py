@@ -23,9 +23,9 @@ lie after the folded range and fall into the next cycle.
 from __future__ import annotations
 
 import asyncio
-import importlib
+import bisect
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import (
@@ -42,15 +42,19 @@ from .tokens import TokenCounter
 from .usage import Usage
 
 if TYPE_CHECKING:
+    from .audit import BuildState
+    from .engine import BuiltContext
     from .facts import Facts, FactSchema
+    from .policy import Policy
     from .summarize import SummaryTrigger
 
 __all__ = ["Session", "SummaryWrite", "count_key"]
 
 _HEAD_SLACK = 8  # system messages that may precede the first pinned conversation messages
-TAIL_SLACK = 2
+TAIL_SLACK = 3
 """The tail is read up to this many budgets of raw tokens: truncation and masking can make
-more messages fit than raw counts say, and the engine decides; still bounded by the budget."""
+more messages fit than raw counts say, and a cold engine build walks back three budgets
+to place its window; still bounded by the budget, never by the history."""
 
 
 class _SummarizerLike(Protocol):
@@ -226,7 +230,7 @@ class Session:
 
     def context_messages(
         self, budget: int, model: str | None = None, *, pin_first: int = 0
-    ) -> list[Message]:
+    ) -> list[StoredMessage]:
         """What a build reads: system and pinned messages, the first ``pin_first``
         conversation messages, and the unsummarised tail that can fit (``TAIL_SLACK``
         budgets of raw tokens), in order; the tail starts on a whole block."""
@@ -249,33 +253,44 @@ class Session:
         while len(tail) > 1 and tail[0].message.role == "tool":
             tail = tail[1:]  # its call is older than the tail: never send an orphan result
         merged.update((m.seq, m) for m in tail)
-        return [merged[seq].message for seq in sorted(merged)]
+        return [merged[seq] for seq in sorted(merged)]
 
-    def build(self, model: str | None = None, policy: Any = None, **kw: Any) -> Any:
+    def build(
+        self, model: str | None = None, policy: Policy | None = None, **kw: Any
+    ) -> BuiltContext:
         """Build the context as :func:`ctxwarden.build_context` does, reading only what
-        can fit, and keep the build's sticky decisions for the next one."""
-        engine: Any = importlib.import_module(".policy", __package__)
+        can fit, and keep the build's sticky decisions for the next one.
+
+        The engine's state counts positions in the list it was given; the session keeps
+        them as sequence numbers (``window_start_seq``, ``last_seq``) and translates them
+        into positions of this build's list, so the window stays sticky although each
+        build sees a different slice of the history.
+        """
+        from .engine import build_context
+        from .policy import Policy as PolicyClass
         from .registry import get_model
 
         model = model or self.model
-        policy = policy if policy is not None else (self.policy or engine.Policy())
+        policy = policy if policy is not None else (self.policy or PolicyClass())
         try:
             window: int | None = get_model(model).context_window
         except UnknownModelError:
             window = None
         budget = policy.budget_for(window, kw.get("max_input_tokens"))
         record = self.record
-        messages = self.context_messages(budget, model, pin_first=policy.window.pin_first)
-        built = engine.build_context(
-            messages,
+        stored = self.context_messages(budget, model, pin_first=policy.window.pin_first)
+        seqs = [m.seq for m in stored]
+        facts = self.facts.render() if record.facts else ""
+        built = build_context(
+            [m.message for m in stored],
             model=model,
             policy=policy,
+            previous=_state_for(record.sticky, seqs),
             summary=record.summary,
-            facts=self.facts,
-            state=engine.BuildState.from_dict(record.sticky) if record.sticky else None,
+            facts=facts or None,
             **kw,
         )
-        self.store.save_sticky(self.tenant, self.session_id, built.state.to_dict())
+        self.store.save_sticky(self.tenant, self.session_id, _sticky_from(built.state, seqs))
         return built
 
     # -- summarisation cycle ----------------------------------------------------------------
@@ -352,3 +367,28 @@ class Session:
     ) -> SummaryWrite | None:
         """:meth:`summarize` for callers without an event loop."""
         return asyncio.run(self.summarize(summarizer, extractor, **kw))
+
+
+def _sticky_from(state: BuildState, seqs: Sequence[int]) -> dict[str, Any]:
+    """The engine state with its positions turned into sequence numbers."""
+    data = state.to_dict()
+    if state.history_length:
+        data["last_seq"] = seqs[state.history_length - 1]
+        data["window_start_seq"] = seqs[min(state.window_start, len(seqs) - 1)]
+    return data
+
+
+def _state_for(sticky: Mapping[str, Any], seqs: Sequence[int]) -> BuildState | None:
+    """The stored state with its sequence numbers turned into positions of ``seqs``;
+    ``None`` (a cold build) when the last build's newest message is not in this slice."""
+    from .audit import BuildState
+
+    last_seq = sticky.get("last_seq")
+    if last_seq is None:
+        return None
+    at = bisect.bisect_left(seqs, last_seq)
+    if at == len(seqs) or seqs[at] != last_seq:
+        return None
+    state = BuildState.from_dict(sticky)
+    start = bisect.bisect_left(seqs, int(sticky.get("window_start_seq", 0)))
+    return replace(state, history_length=at + 1, window_start=min(start, at))

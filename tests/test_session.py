@@ -1,0 +1,467 @@
+"""Session on both backends: append/export/import, usage, builds that read only a slice,
+the three-step summarisation cycle, concurrency across processes, and SIGKILL mid-cycle."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxwarden.engine import build_context
+from ctxwarden.errors import InvalidMessageError, StoreError, SummarizationError
+from ctxwarden.facts import Facts
+from ctxwarden.messages import Message
+from ctxwarden.session import Session
+from ctxwarden.store import SessionStore, open_store
+from ctxwarden.summarize import SummaryResult, SummaryTrigger
+from ctxwarden.usage import Usage
+
+PG_DSN = os.environ.get("CTXWARDEN_TEST_POSTGRES")
+PG_SKIP = "set CTXWARDEN_TEST_POSTGRES to a PostgreSQL DSN to run the PostgreSQL session tests"
+EVERY_40 = SummaryTrigger(max_messages=40, keep_recent=10, fill_ratio=None)
+
+
+def _with_param(url: str, key: str, value: str) -> str:
+    return f"{url}{'&' if '?' in url else '?'}{key}={value}"
+
+
+@pytest.fixture(scope="module")
+def pg_module_url() -> Iterator[str]:
+    if not PG_DSN:
+        pytest.skip(PG_SKIP)
+    import psycopg
+
+    schema = f"ctxw_sess_{uuid.uuid4().hex[:10]}"
+    yield _with_param(PG_DSN, "schema", schema)
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'sessions.db'}"
+    return str(request.getfixturevalue("pg_module_url"))
+
+
+@pytest.fixture
+def sid() -> str:
+    return f"s-{uuid.uuid4().hex[:8]}"
+
+
+def chat(n: int, start: int = 0) -> list[dict[str, Any]]:
+    return [
+        {"role": "user", "content": f"user turn {i}: order ABC{i:04d} please"}
+        if i % 2 == 0
+        else {"role": "assistant", "content": f"assistant turn {i}: order ABC{i - 1:04d} is placed"}
+        for i in range(start, start + n)
+    ]
+
+
+class Scripted:
+    """A summariser that answers from a script and records what it was given."""
+
+    def __init__(self, during: Any = None) -> None:
+        self.calls: list[tuple[int, str | None]] = []
+        self.during = during
+
+    async def summarize(
+        self, messages: Sequence[Message], previous: str | None = None
+    ) -> SummaryResult:
+        self.calls.append((len(messages), previous))
+        if self.during is not None:
+            await self.during(len(self.calls))
+        text = f"summary {len(self.calls)} of {messages[0].id}..{messages[-1].id}"
+        return SummaryResult(text, Usage(100, 20))
+
+
+class ScriptedFacts:
+    async def extract(
+        self, messages: Sequence[Message], existing: Facts, schema: Any = None
+    ) -> Facts:
+        return existing.merge({"last_order": messages[-1].text.split()[-3]}, source=messages[-1].id)
+
+
+# -- messages in and out ---------------------------------------------------------------------
+
+
+def test_export_returns_every_message_as_given(url: str, sid: str) -> None:
+    given = [{"role": "system", "content": "be brief"}, *chat(5)]
+    given.append(
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "find", "arguments": "{}"}}
+            ],
+        }
+    )
+    given.append({"role": "tool", "tool_call_id": "c1", "content": "found"})
+    with Session(url, sid) as s:
+        s.append(given[:3])
+        s.append([Message.from_openai(d) for d in given[3:]])
+        assert s.export() == given and len(s) == len(given)
+    with Session(url, sid) as again:  # reopened: same session, nothing lost
+        assert again.export() == given
+        assert [m["ctxwarden"]["id"] for m in again.export(with_meta=True)][:2] == ["m0", "m1"]
+
+
+def test_one_invalid_message_stores_nothing_from_that_call(url: str, sid: str) -> None:
+    with Session(url, sid) as s:
+        s.append(chat(2))
+        with pytest.raises(InvalidMessageError, match=r"message 1.*tool_call_id"):
+            s.append([{"role": "user", "content": "fine"}, {"role": "tool", "content": "x"}])
+        with pytest.raises(InvalidMessageError, match=r"message 0.*role"):
+            s.append([{"role": "wizard", "content": "x"}])
+        assert len(s) == 2 and s.export() == chat(2)
+
+
+def test_import_creates_a_session_and_refuses_a_non_empty_one(url: str, sid: str) -> None:
+    with Session.import_(url, sid, chat(7)) as s:
+        assert s.export() == chat(7)
+    with pytest.raises(StoreError, match="already has messages"):
+        Session.import_(url, sid, chat(1))
+
+
+def test_usage_and_cost_accumulate_per_model(url: str, sid: str) -> None:
+    from ctxwarden.cost import estimate_cost
+
+    with Session(url, sid, model="gpt-4o") as s:
+        s.record_usage(Usage(1000, 100))
+        total = s.record_usage(Usage(500, 50, cached_input_tokens=200), model="gpt-4o-mini")
+        s.record_usage(Usage(10, 1), model="my-local-model")  # unknown: tokens only
+        assert total == Usage(1500, 150, cached_input_tokens=200, calls=2)
+        assert s.usage.calls == 3
+        assert s.cost == pytest.approx(
+            estimate_cost(Usage(1000, 100), "gpt-4o")
+            + estimate_cost(Usage(500, 50, cached_input_tokens=200), "gpt-4o-mini")
+        )
+
+
+# -- build ---------------------------------------------------------------------------------
+
+
+def _without_ledger(built: Any) -> list[dict[str, Any]]:
+    return [
+        m
+        for m, msg in zip(built.to_openai(), built.messages, strict=True)
+        if built.layers.get(msg.id) != "ledger"
+    ]
+
+
+def test_build_reads_a_slice_but_builds_what_the_full_history_builds(url: str, sid: str) -> None:
+    history = [{"role": "system", "content": "You are a shop assistant."}, *chat(400)]
+    with Session(url, sid) as s:
+        s.append(history)
+        read = s.context_messages(600)
+        assert len(read) < 200  # a slice bounded by the budget, not the 401 messages
+        built = s.build(max_input_tokens=600)
+        full = build_context(history, max_input_tokens=600)
+        # the same context; only the entity ledger differs, as it sees only the slice
+        assert _without_ledger(built) == _without_ledger(full)
+        assert "ledger" in built.layers.values()
+        # the next turn: sticky state carried in sequence numbers, same as the full build
+        s.append(chat(2, 400))
+        again = s.build(max_input_tokens=600)
+        full_again = build_context([*history, *chat(2, 400)], max_input_tokens=600, previous=full)
+        assert _without_ledger(again) == _without_ledger(full_again)
+
+
+def test_without_the_ledger_the_session_build_is_the_full_build(url: str, sid: str) -> None:
+    from ctxwarden.policy import LedgerConfig, Policy
+
+    policy = Policy(ledger=LedgerConfig(enabled=False))
+    history = [{"role": "system", "content": "sys"}, *chat(300)]
+    with Session(url, sid, policy=policy) as s:
+        s.append(history)
+        previous = None
+        for turn in range(3):
+            s.append(chat(2, 300 + 2 * turn))
+            history += chat(2, 300 + 2 * turn)
+            built = s.build(max_input_tokens=500)
+            previous = build_context(
+                history, max_input_tokens=500, policy=policy, previous=previous
+            )
+            assert built.to_openai() == previous.to_openai()
+            assert built.audit.prefix_shared_tokens == previous.audit.prefix_shared_tokens
+
+
+def test_build_uses_summary_and_facts_and_skips_what_they_cover(url: str, sid: str) -> None:
+    with Session(url, sid) as s:
+        s.append([{"role": "system", "content": "sys"}, *chat(60)])
+        written = s.summarize_sync(Scripted(), ScriptedFacts(), trigger=EVERY_40)
+        assert written is not None
+        built = s.build(max_input_tokens=4000)
+        texts = [m.text for m in built.messages]
+        assert any(t.startswith("summary 1 of m1..m") for t in texts)
+        assert any("last_order" in t for t in texts)
+        kept_ids = {m.id for m in built.messages}
+        assert not {f"m{i}" for i in range(1, written.covered_up_to_seq + 1)} & kept_ids
+
+
+# -- the summarisation cycle -------------------------------------------------------------------
+
+
+def test_summarize_folds_old_messages_and_keeps_new_ones(url: str, sid: str) -> None:
+    with Session(url, sid) as s:
+        s.append(chat(50))
+        assert (
+            s.summarize_sync(Scripted(), trigger=SummaryTrigger(max_messages=60, fill_ratio=None))
+            is None
+        )
+        model = Scripted()
+        written = s.summarize_sync(model, ScriptedFacts(), trigger=EVERY_40)
+        assert written is not None and written.session.version == 1 and written.attempts == 1
+        assert model.calls == [(written.folded, None)]
+        assert written.covered_up_to_seq == written.folded - 1 and 40 <= written.folded <= 40
+        assert s.summary == f"summary 1 of m0..m{written.covered_up_to_seq}"
+        assert s.facts["last_order"] == f"ABC{written.covered_up_to_seq - 1:04d}"
+        assert s.usage == Usage(100, 20)
+        assert len(s) == 50  # summarising never deletes a message
+
+
+def test_messages_appended_during_the_model_call_fall_into_the_next_cycle(
+    url: str, sid: str
+) -> None:
+    other = Session(url, sid)
+
+    async def meanwhile(call: int) -> None:
+        if call == 1:
+            other.append(chat(40, 50))
+
+    with Session(url, sid) as s, other:
+        s.append(chat(50))
+        model = Scripted(meanwhile)
+        first = s.summarize_sync(model, trigger=EVERY_40)
+        assert first is not None and first.covered_up_to_seq == 39
+        assert len(s) == 90
+        second = s.summarize_sync(model, trigger=EVERY_40)
+        assert second is not None and second.session.version == 2
+        assert model.calls[1] == (second.folded, "summary 1 of m0..m39")
+        assert s.export() == chat(90)
+
+
+def test_a_lost_race_rereads_and_merges_the_winner(url: str, sid: str) -> None:
+    rival = Session(url, sid)
+
+    async def race(call: int) -> None:
+        if call == 1:  # another worker completes a whole cycle while our model thinks
+            await rival.summarize(Scripted(), trigger=EVERY_40)
+            rival.append(chat(40, 60))
+
+    with Session(url, sid) as s, rival:
+        s.append(chat(60))
+        model = Scripted(race)
+        written = s.summarize_sync(model, trigger=EVERY_40)
+        assert written is not None and written.attempts == 2 and written.session.version == 2
+        assert model.calls[1][1] == "summary 1 of m0..m49"  # the winner's summary, merged
+        assert s.summary is not None and s.summary.startswith("summary 2 of m50")
+
+
+def test_a_failing_model_changes_nothing(url: str, sid: str) -> None:
+    class Broken:
+        async def summarize(self, messages: Sequence[Message], previous: str | None = None) -> Any:
+            raise TimeoutError
+
+    class Empty:
+        async def summarize(self, messages: Sequence[Message], previous: str | None = None) -> Any:
+            return SummaryResult("  ")
+
+    with Session(url, sid) as s:
+        s.append(chat(50))
+        for model in (Broken(), Empty()):
+            with pytest.raises(SummarizationError, match="nothing changed"):
+                s.summarize_sync(model, trigger=EVERY_40)
+        assert (s.record.version, s.summary, len(s)) == (0, None, 50)
+
+
+def test_no_connection_is_held_during_the_model_call(url: str, sid: str) -> None:
+    seen: list[int] = []
+    with Session(url, sid) as s:
+
+        async def look(call: int) -> None:
+            seen.append(s.store.connections_in_use())
+
+        s.append(chat(50))
+        assert s.store.connections_in_use() >= 0
+        s.summarize_sync(Scripted(look), trigger=EVERY_40)
+        assert seen == [0]
+
+
+# -- many processes ---------------------------------------------------------------------------
+
+
+def _appender(url: str, sid: str, proc: int, n: int, batch: int) -> None:
+    with Session(url, sid) as s:
+        for start in range(0, n, batch):
+            s.append(
+                [{"role": "user", "content": f"p{proc} #{i}"} for i in range(start, start + batch)]
+            )
+
+
+class _Sleepy:
+    """Sleeps like a real model, and meanwhile looks at what the process holds."""
+
+    def __init__(self, store: SessionStore, sleep: float, db_path: str | None, app: str | None):
+        self.store, self.sleep, self.db_path, self.app = store, sleep, db_path, app
+        self.observations: list[tuple[int, int]] = []
+        self.calls = 0
+
+    def _held_elsewhere(self) -> int:
+        if self.db_path is not None:  # open file descriptors on the database or its WAL
+            fds = Path("/proc/self/fd")
+            links = [os.readlink(fds / fd) for fd in os.listdir(fds) if (fds / fd).is_symlink()]
+            return sum(1 for link in links if link.startswith(self.db_path))
+        import psycopg
+
+        assert PG_DSN
+        with psycopg.connect(PG_DSN, autocommit=True, application_name="ctxw-checker") as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                "AND state IS DISTINCT FROM 'idle'",
+                (self.app,),
+            ).fetchone()
+        return int(row[0]) if row else -1
+
+    async def summarize(
+        self, messages: Sequence[Message], previous: str | None = None
+    ) -> SummaryResult:
+        self.calls += 1
+        self.observations.append((self.store.connections_in_use(), self._held_elsewhere()))
+        await asyncio.sleep(self.sleep)
+        return SummaryResult(f"cycle {self.calls}: {len(messages)} messages to {messages[-1].id}")
+
+
+def _summarizer(
+    url: str, sid: str, stop: Any, out: Any, sleep: float, db_path: str | None, app: str | None
+) -> None:
+    async def run() -> None:
+        cycles: list[tuple[int, int, str | None]] = []
+        with Session(url, sid) as s:
+            model = _Sleepy(s.store, sleep, db_path, app)
+            while True:
+                stopping = stop.is_set()
+                written = await s.summarize(model, trigger=EVERY_40)
+                if written is not None:
+                    cycles.append(
+                        (
+                            written.session.version,
+                            written.covered_up_to_seq,
+                            written.session.summary,
+                        )
+                    )
+                elif stopping:
+                    break
+                else:
+                    await asyncio.sleep(0.02)
+        out.put((cycles, model.observations))
+
+    asyncio.run(run())
+
+
+def test_eight_appenders_and_a_summariser(url: str, sid: str, tmp_path: Path) -> None:
+    ctx = mp.get_context("spawn")
+    with Session(url, sid):
+        pass
+    db_path = url.removeprefix("sqlite:///") if url.startswith("sqlite") else None
+    app = f"ctxw-sum-{uuid.uuid4().hex[:8]}"
+    sum_url = url if db_path else _with_param(url, "application_name", app)
+    stop, out = ctx.Event(), ctx.Queue()
+    started = time.monotonic()
+    summariser = ctx.Process(target=_summarizer, args=(sum_url, sid, stop, out, 0.2, db_path, app))
+    summariser.start()
+    appenders = [ctx.Process(target=_appender, args=(url, sid, p, 500, 5)) for p in range(8)]
+    for p in appenders:
+        p.start()
+    for p in appenders:
+        p.join(90)
+        assert p.exitcode == 0
+    stop.set()
+    cycles, observations = out.get(timeout=60)
+    summariser.join(30)
+    assert summariser.exitcode == 0
+    assert time.monotonic() - started < 60
+
+    with Session(url, sid) as s:
+        texts = [m["content"] for m in s.export()]
+        record = s.record
+    assert len(texts) == 4000
+    for proc in range(8):  # each process's order kept
+        mine = [int(t.split("#")[1]) for t in texts if t.startswith(f"p{proc} ")]
+        assert mine == list(range(500))
+    assert len(cycles) >= 3  # the summariser really cycled while appenders ran
+    assert [c[0] for c in cycles] == list(range(1, len(cycles) + 1))  # no update lost
+    assert record.version == len(cycles) and record.summary == cycles[-1][2]
+    assert [c[1] for c in cycles] == sorted({c[1] for c in cycles})  # coverage only grows
+    assert observations and all(obs == (0, 0) for obs in observations), observations
+
+
+# -- SIGKILL mid-cycle --------------------------------------------------------------------------
+
+
+class _Hang:
+    def __init__(self, reached: Any, arm: list[bool] | None = None) -> None:
+        self.reached, self.arm = reached, arm
+
+    async def summarize(
+        self, messages: Sequence[Message], previous: str | None = None
+    ) -> SummaryResult:
+        if self.arm is not None:  # hang later, inside the write transaction
+            self.arm[0] = True
+            return SummaryResult("never committed")
+        self.reached.set()
+        await asyncio.sleep(120)
+        return SummaryResult("never written")
+
+
+def _killed_child(url: str, sid: str, reached: Any, where: str) -> None:
+    store = open_store(url)
+    arm = [False]
+    if where == "write":
+        original = store._write  # type: ignore[attr-defined]
+
+        @contextmanager
+        def slow_write() -> Iterator[Any]:
+            with original() as tx:
+                yield tx
+                if arm[0]:  # the UPDATE ran; the COMMIT has not
+                    reached.set()
+                    time.sleep(120)
+
+        store._write = slow_write  # type: ignore[attr-defined]
+    with Session(store, sid) as s:
+        asyncio.run(
+            s.summarize(_Hang(reached, arm if where == "write" else None), trigger=EVERY_40)
+        )
+
+
+@pytest.mark.parametrize("where", ["model", "write"])
+def test_sigkill_mid_cycle_leaves_the_session_consistent(url: str, sid: str, where: str) -> None:
+    with Session(url, sid) as s:
+        s.append([{"role": "system", "content": "sys"}, *chat(60)])
+    ctx = mp.get_context("spawn")
+    reached = ctx.Event()
+    child = ctx.Process(target=_killed_child, args=(url, sid, reached, where))
+    child.start()
+    assert reached.wait(30), "the child never reached the point to kill"
+    time.sleep(0.1)
+    os.kill(child.pid or 0, signal.SIGKILL)
+    child.join(10)
+    assert child.exitcode == -signal.SIGKILL
+
+    with Session(url, sid) as s:
+        assert (s.record.version, s.summary, len(s)) == (0, None, 61)
+        s.append(chat(2, 60))
+        built = s.build(max_input_tokens=800)
+        assert built.messages[-1].text == chat(2, 60)[-1]["content"]
+        written = s.summarize_sync(Scripted(), trigger=EVERY_40)
+        assert written is not None and written.session.version == 1
