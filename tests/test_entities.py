@@ -1,0 +1,272 @@
+"""Entity extraction and the entity ledger, on unit samples and on the tau-bench airline data."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxwarden.entities import (
+    Entity,
+    EntityLedger,
+    extract_entities,
+    extract_from_json,
+    extract_from_text,
+)
+from ctxwarden.formats import messages_from_openai
+from ctxwarden.messages import Message, ToolCall
+from ctxwarden.tokens import TokenCounter
+
+count = TokenCounter.for_model("gpt-4o").count_text
+
+
+def found(text: str) -> dict[str, str]:
+    """value -> category of a text's entities."""
+    return {e.value: e.category for e in extract_from_text(text)}
+
+
+# -- categories, English -------------------------------------------------------------------------
+
+
+def test_ids_and_codes() -> None:
+    got = found(
+        "User mia_li_3668 paid with credit_card_7815826 for HAT123; booking ZFA04Y, order #W1234, "
+        "trace 123e4567-e89b-12d3-a456-426614174000 from the LAX desk. It was my 2nd try."
+    )
+    for value in ("mia_li_3668", "credit_card_7815826", "HAT123", "ZFA04Y", "#W1234"):
+        assert got[value] == "id"
+    assert got["123e4567-e89b-12d3-a456-426614174000"] == "id"
+    assert got["LAX"] == "code"
+    assert "2nd" not in got and "User" not in got  # ordinals and sentence starts are not values
+
+
+def test_emails_urls_and_paths() -> None:
+    got = found(
+        "Write to yara_garcia_1905@example.com, see https://example.com/docs?page=2. "
+        "The log is /var/log/app.log, the config C:\\app\\conf.ini and src/ctxwarden/policy.py, "
+        "and/or nothing else."
+    )
+    assert got["yara_garcia_1905@example.com"] == "email"
+    assert got["yara_garcia_1905"] == "id"  # a user name in an email is often the account id
+    assert got["https://example.com/docs?page=2"] == "url"
+    for path in ("/var/log/app.log", "C:\\app\\conf.ini", "src/ctxwarden/policy.py"):
+        assert got[path] == "path"
+    assert "and/or" not in got
+
+
+def test_dates_times_amounts_quantities_numbers() -> None:
+    got = found(
+        "Fly on May 20th or 2024-05-21T10:30:00, back 20 May 2024 / 05/27/2024 at 3:45 PM. "
+        "It costs $1,234.56, or 20 EUR, plus 150 dollars; 2 bags of 23 kg, 15% off, seat 42."
+    )
+    for date in ("May 20th", "2024-05-21T10:30:00", "20 May 2024", "05/27/2024"):
+        assert got[date] == "date"
+    assert got["3:45 PM"] == "time"
+    for amount in ("$1,234.56", "20 EUR", "150 dollars"):
+        assert got[amount] == "amount"
+    for quantity in ("2 bags", "23 kg", "15%"):
+        assert got[quantity] == "quantity"
+    assert got["42"] == "number"
+
+
+def test_proper_names_not_at_sentence_start() -> None:
+    got = found(
+        "Thank you. Please book it for Mia Li and her father. Also add Noah. "
+        "**Total Cost:** $300. Mr. John Smith flies from Denver. Houston is next."
+    )
+    assert got["Mia Li"] == "name" and got["Noah"] == "name" and got["Denver"] == "name"
+    assert got["John Smith"] == "name"
+    for not_a_name in ("Thank", "Please", "Also", "Houston", "Total Cost"):
+        assert not_a_name not in got
+
+
+# -- other languages -----------------------------------------------------------------------------
+
+
+def test_polish_sample() -> None:
+    got = found(
+        "Dzień dobry, nazywam się Anna Nowak. Moja rezerwacja to ZFA04Y, lot 20 maja 2024 "
+        "o 14:30, kwota 1 250,50 zł, bagaż 23 kg. Pisz na anna.nowak@example.pl."
+    )
+    assert got["Anna Nowak"] == "name"
+    assert got["ZFA04Y"] == "id"
+    assert got["20 maja 2024"] == "date"
+    assert got["14:30"] == "time"
+    assert got["1 250,50 zł"] == "amount"
+    assert got["23 kg"] == "quantity"
+    assert got["anna.nowak@example.pl"] == "email"
+
+
+def test_ukrainian_sample() -> None:
+    got = found(
+        "Добрий день! Мене звати Олена Шевченко, бронювання HAT001, виліт 20 травня о 14:30, "
+        "сума 500 грн. Мій ідентифікатор olena_sh_4821, дата народження 1990-04-05."
+    )
+    assert got["Олена Шевченко"] == "name"
+    assert got["HAT001"] == "id" and got["olena_sh_4821"] == "id"
+    assert got["20 травня"] == "date" and got["1990-04-05"] == "date"
+    assert got["14:30"] == "time"
+    assert got["500 грн"] == "amount"
+    assert "Добрий" not in got and "Мене" not in got
+
+
+# -- JSON and messages ---------------------------------------------------------------------------
+
+RESERVATION = {
+    "reservation_id": "ZFA04Y",
+    "user_id": "mia_li_3668",
+    "flights": [{"flight_number": "HAT001", "date": "2024-05-20", "price": 523, "origin": "JFK"}],
+    "passengers": [{"first_name": "Mia", "last_name": "Li", "dob": "1990-04-05"}],
+    "payment_methods": {
+        "credit_card_7815826": {"source": "credit_card", "id": "credit_card_7815826"}
+    },
+    "airports": {"SFO": "San Francisco"},
+    "membership": "gold",
+    "note": "Customer called on May 20th about reservation 3JA7XV and asked for a refund of $120.",
+    "insurance": False,
+}
+
+
+def test_json_values_are_labelled_with_their_keys() -> None:
+    got = {e.value: (e.label, e.category) for e in extract_from_json(RESERVATION, "t1")}
+    assert got["ZFA04Y"] == ("reservation_id", "id")
+    assert got["mia_li_3668"] == ("user_id", "id")
+    assert got["HAT001"] == ("flight_number", "id")
+    assert got["2024-05-20"] == ("flights.date", "date")
+    assert got["523"] == ("price", "amount")
+    assert got["Mia"][0] == "first_name" and got["Li"][0] == "last_name"
+    assert got["credit_card_7815826"] == ("payment_methods", "id")  # an id used as a key
+    assert got["SFO"] == ("airports", "code")
+    assert got["San Francisco"][0] == "SFO"
+    assert got["gold"] == ("membership", "value")
+    assert got["3JA7XV"] == ("id", "id")  # long strings are scanned as text
+    assert got["$120"] == ("amount", "amount")
+    assert "False" not in got and "false" not in got
+
+
+def test_extract_entities_reads_results_arguments_and_text_and_is_cached() -> None:
+    call = ToolCall(
+        "c1", "update_reservation", json.dumps({"reservation_id": "3JA7XV", "cabin": "economy"})
+    )
+    assistant = Message.assistant("Updating 3JA7XV for Mia Li now.", tool_calls=(call,), id="m3")
+    result = Message.tool(json.dumps(RESERVATION), tool_call_id="c1", id="m4")
+    got = {e.value: e for e in extract_entities(assistant)}
+    assert got["3JA7XV"] == Entity("3JA7XV", "id", "m3", "id")  # text first, then arguments
+    assert got["economy"].label == "cabin"
+    assert {e.value for e in extract_entities(result)} >= {"ZFA04Y", "HAT001", "mia_li_3668"}
+    assert all(e.source_id == "m4" for e in extract_entities(result))
+    assert extract_entities(result) == extract_entities(result)
+    same_text = Message.tool(json.dumps(RESERVATION), tool_call_id="c1", id="m9")
+    assert {e.source_id for e in extract_entities(same_text)} == {"m9"}
+
+
+# -- the ledger ----------------------------------------------------------------------------------
+
+
+def e(value: str, label: str, category: str = "") -> Entity:
+    return Entity(value, label, "m", category or label)
+
+
+def test_ledger_dedupes_keeps_first_seen_order_and_renders_statements() -> None:
+    ledger = EntityLedger().add(
+        [e("ZFA04Y", "reservation_id", "id"), e("mia_li_3668", "user_id", "id")]
+    )
+    ledger2 = ledger.add([e("3JA7XV", "reservation_id", "id"), e("ZFA04Y", "reservation_id", "id")])
+    assert len(ledger) == 2 and ledger2.values() == ["ZFA04Y", "mia_li_3668", "3JA7XV"]
+    assert ledger2.render(1000, count) == (
+        "Known values from earlier messages (may have been removed from the context):\n"
+        "- reservation_id: ZFA04Y, 3JA7XV\n"
+        "- user_id: mia_li_3668"
+    )
+    # re-seeing a value refreshes it without moving it: the rendered prefix stays stable
+    assert ledger2.add([e("mia_li_3668", "user_id", "id")]).render(1000, count) == ledger2.render(
+        1000, count
+    )
+    assert EntityLedger().render(1000, count) == ""
+    assert ledger2.render(5, count) == ""  # not even the header fits
+
+
+def test_ledger_branches_from_one_ancestor_do_not_mix() -> None:
+    base = EntityLedger().add([e("A1", "id")])
+    left = base.add([e("B2", "id")])
+    right = base.add([e("C3", "id")])
+    assert left.values() == ["A1", "B2"] and right.values() == ["A1", "C3"]
+    assert right.add([e("B2", "id"), e("C3", "id")]).values() == ["A1", "C3", "B2"]
+    assert base.add([e("A1", "id")]).values() == ["A1"]
+
+
+def test_ledger_trims_low_value_and_old_entries_first() -> None:
+    ledger = EntityLedger()
+    ledger = ledger.add([e(str(1000 + i), "price", "number") for i in range(60)])
+    ledger = ledger.add([e(f"OLD{i:03d}X", "reservation_id", "id") for i in range(30)])
+    ledger = ledger.add([e(f"NEW{i:03d}X", "reservation_id", "id") for i in range(30)])
+    full = ledger.render(10_000, count)
+    assert "1059" in full and count(full) > 300
+    text = ledger.render(150, count)
+    assert count(text) <= 150
+    assert "price" not in text  # plain numbers go first
+    assert "NEW029X" in text and "OLD000X" not in text  # then the oldest ids
+    assert text.startswith("Known values")
+
+
+# -- the data test: identifiers used in tool calls are extracted where they were mentioned -------
+
+ID_KEYS = ("user_id", "reservation_id", "flight_number", "payment_id")
+SECONDARY_KEYS = ("date", "dob", "origin", "destination", "first_name", "last_name")
+
+
+def _leaves(node: Any, key: str = "") -> Iterator[tuple[str, str]]:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, k)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _leaves(v, key)
+    elif isinstance(node, str):
+        yield key, node
+
+
+def tau_recall(path: Path) -> tuple[Counter[str], Counter[str]]:
+    """Per key: (value, earlier message mentioning it) pairs, and how many were extracted."""
+    mentions: Counter[str] = Counter()
+    extracted: Counter[str] = Counter()
+    for run in json.loads(path.read_text()):
+        messages = messages_from_openai(run["traj"])
+        texts = ["\n".join([m.text, *(c.arguments for c in m.tool_calls)]) for m in messages]
+        seen: set[tuple[str, int]] = set()
+        for j, message in enumerate(messages):
+            for call in message.tool_calls:
+                for key, value in _leaves(call.parsed_arguments()):
+                    if key not in ID_KEYS + SECONDARY_KEYS:
+                        continue
+                    whole = re.compile(rf"(?<!\w){re.escape(value)}(?!\w)")
+                    for i in range(j):
+                        if (value, i) in seen or not whole.search(texts[i]):
+                            continue
+                        seen.add((value, i))
+                        values = [x.value for x in extract_entities(messages[i])]
+                        # a first or last name counts when it is a word of an extracted name
+                        hit = value in values or (
+                            key.endswith("_name") and any(value in v.split() for v in values)
+                        )
+                        mentions[key] += 1
+                        extracted[key] += hit
+    return mentions, extracted
+
+
+@pytest.mark.slow
+def test_tau_bench_identifiers_are_extracted_from_the_messages_that_mention_them(
+    tau_bench_path: Path,
+) -> None:
+    mentions, extracted = tau_recall(tau_bench_path)
+    for key in ID_KEYS:
+        assert mentions[key] > 50, key
+    ids = sum(extracted[k] for k in ID_KEYS) / sum(mentions[k] for k in ID_KEYS)
+    secondary = sum(extracted[k] for k in SECONDARY_KEYS) / sum(mentions[k] for k in SECONDARY_KEYS)
+    assert ids >= 0.99
+    assert secondary >= 0.95
