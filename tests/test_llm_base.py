@@ -16,7 +16,7 @@ from ctxwarden.llm import (
     parse_retry_after,
     parse_spec,
 )
-from ctxwarden.llm.base import Failure, call_with_retry
+from ctxwarden.llm.retry import Failure, call_with_retry
 
 
 def test_backoff_doubles_and_is_capped() -> None:

@@ -10,15 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .base import (
-    ChatModel,
-    Completion,
-    RetryPolicy,
-    StreamingChatModel,
-    TextStream,
-    complete_sync,
-    parse_retry_after,
-)
+from .base import ChatModel, Completion, StreamingChatModel, TextStream, complete_sync
+from .retry import RetryPolicy, parse_retry_after
 from .spec import parse_spec
 
 if TYPE_CHECKING:

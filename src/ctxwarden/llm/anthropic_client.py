@@ -42,16 +42,8 @@ from ..errors import ConfigError, MissingDependencyError, ProviderError
 from ..formats.anthropic import messages_to_anthropic
 from ..messages import Message, Part, RawPart, TextPart, ToolCall
 from ..usage import Usage
-from .base import (
-    DEFAULT_TIMEOUT,
-    Completion,
-    Failure,
-    LoopLocal,
-    RetryPolicy,
-    SDKErrors,
-    TextStream,
-    call_with_retry,
-)
+from .base import DEFAULT_TIMEOUT, Completion, LoopLocal, TextStream
+from .retry import Failure, RetryPolicy, SDKErrors, call_with_retry
 
 __all__ = [
     "COMPACTION_BETA",

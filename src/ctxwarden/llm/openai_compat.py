@@ -29,16 +29,8 @@ from ..errors import ConfigError, MissingDependencyError, ProviderError
 from ..formats.openai import messages_to_openai
 from ..messages import Message
 from ..usage import Usage
-from .base import (
-    DEFAULT_TIMEOUT,
-    Completion,
-    Failure,
-    LoopLocal,
-    RetryPolicy,
-    SDKErrors,
-    TextStream,
-    call_with_retry,
-)
+from .base import DEFAULT_TIMEOUT, Completion, LoopLocal, TextStream
+from .retry import Failure, RetryPolicy, SDKErrors, call_with_retry
 
 __all__ = ["OpenAICompatible"]
 

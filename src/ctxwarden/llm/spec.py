@@ -22,7 +22,8 @@ import re
 from typing import Any
 
 from ..errors import ConfigError
-from .base import ChatModel, RetryPolicy
+from .base import ChatModel
+from .retry import RetryPolicy
 
 __all__ = ["PROVIDERS", "parse_spec"]
 
