@@ -15,7 +15,7 @@ from .retry import RetryPolicy, parse_retry_after
 from .spec import parse_spec
 
 if TYPE_CHECKING:
-    from .anthropic_client import AnthropicModel
+    from .anthropic_client import AnthropicModel, assistant_message
     from .openai_compat import OpenAICompatible
 
 __all__ = [
@@ -26,12 +26,17 @@ __all__ = [
     "RetryPolicy",
     "StreamingChatModel",
     "TextStream",
+    "assistant_message",
     "complete_sync",
     "parse_retry_after",
     "parse_spec",
 ]
 
-_LAZY = {"AnthropicModel": ".anthropic_client", "OpenAICompatible": ".openai_compat"}
+_LAZY = {
+    "AnthropicModel": ".anthropic_client",
+    "OpenAICompatible": ".openai_compat",
+    "assistant_message": ".anthropic_client",
+}
 
 
 def __getattr__(name: str) -> Any:
