@@ -122,7 +122,7 @@ def test_custom_library_patterns_and_bad_regex() -> None:
         TruncateToolResults(library_patterns=("(unclosed",))
 
 
-@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     n_lib=st.integers(0, 80),
     message=st.text(st.characters(codec="utf-8", exclude_categories=("Cc", "Cs")), max_size=80),
@@ -203,7 +203,7 @@ json_values = st.recursive(
 )
 
 
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     value=json_values, target=st.integers(1, 200), keep=st.lists(st.text(max_size=5), max_size=2)
 )
@@ -249,6 +249,7 @@ def test_text_keeps_head_and_tail() -> None:
     assert re.search(r"\[\.\.\. cut [\d,]+ of [\d,]+ tokens, [\d,]+ lines \.\.\.\]", out)
 
 
+@settings(deadline=None)
 @given(st.text(max_size=3000), st.integers(5, 300))
 def test_text_fits_or_is_untouched(text: str, target: int) -> None:
     out = truncate_text(text, target_tokens=target, count=words)
