@@ -173,10 +173,11 @@ class OpenAICompatible:
             params["response_format"] = {"type": "json_object"}
             if not any("json" in m.text.lower() for m in messages):
                 wire.append({"role": "system", "content": _JSON_HINT})
-        if self.prompt_cache_key is not None:
-            params["prompt_cache_key"] = self.prompt_cache_key
-        if self.extra_body:
-            params["extra_body"] = dict(self.extra_body)
+        extra = dict(self.extra_body)
+        if self.prompt_cache_key is not None:  # in extra_body: SDKs before 1.9x lack the kwarg
+            extra["prompt_cache_key"] = self.prompt_cache_key
+        if extra:
+            params["extra_body"] = extra
         return params
 
     def _classify(self, exc: BaseException) -> Failure | None:
