@@ -465,3 +465,32 @@ def test_sigkill_mid_cycle_leaves_the_session_consistent(url: str, sid: str, whe
         assert built.messages[-1].text == chat(2, 60)[-1]["content"]
         written = s.summarize_sync(Scripted(), trigger=EVERY_40)
         assert written is not None and written.session.version == 1
+
+
+# -- CLI ------------------------------------------------------------------------------------
+
+
+def test_cli_session_commands(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from ctxwarden.cli_session import session_app
+
+    runner, db = CliRunner(), f"sqlite:///{tmp_path / 'cli.db'}"
+    base = ["--db", db, "--session", "c1"]
+    given = [{"role": "system", "content": "sys"}, *chat(6)]
+    assert runner.invoke(session_app, ["add", *base], input=json.dumps(given)).exit_code == 0
+    bad = runner.invoke(session_app, ["add", *base], input='[{"role": "tool", "content": "x"}]')
+    assert bad.exit_code == 2 and "tool_call_id" in bad.output
+    exported = runner.invoke(session_app, ["export", *base])
+    assert json.loads(exported.stdout) == given
+    built = runner.invoke(session_app, ["build", *base, "--max-input-tokens", "60"])
+    assert built.exit_code == 0
+    sent = json.loads(built.stdout)
+    assert sent[0] == given[0] and sent[-1] == given[-1] and len(sent) < len(given)
+    assert "7 messages" in runner.invoke(session_app, ["show", *base]).stdout
+    assert runner.invoke(session_app, ["list", "--db", db]).stdout.startswith("c1\t7\tv0")
+    (tmp_path / "notes.txt").write_text("not a db")
+    foreign = runner.invoke(session_app, ["list", "--db", f"sqlite:///{tmp_path / 'notes.txt'}"])
+    assert foreign.exit_code == 1 and "not an SQLite database" in foreign.output

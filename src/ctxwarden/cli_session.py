@@ -1,0 +1,171 @@
+"""``ctxwarden session ...``: a stored conversation from the shell (R13).
+
+Mounted by the main CLI with ``app.add_typer(session_app, name="session")``. Each
+command parses its options and calls :class:`~ctxwarden.session.Session`; nothing else
+lives here. Errors print one ``error: ...`` line (exit 2 for a user mistake, 1 for a
+runtime failure), never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .commands._common import handle_errors
+from .errors import InvalidMessageError
+
+__all__ = ["session_app"]
+
+session_app = typer.Typer(
+    name="session",
+    help="Store a conversation and build its context from the store (SQLite or PostgreSQL).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+Db = Annotated[
+    str,
+    typer.Option(
+        "--db",
+        envvar="CTXWARDEN_DB",
+        help="Store URL: sqlite:///path.db or postgresql://user@host/db.",
+    ),
+]
+SessionId = Annotated[str, typer.Option("--session", "-s", help="Session id.")]
+Tenant = Annotated[str, typer.Option("--tenant", help="Tenant the session belongs to.")]
+
+
+def _read_messages(file: str | None) -> list[Any]:
+    """A JSON list of OpenAI messages, ``{"messages": [...]}`` or one message object."""
+    if file in (None, "-"):
+        if file is None and sys.stdin.isatty():
+            raise InvalidMessageError("no messages: give a JSON FILE or pipe JSON on stdin")
+        text, source = sys.stdin.read(), "<stdin>"
+    else:
+        path = Path(file)
+        if not path.exists():
+            raise InvalidMessageError(f"{file}: no such file")
+        text, source = path.read_text(encoding="utf-8"), file
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidMessageError(
+            f"{source} is not valid JSON: {exc.msg} at line {exc.lineno}"
+        ) from None
+    if isinstance(data, dict) and isinstance(data.get("messages"), list):
+        data = data["messages"]
+    return data if isinstance(data, list) else [data]
+
+
+def _dump(data: Any) -> None:
+    typer.echo(json.dumps(data, ensure_ascii=False, indent=2))
+
+
+@session_app.command("add")
+@handle_errors
+def add(
+    db: Db,
+    session: SessionId,
+    file: Annotated[
+        str | None, typer.Argument(metavar="FILE", help="Messages JSON ('-' or omitted: stdin).")
+    ] = None,
+    tenant: Tenant = "default",
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="Model the token counts are for.")
+    ] = "gpt-4o",
+) -> None:
+    """Append messages (all or none: one invalid message stores nothing)."""
+    from .session import Session
+
+    with Session(db, session, tenant=tenant, model=model) as s:
+        seqs = s.append(_read_messages(file))
+        typer.echo(f"added {len(seqs)} message(s) to {session}; it now holds {len(s)}", err=True)
+
+
+@session_app.command("build")
+@handle_errors
+def build(
+    db: Db,
+    session: SessionId,
+    tenant: Tenant = "default",
+    model: Annotated[str, typer.Option("--model", "-m", help="Model to build for.")] = "gpt-4o",
+    max_input_tokens: Annotated[
+        int | None, typer.Option("--max-input-tokens", help="Input budget (default: policy/model).")
+    ] = None,
+    policy: Annotated[Path | None, typer.Option("--policy", help="Policy TOML file.")] = None,
+    report: Annotated[
+        Path | None, typer.Option("--report", help="Write the audit JSON here.")
+    ] = None,
+) -> None:
+    """Print the context to send (OpenAI messages JSON), read from the store."""
+    from .policy import Policy
+    from .session import Session
+
+    loaded = Policy.from_toml(policy) if policy is not None else None
+    with Session(db, session, tenant=tenant, model=model) as s:
+        kw: dict[str, Any] = (
+            {} if max_input_tokens is None else {"max_input_tokens": max_input_tokens}
+        )
+        built = s.build(policy=loaded, **kw)
+    if report is not None:
+        report.write_text(json.dumps(built.audit.to_dict(), indent=2), encoding="utf-8")
+    _dump(built.to_openai())
+
+
+@session_app.command("show")
+@handle_errors
+def show(db: Db, session: SessionId, tenant: Tenant = "default") -> None:
+    """Print the session's size, summary, facts, usage and cost."""
+    from .session import Session
+
+    with Session(db, session, tenant=tenant) as s:
+        record = s.record
+        usage = record.total_usage
+        typer.echo(
+            f"session {session} (tenant {tenant}): {record.next_seq} messages, "
+            f"summary version {record.version}, covers up to message {record.summary_upto}"
+        )
+        typer.echo(
+            f"usage: {usage.input_tokens} input ({usage.cached_input_tokens} cached), "
+            f"{usage.output_tokens} output tokens in {usage.calls} call(s); ${record.dollars:.4f}"
+        )
+        facts = s.facts
+        typer.echo("facts:" + ("" if facts else " none"))
+        for key, value in facts.to_dict().items():
+            typer.echo(f"  {key}: {json.dumps(value, ensure_ascii=False)}")
+        typer.echo("summary:" + (f"\n{record.summary}" if record.summary else " none"))
+
+
+@session_app.command("export")
+@handle_errors
+def export(
+    db: Db,
+    session: SessionId,
+    tenant: Tenant = "default",
+    with_meta: Annotated[
+        bool, typer.Option("--with-meta", help="Keep ctxwarden metadata (ids, pins, priority).")
+    ] = False,
+) -> None:
+    """Print every message in order as OpenAI JSON."""
+    from .session import Session
+
+    with Session(db, session, tenant=tenant) as s:
+        _dump(s.export(with_meta=with_meta))
+
+
+@session_app.command("list")
+@handle_errors
+def list_(db: Db, tenant: Tenant = "default") -> None:
+    """List the tenant's sessions: id, messages, summary version, last update."""
+    from .store import open_store
+
+    with open_store(db) as store:
+        for rec in store.list_sessions(tenant):
+            when = datetime.fromtimestamp(rec.updated_at, UTC).strftime("%Y-%m-%d %H:%M:%S")
+            typer.echo(f"{rec.session_id}\t{rec.next_seq}\tv{rec.version}\t{when}")
