@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from ._version import __version__
-from .commands import count, models
+from .commands import build, count, models
 from .commands._common import handle_errors
 
 app = typer.Typer(
@@ -48,6 +48,8 @@ def _register(name: str, command: Callable[..., Any]) -> None:
 
 _register("count", count.count)
 _register("models", models.models)
+_register("build", build.build)
+_register("explain", build.explain)
 
 
 def main() -> None:

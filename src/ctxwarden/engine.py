@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .audit import Audit, BuildState
+from .audit import LAYERS, Audit, BuildState
 from .conversation import Block, group_blocks
 from .errors import BudgetError
 from .formats.anthropic import MAX_CACHE_BREAKPOINTS, messages_to_anthropic
@@ -229,6 +229,8 @@ class _Build:
         if newest is not None and start > newest:
             start = newest
         pinned_idx = _pinned(h, self.sys_end, policy.window.pin_first, start)
+        if self.state.history_length == 0:
+            self._report_cold_prefix(start, set(pinned_idx))
         pinned = [h[i] for i in pinned_idx]
         sticky = dict(self.state.sticky)
         ctx = StrategyContext(
@@ -295,6 +297,17 @@ class _Build:
         return self._finish(ordered, layer_of, info, start, sticky, window)
 
     # -- steps ------------------------------------------------------------------------------
+
+    def _report_cold_prefix(self, start: int, pinned: set[int]) -> None:
+        """One action for everything before a cold build's window (counted when small)."""
+        gone = [i for i in range(self.sys_end, start) if i not in pinned]
+        if not gone:
+            return
+        h = self.history
+        tokens = self._total([h[i] for i in gone]) if len(gone) <= 2000 else 0
+        span = h[gone[0]].id if len(gone) == 1 else f"{h[gone[0]].id}..{h[gone[-1]].id}"
+        reason = f"{len(gone)} older message(s) before the window"
+        self.actions.append(Action(span, "dropped", reason, tokens, 0, "window"))
 
     def _sendable(self, blocks: list[Block], offset: int) -> list[Block]:
         """Blocks a provider accepts, re-indexed to history positions; the rest rejected."""
@@ -377,9 +390,9 @@ class _Build:
     ) -> BuiltContext:
         h = self.history
         total = self.counter.count_messages(ordered, self.tools)
-        layers = dict.fromkeys(
-            ("system", "facts", "ledger", "summary", "pinned", "window", "current"), 0
-        )
+        layers = dict.fromkeys(LAYERS, 0)
+        layers["tools"] = self.counter.count_tools(self.tools)
+        layers["framing"] = REPLY_PRIMING
         for m in ordered:
             layers[layer_of[m.id]] += self.count(m)
         fingerprints = tuple(m.fingerprint for m in ordered)
