@@ -12,13 +12,14 @@ sentence nobody said. Sentences are ranked by
 - **position and speaker** — what the user states outweighs what is asked, and the
   opening message of a stretch (where goals are stated) gets a small bonus,
 
-then chosen greedily within ``max_tokens`` and printed in conversation order.
+then chosen greedily within ``max_tokens`` and printed in conversation order, under
+the timestamp line in force (a message like ``[8 May, 2023]``), so "yesterday" in a
+kept sentence can still be dated.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +61,12 @@ _SPEAKER = re.compile(r"^([A-Z][\w'.-]*(?: [A-Z][\w'.-]*){0,2}): (?=\S)")
 _LINE = re.compile(r"^([^:\n]{1,48}): (.+)$")
 _HEADER = re.compile(r"^Summary \(extractive, offline\).*?(?:messages (\S+)[–-](\S+?))?[,:]")
 _MAX_WORDS = 60
+_STAMP = re.compile(r"^\[[^\]\n]{4,60}\]$")  # a timestamp line: "[1:56 pm on 8 May, 2023]"
+
+
+def _stamp(text: str) -> str | None:
+    text = text.strip()
+    return text if _STAMP.match(text) and any(ch.isdigit() for ch in text) else None
 
 
 def _content(text: str) -> frozenset[str]:
@@ -85,6 +92,7 @@ class _Unit:
     group: tuple[int, int]  # (source, index): consecutive units of one group share a line
     order: tuple[int, int, int]
     bonus: float = 1.0
+    when: str | None = None  # the timestamp line in force ("[8 May, 2023]"), if any
 
 
 def _sentences(text: str) -> list[str]:
@@ -102,9 +110,13 @@ def _sentences(text: str) -> list[str]:
 
 def _message_units(messages: Sequence[Message]) -> list[_Unit]:
     units: list[_Unit] = []
+    when: str | None = None
     for i, m in enumerate(messages):
         speaker, text = {"user": "User", "assistant": "Assistant"}.get(m.role, "Tool"), m.text
         if m.role == "system":
+            continue
+        if (stamp := _stamp(text)) is not None:  # dates what follows; not a sentence itself
+            when = stamp
             continue
         if m.role == "tool":
             speaker, text = f"Tool result ({m.name or 'tool'})", _tool_text(m)
@@ -112,11 +124,11 @@ def _message_units(messages: Sequence[Message]) -> list[_Unit]:
             speaker, text = hit.group(1), text[hit.end() :]
         bonus = (1.25 if m.role == "user" else 1.0) * (1.1 if i == 0 else 1.0)
         for j, s in enumerate(_sentences(text)):
-            units.append(_Unit(speaker, s, (1, i), (1, i, j), bonus))
+            units.append(_Unit(speaker, s, (1, i), (1, i, j), bonus, when))
         for k, call in enumerate(m.tool_calls):
             args = call.arguments if len(call.arguments) <= 160 else call.arguments[:159] + "…"
             units.append(
-                _Unit("Assistant", f"called {call.name}({args})", (1, i), (1, i, 1000 + k))
+                _Unit("Assistant", f"called {call.name}({args})", (1, i), (1, i, 1000 + k), 1, when)
             )
     return units
 
@@ -144,6 +156,7 @@ def _summary_units(summary: str, source: int) -> tuple[list[_Unit], str | None]:
     """Sentences of an earlier extractive (or any) summary, with their speakers."""
     units: list[_Unit] = []
     first: str | None = None
+    when: str | None = None
     for li, line in enumerate(summary.splitlines()):
         line = line.strip()
         if not line:
@@ -151,12 +164,15 @@ def _summary_units(summary: str, source: int) -> tuple[list[_Unit], str | None]:
         if (head := _HEADER.match(line)) is not None:
             first = first or head.group(1)
             continue
+        if (stamp := _stamp(line)) is not None:
+            when = stamp
+            continue
         hit = _LINE.match(line)
         speaker, text = (hit.group(1), hit.group(2)) if hit else ("Earlier", line)
         bonus = 1.25 if speaker == "User" else 1.0
         for j, s in enumerate(_sentences(text)):
             group, order = (0, source * 10_000 + li), (0, source, li * 1000 + j)
-            units.append(_Unit(speaker, s, group, order, bonus))
+            units.append(_Unit(speaker, s, group, order, bonus, when))
     return units, first
 
 
@@ -210,16 +226,32 @@ class OfflineSummarizer:
 
     def _compose(self, units: list[_Unit], header: str, budget: int) -> SummaryResult:
         chosen = _select(units, budget - self._count(header) - 1, self._count)
-        lines: list[str] = [header]
-        last_group: tuple[int, int] | None = None
-        for u in sorted(chosen, key=lambda u: u.order):
-            if u.group == last_group:
-                lines[-1] += " " + u.text
-            else:
-                lines.append(f"{u.speaker}: {u.text}")
-            last_group = u.group
-        text = "\n".join(lines) if len(lines) > 1 else ""
-        return SummaryResult(text, Usage(calls=0))
+        text = _layout(header, chosen)
+        while chosen and self._count(text) > budget:  # timestamp lines pushed it over
+            chosen.pop()  # the last chosen is the least valuable
+            text = _layout(header, chosen)
+        return SummaryResult(text if chosen else "", Usage(calls=0))
+
+
+def _layout(header: str, chosen: Iterable[_Unit]) -> str:
+    """Chosen sentences in conversation order, one line per message, under their timestamps."""
+    lines: list[str] = [header]
+    last_group: tuple[int, int] | None = None
+    last_when: str | None = None
+    for u in sorted(chosen, key=lambda u: u.order):
+        if u.when is not None and u.when != last_when:
+            lines.append(u.when)
+            last_when, last_group = u.when, None
+        if u.group == last_group:
+            lines[-1] += " " + u.text
+        else:
+            lines.append(f"{u.speaker}: {u.text}")
+        last_group = u.group
+    return "\n".join(lines)
+
+
+_CONTENT_WEIGHT = 0.6  # a content word is worth this fraction of an entity
+_LENGTH_EXPONENT = 0.8  # value per token^0.8: long sentences pay, a little less than linearly
 
 
 def _select(units: list[_Unit], budget: int, count: Callable[[str], int]) -> list[_Unit]:
@@ -228,13 +260,13 @@ def _select(units: list[_Unit], budget: int, count: Callable[[str], int]) -> lis
     for u in units:
         words = _content(u.text)
         entities = len(_ENTITY.findall(u.text))
-        value = (entities + 0.3 * min(len(words), 15)) * u.bonus
+        value = (entities + _CONTENT_WEIGHT * min(len(words), 15)) * u.bonus
         if u.text.rstrip().endswith("?"):
             value *= 0.6
         if len(words) < 2 and entities == 0:
             continue
         tokens = count(f"{u.speaker}: {u.text}") + 1
-        scored.append((value / math.sqrt(tokens), tokens, words, u))
+        scored.append((value / tokens**_LENGTH_EXPONENT, tokens, words, u))
     scored.sort(key=lambda t: -t[0])
     seen: set[str] = set()
     chosen: list[_Unit] = []
