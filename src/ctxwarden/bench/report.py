@@ -1,0 +1,244 @@
+"""``ctxwarden bench``: run every scenario, then write report.json, report.md and plots.
+
+:func:`run_bench` is what the CLI calls. Every number in the report is computed in that
+invocation (no stored figures). The scenarios are offline and deterministic; the real
+traces run when their files are given (:func:`default_trace_paths` finds the project's
+``../shared/data`` layout).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from .metrics import StrategyRun, Summarizer
+
+__all__ = ["default_trace_paths", "render_markdown", "run_bench", "write_plots"]
+
+Progress = Callable[[str], None] | None
+TAU_BUDGETS = (2000, 1600)
+LOCOMO_BUDGET = 4000
+
+
+def default_trace_paths(root: str | Path = "..") -> tuple[Path | None, Path | None]:
+    """``(tau_bench, locomo)`` files under ``<root>/shared/data`` when they exist."""
+    base = Path(root) / "shared" / "data"
+    tau = base / "tau-bench" / "airline-gpt-4o-dev.json"
+    loc = base / "locomo" / "locomo-dev.json"
+    return (tau if tau.exists() else None, loc if loc.exists() else None)
+
+
+def _scenario_json(result: Mapping[str, Any]) -> dict[str, Any]:
+    runs: Mapping[str, StrategyRun] = result["runs"]
+    out = {k: v for k, v in result.items() if k != "runs"}
+    out["strategies"] = {name: run.to_json() for name, run in runs.items()}
+    return out
+
+
+def _tau(path: Path, progress: Progress) -> dict[str, Any]:
+    from ..cost import estimate_cost
+    from ..usage import Usage
+    from .traces import engine_builder, load_tau_bench, plain_builder, tau_retention
+
+    runs = load_tau_bench(path)
+    strategies: dict[str, Any] = {}
+    for budget in TAU_BUDGETS:
+        for name, builder in (("plain window", plain_builder()), ("ctxwarden", engine_builder())):
+            r = tau_retention(runs, budget, builder, progress=progress).to_json()
+            r["cost_usd"] = r["effective_cost_usd"] = round(
+                estimate_cost(Usage(input_tokens=r["total_input_tokens"]), "gpt-4o"), 6
+            )
+            strategies[f"{name} @{budget}"] = r
+    return {
+        "description": "tau-bench airline: at every tool call, the share of its id arguments "
+        "seen earlier that are still in the built context (gpt-4o counts).",
+        "file": str(path),
+        "strategies": strategies,
+    }
+
+
+def _locomo(path: Path, progress: Progress) -> dict[str, Any]:
+    from ..cost import estimate_cost
+    from ..usage import Usage
+    from .traces import load_locomo, locomo_recall
+
+    result = locomo_recall(load_locomo(path), LOCOMO_BUDGET, progress=progress)
+    for r in result.values():
+        r["cost_usd"] = r["effective_cost_usd"] = round(
+            estimate_cost(Usage(input_tokens=r["total_input_tokens"]), "gpt-4o"), 6
+        )
+    return {
+        "description": f"LoCoMo: answer recall of each question's context at "
+        f"{LOCOMO_BUDGET:,} tokens (gpt-4o counts).",
+        "file": str(path),
+        "strategies": result,
+    }
+
+
+def run_bench(
+    out_dir: str | Path = "ctxwarden-report",
+    *,
+    tau_bench: str | Path | None = None,
+    locomo: str | Path | None = None,
+    summarizer: str | Summarizer = "offline",
+    agent_model: str | None = None,
+    progress: Progress = None,
+) -> dict[str, Any]:
+    """Run the scenarios (and the traces given), write the report files, return the report.
+
+    ``progress`` receives a short label after each step (a turn, a round, a run).
+    """
+    from .scenarios_agent_chat import run_agent_chat
+    from .scenarios_laptop import run_laptop
+
+    if agent_model is not None:
+        raise ConfigError(
+            "--agent-model is not supported by this bench yet: the laptop-shop agent is scripted"
+        )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    laptop = run_laptop(summarizer=summarizer, progress=progress)
+    chat = run_agent_chat(summarizer=summarizer, progress=progress)
+    report: dict[str, Any] = {
+        "scenarios": {"laptop-shop": _scenario_json(laptop), "agent-chat": _scenario_json(chat)},
+        "skipped": {},
+    }
+    traces = (("tau-bench", tau_bench, _tau), ("locomo", locomo, _locomo))
+    for name, path, run in traces:
+        if path is None:
+            report["skipped"][name] = f"no data file; pass --{name} PATH to run it"
+            continue
+        report["scenarios"][name] = run(Path(path), progress)
+    (out / "report.json").write_text(json.dumps(report, indent=2), "utf-8")
+    plots = write_plots(report, out)
+    (out / "report.md").write_text(render_markdown(report, plots), "utf-8")
+    return report
+
+
+# -- Markdown ---------------------------------------------------------------------------------
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def render_markdown(report: Mapping[str, Any], plots: Mapping[str, str] | None = None) -> str:
+    """The report's tables as Markdown (the seed's layouts)."""
+    sc = report["scenarios"]
+    parts = ["# ctxwarden bench report", ""]
+    lap = sc["laptop-shop"]
+    turns = sorted({int(t) for row in lap["table"].values() for t in row})
+    parts += ["## laptop-shop (seed 003)", "", lap["description"], ""]
+    parts.append(
+        _table(
+            ["strategy", *[f"turn {t}" for t in turns]],
+            [
+                [name] + [f"{row[t]['tokens']:,} ({row[t]['pct_of_baseline']:.1f}%)" for t in turns]
+                for name, row in lap["table"].items()
+            ],
+        )
+    )
+    parts += [
+        "",
+        f"Facts layer holds budget and use from turn 2: {lap['facts_held_each_turn_from_2']}",
+    ]
+    chat = sc["agent-chat"]
+    parts += ["", "## agent-chat (seed 000)", "", chat["description"], ""]
+    parts.append(
+        _table(
+            ["strategy", "input tokens", "cost", "with caching", "% of none", "facts lost"],
+            [
+                [
+                    name,
+                    f"{s['total_input_tokens']:,}",
+                    f"${s['cost_usd']:.2f}",
+                    f"${s['effective_cost_usd']:.2f}",
+                    f"{100 * chat['share_of_none'][name]:.1f}%",
+                    ", ".join(s["facts_lost"]) or "none",
+                ]
+                for name, s in chat["strategies"].items()
+            ],
+        )
+    )
+    for key, measure in (("tau-bench", "retention"), ("locomo", "answer_recall")):
+        if key not in sc:
+            continue
+        parts += ["", f"## {key}", "", sc[key]["description"], ""]
+        parts.append(
+            _table(
+                ["strategy", measure.replace("_", " "), "reduction", "input tokens"],
+                [
+                    [
+                        name,
+                        f"{s[measure]:.3f}",
+                        f"{100 * s['reduction']:.1f}%",
+                        f"{s['total_input_tokens']:,}",
+                    ]
+                    for name, s in sc[key]["strategies"].items()
+                ],
+            )
+        )
+    for name, note in report.get("skipped", {}).items():
+        parts += ["", f"_{name} skipped: {note}_"]
+    for title, file in (plots or {}).items():
+        parts += ["", f"![{title}]({file})"]
+    return "\n".join(parts) + "\n"
+
+
+# -- plots ------------------------------------------------------------------------------------
+
+
+def write_plots(report: Mapping[str, Any], out: Path) -> dict[str, str]:
+    """One PNG of input tokens per turn for each scenario, and agent-chat dollars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    files: dict[str, str] = {}
+    for key, xlabel in (("laptop-shop", "turn"), ("agent-chat", "round")):
+        strategies = report["scenarios"][key]["strategies"]
+        fig, ax = plt.subplots(figsize=(9, 5))
+        colours = plt.get_cmap("tab10")
+        for i, (name, s) in enumerate(strategies.items()):
+            series = s["input_tokens_per_turn"]
+            ax.plot(
+                range(1, len(series) + 1), series, label=name, color=colours(i % 10), marker="."
+            )
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("input tokens per request")
+        ax.set_title(f"{key}: input tokens per {xlabel}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        name = f"{key}-tokens.png"
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        files[f"{key}: input tokens per {xlabel}"] = name
+    chat = report["scenarios"]["agent-chat"]["strategies"]
+    fig, ax = plt.subplots(figsize=(9, 5))
+    names = list(chat)
+    xs = range(len(names))
+    ax.bar([x - 0.2 for x in xs], [chat[n]["cost_usd"] for n in names], 0.4, label="no caching")
+    ax.bar(
+        [x + 0.2 for x in xs],
+        [chat[n]["effective_cost_usd"] for n in names],
+        0.4,
+        label="with prompt caching",
+    )
+    ax.set_xticks(list(xs), names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("dollars per 50-round dialogue")
+    ax.set_title("agent-chat: cost per strategy (Claude Sonnet prices)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "agent-chat-cost.png", dpi=110)
+    plt.close(fig)
+    files["agent-chat: cost per strategy"] = "agent-chat-cost.png"
+    return files
