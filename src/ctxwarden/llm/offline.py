@@ -122,7 +122,9 @@ def _message_units(messages: Sequence[Message]) -> list[_Unit]:
             speaker, text = f"Tool result ({m.name or 'tool'})", _tool_text(m)
         elif (hit := _SPEAKER.match(text)) is not None:
             speaker, text = hit.group(1), text[hit.end() :]
-        bonus = (1.25 if m.role == "user" else 1.0) * (1.1 if i == 0 else 1.0)
+        # the user states the facts an agent needs; between named people, neither side does
+        by_user = m.role == "user" and speaker == "User"
+        bonus = (1.25 if by_user else 1.0) * (1.1 if i == 0 else 1.0)
         for j, s in enumerate(_sentences(text)):
             units.append(_Unit(speaker, s, (1, i), (1, i, j), bonus, when))
         for k, call in enumerate(m.tool_calls):
