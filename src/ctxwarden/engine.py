@@ -255,9 +255,8 @@ class _Build:
         ledger_msg: Message | None = None
         room = 0
         for _ in range(4):
-            edited = [
-                originals[m.id] for b in blocks for m in b.messages if m is not originals[m.id]
-            ]
+            verbatim = {m.id for b in blocks for m in b.messages if m is originals[m.id]}
+            edited = [m for m in h[start:] if m.id not in verbatim]
             ledger_msg = ledger.render(h, self.sys_end, start, pinned_idx, edited)
             room = (
                 self.budget - fixed - pinned_tokens - (self.count(ledger_msg) if ledger_msg else 0)

@@ -51,8 +51,8 @@ class Entity:
 
 #: Trimming order of the ledger: tier 0 goes first when over budget, tier 2 last.
 CATEGORY_TIERS: dict[str, int] = {
-    "id": 2,
-    "email": 2,
+    "id": 3,
+    "email": 3,
     "url": 2,
     "path": 2,
     "date": 2,

@@ -72,7 +72,7 @@ class LedgerConfig:
 
     enabled: bool = True
     max_tokens: int = 600
-    max_share: float = 0.45
+    max_share: float = 0.6
 
     def __post_init__(self) -> None:
         if self.max_tokens < 0:
