@@ -1,0 +1,573 @@
+"""Benchmark: build time against langchain-core's ``trim_messages``, and prefix stability.
+
+The context-engine issue asks two things of :func:`~ctxwarden.build_context` that users
+feel on every turn of an agent loop:
+
+**Build time.** On histories of 100, 1,000 and 10,000 messages of agent traffic, in one
+run and on the same input and budget, ctxwarden is timed next to langchain-core's
+``trim_messages`` (``strategy="last"``, ``include_system=True``, ``allow_partial=False``,
+``start_on="human"``, a token counter that counts the same messages by the same OpenAI
+chat formula with tiktoken ``o200k_base``, without a cache — the way its docs show it).
+ctxwarden is timed three ways, since they answer different questions:
+
+* **agent loop** — one message appended per call, ``previous=`` the last build, mean over
+  many calls: what an agent pays per turn (target <= 0.5 ms at 10,000 messages);
+* **cold, warm caches** — no ``previous``, but the process has built this history before,
+  so per-message token counts, fingerprints and entities are cached: a restarted session
+  in a long-lived worker;
+* **cold, fresh caches** — no ``previous``, in a new process whose only earlier build was
+  a 3-message warm-up on unrelated text (tokenizer and model registry loaded, nothing about
+  this history cached): the worst case (target <= 5 ms at 10,000 messages).
+
+``trim_messages`` keeps no state, so each of its calls is cold; the speed-up is printed
+against each ctxwarden figure and must be >= 100x.
+
+**Prefix stability.** A 50-call synthetic agent session (masking on, default
+:class:`~ctxwarden.Policy`) is built call by call with ``previous=``. For each call we
+report the share of input tokens that repeat the previous call's prefix byte for byte,
+from the audit and, as a cross-check, from the ``to_openai()`` JSON of the two calls
+(whole messages compared, then counted). A call *cache-hits* when the shared prefix covers
+its whole stable prefix (``prefix_shared_tokens >= cacheable_prefix_tokens``); target:
+>= 80 % of calls after the first.
+
+Traffic is a deterministic generator (:func:`agent_traffic`: user turns, assistant tool
+calls, some parallel, JSON results from a 60-token record to a 3,000-token search page,
+an occasional stack trace, assistant replies) or, with ``--source tau``, the tau-bench
+airline trajectories cycled with re-tagged ids::
+
+    python -m ctxwarden.bench.engine_speed [--sizes 100,1000,10000] [--budget 2000] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from itertools import islice
+from typing import Any
+
+from ..engine import BuiltContext, build_context
+from ..messages import Message, ToolCall
+from ..policy import Policy
+from ..tokens import TokenCounter
+from .count_cache import build_history, find_tau_bench
+
+__all__ = ["TARGETS", "agent_traffic", "history_source", "main", "prefix_stability", "run", "trim_messages_timer"]
+
+TARGETS = {"loop_ms": 0.5, "cold_ms": 5.0, "speedup": 100.0, "cache_hit": 0.80}
+SIZES = (100, 1_000, 10_000)
+MODEL = "gpt-4o"
+
+
+# -- input -------------------------------------------------------------------------------------
+
+_WORDS = (
+    "order refund shipping invoice account customer address payment card delivery warehouse "
+    "status update please confirm check the a to of and for with your my is was will can we "
+    "I you need would like cancel change return exchange item size colour price discount "
+    "policy ticket escalate tracking carrier parcel delayed today tomorrow week"
+).split()
+_CITIES = ("Lisbon", "Kraków", "Denver", "Osaka", "Nairobi", "Toronto", "Lyon", "Kyiv")
+
+
+def agent_traffic(seed: int = 0) -> Iterator[Message]:
+    """An endless, deterministic support-agent conversation (system prompt first).
+
+    Each turn: a user message, zero to three tool steps (a quarter of them two parallel
+    calls), each result JSON of a size drawn to match real tools — mostly a 60-250 token
+    record, often a 200-600 token list, one in eight a 800-3,000 token search page (which
+    truncation cuts), one in twenty a stack trace — then an assistant reply. Every
+    message is unique (ids, numbers), so no cache gets a free hit across turns.
+    """
+    rng = random.Random(seed)
+
+    def words(lo: int, hi: int) -> str:
+        return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(lo, hi))) + "."
+
+    def record(k: int) -> dict[str, Any]:
+        return {
+            "order_id": f"ORD-{rng.randint(10_000, 99_999)}",
+            "customer": f"{rng.choice(_CITIES).lower()}_{k}@example.com",
+            "amount": f"{rng.randint(5, 900)}.{rng.randint(0, 99):02d}",
+            "currency": "EUR",
+            "date": f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}",
+            "status": rng.choice(("shipped", "pending", "refunded", "delivered")),
+            "note": words(3, 25),
+        }
+
+    def result(k: int) -> tuple[str, str, dict[str, Any]]:
+        r = rng.random()
+        if r < 0.05:
+            frames = "".join(
+                f'  File "/usr/lib/python3.11/site-packages/lib{i}/core.py", line {i * 7}, in f{i}\n'
+                for i in range(rng.randint(8, 30))
+            )
+            trace = f"Traceback (most recent call last):\n{frames}KeyError: 'ORD-{k}'"
+            return "refund_order", trace, {"order_id": f"ORD-{k}"}
+        if r < 0.55:
+            return "get_order", json.dumps(record(k)), {"order_id": f"ORD-{k}"}
+        size = rng.randint(3, 8) if r < 0.87 else rng.randint(12, 45)
+        items = [record(k * 100 + i) for i in range(size)]
+        return "search_orders", json.dumps({"results": items, "total": size}), {"q": words(1, 3)}
+
+    yield Message.system(
+        "You are the support agent of a web shop. Be brief. " + words(150, 250), id="m0"
+    )
+    index, call_no = 1, 0
+
+    def next_id() -> str:
+        nonlocal index
+        index += 1
+        return f"m{index - 1}"
+
+    while True:
+        yield Message.user(words(6, 60) + f" My order is ORD-{index}.", id=next_id())
+        for _ in range(rng.choice((0, 1, 1, 2, 2, 3))):
+            parallel = 2 if rng.random() < 0.25 else 1
+            calls, results = [], []
+            for _ in range(parallel):
+                call_no += 1
+                name, content, args = result(call_no)
+                call = ToolCall(f"call_{call_no}", name, json.dumps(args))
+                calls.append(call)
+                results.append((call, content))
+            yield Message.assistant(None, tuple(calls), id=next_id())
+            for call, content in results:
+                yield Message.tool(content, call.id, call.name, id=next_id())
+        yield Message.assistant(words(15, 120), id=next_id())
+
+
+def session_calls(seed: int, calls: int) -> Iterator[list[Message]]:
+    """The history at each model call of an agent session: after a user message, and
+    after the last result of a tool step."""
+    history: list[Message] = []
+    stream = agent_traffic(seed)
+    pending = next(stream)
+    made = 0
+    while made < calls:
+        message, pending = pending, next(stream)
+        history.append(message)
+        if message.role == "user" or (message.role == "tool" and pending.role != "tool"):
+            made += 1
+            yield history
+
+
+def history_source(source: str, n: int, seed: int = 0) -> tuple[list[Message], str]:
+    """``n`` messages of ``source`` ("synthetic" or "tau") and a description of them."""
+    if source == "tau":
+        path = find_tau_bench()
+        if path is None:
+            raise SystemExit("--source tau: tau-bench/airline-gpt-4o-dev.json not found")
+        return build_history(n, path.parent.parent)[0], f"tau-bench airline, cycled ({path})"
+    if source != "synthetic":
+        raise SystemExit(f"unknown --source {source!r} (synthetic or tau)")
+    return list(islice(agent_traffic(seed), n)), f"synthetic agent traffic (seed {seed})"
+
+
+# -- langchain-core ----------------------------------------------------------------------------
+
+
+def _langchain() -> Any | None:
+    try:
+        return importlib.import_module("langchain_core.messages")
+    except ImportError:
+        return None
+
+
+def _to_langchain(lc: Any, history: Sequence[Message]) -> list[Any]:
+    out: list[Any] = []
+    for m in history:
+        if m.role == "system":
+            out.append(lc.SystemMessage(m.text))
+        elif m.role == "user":
+            out.append(lc.HumanMessage(m.text))
+        elif m.role == "tool":
+            out.append(lc.ToolMessage(m.text, tool_call_id=m.tool_call_id or "", name=m.name))
+        else:
+            calls = [
+                {"name": c.name, "args": json.loads(c.arguments or "{}"), "id": c.id}
+                for c in m.tool_calls
+            ]
+            out.append(lc.AIMessage(m.text, tool_calls=calls))
+    return out
+
+
+def _lc_counter(lc: Any) -> Callable[[list[Any]], int]:
+    """The OpenAI chat formula over langchain messages, tiktoken o200k, no cache."""
+    encoding = TokenCounter.for_model(MODEL)._encoding
+    roles = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
+
+    def n(text: str) -> int:
+        return len(encoding.encode(text, disallowed_special=()))
+
+    def count(messages: list[Any]) -> int:
+        total = 3
+        for m in messages:
+            total += 3 + n(roles.get(m.type, m.type))
+            total += n(m.content if isinstance(m.content, str) else json.dumps(m.content))
+            if getattr(m, "name", None):
+                total += 1 + n(m.name)
+            for call in getattr(m, "tool_calls", None) or ():
+                total += 3 + n(call["name"]) + n(json.dumps(call["args"]))
+        return total
+
+    return count
+
+
+def trim_messages_timer(history: Sequence[Message], budget: int) -> Callable[[], int] | None:
+    """A zero-argument call that runs ``trim_messages`` once (None: not installed)."""
+    lc = _langchain()
+    if lc is None:
+        return None
+    messages, counter = _to_langchain(lc, history), _lc_counter(lc)
+
+    def call() -> int:
+        kept = lc.trim_messages(
+            messages,
+            max_tokens=budget,
+            strategy="last",
+            token_counter=counter,
+            include_system=True,
+            allow_partial=False,
+            start_on="human",
+        )
+        return len(kept)
+
+    return call
+
+
+# -- ctxwarden timings ---------------------------------------------------------------------------
+
+
+def _ms(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    out = fn()
+    return (time.perf_counter() - start) * 1000, out
+
+
+def _build(history: list[Message], budget: int, previous: BuiltContext | None) -> BuiltContext:
+    return build_context(history, MODEL, budget, policy=Policy(), previous=previous)
+
+
+def _loop(history: list[Message], extra: Iterator[Message], budget: int, calls: int) -> dict[str, Any]:
+    """Append one message per call and build with ``previous``: per-call milliseconds."""
+    built = _build(history, budget, None)
+    times: list[float] = []
+    worst = built.input_tokens
+    for message in islice(extra, calls):
+        history.append(message)
+        elapsed, built = _ms(lambda b=built: _build(history, budget, b))
+        times.append(elapsed)
+        worst = max(worst, built.input_tokens)
+    return {
+        "loop_mean_ms": statistics.fmean(times),
+        "loop_median_ms": statistics.median(times),
+        "loop_max_ms": max(times),
+        "loop_calls": len(times),
+        "loop_max_input_tokens": worst,
+    }
+
+
+def _fresh_cold(source: str, n: int, budget: int, seed: int, runs: int) -> float:
+    """Median cold build time, each in a new process (nothing about the history cached)."""
+    args = ["--fresh-cold", str(n), "--budget", str(budget), "--source", source]
+    args += ["--seed", str(seed)]
+    times = []
+    for _ in range(runs):
+        out = subprocess.run(
+            [sys.executable, "-m", "ctxwarden.bench.engine_speed", *args],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        times.append(float(json.loads(out.stdout)["ms"]))
+    return statistics.median(times)
+
+
+def _fresh_cold_child(source: str, n: int, budget: int, seed: int) -> dict[str, float]:
+    warm = [Message.system("You help."), Message.user("Hello there, warm-up 42 only.")]
+    build_context(warm, MODEL, 500)  # loads the tokenizer and the registry, nothing else
+    history = history_source(source, n, seed)[0]
+    elapsed, _ = _ms(lambda: _build(history, budget, None))
+    return {"ms": elapsed}
+
+
+def _size(
+    n: int, budget: int, source: str, seed: int, repeats: int, calls: int, fresh_runs: int
+) -> dict[str, Any]:
+    full, _ = history_source(source, n + calls, seed)
+    history = full[:n]
+    row: dict[str, Any] = {"messages": n}
+    row["history_tokens"] = TokenCounter.for_model(MODEL).count_messages(history).tokens
+    trim = trim_messages_timer(history, budget)
+    if trim is not None:
+        runs = [_ms(trim) for _ in range(repeats)]
+        row["trim_ms"] = statistics.median(t for t, _ in runs)
+        row["trim_kept"] = runs[0][1]
+    first = _build(history, budget, None)  # warms every per-message cache for this history
+    cold = [_ms(lambda: _build(history, budget, None)) for _ in range(repeats)]
+    row["cold_warm_ms"] = statistics.median(t for t, _ in cold)
+    row["kept"] = len(first.messages)
+    row["input_tokens"] = first.input_tokens
+    row["fresh_input_tokens"] = TokenCounter(MODEL).count_messages(first.messages).tokens
+    row["cold_fresh_ms"] = _fresh_cold(source, n, budget, seed, fresh_runs) if fresh_runs else None
+    row.update(_loop(list(history), iter(full[n:]), budget, calls))
+    row["within_budget"] = max(row["input_tokens"], row["loop_max_input_tokens"]) <= budget
+    row["within_budget"] = row["within_budget"] and row["fresh_input_tokens"] <= budget
+    if "trim_ms" in row:
+        for key in ("loop_mean_ms", "cold_warm_ms", "cold_fresh_ms"):
+            if row[key]:
+                row[f"speedup_{key.removesuffix('_ms')}"] = row["trim_ms"] / row[key]
+    return row
+
+
+# -- prefix stability ----------------------------------------------------------------------------
+
+
+def _json_shared_tokens(before: BuiltContext | None, after: BuiltContext) -> tuple[int, int]:
+    """Tokens and characters of ``after`` that repeat ``before`` from the start, from JSON.
+
+    Whole messages are compared as serialised OpenAI dicts (a provider caches a prefix
+    of tokens, and a message that differs anywhere changes the tokens from there on);
+    characters are the common prefix of the two requests' JSON, for the record.
+    """
+    if before is None:
+        return 0, 0
+    count = TokenCounter.for_model(MODEL).count_message
+    old = [json.dumps(m, sort_keys=True) for m in before.to_openai()]
+    new = [json.dumps(m, sort_keys=True) for m in after.to_openai()]
+    tokens = 0
+    for a, b, message in zip(old, new, after.messages, strict=False):
+        if a != b:
+            break
+        tokens += count(message)
+    old_text, new_text = json.dumps(before.to_openai()), json.dumps(after.to_openai())
+    chars = next(
+        (i for i, (x, y) in enumerate(zip(old_text, new_text, strict=False)) if x != y),
+        min(len(old_text), len(new_text)),
+    )
+    return tokens, chars
+
+
+def prefix_stability(calls: int = 50, budget: int = 4_000, seed: int = 1) -> dict[str, Any]:
+    """Build every model call of a ``calls``-call session with ``previous``; per-call shares."""
+    rows: list[dict[str, Any]] = []
+    previous: BuiltContext | None = None
+    for n, history in enumerate(session_calls(seed, calls), 1):
+        built = build_context(list(history), MODEL, budget, policy=Policy(), previous=previous)
+        audit = built.audit
+        json_tokens, json_chars = _json_shared_tokens(previous, built)
+        rows.append(
+            {
+                "call": n,
+                "history_messages": len(history),
+                "input_tokens": audit.input_tokens,
+                "cacheable_prefix_tokens": audit.cacheable_prefix_tokens,
+                "prefix_shared_tokens": audit.prefix_shared_tokens,
+                "json_shared_tokens": json_tokens,
+                "json_shared_chars": json_chars,
+                "share": audit.prefix_shared_tokens / audit.input_tokens,
+                "cache_hit": previous is not None
+                and audit.prefix_shared_tokens >= audit.cacheable_prefix_tokens,
+                "masked": len(audit.by_action("masked")),
+                "dropped": len(audit.by_action("dropped")),
+            }
+        )
+        previous = built
+    later = rows[1:]
+    return {
+        "calls": rows,
+        "budget": budget,
+        "mean_share": statistics.fmean(r["share"] for r in later),
+        "median_share": statistics.median(r["share"] for r in later),
+        "hit_rate": sum(r["cache_hit"] for r in later) / len(later),
+        "audit_matches_json": all(r["prefix_shared_tokens"] == r["json_shared_tokens"] for r in rows),
+        "within_budget": all(r["input_tokens"] <= budget for r in rows),
+    }
+
+
+# -- run, print ----------------------------------------------------------------------------------
+
+
+def run(
+    sizes: Sequence[int] = SIZES,
+    budget: int = 2_000,
+    *,
+    source: str = "synthetic",
+    seed: int = 0,
+    repeats: int = 5,
+    calls: int = 200,
+    fresh_runs: int = 3,
+    session_calls_n: int = 50,
+    session_budget: int = 4_000,
+) -> dict[str, Any]:
+    """All figures as one JSON-ready dict (``sizes`` rows, ``prefix``, ``targets``, ``passed``)."""
+    lc = _langchain()
+    rows = [_size(n, budget, source, seed, repeats, calls, fresh_runs) for n in sizes]
+    prefix = prefix_stability(session_calls_n, session_budget)
+    big = max(rows, key=lambda r: r["messages"])
+    passed: dict[str, bool | None] = {
+        "loop_ms": big["loop_mean_ms"] <= TARGETS["loop_ms"],
+        "cold_ms": (big["cold_fresh_ms"] or big["cold_warm_ms"]) <= TARGETS["cold_ms"],
+        "speedup": None,
+        "cache_hit": prefix["hit_rate"] >= TARGETS["cache_hit"],
+        "within_budget": all(r["within_budget"] for r in rows) and prefix["within_budget"],
+    }
+    if "trim_ms" in big:
+        worst = min(v for k, v in big.items() if k.startswith("speedup_"))
+        passed["speedup"] = worst >= TARGETS["speedup"]
+    return {
+        "model": MODEL,
+        "budget": budget,
+        "source": history_source(source, 1, seed)[1],
+        "langchain_core": getattr(importlib.import_module("langchain_core"), "__version__", "?")
+        if lc is not None
+        else None,
+        "sizes": rows,
+        "prefix": prefix,
+        "targets": dict(TARGETS),
+        "passed": passed,
+    }
+
+
+def _f(value: float | None, unit: str = " ms", digits: int = 3) -> str:
+    return "—" if value is None else f"{value:,.{digits}f}{unit}"
+
+
+def _verdict(ok: bool | None) -> str:
+    return {True: "[green]OK[/]", False: "[red]MISSED[/]", None: "[yellow]not run[/]"}[ok]
+
+
+def print_report(report: dict[str, Any], *, per_call: bool = True) -> None:
+    """Tables: build time per size, speed-ups, prefix stability per call, verdicts."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(
+        f"[bold]engine speed[/] · {report['model']} · budget {report['budget']:,} tokens · "
+        f"{report['source']}"
+    )
+    if report["langchain_core"] is None:
+        console.print(
+            "[yellow]langchain-core is not installed: the trim_messages comparison is skipped "
+            "(pip install langchain-core to run it; it is not a ctxwarden dependency).[/]"
+        )
+    table = Table(title="build time (median of repeats; agent loop: mean over calls)")
+    for col in ("messages", "history tokens", "trim_messages", "ctxwarden agent loop"):
+        table.add_column(col, justify="right")
+    for col in ("cold, warm caches", "cold, fresh process", "kept / tokens"):
+        table.add_column(col, justify="right")
+    for r in report["sizes"]:
+        table.add_row(
+            f"{r['messages']:,}",
+            f"{r['history_tokens']:,}",
+            _f(r.get("trim_ms"), digits=1),
+            f"{_f(r['loop_mean_ms'])} (median {_f(r['loop_median_ms'], '')}, n={r['loop_calls']})",
+            _f(r["cold_warm_ms"]),
+            _f(r["cold_fresh_ms"]),
+            f"{r['kept']} / {r['input_tokens']:,}",
+        )
+    console.print(table)
+    if report["langchain_core"] is not None:
+        ratios = Table(title=f"speed-up over trim_messages (langchain-core {report['langchain_core']})")
+        for col in ("messages", "agent loop", "cold, warm caches", "cold, fresh process"):
+            ratios.add_column(col, justify="right")
+        for r in report["sizes"]:
+            cells = [r.get(f"speedup_{k}") for k in ("loop_mean", "cold_warm", "cold_fresh")]
+            ratios.add_row(f"{r['messages']:,}", *(_f(c, "x", 0) for c in cells))
+        console.print(ratios)
+    p = report["prefix"]
+    if per_call:
+        calls = Table(title=f"prefix stability: {len(p['calls'])}-call session, budget {p['budget']:,}")
+        for col in ("call", "history", "input", "stable prefix", "shared (audit)"):
+            calls.add_column(col, justify="right")
+        for col in ("shared (JSON)", "share", "hit", "masked", "dropped"):
+            calls.add_column(col, justify="right")
+        for c in p["calls"]:
+            calls.add_row(
+                str(c["call"]),
+                str(c["history_messages"]),
+                f"{c['input_tokens']:,}",
+                f"{c['cacheable_prefix_tokens']:,}",
+                f"{c['prefix_shared_tokens']:,}",
+                f"{c['json_shared_tokens']:,}",
+                f"{c['share']:.0%}",
+                "yes" if c["cache_hit"] else ("—" if c["call"] == 1 else "[red]no[/]"),
+                str(c["masked"]),
+                str(c["dropped"]),
+            )
+        console.print(calls)
+    console.print(
+        f"prefix: mean share of input tokens repeating the previous call {p['mean_share']:.1%} "
+        f"(median {p['median_share']:.1%}); calls that cache-hit their whole stable prefix "
+        f"{p['hit_rate']:.1%} of calls 2..{len(p['calls'])}; audit equals JSON cross-check: "
+        f"{'yes' if p['audit_matches_json'] else '[red]NO[/]'}"
+    )
+    big = max(report["sizes"], key=lambda r: r["messages"])
+    t, ok = report["targets"], report["passed"]
+    cold = big["cold_fresh_ms"] if big["cold_fresh_ms"] is not None else big["cold_warm_ms"]
+    speedups = [v for k, v in big.items() if k.startswith("speedup_")]
+    console.print(f"[bold]targets at {big['messages']:,} messages[/]")
+    console.print(
+        f"  agent loop {big['loop_mean_ms']:.3f} ms <= {t['loop_ms']} ms  {_verdict(ok['loop_ms'])}"
+    )
+    console.print(f"  cold build {cold:.3f} ms <= {t['cold_ms']} ms  {_verdict(ok['cold_ms'])}")
+    console.print(
+        f"  speed-up over trim_messages {min(speedups) if speedups else 0:,.0f}x (smallest) "
+        f">= {t['speedup']:.0f}x  {_verdict(ok['speedup'])}"
+    )
+    console.print(
+        f"  cache hits {p['hit_rate']:.1%} >= {t['cache_hit']:.0%}  {_verdict(ok['cache_hit'])}"
+    )
+    console.print(f"  every context within budget  {_verdict(ok['within_budget'])}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ctxwarden.bench.engine_speed")
+    parser.add_argument("--sizes", default="100,1000,10000", help="history lengths, comma-separated")
+    parser.add_argument("--budget", type=int, default=2_000, help="input budget (tokens)")
+    parser.add_argument("--source", default="synthetic", choices=("synthetic", "tau"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats (median)")
+    parser.add_argument("--calls", type=int, default=200, help="agent-loop calls (mean)")
+    parser.add_argument("--fresh-runs", type=int, default=3, help="new processes per size")
+    parser.add_argument("--session-budget", type=int, default=4_000)
+    parser.add_argument("--brief", action="store_true", help="no per-call prefix table")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--fresh-cold", type=int, help=argparse.SUPPRESS)  # child process
+    args = parser.parse_args(argv)
+    if args.fresh_cold is not None:
+        print(json.dumps(_fresh_cold_child(args.source, args.fresh_cold, args.budget, args.seed)))
+        return 0
+    try:
+        sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--sizes must be integers separated by commas, got {args.sizes!r}")
+    if not sizes or min(sizes) < 2:
+        parser.error("--sizes must name history lengths of at least 2 messages")
+    report = run(
+        sizes,
+        args.budget,
+        source=args.source,
+        seed=args.seed,
+        repeats=max(args.repeats, 1),
+        calls=max(args.calls, 1),
+        fresh_runs=max(args.fresh_runs, 0),
+        session_budget=args.session_budget,
+    )
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_report(report, per_call=not args.brief)
+    return 0 if report["passed"]["within_budget"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
