@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from ._version import __version__
-from .commands import build, count, models
+from .commands import bench, build, count, models
 from .commands._common import handle_errors
 
 app = typer.Typer(
@@ -50,6 +50,7 @@ _register("count", count.count)
 _register("models", models.models)
 _register("build", build.build)
 _register("explain", build.explain)
+_register("bench", bench.bench)
 
 
 def main() -> None:
