@@ -485,10 +485,11 @@ def test_cli_session_commands(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "tool_call_id" in bad.output
     exported = runner.invoke(session_app, ["export", *base])
     assert json.loads(exported.stdout) == given
-    built = runner.invoke(session_app, ["build", *base, "--max-input-tokens", "60"])
+    built = runner.invoke(session_app, ["build", *base, "--max-input-tokens", "80"])
     assert built.exit_code == 0
     sent = json.loads(built.stdout)
-    assert sent[0] == given[0] and sent[-1] == given[-1] and len(sent) < len(given)
+    assert sent == build_context(given, max_input_tokens=80).to_openai()
+    assert sent[0] == given[0] and len(sent) < len(given)
     assert "7 messages" in runner.invoke(session_app, ["show", *base]).stdout
     assert runner.invoke(session_app, ["list", "--db", db]).stdout.startswith("c1\t7\tv0")
     (tmp_path / "notes.txt").write_text("not a db")

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 __all__ = ["Session", "SummaryWrite", "count_key"]
 
 _HEAD_SLACK = 8  # system messages that may precede the first pinned conversation messages
+_CACHE_SIZE = 20_000
 TAIL_SLACK = 3
 """The tail is read up to this many budgets of raw tokens: truncation and masking can make
 more messages fit than raw counts say, and a cold engine build walks back three budgets
@@ -107,6 +108,7 @@ class Session:
         self.tenant = tenant
         self.model = model
         self.policy = policy
+        self._cache: dict[int, Message] = {}  # seq -> decoded message, reused across builds
         try:
             self.store.create_session(tenant, session_id)
         except BaseException:
@@ -249,7 +251,11 @@ class Session:
             count_key(counter),
             after_seq=record.summary_upto,
             count=counter.count_message,
+            cache=self._cache,
         )
+        if len(self._cache) > _CACHE_SIZE:  # stored messages never change; keep the newest
+            for seq in sorted(self._cache)[: len(self._cache) - _CACHE_SIZE]:
+                del self._cache[seq]
         while len(tail) > 1 and tail[0].message.role == "tool":
             tail = tail[1:]  # its call is older than the tail: never send an orphan result
         merged.update((m.seq, m) for m in tail)

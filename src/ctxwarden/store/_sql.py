@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
@@ -192,49 +192,74 @@ class SqlStore(ABC):
         after_seq: int = -1,
         min_messages: int = 1,
         count: Callable[[Message], int] | None = None,
+        cache: MutableMapping[int, Message] | None = None,
     ) -> list[StoredMessage]:
         """The newest messages (seq > ``after_seq``) whose ``encoding`` counts fit in
         ``max_tokens``, oldest first; at least ``min_messages`` whatever their size.
 
-        Reads the primary key backwards in growing chunks and stops at the first message
-        that does not fit, so the cost is bounded by the budget, not by the history.
-        A message stored without a count for ``encoding`` is counted with ``count``
-        (a :class:`StoreError` without one).
+        Reads ``(seq, token_counts)`` backwards along the primary key in growing chunks
+        and stops at the first message that does not fit, so the cost is bounded by the
+        budget, not by the history; then fetches the message bodies it lacks (``cache``
+        maps seq -> an already decoded message: stored messages never change). A message
+        stored without a count for ``encoding`` is counted with ``count``.
         """
-        out: list[StoredMessage] = []
-        used = 0
-        before = _MAX_SEQ
-        chunk = 32
+        cache = {} if cache is None else cache
+        chosen: list[tuple[int, dict[str, int]]] = []
+        used, before, chunk = 0, _MAX_SEQ, 32
         with self._read() as tx:
             while True:
                 rows = tx.execute(
-                    "SELECT seq, message, token_counts FROM ctxwarden_messages "
+                    "SELECT seq, token_counts FROM ctxwarden_messages "
                     f"{_WHERE} AND seq > ? AND seq < ? ORDER BY seq DESC LIMIT ?",
                     (tenant, session_id, after_seq, before, chunk),
                 )
+                full = False
                 for row in rows:
-                    seq, counts = int(row[0]), json.loads(row[2])
-                    message = None
+                    seq, counts = int(row[0]), json.loads(row[1])
                     if encoding in counts:
                         size = int(counts[encoding])
                     elif count is not None:
-                        message = decode_message(row[1], seq)
-                        size = count(message)
+                        size = count(self._fetch(tx, tenant, session_id, [seq], cache)[seq])
                     else:
                         raise StoreError(
                             f"message {seq} has no token count for {encoding!r} "
                             f"(stored: {', '.join(counts) or 'none'}); pass count="
                         )
-                    if used + size > max_tokens and len(out) >= min_messages:
-                        return out[::-1]
+                    if used + size > max_tokens and len(chosen) >= min_messages:
+                        full = True
+                        break
                     used += size
-                    if message is None:
-                        message = decode_message(row[1], seq)
-                    out.append(StoredMessage(seq, message, counts))
-                if len(rows) < chunk:
-                    return out[::-1]
+                    chosen.append((seq, counts))
+                if full or len(rows) < chunk:
+                    break
                 before = int(rows[-1][0])
                 chunk = min(chunk * 2, 1024)
+            chosen.reverse()
+            bodies = self._fetch(tx, tenant, session_id, [seq for seq, _ in chosen], cache)
+        return [StoredMessage(seq, bodies[seq], counts) for seq, counts in chosen]
+
+    def _fetch(
+        self,
+        tx: Tx,
+        tenant: str,
+        session_id: str,
+        seqs: Sequence[int],
+        cache: MutableMapping[int, Message],
+    ) -> dict[int, Message]:
+        """Messages by seq: from ``cache``, the rest read (one range query) and cached."""
+        out = {seq: cache[seq] for seq in seqs if seq in cache}
+        missing = [seq for seq in seqs if seq not in out]
+        if missing:
+            rows = tx.execute(
+                f"SELECT seq, message FROM ctxwarden_messages {_WHERE} AND seq >= ? AND seq <= ?",
+                (tenant, session_id, min(missing), max(missing)),
+            )
+            wanted = set(missing)
+            for row in rows:
+                seq = int(row[0])
+                if seq in wanted:
+                    out[seq] = cache[seq] = decode_message(row[1], seq)
+        return out
 
     def pinned(self, tenant: str, session_id: str) -> list[StoredMessage]:
         """Pinned messages and system prompts, in order (by the partial index)."""

@@ -15,7 +15,7 @@ which are indexed reads bounded by the budget, so a build costs the same at 100 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -122,6 +122,7 @@ class SessionStore(Protocol):
         after_seq: int = -1,
         min_messages: int = 1,
         count: Callable[[Message], int] | None = None,
+        cache: MutableMapping[int, Message] | None = None,
     ) -> list[StoredMessage]: ...
 
     def pinned(self, tenant: str, session_id: str) -> list[StoredMessage]: ...
