@@ -169,10 +169,5 @@ def test_agent_chat_cost_and_planted_facts(chat: dict[str, object]) -> None:
     assert chat["share_of_none"]["ctxwarden"] <= 0.30  # type: ignore[index]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="RuleBasedFactExtractor reads 'sizes run' as size 's' ([SML] under re.I), "
-    "overwriting the planted size L; remove this mark when fixed",
-)
 def test_agent_chat_ours_loses_no_planted_fact(chat: dict[str, object]) -> None:
     assert chat["runs"]["ctxwarden"].extra["facts_lost"] == []  # type: ignore[index]

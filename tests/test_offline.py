@@ -179,6 +179,47 @@ def test_rule_based_extractor_follows_a_schema_and_corrections() -> None:
     assert [r.value for r in facts.history["size"]] == ["L", "XL"]
 
 
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("I need size L this time.", "L"),
+        ("Size: M, please", "M"),
+        ("my size is XL.", "XL"),
+        ("size xxl if you have it", "xxl"),
+        ("A size small would do", "small"),
+        ("Shoes in size EU 42", "EU 42"),
+        ("size 9.5 for the boots", "9.5"),
+    ],
+)
+def test_size_rule_reads_standalone_sizes(text: str, size: str) -> None:
+    ex = RuleBasedFactExtractor()
+    assert ex.facts_in(text).get("size") == size
+    assert ex.facts_in(text, ["size"]).get("size") == size  # a schema field reads the same
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Check how Kestrel sizes run compared with other brands.",  # "size" + "s" is no size
+        "Is it true that the sizes sold out?",
+        "What size s… sorry, what sizes do you stock?",  # a lone lowercase s is no size
+        "The size of the screen is 15 inches.",
+    ],
+)
+def test_size_rule_ignores_words_that_only_look_like_sizes(text: str) -> None:
+    assert "size" not in RuleBasedFactExtractor().facts_in(text)
+
+
+def test_a_later_mention_of_sizes_does_not_overwrite_size_l() -> None:
+    msgs = [
+        Message.user("I need size L this time.", id="u1"),
+        Message.user("Check how Kestrel sizes run compared with other brands.", id="u2"),
+    ]
+    facts = RuleBasedFactExtractor().extract_sync(msgs)
+    assert facts["size"] == "L"
+    assert len(facts.history["size"]) == 1
+
+
 def locomo_transcript(conv: dict[str, object]) -> list[Message]:
     """The issue's transcript: per session a date line, then ``Speaker: text`` per turn."""
     msgs = [Message.system("You are a helpful assistant with a long memory.", id="sys")]

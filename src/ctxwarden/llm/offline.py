@@ -300,20 +300,23 @@ _DATE = (
     r"|tomorrow|tonight|end of (?:the )?(?:day|week|month))"
 )
 _I = re.IGNORECASE
+# A size is a standalone token after the word "size" (not "sizes", "sized"): a letter
+# code (S/M/L only in capitals — a lone lowercase "s" or "m" is never a size; XS…XXXL,
+# 2XL in any case), a size word, or a number, optionally after EU/US/UK ("size EU 42").
+_SIZE = re.compile(
+    r"\b(?i:size)(?:\s*[:=]\s*|\s+(?i:is|of|was|will be|should be)\s+|\s+)"
+    r"((?i:extra[ -]large|extra[ -]small|small|medium|large|[2-5]XL|XXXL|XXL|XL|XXS|XS)"
+    r"|[SML]"
+    r"|(?:(?i:EU|US|UK)\s?)?\d{1,2}(?:[.,]5)?)"
+    r"(?![\w-])"
+)
 _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("budget", re.compile(rf"\bbudget\b[^.?!\n]{{0,30}}?({_MONEY})", _I)),
     (
         "budget",
         re.compile(rf"\b(?:up to|under|below|no more than|at most|max(?:imum)?)\s+({_MONEY})", _I),
     ),
-    (
-        "size",
-        re.compile(
-            r"\bsize\s*(?:is|:|=|of)?\s*"
-            r"(extra large|small|medium|large|XXXL|XXL|XL|XXS|XS|[SML]|\d{1,2}(?:\.5)?)\b",
-            _I,
-        ),
-    ),
+    ("size", _SIZE),
     ("email", re.compile(r"\b([\w.+-]+@[\w-]+\.[\w.-]*\w)")),
     ("phone", re.compile(r"(\+\d[\d ()-]{7,}\d)")),
     ("name", re.compile(r"\b(?:[Mm]y name is|[Cc]all me)\s+([A-Z][\w'-]+(?: [A-Z][\w'-]+)?)")),
@@ -355,7 +358,8 @@ def _field_rules(name: str) -> list[re.Pattern[str]]:
     spoken = re.escape(name.replace("_", " "))
     return [
         re.compile(
-            rf"\b(?:my |the |our )?{spoken}\s*(?:is|:|=|will be|should be)\s+([^.?!\n]{{1,60}})", _I
+            rf"\b(?:my |the |our )?{spoken}\b\s*(?:is|:|=|will be|should be)\s+([^.?!\n]{{1,60}})",
+            _I,
         ),
         # "size L", "order A-1": a code-like value right after the name (case matters)
         re.compile(rf"\b(?i:{spoken})\s+({_MONEY}|[A-Z0-9][A-Z0-9-]*\b)"),
@@ -405,9 +409,14 @@ class RuleBasedFactExtractor:
             hits += [(h.start(), key, h.group(1)) for h in rule.finditer(text)]
         for h in _ID.finditer(text):
             hits.append((h.start(), f"{h.group(1).lower()}_id", h.group(2)))
-        for name in fields:
+        known = {(start, key) for start, key, _ in hits}
+        for name in fields:  # a generic rule that knows the value's shape wins at its spot
             for rule in _field_rules(name):
-                hits += [(h.start(), name, h.group(1)) for h in rule.finditer(text)]
+                hits += [
+                    (h.start(), name, h.group(1))
+                    for h in rule.finditer(text)
+                    if (h.start(), name) not in known
+                ]
         out: dict[str, str] = {}
         for _, key, value in sorted(hits, key=lambda h: h[0]):
             value = _clean(key, value)
