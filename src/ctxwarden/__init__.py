@@ -30,6 +30,7 @@ from .errors import (
     UsageError,
     VersionConflict,
 )
+from .facts import Facts
 from .formats import (
     messages_from_anthropic,
     messages_from_openai,
@@ -40,9 +41,12 @@ from .llm import ChatModel, Completion, RetryPolicy, complete_sync, parse_spec
 from .messages import ImagePart, Message, RawPart, TextPart, ToolCall, detect_kind
 from .policy import LedgerConfig, Policy, WindowConfig
 from .registry import ModelInfo, Price, Registry, get_model, load_registry
+from .session import Session
+from .store import SessionStore, open_store
 from .strategies.base import Action, Strategy, StrategyContext, StrategyResult
 from .strategies.mask import MaskObservations
 from .strategies.truncate import TruncateToolResults
+from .summarize import SummaryState, SummaryTrigger
 from .tokens import TokenCount, TokenCounter, count_tokens
 from .transcript import Transcript, load_example, parse_transcript, read_transcript
 from .usage import Usage
@@ -64,6 +68,7 @@ __all__ = [
     "CtxwardenError",
     "Entity",
     "EntityLedger",
+    "Facts",
     "ImagePart",
     "InvalidMessageError",
     "LedgerConfig",
@@ -81,12 +86,16 @@ __all__ = [
     "Registry",
     "RetryPolicy",
     "RuntimeFailure",
+    "Session",
     "SessionCost",
+    "SessionStore",
     "StoreError",
     "Strategy",
     "StrategyContext",
     "StrategyResult",
     "SummarizationError",
+    "SummaryState",
+    "SummaryTrigger",
     "TextPart",
     "TokenCount",
     "TokenCounter",
@@ -113,6 +122,7 @@ __all__ = [
     "messages_from_openai",
     "messages_to_anthropic",
     "messages_to_openai",
+    "open_store",
     "pairing_problems",
     "parse_spec",
     "parse_transcript",

@@ -33,6 +33,7 @@ class BuildState:
     window_start: int = 0
     sticky: Mapping[str, ActionKind] = field(default_factory=dict)
     prefix: tuple[str, ...] = ()  # fingerprints of the previous context, in order
+    layers: Any = field(default=None, compare=False)  # summary and facts (LayerState)
 
     def to_dict(self) -> dict[str, Any]:
         return {

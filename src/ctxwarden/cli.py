@@ -52,6 +52,10 @@ _register("build", build.build)
 _register("explain", build.explain)
 _register("bench", bench.bench)
 
+from .cli_session import session_app  # noqa: E402  (needs the registered app above)
+
+app.add_typer(session_app, name="session")
+
 
 def main() -> None:
     """Console-script entry point (``ctxwarden = ctxwarden.cli:main``)."""

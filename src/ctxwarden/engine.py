@@ -21,6 +21,7 @@ from typing import Any
 from .audit import LAYERS, Audit, BuildState
 from .conversation import Block, group_blocks
 from .errors import BudgetError
+from .facts import FactSchema
 from .formats.anthropic import MAX_CACHE_BREAKPOINTS, messages_to_anthropic
 from .formats.openai import messages_from_openai, messages_to_openai
 from .ledger import LedgerBuilder
@@ -28,6 +29,8 @@ from .messages import Message
 from .policy import Policy
 from .strategies.base import Action, ActionKind, StrategyContext
 from .strategies.priority import eviction_order
+from .summarize import Summarizer
+from .summary_layer import LayerState, update_layers
 from .tokens import REPLY_PRIMING, TokenCounter
 
 __all__ = ["BuiltContext", "build_context"]
@@ -144,12 +147,18 @@ def build_context(
     summary: str | None = None,
     facts: str | None = None,
     tools: Sequence[Mapping[str, Any]] | None = None,
+    summarizer: str | Summarizer | None = None,
+    facts_schema: FactSchema = None,
 ) -> BuiltContext:
     """Build the context to send: within budget, pair-safe, stable prefix first, audited.
 
     ``messages`` are OpenAI dicts or :class:`Message` s (pass Messages in an agent loop:
     parsing dicts costs O(history)). ``previous`` is the last build (or its ``state``)
-    so decisions stay sticky. ``summary`` and ``facts`` are layer texts.
+    so decisions stay sticky. ``summary`` and ``facts`` are layer texts you manage
+    yourself; or pass ``summarizer`` (``"offline"``, a provider spec such as
+    ``"openai:gpt-4o-mini"``, or a summariser object) and ctxwarden keeps a rolling
+    summary and the facts (``facts_schema``: a pydantic model or JSON schema) when the
+    policy's ``summary`` trigger fires, carrying them in the build's state.
     """
     policy = policy or Policy()
     history = _as_messages(messages)
@@ -157,7 +166,10 @@ def build_context(
     info = _model_info(model)
     budget = policy.budget_for(info.context_window if info else None, max_input_tokens)
     state = _resume(previous, history)
-    return _Build(history, model, budget, policy, counter, state, summary, facts, tools).run(info)
+    build = _Build(history, model, budget, policy, counter, state, summary, facts, tools)
+    if summarizer is not None:
+        build.add_layers(summarizer, facts_schema)
+    return build.run(info)
 
 
 def _model_info(model: str) -> Any:
@@ -193,10 +205,35 @@ class _Build:
         self.sys_end = _leading_system(history)
         self.system = history[: self.sys_end]
         self.layer_msgs: list[tuple[str, Message]] = []
+        self.floor = 0
+        self.layer_state: LayerState | None = None
         if facts:
             self.layer_msgs.append(("facts", Message.system(facts, id="ctxwarden:facts")))
         if summary:
             self.layer_msgs.append(("summary", Message.system(summary, id="ctxwarden:summary")))
+
+    def add_layers(self, summarizer: str | Summarizer, schema: FactSchema) -> None:
+        """Run the summary/facts update and add their layers (before the cascade)."""
+        layer_state, actions, warnings, _usage = update_layers(
+            self.history,
+            self.state.layers if isinstance(self.state.layers, LayerState) else None,
+            spec=summarizer,
+            trigger=self.policy.summary,
+            schema=schema,
+            count=self.count,
+            window=self.budget,
+        )
+        self.layer_state = layer_state
+        self.actions.extend(actions)
+        self.warnings.extend(warnings)
+        self.floor = layer_state.cut
+        rendered = layer_state.facts.render() if len(layer_state.facts) else ""
+        if rendered:
+            text = "Facts from this conversation (kept verbatim):\n" + rendered
+            self.layer_msgs.append(("facts", Message.system(text, id="ctxwarden:facts")))
+        if layer_state.summary.text:
+            text = "Summary of the earlier conversation:\n" + layer_state.summary.text
+            self.layer_msgs.append(("summary", Message.system(text, id="ctxwarden:summary")))
 
     def _total(self, messages: Sequence[Message]) -> int:
         return sum(self.count(m) for m in messages)
@@ -225,6 +262,7 @@ class _Build:
         start = max(self.state.window_start, self.sys_end)
         if self.state.history_length == 0:
             start = _cold_start(h, self.sys_end, self.budget - fixed, self.counter)
+        start = max(start, self.floor)  # what the summary covers leaves the window
         start = _align(h, start)
         if newest is not None and start > newest:
             start = newest
@@ -447,6 +485,7 @@ class _Build:
             window_start=start,
             sticky=new_sticky,
             prefix=fingerprints,
+            layers=self.layer_state,
         )
         return BuiltContext(tuple(ordered), audit, state, self.model, layer_of)
 

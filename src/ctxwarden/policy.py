@@ -20,6 +20,11 @@ A :class:`Policy` is a frozen dataclass that loads from TOML::
     [ledger]
     max_tokens = 600
 
+    [summary]                      # used when a summarizer is given
+    max_messages = 30              # seed 000: summarise at 30, keep the last 15
+    keep_recent = 15
+    fill_ratio = 0.6               # seed 004: or when the budget is 60% full
+
 The cascade runs cheapest first (seed 000): truncate tool results, mask old
 observations, slide the window (pinned messages kept), add the summary and facts
 layers, and as a last resort evict by priority.
@@ -36,6 +41,7 @@ from typing import Any
 from .errors import ConfigError
 from .strategies.mask import MaskObservations
 from .strategies.truncate import TruncateToolResults
+from .summarize import SummaryTrigger
 
 __all__ = ["LedgerConfig", "Policy", "WindowConfig"]
 
@@ -91,6 +97,7 @@ class Policy:
     mask: MaskObservations | None = field(default_factory=MaskObservations)
     window: WindowConfig = field(default_factory=WindowConfig)
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
+    summary: SummaryTrigger = field(default_factory=SummaryTrigger)
     cache_breakpoints: bool = True
 
     def __post_init__(self) -> None:
@@ -121,6 +128,7 @@ class Policy:
             "mask": MaskObservations,
             "window": WindowConfig,
             "ledger": LedgerConfig,
+            "summary": SummaryTrigger,
         }
         top = {f.name for f in fields(cls)} - set(sections)
         kwargs: dict[str, Any] = {}
