@@ -1,0 +1,168 @@
+"""The message model and its wire formats: lossless round trips, pairing, clear errors."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import ctxwarden
+from ctxwarden import InvalidMessageError, Message, ToolCall
+from ctxwarden.conversation import group_blocks, pairing_problems, validate_pairing
+from ctxwarden.formats.anthropic import messages_from_anthropic, messages_to_anthropic
+from ctxwarden.formats.openai import messages_from_openai, messages_to_openai
+from ctxwarden.messages import ImagePart, RawPart, TextPart
+
+
+def _shape(messages: list[Message]) -> list[tuple[Any, ...]]:
+    return [
+        (
+            m.role,
+            m.text,
+            tuple((c.id, c.name, json.loads(c.arguments or "{}")) for c in m.tool_calls),
+            m.tool_call_id,
+        )
+        for m in messages
+    ]
+
+
+def test_openai_round_trip_is_identity_on_tau_bench(tau_bench_path: Path) -> None:
+    runs = json.loads(tau_bench_path.read_text())
+    assert len(runs) == 120
+    for run in runs:
+        parsed = messages_from_openai(run["traj"])
+        assert messages_to_openai(parsed) == run["traj"]
+        validate_pairing(parsed)
+
+
+def test_anthropic_round_trip_keeps_text_calls_results_and_pairing(tau_bench_path: Path) -> None:
+    runs = json.loads(tau_bench_path.read_text())
+    for run in runs:
+        parsed = messages_from_openai(run["traj"])
+        system, turns = messages_to_anthropic(parsed)
+        roles = [t["role"] for t in turns]
+        assert all(a != b for a, b in itertools.pairwise(roles))  # alternation
+        ids = [b["id"] for t in turns for b in t["content"] if b.get("type") == "tool_use"]
+        assert len(ids) == len(set(ids))  # reused call ids made unique for Anthropic
+        back = messages_from_anthropic(system, turns)
+        assert _shape(back) == _shape(parsed)
+        assert pairing_problems(back) == []
+
+
+def test_reused_call_ids_pair_by_position() -> None:
+    msgs = [
+        Message.user("go"),
+        Message.assistant(None, (ToolCall("call_1", "a"),)),
+        Message.tool("first", "call_1"),
+        Message.assistant(None, (ToolCall("call_1", "b"),)),
+        Message.tool("second", "call_1"),
+    ]
+    blocks = group_blocks(msgs)
+    assert [len(b.messages) for b in blocks] == [1, 2, 2]
+    assert [b.messages[-1].text for b in blocks[1:]] == ["first", "second"]
+    system, turns = messages_to_anthropic(msgs)
+    uses = [b["id"] for t in turns for b in t["content"] if b.get("type") == "tool_use"]
+    results = [
+        b["tool_use_id"] for t in turns for b in t["content"] if b.get("type") == "tool_result"
+    ]
+    assert uses == results == ["call_1", "call_1__dup2"]
+    assert [m.tool_call_id for m in messages_from_anthropic(system, turns) if m.role == "tool"] == [
+        "call_1",
+        "call_1",
+    ]
+
+
+def test_parallel_results_merge_into_one_user_turn() -> None:
+    calls = (ToolCall("c1", "x"), ToolCall("c2", "y"))
+    msgs = [Message.user("go"), Message.assistant("two calls", calls)]
+    msgs += [Message.tool("r1", "c1"), Message.tool("r2", "c2"), Message.user("thanks")]
+    _, turns = messages_to_anthropic(msgs)
+    assert [t["role"] for t in turns] == ["user", "assistant", "user"]
+    assert [b["type"] for b in turns[2]["content"]] == ["tool_result", "tool_result", "text"]
+
+
+def test_parts_images_and_unknown_keys_survive() -> None:
+    raw = [
+        {"role": "developer", "content": "be brief"},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "what is this?"},
+                {
+                    "type": "image_url",
+                    "image_url": {"url": "data:image/png;base64,iVBORw0K", "detail": "low"},
+                },
+                {"type": "input_audio", "input_audio": {"data": "AAA", "format": "wav"}},
+            ],
+        },
+        {"role": "assistant", "content": None, "refusal": "no", "tool_calls": []},
+    ]
+    parsed = messages_from_openai(raw)
+    assert parsed[0].role == "system"
+    assert isinstance(parsed[1].content, tuple)
+    assert [type(p) for p in parsed[1].content] == [TextPart, ImagePart, RawPart]
+    assert messages_to_openai(parsed) == raw
+    _, turns = messages_to_anthropic(parsed[1:2])
+    image = turns[0]["content"][1]
+    assert image == {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0K"},
+    }
+
+
+def test_metadata_rides_along_only_when_asked() -> None:
+    m = Message.user("pin me", pinned=True, priority="high", id="x1")
+    wire = m.to_openai()
+    assert "ctxwarden" not in wire
+    with_meta = ctxwarden.messages_to_openai([m], with_meta=True)[0]
+    back = Message.from_openai(with_meta)
+    assert (back.id, back.pinned, back.priority) == ("x1", True, "high")
+
+
+def test_tool_result_kind_is_detected() -> None:
+    assert Message.tool('{"a": [1, 2]}', "c").kind == "json"
+    trace = 'Traceback (most recent call last):\n  File "app.py", line 3, in <module>\nKeyError: 1'
+    assert Message.tool(trace, "c").kind == "stack_trace"
+    article = "The committee met on Monday. " * 40
+    assert Message.tool(article, "c").kind == "article"
+    assert Message.tool("ok", "c").kind == "text"
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        ([{"content": "no role"}], r"message 0, field 'role': missing role"),
+        (
+            [{"role": "user", "content": "hi"}, {"role": "robot", "content": "x"}],
+            r"message 1, field 'role'",
+        ),
+        ([{"role": "tool", "content": "x"}], r"message 0, field 'tool_call_id'"),
+        ([{"role": "user", "content": 5}], r"message 0, field 'content'"),
+        ([{"role": "assistant", "tool_calls": [{"id": "c", "function": {}}]}], r"function.name"),
+        (["not an object"], r"message 0: a message must be a JSON object"),
+    ],
+)
+def test_bad_messages_name_index_and_field(raw: list[Any], match: str) -> None:
+    with pytest.raises(InvalidMessageError, match=match):
+        messages_from_openai(raw)
+
+
+def test_orphan_tool_result_is_rejected_with_its_index() -> None:
+    msgs = messages_from_openai(
+        [{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "c9", "content": "x"}]
+    )
+    with pytest.raises(
+        InvalidMessageError, match=r"message 1, field 'tool_call_id': tool result for call 'c9'"
+    ):
+        validate_pairing(msgs)
+    with pytest.raises(InvalidMessageError, match="has no tool call before it"):
+        messages_to_anthropic(msgs)
+
+
+def test_messages_are_frozen() -> None:
+    m = Message.user("x")
+    with pytest.raises(AttributeError):
+        m.content = "y"  # type: ignore[misc]
