@@ -58,7 +58,15 @@ from ..policy import Policy
 from ..tokens import TokenCounter
 from .count_cache import build_history, find_tau_bench
 
-__all__ = ["TARGETS", "agent_traffic", "history_source", "main", "prefix_stability", "run", "trim_messages_timer"]
+__all__ = [
+    "TARGETS",
+    "agent_traffic",
+    "history_source",
+    "main",
+    "prefix_stability",
+    "run",
+    "trim_messages_timer",
+]
 
 TARGETS = {"loop_ms": 0.5, "cold_ms": 5.0, "speedup": 100.0, "cache_hit": 0.80}
 SIZES = (100, 1_000, 10_000)
@@ -67,12 +75,14 @@ MODEL = "gpt-4o"
 
 # -- input -------------------------------------------------------------------------------------
 
-_WORDS = (
-    "order refund shipping invoice account customer address payment card delivery warehouse "
-    "status update please confirm check the a to of and for with your my is was will can we "
-    "I you need would like cancel change return exchange item size colour price discount "
-    "policy ticket escalate tracking carrier parcel delayed today tomorrow week"
-).split()
+_VOCABULARY = (
+    "order refund shipping invoice account customer address payment card delivery "
+    "warehouse status update please confirm check the a to of and for with your my is was "
+    "will can we I you need would like cancel change return exchange item size colour "
+    "price discount policy ticket escalate tracking carrier parcel delayed today tomorrow "
+    "week"
+)
+_WORDS = _VOCABULARY.split()
 _CITIES = ("Lisbon", "Kraków", "Denver", "Osaka", "Nairobi", "Toronto", "Lyon", "Kyiv")
 
 
@@ -105,7 +115,8 @@ def agent_traffic(seed: int = 0) -> Iterator[Message]:
         r = rng.random()
         if r < 0.05:
             frames = "".join(
-                f'  File "/usr/lib/python3.11/site-packages/lib{i}/core.py", line {i * 7}, in f{i}\n'
+                f'  File "/usr/lib/python3.11/site-packages/lib{i}/core.py", '
+                f"line {i * 7}, in f{i}\n"
                 for i in range(rng.randint(8, 30))
             )
             trace = f"Traceback (most recent call last):\n{frames}KeyError: 'ORD-{k}'"
@@ -255,14 +266,18 @@ def _build(history: list[Message], budget: int, previous: BuiltContext | None) -
     return build_context(history, MODEL, budget, policy=Policy(), previous=previous)
 
 
-def _loop(history: list[Message], extra: Iterator[Message], budget: int, calls: int) -> dict[str, Any]:
+def _loop(
+    history: list[Message], extra: Iterator[Message], budget: int, calls: int
+) -> dict[str, Any]:
     """Append one message per call and build with ``previous``: per-call milliseconds."""
     built = _build(history, budget, None)
     times: list[float] = []
     worst = built.input_tokens
     for message in islice(extra, calls):
         history.append(message)
-        elapsed, built = _ms(lambda b=built: _build(history, budget, b))
+        start = time.perf_counter()
+        built = _build(history, budget, built)
+        elapsed = (time.perf_counter() - start) * 1000
         times.append(elapsed)
         worst = max(worst, built.input_tokens)
     return {
@@ -387,7 +402,9 @@ def prefix_stability(calls: int = 50, budget: int = 4_000, seed: int = 1) -> dic
         "mean_share": statistics.fmean(r["share"] for r in later),
         "median_share": statistics.median(r["share"] for r in later),
         "hit_rate": sum(r["cache_hit"] for r in later) / len(later),
-        "audit_matches_json": all(r["prefix_shared_tokens"] == r["json_shared_tokens"] for r in rows),
+        "audit_matches_json": all(
+            r["prefix_shared_tokens"] == r["json_shared_tokens"] for r in rows
+        ),
         "within_budget": all(r["input_tokens"] <= budget for r in rows),
     }
 
@@ -440,6 +457,10 @@ def _f(value: float | None, unit: str = " ms", digits: int = 3) -> str:
     return "—" if value is None else f"{value:,.{digits}f}{unit}"
 
 
+def _ratio(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.{0 if value >= 10 else 2}f}x"
+
+
 def _verdict(ok: bool | None) -> str:
     return {True: "[green]OK[/]", False: "[red]MISSED[/]", None: "[yellow]not run[/]"}[ok]
 
@@ -449,7 +470,7 @@ def print_report(report: dict[str, Any], *, per_call: bool = True) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 132)
     console.print(
         f"[bold]engine speed[/] · {report['model']} · budget {report['budget']:,} tokens · "
         f"{report['source']}"
@@ -460,32 +481,37 @@ def print_report(report: dict[str, Any], *, per_call: bool = True) -> None:
             "(pip install langchain-core to run it; it is not a ctxwarden dependency).[/]"
         )
     table = Table(title="build time (median of repeats; agent loop: mean over calls)")
-    for col in ("messages", "history tokens", "trim_messages", "ctxwarden agent loop"):
+    for col in ("messages", "history tokens", "trim_messages", "agent loop (mean)"):
         table.add_column(col, justify="right")
-    for col in ("cold, warm caches", "cold, fresh process", "kept / tokens"):
+    for col in ("loop median", "cold, warm caches", "cold, fresh process", "kept / tokens"):
         table.add_column(col, justify="right")
     for r in report["sizes"]:
         table.add_row(
             f"{r['messages']:,}",
             f"{r['history_tokens']:,}",
             _f(r.get("trim_ms"), digits=1),
-            f"{_f(r['loop_mean_ms'])} (median {_f(r['loop_median_ms'], '')}, n={r['loop_calls']})",
+            f"{_f(r['loop_mean_ms'])} (n={r['loop_calls']})",
+            _f(r["loop_median_ms"]),
             _f(r["cold_warm_ms"]),
             _f(r["cold_fresh_ms"]),
             f"{r['kept']} / {r['input_tokens']:,}",
         )
     console.print(table)
     if report["langchain_core"] is not None:
-        ratios = Table(title=f"speed-up over trim_messages (langchain-core {report['langchain_core']})")
+        ratios = Table(
+            title=f"speed-up over trim_messages (langchain-core {report['langchain_core']})"
+        )
         for col in ("messages", "agent loop", "cold, warm caches", "cold, fresh process"):
             ratios.add_column(col, justify="right")
         for r in report["sizes"]:
             cells = [r.get(f"speedup_{k}") for k in ("loop_mean", "cold_warm", "cold_fresh")]
-            ratios.add_row(f"{r['messages']:,}", *(_f(c, "x", 0) for c in cells))
+            ratios.add_row(f"{r['messages']:,}", *(_ratio(c) for c in cells))
         console.print(ratios)
     p = report["prefix"]
     if per_call:
-        calls = Table(title=f"prefix stability: {len(p['calls'])}-call session, budget {p['budget']:,}")
+        calls = Table(
+            title=f"prefix stability: {len(p['calls'])}-call session, budget {p['budget']:,}"
+        )
         for col in ("call", "history", "input", "stable prefix", "shared (audit)"):
             calls.add_column(col, justify="right")
         for col in ("shared (JSON)", "share", "hit", "masked", "dropped"):
@@ -520,7 +546,7 @@ def print_report(report: dict[str, Any], *, per_call: bool = True) -> None:
     )
     console.print(f"  cold build {cold:.3f} ms <= {t['cold_ms']} ms  {_verdict(ok['cold_ms'])}")
     console.print(
-        f"  speed-up over trim_messages {min(speedups) if speedups else 0:,.0f}x (smallest) "
+        f"  speed-up over trim_messages {_ratio(min(speedups) if speedups else None)} (smallest) "
         f">= {t['speedup']:.0f}x  {_verdict(ok['speedup'])}"
     )
     console.print(
@@ -531,7 +557,9 @@ def print_report(report: dict[str, Any], *, per_call: bool = True) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ctxwarden.bench.engine_speed")
-    parser.add_argument("--sizes", default="100,1000,10000", help="history lengths, comma-separated")
+    parser.add_argument(
+        "--sizes", default="100,1000,10000", help="history lengths, comma-separated"
+    )
     parser.add_argument("--budget", type=int, default=2_000, help="input budget (tokens)")
     parser.add_argument("--source", default="synthetic", choices=("synthetic", "tau"))
     parser.add_argument("--seed", type=int, default=0)
