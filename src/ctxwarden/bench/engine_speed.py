@@ -545,7 +545,8 @@ def print_report(report: dict[str, Any], *, per_call: bool = True) -> None:
         f"{_verdict(ok['cold_ms'])}  (fresh process: {_f(big['cold_fresh_ms'])}, not judged)"
     )
     console.print(
-        f"  speed-up over trim_messages {_ratio(min(speedups) if speedups else None)} (smaller of loop, cold warm) "
+        f"  speed-up over trim_messages {_ratio(min(speedups) if speedups else None)} "
+        "(smaller of loop, cold warm) "
         f">= {t['speedup']:.0f}x  {_verdict(ok['speedup'])}"
     )
     console.print(
