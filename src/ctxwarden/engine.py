@@ -59,8 +59,16 @@ class BuiltContext:
         return messages_to_anthropic(self.messages, cache_breakpoints=self.audit.cache_breakpoints)
 
 
-def _as_messages(messages: Iterable[Message | Mapping[str, Any]]) -> list[Message]:
-    items = list(messages)
+def _as_messages(messages: Iterable[Message | Mapping[str, Any]], known: int = 0) -> list[Message]:
+    """Messages as a list; ``known`` leading items were Messages in the previous build,
+    so only the new ones are checked (an agent loop stays O(new messages))."""
+    items = messages if type(messages) is list else list(messages)
+    if (
+        0 < known <= len(items)
+        and isinstance(items[known - 1], Message)
+        and all(isinstance(m, Message) for m in items[known:])
+    ):
+        return items  # type: ignore[return-value]
     if all(isinstance(m, Message) for m in items):
         return items  # type: ignore[return-value]
     return messages_from_openai(items)
@@ -101,11 +109,33 @@ def _pinned(history: Sequence[Message], sys_end: int, pin_first: int, limit: int
         while i < limit and history[i].role == "tool":  # keep a call with its results
             out.append(i)
             i += 1
-    for j in range(i, limit):
-        m = history[j]
-        if (m.pinned or m.priority == "critical") and m.role != "system":
-            out.append(j)
+    out.extend(j for j in _flagged(history, sys_end, limit) if j >= i)
     return _pair_safe(history, out, limit)
+
+
+# Flagged (pinned / critical) positions per conversation, extended as the window moves:
+# history is append-only and the window start only grows, so each build scans only the
+# messages that left the window since the last one, not the whole history.
+_FLAGGED: dict[str, tuple[int, str, tuple[int, ...]]] = {}
+
+
+def _flagged(history: Sequence[Message], sys_end: int, limit: int) -> tuple[int, ...]:
+    if limit <= sys_end:
+        return ()
+    anchor = history[sys_end].fingerprint
+    scanned, last, found = _FLAGGED.get(anchor, (sys_end, "", ()))
+    if not (sys_end < scanned <= limit and history[scanned - 1].fingerprint == last):
+        scanned, found = sys_end, ()
+    extra = tuple(
+        j
+        for j in range(scanned, limit)
+        if (history[j].pinned or history[j].priority == "critical") and history[j].role != "system"
+    )
+    found = found + extra
+    if len(_FLAGGED) > 256:
+        _FLAGGED.clear()
+    _FLAGGED[anchor] = (limit, history[limit - 1].fingerprint, found)
+    return tuple(j for j in found if j < limit)
 
 
 def _pair_safe(history: Sequence[Message], indices: list[int], limit: int) -> list[int]:
@@ -161,7 +191,8 @@ def build_context(
     policy's ``summary`` trigger fires, carrying them in the build's state.
     """
     policy = policy or Policy()
-    history = _as_messages(messages)
+    prior = previous.state if isinstance(previous, BuiltContext) else previous
+    history = _as_messages(messages, prior.history_length if prior is not None else 0)
     counter = TokenCounter.for_model(model)
     info = _model_info(model)
     budget = policy.budget_for(info.context_window if info else None, max_input_tokens)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -344,6 +344,26 @@ class LedgerEntry:
     last_seen: int
 
 
+#: Entries a ledger keeps at most; beyond, the lowest tier and least recently seen go
+#: (down to half, so pruning is rare). A rendered block holds far fewer (one token each
+#: at least, and the ledger's cap is hundreds of tokens), so pruning never changes what
+#: is rendered for caps below ``MAX_ENTRIES // 2`` tokens, and keeps ``add`` and
+#: ``render`` O(MAX_ENTRIES) instead of O(every value the conversation ever carried).
+MAX_ENTRIES = 4_096
+
+
+def _drop_order(entries: Sequence[LedgerEntry]) -> list[int]:
+    """Positions in the order entries leave a full ledger: lowest tier, then oldest seen."""
+    keys = [(CATEGORY_TIERS.get(e.category, 1), e.last_seen) for e in entries]
+    return sorted(range(len(keys)), key=keys.__getitem__)
+
+
+def _prune(entries: list[LedgerEntry], keep: int) -> tuple[list[LedgerEntry], dict[str, int]]:
+    kept = set(_drop_order(entries)[-keep:])
+    out = [e for i, e in enumerate(entries) if i in kept]
+    return out, {e.value: i for i, e in enumerate(out)}
+
+
 @dataclass(frozen=True)
 class EntityLedger:
     """Values seen so far, deduplicated by value, in first-seen order (newest last).
@@ -385,6 +405,8 @@ class EntityLedger:
                 index[e.value] = len(entries)
                 category = e.category or e.label
                 entries.append(LedgerEntry(e.value, e.label, category, e.source_id, seq, seq))
+        if len(entries) > MAX_ENTRIES:
+            entries, index = _prune(entries, MAX_ENTRIES // 2)
         return EntityLedger(tuple(entries), seq, self.header, index)
 
     def values(self) -> list[str]:
@@ -409,21 +431,22 @@ class EntityLedger:
         memo = (max_tokens, count)
         if memo in self._renders:
             return self._renders[memo]
-        text = self._render(self.entries)
+        # Every kept value costs at least one token, so at most ``max_tokens`` of them can
+        # fit: only the ``max_tokens`` last in drop order are candidates (same result as
+        # searching all entries, in O(max_tokens) renders instead of O(entries)).
+        entries = self.entries
+        if len(entries) > max_tokens:
+            keep = set(_drop_order(entries)[-max(max_tokens, 0) :]) if max_tokens > 0 else set()
+            entries = tuple(e for i, e in enumerate(entries) if i in keep)
+        text = self._render(entries)
         if text and count(text) > max_tokens:
-            drop_order = sorted(
-                range(len(self.entries)),
-                key=lambda i: (
-                    CATEGORY_TIERS.get(self.entries[i].category, 1),
-                    self.entries[i].last_seen,
-                ),
-            )
+            drop_order = _drop_order(entries)
             lo, hi = 1, len(drop_order)
             text = ""
             while lo <= hi:  # the fewest dropped entries that fit
                 mid = (lo + hi) // 2
                 gone = set(drop_order[:mid])
-                candidate = self._render(e for i, e in enumerate(self.entries) if i not in gone)
+                candidate = self._render(e for i, e in enumerate(entries) if i not in gone)
                 if candidate and count(candidate) <= max_tokens:
                     text, hi = candidate, mid - 1
                 else:

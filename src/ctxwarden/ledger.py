@@ -26,6 +26,10 @@ _FRAMING = 5  # message framing + role tokens around the ledger text
 _MEMO: OrderedDict[tuple[str, int], tuple[str, EntityLedger]] = OrderedDict()
 _BY_CONVERSATION: dict[str, int] = {}
 _MEMO_MAX = 256
+# The rendered block per (conversation, window start, pinned, edited originals, cap): in
+# an agent loop most builds change none of these, so they skip re-rendering the ledger.
+_RenderKey = tuple[str, int, str, tuple[int, ...], tuple[tuple[str, str], ...], int, str]
+_RENDERED: OrderedDict[_RenderKey, tuple[EntityLedger, Message | None]] = OrderedDict()
 
 
 def _memo_get(history: Sequence[Message], anchor: str, start: int) -> EntityLedger | None:
@@ -81,11 +85,32 @@ class LedgerBuilder:
         """The ledger message for a window starting at ``start`` (None when empty)."""
         if self.cap <= 0:
             return None
+        key: _RenderKey | None = None
+        if start > sys_end:
+            key = (
+                history[sys_end].fingerprint,
+                start,
+                history[start - 1].fingerprint,
+                tuple(pinned),
+                tuple((m.id, m.fingerprint) for m in edited),
+                self.cap,
+                self.counter.model,
+            )
+            hit = _RENDERED.get(key)
+            if hit is not None:
+                _RENDERED.move_to_end(key)
+                self.ledger = hit[0]
+                return hit[1]
         ledger = _dropped_ledger(history, sys_end, start, frozenset(pinned))
         for original in edited:
             ledger = ledger.add(extract_entities(original))
         self.ledger = ledger
-        return self._message(self.cap - _FRAMING)
+        message = self._message(self.cap - _FRAMING)
+        if key is not None:
+            _RENDERED[key] = (ledger, message)
+            if len(_RENDERED) > _MEMO_MAX:
+                _RENDERED.popitem(last=False)
+        return message
 
     def shrink(self, current: Message, max_tokens: int) -> Message | None:
         """The same ledger rendered within ``max_tokens`` (priority eviction)."""
