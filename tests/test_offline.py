@@ -263,3 +263,55 @@ async def test_locomo_conversation_is_summarised_fast(locomo_first: list[Message
     assert state.cycles >= 15 and state.meta_summary
     assert elapsed < 5.0, f"{elapsed:.1f}s"
     assert "Caroline: " in state.text or "Melanie: " in state.text
+
+
+def diary() -> list[Message]:
+    """Two dated sessions of chat; one plain sentence about a pottery class."""
+    msgs = [Message.user("[1:56 pm on 8 May, 2023]", id="s1-date")]
+    for i in range(12):
+        msgs.append(
+            Message.user(f"Caroline: We visited Museum {i} in Lviv on day {i}.", id=f"a{i}")
+        )
+        msgs.append(Message.assistant(f"Melanie: Gallery {i} had 30{i} paintings!", id=f"b{i}"))
+    msgs.append(Message.user("[10:37 am on 27 June, 2023]", id="s2-date"))
+    msgs.append(Message.user("Caroline: I signed up for a pottery class yesterday.", id="c1"))
+    msgs.append(Message.assistant("Melanie: Ticket TCK-9 costs 45 USD on 3 July.", id="c2"))
+    return msgs
+
+
+def test_focus_shows_what_the_request_asks_about_within_the_budget() -> None:
+    stored = OfflineSummarizer(max_tokens=2000).summarize_sync(diary()).text
+    assert "pottery class" in stored
+    plain = OfflineSummarizer().focus(stored, None, 120).text  # density alone
+    focused = OfflineSummarizer().focus(stored, "When did Caroline take up pottery?", 120).text
+    assert "pottery class" not in plain  # denser sentences win without a request
+    assert "pottery class" in focused
+    assert COUNTER.count_text(focused) <= 120
+    lines = focused.splitlines()
+    assert lines[0] == "Summary (extractive, offline) of messages s1-date–c2:"
+    assert lines[lines.index("Caroline: I signed up for a pottery class yesterday.") - 1] == (
+        "[10:37 am on 27 June, 2023]"  # the sentence stays dated
+    )
+    assert set(lines) <= set(stored.splitlines())  # a view: nothing rewritten
+    assert OfflineSummarizer().focus(stored, "pottery", 5000).text == stored  # fits: as is
+
+
+async def test_summarize_with_a_query_ranks_by_relevance_too() -> None:
+    s = OfflineSummarizer(max_tokens=60)
+    assert "pottery" not in (await s.summarize(diary())).text
+    assert "pottery" in (await s.summarize(diary(), query="pottery class?")).text
+
+
+def test_header_spans_ids_with_hyphens_and_colons() -> None:
+    msgs = [
+        Message.user("[8 May, 2023]", id="session_1-date"),
+        Message.user("Caroline: I went to the LGBTQ support group on 7 May.", id="D1:3"),
+        Message.assistant("Melanie: I painted a lake sunrise in 2022.", id="D1:12"),
+    ]
+    s = OfflineSummarizer(max_tokens=200)
+    first = s.summarize_sync(msgs[:2]).text
+    assert first.startswith("Summary (extractive, offline) of messages session_1-date–D1:3:\n")
+    merged = s.summarize_sync(msgs[2:], previous=first).text
+    assert merged.startswith("Summary (extractive, offline) of messages session_1-date–D1:12:\n")
+    meta = s.merge_sync([first, merged]).text
+    assert meta.startswith("Summary (extractive, offline) of messages session_1-date–D1:12, ")

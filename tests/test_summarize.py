@@ -14,11 +14,13 @@ from ctxwarden.facts import Facts
 from ctxwarden.llm.offline import OfflineSummarizer, RuleBasedFactExtractor
 from ctxwarden.messages import Message, ToolCall
 from ctxwarden.summarize import (
+    QueryAwareSummarizer,
     SummaryResult,
     SummaryState,
     SummaryTrigger,
     plan_summary,
     summarize_cycle,
+    summary_view,
 )
 from ctxwarden.usage import Usage
 
@@ -268,3 +270,32 @@ async def test_cycle_with_offline_parts_extracts_facts_from_what_leaves() -> Non
     assert result.summarized
     assert result.facts.to_dict() == {"budget": "1500 USD", "size": "L"}
     assert "User: My budget is 1500 USD" in result.state.text
+
+
+def test_summary_share_is_a_fraction() -> None:
+    assert SummaryTrigger(summary_share=0.5).summary_share == 0.5
+    for bad in (0.0, 1.0, 1.5):
+        with pytest.raises(ConfigError, match="summary_share"):
+            SummaryTrigger(summary_share=bad)
+
+
+class PlainSummarizer:
+    """A summariser with no notion of the request (as a model-backed one may be)."""
+
+    async def summarize(
+        self, messages: Sequence[Message], previous: str | None = None
+    ) -> SummaryResult:
+        return SummaryResult("The user asked about jackets.")
+
+    async def merge(self, summaries: Sequence[str]) -> SummaryResult:
+        return SummaryResult(" ".join(summaries))
+
+
+def test_summary_view_focuses_only_summarisers_that_can() -> None:
+    stored = OfflineSummarizer(max_tokens=2000).summarize_sync(chat(40, system=False)).text
+    assert not isinstance(PlainSummarizer(), QueryAwareSummarizer)
+    assert summary_view(PlainSummarizer(), stored, "m7?", 50) == stored  # shown as written
+    assert summary_view(OfflineSummarizer(), stored, "m7?", None) == stored  # no share: as is
+    assert isinstance(OfflineSummarizer(), QueryAwareSummarizer)
+    view = summary_view(OfflineSummarizer(), stored, "m7?", 50)
+    assert view != stored and set(view.splitlines()) <= set(stored.splitlines())

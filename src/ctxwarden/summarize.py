@@ -9,6 +9,12 @@ Triggers (any combination; the plan is made if any fires):
 - **fill ratio** — the context would fill ``fill_ratio`` of the window (seed 004: 0.6);
 - **user turns** — every ``every_user_turns`` user messages (seed 003: 10).
 
+How much of a build's budget the summary layer takes is ``summary_share`` (None: the
+summary as written). A summariser that can focus (:class:`QueryAwareSummarizer`, e.g.
+the offline one) may keep a longer summary than it shows: each build shows the part
+most relevant to the newest user message (R9), within the share — see
+:func:`summary_view`.
+
 The cut never separates an assistant tool call from its results (providers reject
 the orphan), never folds the newest user message, and never folds system or pinned
 messages: those stay where they are.
@@ -29,7 +35,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from .conversation import group_blocks
 from .errors import ConfigError, CtxwardenError
@@ -39,6 +45,7 @@ from .usage import Usage
 
 __all__ = [
     "CycleResult",
+    "QueryAwareSummarizer",
     "Summarizer",
     "SummaryPlan",
     "SummaryResult",
@@ -46,6 +53,7 @@ __all__ = [
     "SummaryTrigger",
     "plan_summary",
     "summarize_cycle",
+    "summary_view",
 ]
 
 
@@ -56,6 +64,12 @@ class SummaryTrigger:
     Defaults: seed 000's 30 / 15 by message count and seed 004's 60 % fill (which only
     fires when the window size is known). ``keep_recent_tokens`` additionally caps the
     verbatim tail by tokens, for conversations with heavy tool results.
+
+    ``summary_share`` is the budget split: the share of a build's input budget the
+    summary layer may take (the window gets the rest). ``None`` shows the summary as
+    the summariser wrote it. Long-memory chats (people, events, dates asked about much
+    later) gain from a large share; tool-heavy agents, whose next step depends on the
+    newest results, from a small one.
     """
 
     max_messages: int | None = 30
@@ -66,6 +80,7 @@ class SummaryTrigger:
     keep_recent_tokens: int | None = None
     max_summaries: int = 4
     min_fold: int = 2
+    summary_share: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_messages", "max_tokens", "every_user_turns", "keep_recent_tokens"):
@@ -79,6 +94,10 @@ class SummaryTrigger:
         if self.fill_ratio is not None and not 0 < self.fill_ratio <= 1:
             raise ConfigError(
                 f"SummaryTrigger.fill_ratio is a fraction in (0, 1], got {self.fill_ratio}"
+            )
+        if self.summary_share is not None and not 0 < self.summary_share < 1:
+            raise ConfigError(
+                f"SummaryTrigger.summary_share is a fraction in (0, 1), got {self.summary_share}"
             )
         if self.max_summaries < 1 or self.min_fold < 1:
             raise ConfigError("SummaryTrigger.max_summaries and min_fold must be at least 1")
@@ -274,6 +293,39 @@ class Summarizer(Protocol):
     async def merge(self, summaries: Sequence[str]) -> SummaryResult:
         """One summary from several, oldest first (the meta-summary step)."""
         ...
+
+
+@runtime_checkable
+class QueryAwareSummarizer(Summarizer, Protocol):
+    """A summariser that also takes the current request (``query``, the newest user
+    message) and can show a stored summary focused on it.
+
+    Optional on purpose: every :class:`Summarizer` still works everywhere; code that
+    has a request checks ``isinstance(s, QueryAwareSummarizer)`` (or calls
+    :func:`summary_view`) and passes it only then.
+    """
+
+    async def summarize(
+        self, messages: Sequence[Message], previous: str | None = None, query: str | None = None
+    ) -> SummaryResult:
+        """As :meth:`Summarizer.summarize`, ranked also by relevance to ``query``."""
+        ...
+
+    def focus(self, summary: str, query: str | None, max_tokens: int) -> SummaryResult:
+        """The part of a stored ``summary`` most relevant to ``query``, within
+        ``max_tokens``, with nothing rewritten (no model call)."""
+        ...
+
+
+def summary_view(
+    summarizer: Summarizer | None, summary: str, query: str | None, max_tokens: int | None
+) -> str:
+    """The summary layer one build shows: ``summary`` focused on ``query`` within
+    ``max_tokens`` when the summariser can focus, else ``summary`` as written (a
+    model's summary is already as long as it was asked to be)."""
+    if max_tokens is None or not summary or not isinstance(summarizer, QueryAwareSummarizer):
+        return summary
+    return summarizer.focus(summary, query, max_tokens).text
 
 
 @dataclass(frozen=True)

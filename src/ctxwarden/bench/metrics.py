@@ -21,7 +21,7 @@ and a tiny extractive summariser used when no better offline summariser is insta
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -251,13 +251,40 @@ def summary_usage(
     return Usage(input_tokens=prompt + 100, output_tokens=counter.count_text(text))
 
 
+Focus = Callable[[str, str | None, int], str]
+"""(stored summary, the newest user message, tokens) -> the summary text one build shows."""
+
+
+def offline_with_focus(max_tokens: int = 500) -> tuple[Summarizer, Focus]:
+    """The package's offline summariser keeping up to ``max_tokens`` of extracted
+    sentences, and its query-aware view (:meth:`OfflineSummarizer.focus`)."""
+    from ..llm.offline import OfflineSummarizer
+    from ..summarize import summary_view
+
+    engine = OfflineSummarizer(max_tokens=max_tokens, meta_max_tokens=2 * max_tokens)
+
+    def summarize(messages: Sequence[Message], previous: str | None) -> str:
+        return engine.summarize_sync(messages, previous).text
+
+    def focus(summary: str, query: str | None, tokens: int) -> str:
+        return summary_view(engine, summary, query, tokens)
+
+    return summarize, focus
+
+
 class OursStrategy:
     """ctxwarden's own pipeline as an agent loop runs it: facts from each new user message
     (rule-based, offline), a rolling summary when ``trigger`` fires, then
     :func:`ctxwarden.engine.build_context` with the previous build for sticky decisions.
 
+    The trigger's ``summary_share`` splits the budget between the summary layer and the
+    window; with ``focus`` (see :func:`offline_with_focus`) the stored summary may be
+    longer than that share, and each build shows the part of it most relevant to the
+    newest user message. Without ``focus`` the summary is shown as written.
+
     Stateful on purpose (one instance per scenario run): it is called once per turn with
-    the whole history so far and returns the messages to send.
+    the whole history so far and returns the messages to send; :meth:`build` builds
+    without advancing the state (to ask several questions of one history).
     """
 
     def __init__(
@@ -270,6 +297,7 @@ class OursStrategy:
         summarizer: Summarizer | None = None,
         tools: Tools | None = None,
         policy: Any = None,
+        focus: Focus | None = None,
     ) -> None:
         from ..facts import Facts
         from ..llm.offline import RuleBasedFactExtractor
@@ -282,6 +310,9 @@ class OursStrategy:
         self.summarize = summarizer or get_summarizer("offline")[0]
         self.tools = tools
         self.policy = policy
+        share = getattr(trigger, "summary_share", None)
+        self.summary_tokens = int(max_input_tokens * share) if share else None
+        self.focus = focus
         self.counter = TokenCounter.for_model(model)
         self.extractor = RuleBasedFactExtractor()
         self.facts = Facts()
@@ -292,7 +323,13 @@ class OursStrategy:
         self.last: Any = None
 
     def __call__(self, history: Sequence[Message]) -> list[Message]:
-        from ..engine import build_context
+        self.update(history)
+        built = self._build(history)
+        self.previous = self.last = built
+        return list(built.messages)
+
+    def update(self, history: Sequence[Message]) -> None:
+        """Read the new user messages for facts; run a summary cycle if the trigger fires."""
         from ..summarize import plan_summary
 
         new = [m for m in history[self.seen :] if m.role == "user"]
@@ -309,18 +346,28 @@ class OursStrategy:
                 self.usage = self.usage + summary_usage(self.counter, plan.fold, previous, text)
                 self.state = self.state.apply(plan, text)
                 self.previous = None  # positions changed: the next build starts cold
+
+    def build(self, history: Sequence[Message]) -> list[Message]:
+        """The context for ``history`` from the current state, leaving the state as it is."""
+        return list(self._build(history).messages)
+
+    def _build(self, history: Sequence[Message]) -> Any:
+        from ..engine import build_context
+
         covered = self.state.covered_ids
         live = [m for m in history if m.id not in covered]
         facts = self.facts.render() if len(self.facts) else None
-        built = build_context(
+        summary = self.state.text or None
+        if summary and self.focus is not None and self.summary_tokens is not None:
+            query = next((m.text for m in reversed(live) if m.role == "user"), None)
+            summary = self.focus(summary, query, self.summary_tokens) or None
+        return build_context(
             live,
             model=self.model,
             max_input_tokens=self.budget,
             policy=self.policy,
             previous=self.previous,
-            summary=self.state.text or None,
+            summary=summary,
             facts=facts,
             tools=self.tools,
         )
-        self.previous = self.last = built
-        return list(built.messages)

@@ -20,6 +20,7 @@ kept sentence can still be dated.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -59,7 +60,10 @@ _STOP = frozenset(_STOP_WORDS.split())
 _SPLIT = re.compile(r"(?<=[.!?…])\s+(?=[\"'(\[]?[A-Z0-9])|\n+")
 _SPEAKER = re.compile(r"^([A-Z][\w'.-]*(?: [A-Z][\w'.-]*){0,2}): (?=\S)")
 _LINE = re.compile(r"^([^:\n]{1,48}): (.+)$")
-_HEADER = re.compile(r"^Summary \(extractive, offline\).*?(?:messages (\S+)[–-](\S+?))?[,:]")
+_HEADER = re.compile(  # ids may hold "-" and ":" ("session_1-date", "D16:12"); "–" splits them
+    r"^Summary \(extractive, offline\)(?: of messages (\S+?)–(\S+?))?"
+    r"(?:, merged from \d+ summaries)?:$"
+)
 _MAX_WORDS = 60
 _STAMP = re.compile(r"^\[[^\]\n]{4,60}\]$")  # a timestamp line: "[1:56 pm on 8 May, 2023]"
 
@@ -193,23 +197,39 @@ class OfflineSummarizer:
         return (self.count_text or _default_counter())(text)
 
     async def summarize(
-        self, messages: Sequence[Message], previous: str | None = None
+        self, messages: Sequence[Message], previous: str | None = None, query: str | None = None
     ) -> SummaryResult:
-        return self.summarize_sync(messages, previous)
+        return self.summarize_sync(messages, previous, query)
 
     async def merge(self, summaries: Sequence[str]) -> SummaryResult:
         return self.merge_sync(summaries)
 
     def summarize_sync(
-        self, messages: Sequence[Message], previous: str | None = None
+        self, messages: Sequence[Message], previous: str | None = None, query: str | None = None
     ) -> SummaryResult:
-        """The previous summary's sentences and the new messages' sentences, re-ranked."""
+        """The previous summary's sentences and the new messages' sentences, re-ranked
+        (by relevance to ``query`` too, when given: see :meth:`focus`)."""
         units, first = _summary_units(previous, 0) if previous else ([], None)
         units += _message_units(messages)
         ids = [m.id for m in messages if m.role != "system"]
+        last = ids[-1] if ids else _last_id(previous or "")
         first = first or (ids[0] if ids else None)
-        span = f" of messages {first}–{ids[-1]}" if first and ids else ""
-        return self._compose(units, f"Summary (extractive, offline){span}:", self.max_tokens)
+        span = f" of messages {first}–{last}" if first and last else ""
+        header = f"Summary (extractive, offline){span}:"
+        return self._compose(units, header, self.max_tokens, query)
+
+    def focus(self, summary: str, query: str | None, max_tokens: int) -> SummaryResult:
+        """The sentences of a stored ``summary`` most relevant to ``query``, within
+        ``max_tokens``: the view of a larger extractive summary a build shows for the
+        current request (R9). Same speakers and dates, nothing rewritten; a summary that
+        already fits is returned as it is. The parsed summary is cached, so asking many
+        requests of one summary costs a re-ranking each, not a re-parse."""
+        if not summary.strip():
+            return SummaryResult(summary, Usage(calls=0))
+        header, scored, total = _parsed_summary(summary, self.count_text or _default_counter())
+        if total <= max_tokens:
+            return SummaryResult(summary, Usage(calls=0))
+        return self._compose_scored(scored, header, max_tokens, query)
 
     def merge_sync(self, summaries: Sequence[str]) -> SummaryResult:
         units: list[_Unit] = []
@@ -220,19 +240,50 @@ class OfflineSummarizer:
             units += more
             if first:
                 firsts.append(first)
-            for hit in re.finditer(r"of messages \S+?[–-](\S+?)[,:]", text):
-                last = hit.group(1)
+            last = _last_id(text) or last
         span = f" of messages {firsts[0]}–{last}" if firsts and last else ""
         header = f"Summary (extractive, offline){span}, merged from {len(summaries)} summaries:"
         return self._compose(units, header, self.meta_max_tokens)
 
-    def _compose(self, units: list[_Unit], header: str, budget: int) -> SummaryResult:
-        chosen = _select(units, budget - self._count(header) - 1, self._count)
+    def _compose(
+        self, units: list[_Unit], header: str, budget: int, query: str | None = None
+    ) -> SummaryResult:
+        return self._compose_scored(_score(units, self._count), header, budget, query)
+
+    def _compose_scored(
+        self, scored: Sequence[_Scored], header: str, budget: int, query: str | None
+    ) -> SummaryResult:
+        stamp = lru_cache(maxsize=None)(self._count)  # a dated line costs its date once
+        chosen = _select(scored, budget - self._count(header) - 1, query, stamp)
         text = _layout(header, chosen)
         while chosen and self._count(text) > budget:  # timestamp lines pushed it over
             chosen.pop()  # the last chosen is the least valuable
             text = _layout(header, chosen)
         return SummaryResult(text if chosen else "", Usage(calls=0))
+
+
+@lru_cache(maxsize=16)
+def _parsed_summary(summary: str, count: Callable[[str], int]) -> tuple[str, list[_Scored], int]:
+    """A stored summary (a meta-summary and a level-one summary, blank-line separated)
+    as scored sentences, the header that spans both, and its tokens."""
+    units: list[_Unit] = []
+    first: str | None = None
+    for n, part in enumerate(summary.split("\n\n")):
+        more, head = _summary_units(part, n)
+        units += more
+        first = first or head
+    last = _last_id(summary)
+    span = f" of messages {first}–{last}" if first and last else ""
+    return f"Summary (extractive, offline){span}:", _score(units, count), count(summary)
+
+
+def _last_id(summary: str) -> str | None:
+    """The newest message id an extractive summary's header says it covers."""
+    last = None
+    for line in summary.splitlines():
+        if (head := _HEADER.match(line.strip())) is not None and head.group(2):
+            last = head.group(2)
+    return last
 
 
 def _layout(header: str, chosen: Iterable[_Unit]) -> str:
@@ -254,34 +305,103 @@ def _layout(header: str, chosen: Iterable[_Unit]) -> str:
 
 _CONTENT_WEIGHT = 0.6  # a content word is worth this fraction of an entity
 _LENGTH_EXPONENT = 0.8  # value per token^0.8: long sentences pay, a little less than linearly
+_RELEVANCE_FLOOR = 0.15  # with a query, an unrelated sentence keeps this share of its value
+_SUFFIX = re.compile(r"(?:ing|ed|es|s)$")
 
 
-def _select(units: list[_Unit], budget: int, count: Callable[[str], int]) -> list[_Unit]:
-    """Greedy choice by value per token, discounted by overlap with what is chosen."""
+@dataclass(frozen=True)
+class _Scored:
+    density: float  # value per token^0.8, before relevance
+    tokens: int
+    words: frozenset[str]
+    unit: _Unit
+    stems: frozenset[str]
+
+
+def _score(units: Iterable[_Unit], count: Callable[[str], int]) -> list[_Scored]:
     scored = []
     for u in units:
         words = _content(u.text)
         entities = len(_ENTITY.findall(u.text))
+        if len(words) < 2 and entities == 0:
+            continue
         value = (entities + _CONTENT_WEIGHT * min(len(words), 15)) * u.bonus
         if u.text.rstrip().endswith("?"):
             value *= 0.6
-        if len(words) < 2 and entities == 0:
-            continue
-        tokens = count(f"{u.speaker}: {u.text}") + 1
-        scored.append((value / tokens**_LENGTH_EXPONENT, tokens, words, u))
-    scored.sort(key=lambda t: -t[0])
+        tokens = _cached_count(count, f"{u.speaker}: {u.text}") + 1
+        density = value / tokens**_LENGTH_EXPONENT
+        scored.append(_Scored(density, tokens, words, u, frozenset(map(_stem, words))))
+    return scored
+
+
+@lru_cache(maxsize=16_384)
+def _cached_count(count: Callable[[str], int], text: str) -> int:
+    """Sentences are re-scored at every cycle and every focused build: count each once."""
+    return count(text)
+
+
+def _stem(word: str) -> str:
+    """A crude stem, so "painted" meets "paint" and "games" meets "game"."""
+    return _SUFFIX.sub("", word) if len(word) > 4 else word
+
+
+def _relevance(scored: Sequence[_Scored], query: str) -> list[float]:
+    """Per sentence, the share of the query's weight it covers (0..1).
+
+    A query word weighs its inverse document frequency among the candidate
+    sentences, so a name said in every line counts little and a rare word much.
+    """
+    asked = {_stem(w) for w in _content(query)}
+    if not asked:
+        return [0.0] * len(scored)
+    stems = [s.stems & asked for s in scored]
+    df = dict.fromkeys(asked, 0)
+    for found in stems:
+        for w in found:
+            df[w] += 1
+    n = len(scored) + 1
+    idf = {w: math.log(n / (1 + df[w])) + 1.0 for w in asked}
+    total = sum(idf.values())
+    return [sum(idf[w] for w in found) / total for found in stems]
+
+
+def _select(
+    scored: Sequence[_Scored],
+    budget: int,
+    query: str | None = None,
+    stamp: Callable[[str], int] | None = None,
+) -> list[_Unit]:
+    """Greedy choice by value per token, skipping what repeats what is chosen; the first
+    sentence under a timestamp also pays for its line (``stamp`` counts it).
+
+    With ``query``, value is scaled by relevance to it (R9): sentences sharing the
+    request's rarer words come first; the floor keeps dense unrelated ones in play.
+    """
+    if query:
+        rel = _relevance(scored, query)
+        ranked = [(s.density * (_RELEVANCE_FLOOR + r), s) for s, r in zip(scored, rel, strict=True)]
+    else:
+        ranked = [(s.density, s) for s in scored]
+    ranked.sort(key=lambda t: -t[0])
     seen: set[str] = set()
+    dated: set[str] = set()
     chosen: list[_Unit] = []
     used = 0
-    for score, tokens, words, u in scored:
+    for _, s in ranked:
+        when = s.unit.when
+        tokens = s.tokens
+        if stamp is not None and when is not None and when not in dated:
+            tokens += stamp(when) + 1
         if used + tokens > budget:
             continue
-        overlap = len(words & seen) / len(words) if words else 1.0
-        if overlap >= 0.8 or score * (1 - 0.7 * overlap) <= 0:
+        overlap = len(s.words & seen) / len(s.words) if s.words else 1.0
+        if overlap >= 0.8:
             continue
-        chosen.append(u)
-        seen |= words
+        chosen.append(s.unit)
+        seen |= s.words
         used += tokens
+        if when is not None:
+            dated.add(when)
     return chosen
 
 
