@@ -15,6 +15,12 @@ sentence nobody said. Sentences are ranked by
 then chosen greedily within ``max_tokens`` and printed in conversation order, under
 the timestamp line in force (a message like ``[8 May, 2023]``), so "yesterday" in a
 kept sentence can still be dated.
+
+Given the current request (``query``, the newest user message), value is also scaled
+by **relevance** to it (R9): the share of the request's words, weighted by rarity, a
+sentence contains. :meth:`OfflineSummarizer.focus` uses it to show, within a build's
+share of the budget, the part of a longer stored summary that the request is about —
+the same sentences, only fewer, so nothing is rewritten.
 """
 
 from __future__ import annotations
