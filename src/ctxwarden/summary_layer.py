@@ -64,7 +64,7 @@ def update_layers(
     window: int,
 ) -> tuple[LayerState, list[Action], list[str], Usage]:
     """Run the facts extractor and, when the trigger fires, one summary cycle."""
-    from .llm.summarizers import run_sync
+    from .llm.base import run_sync
 
     state = previous or LayerState()
     summarizer, extractor, free = resolve_summarizer(spec, schema)

@@ -42,8 +42,8 @@ from ..errors import ConfigError, MissingDependencyError, ProviderError
 from ..formats.anthropic import messages_to_anthropic
 from ..messages import Message, Part, RawPart, TextPart, ToolCall
 from ..usage import Usage
-from .base import DEFAULT_TIMEOUT, Completion, LoopLocal, TextStream
-from .retry import Failure, RetryPolicy, SDKErrors, call_with_retry
+from .base import DEFAULT_TIMEOUT, Completion, LoopLocal, SDKModel, TextStream
+from .retry import RetryPolicy, SDKErrors
 
 __all__ = [
     "COMPACTION_BETA",
@@ -134,7 +134,7 @@ def usage_from_anthropic(raw: Any) -> Usage:
     return Usage.from_anthropic(*totals)
 
 
-class AnthropicModel:
+class AnthropicModel(SDKModel):
     """A Claude model through ``AsyncAnthropic``.
 
     The key comes from ``api_key`` or the SDK's environment (``ANTHROPIC_API_KEY``,
@@ -236,13 +236,6 @@ class AnthropicModel:
             params["extra_body"] = extra
         return params
 
-    def _classify(self, exc: BaseException) -> Failure | None:
-        failure = self._errors.classify(exc)
-        if failure is None and isinstance(exc, ValueError):  # a 2xx body that is not JSON
-            msg = f"anthropic: the response is not valid JSON ({exc})"
-            return Failure(ProviderError(msg, provider="anthropic"), retryable=False)
-        return failure
-
     async def complete(
         self,
         messages: Sequence[Message],
@@ -255,7 +248,7 @@ class AnthropicModel:
         """One message, retried per the policy; raises ProviderError / ProviderTimeout."""
         params = self._params(messages, max_tokens, temperature, json_mode, cache_breakpoints)
         create = self._create(self._client.get())
-        response = await call_with_retry(lambda: create(**params), self._classify, self.retry)
+        response = await self._call(lambda: create(**params))
         content = getattr(response, "content", None)
         if content is None:
             raise ProviderError(
@@ -288,9 +281,9 @@ class AnthropicModel:
 
         async def deltas(out: TextStream) -> AsyncGenerator[str, None]:
             create = self._create(self._client.get())
-            events = await call_with_retry(lambda: create(**params), self._classify, self.retry)
+            events = await self._call(lambda: create(**params))
             counts = {"input": 0, "output": 0, "read": 0, "write": 0}
-            try:
+            async with self._sdk_stream(events):
                 async for event in events:
                     out.raw.append(event)
                     kind = getattr(event, "type", None)
@@ -310,25 +303,8 @@ class AnthropicModel:
                     out.usage = Usage.from_anthropic(
                         counts["input"], counts["output"], counts["read"], counts["write"]
                     )
-            except Exception as exc:
-                failure = self._classify(exc)
-                if failure is None:
-                    raise
-                raise failure.error from exc
-            finally:
-                await events.close()
 
         return TextStream(deltas, self.model)
-
-    async def aclose(self) -> None:
-        """Close the HTTP connections of the current client."""
-        await self._client.current.close()
-
-    async def __aenter__(self) -> AnthropicModel:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     def __repr__(self) -> str:
         return f"AnthropicModel({self.model!r}, betas={list(self.betas)!r})"

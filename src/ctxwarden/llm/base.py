@@ -9,14 +9,23 @@ is the thin wrapper for callers without an event loop. Retries live in
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable, Collection, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Coroutine,
+    Sequence,
+)
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, Protocol, Self, TypeVar, runtime_checkable
 
 from ..errors import UsageError
 from ..messages import Message
 from ..usage import Usage
-from .retry import RetryPolicy
+from .retry import RetryPolicy, SDKErrors, call_with_retry
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -24,9 +33,11 @@ __all__ = [
     "Completion",
     "LoopLocal",
     "RetryPolicy",
+    "SDKModel",
     "StreamingChatModel",
     "TextStream",
     "complete_sync",
+    "run_sync",
 ]
 
 T = TypeVar("T")
@@ -136,19 +147,31 @@ class StreamingChatModel(ChatModel, Protocol):
     ) -> TextStream: ...
 
 
-def complete_sync(model: ChatModel, messages: Sequence[Message], **kwargs: Any) -> Completion:
-    """Run ``model.complete`` from synchronous code (scripts, the CLI).
+def run_sync(
+    coro: Coroutine[Any, Any, T],
+    *,
+    caller: str = "a *_sync method",
+    instead: str = "await the async one",
+) -> T:
+    """Run a coroutine from synchronous code (scripts, the CLI).
 
-    Inside a running event loop this would deadlock or nest loops, so it refuses and
-    says to ``await`` instead.
+    Inside a running event loop this would deadlock or nest loops, so it refuses (closing
+    the coroutine) and says what to ``await`` instead.
     """
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(model.complete(messages, **kwargs))
-    raise UsageError(
-        "complete_sync() was called inside a running event loop; "
-        "use `await model.complete(...)` there instead"
+        return asyncio.run(coro)
+    coro.close()
+    raise UsageError(f"{caller} was called inside a running event loop; {instead}")
+
+
+def complete_sync(model: ChatModel, messages: Sequence[Message], **kwargs: Any) -> Completion:
+    """Run ``model.complete`` from synchronous code (scripts, the CLI)."""
+    return run_sync(
+        model.complete(messages, **kwargs),
+        caller="complete_sync()",
+        instead="use `await model.complete(...)` there instead",
     )
 
 
@@ -176,3 +199,39 @@ class LoopLocal(Generic[T]):
     @property
     def current(self) -> T:
         return self._value
+
+
+class SDKModel:
+    """What the SDK-backed clients share: a client per event loop, SDK errors mapped to
+    ours, and closing. Subclasses set ``_client`` and ``_errors`` in ``__init__``."""
+
+    _client: LoopLocal[Any]
+    _errors: SDKErrors
+    retry: RetryPolicy
+
+    async def _call(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """One SDK call, retried per ``self.retry``; SDK failures become ours."""
+        return await call_with_retry(attempt, self._errors.classify, self.retry)
+
+    @asynccontextmanager
+    async def _sdk_stream(self, events: Any) -> AsyncIterator[Any]:
+        """Read an SDK event stream: its failures become ours, and it is always closed."""
+        try:
+            yield events
+        except Exception as exc:
+            failure = self._errors.classify(exc)
+            if failure is None:
+                raise
+            raise failure.error from exc
+        finally:
+            await events.close()
+
+    async def aclose(self) -> None:
+        """Close the HTTP connections of the current client."""
+        await self._client.current.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

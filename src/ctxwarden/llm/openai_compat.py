@@ -29,8 +29,8 @@ from ..errors import ConfigError, MissingDependencyError, ProviderError
 from ..formats.openai import messages_to_openai
 from ..messages import Message
 from ..usage import Usage
-from .base import DEFAULT_TIMEOUT, Completion, LoopLocal, TextStream
-from .retry import Failure, RetryPolicy, SDKErrors, call_with_retry
+from .base import DEFAULT_TIMEOUT, Completion, LoopLocal, SDKModel, TextStream
+from .retry import RetryPolicy, SDKErrors
 
 __all__ = ["OpenAICompatible"]
 
@@ -64,7 +64,7 @@ def usage_from_openai(raw: Any) -> Usage:
     return usage
 
 
-class OpenAICompatible:
+class OpenAICompatible(SDKModel):
     """A chat model behind an OpenAI-compatible ``/chat/completions`` endpoint.
 
     ``base_url`` and ``api_key`` default to the SDK's environment variables
@@ -180,13 +180,6 @@ class OpenAICompatible:
             params["extra_body"] = extra
         return params
 
-    def _classify(self, exc: BaseException) -> Failure | None:
-        failure = self._errors.classify(exc)
-        if failure is None and isinstance(exc, ValueError):  # a 2xx body that is not JSON
-            msg = f"{self.provider}: the response is not valid JSON ({exc})"
-            return Failure(ProviderError(msg, provider=self.provider), retryable=False)
-        return failure
-
     async def complete(
         self,
         messages: Sequence[Message],
@@ -199,9 +192,7 @@ class OpenAICompatible:
         """One chat completion, retried per the policy; raises ProviderError / ProviderTimeout."""
         params = self._params(messages, max_tokens, temperature, json_mode)
         client = self._client.get()
-        response = await call_with_retry(
-            lambda: client.chat.completions.create(**params), self._classify, self.retry
-        )
+        response = await self._call(lambda: client.chat.completions.create(**params))
         choices = getattr(response, "choices", None)
         if not choices:
             raise ProviderError(
@@ -236,10 +227,8 @@ class OpenAICompatible:
 
         async def deltas(out: TextStream) -> AsyncGenerator[str, None]:
             client = self._client.get()
-            events = await call_with_retry(
-                lambda: client.chat.completions.create(**params), self._classify, self.retry
-            )
-            try:
+            events = await self._call(lambda: client.chat.completions.create(**params))
+            async with self._sdk_stream(events):
                 async for chunk in events:
                     out.raw.append(chunk)
                     if getattr(chunk, "usage", None) is not None:
@@ -249,25 +238,8 @@ class OpenAICompatible:
                             out.finish_reason = choice.finish_reason
                         if choice.delta and choice.delta.content:
                             yield choice.delta.content
-            except Exception as exc:
-                failure = self._classify(exc)
-                if failure is None:
-                    raise
-                raise failure.error from exc
-            finally:
-                await events.close()
 
         return TextStream(deltas, self.model)
-
-    async def aclose(self) -> None:
-        """Close the HTTP connections of the current client."""
-        await self._client.current.close()
-
-    async def __aenter__(self) -> OpenAICompatible:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     def __repr__(self) -> str:
         return f"OpenAICompatible({self.model!r}, base_url={self.base_url!r})"

@@ -136,6 +136,9 @@ class SDKErrors:
             msg = f"{provider}: HTTP {status}: {_short(getattr(exc, 'message', str(exc)))}"
             err = ProviderError(msg, status=status, provider=provider)
             return Failure(err, is_retryable_status(status), parse_retry_after(headers))
+        if isinstance(exc, ValueError):  # a 2xx body that is not JSON
+            msg = f"{provider}: the response is not valid JSON ({exc})"
+            return Failure(ProviderError(msg, provider=provider), False)
         return None
 
 

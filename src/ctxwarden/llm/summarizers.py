@@ -8,12 +8,11 @@ cause) — so one ``except`` in the caller keeps every message in place.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-from ..errors import ConfigError, RuntimeFailure, SummarizationError, UsageError
+from ..errors import ConfigError, RuntimeFailure, SummarizationError
 from ..facts import (
     Facts,
     FactSchema,
@@ -36,21 +35,9 @@ from ..prompts import (
 )
 from ..summarize import SummaryResult
 from ..usage import Usage
-from .base import ChatModel, Completion
+from .base import ChatModel, Completion, run_sync
 
 __all__ = ["LLMFactExtractor", "LLMSummarizer", "run_sync"]
-
-T = TypeVar("T")
-
-
-def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine from synchronous code; refuses inside a running event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    coro.close()
-    raise UsageError("a *_sync method was called inside a running event loop; await the async one")
 
 
 def _clip(messages: Sequence[Message], limit: int) -> list[Message]:
