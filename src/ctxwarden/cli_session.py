@@ -18,6 +18,7 @@ import typer
 
 from .commands._common import handle_errors
 from .errors import InvalidMessageError
+from .transcript import decode_json, read_text
 
 __all__ = ["session_app"]
 
@@ -48,16 +49,8 @@ def _read_messages(file: str | None) -> list[Any]:
             raise InvalidMessageError("no messages: give a JSON FILE or pipe JSON on stdin")
         text, source = sys.stdin.read(), "<stdin>"
     else:
-        path = Path(file)
-        if not path.exists():
-            raise InvalidMessageError(f"{file}: no such file")
-        text, source = path.read_text(encoding="utf-8"), file
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidMessageError(
-            f"{source} is not valid JSON: {exc.msg} at line {exc.lineno}"
-        ) from None
+        text, source = read_text(file), file
+    data = decode_json(text, source=source)
     if isinstance(data, dict) and isinstance(data.get("messages"), list):
         data = data["messages"]
     return data if isinstance(data, list) else [data]

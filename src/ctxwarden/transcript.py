@@ -25,7 +25,15 @@ from .errors import InvalidMessageError
 from .formats.openai import messages_from_openai
 from .messages import Message
 
-__all__ = ["Transcript", "example_names", "load_example", "parse_transcript", "read_transcript"]
+__all__ = [
+    "Transcript",
+    "decode_json",
+    "example_names",
+    "load_example",
+    "parse_transcript",
+    "read_text",
+    "read_transcript",
+]
 
 
 @dataclass(frozen=True)
@@ -38,15 +46,28 @@ class Transcript:
     source: str = "<transcript>"
 
 
-def parse_transcript(text: str, *, source: str = "<transcript>") -> Transcript:
-    """Parse transcript JSON text; errors name ``source``, the message index and field."""
+def decode_json(text: str, *, source: str) -> Any:
+    """JSON text decoded; a syntax error names ``source``, the line and the column."""
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidMessageError(
             f"{source} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
         ) from None
-    return transcript_from_data(data, source=source)
+
+
+def read_text(path: str | Path) -> str:
+    """A transcript file's text; a missing or unreadable file is an InvalidMessageError."""
+    try:
+        return Path(path).read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise InvalidMessageError(f"cannot read transcript {path}: {reason}") from None
+
+
+def parse_transcript(text: str, *, source: str = "<transcript>") -> Transcript:
+    """Parse transcript JSON text; errors name ``source``, the message index and field."""
+    return transcript_from_data(decode_json(text, source=source), source=source)
 
 
 def transcript_from_data(data: Any, *, source: str = "<transcript>") -> Transcript:
@@ -102,13 +123,7 @@ def _check_tools(tools: Any, source: str) -> tuple[Mapping[str, Any], ...]:
 
 def read_transcript(path: str | Path) -> Transcript:
     """Read a transcript file; a missing or unreadable file is an :class:`InvalidMessageError`."""
-    path = Path(path)
-    try:
-        text = path.read_text("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise InvalidMessageError(f"cannot read transcript {path}: {reason}") from None
-    return parse_transcript(text, source=str(path))
+    return parse_transcript(read_text(path), source=str(path))
 
 
 def example_names() -> list[str]:
