@@ -135,6 +135,19 @@ def test_dropped_identifiers_stay_in_the_ledger() -> None:
     assert built.layers["ctxwarden:ledger"] == "ledger"
 
 
+def test_earlier_entities_reach_back_past_the_given_history() -> None:
+    from ctxwarden.entities import EntityLedger, extract_entities
+
+    older = _agent_session(3)
+    earlier = EntityLedger().add(e for m in older for e in extract_entities(m))
+    recent = [older[0], *_agent_session(30)[1 + 4 * 20 :]]  # system + turns 20..29
+    without = build_context(recent, "gpt-4o", 1500)
+    built = build_context(recent, "gpt-4o", 1500, earlier_entities=earlier)
+    assert "R0001X" not in "\n".join(m.text for m in without.messages)
+    assert "R0001X" in "\n".join(m.text for m in built.messages)
+    assert built.input_tokens <= 1500
+
+
 def test_sticky_window_gives_a_stable_prefix() -> None:
     history = _agent_session(50)
     previous = None

@@ -20,6 +20,7 @@ from typing import Any
 
 from .audit import LAYERS, Audit, BuildState
 from .conversation import Block, group_blocks
+from .entities import EntityLedger
 from .errors import BudgetError
 from .facts import FactSchema
 from .formats.anthropic import MAX_CACHE_BREAKPOINTS, messages_to_anthropic
@@ -179,6 +180,7 @@ def build_context(
     tools: Sequence[Mapping[str, Any]] | None = None,
     summarizer: str | Summarizer | None = None,
     facts_schema: FactSchema = None,
+    earlier_entities: EntityLedger | None = None,
 ) -> BuiltContext:
     """Build the context to send: within budget, pair-safe, stable prefix first, audited.
 
@@ -189,6 +191,8 @@ def build_context(
     ``"openai:gpt-4o-mini"``, or a summariser object) and ctxwarden keeps a rolling
     summary and the facts (``facts_schema``: a pydantic model or JSON schema) when the
     policy's ``summary`` trigger fires, carrying them in the build's state.
+    ``earlier_entities`` is the ledger of messages older than ``messages`` (a session
+    passes the values of the history it did not read, so its ledger reaches back).
     """
     policy = policy or Policy()
     prior = previous.state if isinstance(previous, BuiltContext) else previous
@@ -198,6 +202,7 @@ def build_context(
     budget = policy.budget_for(info.context_window if info else None, max_input_tokens)
     state = _resume(previous, history)
     build = _Build(history, model, budget, policy, counter, state, summary, facts, tools)
+    build.earlier = earlier_entities
     if summarizer is not None:
         build.add_layers(summarizer, facts_schema)
     return build.run(info)
@@ -238,6 +243,7 @@ class _Build:
         self.layer_msgs: list[tuple[str, Message]] = []
         self.floor = 0
         self.layer_state: LayerState | None = None
+        self.earlier: EntityLedger | None = None
         if facts:
             self.layer_msgs.append(("facts", Message.system(facts, id="ctxwarden:facts")))
         if summary:
@@ -318,7 +324,7 @@ class _Build:
         originals = {m.id: m for m in h[start:]}
         blocks = self._sendable(group_blocks(window), start)
         pinned_tokens = self._total(pinned)
-        ledger = LedgerBuilder(self.counter, ledger_cap)
+        ledger = LedgerBuilder(self.counter, ledger_cap, self.earlier)
 
         # Fit: drop oldest blocks (never the newest user message), refilling to a watermark.
         ledger_msg: Message | None = None

@@ -42,19 +42,27 @@ def _memo_get(history: Sequence[Message], anchor: str, start: int) -> EntityLedg
 
 
 def _dropped_ledger(
-    history: Sequence[Message], sys_end: int, start: int, pinned: frozenset[int]
+    history: Sequence[Message],
+    sys_end: int,
+    start: int,
+    pinned: frozenset[int],
+    earlier: EntityLedger | None = None,
 ) -> EntityLedger:
-    """The ledger of ``history[sys_end:start]`` minus pinned messages, extended from a memo."""
+    """The ledger of ``history[sys_end:start]`` minus pinned messages, on top of
+    ``earlier`` (values of messages older than ``history``), extended from a memo."""
+    seed = earlier if earlier is not None else EntityLedger()
     if start <= sys_end:
-        return EntityLedger()
+        return seed
     anchor = history[sys_end].fingerprint
+    if earlier is not None:  # a different seed is a different ledger
+        anchor += f"|{earlier.seq}:{len(earlier)}"
     hit = _memo_get(history, anchor, start)
     if hit is not None:
         return hit
     base_start = _BY_CONVERSATION.get(anchor, sys_end)
     base = _memo_get(history, anchor, base_start) if sys_end < base_start < start else None
     if base is None:
-        base, base_start = EntityLedger(), sys_end
+        base, base_start = seed, sys_end
     ledger = base
     for i in range(base_start, start):
         if i not in pinned:
@@ -69,9 +77,10 @@ def _dropped_ledger(
 class LedgerBuilder:
     """Renders the ledger block for one build, within ``cap`` tokens."""
 
-    def __init__(self, counter: TokenCounter, cap: int):
+    def __init__(self, counter: TokenCounter, cap: int, earlier: EntityLedger | None = None):
         self.counter = counter
         self.cap = cap
+        self.earlier = earlier
         self.ledger = EntityLedger()
 
     def render(
@@ -87,8 +96,9 @@ class LedgerBuilder:
             return None
         key: _RenderKey | None = None
         if start > sys_end:
+            seed = f"|{self.earlier.seq}:{len(self.earlier)}" if self.earlier is not None else ""
             key = (
-                history[sys_end].fingerprint,
+                history[sys_end].fingerprint + seed,
                 start,
                 history[start - 1].fingerprint,
                 tuple(pinned),
@@ -101,7 +111,7 @@ class LedgerBuilder:
                 _RENDERED.move_to_end(key)
                 self.ledger = hit[0]
                 return hit[1]
-        ledger = _dropped_ledger(history, sys_end, start, frozenset(pinned))
+        ledger = _dropped_ledger(history, sys_end, start, frozenset(pinned), self.earlier)
         for original in edited:
             ledger = ledger.add(extract_entities(original))
         self.ledger = ledger
