@@ -1,8 +1,9 @@
 """In-process HTTP servers that speak the OpenAI and Anthropic wire formats, for tests.
 
 The real ``openai`` / ``anthropic`` SDKs are pointed at ``ScriptedServer.url``. Each
-test scripts the replies (status, body, headers, delay, or SSE events) in order and
-then inspects ``server.requests`` to see exactly what the SDK sent. The server binds
+test scripts the replies (status, body, headers, delay, or SSE events) in order, or
+gives a ``responder`` that answers from the request (a fake model), and then inspects
+``server.requests`` to see exactly what the SDK sent. The server binds
 127.0.0.1 on a random port and never reaches past the machine.
 """
 
@@ -12,7 +13,7 @@ import contextlib
 import json
 import threading
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -29,6 +30,7 @@ __all__ = [
     "openai_completion",
     "openai_error",
     "openai_stream",
+    "openai_tool_calls",
     "scripted_server",
 ]
 
@@ -60,9 +62,11 @@ class Recorded:
 
 
 class ScriptedServer:
-    """A threaded HTTP server replaying a queue of :class:`Reply` objects."""
+    """A threaded HTTP server replaying a queue of :class:`Reply` objects; once the
+    queue is empty, ``responder`` (if given) answers each request from its content."""
 
-    def __init__(self) -> None:
+    def __init__(self, responder: Callable[[Recorded], Reply] | None = None) -> None:
+        self.responder = responder
         self.requests: list[Recorded] = []
         self._replies: deque[Reply] = deque()
         self._lock = threading.Lock()
@@ -97,6 +101,8 @@ class ScriptedServer:
             self.requests.append(recorded)
             if self._replies:
                 return self._replies.popleft()
+            if self.responder is not None:
+                return self.responder(recorded)
         return Reply(500, {"error": {"message": "no scripted reply left", "type": "test"}})
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
@@ -186,6 +192,29 @@ def openai_completion(
             "prompt_tokens_details": {"cached_tokens": cached},
         },
     }
+
+
+def openai_tool_calls(
+    calls: list[tuple[str, str, dict[str, Any]]],
+    *,
+    text: str | None = None,
+    prompt: int = 10,
+    completion: int = 5,
+    model: str = "gpt-4o-mini",
+) -> dict[str, Any]:
+    """A completion whose message calls tools: ``(call id, function name, arguments)``."""
+    body = openai_completion(
+        "", prompt=prompt, completion=completion, model=model, finish_reason="tool_calls"
+    )
+    body["choices"][0]["message"] = {
+        "role": "assistant",
+        "content": text,
+        "tool_calls": [
+            {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(a)}}
+            for cid, name, a in calls
+        ],
+    }
+    return body
 
 
 def openai_stream(

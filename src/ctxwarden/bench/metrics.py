@@ -15,39 +15,34 @@ those lists alone this module computes what the report shows:
   reads priced as cached input (other input at the plain price), plus summariser calls.
 
 It also holds the plain pair-safe "newest that fit" window the real-trace baselines use,
-and a tiny extractive summariser used when no better offline summariser is installed.
+and ours (:class:`OursStrategy`), driven turn by turn. Summarisers live in
+:mod:`ctxwarden.bench.summarizers`.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from ..conversation import group_blocks
 from ..messages import Message
 from ..tokens import REPLY_PRIMING, TokenCounter
 from ..usage import Usage
+from .summarizers import Account, BenchSummarizer, Summarizer, get_summarizer
 
 __all__ = [
+    "OursStrategy",
     "StrategyRun",
-    "Summarizer",
     "common_prefix_tokens",
-    "extractive_summary",
-    "get_summarizer",
+    "offline_with_focus",
     "plain_window",
     "price_run",
+    "price_strategy",
     "reduction_table",
 ]
 
 Tools = Sequence[Mapping[str, Any]]
-
-
-class Summarizer(Protocol):
-    """Merges ``previous`` (the last summary, if any) with what ``messages`` say."""
-
-    def __call__(self, messages: Sequence[Message], previous: str | None) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -110,9 +105,14 @@ def price_run(
     *,
     tools: Tools | None = None,
     summarizer_usage: Usage | None = None,
+    summarizer_cost: float | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> StrategyRun:
-    """Count, cache-match and price the contexts one strategy sent, turn by turn."""
+    """Count, cache-match and price the contexts one strategy sent, turn by turn.
+
+    Summariser calls cost ``summarizer_cost`` dollars when given (a real summariser,
+    priced at its own model), else ``summarizer_usage`` priced at ``model``.
+    """
     from ..cost import estimate_cost
 
     tools_tokens = counter.count_tools(tools) if tools else 0
@@ -127,9 +127,46 @@ def price_run(
     summ = summarizer_usage or Usage(calls=0)
     plain = estimate_cost(Usage(input_tokens=total), model)
     effective = estimate_cost(Usage(input_tokens=total, cached_input_tokens=sum(cached)), model)
-    summ_cost = estimate_cost(summ, model) if summ.calls else 0.0
+    if summarizer_cost is None:
+        summarizer_cost = estimate_cost(summ, model) if summ.calls else 0.0
     return StrategyRun(
-        name, per_turn, cached, summ, plain + summ_cost, effective + summ_cost, dict(extra or {})
+        name,
+        per_turn,
+        cached,
+        summ,
+        plain + summarizer_cost,
+        effective + summarizer_cost,
+        dict(extra or {}),
+    )
+
+
+def price_strategy(
+    name: str,
+    contexts: Sequence[Sequence[Message]],
+    counter: TokenCounter,
+    model: str,
+    summarizer: BenchSummarizer,
+    strategy: object,
+    *,
+    tools: Tools | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> StrategyRun:
+    """:func:`price_run` for ``strategy``, its summariser calls (its ``account``; a
+    strategy without one never summarises) priced by ``summarizer``, failures reported."""
+    account = getattr(strategy, "account", None)
+    usage = account.usage if isinstance(account, Account) else Usage(calls=0)
+    return price_run(
+        name,
+        contexts,
+        counter,
+        model,
+        tools=tools,
+        summarizer_usage=usage,
+        summarizer_cost=summarizer.cost(usage, model),
+        extra={
+            **(account if isinstance(account, Account) else Account()).to_json(),
+            **dict(extra or {}),
+        },
     )
 
 
@@ -180,75 +217,7 @@ def plain_window(
     return kept, used
 
 
-# -- summarisers ---------------------------------------------------------------------------
-
-_SENTENCE = re.compile(r"(?<=[.!?])\s+")
-
-
-def extractive_summary(
-    messages: Sequence[Message], previous: str | None, max_sentences: int = 12
-) -> str:
-    """A deliberately plain extractive summary: the previous one, then the first
-    sentence of each user and assistant text (tool output left out). Used only when the
-    package's offline summariser is not installed."""
-    lines = [previous] if previous else []
-    picked = 0
-    for m in messages:
-        if m.role not in ("user", "assistant") or not m.text.strip():
-            continue
-        first = _SENTENCE.split(m.text.strip(), maxsplit=1)[0]
-        lines.append(f"The {m.role} said: {first[:240]}")
-        picked += 1
-        if picked >= max_sentences:
-            break
-    return "\n".join(lines)
-
-
-def get_summarizer(spec: str | Summarizer = "offline") -> tuple[Summarizer, str]:
-    """A summariser for the hand-written seed strategies and a label saying which one.
-
-    ``"offline"`` uses the package's offline summariser when it is installed, else the
-    plain extractive fallback above; a callable is used as given.
-    """
-    if not isinstance(spec, str):
-        return spec, getattr(spec, "__name__", type(spec).__name__)
-    if spec == "offline":
-        found = _package_offline_summarizer()
-        if found is not None:
-            return found, "offline"
-        return extractive_summary, "extractive-fallback"
-    from ..errors import ConfigError
-
-    raise ConfigError(
-        f"the bench's seed strategies take summarizer 'offline' or a callable, got {spec!r}"
-    )
-
-
-def _package_offline_summarizer() -> Summarizer | None:
-    """Adapter to :class:`ctxwarden.llm.offline.OfflineSummarizer` (extractive, no model)."""
-    try:
-        from ..llm.offline import OfflineSummarizer
-    except ImportError:  # pragma: no cover - ships with the package
-        return None
-    engine = OfflineSummarizer()
-
-    def summarize(messages: Sequence[Message], previous: str | None) -> str:
-        return engine.summarize_sync(messages, previous).text
-
-    return summarize
-
-
 # -- our engine, driven turn by turn ---------------------------------------------------------
-
-
-def summary_usage(
-    counter: TokenCounter, fold: Sequence[Message], previous: str | None, text: str
-) -> Usage:
-    """What one summariser call would cost on a model: the folded messages and the
-    previous summary in, the new summary out (priced even when the summariser is
-    offline, so strategies compare as the seed compares them)."""
-    prompt = counter.count_messages(fold).tokens + (counter.count_text(previous) if previous else 0)
-    return Usage(input_tokens=prompt + 100, output_tokens=counter.count_text(text))
 
 
 Focus = Callable[[str, str | None, int], str]
@@ -274,8 +243,11 @@ def offline_with_focus(max_tokens: int = 500) -> tuple[Summarizer, Focus]:
 
 class OursStrategy:
     """ctxwarden's own pipeline as an agent loop runs it: facts from each new user message
-    (rule-based, offline), a rolling summary when ``trigger`` fires, then
-    :func:`ctxwarden.engine.build_context` with the previous build for sticky decisions.
+    (rule-based offline, one model call with a real summariser), a rolling summary when
+    ``trigger`` fires, then :func:`ctxwarden.engine.build_context` with the previous
+    build for sticky decisions. A failed summary or extraction changes nothing (the
+    window holds every message it can; the next trigger tries again) and is counted in
+    :attr:`account`.
 
     The trigger's ``summary_share`` splits the budget between the summary layer and the
     window; with ``focus`` (see :func:`offline_with_focus`) the stored summary may be
@@ -294,30 +266,28 @@ class OursStrategy:
         *,
         trigger: Any = None,
         schema: Any = None,
-        summarizer: Summarizer | None = None,
+        summarizer: Summarizer | BenchSummarizer | None = None,
         tools: Tools | None = None,
         policy: Any = None,
         focus: Focus | None = None,
     ) -> None:
         from ..facts import Facts
-        from ..llm.offline import RuleBasedFactExtractor
         from ..summarize import SummaryState
 
         self.model = model
         self.budget = max_input_tokens
         self.trigger = trigger
         self.schema = schema
-        self.summarize = summarizer or get_summarizer("offline")[0]
+        self.summarizer = get_summarizer(summarizer or "offline")
         self.tools = tools
         self.policy = policy
         share = getattr(trigger, "summary_share", None)
         self.summary_tokens = int(max_input_tokens * share) if share else None
         self.focus = focus
         self.counter = TokenCounter.for_model(model)
-        self.extractor = RuleBasedFactExtractor()
         self.facts = Facts()
         self.state = SummaryState()
-        self.usage = Usage(calls=0)
+        self.account = Account()
         self.seen = 0
         self.previous: Any = None
         self.last: Any = None
@@ -335,17 +305,19 @@ class OursStrategy:
         new = [m for m in history[self.seen :] if m.role == "user"]
         self.seen = len(history)
         if new:
-            self.facts = self.extractor.extract_sync(new, self.facts, self.schema)
+            found = self.summarizer.extract(new, self.facts, self.schema)
+            self.facts = found.facts
+            self.account.add(found.usage, found.error)
         if self.trigger is not None:
             plan = plan_summary(
                 history, self.trigger, self.counter.count_message, self.budget, self.state
             )
             if plan is not None:
-                previous = self.state.level_one
-                text = self.summarize(plan.fold, previous)
-                self.usage = self.usage + summary_usage(self.counter, plan.fold, previous, text)
-                self.state = self.state.apply(plan, text)
-                self.previous = None  # positions changed: the next build starts cold
+                call = self.summarizer.summarize(plan.fold, self.state.level_one, self.counter)
+                self.account.add(call.usage, call.error)
+                if call.text is not None:
+                    self.state = self.state.apply(plan, call.text)
+                    self.previous = None  # positions changed: the next build starts cold
 
     def build(self, history: Sequence[Message]) -> list[Message]:
         """The context for ``history`` from the current state, leaving the state as it is."""

@@ -1,9 +1,11 @@
 """``ctxwarden bench``: run every scenario, then write report.json, report.md and plots.
 
 :func:`run_bench` is what the CLI calls. Every number in the report is computed in that
-invocation (no stored figures). The scenarios are offline and deterministic; the real
-traces run when their files are given (:func:`default_trace_paths` finds the project's
-``../shared/data`` layout).
+invocation (no stored figures). By default the scenarios are offline and deterministic;
+the real traces run when their files are given (:func:`default_trace_paths` finds the
+project's ``../shared/data`` layout). ``summarizer`` (a provider spec) makes every
+strategy's summaries and facts real, LoCoMo's included; ``agent_model`` replaces the
+scripted laptop-shop agent with a real one. The report names both.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
-from .metrics import StrategyRun, Summarizer
+from .metrics import StrategyRun
+from .summarizers import BenchSummarizer, SummarizerSpec, summarizer_for
 
 __all__ = ["default_trace_paths", "render_markdown", "run_bench", "write_plots"]
 
@@ -60,19 +62,27 @@ def _tau(path: Path, progress: Progress) -> dict[str, Any]:
     }
 
 
-def _locomo(path: Path, progress: Progress) -> dict[str, Any]:
+def _locomo(path: Path, progress: Progress, summarizer: BenchSummarizer) -> dict[str, Any]:
     from ..cost import estimate_cost
     from ..usage import Usage
     from .traces import load_locomo, locomo_recall
 
-    result = locomo_recall(load_locomo(path), LOCOMO_BUDGET, progress=progress)
+    result = locomo_recall(
+        load_locomo(path),
+        LOCOMO_BUDGET,
+        progress=progress,
+        summarizer=summarizer if summarizer.real else None,
+    )
     for r in result.values():
         r["cost_usd"] = r["effective_cost_usd"] = round(
-            estimate_cost(Usage(input_tokens=r["total_input_tokens"]), "gpt-4o"), 6
+            estimate_cost(Usage(input_tokens=r["total_input_tokens"]), "gpt-4o")
+            + r.get("summarizer_cost_usd", 0.0),
+            6,
         )
     return {
         "description": f"LoCoMo: answer recall of each question's context at "
-        f"{LOCOMO_BUDGET:,} tokens (gpt-4o counts).",
+        f"{LOCOMO_BUDGET:,} tokens (gpt-4o counts); ctxwarden's summaries by "
+        f"{result['ctxwarden']['summarizer']}.",
         "file": str(path),
         "strategies": result,
     }
@@ -83,35 +93,53 @@ def run_bench(
     *,
     tau_bench: str | Path | None = None,
     locomo: str | Path | None = None,
-    summarizer: str | Summarizer = "offline",
-    agent_model: str | None = None,
+    summarizer: SummarizerSpec = "offline",
+    agent_model: Any = None,
     progress: Progress = None,
+    laptop_turns: int | None = None,
+    chat_rounds: int | None = None,
 ) -> dict[str, Any]:
     """Run the scenarios (and the traces given), write the report files, return the report.
 
-    ``progress`` receives a short label after each step (a turn, a round, a run).
+    ``summarizer`` is ``"offline"``, a provider spec or a model object (see
+    :func:`~.summarizers.get_summarizer`); ``agent_model`` an OpenAI-compatible spec or
+    client for laptop-shop's agent. Both are built before anything runs, so a bad spec
+    or a missing key fails at once. ``progress`` receives a short label after each step.
+    ``laptop_turns`` / ``chat_rounds`` shorten the scenarios (a quick try of a paid
+    model; the seeds' targets hold only for the full 21 turns and 50 rounds).
     """
-    from .scenarios_agent_chat import run_agent_chat
-    from .scenarios_laptop import run_laptop
+    from .scenarios_agent_chat import ROUNDS, run_agent_chat
+    from .scenarios_laptop import laptop_agent, run_laptop
 
-    if agent_model is not None:
-        raise ConfigError(
-            "--agent-model is not supported by this bench yet: the laptop-shop agent is scripted"
-        )
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    laptop = run_laptop(summarizer=summarizer, progress=progress)
-    chat = run_agent_chat(summarizer=summarizer, progress=progress)
-    report: dict[str, Any] = {
-        "scenarios": {"laptop-shop": _scenario_json(laptop), "agent-chat": _scenario_json(chat)},
-        "skipped": {},
-    }
-    traces = (("tau-bench", tau_bench, _tau), ("locomo", locomo, _locomo))
-    for name, path, run in traces:
-        if path is None:
-            report["skipped"][name] = f"no data file; pass --{name} PATH to run it"
-            continue
-        report["scenarios"][name] = run(Path(path), progress)
+    with summarizer_for(summarizer) as summ:
+        agent = laptop_agent(agent_model)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            laptop = run_laptop(
+                summarizer=summ, agent_model=agent, turns=laptop_turns, progress=progress
+            )
+            chat = run_agent_chat(summarizer=summ, rounds=chat_rounds or ROUNDS, progress=progress)
+            report: dict[str, Any] = {
+                "summarizer": summ.describe(),
+                "agent": laptop["agent"],
+                "scenarios": {
+                    "laptop-shop": _scenario_json(laptop),
+                    "agent-chat": _scenario_json(chat),
+                },
+                "skipped": {},
+            }
+            if tau_bench is None:
+                report["skipped"]["tau-bench"] = "no data file; pass --tau-bench PATH to run it"
+            else:
+                report["scenarios"]["tau-bench"] = _tau(Path(tau_bench), progress)
+            if locomo is None:
+                report["skipped"]["locomo"] = "no data file; pass --locomo PATH to run it"
+            else:
+                report["scenarios"]["locomo"] = _locomo(Path(locomo), progress, summ)
+        finally:
+            if agent is not None and agent is not agent_model:
+                agent.close()
     (out / "report.json").write_text(json.dumps(report, indent=2), "utf-8")
     plots = write_plots(report, out)
     (out / "report.md").write_text(render_markdown(report, plots), "utf-8")
@@ -130,7 +158,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def render_markdown(report: Mapping[str, Any], plots: Mapping[str, str] | None = None) -> str:
     """The report's tables as Markdown (the seed's layouts)."""
     sc = report["scenarios"]
-    parts = ["# ctxwarden bench report", ""]
+    parts = ["# ctxwarden bench report", "", *_setup_lines(report)]
     lap = sc["laptop-shop"]
     turns = sorted({int(t) for row in lap["table"].values() for t in row})
     parts += ["## laptop-shop (seed 003)", "", lap["description"], ""]
@@ -147,6 +175,8 @@ def render_markdown(report: Mapping[str, Any], plots: Mapping[str, str] | None =
         "",
         f"Facts layer holds budget and use from turn 2: {lap['facts_held_each_turn_from_2']}",
     ]
+    if lap.get("agent", "scripted") != "scripted":
+        parts += ["", *_agent_table(lap)]
     chat = sc["agent-chat"]
     parts += ["", "## agent-chat (seed 000)", "", chat["description"], ""]
     parts.append(
@@ -183,11 +213,67 @@ def render_markdown(report: Mapping[str, Any], plots: Mapping[str, str] | None =
                 ],
             )
         )
+    failures = [
+        f"{key} / {name}: {s['summarizer_failures']} ({'; '.join(s.get('summarizer_errors', []))})"
+        for key, scenario in sc.items()
+        for name, s in scenario["strategies"].items()
+        if s.get("summarizer_failures")
+    ]
+    if failures:
+        parts += ["", "Summariser calls that failed (messages kept, the window used instead):"]
+        parts += [f"- {line}" for line in failures]
     for name, note in report.get("skipped", {}).items():
         parts += ["", f"_{name} skipped: {note}_"]
     for title, file in (plots or {}).items():
         parts += ["", f"![{title}]({file})"]
     return "\n".join(parts) + "\n"
+
+
+def _setup_lines(report: Mapping[str, Any]) -> list[str]:
+    """Which summariser and which laptop-shop agent produced the numbers."""
+    summ = report.get("summarizer")
+    if not summ:
+        return []
+    kind = "a model" if summ["real_model"] else "no model"
+    return [
+        f"Summariser: **{summ['name']}** ({kind}; {summ['pricing']}).",
+        f"laptop-shop agent: **{report.get('agent', 'scripted')}**.",
+        "",
+    ]
+
+
+def _agent_table(lap: Mapping[str, Any]) -> list[str]:
+    """The real agent's own figures: requests, provider-reported tokens, cost."""
+    rows = []
+    for name, s in lap["strategies"].items():
+        cost = s.get("agent_cost_usd")
+        rows.append(
+            [
+                name,
+                str(s["agent_requests"]),
+                str(s["agent_tool_calls"]),
+                str(s["agent_unanswered_turns"]),
+                f"{sum(s['provider_input_tokens_per_turn']):,}",
+                f"{s['total_input_tokens']:,}",
+                f"{s['agent_input_tokens']:,}",
+                "n/a" if cost is None else f"${cost:.4f}",
+            ]
+        )
+    header = [
+        "strategy",
+        "requests",
+        "tool calls",
+        "unanswered",
+        "answering prompts (provider)",
+        "(our count)",
+        "all prompts (provider)",
+        "agent cost",
+    ]
+    return [
+        f"Real agent {lap['agent']}, each strategy its own conversation:",
+        "",
+        _table(header, rows),
+    ]
 
 
 # -- plots ------------------------------------------------------------------------------------
@@ -234,7 +320,7 @@ def write_plots(report: Mapping[str, Any], out: Path) -> dict[str, str]:
         label="with prompt caching",
     )
     ax.set_xticks(list(xs), names, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("dollars per 50-round dialogue")
+    ax.set_ylabel(f"dollars per {report['scenarios']['agent-chat']['rounds']}-round dialogue")
     ax.set_title("agent-chat: cost per strategy (Claude Sonnet prices)")
     ax.legend()
     fig.tight_layout()

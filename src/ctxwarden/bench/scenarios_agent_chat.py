@@ -27,13 +27,8 @@ from typing import Any
 from ..messages import Message, ToolCall
 from ..tokens import TokenCounter
 from ..usage import Usage
-from .metrics import (
-    OursStrategy,
-    Summarizer,
-    get_summarizer,
-    price_run,
-    summary_usage,
-)
+from .metrics import OursStrategy, price_strategy
+from .summarizers import Account, BenchSummarizer, SummarizerSpec, summarizer_for
 
 __all__ = ["PLANTED", "TOOLS", "generate_rounds", "run_agent_chat"]
 
@@ -276,12 +271,16 @@ def _block_end(body: Sequence[Message], i: int) -> int:
 class LadderStrategy:
     """The seed's strategies as one configurable ladder (window, pinning, rolling summary
     with the 30 / 15 trigger, truncation, critical facts), layout as the seed draws it:
-    system, summary, facts, pinned, window."""
+    system, summary, facts, pinned, window.
+
+    A failed summary (or fact extraction) keeps the state it had: the window still
+    holds the newest messages, nothing folded is dropped, and the next round tries
+    again; :attr:`account` counts the failure."""
 
     def __init__(
         self,
         counter: TokenCounter,
-        summarizer: Summarizer,
+        summarizer: BenchSummarizer,
         *,
         window: int | None = None,
         pin: int = 0,
@@ -290,16 +289,14 @@ class LadderStrategy:
         facts: bool = False,
     ) -> None:
         from ..facts import Facts
-        from ..llm.offline import RuleBasedFactExtractor
 
         self.counter, self.summarizer = counter, summarizer
         self.window, self.pin, self.summary, self.truncate = window, pin, summary, truncate
         self.facts_on = facts
-        self.extractor = RuleBasedFactExtractor()
         self.facts = Facts()
         self.text: str | None = None
         self.cut = 0  # index in the body (history without the system prompt)
-        self.usage = Usage(calls=0)
+        self.account = Account()
 
     def _pinned_end(self, body: Sequence[Message]) -> int:
         return _block_end(body, min(self.pin, len(body))) if self.pin else 0
@@ -312,15 +309,23 @@ class LadderStrategy:
         users = [i for i, m in enumerate(body) if m.role == "user"]
         end = _block_end(body, min(len(body) - 15, users[-1]))
         fold = list(body[start:end])
-        text = self.summarizer(fold, self.text)
-        self.usage = self.usage + summary_usage(self.counter, fold, self.text, text)
+        call = self.summarizer.summarize(fold, self.text, self.counter)
+        self.account.add(call.usage, call.error)
+        if call.text is None:
+            return
         if self.facts_on:
-            self.facts = self.extractor.extract_sync(fold, self.facts)
-            self.usage = self.usage + Usage(
-                input_tokens=self.counter.count_messages(fold).tokens + 100,
-                output_tokens=self.counter.count_text(self.facts.render() or "{}"),
+            found = self.summarizer.extract(fold, self.facts)
+            self.facts = found.facts
+            self.account.add(
+                found.usage
+                if self.summarizer.real
+                else Usage(  # what the extraction call would cost on a model
+                    input_tokens=self.counter.count_messages(fold).tokens + 100,
+                    output_tokens=self.counter.count_text(self.facts.render() or "{}"),
+                ),
+                found.error,
             )
-        self.text, self.cut = text, end
+        self.text, self.cut = call.text, end
 
     def __call__(self, history: Sequence[Message]) -> list[Message]:
         body = history[1:]
@@ -355,19 +360,35 @@ def _facts_present(context: Sequence[Message], round_no: int) -> list[str]:
 def run_agent_chat(
     *,
     model: str = MODEL,
-    summarizer: str | Summarizer = "offline",
+    summarizer: SummarizerSpec = "offline",
     ours_budget: int = 6000,
     seed: int = 7,
+    rounds: int = ROUNDS,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Play 50 rounds under every strategy; dollars, cache, facts kept."""
+    """Play ``rounds`` rounds (the seed's 50) under every strategy; dollars, cache,
+    facts kept."""
+    with summarizer_for(summarizer) as summ:
+        return _run(model, summ, ours_budget, seed, rounds, progress)
+
+
+def _run(
+    model: str,
+    summ: BenchSummarizer,
+    ours_budget: int,
+    seed: int,
+    rounds: int,
+    progress: Callable[[str], None] | None,
+) -> dict[str, Any]:
+    from ..errors import ConfigError
     from ..summarize import SummaryTrigger
 
+    if rounds < 1:
+        raise ConfigError(f"rounds must be at least 1, got {rounds}")
     counter = TokenCounter.for_model(model)
-    summarize, summarizer_name = get_summarizer(summarizer)
 
     def ladder(**kw: Any) -> LadderStrategy:
-        return LadderStrategy(counter, summarize, **kw)
+        return LadderStrategy(counter, summ, **kw)
 
     strategies: dict[str, Callable[[Sequence[Message]], list[Message]]] = {
         "none": list,
@@ -382,13 +403,14 @@ def run_agent_chat(
             ours_budget,
             trigger=SummaryTrigger(max_messages=30, keep_recent=15, fill_ratio=None),
             tools=TOOLS,
+            summarizer=summ,
         ),
     }
     history = [Message.system(_system_prompt(), id="system")]
     sent: dict[str, list[list[Message]]] = {name: [] for name in strategies}
     missing: dict[str, int] = {name: 0 for name in strategies}
     lost: dict[str, set[str]] = {name: set() for name in strategies}
-    for r, msgs in enumerate(generate_rounds(seed, ROUNDS, model), start=1):
+    for r, msgs in enumerate(generate_rounds(seed, rounds, model), start=1):
         history += msgs[:-1]
         for name, strategy in strategies.items():
             ctx = strategy(history)
@@ -401,23 +423,25 @@ def run_agent_chat(
             progress(f"agent-chat round {r}")
     runs = {}
     for name, contexts in sent.items():
-        strategy = strategies[name]
-        usage = getattr(strategy, "usage", None)
-        runs[name] = price_run(
+        runs[name] = price_strategy(
             name,
             contexts,
             counter,
             model,
+            summ,
+            strategies[name],
             tools=TOOLS,
-            summarizer_usage=usage,
             extra={"facts_missing_rounds": missing[name], "facts_lost": sorted(lost[name])},
         )
     none_cost = runs["none"].cost_usd
     return {
-        "description": "Seed 000: a 50-round agent chat, 5 tools, article (~1,800 tokens) and "
-        "search (~600) results, 1.5 calls a round; Claude Sonnet prices from the registry.",
+        "description": f"Seed 000: a {rounds}-round agent chat, 5 tools, article (~1,800 "
+        "tokens) and search (~600) results, 1.5 calls a round; Claude Sonnet prices from "
+        "the registry.",
         "model": model,
-        "summarizer": summarizer_name,
+        "summarizer": summ.label,
+        "summarizer_pricing": summ.describe()["pricing"],
+        "rounds": rounds,
         "ours_budget": ours_budget,
         "runs": runs,
         "share_of_none": {n: run.cost_usd / none_cost for n, run in runs.items()},

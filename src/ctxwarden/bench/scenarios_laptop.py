@@ -31,18 +31,11 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from ..errors import InvalidMessageError
+from ..errors import ConfigError, InvalidMessageError
 from ..messages import Message, ToolCall
 from ..tokens import TokenCounter
-from ..usage import Usage
-from .metrics import (
-    OursStrategy,
-    Summarizer,
-    get_summarizer,
-    price_run,
-    reduction_table,
-    summary_usage,
-)
+from .metrics import OursStrategy, price_strategy, reduction_table
+from .summarizers import Account, BenchSummarizer, SummarizerSpec, summarizer_for
 
 __all__ = [
     "MASK",
@@ -52,7 +45,9 @@ __all__ = [
     "catalogue",
     "get_product_details",
     "get_products",
+    "laptop_agent",
     "run_laptop",
+    "run_tool",
     "scripted_turns",
 ]
 
@@ -327,13 +322,16 @@ class SeedStrategy:
     Summaries happen after the answer of every ``every``-th user turn and replace the
     history with the system prompt and a user message holding the summary, as the seed's
     ``SummarizeChatAsync`` does; the next summary is given the previous one (rolling).
+    A failed summary leaves the history whole (counted in :attr:`account`).
     """
 
-    def __init__(self, mask: bool, summarize: bool, summarizer: Summarizer, every: int = 10):
+    def __init__(
+        self, mask: bool, summarize: bool, summarizer: BenchSummarizer, every: int = 10
+    ) -> None:
         self.mask, self.summarize, self.summarizer, self.every = mask, summarize, summarizer, every
         self.summary: str | None = None
         self.cut = 0  # history index where the unsummarised part starts
-        self.usage = Usage(calls=0)
+        self.account = Account()
 
     def after_turn(self, history: Sequence[Message], counter: TokenCounter) -> None:
         """Called once a turn's answer is in the history (the seed summarises then).
@@ -348,9 +346,10 @@ class SeedStrategy:
         part = list(history[self.cut :])
         if self.mask:
             part = _mask_before(part, len(part))
-        text = self.summarizer(part, self.summary)
-        self.usage = self.usage + summary_usage(counter, part, self.summary, text)
-        self.summary, self.cut = text, len(history)
+        call = self.summarizer.summarize(part, self.summary, counter)
+        self.account.add(call.usage, call.error)
+        if call.text is not None:
+            self.summary, self.cut = call.text, len(history)
 
     def __call__(self, history: Sequence[Message]) -> list[Message]:
         head: list[Message] = [history[0]]
@@ -364,54 +363,171 @@ class SeedStrategy:
         return head + live
 
 
-def run_laptop(
-    *,
-    model: str = "gpt-4o",
-    summarizer: str | Summarizer = "offline",
-    ours_budget: int = 2000,
-    progress: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """Play the 21 turns under every strategy; tokens per turn, the seed's table, checks."""
-    counter = TokenCounter.for_model(model)
-    summarize, summarizer_name = get_summarizer(summarizer)
-    seeds = {
-        "OMasking": SeedStrategy(True, False, summarize),
-        "Summarization": SeedStrategy(False, True, summarize),
-        "OMask+Summ": SeedStrategy(True, True, summarize),
+def run_tool(call: ToolCall) -> str:
+    """Run one of the catalogue tools for a real agent; a bad call gets an error result
+    the model can read (as a shop backend would answer), never an exception."""
+    if call.name == "get_products":
+        return get_products()
+    if call.name == "get_product_details":
+        name = call.parsed_arguments().get("product_name")
+        if isinstance(name, str) and name.strip():
+            return get_product_details(name)
+        return json.dumps({"error": "get_product_details needs a 'product_name' string."})
+    known = ", ".join(t["function"]["name"] for t in TOOLS)
+    return json.dumps({"error": f"Unknown tool '{call.name}'. The tools are: {known}."})
+
+
+def _strategies(
+    model: str, summarizer: BenchSummarizer, ours_budget: int, every: int
+) -> dict[str, Strategy]:
+    """Fresh strategy objects (they hold state) for one run."""
+    return {
+        "Basic": list,
+        "OMasking": SeedStrategy(True, False, summarizer, every),
+        "Summarization": SeedStrategy(False, True, summarizer, every),
+        "OMask+Summ": SeedStrategy(True, True, summarizer, every),
+        "ctxwarden": OursStrategy(
+            model, ours_budget, schema=FACTS_SCHEMA, tools=TOOLS, summarizer=summarizer
+        ),
     }
-    ours = OursStrategy(model, ours_budget, schema=FACTS_SCHEMA, tools=TOOLS)
-    strategies: dict[str, Strategy] = {"Basic": list, **seeds, "ctxwarden": ours}
+
+
+def _play_scripted(
+    strategies: Mapping[str, Strategy],
+    questions: Sequence[str],
+    counter: TokenCounter,
+    progress: Callable[[str], None] | None,
+) -> dict[str, list[list[Message]]]:
+    """The scripted agent's one history, mapped by every strategy at every turn."""
     sent: dict[str, list[list[Message]]] = {name: [] for name in strategies}
     history: list[Message] = [Message.system(SYSTEM_PROMPT, id="system")]
-    facts_kept: list[bool] = []
-    for turn in scripted_turns():
+    for turn in scripted_turns(questions):
         history += [turn.question, *turn.tool_steps]
         for name, strategy in strategies.items():
             sent[name].append(strategy(history))
-        facts_kept.append(_holds_budget_and_use(sent["ctxwarden"][-1], turn.number))
         history.append(turn.answer)
-        for seed in seeds.values():
-            seed.after_turn(history, counter)
+        for strategy in strategies.values():
+            if isinstance(strategy, SeedStrategy):
+                strategy.after_turn(history, counter)
         if progress:
             progress(f"laptop-shop turn {turn.number}")
-    runs = {
-        name: price_run(
+    return sent
+
+
+def _play_real(
+    agent: Any,
+    strategies: Mapping[str, Strategy],
+    questions: Sequence[str],
+    counter: TokenCounter,
+    progress: Callable[[str], None] | None,
+) -> tuple[dict[str, list[list[Message]]], dict[str, dict[str, Any]]]:
+    """Each strategy's own conversation with the real agent (see :mod:`.real_agent`)."""
+    from ..cost import estimate_cost
+    from .summarizers import registry_price
+
+    priced_as, _ = registry_price(agent.model)
+    sent: dict[str, list[list[Message]]] = {}
+    extra: dict[str, dict[str, Any]] = {}
+    for name, strategy in strategies.items():
+
+        def after(history: Sequence[Message], s: Strategy = strategy) -> None:
+            if isinstance(s, SeedStrategy):
+                s.after_turn(history, counter)
+
+        talk = agent.converse(
             name,
-            contexts,
+            strategy,
+            Message.system(SYSTEM_PROMPT, id="system"),
+            questions,
             counter,
-            model,
-            tools=TOOLS,
-            summarizer_usage=seeds[name].usage if name in seeds else ours.usage,
+            after_turn=after,
+            progress=progress,
         )
-        for name, contexts in sent.items()
-    }
+        sent[name] = talk.contexts
+        extra[name] = talk.to_json()
+        extra[name]["agent_cost_usd"] = (
+            round(estimate_cost(talk.usage, priced_as), 6) if priced_as else None
+        )
+    return sent, extra
+
+
+def laptop_agent(agent_model: Any) -> Any:
+    """The real shop agent for a spec or client (a ready ToolAgent as is; None: scripted)."""
+    from .real_agent import ToolAgent
+
+    if agent_model is None or isinstance(agent_model, ToolAgent):
+        return agent_model
+    return ToolAgent(agent_model, TOOLS, run_tool)
+
+
+def run_laptop(
+    *,
+    model: str = "gpt-4o",
+    summarizer: SummarizerSpec = "offline",
+    ours_budget: int = 2000,
+    turns: int | None = None,
+    summarize_every: int = 10,
+    agent_model: Any = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Play the turns under every strategy; tokens per turn, the seed's table, checks.
+
+    ``turns`` plays the first N of the seed's 21 questions; ``summarize_every`` is the
+    seed strategies' summary period in user turns (the seed's 10). ``agent_model`` (a
+    spec, an OpenAI-compatible client or a :class:`~.real_agent.ToolAgent`) replaces
+    the scripted agent with a real one; each strategy then talks to it separately.
+    """
+    if turns is not None and not 1 <= turns <= len(QUESTIONS):
+        raise ConfigError(f"turns must be between 1 and {len(QUESTIONS)}, got {turns}")
+    if summarize_every < 1:
+        raise ConfigError(f"summarize_every must be at least 1, got {summarize_every}")
+    questions = QUESTIONS[:turns] if turns else QUESTIONS
+    counter = TokenCounter.for_model(model)
+    agent = laptop_agent(agent_model)
+    try:
+        with summarizer_for(summarizer) as summ:
+            strategies = _strategies(model, summ, ours_budget, summarize_every)
+            if agent is None:
+                sent = _play_scripted(strategies, questions, counter, progress)
+                extra: dict[str, dict[str, Any]] = {name: {} for name in strategies}
+            else:
+                sent, extra = _play_real(agent, strategies, questions, counter, progress)
+            runs = {
+                name: price_strategy(
+                    name,
+                    contexts,
+                    counter,
+                    model,
+                    summ,
+                    strategies[name],
+                    tools=TOOLS,
+                    extra=extra[name],
+                )
+                for name, contexts in sent.items()
+            }
+            described = summ.describe()
+    finally:
+        if agent is not None and agent is not agent_model:
+            agent.close()
     series = {name: run.input_tokens_per_turn for name, run in runs.items()}
+    ours = strategies["ctxwarden"]
+    assert isinstance(ours, OursStrategy)
+    facts_kept = [_holds_budget_and_use(ctx, n) for n, ctx in enumerate(sent["ctxwarden"], start=1)]
     audit = ours.last.audit if ours.last is not None else None
     return {
-        "description": "Seed 003: a 21-turn laptop-shop chat; input tokens of the request "
-        "that answers each turn, exact gpt-4o counts including the tool definitions.",
+        "description": f"Seed 003: a {len(questions)}-turn laptop-shop chat; input tokens of "
+        "the request that answers each turn, exact gpt-4o counts including the tool "
+        "definitions."
+        + (
+            f" The agent is {agent.name}: each strategy holds its own conversation with it."
+            if agent is not None
+            else ""
+        ),
         "model": model,
-        "summarizer": summarizer_name,
+        "summarizer": described["name"],
+        "summarizer_pricing": described["pricing"],
+        "agent": agent.name if agent is not None else "scripted",
+        "turns": len(questions),
         "ours_budget": ours_budget,
         "runs": runs,
         "table": reduction_table(series, TABLE_TURNS, "Basic"),

@@ -61,6 +61,7 @@ from ..formats.openai import messages_from_openai
 from ..messages import Message
 from ..tokens import REPLY_PRIMING, TokenCounter
 from .metrics import plain_window
+from .summarizers import Account, summarizer_for
 
 __all__ = [
     "ID_KEYS",
@@ -340,7 +341,36 @@ def locomo_recall(
     default offline summariser the stored summary keeps up to ``budget`` tokens of
     extracted sentences and each build shows the ``summary_share`` of the budget most
     relevant to the question; a ``summarizer`` callable (``(messages, previous) ->
-    text``, e.g. a real model) is shown as it writes."""
+    text``), a provider spec or a :class:`~.summarizers.BenchSummarizer` (e.g. a real
+    model) is shown as it writes; its calls, failures and usage are added to the
+    ctxwarden row."""
+    account = Account()
+    if summarizer is None:
+        result = _locomo_recall(convs, budget, model, progress, summary_share, None, account)
+        result["ctxwarden"]["summarizer"] = "offline (query-aware view)"
+        return result
+    with summarizer_for(summarizer) as given:
+        result = _locomo_recall(convs, budget, model, progress, summary_share, given, account)
+        cost = given.cost(account.usage, model)
+    ours = result["ctxwarden"]
+    ours["summarizer"] = given.label
+    ours["summarizer_calls"] = account.usage.calls
+    ours["summarizer_input_tokens"] = account.usage.input_tokens
+    ours["summarizer_output_tokens"] = account.usage.output_tokens
+    ours["summarizer_cost_usd"] = round(cost, 6)
+    ours.update(account.to_json())
+    return result
+
+
+def _locomo_recall(
+    convs: Sequence[dict[str, Any]],
+    budget: int,
+    model: str,
+    progress: Progress,
+    summary_share: float,
+    summarizer: Any,
+    account: Account,
+) -> dict[str, dict[str, Any]]:
     from .metrics import OursStrategy, offline_with_focus
 
     counter = TokenCounter.for_model(model)
@@ -364,6 +394,8 @@ def locomo_recall(
             if m.id.endswith("-date") and i > 1:
                 ours(transcript[:i])
         ours(transcript)
+        account.add(ours.account.usage)
+        account.errors += ours.account.errors
         full = _vocabulary(transcript)
         full_tokens = counter.count_messages(transcript).tokens
         for qa in qas:

@@ -2,7 +2,9 @@
 
 With no arguments it runs offline (no key, no network): laptop-shop (seed 003),
 agent-chat (seed 000), and the tau-bench and LoCoMo traces when the data folder is
-found (``--data``, ``$CTXWARDEN_DATA``, or ``../shared/data``).
+found (``--data``, ``$CTXWARDEN_DATA``, or ``../shared/data``). ``--summarizer SPEC``
+makes every strategy's summaries and facts real; ``--agent-model SPEC`` lets a real
+model play the laptop-shop agent (each strategy holds its own conversation with it).
 """
 
 from __future__ import annotations
@@ -52,10 +54,21 @@ def bench(
         Path | None, typer.Option("--locomo", help="LoCoMo conversations JSON.")
     ] = None,
     summarizer: Annotated[
-        str, typer.Option("--summarizer", help="'offline' or a provider spec.")
+        str,
+        typer.Option(
+            "--summarizer",
+            help="'offline', or a model that writes every strategy's summaries and facts: "
+            "openai:gpt-4o-mini, anthropic:claude-haiku-4-5, ollama:qwen3:8b, ...",
+        ),
     ] = "offline",
     agent_model: Annotated[
-        str | None, typer.Option("--agent-model", help="A real agent for laptop-shop.")
+        str | None,
+        typer.Option(
+            "--agent-model",
+            help="A real model as the laptop-shop agent, through the OpenAI-compatible "
+            "client: openai:gpt-4o-mini, ollama:qwen3:8b, openrouter:..., vllm:MODEL@URL "
+            "(key and base URL from OPENAI_API_KEY / OPENAI_BASE_URL and the like).",
+        ),
     ] = None,
     no_traces: Annotated[bool, typer.Option("--no-traces", help="Skip the real traces.")] = False,
 ) -> None:
@@ -71,7 +84,12 @@ def bench(
     loc = None if no_traces else _trace(locomo, base / "locomo" / "locomo-dev.json", "locomo")
     console = Console(stderr=True)
     with Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,  # an error then prints alone, on one line
+        disable=not console.is_terminal,
     ) as progress:
         task = progress.add_task("starting", total=None)
 
