@@ -104,7 +104,11 @@ def _tool_calls(raw: Any, turn: int, round_no: int) -> tuple[ToolCall, ...]:
 
 
 class ToolAgent:
-    """A chat model that calls tools, driven turn by turn for one strategy at a time."""
+    """A chat model that calls tools, driven turn by turn for one strategy at a time.
+
+    ``max_tokens`` and ``temperature`` default to the provider's own defaults: reasoning
+    models reject a temperature and spend a small answer limit on thinking.
+    """
 
     def __init__(
         self,
@@ -113,8 +117,8 @@ class ToolAgent:
         run_tool: RunTool,
         *,
         max_tool_rounds: int = MAX_TOOL_ROUNDS,
-        max_tokens: int = 800,
-        temperature: float | None = 0.0,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
     ) -> None:
         if max_tool_rounds < 0:
             raise ConfigError(f"max_tool_rounds must be >= 0, got {max_tool_rounds}")
