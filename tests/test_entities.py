@@ -270,3 +270,47 @@ def test_tau_bench_identifiers_are_extracted_from_the_messages_that_mention_them
     secondary = sum(extracted[k] for k in SECONDARY_KEYS) / sum(mentions[k] for k in SECONDARY_KEYS)
     assert ids >= 0.99
     assert secondary >= 0.95
+
+
+# -- internals that must equal their simple definitions ------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from ctxwarden import entities as _entities  # noqa: E402
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.lists(
+            st.tuples(
+                st.sampled_from("ABCDEFGHIJKLMNOP"), st.sampled_from(["id", "number", "date"])
+            ),
+            max_size=6,
+        ),
+        max_size=12,
+    )
+)
+def test_ledger_keep_order_is_tier_then_recency(batches: list[list[tuple[str, str]]]) -> None:
+    """The per-tier lists give the order of sorting by (tier, last seen), refreshes included."""
+    ledger = EntityLedger()
+    for batch in batches:
+        ledger = ledger.add(Entity(v, c, "m", c) for v, c in batch)
+    expected = sorted(
+        range(len(ledger.entries)),
+        key=lambda i: (
+            -_entities.CATEGORY_TIERS.get(ledger.entries[i].category, 1),
+            -ledger.entries[i].last_seen,
+        ),
+    )
+    assert list(ledger._keep_order(ledger.entries, ledger._tiers)) == expected
+    assert EntityLedger.from_dict(ledger.to_dict()).render(50, count) == ledger.render(50, count)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=' .\n"(abcXY1:', max_size=200), st.integers(0, 200))
+def test_sentence_start_window_equals_searching_the_whole_prefix(text: str, at: int) -> None:
+    at = min(at, len(text))
+    whole = _entities._SENTENCE_END.search(text[:at]) is not None
+    assert _entities._at_sentence_start(text, at) == whole

@@ -330,8 +330,7 @@ class _Build:
         ledger_msg: Message | None = None
         room = 0
         for _ in range(4):
-            verbatim = {m.id for b in blocks for m in b.messages if m is originals[m.id]}
-            edited = [m for m in h[start:] if m.id not in verbatim]
+            edited = self._ledger_sources(blocks, originals, start)
             ledger_msg = ledger.render(h, self.sys_end, start, pinned_idx, edited)
             room = (
                 self.budget - fixed - pinned_tokens - (self.count(ledger_msg) if ledger_msg else 0)
@@ -371,6 +370,20 @@ class _Build:
         return self._finish(ordered, layer_of, info, start, sticky, window)
 
     # -- steps ------------------------------------------------------------------------------
+
+    def _ledger_sources(
+        self, blocks: list[Block], originals: Mapping[str, Message], start: int
+    ) -> list[Message]:
+        """Originals from the window whose values the context no longer shows: masked,
+        dropped, or truncated without listing its cut values in place (a truncation that
+        lists them keeps the ledger — near the top — unchanged, so the prefix stays cached)."""
+        shown = {
+            m.id
+            for b in blocks
+            for m in b.messages
+            if m is originals[m.id] or ("values_listed" in m.meta and "masked_from" not in m.meta)
+        }
+        return [m for m in self.history[start:] if m.id not in shown]
 
     def _report_cold_prefix(self, start: int, pinned: set[int]) -> None:
         """One action for everything before a cold build's window (counted when small)."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -127,12 +127,22 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
             rf"|(?<![\w.,])(?:{_NUM})\s?(?:{_CUR_SYM}|(?:{_CUR_CODE}|{_CUR_WORD})(?!\w))",
         ),
         ("quantity", rf"(?<![\w.,])(?:{_NUM})\s?(?:%|(?:{_UNITS})(?![\w/]))"),
-        ("id", r"#?\w(?:[\w-]*\w)?"),
+        # a run of word characters mixing letters and digits (an id), or one that starts
+        # with a capital and has no digit (a code if it is all capitals); the lookaheads
+        # keep every other word out of the Python loop
+        (
+            "id",
+            r"(?:#|(?<!\w))(?:(?=[\w-]*\d)(?=[\w-]*[^\W\d])|(?=[^\W\d_a-z])(?![\w-]*\d))"
+            r"\w(?:[\w-]*\w)?",
+        ),
         ("number", rf"(?<![\w.,-])-?(?:{_NUM})(?![\w])"),
     )
 )
 _ORDINAL = re.compile(r"^\d+(?:st|nd|rd|th|-?го|-?й|-?ий)$", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"(?:^|[.!?:;…\n•*>\-–—]|\d\.)[\s\"'“„«(\[]*$")
+_DIGIT = re.compile(r"\d")
+_LETTERS = re.compile(r"[^\W\d_]")
+_OPENERS = re.compile(r"[\s\"'“„«(\[]*")
 _WORD = re.compile(r"[^\W\d_][\w'’-]*")
 # capitalised function words that open sentences; not names
 _NAME_SKIP_WORDS = (
@@ -159,6 +169,54 @@ def _is_id(token: str) -> bool:
     return has_digit and has_other and not _ORDINAL.match(token)
 
 
+_MONTH = re.compile(_MONTHS, re.IGNORECASE)
+_LETTER_RUN = re.compile(r"[^\W\d_]{3,}")
+
+
+@lru_cache(maxsize=65_536)
+def _is_month(word: str) -> bool:
+    return _MONTH.fullmatch(word) is not None
+
+
+_NEEDS_DIGIT = frozenset({"date", "time", "amount", "quantity", "number"})  # date-written too
+
+
+def _may_match(category: str, text: str, digits: bool) -> bool:
+    """Cheap tests that skip patterns on text that cannot match them: a written date
+    needs a month name, a path a slash, a URL "://", an e-mail "@", a number a digit."""
+    if category in _NEEDS_DIGIT:
+        return digits
+    if category == "date-written":
+        return digits and any(_is_month(w) for w in _LETTER_RUN.findall(text))
+    if category == "path":
+        return "/" in text or "\\" in text
+    if category == "url":
+        return "://" in text
+    if category == "email":
+        return "@" in text
+    return True
+
+
+def _at_sentence_start(text: str, at: int) -> bool:
+    """Whether position ``at`` opens a sentence. Only the last 64 characters are searched
+    (searching the whole prefix made long texts quadratic), unless they are all spaces
+    and quotes, when what decides lies further back."""
+    lo = max(at - 64, 0)
+    if _SENTENCE_END.search(text, lo, at) is not None:
+        return True
+    return (
+        lo > 0
+        and _OPENERS.fullmatch(text, lo, at) is not None
+        and (_SENTENCE_END.search(text, 0, at) is not None)
+    )
+
+
+def _shouting(text: str) -> bool:
+    """Most letters are capitals (a heading or an angry message): capitals are no code."""
+    letters = _LETTERS.findall(text)
+    return len(letters) > 24 and sum(map(str.isupper, letters)) > len(letters) // 2
+
+
 def _clean(value: str) -> str:
     return " ".join(value.split()).strip(".,;:!?)(\"'")
 
@@ -169,16 +227,18 @@ def extract_from_text(text: str, source_id: str = "") -> list[Entity]:
     claimed = bytearray(len(text))
 
     def take(start: int, end: int, value: str, category: str) -> None:
-        if any(claimed[start:end]):
+        if claimed.find(1, start, end) >= 0:
             return
         claimed[start:end] = b"\x01" * (end - start)
         value = _clean(value)
         if value and value not in out:
             out[value] = Entity(value, category, source_id, category)
 
-    letters = sum(c.isalpha() for c in text)
-    shouting = letters > 24 and sum(c.isupper() for c in text) > letters // 2  # no codes then
+    shouting: bool | None = None  # mostly capitals: no codes then (found when first needed)
+    digits = _DIGIT.search(text) is not None
     for category, pattern in _PATTERNS:
+        if not _may_match(category, text, digits):
+            continue
         for m in pattern.finditer(text):
             value = m.group(0)
             if category == "date-written":
@@ -191,8 +251,11 @@ def extract_from_text(text: str, source_id: str = "") -> list[Entity]:
                     and len(value) >= 3
                     and value.isupper()
                     and value not in _CODE_SKIP
-                    and not shouting
                 ):
+                    if shouting is None:
+                        shouting = _shouting(text)
+                    if shouting:
+                        continue
                     category_out = "code"
                 else:
                     continue
@@ -207,13 +270,13 @@ def extract_from_text(text: str, source_id: str = "") -> list[Entity]:
     run: list[re.Match[str]] = []
     words: list[re.Match[str] | None] = [*_WORD.finditer(text), None]
     for w in words:
-        title = w is not None and _is_title(w.group(0)) and not any(claimed[w.start() : w.end()])
+        title = w is not None and _is_title(w.group(0)) and claimed.find(1, w.start(), w.end()) < 0
         joined = not run or (w is not None and text[run[-1].end() : w.start()] in (" ", "\u00a0"))
         if w is not None and title and joined:
             run.append(w)
             continue
         while run:
-            at_start = bool(_SENTENCE_END.search(text[: run[0].start()]))
+            at_start = _at_sentence_start(text, run[0].start())
             if run[0].group(0) in _NAME_SKIP or (at_start and len(run) == 1):
                 run = run[1:]
                 continue
@@ -232,9 +295,20 @@ _AMOUNT_KEY = re.compile(r"amount|price|cost|total|balance|fee|paid|refund", re.
 _GENERIC_KEYS = frozenset({"id", "name", "value", "code", "type", "key", "number", "date", "text"})
 
 
-@lru_cache(maxsize=65_536)
+_TO_NINE = str.maketrans("0123456789", "9999999999")
+
+
 def _category_of(value: str) -> str:
-    """The category of a short JSON string from its shape alone."""
+    """The category of a short JSON string from its shape alone. Without letters, the
+    patterns see only where the digits are (which digit does not matter), so such values
+    share one cache entry per shape: "562.54" and "18.20" are both "999.99"."""
+    if _LETTERS.search(value) is None:
+        return _category_by_text(value.translate(_TO_NINE))
+    return _category_by_text(value)
+
+
+@lru_cache(maxsize=65_536)
+def _category_by_text(value: str) -> str:
     found = extract_from_text(value)
     if len(found) == 1 and found[0].value == _clean(value):
         return found[0].category
@@ -347,21 +421,29 @@ class LedgerEntry:
 #: Entries a ledger keeps at most; beyond, the lowest tier and least recently seen go
 #: (down to half, so pruning is rare). A rendered block holds far fewer (one token each
 #: at least, and the ledger's cap is hundreds of tokens), so pruning never changes what
-#: is rendered for caps below ``MAX_ENTRIES // 2`` tokens, and keeps ``add`` and
-#: ``render`` O(MAX_ENTRIES) instead of O(every value the conversation ever carried).
+#: is rendered for caps below ``MAX_ENTRIES // 2`` tokens.
 MAX_ENTRIES = 4_096
+_TIERS = 1 + max(CATEGORY_TIERS.values())
+
+# Token cost of one rendered value (" value" and its comma) or label line, per counter:
+# rendering estimates with these and counts the whole text once, instead of counting
+# every candidate text in a search.
+_COSTS: dict[tuple[Callable[[str], int], str], int] = {}
+_COSTS_MAX = 200_000
 
 
-def _drop_order(entries: Sequence[LedgerEntry]) -> list[int]:
-    """Positions in the order entries leave a full ledger: lowest tier, then oldest seen."""
-    keys = [(CATEGORY_TIERS.get(e.category, 1), e.last_seen) for e in entries]
-    return sorted(range(len(keys)), key=keys.__getitem__)
+def _cost(count: Callable[[str], int], text: str) -> int:
+    key = (count, text)
+    found = _COSTS.get(key)
+    if found is None:
+        if len(_COSTS) > _COSTS_MAX:
+            _COSTS.clear()
+        found = _COSTS[key] = count(text)
+    return found
 
 
-def _prune(entries: list[LedgerEntry], keep: int) -> tuple[list[LedgerEntry], dict[str, int]]:
-    kept = set(_drop_order(entries)[-keep:])
-    out = [e for i, e in enumerate(entries) if i in kept]
-    return out, {e.value: i for i, e in enumerate(out)}
+def _shown(value: str) -> str:
+    return f'"{value}"' if "," in value else value
 
 
 @dataclass(frozen=True)
@@ -371,15 +453,31 @@ class EntityLedger:
     Adding a value already present only refreshes its recency (used for trimming); it
     keeps its place and label, so the rendered block changes only by growing at the end
     and stays a cacheable prefix.
+
+    Internally each tier keeps its entries' positions in the order they were last seen,
+    so the entries a render keeps (highest tier, most recently seen first) are read off
+    the ends of those lists: rendering costs what it shows, not the ledger's size.
     """
 
     entries: tuple[LedgerEntry, ...] = ()
     seq: int = 0
     header: str = DEFAULT_HEADER
+    # value -> position; shared with the ledger this one grew from while it only grows
     _index: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+    # per tier: (last_seen, position), oldest first; stale pairs (refreshed since) skipped
+    _tiers: tuple[tuple[tuple[int, int], ...], ...] = field(default=(), compare=False, repr=False)
     _renders: dict[tuple[int, Callable[[str], int]], str] = field(
         default_factory=dict, compare=False, repr=False
     )
+
+    def __post_init__(self) -> None:
+        if not self._tiers:
+            tiers: list[list[tuple[int, int]]] = [[] for _ in range(_TIERS)]
+            for i, e in enumerate(self.entries):
+                tiers[CATEGORY_TIERS.get(e.category, 1)].append((e.last_seen, i))
+            for t in tiers:
+                t.sort()
+            object.__setattr__(self, "_tiers", tuple(tuple(t) for t in tiers))
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -392,6 +490,7 @@ class EntityLedger:
         index = self._index
         if len(index) != len(entries):
             index = {e.value: i for i, e in enumerate(entries)}
+        tiers = [list(t) for t in self._tiers]
         seq = self.seq
         for e in entities:
             seq += 1
@@ -401,22 +500,74 @@ class EntityLedger:
                 entries[i] = LedgerEntry(
                     old.value, old.label, old.category, old.source_id, old.first_seen, seq
                 )
+                category = old.category
             else:
-                index[e.value] = len(entries)
+                i = index[e.value] = len(entries)
                 category = e.category or e.label
                 entries.append(LedgerEntry(e.value, e.label, category, e.source_id, seq, seq))
+            tiers[CATEGORY_TIERS.get(category, 1)].append((seq, i))
+        if seq == self.seq:
+            return self
         if len(entries) > MAX_ENTRIES:
-            entries, index = _prune(entries, MAX_ENTRIES // 2)
-        return EntityLedger(tuple(entries), seq, self.header, index)
+            kept = set(self._keep_order(entries, tiers, MAX_ENTRIES // 2))
+            entries = [e for i, e in enumerate(entries) if i in kept]
+            return EntityLedger(tuple(entries), seq, self.header)
+        stale = sum(map(len, tiers)) - len(entries)
+        if stale > len(entries):  # compact: refreshed values left old pairs behind
+            return EntityLedger(tuple(entries), seq, self.header, index)
+        return EntityLedger(tuple(entries), seq, self.header, index, tuple(map(tuple, tiers)))
+
+    @staticmethod
+    def _keep_order(
+        entries: Sequence[LedgerEntry],
+        tiers: Sequence[Sequence[tuple[int, int]]],
+        limit: int | None = None,
+    ) -> Iterator[int]:
+        """Positions, best first: highest tier, then most recently seen."""
+        given = 0
+        for tier in reversed(tiers):
+            for last_seen, i in reversed(tier):
+                if entries[i].last_seen != last_seen:
+                    continue  # refreshed since: a newer pair stands for it
+                if limit is not None and given >= limit:
+                    return
+                given += 1
+                yield i
+
+    def branch(self) -> EntityLedger:
+        """The same ledger with an index of its own: grow it without making the ledger
+        it came from rebuild its index on its next ``add`` (a side branch)."""
+        return EntityLedger(self.entries, self.seq, self.header, dict(self._index), self._tiers)
 
     def values(self) -> list[str]:
         return [e.value for e in self.entries]
 
-    def _render(self, entries: Iterable[LedgerEntry]) -> str:
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (a session stores its ledger): entries as compact rows, the
+        ``seq`` counter and the header, so :meth:`from_dict` gives back an equal ledger."""
+        rows = [
+            [e.value, e.label, e.category, e.source_id, e.first_seen, e.last_seen]
+            for e in self.entries
+        ]
+        return {"entries": rows, "seq": self.seq, "header": self.header}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> EntityLedger:
+        """The ledger :meth:`to_dict` wrote; ``ValueError`` names what is malformed."""
+        try:
+            entries = tuple(
+                LedgerEntry(str(v), str(lb), str(c), str(src), int(first), int(last))
+                for v, lb, c, src, first, last in data["entries"]
+            )
+            return cls(entries, int(data["seq"]), str(data.get("header", DEFAULT_HEADER)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a stored entity ledger ({type(exc).__name__}: {exc})") from exc
+
+    def _render(self, positions: Iterable[int]) -> str:
         groups: dict[str, list[str]] = {}
-        for e in entries:
-            value = f'"{e.value}"' if "," in e.value else e.value
-            groups.setdefault(e.label, []).append(value)
+        for i in sorted(positions):
+            e = self.entries[i]
+            groups.setdefault(e.label, []).append(_shown(e.value))
         if not groups:
             return ""
         lines = [f"- {label}: {', '.join(values)}" for label, values in groups.items()]
@@ -426,30 +577,42 @@ class EntityLedger:
         """The ledger as a system-block text of at most ``max_tokens`` ("" when empty).
 
         Over budget, entries are dropped lowest category tier first (plain numbers),
-        then oldest (least recently seen) first; a binary search finds how many.
+        then oldest (least recently seen) first. How many to keep is estimated from
+        cached per-value costs, then the text is counted; only when the estimate was
+        short does a binary search (exact counts) settle it.
         """
         memo = (max_tokens, count)
         if memo in self._renders:
             return self._renders[memo]
-        # Every kept value costs at least one token, so at most ``max_tokens`` of them can
-        # fit: only the ``max_tokens`` last in drop order are candidates (same result as
-        # searching all entries, in O(max_tokens) renders instead of O(entries)).
-        entries = self.entries
-        if len(entries) > max_tokens:
-            keep = set(_drop_order(entries)[-max(max_tokens, 0) :]) if max_tokens > 0 else set()
-            entries = tuple(e for i, e in enumerate(entries) if i in keep)
-        text = self._render(entries)
-        if text and count(text) > max_tokens:
-            drop_order = _drop_order(entries)
-            lo, hi = 1, len(drop_order)
-            text = ""
-            while lo <= hi:  # the fewest dropped entries that fit
-                mid = (lo + hi) // 2
-                gone = set(drop_order[:mid])
-                candidate = self._render(e for i, e in enumerate(entries) if i not in gone)
-                if candidate and count(candidate) <= max_tokens:
-                    text, hi = candidate, mid - 1
-                else:
-                    lo = mid + 1
+        text = self._fit(max_tokens, count)
         self._renders[memo] = text
         return text
+
+    def _fit(self, max_tokens: int, count: Callable[[str], int]) -> str:
+        if not self.entries or max_tokens <= 0:
+            return ""
+        order: list[int] = []
+        labels: set[str] = set()
+        used = _cost(count, self.header)
+        for i in self._keep_order(self.entries, self._tiers):
+            e = self.entries[i]
+            step = _cost(count, " " + _shown(e.value)) + 1
+            if e.label not in labels:
+                step += _cost(count, f"\n- {e.label}:") - 1
+            if used + step > max_tokens:
+                break
+            used += step
+            labels.add(e.label)
+            order.append(i)
+        text = self._render(order) if order else ""
+        if not text or count(text) <= max_tokens:
+            return text
+        lo, hi, best = 1, len(order) - 1, ""
+        while lo <= hi:  # the estimate was short: the most entries that fit, counted
+            mid = (lo + hi) // 2
+            candidate = self._render(order[:mid])
+            if count(candidate) <= max_tokens:
+                best, lo = candidate, mid + 1
+            else:
+                hi = mid - 1
+        return best

@@ -112,8 +112,8 @@ class LedgerBuilder:
                 self.ledger = hit[0]
                 return hit[1]
         ledger = _dropped_ledger(history, sys_end, start, frozenset(pinned), self.earlier)
-        for original in edited:
-            ledger = ledger.add(extract_entities(original))
+        if edited:  # a side branch: the memo keeps growing the dropped-only ledger
+            ledger = ledger.branch().add(e for m in edited for e in extract_entities(m))
         self.ledger = ledger
         message = self._message(self.cap - _FRAMING)
         if key is not None:

@@ -20,6 +20,7 @@ decisions (``ctx.sticky``) are honoured as well.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -31,6 +32,22 @@ __all__ = ["DEFAULT_PLACEHOLDER", "MaskObservations"]
 
 #: Fields: ``name`` (the tool), ``tokens`` (of the original result), ``id``, ``call_id``.
 DEFAULT_PLACEHOLDER = "[tool result masked to save context: {name}, {tokens} tokens]"
+
+
+# Placeholders already made, so every build sends the same object (its fingerprint and
+# token count cached on it) instead of a new copy.
+_MASKED: OrderedDict[tuple[str, str, str], Message] = OrderedDict()
+_MASKED_MAX = 8192
+
+
+def _masked(message: Message, text: str, before: int) -> Message:
+    key = (message.id, message.fingerprint, text)
+    found = _MASKED.get(key)
+    if found is None:
+        found = _MASKED[key] = message.with_content(text, masked_from=before)
+        if len(_MASKED) > _MASKED_MAX:
+            _MASKED.popitem(last=False)
+    return found
 
 
 @dataclass(frozen=True)
@@ -127,7 +144,7 @@ class MaskObservations:
                 id=message.id,
                 call_id=call_id,
             )
-            new = message.with_content(text, masked_from=before)
+            new = _masked(message, text, before)
             after = ctx.count(new)
             if after >= before:
                 continue

@@ -29,6 +29,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..messages import Message
 from .base import Action, StrategyContext, StrategyResult
+from .cut_values import with_cut_values
 
 __all__ = [
     "DEFAULT_LIBRARY_PATTERNS",
@@ -472,7 +473,7 @@ def truncate_by_kind(
     return truncate_text(text, target_tokens=target_tokens, count=count)
 
 
-_RESULTS: OrderedDict[tuple[Any, ...], str] = OrderedDict()
+_RESULTS: OrderedDict[tuple[Any, ...], Message] = OrderedDict()
 _RESULTS_MAX = 4096
 
 
@@ -486,6 +487,12 @@ class TruncateToolResults:
     Pinned and ``critical`` messages are never cut. Results are memoised by message
     fingerprint and configuration, so repeated builds do not redo the work.
 
+    The identifiers, dates and amounts of the cut part are listed after the cut, within
+    ``cut_values_tokens`` more tokens (0 turns it off; see
+    :mod:`~ctxwarden.strategies.cut_values`): the agent keeps them while the result is
+    in the window, and the entity ledger — whose changes would break the cached prefix —
+    takes them only once the result is masked or leaves.
+
     ``count_text`` (a text counter, e.g. ``TokenCounter.count_text``) is used while
     searching for the cut; without it each candidate is counted as a whole message
     through ``ctx.count``, which is exact but fills the counter's cache with drafts.
@@ -495,12 +502,15 @@ class TruncateToolResults:
     target_tokens: int = 300
     library_patterns: tuple[str, ...] = DEFAULT_LIBRARY_PATTERNS
     keep_fields: tuple[str, ...] = ()
+    cut_values_tokens: int = 120
     count_text: Callable[[str], int] | None = field(default=None, compare=False, repr=False)
     name: str = field(default="truncate")
 
     def __post_init__(self) -> None:
         if self.target_tokens < 1:
             raise ConfigError(f"target_tokens must be at least 1, got {self.target_tokens}")
+        if self.cut_values_tokens < 0:
+            raise ConfigError(f"cut_values_tokens must be >= 0, got {self.cut_values_tokens}")
         if self.threshold_tokens < self.target_tokens:
             raise ConfigError(
                 f"threshold_tokens ({self.threshold_tokens}) must be >= target_tokens "
@@ -519,27 +529,38 @@ class TruncateToolResults:
         before = count(message)
         if before <= self.threshold_tokens:
             return message
-        key = (message.fingerprint, self, before)
-        text = _RESULTS.get(key)
-        if text is None:
-            overhead = max(count(message.with_content("")), 0)
-            count_text = self.count_text or (lambda s: count(message.with_content(s)) - overhead)
-            text = truncate_by_kind(
-                message.content,
-                message.kind,
-                target_tokens=max(self.target_tokens - overhead, 1),
-                count=count_text,
-                library_patterns=self.library_patterns,
-                keep_fields=self.keep_fields,
-            )
-            _RESULTS[key] = text
-            if len(_RESULTS) > _RESULTS_MAX:
-                _RESULTS.popitem(last=False)
-        else:
+        # The cut message itself is memoised (per id: the fingerprint ignores ids), so
+        # every build sends the very same object and its fingerprint and count are cached.
+        key = (message.id, message.fingerprint, self, before)
+        hit = _RESULTS.get(key)
+        if hit is not None:
             _RESULTS.move_to_end(key)
+            return message if hit.content == message.content else hit
+        overhead = max(count(message.with_content("")), 0)
+        count_text = self.count_text or (lambda s: count(message.with_content(s)) - overhead)
+        text = truncate_by_kind(
+            message.content,
+            message.kind,
+            target_tokens=max(self.target_tokens - overhead, 1),
+            count=count_text,
+            library_patterns=self.library_patterns,
+            keep_fields=self.keep_fields,
+        )
+        listed = 0
+        if text != message.content:
+            text, listed = with_cut_values(
+                message, text, max_tokens=self.cut_values_tokens, count=count_text
+            )
         if text == message.content:
-            return message
-        return message.with_content(text, truncated_from=before)
+            cut = message
+        elif listed:
+            cut = message.with_content(text, truncated_from=before, values_listed=listed)
+        else:
+            cut = message.with_content(text, truncated_from=before)
+        _RESULTS[key] = cut
+        if len(_RESULTS) > _RESULTS_MAX:
+            _RESULTS.popitem(last=False)
+        return cut
 
     def __call__(self, messages: Sequence[Message], ctx: StrategyContext) -> StrategyResult:
         out: list[Message] = []

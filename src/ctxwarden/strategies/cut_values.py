@@ -1,0 +1,87 @@
+"""The values a truncation cut, listed in the truncated result itself.
+
+A truncated result stays in the window, so the identifiers, dates and amounts in its cut
+part would be lost until the result leaves the window and reaches the entity ledger. The
+ledger could take them at once, but then the ledger — near the top of the context —
+would change every time a long result arrives, and every such call would miss the
+provider's prompt cache (R10). So the truncation says what it cut in place, the same way
+each time (a pure function of the original and the truncated text)::
+
+    [values in the cut part: ORD-51234, mia@example.com, 2024-05-20, … 12 more]
+
+For JSON the note goes inside the document (a ``"…values cut"`` key of the top object,
+or a last string element of the top array), so the result stays valid JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from ..entities import CATEGORY_TIERS, Entity, extract_entities
+from ..messages import Message
+
+__all__ = ["CUT_VALUES_KEY", "with_cut_values"]
+
+CUT_VALUES_KEY = "…values cut"
+_PREFIX = "values in the cut part: "
+
+
+def _lost(original: Message, truncated_text: str) -> list[Entity]:
+    """Entities of ``original`` that the truncated text no longer shows, best first."""
+    found = [e for e in extract_entities(original) if e.value not in truncated_text]
+    order = sorted(range(len(found)), key=lambda i: (-CATEGORY_TIERS.get(found[i].category, 1), i))
+    return [found[i] for i in order]
+
+
+def _note(values: list[str], more: int) -> str:
+    shown = ", ".join(f'"{v}"' if "," in v else v for v in values)
+    return _PREFIX + shown + (f", … {more} more" if more else "")
+
+
+def _attach(truncated_text: str, note: str) -> str:
+    """``note`` inside a JSON document when the text is one, else on a line of its own."""
+    stripped = truncated_text.strip()
+    if stripped[:1] in "[{":
+        try:
+            doc = json.loads(stripped)
+        except ValueError:
+            doc = None
+        pretty = "\n" in stripped
+        if isinstance(doc, dict):
+            doc[CUT_VALUES_KEY] = note.removeprefix(_PREFIX)
+            return json.dumps(doc, ensure_ascii=False, indent=1 if pretty else None)
+        if isinstance(doc, list):
+            doc.append(f"[{note}]")
+            return json.dumps(doc, ensure_ascii=False, indent=1 if pretty else None)
+    return f"{truncated_text}\n[{note}]"
+
+
+def with_cut_values(
+    original: Message, truncated_text: str, *, max_tokens: int, count: Callable[[str], int]
+) -> tuple[str, int]:
+    """``truncated_text`` with the values it lost listed, within ``max_tokens`` more
+    tokens; and how many values it lists (0: the text comes back unchanged).
+
+    Identifiers and e-mails come first, plain numbers last (the ledger's tiers); when not
+    all fit, the note ends with how many more were cut.
+    """
+    lost = _lost(original, truncated_text)
+    if not lost or max_tokens <= 0:
+        return truncated_text, 0
+    base = count(truncated_text)
+    values = [e.value for e in lost]
+
+    def build(k: int) -> str:
+        return _attach(truncated_text, _note(values[:k], len(values) - k))
+
+    if count(build(len(values))) - base <= max_tokens:
+        return build(len(values)), len(values)
+    lo, hi, best = 1, len(values) - 1, 0
+    while lo <= hi:  # the most values that fit
+        mid = (lo + hi) // 2
+        if count(build(mid)) - base <= max_tokens:
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return (build(best), best) if best else (truncated_text, 0)

@@ -1,0 +1,82 @@
+"""Truncated results list the values they cut, and the ledger waits until they leave."""
+
+from __future__ import annotations
+
+import json
+
+from ctxwarden import Policy, build_context
+from ctxwarden.messages import Message, ToolCall
+from ctxwarden.strategies.cut_values import CUT_VALUES_KEY, with_cut_values
+from ctxwarden.strategies.mask import MaskObservations
+from ctxwarden.strategies.truncate import TruncateToolResults
+from ctxwarden.tokens import TokenCounter
+
+COUNTER = TokenCounter.for_model("gpt-4o")
+
+
+def _search_result(n: int = 40) -> Message:
+    items = [
+        {"order_id": f"ORD-{10_000 + i}", "customer": f"user_{i}@example.com", "status": "ok"}
+        for i in range(n)
+    ]
+    return Message.tool(json.dumps({"results": items}), "c1", name="search", id="t1")
+
+
+def test_a_truncated_json_result_stays_json_and_names_what_it_cut() -> None:
+    original = _search_result()
+    cut = TruncateToolResults(threshold_tokens=200, target_tokens=150).truncate(
+        original, COUNTER.count_message
+    )
+    assert cut is not original and cut.meta["values_listed"] > 0
+    doc = json.loads(cut.text)  # still valid JSON
+    listed = doc[CUT_VALUES_KEY]
+    assert "ORD-10020" in listed  # from the cut tail of the array
+    assert "ORD-10020" not in json.dumps(doc["results"])
+    # ids and e-mails (tier 3) before the plain status; the note says how many did not fit
+    assert listed.endswith("more") and ", ok" not in listed
+
+
+def test_the_note_respects_its_token_cap_and_zero_turns_it_off() -> None:
+    original = _search_result(200)
+    head = json.dumps({"results": json.loads(original.text)["results"][:3]})
+    text, listed = with_cut_values(original, head, max_tokens=40, count=COUNTER.count_text)
+    assert 0 < listed < 400 and "more" in text
+    assert COUNTER.count_text(text) - COUNTER.count_text(head) <= 40
+    assert with_cut_values(original, head, max_tokens=0, count=COUNTER.count_text) == (head, 0)
+    plain = TruncateToolResults(threshold_tokens=200, target_tokens=150, cut_values_tokens=0)
+    assert "values_listed" not in plain.truncate(original, COUNTER.count_message).meta
+
+
+def test_plain_text_gets_the_note_on_a_line_of_its_own() -> None:
+    original = Message.tool("Booked: " + ", ".join(f"PNR{i:04d}Z" for i in range(300)), "c", id="t")
+    text, listed = with_cut_values(
+        original, original.text[:60], max_tokens=60, count=COUNTER.count_text
+    )
+    assert listed and text.startswith(original.text[:60]) and "\n[values in the cut part:" in text
+
+
+def _session_with_a_big_result() -> list[Message]:
+    msgs = [Message.system("You are a shop agent.", id="sys"), Message.user("Find orders", id="u0")]
+    msgs.append(Message.assistant(None, (ToolCall("c1", "search", "{}"),), id="a0"))
+    msgs.append(_search_result())
+    msgs.append(Message.user("Thanks, and the refund policy?", id="u1"))
+    return msgs
+
+
+def test_a_listed_truncation_leaves_the_ledger_alone_until_the_result_is_masked() -> None:
+    history = _session_with_a_big_result()
+    built = build_context(history, "gpt-4o", 3000)
+    assert built.audit.by_action("truncated")
+    assert "ctxwarden:ledger" not in built.layers  # nothing left the context yet
+    assert "ORD-10020" in "\n".join(m.text for m in built.messages)  # in the note
+    # three more results push it past the masking window: now the ledger has its values
+    for k in range(2, 6):
+        history.append(Message.assistant(None, (ToolCall(f"c{k}", "get", "{}"),), id=f"a{k}"))
+        history.append(Message.tool("Nothing new here. " * 30, f"c{k}", name="get", id=f"t{k}"))
+    history.append(Message.user("And now?", id="u9"))
+    policy = Policy(mask=MaskObservations(batch_tokens=100))
+    later = build_context(history, "gpt-4o", 3000, previous=built, policy=policy)
+    masked = {a.message_id for a in later.audit.by_action("masked")}
+    assert "t1" in masked
+    ledger = next(m for m in later.messages if m.id == "ctxwarden:ledger")
+    assert "ORD-10039" in ledger.text and "ORD-10000" in ledger.text
