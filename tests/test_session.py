@@ -4,6 +4,8 @@ the three-step summarisation cycle, concurrency across processes, and SIGKILL mi
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import multiprocessing as mp
 import os
 import signal
@@ -17,7 +19,8 @@ from typing import Any
 import pytest
 
 from ctxwarden.engine import build_context
-from ctxwarden.errors import InvalidMessageError, StoreError, SummarizationError
+from ctxwarden.entities import EntityLedger, extract_entities
+from ctxwarden.errors import ConfigError, InvalidMessageError, StoreError, SummarizationError
 from ctxwarden.facts import Facts
 from ctxwarden.messages import Message
 from ctxwarden.session import Session
@@ -72,6 +75,7 @@ class Scripted:
 
     def __init__(self, during: Any = None) -> None:
         self.calls: list[tuple[int, str | None]] = []
+        self.merged: list[list[str]] = []
         self.during = during
 
     async def summarize(
@@ -82,6 +86,12 @@ class Scripted:
             await self.during(len(self.calls))
         text = f"summary {len(self.calls)} of {messages[0].id}..{messages[-1].id}"
         return SummaryResult(text, Usage(100, 20))
+
+    async def merge(self, summaries: Sequence[str]) -> SummaryResult:
+        self.merged.append(list(summaries))
+        if self.during is not None:
+            await self.during(-len(self.merged))  # negative: the n-th meta-summary call
+        return SummaryResult(f"meta {len(self.merged)} <- " + " + ".join(summaries), Usage(50, 10))
 
 
 class ScriptedFacts:
@@ -150,14 +160,6 @@ def test_usage_and_cost_accumulate_per_model(url: str, sid: str) -> None:
 # -- build ---------------------------------------------------------------------------------
 
 
-def _without_ledger(built: Any) -> list[dict[str, Any]]:
-    return [
-        m
-        for m, msg in zip(built.to_openai(), built.messages, strict=True)
-        if built.layers.get(msg.id) != "ledger"
-    ]
-
-
 def test_build_reads_a_slice_but_builds_what_the_full_history_builds(url: str, sid: str) -> None:
     history = [{"role": "system", "content": "You are a shop assistant."}, *chat(400)]
     with Session(url, sid) as s:
@@ -166,14 +168,190 @@ def test_build_reads_a_slice_but_builds_what_the_full_history_builds(url: str, s
         assert len(read) < 200  # a slice bounded by the budget, not the 401 messages
         built = s.build(max_input_tokens=600)
         full = build_context(history, max_input_tokens=600)
-        # the same context; only the entity ledger differs, as it sees only the slice
-        assert _without_ledger(built) == _without_ledger(full)
+        # the same context, entity ledger included (the stored ledger covers the rest)
+        assert built.to_openai() == full.to_openai()
         assert "ledger" in built.layers.values()
-        # the next turn: sticky state carried in sequence numbers, same as the full build
-        s.append(chat(2, 400))
-        again = s.build(max_input_tokens=600)
-        full_again = build_context([*history, *chat(2, 400)], max_input_tokens=600, previous=full)
-        assert _without_ledger(again) == _without_ledger(full_again)
+        # the next turns: sticky state carried in sequence numbers, same as the full build
+        for turn in range(6):
+            s.append(chat(2, 400 + 2 * turn))
+            history += chat(2, 400 + 2 * turn)
+            built = s.build(max_input_tokens=600)
+            full = build_context(history, max_input_tokens=600, previous=full)
+            assert built.to_openai() == full.to_openai()
+            assert built.audit.prefix_shared_tokens == full.audit.prefix_shared_tokens
+
+
+PLANTED = {
+    3: "My reservation is ZFA04Y, paid with credit_card_7815826.",
+    6: "The refund of $1,240.50 goes to account DE44500105175407324931.",
+    9: "Please also note order #W2378156 from 2024-05-20.",
+}
+
+
+def filler(n: int, start: int = 0) -> list[dict[str, Any]]:
+    """Chat without values, except the ones planted early (PLANTED, by position)."""
+    out: list[dict[str, Any]] = []
+    for i in range(start, start + n):
+        role = "user" if i % 2 == 0 else "assistant"
+        text = PLANTED.get(i, f"{role} says: thanks, that sounds fine, please go on with it")
+        out.append({"role": role, "content": text})
+    return out
+
+
+def _context_text(built: Any) -> str:
+    return "\n".join(m.text for m in built.messages)
+
+
+def _recording(store: SessionStore) -> list[tuple[int, int]]:
+    """Record the (after, before) ranges the ledger reads from ``store``."""
+    ranges: list[tuple[int, int]] = []
+    inner = store.unpinned_between
+
+    def unpinned_between(
+        tenant: str, session_id: str, after: int, before: int, **kw: Any
+    ) -> list[tuple[int, Message]]:
+        ranges.append((after, before))
+        return inner(tenant, session_id, after, before, **kw)
+
+    store.unpinned_between = unpinned_between  # type: ignore[method-assign]
+    return ranges
+
+
+def test_early_ids_reach_the_context_through_the_stored_ledger(url: str, sid: str) -> None:
+    history = [{"role": "system", "content": "You are a travel agent."}, *filler(400)]
+    planted = ["ZFA04Y", "credit_card_7815826", "DE44500105175407324931", "W2378156"]
+    with Session(url, sid) as s:
+        s.append(history)
+        ranges = _recording(s.store)
+        built = s.build(max_input_tokens=500)
+        full = build_context(history, max_input_tokens=500)
+        sliced = build_context([m.message for m in s.context_messages(500)], max_input_tokens=500)
+        for value in planted:
+            assert value in _context_text(full) and value in _context_text(built)
+            assert value not in _context_text(sliced)  # the slice alone has lost them
+        assert built.to_openai() == full.to_openai()
+        assert ranges[0][0] == -1  # the first build reads what lies before its slice, once
+        del ranges[:]
+        for turn in range(20):  # the agent loop: each build reads what left the slice
+            s.append(filler(2, 400 + 2 * turn))
+            history += filler(2, 400 + 2 * turn)
+            built = s.build(max_input_tokens=500)
+            full = build_context(history, max_input_tokens=500, previous=full)
+            assert built.to_openai() == full.to_openai()
+            assert all(value in _context_text(built) for value in planted)
+        # the first warm build moves the slice from the cold tail to the window start;
+        # after that, each read spans only the messages the window moved past
+        assert ranges[0][1] - ranges[0][0] <= len(s.context_messages(500)), ranges
+        assert all(before - after <= 20 for after, before in ranges[1:]), ranges
+        # consecutive, never overlapping: no message is read (or added) twice
+        assert all(b[0] == a[1] - 1 for a, b in itertools.pairwise(ranges)), ranges
+
+
+def _expected_ledger(s: Session, upto: int, skip: set[int]) -> EntityLedger:
+    """The ledger of every message up to ``upto``, built from scratch from the export."""
+    ledger = EntityLedger()
+    for seq, message in enumerate(s.messages()):
+        if seq > upto:
+            break
+        if not (message.pinned or message.role == "system" or seq in skip):
+            ledger = ledger.add(extract_entities(message))
+    return ledger
+
+
+def _stored_ledger(s: Session) -> tuple[int, EntityLedger | None]:
+    upto, text = s.store.load_ledger(s.tenant, s.session_id)
+    return upto, (EntityLedger.from_dict(json.loads(text)) if text is not None else None)
+
+
+def test_the_stored_ledger_counts_each_message_once_and_skips_pinned(url: str, sid: str) -> None:
+    history = [{"role": "system", "content": "You are a travel agent."}, *filler(300)]
+    history[5] = {
+        "role": "user",
+        "content": "Keep booking PIN777X in mind.",
+        "ctxwarden": {"pinned": True},
+    }
+    with Session(url, sid) as s:
+        s.append(history)
+        for turn in range(30):
+            s.append(filler(2, 300 + 2 * turn))
+            built = s.build(max_input_tokens=400)
+        assert "PIN777X" in [m.text.split()[2] for m in built.messages if m.pinned]
+        upto, stored = _stored_ledger(s)
+        assert stored is not None and upto > 250
+        expected = _expected_ledger(s, upto, set())
+        assert stored.to_dict() == expected.to_dict()  # seq too: no message added twice
+        assert "PIN777X" not in stored.values() and "ZFA04Y" in stored.values()
+        assert s.ledger.upto >= upto  # this process may be ahead of what it stored
+
+
+def test_folded_messages_still_feed_the_ledger(url: str, sid: str) -> None:
+    history = [{"role": "system", "content": "You are a travel agent."}, *filler(120)]
+    fold_most = SummaryTrigger(max_messages=60, keep_recent=20, fill_ratio=None)
+    with Session(url, sid) as s:
+        s.append(history)
+        written = s.summarize_sync(Scripted(), trigger=fold_most)
+        assert written is not None and written.covered_up_to_seq > 90
+        assert s.summary is not None and "ZFA04Y" not in s.summary  # the summary dropped it
+        built = s.build(max_input_tokens=500)
+        ledger = [m.text for m in built.messages if built.layers[m.id] == "ledger"]
+        assert ledger and "ZFA04Y" in ledger[0] and "W2378156" in ledger[0]
+        assert not {f"m{i}" for i in range(1, written.covered_up_to_seq + 1)} & {
+            m.id for m in built.messages
+        }
+
+
+def test_a_new_process_resumes_from_the_stored_checkpoint(
+    url: str, sid: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from collections import OrderedDict
+
+    from ctxwarden.session import LEDGER_SAVE_EVERY
+    from ctxwarden.store import ledger_checkpoint
+
+    history = [{"role": "system", "content": "sys"}, *filler(300)]
+    with Session(url, sid) as s:
+        s.append(history)
+        full = None
+        for turn in range(40):
+            s.append(filler(2, 300 + 2 * turn))
+            history += filler(2, 300 + 2 * turn)
+            s.build(max_input_tokens=400)
+            full = build_context(history, max_input_tokens=400, previous=full)
+        stored_upto = _stored_ledger(s)[0]
+        assert 0 <= s.ledger.upto - stored_upto < LEDGER_SAVE_EVERY  # saved every so often
+    monkeypatch.setattr(ledger_checkpoint, "_MEMORY", OrderedDict())  # as in a new process
+    with Session(url, sid) as s:
+        ranges = _recording(s.store)
+        s.append(filler(2, 380))
+        history += filler(2, 380)
+        built = s.build(max_input_tokens=400)
+        assert (
+            built.to_openai()
+            == build_context(history, max_input_tokens=400, previous=full).to_openai()
+        )
+        assert ranges[0][0] == stored_upto and ranges[0][1] - stored_upto <= LEDGER_SAVE_EVERY + 20
+
+
+def test_a_damaged_stored_ledger_is_rebuilt(
+    url: str, sid: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from collections import OrderedDict
+
+    from ctxwarden.store import ledger_checkpoint
+
+    history = [{"role": "system", "content": "sys"}, *filler(200)]
+    with Session(url, sid) as s:
+        s.append(history)
+        first = s.build(max_input_tokens=500)
+        with s.store._write() as tx:  # type: ignore[attr-defined]
+            tx.execute("UPDATE ctxwarden_ledgers SET ledger = '{\"entries\": 7}'")
+        monkeypatch.setattr(ledger_checkpoint, "_MEMORY", OrderedDict())  # a new process
+        with pytest.raises(ValueError, match="not a stored entity ledger"):
+            _stored_ledger(s)
+        again = s.build(max_input_tokens=500)
+        assert again.to_openai() == first.to_openai()
+        upto, stored = _stored_ledger(s)  # repaired by the build's save
+        assert stored is not None and stored.to_dict() == _expected_ledger(s, upto, set()).to_dict()
 
 
 def test_without_the_ledger_the_session_build_is_the_full_build(url: str, sid: str) -> None:
@@ -268,11 +446,11 @@ def test_a_lost_race_rereads_and_merges_the_winner(url: str, sid: str) -> None:
 
 
 def test_a_failing_model_changes_nothing(url: str, sid: str) -> None:
-    class Broken:
+    class Broken(Scripted):
         async def summarize(self, messages: Sequence[Message], previous: str | None = None) -> Any:
             raise TimeoutError
 
-    class Empty:
+    class Empty(Scripted):
         async def summarize(self, messages: Sequence[Message], previous: str | None = None) -> Any:
             return SummaryResult("  ")
 
@@ -295,6 +473,78 @@ def test_no_connection_is_held_during_the_model_call(url: str, sid: str) -> None
         assert s.store.connections_in_use() >= 0
         s.summarize_sync(Scripted(look), trigger=EVERY_40)
         assert seen == [0]
+
+
+def test_level_one_summaries_cascade_into_a_meta_summary(url: str, sid: str) -> None:
+    seen: list[tuple[int, int]] = []
+    two_then_meta = SummaryTrigger(max_messages=20, keep_recent=5, fill_ratio=None, max_summaries=2)
+    with Session(url, sid) as s:
+
+        async def look(call: int) -> None:
+            seen.append((call, s.store.connections_in_use()))
+
+        model = Scripted(look)
+        s.append(chat(30))
+        first = s.summarize_sync(model, trigger=two_then_meta)
+        assert first is not None and not first.meta and s.summary == model_text(1, 0, 24)
+        s.append(chat(20, 30))
+        second = s.summarize_sync(model, trigger=two_then_meta)
+        assert second is not None and second.meta and second.error is None
+        assert model.calls[1][1] == model_text(1, 0, 24)  # level one merges the previous one
+        assert model.merged == [[model_text(2, 25, 44)]]  # its text already holds the first
+        meta = f"meta 1 <- {model_text(2, 25, 44)}"
+        assert s.summary == meta and s.summary_state.summaries == ()
+        assert seen == [(1, 0), (2, 0), (-1, 0)]  # no connection held, meta call included
+        s.append(chat(20, 50))
+        third = s.summarize_sync(model, trigger=two_then_meta)
+        assert third is not None and not third.meta
+        assert model.calls[2][1] is None  # level one starts afresh after the meta-summary
+        assert third.session.version == 3  # one versioned write per cycle, meta included
+        assert s.usage == Usage(350, 70, calls=4)
+    with Session(url, sid) as again:  # both tiers stored
+        state = again.summary_state
+        assert state.meta_summary == meta and state.summaries == (model_text(3, 45, 64),)
+        assert again.summary == f"{meta}\n\n{model_text(3, 45, 64)}" and state.cycles == 3
+
+
+def model_text(call: int, first: int, last: int) -> str:
+    return f"summary {call} of m{first}..m{last}"
+
+
+def test_a_failing_meta_summary_keeps_the_level_one_and_retries(url: str, sid: str) -> None:
+    class MetaFails(Scripted):
+        async def merge(self, summaries: Sequence[str]) -> SummaryResult:
+            if not self.merged:
+                self.merged.append([])
+                raise SummarizationError("the model is down")
+            return await super().merge(summaries)
+
+    two_then_meta = SummaryTrigger(max_messages=20, keep_recent=5, fill_ratio=None, max_summaries=2)
+    with Session(url, sid) as s:
+        model = MetaFails()
+        s.append(chat(30))
+        s.summarize_sync(model, trigger=two_then_meta)
+        s.append(chat(20, 30))
+        second = s.summarize_sync(model, trigger=two_then_meta)
+        assert second is not None and not second.meta
+        assert second.error is not None and "the model is down" in second.error
+        assert s.summary == model_text(2, 25, 44) and len(s.summary_state.summaries) == 2
+        s.append(chat(20, 50))
+        third = s.summarize_sync(model, trigger=two_then_meta)
+        assert third is not None and third.meta and s.summary_state.summaries == ()
+        assert s.summary == f"meta 2 <- {model_text(3, 45, 64)}"
+
+
+def test_a_summariser_without_merge_is_refused_before_anything_runs(url: str, sid: str) -> None:
+    class OnlySummaries:
+        async def summarize(self, messages: Sequence[Message], previous: str | None = None) -> Any:
+            raise AssertionError("never called")
+
+    with Session(url, sid) as s:
+        s.append(chat(50))
+        with pytest.raises(ConfigError, match="no merge"):
+            s.summarize_sync(OnlySummaries(), trigger=EVERY_40)  # type: ignore[arg-type]
+        assert (s.record.version, s.summary) == (0, None)
 
 
 # -- many processes ---------------------------------------------------------------------------
@@ -340,14 +590,27 @@ class _Sleepy:
         await asyncio.sleep(self.sleep)
         return SummaryResult(f"cycle {self.calls}: {len(messages)} messages to {messages[-1].id}")
 
+    async def merge(self, summaries: Sequence[str]) -> SummaryResult:
+        self.observations.append((self.store.connections_in_use(), self._held_elsewhere()))
+        await asyncio.sleep(self.sleep)
+        return SummaryResult("meta: " + " | ".join(summaries))
+
 
 def _summarizer(
-    url: str, sid: str, stop: Any, out: Any, sleep: float, db_path: str | None, app: str | None
+    url: str,
+    sid: str,
+    ready: Any,
+    stop: Any,
+    out: Any,
+    sleep: float,
+    db_path: str | None,
+    app: str | None,
 ) -> None:
     async def run() -> None:
         cycles: list[tuple[int, int, str | None]] = []
         with Session(url, sid) as s:
             model = _Sleepy(s.store, sleep, db_path, app)
+            ready.set()  # the appenders start now: a slow spawn must not miss them
             while True:
                 stopping = stop.is_set()
                 written = await s.summarize(model, trigger=EVERY_40)
@@ -375,10 +638,13 @@ def test_eight_appenders_and_a_summariser(url: str, sid: str, tmp_path: Path) ->
     db_path = url.removeprefix("sqlite:///") if url.startswith("sqlite") else None
     app = f"ctxw-sum-{uuid.uuid4().hex[:8]}"
     sum_url = url if db_path else _with_param(url, "application_name", app)
-    stop, out = ctx.Event(), ctx.Queue()
+    ready, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
     started = time.monotonic()
-    summariser = ctx.Process(target=_summarizer, args=(sum_url, sid, stop, out, 0.2, db_path, app))
+    summariser = ctx.Process(
+        target=_summarizer, args=(sum_url, sid, ready, stop, out, 0.2, db_path, app)
+    )
     summariser.start()
+    assert ready.wait(30)
     appenders = [ctx.Process(target=_appender, args=(url, sid, p, 500, 5)) for p in range(8)]
     for p in appenders:
         p.start()
@@ -421,6 +687,9 @@ class _Hang:
         self.reached.set()
         await asyncio.sleep(120)
         return SummaryResult("never written")
+
+    async def merge(self, summaries: Sequence[str]) -> SummaryResult:
+        return SummaryResult("never merged")
 
 
 def _killed_child(url: str, sid: str, reached: Any, where: str) -> None:
@@ -467,6 +736,61 @@ def test_sigkill_mid_cycle_leaves_the_session_consistent(url: str, sid: str, whe
         assert written is not None and written.session.version == 1
 
 
+class _Recorder:
+    """A transaction that remembers whether a statement touched the ledger table."""
+
+    def __init__(self, tx: Any) -> None:
+        self.tx, self.ledger = tx, False
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        self.ledger = self.ledger or "ctxwarden_ledgers" in sql
+        return self.tx.execute(sql, params)  # type: ignore[no-any-return]
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        self.tx.executemany(sql, rows)
+
+
+def _killed_in_ledger_write(url: str, sid: str, reached: Any) -> None:
+    store = open_store(url)
+    original = store._write  # type: ignore[attr-defined]
+
+    @contextmanager
+    def slow_write() -> Iterator[Any]:
+        with original() as tx:
+            recorder = _Recorder(tx)
+            yield recorder
+            if recorder.ledger:  # sticky and ledger written; the COMMIT has not run
+                reached.set()
+                time.sleep(120)
+
+    store._write = slow_write  # type: ignore[attr-defined]
+    with Session(store, sid) as s:
+        s.build(max_input_tokens=500)
+
+
+def test_sigkill_during_the_ledger_write_leaves_the_session_consistent(url: str, sid: str) -> None:
+    history = [{"role": "system", "content": "You are a travel agent."}, *filler(400)]
+    with Session(url, sid) as s:
+        s.append(history)
+    ctx = mp.get_context("spawn")
+    reached = ctx.Event()
+    child = ctx.Process(target=_killed_in_ledger_write, args=(url, sid, reached))
+    child.start()
+    assert reached.wait(60), "the child never reached the ledger write"
+    time.sleep(0.1)
+    os.kill(child.pid or 0, signal.SIGKILL)
+    child.join(10)
+    assert child.exitcode == -signal.SIGKILL
+
+    with Session(url, sid) as s:
+        assert _stored_ledger(s) == (-1, None) and s.record.sticky == {}  # all or nothing
+        built = s.build(max_input_tokens=500)
+        assert built.to_openai() == build_context(history, max_input_tokens=500).to_openai()
+        upto, stored = _stored_ledger(s)
+        assert stored is not None and stored.to_dict() == _expected_ledger(s, upto, set()).to_dict()
+        assert "ZFA04Y" in _context_text(built)
+
+
 # -- CLI ------------------------------------------------------------------------------------
 
 
@@ -490,7 +814,8 @@ def test_cli_session_commands(tmp_path: Path) -> None:
     sent = json.loads(built.stdout)
     assert sent == build_context(given, max_input_tokens=80).to_openai()
     assert sent[0] == given[0] and len(sent) < len(given)
-    assert "7 messages" in runner.invoke(session_app, ["show", *base]).stdout
+    shown = runner.invoke(session_app, ["show", *base]).stdout
+    assert "7 messages" in shown and "entity ledger: " in shown and "summary tiers: 0" in shown
     assert runner.invoke(session_app, ["list", "--db", db]).stdout.startswith("c1\t7\tv0")
     (tmp_path / "notes.txt").write_text("not a db")
     foreign = runner.invoke(session_app, ["list", "--db", f"sqlite:///{tmp_path / 'notes.txt'}"])

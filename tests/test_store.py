@@ -9,6 +9,7 @@ import sqlite3
 import sys
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from ctxwarden.errors import ConfigError, MissingDependencyError, StoreError, VersionConflict
 from ctxwarden.messages import Message, TextPart, ToolCall
 from ctxwarden.store import MIGRATIONS, SessionStore, SQLiteStore, open_store
+from ctxwarden.store.base import encode_message
 from ctxwarden.usage import Usage
 
 PG_DSN = os.environ.get("CTXWARDEN_TEST_POSTGRES")
@@ -212,6 +214,55 @@ def test_sticky_and_usage_are_kept(store: SessionStore, sid: str) -> None:
     assert rec.dollars == pytest.approx(0.75)
 
 
+def test_ledger_checkpoint_only_moves_forward_with_the_sticky_write(
+    store: SessionStore, sid: str
+) -> None:
+    assert store.load_ledger("t", sid) == (-1, None)
+    store.save_sticky("t", sid, {"last_seq": 9}, ledger=(9, '{"covers": 9}'))
+    store.save_sticky("t", sid, {"last_seq": 12}, ledger=(5, '{"covers": 5}'))  # behind: kept
+    assert store.load_ledger("t", sid) == (9, '{"covers": 9}')
+    rec = store.get_session("t", sid)
+    assert rec is not None and rec.sticky == {"last_seq": 12}  # the sticky part still wins
+    store.save_sticky("t", sid, {}, ledger=(9, '{"covers": "9 again"}'))  # equal: replaces
+    store.save_sticky("t", sid, {})
+    assert store.load_ledger("t", sid) == (9, '{"covers": "9 again"}')
+
+
+def test_unpinned_between_reads_a_range_in_order_without_pinned_messages(
+    store: SessionStore, sid: str
+) -> None:
+    given = [Message.system("sys"), *msgs(6), Message.user("keep", pinned=True), *msgs(4, 6)]
+    store.append("t", sid, given, counts(len(given)))
+    got = store.unpinned_between("t", sid, 0, 9)
+    assert [seq for seq, _ in got] == [1, 2, 3, 4, 5, 6, 8]
+    assert [m.text for _, m in got][:2] == ["message 0", "reply 1"]
+    assert [seq for seq, _ in store.unpinned_between("t", sid, 2, 11, limit=3)] == [3, 4, 5]
+    cached = Message.user("from the cache")
+    assert store.unpinned_between("t", sid, 3, 5, cache={4: cached}) == [(4, cached)]
+
+
+def test_an_entity_ledger_survives_the_json_round_trip_exactly() -> None:
+    import json
+
+    from ctxwarden.entities import EntityLedger, extract_entities
+
+    texts = [
+        "Reservation ZFA04Y for mia_li_3668@example.com on 2024-05-20, total $1,240.50.",
+        '{"order_id": "#W2378156", "items": [{"sku": "A-17", "price": 19.99}]}',
+        "Reservation ZFA04Y again, now with Anna Kowalska in Kraków.",
+    ]
+    ledger = EntityLedger(header="Values:")
+    for text in texts:
+        ledger = ledger.add(extract_entities(Message.user(text)))
+    back = EntityLedger.from_dict(json.loads(json.dumps(ledger.to_dict())))
+    assert back == ledger and back.seq == ledger.seq and back.header == "Values:"
+    more = extract_entities(Message.user("Refund 99 EUR to ZFA04Y and NEW123"))
+    assert back.add(more).to_dict() == ledger.add(more).to_dict()  # the index is rebuilt
+    for bad in ({"entries": [["only a value"]], "seq": 1}, {"seq": 1}, [], {"entries": 7}):
+        with pytest.raises(ValueError, match="not a stored entity ledger"):
+            EntityLedger.from_dict(bad)
+
+
 # -- opening, migrations, foreign databases ---------------------------------------------------
 
 
@@ -310,6 +361,45 @@ def test_migrations_upgrade_a_database_created_at_the_first_step(fresh_url: str)
         assert rec is not None and rec.summary == "S0" and rec.total_usage.calls == 0
         assert [m.message.text for m in store.pinned("t", "old")] == ["from v1"]
         assert store.append("t", "old", msgs(1), counts(1)) == [1]
+
+
+def test_migrations_upgrade_a_database_from_the_previous_step(fresh_url: str) -> None:
+    from ctxwarden.session import Session
+
+    previous = MIGRATIONS[-2].name
+    with open_store(fresh_url, migrate_upto=previous) as old:  # type: ignore[attr-defined]
+        assert _applied(old) == [m.name for m in MIGRATIONS[:-1]]
+        with old._write() as tx:  # a session with a summary, as the previous version wrote it
+            tx.execute(
+                "INSERT INTO ctxwarden_sessions (tenant, session_id, summary, summary_upto, "
+                "version, next_seq, sticky, usage, created_at, updated_at) VALUES ('t', 'old', "
+                "'S0', 9, 1, 41, '{\"last_seq\": 40, \"window_start_seq\": 30}', '{}', 1.0, 1.0)"
+            )
+            tx.executemany(
+                "INSERT INTO ctxwarden_messages (tenant, session_id, seq, message, role, pinned, "
+                "token_counts, created_at) VALUES ('t', 'old', ?, ?, ?, ?, ?, 1.0)",
+                [
+                    (
+                        seq,
+                        encode_message(replace(m, id=f"m{seq}")),
+                        m.role,
+                        int(seq == 0),
+                        '{"o200k_base": 8}',
+                    )
+                    for seq, m in enumerate([Message.system("sys"), *msgs(40)])
+                ],
+            )
+    with open_store(fresh_url) as store:  # type: ignore[attr-defined]
+        assert _applied(store) == [m.name for m in MIGRATIONS]
+        rec = store.get_session("t", "old")
+        assert rec is not None and rec.summary == "S0" and rec.summary_levels == {}
+        assert store.load_ledger("t", "old") == (-1, None)
+        with Session(store, "old", tenant="t") as s:
+            assert s.summary_state.summaries == ("S0",)  # the old summary is level one
+            built = s.build(max_input_tokens=200)
+            assert "message 10" not in [m.text for m in built.messages]  # summarised
+            upto, text = store.load_ledger("t", "old")
+            assert text is not None and upto >= 29  # caught up from the history once
 
 
 def test_a_database_from_a_newer_version_is_refused(fresh_url: str) -> None:

@@ -132,6 +132,13 @@ def show(db: Db, session: SessionId, tenant: Tenant = "default") -> None:
         typer.echo("facts:" + ("" if facts else " none"))
         for key, value in facts.to_dict().items():
             typer.echo(f"  {key}: {json.dumps(value, ensure_ascii=False)}")
+        levels = s.summary_state
+        typer.echo(
+            f"summary tiers: {len(levels.summaries)} level-one since the meta-summary, "
+            f"meta-summary {'yes' if levels.meta_summary else 'none'}, {levels.cycles} cycle(s)"
+        )
+        ledger = s.ledger
+        typer.echo(f"entity ledger: {len(ledger.ledger)} value(s) up to message {ledger.upto}")
         typer.echo("summary:" + (f"\n{record.summary}" if record.summary else " none"))
 
 

@@ -8,8 +8,12 @@
 
 ``build`` has the contract of :func:`ctxwarden.build_context` but reads only what can end
 up in the context — pinned messages, the newest tail that can fit (by the token counts
-stored at insert), the summary, the facts and the previous build's sticky decisions — so
-it costs the same at 100 and 100,000 messages.
+stored at insert; from the last window's start once there is one), the summary, the
+facts and the previous build's sticky decisions — so it costs the same at 100 and
+100,000 messages. The entity ledger of everything older than that slice is a stored
+checkpoint each build advances by the messages that left the slice since
+(:mod:`ctxwarden.store.ledger_checkpoint`), so the ids and amounts of message 3 still
+reach the context at message 100,000, as they do in ``build_context`` over the full list.
 
 :meth:`Session.summarize` is seed 000's cycle in three steps, and the order matters:
 read what to fold (one short read transaction), call the model with **no transaction and
@@ -17,19 +21,22 @@ no connection held** (the store's connection is released first), then write summ
 facts in one short transaction guarded by the session's version. If another writer won
 the race, the cycle re-reads (now starting after the other summary, which becomes the
 ``previous`` one to merge) and retries. Messages appended meanwhile are not touched: they
-lie after the folded range and fall into the next cycle.
+lie after the folded range and fall into the next cycle. The model step is
+:func:`ctxwarden.summarize.summarize_cycle`, the in-memory cycle, so a session cascades
+the same way: when level-one summaries pile up they are folded into a meta-summary in
+the same model step, and both tiers are written together.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import (
-    CtxwardenError,
+    ConfigError,
     StoreError,
     SummarizationError,
     UnknownModelError,
@@ -38,6 +45,7 @@ from .errors import (
 from .formats.openai import message_from_openai, message_to_openai
 from .messages import Message
 from .store import SessionStore, StoredMessage, StoredSession, open_store
+from .store.ledger_checkpoint import LedgerCheckpoint, current_checkpoint, remember_checkpoint
 from .tokens import TokenCounter
 from .usage import Usage
 
@@ -46,7 +54,7 @@ if TYPE_CHECKING:
     from .engine import BuiltContext
     from .facts import Facts, FactSchema
     from .policy import Policy
-    from .summarize import SummaryTrigger
+    from .summarize import SummaryState, SummaryTrigger
 
 __all__ = ["Session", "SummaryWrite", "count_key"]
 
@@ -56,10 +64,17 @@ TAIL_SLACK = 3
 """The tail is read up to this many budgets of raw tokens: truncation and masking can make
 more messages fit than raw counts say, and a cold engine build walks back three budgets
 to place its window; still bounded by the budget, never by the history."""
+LEDGER_SAVE_EVERY = 32
+"""A build stores the advanced entity-ledger checkpoint when none is stored yet, or when
+it covers this many more messages than the stored one. Encoding a full ledger costs a
+few milliseconds, so not every build pays it; a process without the checkpoint in memory
+re-reads at most this many messages more."""
 
 
 class _SummarizerLike(Protocol):
     async def summarize(self, messages: Sequence[Message], previous: str | None = None) -> Any: ...
+
+    async def merge(self, summaries: Sequence[str]) -> Any: ...
 
 
 class _ExtractorLike(Protocol):
@@ -70,13 +85,19 @@ class _ExtractorLike(Protocol):
 
 @dataclass(frozen=True)
 class SummaryWrite:
-    """One completed cycle: the session as written, what was folded, and the attempts."""
+    """One completed cycle: the session as written, what was folded, and the attempts.
+
+    ``meta`` says the level-one summaries were folded into a new meta-summary; ``error``
+    says why that step failed (the level-one summary was written all the same, and the
+    next cycle tries the meta-summary again)."""
 
     session: StoredSession
     folded: int
     covered_up_to_seq: int
     attempts: int
     usage: Usage
+    meta: bool = False
+    error: str | None = None
 
 
 def count_key(counter: TokenCounter) -> str:
@@ -147,9 +168,26 @@ class Session:
     @property
     def facts(self) -> Facts:
         """The critical facts, read like a dict (``session.facts["budget"]``)."""
+        return self._facts(self.record)
+
+    @staticmethod
+    def _facts(record: StoredSession) -> Facts:
         from .facts import Facts
 
-        return Facts.from_json(self.record.facts)
+        return Facts.from_json(record.facts)
+
+    @property
+    def summary_state(self) -> SummaryState:
+        """The summary's tiers: level-one summaries since the last meta-summary, the
+        meta-summary, and how many cycles wrote them (``summary`` is their text)."""
+        return _summary_state(self.record)
+
+    @property
+    def ledger(self) -> LedgerCheckpoint:
+        """The entity ledger of the messages before the last build's slice, and the
+        ``upto`` seq it covers (this process's copy, else the stored one)."""
+        record = self.record
+        return current_checkpoint(self.store, self.tenant, self.session_id, record.created_at)
 
     @property
     def usage(self) -> Usage:
@@ -231,25 +269,43 @@ class Session:
     # -- build -------------------------------------------------------------------------------
 
     def context_messages(
-        self, budget: int, model: str | None = None, *, pin_first: int = 0
+        self,
+        budget: int,
+        model: str | None = None,
+        *,
+        pin_first: int = 0,
+        from_seq: int | None = None,
     ) -> list[StoredMessage]:
         """What a build reads: system and pinned messages, the first ``pin_first``
         conversation messages, and the unsummarised tail that can fit (``TAIL_SLACK``
-        budgets of raw tokens), in order; the tail starts on a whole block."""
+        budgets of raw tokens, from ``from_seq`` on when given), in order; the tail
+        starts on a whole block."""
+        return self._slice(budget, model, pin_first, from_seq, self.record)[0]
+
+    def _slice(
+        self,
+        budget: int,
+        model: str | None,
+        pin_first: int,
+        from_seq: int | None,
+        record: StoredSession,
+    ) -> tuple[list[StoredMessage], int]:
+        """:meth:`context_messages` and the seq its tail starts at (everything older
+        that is not in the slice is what the entity ledger must cover)."""
         counter = TokenCounter.for_model(model or self.model)
-        record = self.record
         merged: dict[int, StoredMessage] = {}
         if pin_first:
             head = self.store.range(self.tenant, self.session_id, 0, pin_first + _HEAD_SLACK)
             merged.update((m.seq, m) for m in head if m.message.role != "system")
             merged = dict(sorted(merged.items())[:pin_first])
         merged.update((m.seq, m) for m in self.store.pinned(self.tenant, self.session_id))
+        after = record.summary_upto if from_seq is None else max(record.summary_upto, from_seq - 1)
         tail = self.store.tail(
             self.tenant,
             self.session_id,
             budget * TAIL_SLACK,
             count_key(counter),
-            after_seq=record.summary_upto,
+            after_seq=after,
             count=counter.count_message,
             cache=self._cache,
         )
@@ -259,7 +315,16 @@ class Session:
         while len(tail) > 1 and tail[0].message.role == "tool":
             tail = tail[1:]  # its call is older than the tail: never send an orphan result
         merged.update((m.seq, m) for m in tail)
-        return [merged[seq] for seq in sorted(merged)]
+        start = tail[0].seq if tail else after + 1
+        return [merged[seq] for seq in sorted(merged)], start
+
+    def _ledger_before(
+        self, record: StoredSession, start: int, skip: Container[int]
+    ) -> LedgerCheckpoint:
+        """The entity-ledger checkpoint advanced to cover every message before ``start``
+        that the slice does not hold (see :mod:`ctxwarden.store.ledger_checkpoint`)."""
+        ckpt = current_checkpoint(self.store, self.tenant, self.session_id, record.created_at)
+        return ckpt.advance(self.store, self.tenant, self.session_id, start, skip, self._cache)
 
     def build(
         self, model: str | None = None, policy: Policy | None = None, **kw: Any
@@ -270,7 +335,10 @@ class Session:
         The engine's state counts positions in the list it was given; the session keeps
         them as sequence numbers (``window_start_seq``, ``last_seq``) and translates them
         into positions of this build's list, so the window stays sticky although each
-        build sees a different slice of the history.
+        build sees a different slice of the history. The entity ledger of what lies
+        before the slice comes in as ``earlier_entities`` and is saved, advanced, with
+        the sticky decisions. The first build of a session filled without builds (an
+        import, or one stored before the ledger was) reads its history once for that.
         """
         from .engine import build_context
         from .policy import Policy as PolicyClass
@@ -284,9 +352,19 @@ class Session:
             window = None
         budget = policy.budget_for(window, kw.get("max_input_tokens"))
         record = self.record
-        stored = self.context_messages(budget, model, pin_first=policy.window.pin_first)
+        warm = record.sticky.get("window_start_seq")
+        stored, start = self._slice(
+            budget,
+            model,
+            policy.window.pin_first,
+            int(warm) if warm is not None else None,
+            record,
+        )
         seqs = [m.seq for m in stored]
-        facts = self.facts.render() if record.facts else ""
+        ckpt = None
+        if policy.ledger.enabled:
+            ckpt = self._ledger_before(record, start, frozenset(seqs))
+        facts = self._facts(record).render() if record.facts else ""
         built = build_context(
             [m.message for m in stored],
             model=model,
@@ -294,9 +372,19 @@ class Session:
             previous=_state_for(record.sticky, seqs),
             summary=record.summary,
             facts=facts or None,
+            earlier_entities=ckpt.ledger if ckpt is not None and len(ckpt.ledger) else None,
             **kw,
         )
-        self.store.save_sticky(self.tenant, self.session_id, _sticky_from(built.state, seqs))
+        save = ckpt is not None and _due(ckpt)
+        self.store.save_sticky(
+            self.tenant,
+            self.session_id,
+            _sticky_from(built.state, seqs),
+            ledger=ckpt.encode() if save and ckpt is not None else None,
+        )
+        if ckpt is not None:
+            kept = replace(ckpt, saved=ckpt.upto) if save else ckpt
+            remember_checkpoint(self.store, self.tenant, self.session_id, record.created_at, kept)
         return built
 
     # -- summarisation cycle ----------------------------------------------------------------
@@ -310,16 +398,25 @@ class Session:
         schema: FactSchema = None,
         max_messages: int = 2000,
         retries: int = 3,
+        window: int | None = None,
     ) -> SummaryWrite | None:
         """Fold the unsummarised messages into the summary and facts (three steps, see
-        the module docstring). Returns ``None`` when no trigger fires.
+        the module docstring), cascading to a meta-summary when ``trigger.max_summaries``
+        level-one summaries have piled up: :func:`ctxwarden.summarize.summarize_cycle`
+        does the model part. Returns ``None`` when no trigger fires. ``window`` is what
+        the trigger's fill ratio is measured against (off when ``None``).
 
         A failing model raises :class:`SummarizationError` and changes nothing; losing
         the version race ``retries`` times in a row raises :class:`VersionConflict`.
         """
         from .facts import Facts
-        from .summarize import SummaryTrigger, plan_summary
+        from .summarize import SummaryTrigger, summarize_cycle
 
+        if not callable(getattr(summarizer, "merge", None)):
+            raise ConfigError(
+                f"{type(summarizer).__name__} has no merge(summaries): a session summariser "
+                "also writes the meta-summary (see ctxwarden.summarize.Summarizer)"
+            )
         trigger = trigger or SummaryTrigger()
         counter = TokenCounter.for_model(self.model)
         usage = Usage(calls=0)
@@ -328,44 +425,49 @@ class Session:
             batch = self.store.read_for_summary(
                 self.tenant, self.session_id, max_messages=max_messages
             )
-            messages = [m.message for m in batch.messages]
-            plan = plan_summary(messages, trigger, counter.count_message) if messages else None
-            if plan is None:
+            if not batch.messages:
                 return None
-            folded_ids = {m.id for m in plan.fold}
-            covered = max(s.seq for s in batch.messages if s.message.id in folded_ids)
+            state = _summary_state(batch.session)
             # 2. the model: no transaction, and no connection held while it thinks
             self.store.release()
-            existing = Facts.from_json(batch.session.facts)
-            try:
-                facts = existing
-                if extractor is not None:
-                    facts = await extractor.extract(plan.fold, existing, schema)
-                result = await summarizer.summarize(plan.fold, batch.session.summary)
-            except (CtxwardenError, TimeoutError) as exc:
-                raise SummarizationError(f"summarisation failed, nothing changed: {exc}") from exc
-            text = getattr(result, "text", None)
-            if not isinstance(text, str) or not text.strip():
-                raise SummarizationError("the summariser returned no text; nothing changed")
-            call_usage = getattr(result, "usage", None)
-            if isinstance(call_usage, Usage) and call_usage.calls:
-                usage = usage + call_usage
-                self.record_usage(call_usage, getattr(result, "model", None) or "summarizer")
+            result = await summarize_cycle(
+                [m.message for m in batch.messages],
+                state=state,
+                facts=Facts.from_json(batch.session.facts),
+                trigger=trigger,
+                summarizer=summarizer,
+                count=counter.count_message,
+                window=window,
+                extractor=extractor,
+                schema=schema,
+            )
+            if result.plan is None:
+                return None
+            if result.usage.calls:
+                usage = usage + result.usage
+                self.record_usage(result.usage, _model_name(summarizer))
+            if result.state.cycles == state.cycles:  # the level-one summary failed
+                raise SummarizationError(f"summarisation failed, nothing changed: {result.error}")
+            folded_ids = {m.id for m in result.plan.fold}
+            covered = max(s.seq for s in batch.messages if s.message.id in folded_ids)
+            facts = result.facts
             # 3. write: one short transaction, only if nobody wrote since step 1
             try:
                 written = self.store.write_summary(
                     self.tenant,
                     self.session_id,
                     expected_version=batch.session.version,
-                    summary=text,
+                    summary=result.state.text,
                     facts=facts.to_json() if isinstance(facts, Facts) else dict(facts),
                     covered_up_to_seq=covered,
+                    levels=_levels(result.state),
                 )
             except VersionConflict:
                 if attempt > retries:
                     raise
                 continue
-            return SummaryWrite(written, len(plan.fold), covered, attempt, usage)
+            folded = len(result.plan.fold)
+            return SummaryWrite(written, folded, covered, attempt, usage, result.meta, result.error)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def summarize_sync(
@@ -373,6 +475,50 @@ class Session:
     ) -> SummaryWrite | None:
         """:meth:`summarize` for callers without an event loop."""
         return asyncio.run(self.summarize(summarizer, extractor, **kw))
+
+
+def _due(ckpt: LedgerCheckpoint) -> bool:
+    """Whether a build should store ``ckpt`` (see ``LEDGER_SAVE_EVERY``)."""
+    ahead = ckpt.upto - ckpt.saved
+    return ahead > 0 and (ckpt.saved < 0 or ahead >= LEDGER_SAVE_EVERY)
+
+
+def _model_name(summarizer: Any) -> str:
+    """The name usage is priced under: the summariser's model when it says, else a label."""
+    model = getattr(summarizer, "model", None)
+    name = getattr(model, "name", model)
+    return name if isinstance(name, str) and name else "summarizer"
+
+
+def _levels(state: SummaryState) -> dict[str, Any]:
+    """The stored form of the summary's tiers (``covered_ids`` are not kept: the store
+    knows coverage by sequence number)."""
+    return {
+        "summaries": list(state.summaries),
+        "meta_summary": state.meta_summary,
+        "covered_count": state.covered_count,
+        "as_of_id": state.as_of_id,
+        "cycles": state.cycles,
+    }
+
+
+def _summary_state(record: StoredSession) -> SummaryState:
+    """The summary's tiers as stored; a summary written without them (before migration
+    003, or by ``write_summary`` alone) is one level-one summary."""
+    from .summarize import SummaryState
+
+    levels = record.summary_levels
+    if not levels:
+        summaries = (record.summary,) if record.summary else ()
+        return SummaryState(summaries=summaries, version=record.version, cycles=record.version)
+    return SummaryState(
+        summaries=tuple(str(t) for t in levels.get("summaries", ())),
+        meta_summary=levels.get("meta_summary"),
+        covered_count=int(levels.get("covered_count", 0)),
+        as_of_id=levels.get("as_of_id"),
+        version=record.version,
+        cycles=int(levels.get("cycles", 0)),
+    )
 
 
 def _sticky_from(state: BuildState, seqs: Sequence[int]) -> dict[str, Any]:

@@ -39,7 +39,7 @@ __all__ = ["SqlStore"]
 
 _SESSION_COLS = (
     "tenant, session_id, summary, facts, sticky, version, created_at, updated_at, "
-    "summary_upto, next_seq, usage"
+    "summary_upto, next_seq, usage, summary_levels"
 )
 _WHERE = "WHERE tenant = ? AND session_id = ?"
 _MAX_SEQ = 2**62
@@ -60,6 +60,7 @@ def _session(row: Sequence[Any]) -> StoredSession:
         next_seq=int(row[9]),
         usage=by_model,
         dollars=dollars,
+        summary_levels=json.loads(row[11]),
     )
 
 
@@ -326,18 +327,22 @@ class SqlStore(ABC):
         summary: str | None,
         facts: Mapping[str, Any],
         covered_up_to_seq: int,
+        levels: Mapping[str, Any] | None = None,
     ) -> StoredSession:
-        """Step 3: store the new summary and facts if nobody wrote one since
-        ``expected_version`` was read; raise :class:`VersionConflict` otherwise."""
+        """Step 3: store the new summary, its ``levels`` (the tiers it is made of) and the
+        facts if nobody wrote one since ``expected_version`` was read; raise
+        :class:`VersionConflict` otherwise."""
         facts_json = json.dumps(dict(facts), ensure_ascii=False)
+        levels_json = json.dumps(dict(levels or {}), ensure_ascii=False)
         with self._write() as tx:
             rows = tx.execute(
-                "UPDATE ctxwarden_sessions SET summary = ?, facts = ?, summary_upto = ?, "
-                f"version = version + 1, updated_at = ? {_WHERE} AND version = ? "
-                f"RETURNING {_SESSION_COLS}",
+                "UPDATE ctxwarden_sessions SET summary = ?, facts = ?, summary_levels = ?, "
+                "summary_upto = ?, version = version + 1, updated_at = ? "
+                f"{_WHERE} AND version = ? RETURNING {_SESSION_COLS}",
                 (
                     summary,
                     facts_json,
+                    levels_json,
                     covered_up_to_seq,
                     time.time(),
                     tenant,
@@ -353,13 +358,69 @@ class SqlStore(ABC):
                 )
         return _session(rows[0])
 
-    def save_sticky(self, tenant: str, session_id: str, sticky: Mapping[str, Any]) -> None:
-        """Keep the last build's decisions (last build wins; not versioned)."""
+    def save_sticky(
+        self,
+        tenant: str,
+        session_id: str,
+        sticky: Mapping[str, Any],
+        *,
+        ledger: tuple[int, str] | None = None,
+    ) -> None:
+        """Keep the last build's decisions (last build wins; not versioned) and, in the
+        same transaction, the entity-ledger checkpoint ``(upto, json)`` when given. The
+        checkpoint only moves forward: one covering less than the stored one is ignored,
+        so concurrent builds never take it back (an equal one replaces it: the same
+        messages give the same ledger, and a damaged row gets repaired)."""
         with self._write() as tx:
             tx.execute(
                 f"UPDATE ctxwarden_sessions SET sticky = ? {_WHERE}",
                 (json.dumps(dict(sticky)), tenant, session_id),
             )
+            if ledger is not None:
+                tx.execute(
+                    "INSERT INTO ctxwarden_ledgers (tenant, session_id, upto, ledger, updated_at) "
+                    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, session_id) DO UPDATE SET "
+                    "upto = excluded.upto, ledger = excluded.ledger, updated_at = "
+                    "excluded.updated_at WHERE ctxwarden_ledgers.upto <= excluded.upto",
+                    (tenant, session_id, ledger[0], ledger[1], time.time()),
+                )
+
+    def load_ledger(self, tenant: str, session_id: str) -> tuple[int, str | None]:
+        """The stored entity-ledger checkpoint: ``(upto, json)``, or ``(-1, None)``."""
+        with self._read() as tx:
+            rows = tx.execute(
+                f"SELECT upto, ledger FROM ctxwarden_ledgers {_WHERE}", (tenant, session_id)
+            )
+        return (int(rows[0][0]), str(rows[0][1])) if rows else (-1, None)
+
+    def unpinned_between(
+        self,
+        tenant: str,
+        session_id: str,
+        after_seq: int,
+        before_seq: int,
+        *,
+        limit: int = 1000,
+        cache: MutableMapping[int, Message] | None = None,
+    ) -> list[tuple[int, Message]]:
+        """The first ``limit`` messages with ``after_seq < seq < before_seq`` that are not
+        pinned (nor system prompts), in order: one range read along the primary key;
+        bodies already in ``cache`` are not decoded again."""
+        cache = {} if cache is None else cache
+        with self._read() as tx:
+            rows = tx.execute(
+                f"SELECT seq, message FROM ctxwarden_messages {_WHERE} AND seq > ? AND seq < ? "
+                "AND pinned = 0 ORDER BY seq LIMIT ?",
+                (tenant, session_id, after_seq, before_seq, limit),
+            )
+        out: list[tuple[int, Message]] = []
+        for row in rows:
+            seq = int(row[0])
+            message = cache.get(seq)
+            if message is None:
+                message = decode_message(row[1], seq)
+            out.append((seq, message))
+        return out
 
     def record_usage(
         self, tenant: str, session_id: str, usage: Usage, *, model: str, dollars: float = 0.0

@@ -3,13 +3,14 @@
 A store keeps, per ``(tenant, session_id)``: the messages in order (each with a sequence
 number allocated inside the appending transaction, so concurrent appenders never collide),
 the rolling summary and the facts written by the summarisation cycle, the sticky decisions
-of the last build, and the usage so far. Every operation is one short transaction; none
-stays open across a model call (seed 000: a transaction held through a 5–30 s LLM call is
-the production bug that exhausts the connection pool).
+of the last build, the entity-ledger checkpoint, and the usage so far. Every operation is
+one short transaction; none stays open across a model call (seed 000: a transaction held
+through a 5–30 s LLM call is the production bug that exhausts the connection pool).
 
-The build path only ever asks for :meth:`SessionStore.pinned` and :meth:`SessionStore.tail`,
-which are indexed reads bounded by the budget, so a build costs the same at 100 and at
-100,000 messages.
+The build path only ever asks for :meth:`SessionStore.pinned`, :meth:`SessionStore.tail`
+and :meth:`SessionStore.unpinned_between` (the messages that left the slice since the
+ledger's checkpoint), which are indexed reads bounded by the budget and by how far the
+window moved, so a build costs the same at 100 and at 100,000 messages.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ __all__ = [
 class StoredSession:
     """A session row. ``version`` counts summary writes (the optimistic-lock token);
     ``summary_upto`` is the last sequence number the summary covers (-1: none);
-    ``next_seq`` is the number of messages ever appended."""
+    ``next_seq`` is the number of messages ever appended; ``summary_levels`` are the
+    tiers ``summary`` is made of (level-one summaries and the meta-summary; ``{}`` for
+    a summary written without them)."""
 
     tenant: str
     session_id: str
@@ -54,6 +57,7 @@ class StoredSession:
     next_seq: int = 0
     usage: Mapping[str, Usage] = field(default_factory=dict)
     dollars: float = 0.0
+    summary_levels: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def total_usage(self) -> Usage:
@@ -150,9 +154,30 @@ class SessionStore(Protocol):
         summary: str | None,
         facts: Mapping[str, Any],
         covered_up_to_seq: int,
+        levels: Mapping[str, Any] | None = None,
     ) -> StoredSession: ...
 
-    def save_sticky(self, tenant: str, session_id: str, sticky: Mapping[str, Any]) -> None: ...
+    def save_sticky(
+        self,
+        tenant: str,
+        session_id: str,
+        sticky: Mapping[str, Any],
+        *,
+        ledger: tuple[int, str] | None = None,
+    ) -> None: ...
+
+    def load_ledger(self, tenant: str, session_id: str) -> tuple[int, str | None]: ...
+
+    def unpinned_between(
+        self,
+        tenant: str,
+        session_id: str,
+        after_seq: int,
+        before_seq: int,
+        *,
+        limit: int = 1000,
+        cache: MutableMapping[int, Message] | None = None,
+    ) -> list[tuple[int, Message]]: ...
 
     def record_usage(
         self, tenant: str, session_id: str, usage: Usage, *, model: str, dollars: float = 0.0

@@ -79,6 +79,26 @@ MIGRATIONS: tuple[Migration, ...] = (
                 ON ctxwarden_messages (tenant, session_id, seq) WHERE pinned = 1""",
         ),
     ),
+    Migration(
+        "003_ledger_and_summary_levels",
+        (
+            # The entity ledger of the messages no build reads any more (derived data: a
+            # checkpoint each build advances by what left its slice). A table of its own:
+            # the sessions row is rewritten by every append, and this value is large.
+            """CREATE TABLE ctxwarden_ledgers (
+                tenant TEXT NOT NULL,
+                session_id TEXT NOT NULL,
+                upto BIGINT NOT NULL,
+                ledger TEXT NOT NULL,
+                updated_at DOUBLE PRECISION NOT NULL,
+                PRIMARY KEY (tenant, session_id),
+                FOREIGN KEY (tenant, session_id)
+                    REFERENCES ctxwarden_sessions (tenant, session_id) ON DELETE CASCADE
+            )""",
+            # the summary's two tiers: level-one summaries since the last meta-summary, and it
+            "ALTER TABLE ctxwarden_sessions ADD COLUMN summary_levels TEXT NOT NULL DEFAULT '{}'",
+        ),
+    ),
 )
 
 REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
@@ -95,6 +115,7 @@ REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
             "created_at",
             "updated_at",
             "usage",
+            "summary_levels",
         ]
     ),
     "ctxwarden_messages": frozenset(
@@ -111,6 +132,7 @@ REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
             "created_at",
         ]
     ),
+    "ctxwarden_ledgers": frozenset(["tenant", "session_id", "upto", "ledger", "updated_at"]),
 }
 
 _CREATE_TABLE = (
