@@ -20,6 +20,7 @@ nor decodes the stored one while it is current.
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Container, MutableMapping
 from dataclasses import dataclass, field, replace
@@ -37,6 +38,7 @@ time, or one stored before the ledger was): short transactions, bounded memory."
 
 _MEMORY: OrderedDict[tuple[str, str, str, float], LedgerCheckpoint] = OrderedDict()
 _MEMORY_MAX = 16  # sessions; a full ledger is about a megabyte of Python objects
+_LOCK = threading.Lock()  # sessions in several threads share the memory
 
 
 @dataclass(frozen=True)
@@ -104,10 +106,11 @@ def current_checkpoint(
     and the next save replaces it.
     """
     key = _key(store, tenant, session_id, created_at)
-    hit = _MEMORY.get(key)
-    if hit is not None:
-        _MEMORY.move_to_end(key)
-        return hit
+    with _LOCK:
+        hit = _MEMORY.get(key)
+        if hit is not None:
+            _MEMORY.move_to_end(key)
+            return hit
     upto, text = store.load_ledger(tenant, session_id)
     try:
         return LedgerCheckpoint.decode(upto, text)
@@ -120,9 +123,10 @@ def remember_checkpoint(
 ) -> None:
     """Keep ``ckpt`` for this process's next build of the session (the newest wins)."""
     key = _key(store, tenant, session_id, created_at)
-    known = _MEMORY.get(key)
-    if known is None or known.upto <= ckpt.upto:
-        _MEMORY[key] = ckpt
-    _MEMORY.move_to_end(key)
-    while len(_MEMORY) > _MEMORY_MAX:
-        _MEMORY.popitem(last=False)
+    with _LOCK:
+        known = _MEMORY.get(key)
+        if known is None or known.upto <= ckpt.upto:
+            _MEMORY[key] = ckpt
+        _MEMORY.move_to_end(key)
+        while len(_MEMORY) > _MEMORY_MAX:
+            _MEMORY.popitem(last=False)
