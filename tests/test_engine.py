@@ -254,3 +254,18 @@ def test_policy_from_toml_and_errors(tmp_path: object) -> None:
         Policy.from_toml("[window]\npinfirst = 1\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         Policy.from_toml("[window\n")
+
+
+def test_a_pending_call_does_not_feed_the_ledger() -> None:
+    """A call still waiting for its result is rejected, not dropped: its arguments must not
+    enter the ledger (the ledger sits near the top, so that would break the cached prefix)."""
+    history = _agent_session(30)
+    before = build_context(history, "gpt-4o", 1500)
+    call = ToolCall("c-new", "get_reservation", json.dumps({"reservation_id": "ZZZ999"}))
+    pending = build_context(
+        [*history, Message.assistant(None, (call,), id="a-new")], "gpt-4o", 1500, previous=before
+    )
+    assert pending.audit.by_action("rejected")
+    ledger_before = next(m for m in before.messages if m.id == "ctxwarden:ledger")
+    ledger_pending = next(m for m in pending.messages if m.id == "ctxwarden:ledger")
+    assert ledger_pending.text == ledger_before.text and "ZZZ999" not in ledger_pending.text

@@ -244,6 +244,7 @@ class _Build:
         self.floor = 0
         self.layer_state: LayerState | None = None
         self.earlier: EntityLedger | None = None
+        self.rejected: set[str] = set()
         if facts:
             self.layer_msgs.append(("facts", Message.system(facts, id="ctxwarden:facts")))
         if summary:
@@ -376,7 +377,9 @@ class _Build:
     ) -> list[Message]:
         """Originals from the window whose values the context no longer shows: masked,
         dropped, or truncated without listing its cut values in place (a truncation that
-        lists them keeps the ledger — near the top — unchanged, so the prefix stays cached)."""
+        lists them keeps the ledger — near the top — unchanged, so the prefix stays cached).
+        Rejected messages (a call still waiting for its results, an orphan result) are
+        not: they are not history the agent saw, and a pending call is back next turn."""
         shown = {
             m.id
             for b in blocks
@@ -409,6 +412,7 @@ class _Build:
                 else f"tool call(s) {', '.join(b.unanswered)} without results"
             )
             for m in b.messages:
+                self.rejected.add(m.id)
                 self.actions.append(Action(m.id, "rejected", reason, self.count(m), 0, "pairing"))
         return out
 

@@ -19,6 +19,7 @@ a token budget.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -138,6 +139,7 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("number", rf"(?<![\w.,-])-?(?:{_NUM})(?![\w])"),
     )
 )
+_UUID = _PATTERNS[2][1]
 _ORDINAL = re.compile(r"^\d+(?:st|nd|rd|th|-?го|-?й|-?ий)$", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"(?:^|[.!?:;…\n•*>\-–—]|\d\.)[\s\"'“„«(\[]*$")
 _DIGIT = re.compile(r"\d")
@@ -181,9 +183,12 @@ def _is_month(word: str) -> bool:
 _NEEDS_DIGIT = frozenset({"date", "time", "amount", "quantity", "number"})  # date-written too
 
 
-def _may_match(category: str, text: str, digits: bool) -> bool:
+def _may_match(
+    category: str, pattern: re.Pattern[str], text: str, digits: bool, upper: bool
+) -> bool:
     """Cheap tests that skip patterns on text that cannot match them: a written date
-    needs a month name, a path a slash, a URL "://", an e-mail "@", a number a digit."""
+    needs a month name, a path a slash, a URL "://", an e-mail "@", a number a digit,
+    a UUID a hyphen, an id a digit and a code a capital."""
     if category in _NEEDS_DIGIT:
         return digits
     if category == "date-written":
@@ -194,6 +199,10 @@ def _may_match(category: str, text: str, digits: bool) -> bool:
         return "://" in text
     if category == "email":
         return "@" in text
+    if pattern is _UUID:
+        return "-" in text
+    if category == "id":
+        return digits or upper
     return True
 
 
@@ -236,8 +245,9 @@ def extract_from_text(text: str, source_id: str = "") -> list[Entity]:
 
     shouting: bool | None = None  # mostly capitals: no codes then (found when first needed)
     digits = _DIGIT.search(text) is not None
+    upper = not text.islower()  # no capital at all: no code and no name
     for category, pattern in _PATTERNS:
-        if not _may_match(category, text, digits):
+        if not _may_match(category, pattern, text, digits, upper):
             continue
         for m in pattern.finditer(text):
             value = m.group(0)
@@ -268,7 +278,7 @@ def extract_from_text(text: str, source_id: str = "") -> list[Entity]:
             take(m.start(), m.end(), value, category_out)
     # proper names: runs of capitalised words, not a lone word at a sentence start
     run: list[re.Match[str]] = []
-    words: list[re.Match[str] | None] = [*_WORD.finditer(text), None]
+    words: list[re.Match[str] | None] = [*_WORD.finditer(text), None] if upper else []
     for w in words:
         title = w is not None and _is_title(w.group(0)) and claimed.find(1, w.start(), w.end()) < 0
         joined = not run or (w is not None and text[run[-1].end() : w.start()] in (" ", "\u00a0"))
@@ -296,6 +306,12 @@ _GENERIC_KEYS = frozenset({"id", "name", "value", "code", "type", "key", "number
 
 
 _TO_NINE = str.maketrans("0123456789", "9999999999")
+
+
+@lru_cache(maxsize=4096)
+def _key_traits(key: str) -> tuple[bool, bool]:
+    """Whether a JSON key names an identifier, and whether it names an amount."""
+    return _ID_KEY.search(key) is not None, _AMOUNT_KEY.search(key) is not None
 
 
 def _category_of(value: str) -> str:
@@ -345,12 +361,14 @@ def extract_from_json(data: Any, source_id: str = "") -> list[Entity]:
         elif isinstance(node, bool) or node is None:
             return
         elif isinstance(node, (int, float)):
-            text = json.dumps(node)
             if label:
-                add(text, label, "amount" if _AMOUNT_KEY.search(key) else "number")
+                text = (
+                    repr(node) if isinstance(node, int) or math.isfinite(node) else json.dumps(node)
+                )
+                add(text, label, "amount" if _key_traits(key)[1] else "number")
         elif isinstance(node, str):
             if len(node) <= 60 and len(node.split()) <= 4 and "\n" not in node and label:
-                category = "id" if _ID_KEY.search(key) else _category_of(node)
+                category = "id" if _key_traits(key)[0] else _category_of(node)
                 add(node, label, category)
             else:
                 for e in extract_from_text(node, source_id):

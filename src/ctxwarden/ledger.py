@@ -64,9 +64,10 @@ def _dropped_ledger(
     if base is None:
         base, base_start = seed, sys_end
     ledger = base
-    for i in range(base_start, start):
-        if i not in pinned:
-            ledger = ledger.add(extract_entities(history[i]))
+    found = [
+        e for i in range(base_start, start) if i not in pinned for e in extract_entities(history[i])
+    ]
+    ledger = ledger.add(found)  # one add for the whole range: each add copies the ledger
     _MEMO[(anchor, start)] = (history[start - 1].fingerprint, ledger)
     _BY_CONVERSATION[anchor] = start
     if len(_MEMO) > _MEMO_MAX:
@@ -113,7 +114,7 @@ class LedgerBuilder:
                 return hit[1]
         ledger = _dropped_ledger(history, sys_end, start, frozenset(pinned), self.earlier)
         if edited:  # a side branch: the memo keeps growing the dropped-only ledger
-            ledger = ledger.branch().add(e for m in edited for e in extract_entities(m))
+            ledger = ledger.branch().add([e for m in edited for e in extract_entities(m)])
         self.ledger = ledger
         message = self._message(self.cap - _FRAMING)
         if key is not None:

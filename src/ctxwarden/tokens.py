@@ -164,6 +164,12 @@ def _resolve(model: str) -> _Resolution:
     return _Resolution("o200k_base", family, float(factor))
 
 
+# Raw counts of recent texts up to this size: a truncation's chosen draft, a rendered
+# ledger or a cut-values note is counted while being made and again as a message.
+_TEXT_CACHE_SIZE = 2048
+_TEXT_CACHE_CHARS = 32_768
+
+
 class TokenCounter:
     """Counts tokens for one model; per-message counts are cached by fingerprint."""
 
@@ -177,6 +183,7 @@ class TokenCounter:
         self._encoding = get_encoding(resolved.encoding)
         self._cache: OrderedDict[str, tuple[int, bool]] = OrderedDict()
         self._cache_size = cache_size
+        self._texts: dict[str, int] = {}  # recent texts: drafts are often counted twice
 
     @classmethod
     def for_model(cls, model: str) -> TokenCounter:
@@ -186,7 +193,14 @@ class TokenCounter:
     # -- primitives -------------------------------------------------------------------------
 
     def _raw(self, text: str) -> int:
-        return len(self._encoding.encode(text, disallowed_special=()))
+        found = self._texts.get(text)
+        if found is None:
+            found = len(self._encoding.encode(text, disallowed_special=()))
+            if len(text) <= _TEXT_CACHE_CHARS:
+                if len(self._texts) >= _TEXT_CACHE_SIZE:  # oldest first out
+                    self._texts.pop(next(iter(self._texts)), None)
+                self._texts[text] = found
+        return found
 
     def _scale(self, tokens: int) -> int:
         return tokens if self.factor == 1.0 else int(tokens * self.factor + 0.999)

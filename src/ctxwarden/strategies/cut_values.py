@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 from ..entities import CATEGORY_TIERS, Entity, extract_entities
 from ..messages import Message
@@ -39,22 +40,28 @@ def _note(values: list[str], more: int) -> str:
     return _PREFIX + shown + (f", … {more} more" if more else "")
 
 
-def _attach(truncated_text: str, note: str) -> str:
-    """``note`` inside a JSON document when the text is one, else on a line of its own."""
-    stripped = truncated_text.strip()
-    if stripped[:1] in "[{":
-        try:
-            doc = json.loads(stripped)
-        except ValueError:
-            doc = None
-        pretty = "\n" in stripped
+def _attach(truncated_text: str, note: str, doc: Any = None) -> str:
+    """``note`` inside a JSON document (``doc``, the parsed ``truncated_text``) when the
+    text is one, else on a line of its own."""
+    if isinstance(doc, (dict, list)):
+        doc = dict(doc) if isinstance(doc, dict) else list(doc)
+        pretty = "\n" in truncated_text.strip()
         if isinstance(doc, dict):
             doc[CUT_VALUES_KEY] = note.removeprefix(_PREFIX)
-            return json.dumps(doc, ensure_ascii=False, indent=1 if pretty else None)
-        if isinstance(doc, list):
+        else:
             doc.append(f"[{note}]")
-            return json.dumps(doc, ensure_ascii=False, indent=1 if pretty else None)
+        return json.dumps(doc, ensure_ascii=False, indent=1 if pretty else None)
     return f"{truncated_text}\n[{note}]"
+
+
+def _parse(text: str) -> Any:
+    stripped = text.strip()
+    if stripped[:1] not in ("[", "{"):
+        return None
+    try:
+        return json.loads(stripped)
+    except ValueError:
+        return None
 
 
 def with_cut_values(
@@ -64,24 +71,32 @@ def with_cut_values(
     tokens; and how many values it lists (0: the text comes back unchanged).
 
     Identifiers and e-mails come first, plain numbers last (the ledger's tiers); when not
-    all fit, the note ends with how many more were cut.
+    all fit, the note ends with how many more were cut. How many fit is searched on the
+    note alone (a short text); the attached result is counted once to confirm.
     """
     lost = _lost(original, truncated_text)
     if not lost or max_tokens <= 0:
         return truncated_text, 0
     base = count(truncated_text)
+    doc = _parse(truncated_text)
     values = [e.value for e in lost]
+    slack = 8  # the quotes, key or brackets and newline that attach the note
 
-    def build(k: int) -> str:
-        return _attach(truncated_text, _note(values[:k], len(values) - k))
+    def fits(k: int) -> bool:
+        return count(_note(values[:k], len(values) - k)) + slack <= max_tokens
 
-    if count(build(len(values))) - base <= max_tokens:
-        return build(len(values)), len(values)
-    lo, hi, best = 1, len(values) - 1, 0
-    while lo <= hi:  # the most values that fit
-        mid = (lo + hi) // 2
-        if count(build(mid)) - base <= max_tokens:
-            best, lo = mid, mid + 1
-        else:
-            hi = mid - 1
-    return (build(best), best) if best else (truncated_text, 0)
+    best = len(values)
+    if not fits(best):
+        lo, hi, best = 1, len(values) - 1, 0
+        while lo <= hi:  # the most values whose note fits
+            mid = (lo + hi) // 2
+            if fits(mid):
+                best, lo = mid, mid + 1
+            else:
+                hi = mid - 1
+    while best > 0:
+        text = _attach(truncated_text, _note(values[:best], len(values) - best), doc)
+        if count(text) - base <= max_tokens:
+            return text, best
+        best -= 1 + best // 8  # the slack was short (rare): take a few more out
+    return truncated_text, 0
