@@ -386,7 +386,7 @@ class _Build:
             for m in b.messages
             if m is originals[m.id] or ("values_listed" in m.meta and "masked_from" not in m.meta)
         }
-        return [m for m in self.history[start:] if m.id not in shown]
+        return [m for m in self.history[start:] if m.id not in shown and m.id not in self.rejected]
 
     def _report_cold_prefix(self, start: int, pinned: set[int]) -> None:
         """One action for everything before a cold build's window (counted when small)."""
