@@ -315,6 +315,7 @@ class _Build:
             total=lambda ms: self.counter.count_messages(ms).tokens,
             protected=frozenset(protected),
             sticky=sticky,
+            count_text=self.counter.count_text,
         )
         window = h[start:]
         for strategy in (policy.truncate, policy.mask):

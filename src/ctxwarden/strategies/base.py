@@ -44,6 +44,8 @@ class StrategyContext:
     no strategy may remove (the system prompt, the newest user message).
     ``sticky`` maps message id -> the action an earlier build took on it, so a message
     masked or truncated at turn t stays so at t+1 and the prompt prefix stays stable.
+    ``count_text`` counts a bare string (no framing): strategies that try drafts use it
+    instead of wrapping each draft in a message.
     """
 
     count: Callable[[Message], int]
@@ -51,6 +53,7 @@ class StrategyContext:
     total: Callable[[Sequence[Message]], int]
     protected: frozenset[str] = frozenset()
     sticky: Mapping[str, ActionKind] = field(default_factory=dict)
+    count_text: Callable[[str], int] | None = None  # a bare string, when the caller has one
 
 
 @dataclass(frozen=True)

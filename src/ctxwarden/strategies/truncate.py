@@ -520,8 +520,14 @@ class TruncateToolResults:
         object.__setattr__(self, "keep_fields", tuple(self.keep_fields))
         _library_regex(self.library_patterns)  # fail early on a bad regex
 
-    def truncate(self, message: Message, count: Callable[[Message], int]) -> Message:
-        """``message`` cut to the target (the same object when nothing is cut)."""
+    def truncate(
+        self,
+        message: Message,
+        count: Callable[[Message], int],
+        count_text: Callable[[str], int] | None = None,
+    ) -> Message:
+        """``message`` cut to the target (the same object when nothing is cut);
+        ``count_text`` counts the drafts (else ``self.count_text``, else ``count``)."""
         if message.role != "tool" or not isinstance(message.content, str):
             return message
         if message.pinned or message.priority == "critical":
@@ -537,7 +543,9 @@ class TruncateToolResults:
             _RESULTS.move_to_end(key)
             return message if hit.content == message.content else hit
         overhead = max(count(message.with_content("")), 0)
-        count_text = self.count_text or (lambda s: count(message.with_content(s)) - overhead)
+        count_text = (
+            self.count_text or count_text or (lambda s: count(message.with_content(s)) - overhead)
+        )
         text = truncate_by_kind(
             message.content,
             message.kind,
@@ -566,7 +574,7 @@ class TruncateToolResults:
         out: list[Message] = []
         actions: list[Action] = []
         for message in messages:
-            new = self.truncate(message, ctx.count)
+            new = self.truncate(message, ctx.count, ctx.count_text)
             if new is not message:
                 before, after = ctx.count(message), ctx.count(new)
                 actions.append(
