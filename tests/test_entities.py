@@ -314,3 +314,15 @@ def test_sentence_start_window_equals_searching_the_whole_prefix(text: str, at: 
     at = min(at, len(text))
     whole = _entities._SENTENCE_END.search(text[:at]) is not None
     assert _entities._at_sentence_start(text, at) == whole
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.one_of(
+        st.from_regex(r"[a-z0-9_.+-]{1,8}@[a-z0-9-]{1,6}(\.[a-z]{1,4}){1,2}\.?", fullmatch=True),
+        st.text(alphabet="0123456789.,:/-+$€% ", max_size=14),
+    )
+)
+def test_category_fast_paths_equal_scanning_the_value(value: str) -> None:
+    """E-mails and letter-free values skip the scan; the answer must be the scan's."""
+    assert _entities._category_of(value) == _entities._category_by_text(value)

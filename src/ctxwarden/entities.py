@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from .messages import Message
 
@@ -140,6 +140,7 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     )
 )
 _UUID = _PATTERNS[2][1]
+_EMAIL = _PATTERNS[1][1]
 _ORDINAL = re.compile(r"^\d+(?:st|nd|rd|th|-?го|-?й|-?ий)$", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"(?:^|[.!?:;…\n•*>\-–—]|\d\.)[\s\"'“„«(\[]*$")
 _DIGIT = re.compile(r"\d")
@@ -320,6 +321,9 @@ def _category_of(value: str) -> str:
     share one cache entry per shape: "562.54" and "18.20" are both "999.99"."""
     if _LETTERS.search(value) is None:
         return _category_by_text(value.translate(_TO_NINE))
+    if "@" in value and _EMAIL.fullmatch(value):  # the e-mail pattern runs first and claims
+        # the whole value; its local part, when it is an id, is a second entity
+        return "value" if _is_id(value.split("@", 1)[0]) else "email"
     return _category_by_text(value)
 
 
@@ -426,8 +430,9 @@ def extract_entities(message: Message) -> list[Entity]:
 DEFAULT_HEADER = "Known values from earlier messages (may have been removed from the context):"
 
 
-@dataclass(frozen=True)
-class LedgerEntry:
+class LedgerEntry(NamedTuple):
+    """One remembered value (a named tuple: ledgers make thousands of them)."""
+
     value: str
     label: str
     category: str
@@ -446,17 +451,23 @@ _TIERS = 1 + max(CATEGORY_TIERS.values())
 # Token cost of one rendered value (" value" and its comma) or label line, per counter:
 # rendering estimates with these and counts the whole text once, instead of counting
 # every candidate text in a search.
-_COSTS: dict[tuple[Callable[[str], int], str], int] = {}
-_COSTS_MAX = 200_000
+_COSTS: dict[Callable[[str], int], dict[str, int]] = {}
+_COSTS_MAX = 100_000
 
 
-def _cost(count: Callable[[str], int], text: str) -> int:
-    key = (count, text)
-    found = _COSTS.get(key)
-    if found is None:
-        if len(_COSTS) > _COSTS_MAX:
+def _costs(count: Callable[[str], int]) -> dict[str, int]:
+    table = _COSTS.get(count)
+    if table is None or len(table) > _COSTS_MAX:
+        if len(_COSTS) > 64:
             _COSTS.clear()
-        found = _COSTS[key] = count(text)
+        table = _COSTS[count] = {}
+    return table
+
+
+def _cost(table: dict[str, int], count: Callable[[str], int], text: str) -> int:
+    found = table.get(text)
+    if found is None:
+        found = table[text] = count(text)
     return found
 
 
@@ -611,12 +622,16 @@ class EntityLedger:
             return ""
         order: list[int] = []
         labels: set[str] = set()
-        used = _cost(count, self.header)
-        for i in self._keep_order(self.entries, self._tiers):
-            e = self.entries[i]
-            step = _cost(count, " " + _shown(e.value)) + 1
+        table = _costs(count)
+        used = _cost(table, count, self.header)
+        entries = self.entries
+        for i in self._keep_order(entries, self._tiers):
+            e = entries[i]
+            step = table.get(e.value)
+            if step is None:
+                step = table[e.value] = count(" " + _shown(e.value)) + 1
             if e.label not in labels:
-                step += _cost(count, f"\n- {e.label}:") - 1
+                step += _cost(table, count, f"\n- {e.label}:") - 1
             if used + step > max_tokens:
                 break
             used += step
