@@ -444,8 +444,9 @@ class LedgerEntry(NamedTuple):
 #: Entries a ledger keeps at most; beyond, the lowest tier and least recently seen go
 #: (down to half, so pruning is rare). A rendered block holds far fewer (one token each
 #: at least, and the ledger's cap is hundreds of tokens), so pruning never changes what
-#: is rendered for caps below ``MAX_ENTRIES // 2`` tokens.
-MAX_ENTRIES = 4_096
+#: is rendered for caps below ``MAX_ENTRIES // 2`` tokens (the default cap is 600). Smaller is
+#: faster: every ``add`` copies the ledger.
+MAX_ENTRIES = 2_048
 _TIERS = 1 + max(CATEGORY_TIERS.values())
 
 # Token cost of one rendered value (" value" and its comma) or label line, per counter:
