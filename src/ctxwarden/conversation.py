@@ -62,8 +62,9 @@ class PairingProblem:
         return f"tool call {self.call_id!r} has no tool result after it"
 
 
-def group_blocks(messages: Sequence[Message]) -> list[Block]:
-    """Split a conversation into blocks, pairing tool results with calls by position."""
+def group_blocks(messages: Sequence[Message], offset: int = 0) -> list[Block]:
+    """Split a conversation into blocks, pairing tool results with calls by position;
+    block starts count from ``offset`` (the position of ``messages[0]`` in a history)."""
     blocks: list[Block] = []
     i, n = 0, len(messages)
     while i < n:
@@ -75,10 +76,10 @@ def group_blocks(messages: Sequence[Message]) -> list[Block]:
                 pending[messages[j].tool_call_id or ""] -= 1
                 j += 1
             missing = tuple(cid for cid, left in pending.items() for _ in range(left))
-            blocks.append(Block(i, tuple(messages[i:j]), unanswered=missing))
+            blocks.append(Block(offset + i, tuple(messages[i:j]), unanswered=missing))
             i = j
         else:
-            blocks.append(Block(i, (msg,), orphan=msg.role == "tool"))
+            blocks.append(Block(offset + i, (msg,), orphan=msg.role == "tool"))
             i += 1
     return blocks
 
