@@ -247,13 +247,14 @@ def test_early_ids_reach_the_context_through_the_stored_ledger(url: str, sid: st
         assert all(b[0] == a[1] - 1 for a, b in itertools.pairwise(ranges)), ranges
 
 
-def _expected_ledger(s: Session, upto: int, skip: set[int]) -> EntityLedger:
-    """The ledger of every message up to ``upto``, built from scratch from the export."""
+def _expected_ledger(s: Session, upto: int, skip: set[int], since: int = 0) -> EntityLedger:
+    """The ledger of every message from ``since`` to ``upto``, built from scratch from
+    the export."""
     ledger = EntityLedger()
     for seq, message in enumerate(s.messages()):
         if seq > upto:
             break
-        if not (message.pinned or message.role == "system" or seq in skip):
+        if seq >= since and not (message.pinned or message.role == "system" or seq in skip):
             ledger = ledger.add(extract_entities(message))
     return ledger
 
@@ -350,8 +351,152 @@ def test_a_damaged_stored_ledger_is_rebuilt(
             _stored_ledger(s)
         again = s.build(max_input_tokens=500)
         assert again.to_openai() == first.to_openai()
+        assert not first.audit.warnings  # built turn by turn from the start: nothing to say
+        (warning,) = again.audit.warnings  # not repaired silently
+        assert warning.startswith("stored entity ledger cannot be read back")
+        assert "not a stored entity ledger" in warning and "rebuilt" in warning
         upto, stored = _stored_ledger(s)  # repaired by the build's save
         assert stored is not None and stored.to_dict() == _expected_ledger(s, upto, set()).to_dict()
+        monkeypatch.setattr(ledger_checkpoint, "_MEMORY", OrderedDict())
+        s.append(filler(2, 200))
+        assert not s.build(max_input_tokens=500).audit.warnings  # the repaired one reads back
+
+
+LATE = {
+    3000: "Old ticket KPL93Z was closed.",  # before the look-back: not in the ledger
+    4500: "Late booking QXR8T2 is paid with gift_card_5550001.",
+    4700: "Please ship order #W9988776 on 2025-01-15.",
+}
+
+
+def bulk(n: int) -> list[dict[str, Any]]:
+    """A system prompt and ``n - 1`` filler turns, with PLANTED early and LATE late."""
+    out = [{"role": "system", "content": "You are a travel agent."}, *filler(n - 1)]
+    for position, text in LATE.items():
+        out[position]["content"] = text
+    return out
+
+
+def _counting(store: SessionStore) -> dict[str, int]:
+    """Count the messages ``store`` hands out, per method, from now on."""
+    read: dict[str, int] = {}
+    for name in ("tail", "pinned", "range", "unpinned_between"):
+        inner = getattr(store, name)
+
+        def counted(*args: Any, _inner: Any = inner, _name: str = name, **kw: Any) -> Any:
+            got = _inner(*args, **kw)
+            read[_name] = read.get(_name, 0) + len(got)
+            return got
+
+        setattr(store, name, counted)
+    return read
+
+
+def test_a_bulk_imported_session_seeds_its_ledger_from_a_bounded_look_back(
+    url: str, sid: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from collections import OrderedDict
+
+    from ctxwarden.session import LEDGER_SAVE_EVERY
+    from ctxwarden.store import ledger_checkpoint
+    from ctxwarden.store.ledger_checkpoint import LEDGER_BACKFILL, LedgerCheckpoint
+
+    history = bulk(5000)
+    with Session.import_(url, sid, history) as s:
+        assert s.ledger_backfill == LEDGER_BACKFILL == 1000
+        read, ranges = _counting(s.store), _recording(s.store)
+        built = s.build(max_input_tokens=500)
+        first = dict(read)
+        start = min(m.seq for m in s.context_messages(500) if m.message.role != "system")
+        assert 4800 < start < 5000  # the slice: the newest tail
+        # the first build read the slice and the last 1,000 messages before it, not 5,000
+        assert ranges == [(start - 1 - LEDGER_BACKFILL, start)]
+        assert first == {"pinned": 1, "tail": 5000 - start, "unpinned_between": LEDGER_BACKFILL}
+        # the coverage recorded: messages since..upto, in memory and in the store
+        ckpt = s.ledger
+        assert (ckpt.since, ckpt.upto) == (start - LEDGER_BACKFILL, start - 1)
+        upto, text = s.store.load_ledger(s.tenant, s.session_id)
+        stored = LedgerCheckpoint.decode(upto, text)
+        assert (stored.since, stored.upto) == (ckpt.since, ckpt.upto)
+        expected = _expected_ledger(s, upto, set(), since=ckpt.since)
+        assert stored.ledger.to_dict() == expected.to_dict()  # each message added once
+        values = set(stored.ledger.values())
+        late = {"QXR8T2", "gift_card_5550001", "#W9988776", "2025-01-15"}
+        assert late <= values and all(v in _context_text(built) for v in late)
+        assert not values & {"KPL93Z", "ZFA04Y", "#W2378156"}  # older than the look-back
+        (warning,) = built.audit.warnings
+        assert f"(seq {ckpt.since}-{ckpt.upto}): the older ones (seq 0-{ckpt.since - 1})" in warning
+        # the next builds continue from there: only what left the slice, nothing twice
+        del ranges[:]
+        for turn in range(20):
+            s.append(filler(2, 5000 + 2 * turn))
+            read.clear()
+            again = s.build(max_input_tokens=500)
+            assert not again.audit.warnings
+            assert sum(read.values()) <= 150, read  # the slice and a few that left it
+            assert all(v in _context_text(again) for v in late)
+        assert ranges[0][0] == upto and all(b - a <= 150 for a, b in ranges), ranges
+        assert all(b[0] == a[1] - 1 for a, b in itertools.pairwise(ranges)), ranges
+        assert s.ledger.since == ckpt.since and s.ledger.upto > upto
+        # a new process continues from the stored checkpoint, its coverage kept
+        monkeypatch.setattr(ledger_checkpoint, "_MEMORY", OrderedDict())
+        s.append(filler(2, 5040))
+        read.clear()
+        assert not s.build(max_input_tokens=500).audit.warnings
+        assert read["unpinned_between"] <= LEDGER_SAVE_EVERY + 20
+        upto, stored_again = _stored_ledger(s)
+        assert stored_again is not None and s.ledger.since == ckpt.since
+        assert stored_again.to_dict() == _expected_ledger(s, upto, set(), ckpt.since).to_dict()
+
+
+def test_a_damaged_ledger_of_a_long_session_is_rebuilt_from_the_look_back_only(
+    url: str, sid: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from collections import OrderedDict
+
+    from ctxwarden.store import ledger_checkpoint
+
+    with Session.import_(url, sid, bulk(5000)) as s:
+        first = s.build(max_input_tokens=500)
+        with s.store._write() as tx:  # type: ignore[attr-defined]
+            tx.execute("UPDATE ctxwarden_ledgers SET ledger = 'not json'")
+        monkeypatch.setattr(ledger_checkpoint, "_MEMORY", OrderedDict())  # a new process
+        read = _counting(s.store)
+        again = s.build(max_input_tokens=500)
+        damaged, seeded = again.audit.warnings
+        assert "cannot be read back" in damaged and "seeded from the 1,000 messages" in seeded
+        assert read["unpinned_between"] <= s.ledger_backfill  # no read of the whole history
+        assert again.to_openai() == first.to_openai()
+        upto, stored = _stored_ledger(s)
+        assert stored is not None
+        assert stored.to_dict() == _expected_ledger(s, upto, set(), s.ledger.since).to_dict()
+
+
+def test_a_bulk_append_to_a_built_session_keeps_the_old_values_and_seeds_the_rest(
+    url: str, sid: str
+) -> None:
+    with Session(url, sid) as s:
+        s.append([{"role": "system", "content": "You are a travel agent."}, *filler(300)])
+        s.build(max_input_tokens=400)
+        before = s.ledger
+        assert before.since == 0 and {"ZFA04Y", "#W2378156"} <= set(before.ledger.values())
+        s.ledger_backfill = 100
+        added = filler(600, 300)  # seqs 301..900
+        added[600 - 301]["content"] = "Old ticket KPL93Z was closed."
+        added[780 - 301]["content"] = "Late booking QXR8T2 is paid with gift_card_5550001."
+        s.append(added)
+        ranges = _recording(s.store)
+        built = s.build(max_input_tokens=400)
+        after = s.ledger
+        start = ranges[-1][1]
+        assert (after.since, after.upto) == (start - 100, start - 1)
+        assert ranges == [(start - 101, start)]  # only the look-back was read
+        assert 600 < after.since <= 780 < start  # the premise: one skipped, one read
+        values = set(after.ledger.values())
+        assert set(before.ledger.values()) <= values  # the values it had stay
+        assert "QXR8T2" in values and "KPL93Z" not in values
+        (warning,) = built.audit.warnings
+        assert f"the older ones (seq {before.upto + 1}-{after.since - 1})" in warning
 
 
 def test_without_the_ledger_the_session_build_is_the_full_build(url: str, sid: str) -> None:

@@ -241,6 +241,45 @@ def test_unpinned_between_reads_a_range_in_order_without_pinned_messages(
     assert store.unpinned_between("t", sid, 3, 5, cache={4: cached}) == [(4, cached)]
 
 
+def test_a_checkpoint_far_behind_is_seeded_from_the_look_back_only(
+    store: SessionStore, sid: str
+) -> None:
+    from ctxwarden.store.ledger_checkpoint import LedgerCheckpoint
+
+    given = [Message.user(f"order ORD{i:05d} is placed") for i in range(60)]
+    given[57] = Message.user("order ORD00057 is placed", pinned=True)  # in the context
+    store.append("t", sid, given, counts(len(given)))
+    near = LedgerCheckpoint().advance(store, "t", sid, 40, {3}, backfill=40)  # 40 behind: read
+    assert (near.since, near.upto) == (0, 39) and "ORD00003" not in near.ledger.values()
+    assert near.ledger.values()[:2] == ["ORD00000", "ORD00001"]
+    far = near.advance(store, "t", sid, 60, (), backfill=5)  # 20 behind: the last 5 only
+    assert (far.since, far.upto, far.saved) == (55, 59, -1)
+    seeded = [f"ORD{i:05d}" for i in (55, 56, 58, 59)]
+    assert far.ledger.values() == [*near.ledger.values(), *seeded]
+    assert near.advance(store, "t", sid, 40, ()) is near  # nothing new: the same checkpoint
+    assert far.advance(store, "t", sid, 62, ()).since == 55  # a normal step keeps since
+    with pytest.raises(ValueError, match="backfill must be >= 0"):
+        near.advance(store, "t", sid, 60, (), backfill=-1)
+
+
+def test_a_checkpoint_round_trips_its_coverage_and_names_damage() -> None:
+    import json
+
+    from ctxwarden.entities import EntityLedger, extract_entities
+    from ctxwarden.store.ledger_checkpoint import LedgerCheckpoint
+
+    ledger = EntityLedger().add(extract_entities(Message.user("booking ZFA04Y")))
+    upto, text = LedgerCheckpoint(90, ledger, since=40).encode()
+    back = LedgerCheckpoint.decode(upto, text)
+    assert (back.upto, back.since, back.saved) == (90, 40, 90) and back.ledger == ledger
+    as_003 = json.dumps(ledger.to_dict())  # stored before coverage was: read from 0
+    assert LedgerCheckpoint.decode(90, as_003).since == 0
+    assert LedgerCheckpoint.decode(-1, None) == LedgerCheckpoint()
+    for bad in ("not json", "[]", json.dumps({**ledger.to_dict(), "since": 92})):
+        with pytest.raises(StoreError, match="stored entity ledger cannot be read back"):
+            LedgerCheckpoint.decode(90, bad)
+
+
 def test_an_entity_ledger_survives_the_json_round_trip_exactly() -> None:
     import json
 

@@ -106,6 +106,8 @@ def build(
             {} if max_input_tokens is None else {"max_input_tokens": max_input_tokens}
         )
         built = s.build(policy=loaded, **kw)
+    for warning in built.audit.warnings:  # stdout is the context: warnings go to stderr
+        typer.echo(f"warning: {warning}", err=True)
     if report is not None:
         report.write_text(json.dumps(built.audit.to_dict(), indent=2), encoding="utf-8")
     _dump(built.to_openai())
@@ -138,7 +140,13 @@ def show(db: Db, session: SessionId, tenant: Tenant = "default") -> None:
             f"meta-summary {'yes' if levels.meta_summary else 'none'}, {levels.cycles} cycle(s)"
         )
         ledger = s.ledger
-        typer.echo(f"entity ledger: {len(ledger.ledger)} value(s) up to message {ledger.upto}")
+        seeded = f" (seeded: messages before {ledger.since} not read)" if ledger.since else ""
+        typer.echo(
+            f"entity ledger: {len(ledger.ledger)} value(s) of messages "
+            f"{ledger.since}-{ledger.upto}{seeded}"
+            if ledger.upto >= 0
+            else "entity ledger: none yet (no build has stored one)"
+        )
         typer.echo("summary:" + (f"\n{record.summary}" if record.summary else " none"))
 
 

@@ -12,8 +12,13 @@ stored at insert; from the last window's start once there is one), the summary, 
 facts and the previous build's sticky decisions — so it costs the same at 100 and
 100,000 messages. The entity ledger of everything older than that slice is a stored
 checkpoint each build advances by the messages that left the slice since
-(:mod:`ctxwarden.store.ledger_checkpoint`), so the ids and amounts of message 3 still
-reach the context at message 100,000, as they do in ``build_context`` over the full list.
+(:mod:`ctxwarden.store.ledger_checkpoint`), so in a session built turn by turn the ids
+and amounts of message 3 still reach the context at message 100,000, as they do in
+``build_context`` over the full list. A session filled without builds (an import, a
+bulk fill, data stored before the ledger was) is not read whole by its first build:
+its ledger is seeded from the last ``ledger_backfill`` messages before the window
+(1,000 by default) and holds their values plus everything that leaves the window from
+then on; the values of the older messages are not in it, and that build's audit warns.
 
 :meth:`Session.summarize` is seed 000's cycle in three steps, and the order matters:
 read what to fold (one short read transaction), call the model with **no transaction and
@@ -45,7 +50,14 @@ from .errors import (
 from .formats.openai import message_from_openai, message_to_openai
 from .messages import Message
 from .store import SessionStore, StoredMessage, StoredSession, open_store
-from .store.ledger_checkpoint import LedgerCheckpoint, current_checkpoint, remember_checkpoint
+from .store.ledger_checkpoint import (
+    LEDGER_BACKFILL,
+    LedgerCheckpoint,
+    current_checkpoint,
+    ledger_warnings,
+    load_checkpoint,
+    remember_checkpoint,
+)
 from .tokens import TokenCounter
 from .usage import Usage
 
@@ -109,7 +121,12 @@ def count_key(counter: TokenCounter) -> str:
 
 
 class Session:
-    """A stored conversation; see the module docstring. Close it (or use ``with``)."""
+    """A stored conversation; see the module docstring. Close it (or use ``with``).
+
+    ``ledger_backfill`` (settable per instance) is how many messages before the window
+    a build reads to seed an entity ledger that lags further behind than that."""
+
+    ledger_backfill: int = LEDGER_BACKFILL
 
     def __init__(
         self,
@@ -320,11 +337,22 @@ class Session:
 
     def _ledger_before(
         self, record: StoredSession, start: int, skip: Container[int]
-    ) -> LedgerCheckpoint:
-        """The entity-ledger checkpoint advanced to cover every message before ``start``
-        that the slice does not hold (see :mod:`ctxwarden.store.ledger_checkpoint`)."""
-        ckpt = current_checkpoint(self.store, self.tenant, self.session_id, record.created_at)
-        return ckpt.advance(self.store, self.tenant, self.session_id, start, skip, self._cache)
+    ) -> tuple[LedgerCheckpoint, tuple[str, ...]]:
+        """The entity-ledger checkpoint advanced to cover the messages before ``start``
+        that the slice does not hold (seeded from the last ``ledger_backfill`` when it
+        lags further behind; see :mod:`ctxwarden.store.ledger_checkpoint`), and the
+        warnings for the build's audit (a damaged stored ledger, skipped messages)."""
+        ckpt, damage = load_checkpoint(self.store, self.tenant, self.session_id, record.created_at)
+        advanced = ckpt.advance(
+            self.store,
+            self.tenant,
+            self.session_id,
+            start,
+            skip,
+            self._cache,
+            backfill=self.ledger_backfill,
+        )
+        return advanced, ledger_warnings(ckpt, advanced, damage)
 
     def build(
         self, model: str | None = None, policy: Policy | None = None, **kw: Any
@@ -338,7 +366,9 @@ class Session:
         build sees a different slice of the history. The entity ledger of what lies
         before the slice comes in as ``earlier_entities`` and is saved, advanced, with
         the sticky decisions. The first build of a session filled without builds (an
-        import, or one stored before the ledger was) reads its history once for that.
+        import, or one stored before the ledger was) seeds it from the last
+        ``ledger_backfill`` messages before the slice, and its audit warns what it
+        skipped; a stored ledger that cannot be read back is rebuilt, with a warning.
         """
         from .engine import build_context
         from .policy import Policy as PolicyClass
@@ -361,9 +391,10 @@ class Session:
             record,
         )
         seqs = [m.seq for m in stored]
-        ckpt = None
+        ckpt: LedgerCheckpoint | None = None
+        notes: tuple[str, ...] = ()
         if policy.ledger.enabled:
-            ckpt = self._ledger_before(record, start, frozenset(seqs))
+            ckpt, notes = self._ledger_before(record, start, frozenset(seqs))
         facts = self._facts(record).render() if record.facts else ""
         built = build_context(
             [m.message for m in stored],
@@ -375,6 +406,10 @@ class Session:
             earlier_entities=ckpt.ledger if ckpt is not None and len(ckpt.ledger) else None,
             **kw,
         )
+        if notes:  # the engine cannot know what the session's stored ledger went through
+            built = replace(
+                built, audit=replace(built.audit, warnings=built.audit.warnings + notes)
+            )
         save = ckpt is not None and _due(ckpt)
         self.store.save_sticky(
             self.tenant,

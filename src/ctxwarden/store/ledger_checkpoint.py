@@ -1,20 +1,30 @@
 """The entity ledger of the messages a session build no longer reads: a checkpoint (R13).
 
 :meth:`~ctxwarden.session.Session.build` reads a slice (pinned messages and the newest
-tail) while the engine's ledger must keep the ids, dates and amounts of *every* message
+tail) while the engine's ledger must keep the ids, dates and amounts of the messages
 that left the context. Re-reading the history each build would make the build
-O(history), so the session keeps ``(upto, ledger)``: every message with ``seq <= upto``
-that is neither pinned nor in the slice of the build that passed it has been added to
-``ledger`` exactly once, in order, one ``add`` per message as the engine does. It is
-then the ledger :func:`ctxwarden.build_context` computes over the full list, and each
-build adds only the messages that left its slice since the last one (a range read
-bounded by how far the window moved). Messages folded into the summary still feed it:
-a summary may drop an id, the ledger keeps it.
+O(history), so the session keeps ``(since, upto, ledger)``: every message with
+``since <= seq <= upto`` that is neither pinned nor in the slice of the build that
+passed it has been added to ``ledger`` exactly once, in order, one ``add`` per message
+as the engine does. Each build adds only the messages that left its slice since the
+last one (a range read bounded by how far the window moved). Messages folded into the
+summary still feed it: a summary may drop an id, the ledger keeps it.
 
-The ledger for a given ``upto`` depends only on the stored messages, so any process may
-advance any checkpoint; the store keeps the one that covers most (saves never move it
-back). A recent checkpoint is also kept in memory per process, so a build neither reads
-nor decodes the stored one while it is current.
+A session built turn by turn has ``since == 0``: its ledger is the one
+:func:`ctxwarden.build_context` computes over the full list. A session filled without
+builds (an import, a bulk fill, data stored before the ledger was) would make its first
+build read the whole history, so when the checkpoint is more than ``LEDGER_BACKFILL``
+messages behind the slice it is *seeded* instead: only the last ``LEDGER_BACKFILL``
+messages before the slice are read, ``since`` moves to the first of them, and the
+values of the older ones are never added (values already in the ledger stay). Such a
+session's ledger holds the values of those last messages before the window plus
+everything that leaves the window from then on; the build's audit says what was
+skipped. The newest values are the ones a seeded ledger keeps because they are the
+ones the agent is working with.
+
+The store keeps the checkpoint that covers most (saves never move it back). A recent
+checkpoint is also kept in memory per process, so a build neither reads nor decodes the
+stored one while it is current.
 """
 
 from __future__ import annotations
@@ -30,11 +40,28 @@ from ..errors import StoreError
 from ..messages import Message
 from .base import SessionStore
 
-__all__ = ["LedgerCheckpoint", "current_checkpoint", "remember_checkpoint"]
+__all__ = [
+    "LEDGER_BACKFILL",
+    "LedgerCheckpoint",
+    "current_checkpoint",
+    "ledger_warnings",
+    "load_checkpoint",
+    "remember_checkpoint",
+]
+
+LEDGER_BACKFILL = 1000
+"""How many messages before the slice a checkpoint that lags further behind is seeded
+from (see the module docstring). A count of messages, not of tokens: the cost of a
+seed is one ``extract_entities`` and one ``add`` per message (about 0.2 ms each, so
+about 0.2 s once, whatever the history's length), and "behind by a normal amount" is a
+number of turns: a turn-by-turn session never appends a thousand messages between two
+builds, while a single 50,000-token tool result must not cut its ledger. Nor does it
+grow with the budget: the ledger layer is capped by ``ledger.max_tokens`` whatever the
+budget, and a thousand messages hold far more values than that cap can show."""
 
 READ_CHUNK = 1000
-"""Messages per range read when a checkpoint catches up (a session built for the first
-time, or one stored before the ledger was): short transactions, bounded memory."""
+"""Messages per range read when a checkpoint catches up: short transactions, bounded
+memory."""
 
 _MEMORY: OrderedDict[tuple[str, str, str, float], LedgerCheckpoint] = OrderedDict()
 _MEMORY_MAX = 16  # sessions; a full ledger is about a megabyte of Python objects
@@ -43,12 +70,14 @@ _LOCK = threading.Lock()  # sessions in several threads share the memory
 
 @dataclass(frozen=True)
 class LedgerCheckpoint:
-    """``ledger`` holds the values of the messages up to ``upto`` (see the module
-    docstring); ``saved`` is the ``upto`` known to be in the store (-1: none)."""
+    """``ledger`` holds the values of the messages from ``since`` to ``upto`` (and what
+    it held before a seed; see the module docstring); ``saved`` is the ``upto`` known
+    to be in the store (-1: none)."""
 
     upto: int = -1
     ledger: EntityLedger = field(default_factory=EntityLedger)
     saved: int = -1
+    since: int = 0
 
     def advance(
         self,
@@ -58,11 +87,20 @@ class LedgerCheckpoint:
         before_seq: int,
         skip: Container[int],
         cache: MutableMapping[int, Message] | None = None,
+        *,
+        backfill: int = LEDGER_BACKFILL,
     ) -> LedgerCheckpoint:
-        """The checkpoint covering every message before ``before_seq``: the unpinned
+        """The checkpoint covering the messages before ``before_seq``: the unpinned
         messages after ``upto`` are read in order (pinned ones and those in ``skip``,
-        the slice the build reads, are in the context, not in the ledger)."""
-        upto, ledger = self.upto, self.ledger
+        the slice the build reads, are in the context, not in the ledger). When more
+        than ``backfill`` messages lie between, only the last ``backfill`` are read and
+        ``since`` moves to the first of them."""
+        if backfill < 0:
+            raise ValueError(f"backfill must be >= 0 messages, got {backfill}")
+        upto, ledger, since = self.upto, self.ledger, self.since
+        if before_seq - 1 - upto > backfill:
+            upto = before_seq - 1 - backfill
+            since = upto + 1
         while upto < before_seq - 1:
             rows = store.unpinned_between(
                 tenant, session_id, upto, before_seq, limit=READ_CHUNK, cache=cache
@@ -71,11 +109,15 @@ class LedgerCheckpoint:
                 if seq not in skip:
                     ledger = ledger.add(extract_entities(message))
             upto = rows[-1][0] if len(rows) == READ_CHUNK else before_seq - 1
-        return self if upto == self.upto else replace(self, upto=upto, ledger=ledger)
+        if upto == self.upto:
+            return self
+        return replace(self, upto=upto, ledger=ledger, since=since)
 
     def encode(self) -> tuple[int, str]:
-        """``(upto, json)`` as :meth:`SessionStore.save_sticky` stores it."""
-        return self.upto, json.dumps(self.ledger.to_dict(), ensure_ascii=False)
+        """``(upto, json)`` as :meth:`SessionStore.save_sticky` stores it: the ledger's
+        dict with ``since`` added (a checkpoint stored without it covers from 0)."""
+        data = {**self.ledger.to_dict(), "since": self.since}
+        return self.upto, json.dumps(data, ensure_ascii=False)
 
     @classmethod
     def decode(cls, upto: int, text: str | None) -> LedgerCheckpoint:
@@ -83,10 +125,14 @@ class LedgerCheckpoint:
         if text is None or upto < 0:
             return cls()
         try:
-            ledger = EntityLedger.from_dict(json.loads(text))
-        except ValueError as exc:  # json.JSONDecodeError is a ValueError too
+            data = json.loads(text)
+            ledger = EntityLedger.from_dict(data)
+            since = int(data.get("since", 0))
+            if not 0 <= since <= upto + 1:
+                raise ValueError(f"since {since} is outside 0..{upto + 1}")
+        except (ValueError, TypeError) as exc:  # json.JSONDecodeError is a ValueError too
             raise StoreError(f"stored entity ledger cannot be read back: {exc}") from exc
-        return cls(upto, ledger, upto)
+        return cls(upto, ledger, upto, since)
 
 
 def _key(
@@ -96,26 +142,54 @@ def _key(
     return url, tenant, session_id, created_at
 
 
-def current_checkpoint(
+def load_checkpoint(
     store: SessionStore, tenant: str, session_id: str, created_at: float
-) -> LedgerCheckpoint:
-    """This process's checkpoint for the session, else the stored one.
+) -> tuple[LedgerCheckpoint, str | None]:
+    """This process's checkpoint for the session, else the stored one; and, when the
+    stored one cannot be read back, why (the checkpoint is then the empty one).
 
-    ``created_at`` tells a session apart from an earlier one with the same id. A stored
-    ledger that cannot be read back is derived data: it is rebuilt (from nothing, once)
-    and the next save replaces it.
+    ``created_at`` tells a session apart from an earlier one with the same id. A damaged
+    ledger is derived data: the build rebuilds it from the stored messages (a seed, when
+    the history is long), the next save replaces it, and the build's audit says so.
     """
     key = _key(store, tenant, session_id, created_at)
     with _LOCK:
         hit = _MEMORY.get(key)
         if hit is not None:
             _MEMORY.move_to_end(key)
-            return hit
+            return hit, None
     upto, text = store.load_ledger(tenant, session_id)
     try:
-        return LedgerCheckpoint.decode(upto, text)
-    except StoreError:
-        return LedgerCheckpoint()
+        return LedgerCheckpoint.decode(upto, text), None
+    except StoreError as exc:
+        return LedgerCheckpoint(), str(exc)
+
+
+def current_checkpoint(
+    store: SessionStore, tenant: str, session_id: str, created_at: float
+) -> LedgerCheckpoint:
+    """:func:`load_checkpoint` without the reason (a damaged one reads as empty)."""
+    return load_checkpoint(store, tenant, session_id, created_at)[0]
+
+
+def ledger_warnings(
+    before: LedgerCheckpoint, after: LedgerCheckpoint, damage: str | None = None
+) -> tuple[str, ...]:
+    """What a build's audit should say about advancing ``before`` to ``after``: a
+    stored ledger that was damaged and rebuilt, and messages a seed skipped."""
+    out: list[str] = []
+    if damage is not None:
+        out.append(
+            f"{damage}; it was rebuilt from the stored messages and is replaced on this save"
+        )
+    if after.since > before.since and after.since > before.upto + 1:
+        out.append(
+            f"entity ledger seeded from the {after.upto - after.since + 1:,} messages before "
+            f"the window (seq {after.since}-{after.upto}): the older ones (seq "
+            f"{before.upto + 1}-{after.since - 1}) were stored without a build reading them "
+            "(an import or a bulk fill) and their values are not in the ledger"
+        )
+    return tuple(out)
 
 
 def remember_checkpoint(
