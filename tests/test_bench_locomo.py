@@ -1,5 +1,6 @@
 """LoCoMo answer recall (summaries issue): the baselines reproduce, window + offline
-summary + facts reaches the issue's 0.50 at 4,000 tokens, and its layers read as statements."""
+summary + facts reaches the issue's 0.50 at 4,000 tokens through the public
+``build_context(..., summarizer="offline")``, and its layers read as statements."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ from typing import Any
 
 import pytest
 
-from ctxwarden.bench.metrics import OursStrategy, offline_with_focus
+from ctxwarden.bench.metrics import EngineStrategy
 from ctxwarden.bench.traces import (
     load_locomo,
+    locomo_policy,
     locomo_recall,
     locomo_transcript,
     locomo_trigger,
 )
+from ctxwarden.engine import build_context
 from ctxwarden.errors import ConfigError
 from ctxwarden.llm.offline import OfflineSummarizer
 from ctxwarden.messages import Message
@@ -47,18 +50,25 @@ def test_window_summary_and_facts_reach_half_recall_within_budget(
     assert ours["answer_recall"] >= 0.50
     assert max(ours["input_tokens_per_turn"]) <= BUDGET
     assert ours["reduction"] >= recall["window only"]["reduction"] - 0.05
+    assert ours["summarizer"].startswith('offline, build_context(summarizer="offline")')
+    assert ours["policy"] == {
+        "summary": {
+            "max_messages": None,
+            "keep_recent": 60,
+            "max_tokens": 1850,
+            "fill_ratio": None,
+            "keep_recent_tokens": 1110,
+            "summary_share": 0.5,
+        }
+    }
 
 
-def fed(conv: dict[str, Any], share: float = 0.5) -> tuple[OursStrategy, list[Message]]:
+def fed(conv: dict[str, Any], share: float = 0.5) -> tuple[EngineStrategy, list[Message]]:
     transcript = locomo_transcript(conv)
-    summarize, focus = offline_with_focus(BUDGET)
-    ours = OursStrategy(
-        "gpt-4o",
-        BUDGET,
-        trigger=locomo_trigger(BUDGET, share),
-        summarizer=summarize,
-        focus=focus,
-    )
+    ours = EngineStrategy("gpt-4o", BUDGET, policy=locomo_policy(BUDGET, share))
+    for i, m in enumerate(transcript):
+        if m.id.endswith("-date") and i > 1:
+            ours(transcript[:i])
     ours(transcript)
     return ours, transcript
 
@@ -69,22 +79,63 @@ _SAID = re.compile(r"^[A-Z][\w'.-]*(?: [A-Z][\w'.-]*){0,2}: \S")
 
 def test_layers_are_statements_and_the_split_holds(convs: list[dict[str, Any]]) -> None:
     ours, transcript = fed(convs[0])
-    question = Message.user("When did Melanie go to the museum?", id="q")
-    built = ours.build([*transcript, question])
-    by_id = {m.id: m.text for m in built}
+    question = Message.user("What is Caroline's necklace a gift from?", id="q")
+    built = ours.built([*transcript, question])
+    by_id = {m.id: m.text for m in built.messages}
     summary = by_id["ctxwarden:summary"].splitlines()
-    assert summary[0].startswith("Summary (extractive, offline) of messages session_1-date–")
-    for line in summary[1:]:  # a date line, or a sentence someone said
+    assert summary[0] == "Summary of the earlier conversation:"
+    assert summary[1].startswith("Summary (extractive, offline) of messages session_1-date–")
+    for line in summary[2:]:  # a date line, or a sentence someone said
         assert _STAMP.match(line) or _SAID.match(line), line
-    said = "Melanie: Yesterday I took the kids to the museum"
+    said = "Caroline: This necklace is super special to me"
     assert any(line.startswith(said) for line in summary)  # the view follows the question
-    unfocused = OfflineSummarizer().focus(ours.state.text, None, BUDGET // 2).text
-    assert said not in unfocused
+    stored = built.state.layers.summary.text
     counter = TokenCounter.for_model("gpt-4o")
-    assert counter.count_text(by_id["ctxwarden:summary"]) <= BUDGET // 2
+    assert counter.count_text(stored) > BUDGET // 2  # more stored than shown ...
+    assert counter.count_text(stored) <= BUDGET + 5  # ... but one budget at most
+    unfocused = OfflineSummarizer().focus(stored, None, BUDGET // 2).text
+    assert said not in unfocused
+    assert built.audit.layers["summary"] <= BUDGET // 2  # heading and framing included
     facts = by_id["ctxwarden:facts"].splitlines()
     assert all(re.match(r"^[a-z_]+: \S", line) for line in facts[1:])
-    assert built[-1] is question
+    assert built.messages[-1] is question
+    assert built.input_tokens <= BUDGET
+
+
+def test_the_bench_row_is_the_public_call(convs: list[dict[str, Any]]) -> None:
+    """What the bench's strategy sends is what a user's own loop of build_context gets."""
+    ours, transcript = fed(convs[1])
+    previous = None
+    for i, m in enumerate(transcript):
+        if m.id.endswith("-date") and i > 1:
+            previous = build_context(
+                transcript[:i],
+                model="gpt-4o",
+                max_input_tokens=BUDGET,
+                summarizer="offline",
+                policy=locomo_policy(BUDGET),
+                previous=previous,
+            )
+    previous = build_context(
+        transcript,
+        model="gpt-4o",
+        max_input_tokens=BUDGET,
+        summarizer="offline",
+        policy=locomo_policy(BUDGET),
+        previous=previous,
+    )
+    question = Message.user("What did Caroline research?", id="q")
+    mine = build_context(
+        [*transcript, question],
+        model="gpt-4o",
+        max_input_tokens=BUDGET,
+        summarizer="offline",
+        policy=locomo_policy(BUDGET),
+        previous=previous,
+    )
+    assert [m.fingerprint for m in ours.build([*transcript, question])] == [
+        m.fingerprint for m in mine.messages
+    ]
 
 
 def test_locomo_trigger_leaves_room_for_the_window() -> None:

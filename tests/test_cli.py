@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from ctxwarden import __version__
 from ctxwarden.cli import app
-from ctxwarden.tokens import TokenCounter, count_tokens
+from ctxwarden.tokens import REPLY_PRIMING, TokenCounter, count_tokens
 from ctxwarden.transcript import load_example
 
 runner = CliRunner()
@@ -195,3 +195,63 @@ def test_empty_stdin_says_what_to_give() -> None:
     result = invoke("count", "-", input="")
     assert result.exit_code == 2
     assert "no transcript: give a JSON FILE" in result.stderr
+
+
+def _long_shop_chat() -> list[dict[str, str]]:
+    chat = [
+        {"role": "system", "content": "You are a clothing shop assistant."},
+        {"role": "user", "content": "Hi! My budget is 1500 USD and I wear size L."},
+        {"role": "assistant", "content": "Noted: budget 1500 USD, size L."},
+    ]
+    for t in range(1, 40):
+        chat.append({"role": "user", "content": f"Show me jacket J-{t:03d} in another colour."})
+        chat.append({"role": "assistant", "content": f"J-{t:03d} comes in navy; {100 + t} USD."})
+    return chat
+
+
+def test_build_and_explain_with_the_offline_summarizer_show_its_layers(tmp_path: Path) -> None:
+    chat = write(tmp_path, _long_shop_chat())
+    report = tmp_path / "audit.json"
+    args = ("-m", "gpt-4o", "-b", "900", "--summarizer", "offline")
+    result = invoke("build", *args, "--report", str(report), chat)
+    assert result.exit_code == 0, result.output
+    sent = json.loads(result.stdout)
+    audit = json.loads(report.read_text())
+    by_layer: dict[str, int] = {}
+    for m in sent:
+        text = m["content"] or ""
+        name = (
+            "summary"
+            if text.startswith("Summary of the earlier conversation:")
+            else "facts"
+            if text.startswith("Known facts")
+            else None
+        )
+        if name:
+            by_layer[name] = count_tokens([m], model="gpt-4o") - REPLY_PRIMING
+    assert by_layer and by_layer == {k: audit["layers"][k] for k in ("facts", "summary")}
+    assert "budget: 1500 USD" in next(
+        m["content"] for m in sent if m["content"].startswith("Known")
+    )
+    assert [a["action"] for a in audit["actions"]].count("summarized") == 1
+    shown = invoke("explain", *args, chat)
+    assert shown.exit_code == 0, shown.output
+    rows = {line.split()[1]: line.split()[3] for line in shown.stdout.splitlines() if "│" in line}
+    assert rows["summary"] == f"{audit['layers']['summary']:,}"
+    assert rows["facts"] == f"{audit['layers']['facts']:,}"
+    assert "summarized" in shown.stdout
+
+
+def test_build_with_a_summary_share_in_the_policy_file(tmp_path: Path) -> None:
+    chat = write(tmp_path, _long_shop_chat())
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[summary]\nmax_messages = 30\nkeep_recent = 15\nsummary_share = 0.2\n")
+    report = tmp_path / "audit.json"
+    result = invoke(
+        "build", "-m", "gpt-4o", "-b", "2000", "--summarizer", "offline",
+        "--policy", str(policy), "--report", str(report), chat,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    audit = json.loads(report.read_text())
+    assert 0 < audit["layers"]["summary"] <= 2000 * 0.2
+    assert audit["input_tokens"] <= 2000

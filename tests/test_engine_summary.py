@@ -9,10 +9,11 @@ from typer.testing import CliRunner
 
 from ctxwarden.cli import app
 from ctxwarden.conversation import pairing_problems
-from ctxwarden.engine import build_context
+from ctxwarden.engine import BuiltContext, build_context
 from ctxwarden.errors import ProviderError
-from ctxwarden.messages import Message
-from ctxwarden.summarize import SummaryResult
+from ctxwarden.messages import Message, ToolCall
+from ctxwarden.policy import Policy
+from ctxwarden.summarize import SummaryResult, SummaryTrigger
 from ctxwarden.tokens import TokenCounter
 
 
@@ -82,3 +83,136 @@ def test_cli_build_with_offline_summarizer(tmp_path: object) -> None:
     sent = json.loads(result.stdout)
     assert sent[0]["role"] == "system"
     assert any("Summary of the earlier conversation" in (m["content"] or "") for m in sent)
+
+
+# -- the summary as the view for the newest user message (summary_share) ---------------------
+
+TRIPS = [
+    ("Lisbon", "tram 28", "pastel de nata"),
+    ("Kyoto", "the bamboo grove", "matcha ice cream"),
+    ("Reykjavik", "the Blue Lagoon", "fermented shark"),
+    ("Lima", "the Larco museum", "ceviche"),
+    ("Tbilisi", "the sulphur baths", "khachapuri"),
+    ("Hanoi", "Ha Long Bay", "pho bo"),
+    ("Oaxaca", "Monte Alban", "mole negro"),
+    ("Tallinn", "the old town walls", "black bread"),
+    ("Marrakesh", "the Majorelle garden", "tagine"),
+    ("Quebec", "the Chateau Frontenac", "poutine"),
+]
+
+
+def travel_chat(rounds: int) -> list[Message]:
+    """A long chat where each trip is told once: a question names one of them."""
+    msgs = [Message.system("You are a travel diary assistant.", id="sys")]
+    for r in range(rounds):
+        city, sight, food = TRIPS[r % len(TRIPS)]
+        year = 2010 + r
+        msgs.append(
+            Message.user(
+                f"In {year} I went to {city}, visited {sight} with my cousin Dana and tried "
+                f"{food} for the first time; trip number {r} cost {700 + 13 * r} USD.",
+                id=f"u{r}",
+            )
+        )
+        msgs.append(Message.assistant(f"Noted your {year} trip to {city}.", id=f"a{r}"))
+    return msgs
+
+
+SHARED = Policy(summary=SummaryTrigger(max_messages=16, keep_recent=6, summary_share=0.25))
+
+
+def summary_of(built: BuiltContext) -> str:
+    return next(m.text for m in built.messages if m.id == "ctxwarden:summary")
+
+
+def grown(rounds: int, policy: Policy = SHARED, budget: int = 1200) -> BuiltContext:
+    """The agent loop: one build per new message, each given the previous one."""
+    history = travel_chat(rounds)
+    built = None
+    for end in range(2, len(history) + 1):
+        built = build_context(
+            history[:end], "gpt-4o", budget, summarizer="offline", policy=policy, previous=built
+        )
+    assert built is not None
+    return built
+
+
+def ask(after: BuiltContext, question: str) -> BuiltContext:
+    history = [*travel_chat(40), Message.user(question, id="q")]
+    return build_context(
+        history, "gpt-4o", 1200, summarizer="offline", policy=SHARED, previous=after
+    )
+
+
+def test_the_summary_shown_is_the_view_for_the_newest_user_message() -> None:
+    base = grown(40)
+    stored = base.state.layers.summary.text
+    counter = TokenCounter.for_model("gpt-4o")
+    assert counter.count_text(stored) > 300  # the store holds more than the share shows
+    lima, kyoto = ask(base, "What did I eat in Lima?"), ask(base, "Who came with me to Kyoto?")
+    for built in (lima, kyoto):
+        assert built.audit.layers["summary"] <= 1200 // 4  # heading and framing included
+        assert built.input_tokens <= 1200
+        lines = summary_of(built).splitlines()
+        assert lines[0] == "Summary of the earlier conversation:"
+        assert lines[1].startswith("Summary (extractive, offline) of messages u0–")
+        for line in lines[2:]:  # the stored sentences, none rewritten
+            assert line.split(": ", 1)[-1] in stored, line
+    assert "ceviche" in summary_of(lima) and "bamboo grove" in summary_of(kyoto)
+    assert summary_of(lima) != summary_of(kyoto)
+    again = ask(base, "What did I eat in Lima?")  # deterministic
+    assert [m.fingerprint for m in again.messages] == [m.fingerprint for m in lima.messages]
+
+
+def test_the_view_holds_while_the_request_does_not_change() -> None:
+    """An agent's tool-call turns answer one user message: the summary layer, and so
+    the prefix before the window, stays byte-identical."""
+    base = grown(40)
+    history = [*travel_chat(40), Message.user("What did I eat in Lima?", id="q")]
+    first = build_context(
+        history, "gpt-4o", 1200, summarizer="offline", policy=SHARED, previous=base
+    )
+    call = ToolCall("c1", "search_diary", '{"city": "Lima"}')
+    history += [
+        Message.assistant(None, tool_calls=(call,), id="t1"),
+        Message.tool("Lima, 2013: ceviche at La Mar.", tool_call_id="c1", id="r1"),
+    ]
+    second = build_context(
+        history, "gpt-4o", 1200, summarizer="offline", policy=SHARED, previous=first
+    )
+    assert summary_of(second) == summary_of(first)
+    layers = ("system", "facts", "ledger", "summary")
+    assert second.audit.prefix_shared_tokens >= sum(second.audit.layers[k] for k in layers)
+
+
+def test_without_a_share_the_summary_is_shown_as_written() -> None:
+    policy = Policy(summary=SummaryTrigger(max_messages=16, keep_recent=6))
+    built = grown(40, policy, budget=4000)
+    assert summary_of(built) == (
+        "Summary of the earlier conversation:\n" + built.state.layers.summary.text
+    )
+
+
+def test_a_summariser_that_cannot_focus_is_shown_as_written_within_any_share() -> None:
+    class Plain:
+        async def summarize(
+            self, messages: Sequence[Message], previous: str | None = None
+        ) -> SummaryResult:
+            return SummaryResult(f"The user told of {len(messages)} more messages' trips.")
+
+        async def merge(self, summaries: Sequence[str]) -> SummaryResult:
+            return SummaryResult(" ".join(summaries))
+
+    history = [*travel_chat(40), Message.user("What did I eat in Lima?", id="q")]
+    built = build_context(history, "gpt-4o", 1200, summarizer=Plain(), policy=SHARED)
+    assert summary_of(built) == (
+        "Summary of the earlier conversation:\n" + built.state.layers.summary.text
+    )
+
+
+def test_a_share_too_small_for_any_sentence_leaves_the_summary_out_and_says_so() -> None:
+    tiny = Policy(summary=SummaryTrigger(max_messages=16, keep_recent=6, summary_share=0.01))
+    built = grown(40, tiny)
+    assert built.state.layers.summary.text  # stored, nothing lost
+    assert all(m.id != "ctxwarden:summary" for m in built.messages)
+    assert any("summary left out" in w for w in built.audit.warnings)

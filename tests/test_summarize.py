@@ -299,3 +299,19 @@ def test_summary_view_focuses_only_summarisers_that_can() -> None:
     assert isinstance(OfflineSummarizer(), QueryAwareSummarizer)
     view = summary_view(OfflineSummarizer(), stored, "m7?", 50)
     assert view != stored and set(view.splitlines()) <= set(stored.splitlines())
+
+
+def test_fill_ratio_counts_the_summary_as_shown_within_its_share() -> None:
+    """A stored summary longer than its share is shown through a view of the share, so
+    the fill trigger counts the share, not the store (or it would fire every build)."""
+    stored = SummaryState(summaries=("x " * 2000,), covered_ids=frozenset({"m0", "m1"}))
+    msgs = chat(6)
+
+    def count(m: Message) -> int:
+        return len(m.text.split())
+
+    plain = SummaryTrigger(max_messages=None, keep_recent=2, fill_ratio=0.6)
+    shared = SummaryTrigger(max_messages=None, keep_recent=2, fill_ratio=0.6, summary_share=0.25)
+    assert plan_summary(msgs, plain, count, window=1000, previous=stored) is not None
+    assert plan_summary(msgs, shared, count, window=1000, previous=stored) is None
+    assert plan_summary(msgs, shared, count, window=40, previous=stored) is not None

@@ -251,8 +251,9 @@ class _Build:
             self.layer_msgs.append(("summary", Message.system(summary, id="ctxwarden:summary")))
 
     def add_layers(self, summarizer: str | Summarizer, schema: FactSchema) -> None:
-        """Run the summary/facts update and add their layers (before the cascade)."""
-        layer_state, actions, warnings, _usage = update_layers(
+        """Run the summary/facts update and add their layers (before the cascade); the
+        summary shown is its view for the newest user message (see summary_layer)."""
+        update = update_layers(
             self.history,
             self.state.layers if isinstance(self.state.layers, LayerState) else None,
             spec=summarizer,
@@ -261,17 +262,13 @@ class _Build:
             count=self.count,
             window=self.budget,
         )
-        self.layer_state = layer_state
-        self.actions.extend(actions)
-        self.warnings.extend(warnings)
-        self.floor = layer_state.cut
-        rendered = layer_state.facts.render() if len(layer_state.facts) else ""
-        if rendered:
-            text = "Facts from this conversation (kept verbatim):\n" + rendered
-            self.layer_msgs.append(("facts", Message.system(text, id="ctxwarden:facts")))
-        if layer_state.summary.text:
-            text = "Summary of the earlier conversation:\n" + layer_state.summary.text
-            self.layer_msgs.append(("summary", Message.system(text, id="ctxwarden:summary")))
+        self.layer_state = update.state
+        self.actions.extend(update.actions)
+        self.warnings.extend(update.warnings)
+        self.floor = update.state.cut
+        for name, text in (("facts", update.facts_text), ("summary", update.summary_text)):
+            if text:
+                self.layer_msgs.append((name, Message.system(text, id=f"ctxwarden:{name}")))
 
     def _total(self, messages: Sequence[Message]) -> int:
         return sum(self.count(m) for m in messages)

@@ -11,9 +11,10 @@ Triggers (any combination; the plan is made if any fires):
 
 How much of a build's budget the summary layer takes is ``summary_share`` (None: the
 summary as written). A summariser that can focus (:class:`QueryAwareSummarizer`, e.g.
-the offline one) may keep a longer summary than it shows: each build shows the part
-most relevant to the newest user message (R9), within the share — see
-:func:`summary_view`.
+the offline one) may keep a longer summary than it shows: each build of
+``build_context(..., summarizer=...)`` shows the part most relevant to the newest user
+message (R9), within the share — see :func:`summary_view` and
+:mod:`ctxwarden.summary_layer`. The fill-ratio trigger counts the summary as shown.
 
 The cut never separates an assistant tool call from its results (providers reject
 the orphan), never folds the newest user message, and never folds system or pinned
@@ -67,7 +68,9 @@ class SummaryTrigger:
 
     ``summary_share`` is the budget split: the share of a build's input budget the
     summary layer may take (the window gets the rest). ``None`` shows the summary as
-    the summariser wrote it. Long-memory chats (people, events, dates asked about much
+    the summariser wrote it. With a share, ``summarizer="offline"`` keeps up to one
+    budget of sentences and each build shows those most relevant to the newest user
+    message. Long-memory chats (people, events, dates asked about much
     later) gain from a large share; tool-heavy agents, whose next step depends on the
     newest results, from a small one.
     """
@@ -196,8 +199,11 @@ def _fired(
             reasons.append(f"unsummarised messages hold {tokens} tokens > {trigger.max_tokens}")
     if trigger.fill_ratio is not None and window:
         used = sum(count(m) for m in messages if m.id not in previous.covered_ids)
-        if previous.text:
-            used += count(Message.system(previous.text))
+        if previous.text:  # as shown: a focused view takes at most its share
+            shown = count(Message.system(previous.text))
+            if trigger.summary_share is not None:
+                shown = min(shown, int(window * trigger.summary_share))
+            used += shown
         if used >= trigger.fill_ratio * window:
             reasons.append(
                 f"context fills {used / window:.0%} of {window} >= {trigger.fill_ratio:.0%}"

@@ -6,6 +6,17 @@ the facts current: the offline rule-based extractor reads every new user message
 is free); a model-backed extractor runs on the messages a cycle folds (one call for
 all facts). A failing summariser never costs a message: the build falls back to the
 window and the audit says why.
+
+The summary layer a build shows is the *view* of the stored summary for the newest
+user message (:func:`~ctxwarden.summarize.summary_view`): with the policy's
+``summary.summary_share`` set and a summariser that can focus (the offline one), the
+sentences most relevant to the request, within that share of the budget (heading
+included); otherwise the summary as written. With a share, ``"offline"`` stores up to
+one budget of sentences (meta-summary and level-one summary together), so the view
+has more to choose from than it shows, and the store stays a summary, not an index
+of the whole history. The view only changes when the request changes what is most relevant:
+builds for one user message (an agent's tool-call turns) share the layer, and so the
+cached prefix.
 """
 
 from __future__ import annotations
@@ -18,10 +29,18 @@ from .errors import ConfigError
 from .facts import FactExtractor, Facts, FactSchema
 from .messages import Message
 from .strategies.base import Action
-from .summarize import Summarizer, SummaryState, SummaryTrigger, summarize_cycle
+from .summarize import Summarizer, SummaryState, SummaryTrigger, summarize_cycle, summary_view
 from .usage import Usage
 
-__all__ = ["LayerState", "resolve_summarizer", "update_layers"]
+__all__ = [
+    "SUMMARY_HEADING",
+    "LayerState",
+    "LayerUpdate",
+    "resolve_summarizer",
+    "update_layers",
+]
+
+SUMMARY_HEADING = "Summary of the earlier conversation:\n"
 
 
 @dataclass(frozen=True)
@@ -34,16 +53,39 @@ class LayerState:
     seen: int = 0  # messages whose user turns were read by the rule-based extractor
 
 
+@dataclass(frozen=True)
+class LayerUpdate:
+    """One build's layer update: the new state, what it did, and the layer texts to show
+    (``""`` for a layer with nothing in it)."""
+
+    state: LayerState
+    actions: list[Action]
+    warnings: list[str]
+    usage: Usage
+    facts_text: str
+    summary_text: str
+
+
 def resolve_summarizer(
-    spec: str | Summarizer, schema: FactSchema = None
+    spec: str | Summarizer, schema: FactSchema = None, *, store_tokens: int | None = None
 ) -> tuple[Summarizer, FactExtractor, bool]:
-    """``(summarizer, extractor, extractor_is_free)`` for a spec or a summariser object."""
+    """``(summarizer, extractor, extractor_is_free)`` for a spec or a summariser object.
+
+    ``store_tokens`` bounds what the offline summary stores when a build shows a
+    focused view of it: a third for the level-one summary, two thirds for the
+    meta-summary (the offline defaults' 1:2), so the stored text stays within it.
+    ``None`` keeps the offline defaults.
+    """
     from .llm.offline import OfflineSummarizer, RuleBasedFactExtractor
 
     if not isinstance(spec, str):
         return spec, RuleBasedFactExtractor(), True
     if spec == "offline":
-        return OfflineSummarizer(), RuleBasedFactExtractor(), True
+        if store_tokens is None:
+            return OfflineSummarizer(), RuleBasedFactExtractor(), True
+        level_one = max(1, store_tokens // 3)
+        stored = OfflineSummarizer(max_tokens=level_one, meta_max_tokens=store_tokens - level_one)
+        return stored, RuleBasedFactExtractor(), True
     from .llm.spec import parse_spec
     from .llm.summarizers import LLMFactExtractor, LLMSummarizer
 
@@ -62,12 +104,16 @@ def update_layers(
     schema: FactSchema,
     count: Callable[[Message], int],
     window: int,
-) -> tuple[LayerState, list[Action], list[str], Usage]:
-    """Run the facts extractor and, when the trigger fires, one summary cycle."""
+) -> LayerUpdate:
+    """Run the facts extractor and, when the trigger fires, one summary cycle; then the
+    layer texts, the summary as its view for the newest user message (see the module
+    docstring). ``window`` is the build's input budget."""
     from .llm.base import run_sync
 
     state = previous or LayerState()
-    summarizer, extractor, free = resolve_summarizer(spec, schema)
+    share = trigger.summary_share
+    store = window if share is not None else None
+    summarizer, extractor, free = resolve_summarizer(spec, schema, store_tokens=store)
     facts = state.facts
     actions: list[Action] = []
     warnings: list[str] = []
@@ -103,7 +149,29 @@ def update_layers(
         )
         actions.append(Action(span, "summarized", reason, tokens, 0, "summary"))
     new_state = LayerState(result.state, result.facts if not free else facts, cut, len(history))
-    return new_state, actions, warnings, usage
+    facts_text = new_state.facts.render() if len(new_state.facts) else ""  # headed by render
+    summary_text = ""
+    if new_state.summary.text:
+        room = None
+        if share is not None:  # the layer (heading and message framing too) within the share
+            room = int(window * share) - count(Message.system(SUMMARY_HEADING))
+        view = summary_view(summarizer, new_state.summary.text, _newest_user_text(history), room)
+        if view:
+            summary_text = SUMMARY_HEADING + view
+        else:
+            warnings.append(
+                f"summary left out: its share of the budget ({room:,} tokens after the "
+                "heading) holds none of its sentences; raise summary.summary_share"
+            )
+    return LayerUpdate(new_state, actions, warnings, usage, facts_text, summary_text)
+
+
+def _newest_user_text(history: Sequence[Message]) -> str | None:
+    """The request a build answers: the newest user message's text."""
+    for m in reversed(history):
+        if m.role == "user":
+            return m.text
+    return None
 
 
 def _extract_sync(

@@ -21,7 +21,7 @@ and ours (:class:`OursStrategy`), driven turn by turn. Summarisers live in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,10 +32,10 @@ from ..usage import Usage
 from .summarizers import Account, BenchSummarizer, Summarizer, get_summarizer
 
 __all__ = [
+    "EngineStrategy",
     "OursStrategy",
     "StrategyRun",
     "common_prefix_tokens",
-    "offline_with_focus",
     "plain_window",
     "price_run",
     "price_strategy",
@@ -220,27 +220,6 @@ def plain_window(
 # -- our engine, driven turn by turn ---------------------------------------------------------
 
 
-Focus = Callable[[str, str | None, int], str]
-"""(stored summary, the newest user message, tokens) -> the summary text one build shows."""
-
-
-def offline_with_focus(max_tokens: int = 500) -> tuple[Summarizer, Focus]:
-    """The package's offline summariser keeping up to ``max_tokens`` of extracted
-    sentences, and its query-aware view (:meth:`OfflineSummarizer.focus`)."""
-    from ..llm.offline import OfflineSummarizer
-    from ..summarize import summary_view
-
-    engine = OfflineSummarizer(max_tokens=max_tokens, meta_max_tokens=2 * max_tokens)
-
-    def summarize(messages: Sequence[Message], previous: str | None) -> str:
-        return engine.summarize_sync(messages, previous).text
-
-    def focus(summary: str, query: str | None, tokens: int) -> str:
-        return summary_view(engine, summary, query, tokens)
-
-    return summarize, focus
-
-
 class OursStrategy:
     """ctxwarden's own pipeline as an agent loop runs it: facts from each new user message
     (rule-based offline, one model call with a real summariser), a rolling summary when
@@ -249,10 +228,8 @@ class OursStrategy:
     window holds every message it can; the next trigger tries again) and is counted in
     :attr:`account`.
 
-    The trigger's ``summary_share`` splits the budget between the summary layer and the
-    window; with ``focus`` (see :func:`offline_with_focus`) the stored summary may be
-    longer than that share, and each build shows the part of it most relevant to the
-    newest user message. Without ``focus`` the summary is shown as written.
+    The summary is shown as written (see :class:`EngineStrategy` for the engine's own
+    summary path, with its query-aware view).
 
     Stateful on purpose (one instance per scenario run): it is called once per turn with
     the whole history so far and returns the messages to send; :meth:`build` builds
@@ -269,7 +246,6 @@ class OursStrategy:
         summarizer: Summarizer | BenchSummarizer | None = None,
         tools: Tools | None = None,
         policy: Any = None,
-        focus: Focus | None = None,
     ) -> None:
         from ..facts import Facts
         from ..summarize import SummaryState
@@ -281,9 +257,6 @@ class OursStrategy:
         self.summarizer = get_summarizer(summarizer or "offline")
         self.tools = tools
         self.policy = policy
-        share = getattr(trigger, "summary_share", None)
-        self.summary_tokens = int(max_input_tokens * share) if share else None
-        self.focus = focus
         self.counter = TokenCounter.for_model(model)
         self.facts = Facts()
         self.state = SummaryState()
@@ -330,9 +303,6 @@ class OursStrategy:
         live = [m for m in history if m.id not in covered]
         facts = self.facts.render() if len(self.facts) else None
         summary = self.state.text or None
-        if summary and self.focus is not None and self.summary_tokens is not None:
-            query = next((m.text for m in reversed(live) if m.role == "user"), None)
-            summary = self.focus(summary, query, self.summary_tokens) or None
         return build_context(
             live,
             model=self.model,
@@ -343,3 +313,63 @@ class OursStrategy:
             facts=facts,
             tools=self.tools,
         )
+
+
+class EngineStrategy:
+    """ctxwarden as a user calls it: ``build_context(history, summarizer=...,
+    policy=...)`` with the previous build, the engine keeping the summary and facts
+    in its state (the policy's ``summary`` trigger and ``summary_share`` apply, and a
+    summariser that can focus shows its view for the newest user message).
+
+    Stateful like :class:`OursStrategy`: called once per turn with the whole history
+    so far; :meth:`build` builds from the current state without advancing it.
+    Summarisation failures the audit reports are counted in :attr:`account`.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        max_input_tokens: int,
+        *,
+        policy: Any,
+        summarizer: Any = "offline",
+        tools: Tools | None = None,
+    ) -> None:
+        self.model = model
+        self.budget = max_input_tokens
+        self.policy = policy
+        self.summarizer = summarizer
+        self.tools = tools
+        self.account = Account()
+        self.last: Any = None
+
+    def __call__(self, history: Sequence[Message]) -> list[Message]:
+        built = self._build(history)
+        self.last = built
+        return list(built.messages)
+
+    def build(self, history: Sequence[Message]) -> list[Message]:
+        """The context for ``history`` from the current state, leaving the state as it is
+        (to ask several questions of one history)."""
+        return list(self.built(history).messages)
+
+    def built(self, history: Sequence[Message]) -> Any:
+        """:meth:`build`'s :class:`~ctxwarden.engine.BuiltContext` (audit included)."""
+        return self._build(history)
+
+    def _build(self, history: Sequence[Message]) -> Any:
+        from ..engine import build_context
+
+        built = build_context(
+            list(history),
+            model=self.model,
+            max_input_tokens=self.budget,
+            policy=self.policy,
+            previous=self.last,
+            summarizer=self.summarizer,
+            tools=self.tools,
+        )
+        for warning in built.audit.warnings:
+            if warning.startswith("summarisation failed"):
+                self.account.add(Usage(calls=0), warning)
+        return built

@@ -34,16 +34,24 @@ counted as context. At 4,000 tokens on the 6-conversation dev file: full history
 window only 0.355 (issue: 0.79 / 0.35); a longer stop list (articles, pronouns,
 auxiliaries) gives 0.786 / 0.337.
 
-ctxwarden (window + offline summary + facts) is fed the transcript session by session
-and builds one context per question. Half the budget goes to the summary layer
-(:data:`LOCOMO_SUMMARY_SHARE`); the offline summary keeps up to the budget (4,000
-tokens) of extracted sentences, and each build shows the 2,000 most relevant to the
-question, with their session dates. Measured: 0.538. Ablations, same metric: the
-split alone (a 2,000-token summary shown as written) 0.493; the earlier setup (a
-500-token summary, one context per conversation) 0.411; share 0.4 / 0.6 with focus
-0.521 / 0.537; a stored summary of 2,000 / 8,000 tokens shown through a 2,000 view
-0.493 / 0.595 (a larger store tends to retrieval over the whole history; we keep it
-at one budget).
+ctxwarden (window + offline summary + facts) runs through the public path, as a user
+calls it: ``build_context(history, model, budget, summarizer="offline",
+policy=locomo_policy(budget), previous=<last build>)``, fed the transcript session by
+session, then one build per question (the question is the newest user message). The
+only knobs the bench sets are the policy's summary trigger (:func:`locomo_trigger`):
+``summary_share`` 0.5 (:data:`LOCOMO_SUMMARY_SHARE`), fold when the unsummarised
+messages pass the window's room, keep the newest 3/5 of it verbatim, no count or fill
+trigger. With a share the engine's offline summariser stores up to one budget of
+extracted sentences (a third level-one, two thirds meta-summary) and each build shows
+the 2,000 tokens (heading included) most relevant to the question, with their session
+dates; the entity ledger of what left the window is the default policy's. Measured:
+0.554 (the bench-only path before it, summary handed in by the bench, no ledger of
+summarised messages: 0.538). Ablations, same metric: the view without the question
+0.521; ledger off 0.529; share 0.4 / 0.6: 0.544 / 0.552; a larger store, 4,000
+level-one + 8,000 meta tokens: 0.619 (it tends to retrieval over the whole history;
+we keep the store at one budget). With ``--summarizer`` a real model writes the
+summaries (shown as written, a model's summary cannot be focused) through the bench's
+own loop (:class:`~.metrics.OursStrategy`), which counts and prices its calls.
 """
 
 from __future__ import annotations
@@ -324,6 +332,14 @@ def locomo_trigger(budget: int, summary_share: float = LOCOMO_SUMMARY_SHARE) -> 
 _LAYER_ALLOWANCE = 150  # system line + facts layer + the question, in tokens
 
 
+def locomo_policy(budget: int, summary_share: float = LOCOMO_SUMMARY_SHARE) -> Any:
+    """The policy the LoCoMo row passes to ``build_context``: the defaults, with
+    :func:`locomo_trigger` as the summary trigger (the only knobs the bench sets)."""
+    from ..policy import Policy
+
+    return Policy(summary=locomo_trigger(budget, summary_share))
+
+
 def locomo_recall(
     convs: Sequence[dict[str, Any]],
     budget: int = 4000,
@@ -338,16 +354,18 @@ def locomo_recall(
 
     ctxwarden is fed the transcript session by session, as a live agent would be, then
     builds one context per question (the question is the newest user message). With the
-    default offline summariser the stored summary keeps up to ``budget`` tokens of
-    extracted sentences and each build shows the ``summary_share`` of the budget most
-    relevant to the question; a ``summarizer`` callable (``(messages, previous) ->
-    text``), a provider spec or a :class:`~.summarizers.BenchSummarizer` (e.g. a real
-    model) is shown as it writes; its calls, failures and usage are added to the
-    ctxwarden row."""
+    default offline summariser every build is ``build_context(..., summarizer="offline",
+    policy=locomo_policy(budget, summary_share))`` (the row's ``policy`` says which
+    knobs it sets); a ``summarizer`` callable (``(messages, previous) -> text``), a
+    provider spec or a :class:`~.summarizers.BenchSummarizer` (e.g. a real model) is
+    shown as it writes; its calls, failures and usage are added to the ctxwarden row."""
     account = Account()
     if summarizer is None:
         result = _locomo_recall(convs, budget, model, progress, summary_share, None, account)
-        result["ctxwarden"]["summarizer"] = "offline (query-aware view)"
+        ours = result["ctxwarden"]
+        ours["summarizer"] = 'offline, build_context(summarizer="offline") (query-aware view)'
+        ours["policy"] = {"summary": _knobs(locomo_trigger(budget, summary_share))}
+        ours.update(account.to_json())
         return result
     with summarizer_for(summarizer) as given:
         result = _locomo_recall(convs, budget, model, progress, summary_share, given, account)
@@ -371,7 +389,7 @@ def _locomo_recall(
     summarizer: Any,
     account: Account,
 ) -> dict[str, dict[str, Any]]:
-    from .metrics import OursStrategy, offline_with_focus
+    from .metrics import EngineStrategy, OursStrategy
 
     counter = TokenCounter.for_model(model)
     scores: dict[str, list[float]] = {"full history": [], "window only": [], "ctxwarden": []}
@@ -382,13 +400,11 @@ def _locomo_recall(
         qas = [q for q in conv["qa"] if q.get("category") in (1, 2, 3, 4) and "answer" in q]
         if not qas:
             continue
-        summarize, focus = (summarizer, None) if summarizer else offline_with_focus(budget)
-        ours = OursStrategy(
-            model,
-            budget,
-            trigger=locomo_trigger(budget, summary_share),
-            summarizer=summarize,
-            focus=focus,
+        trigger = locomo_trigger(budget, summary_share)
+        ours: EngineStrategy | OursStrategy = (
+            OursStrategy(model, budget, trigger=trigger, summarizer=summarizer)
+            if summarizer
+            else EngineStrategy(model, budget, policy=locomo_policy(budget, summary_share))
         )
         for i, m in enumerate(transcript):  # feed session by session, as a live agent would
             if m.id.endswith("-date") and i > 1:
@@ -429,3 +445,55 @@ def _locomo_recall(
         }
         for name, v in scores.items()
     }
+
+
+def _knobs(trigger: Any) -> dict[str, Any]:
+    """The trigger fields that differ from the defaults: what the bench set."""
+    from dataclasses import fields
+
+    from ..summarize import SummaryTrigger
+
+    default = SummaryTrigger()
+    return {
+        f.name: getattr(trigger, f.name)
+        for f in fields(trigger)
+        if getattr(trigger, f.name) != getattr(default, f.name)
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m ctxwarden.bench.traces``: LoCoMo answer recall, window only / ours /
+    full history, and the policy knobs ours ran with."""
+    import argparse
+    import os
+
+    parser = argparse.ArgumentParser(description="LoCoMo answer recall per strategy.")
+    default = Path(os.environ.get("CTXWARDEN_DATA", "../shared/data")) / "locomo"
+    parser.add_argument("--locomo", type=Path, default=default / "locomo-dev.json")
+    parser.add_argument("--budget", type=int, default=4000, help="input-token budget")
+    parser.add_argument("--summarizer", default="offline", help="'offline' or a provider spec")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = parser.parse_args(argv)
+    spec = None if args.summarizer == "offline" else args.summarizer
+    result = locomo_recall(load_locomo(args.locomo), args.budget, summarizer=spec)
+    if args.json:
+        rows = {
+            k: {f: v for f, v in r.items() if f != "input_tokens_per_turn"}
+            for k, r in result.items()
+        }
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"LoCoMo answer recall at {args.budget:,} tokens (gpt-4o counts), {args.locomo}")
+    for name in ("window only", "ctxwarden", "full history"):
+        r = result[name]
+        print(
+            f"{name:13} recall {r['answer_recall']:.4f}  reduction {r['reduction']:6.1%}  "
+            f"max input {max(r['input_tokens_per_turn'], default=0):,}  questions {r['questions']}"
+        )
+    ours = result["ctxwarden"]
+    print(f"ctxwarden: {ours['summarizer']}; policy {ours.get('policy', 'bench loop')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
