@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from .audit import LAYERS, Audit, BuildState
@@ -321,7 +321,7 @@ class _Build:
                 window = result.messages
                 self.actions.extend(result.actions)
         originals = {m.id: m for m in h[start:]}
-        blocks = self._sendable(group_blocks(window), start)
+        blocks = self._sendable(group_blocks(window, start))
         pinned_tokens = self._total(pinned)
         ledger = LedgerBuilder(self.counter, ledger_cap, self.earlier)
 
@@ -397,12 +397,12 @@ class _Build:
         reason = f"{len(gone)} older message(s) before the window"
         self.actions.append(Action(span, "dropped", reason, tokens, 0, "window"))
 
-    def _sendable(self, blocks: list[Block], offset: int) -> list[Block]:
-        """Blocks a provider accepts, re-indexed to history positions; the rest rejected."""
+    def _sendable(self, blocks: list[Block]) -> list[Block]:
+        """Blocks a provider accepts; the rest rejected."""
         out: list[Block] = []
         for b in blocks:
             if b.sendable:
-                out.append(replace(b, start=b.start + offset))
+                out.append(b)
                 continue
             reason = (
                 "tool result with no matching tool call before it"
