@@ -72,6 +72,11 @@ def _message(row: Sequence[Any]) -> StoredMessage:
 class SqlStore(ABC):
     """Shared implementation; see the module docstring."""
 
+    #: SQL run first in the transactions that only write advisory state (the last build's
+    #: sticky decisions, the ledger checkpoint): a backend may relax durability there,
+    #: since losing them on a crash costs a cold build, never a message or a summary.
+    _advisory_write: str | None = None
+
     url: str
 
     @abstractmethod
@@ -372,6 +377,8 @@ class SqlStore(ABC):
         so concurrent builds never take it back (an equal one replaces it: the same
         messages give the same ledger, and a damaged row gets repaired)."""
         with self._write() as tx:
+            if self._advisory_write:  # a lost write only costs the next build its warm start
+                tx.execute(self._advisory_write)
             tx.execute(
                 f"UPDATE ctxwarden_sessions SET sticky = ? {_WHERE}",
                 (json.dumps(dict(sticky)), tenant, session_id),
