@@ -216,3 +216,15 @@ def test_a_share_too_small_for_any_sentence_leaves_the_summary_out_and_says_so()
     assert built.state.layers.summary.text  # stored, nothing lost
     assert all(m.id != "ctxwarden:summary" for m in built.messages)
     assert any("summary left out" in w for w in built.audit.warnings)
+
+
+def test_a_cold_build_reports_each_folded_message_once() -> None:
+    """What the summary folded is 'summarized', not also 'dropped' before the window."""
+    history = shop_chat(60)
+    built = build_context(history, "gpt-4o", 1200, summarizer="offline")
+    summarized = built.audit.by_action("summarized")
+    dropped = built.audit.by_action("dropped")
+    assert summarized
+    total = TokenCounter.for_model("gpt-4o").count_messages(history).tokens
+    saved = sum(a.tokens_before for a in (*summarized, *dropped))
+    assert saved <= total

@@ -387,8 +387,9 @@ class _Build:
         return [m for m in self.history[start:] if m.id not in shown and m.id not in self.rejected]
 
     def _report_cold_prefix(self, start: int, pinned: set[int]) -> None:
-        """One action for everything before a cold build's window (counted when small)."""
-        gone = [i for i in range(self.sys_end, start) if i not in pinned]
+        """One action for everything before a cold build's window (counted when small);
+        what the summary folded (before ``self.floor``) is reported as summarised instead."""
+        gone = [i for i in range(max(self.sys_end, self.floor), start) if i not in pinned]
         if not gone:
             return
         h = self.history
