@@ -38,6 +38,8 @@ from .formats import (
     messages_to_openai,
 )
 from .llm import ChatModel, Completion, RetryPolicy, complete_sync, parse_spec
+from .llm.offline import OfflineSummarizer, RuleBasedFactExtractor
+from .llm.summarizers import LLMFactExtractor, LLMSummarizer
 from .messages import ImagePart, Message, RawPart, TextPart, ToolCall, detect_kind
 from .policy import LedgerConfig, Policy, WindowConfig
 from .registry import ModelInfo, Price, Registry, get_model, load_registry
@@ -46,7 +48,14 @@ from .store import SessionStore, open_store
 from .strategies.base import Action, Strategy, StrategyContext, StrategyResult
 from .strategies.mask import MaskObservations
 from .strategies.truncate import TruncateToolResults
-from .summarize import SummaryState, SummaryTrigger
+from .summarize import (
+    QueryAwareSummarizer,
+    Summarizer,
+    SummaryResult,
+    SummaryState,
+    SummaryTrigger,
+    summary_view,
+)
 from .tokens import TokenCount, TokenCounter, count_tokens
 from .transcript import Transcript, load_example, parse_transcript, read_transcript
 from .usage import Usage
@@ -71,20 +80,25 @@ __all__ = [
     "Facts",
     "ImagePart",
     "InvalidMessageError",
+    "LLMFactExtractor",
+    "LLMSummarizer",
     "LedgerConfig",
     "MaskObservations",
     "Message",
     "MissingDependencyError",
     "ModelCost",
     "ModelInfo",
+    "OfflineSummarizer",
     "OpenAICompatible",
     "Policy",
     "Price",
     "ProviderError",
     "ProviderTimeout",
+    "QueryAwareSummarizer",
     "RawPart",
     "Registry",
     "RetryPolicy",
+    "RuleBasedFactExtractor",
     "RuntimeFailure",
     "Session",
     "SessionCost",
@@ -94,6 +108,8 @@ __all__ = [
     "StrategyContext",
     "StrategyResult",
     "SummarizationError",
+    "Summarizer",
+    "SummaryResult",
     "SummaryState",
     "SummaryTrigger",
     "TextPart",
@@ -127,6 +143,7 @@ __all__ = [
     "parse_spec",
     "parse_transcript",
     "read_transcript",
+    "summary_view",
     "validate_pairing",
 ]
 
