@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
@@ -312,6 +313,34 @@ def test_fill_ratio_counts_the_summary_as_shown_within_its_share() -> None:
 
     plain = SummaryTrigger(max_messages=None, keep_recent=2, fill_ratio=0.6)
     shared = SummaryTrigger(max_messages=None, keep_recent=2, fill_ratio=0.6, summary_share=0.25)
-    assert plan_summary(msgs, plain, count, window=1000, previous=stored) is not None
     assert plan_summary(msgs, shared, count, window=1000, previous=stored) is None
     assert plan_summary(msgs, shared, count, window=40, previous=stored) is not None
+    # without a share the stored summary alone overfills: folding a few more messages
+    # cannot help, so the trigger waits for half its threshold of new material
+    assert plan_summary(msgs, plain, count, window=1000, previous=stored) is None
+    long_chat = chat(400)
+    assert plan_summary(long_chat, plain, count, window=1000, previous=stored) is not None
+
+
+def test_the_fill_trigger_folds_in_batches_not_on_every_call() -> None:
+    """After firing, the tail is folded down to half the threshold, so the next firing
+    waits until half the threshold of new messages has come in."""
+
+    def count(m: Message) -> int:
+        return len(m.text.split())
+
+    trigger = SummaryTrigger(max_messages=None, keep_recent=2, fill_ratio=0.6)
+    # a system prompt that alone fills the threshold: the fill ratio is always reached
+    msgs = [Message.system("rules " * 200, id="sys"), *chat(200, system=False)]
+    state, fired = SummaryState(), []
+    for end in range(10, len(msgs) + 1):
+        plan = plan_summary(msgs[:end], trigger, count, window=300, previous=state)
+        if plan is None:
+            continue
+        fired.append(end)
+        assert len(plan.keep) <= 3  # the fixed part leaves no room: fold all but the newest
+        state = SummaryState(
+            summaries=("s",), covered_ids=state.covered_ids | {m.id for m in plan.fold}
+        )
+    gaps = [b - a for a, b in pairwise(fired)]
+    assert fired and min(gaps) > 2  # batches of several messages, never call after call

@@ -182,6 +182,30 @@ class SummaryPlan:
     as_of_id: str | None = None
 
 
+def _fill_fixed(
+    trigger: SummaryTrigger,
+    messages: Sequence[Message],
+    live: Sequence[int],
+    count: Callable[[Message], int],
+    window: int,
+    previous: SummaryState,
+) -> int:
+    """Tokens the fill ratio counts that folding cannot reduce: the system prompt, pinned
+    messages, and the summary as shown (a focused view takes at most its share)."""
+    live_set = set(live)
+    fixed = sum(
+        count(m)
+        for i, m in enumerate(messages)
+        if i not in live_set and m.id not in previous.covered_ids
+    )
+    if previous.text:
+        shown = count(Message.system(previous.text))
+        if trigger.summary_share is not None:
+            shown = min(shown, int(window * trigger.summary_share))
+        fixed += shown
+    return fixed
+
+
 def _fired(
     trigger: SummaryTrigger,
     messages: Sequence[Message],
@@ -198,13 +222,12 @@ def _fired(
         if tokens > trigger.max_tokens:
             reasons.append(f"unsummarised messages hold {tokens} tokens > {trigger.max_tokens}")
     if trigger.fill_ratio is not None and window:
-        used = sum(count(m) for m in messages if m.id not in previous.covered_ids)
-        if previous.text:  # as shown: a focused view takes at most its share
-            shown = count(Message.system(previous.text))
-            if trigger.summary_share is not None:
-                shown = min(shown, int(window * trigger.summary_share))
-            used += shown
-        if used >= trigger.fill_ratio * window:
+        fixed = _fill_fixed(trigger, messages, live, count, window, previous)
+        foldable = sum(count(messages[i]) for i in live)
+        used = fixed + foldable
+        # Fire only with at least half the threshold to fold: otherwise a summary and a
+        # system prompt that fill the context by themselves would fire it on every call.
+        if used >= trigger.fill_ratio * window and foldable >= trigger.fill_ratio * window / 2:
             reasons.append(
                 f"context fills {used / window:.0%} of {window} >= {trigger.fill_ratio:.0%}"
             )
@@ -258,11 +281,18 @@ def plan_summary(
 
     k = trigger.keep_recent
     cut = len(msgs) if k == 0 else live[-k] if k <= len(live) else live[0]
-    if trigger.keep_recent_tokens is not None:  # also cap the verbatim tail by tokens
+    tail_cap = trigger.keep_recent_tokens
+    if window and trigger.fill_ratio is not None and any("fills" in r for r in reasons):
+        # The fill ratio fired: fold down to half of it, so the tail must grow by half the
+        # threshold before it fires again (a summary per batch, not per call).
+        half = int(trigger.fill_ratio * window / 2)
+        room = max(half - _fill_fixed(trigger, msgs, live, count, window, prev), 0)
+        tail_cap = room if tail_cap is None else min(tail_cap, room)
+    if tail_cap is not None:  # cap the verbatim tail by tokens
         tail = 0
         for i in reversed(live):
             tail += count(msgs[i])
-            if tail > trigger.keep_recent_tokens:
+            if tail > tail_cap:
                 cut = max(cut, i + 1)
                 break
     users = [i for i, m in enumerate(msgs) if m.role == "user"]
