@@ -326,3 +326,17 @@ def test_sentence_start_window_equals_searching_the_whole_prefix(text: str, at: 
 def test_category_fast_paths_equal_scanning_the_value(value: str) -> None:
     """E-mails and letter-free values skip the scan; the answer must be the scan's."""
     assert _entities._category_of(value) == _entities._category_by_text(value)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet="aZéÉ1_'’- .\nÄß²x", max_size=60))
+def test_title_words_are_the_capitalised_words_of_the_word_split(text: str) -> None:
+    """Visiting only capitalised words finds exactly the capitalised words of _WORD."""
+    claimed = bytearray(len(text))
+    expected = [
+        (w.start(), w.end())
+        for w in _entities._WORD.finditer(text)
+        if _entities._is_title(w.group(0))
+    ]
+    got = [(w.start(), w.end()) for w in _entities._title_words(text, claimed)]
+    assert got == expected
