@@ -80,3 +80,20 @@ def test_a_listed_truncation_leaves_the_ledger_alone_until_the_result_is_masked(
     assert "t1" in masked
     ledger = next(m for m in later.messages if m.id == "ctxwarden:ledger")
     assert "ORD-10039" in ledger.text and "ORD-10000" in ledger.text
+
+
+def test_the_note_lists_the_most_values_that_fit() -> None:
+    """The guess-and-step search gives what trying every length would give."""
+    from ctxwarden.strategies.cut_values import _lost, _note
+
+    for n, cap in ((40, 30), (200, 60), (200, 120), (300, 17), (25, 400)):
+        original = _search_result(n)
+        head = json.dumps({"results": json.loads(original.text)["results"][:2]})
+        _, listed = with_cut_values(original, head, max_tokens=cap, count=COUNTER.count_text)
+        values = [e.value for e in _lost(original, head)]
+        fitting = [
+            k
+            for k in range(1, len(values) + 1)
+            if COUNTER.count_text(_note(values[:k], len(values) - k)) + 8 <= cap
+        ]
+        assert listed == (max(fitting) if fitting else 0), (n, cap)

@@ -35,8 +35,12 @@ def _lost(original: Message, truncated_text: str) -> list[Entity]:
     return [found[i] for i in order]
 
 
+def _shown(value: str) -> str:
+    return f'"{value}"' if "," in value else value
+
+
 def _note(values: list[str], more: int) -> str:
-    shown = ", ".join(f'"{v}"' if "," in v else v for v in values)
+    shown = ", ".join(_shown(v) for v in values)
     return _PREFIX + shown + (f", … {more} more" if more else "")
 
 
@@ -87,13 +91,21 @@ def with_cut_values(
 
     best = len(values)
     if not fits(best):
-        lo, hi, best = 1, len(values) - 1, 0
-        while lo <= hi:  # the most values whose note fits
-            mid = (lo + hi) // 2
-            if fits(mid):
-                best, lo = mid, mid + 1
-            else:
-                hi = mid - 1
+        # Guess from the whole note's characters per token, then step to the answer with
+        # exact counts: two or three counts instead of a binary search's seven.
+        whole = _note(values, 0)
+        per_token = len(whole) / max(count(whole), 1)
+        room = (max_tokens - slack) * per_token
+        best, length = 0, len(_PREFIX)
+        for k, value in enumerate(values[:-1], 1):
+            length += len(_shown(value)) + (2 if k > 1 else 0)  # ", " between values
+            if length + len(f", … {len(values) - k} more") > room:
+                break
+            best = k
+        while best > 0 and not fits(best):
+            best -= 1 + best // 8
+        while 0 < best < len(values) - 1 and fits(best + 1):
+            best += 1
     while best > 0:
         text = _attach(truncated_text, _note(values[:best], len(values) - best), doc)
         if count(text) - base <= max_tokens:
