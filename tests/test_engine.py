@@ -136,7 +136,8 @@ def test_dropped_identifiers_stay_in_the_ledger() -> None:
 
 
 def test_earlier_entities_reach_back_past_the_given_history() -> None:
-    from ctxwarden.entities import EntityLedger, extract_entities
+    from ctxwarden.entities import extract_entities
+    from ctxwarden.entity_ledger import EntityLedger
 
     older = _agent_session(3)
     earlier = EntityLedger().add(e for m in older for e in extract_entities(m))

@@ -13,11 +13,11 @@ import pytest
 
 from ctxwarden.entities import (
     Entity,
-    EntityLedger,
     extract_entities,
     extract_from_json,
     extract_from_text,
 )
+from ctxwarden.entity_ledger import EntityLedger
 from ctxwarden.formats import messages_from_openai
 from ctxwarden.messages import Message, ToolCall
 from ctxwarden.tokens import TokenCounter
@@ -340,3 +340,11 @@ def test_title_words_are_the_capitalised_words_of_the_word_split(text: str) -> N
     ]
     got = [(w.start(), w.end()) for w in _entities._title_words(text, claimed)]
     assert got == expected
+
+
+def test_the_ledger_still_imports_from_where_it_used_to_live() -> None:
+    from ctxwarden import entities, entity_ledger
+
+    assert entities.EntityLedger is entity_ledger.EntityLedger
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        entities.nope  # noqa: B018

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from ctxwarden.engine import build_context
-from ctxwarden.entities import EntityLedger, extract_entities
+from ctxwarden.entities import extract_entities
+from ctxwarden.entity_ledger import EntityLedger
 from ctxwarden.errors import ConfigError, InvalidMessageError, StoreError, SummarizationError
 from ctxwarden.facts import Facts
 from ctxwarden.messages import Message

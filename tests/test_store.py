@@ -265,7 +265,8 @@ def test_a_checkpoint_far_behind_is_seeded_from_the_look_back_only(
 def test_a_checkpoint_round_trips_its_coverage_and_names_damage() -> None:
     import json
 
-    from ctxwarden.entities import EntityLedger, extract_entities
+    from ctxwarden.entities import extract_entities
+    from ctxwarden.entity_ledger import EntityLedger
     from ctxwarden.store.ledger_checkpoint import LedgerCheckpoint
 
     ledger = EntityLedger().add(extract_entities(Message.user("booking ZFA04Y")))
@@ -283,7 +284,8 @@ def test_a_checkpoint_round_trips_its_coverage_and_names_damage() -> None:
 def test_an_entity_ledger_survives_the_json_round_trip_exactly() -> None:
     import json
 
-    from ctxwarden.entities import EntityLedger, extract_entities
+    from ctxwarden.entities import extract_entities
+    from ctxwarden.entity_ledger import EntityLedger
 
     texts = [
         "Reservation ZFA04Y for mia_li_3668@example.com on 2024-05-20, total $1,240.50.",

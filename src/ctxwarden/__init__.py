@@ -14,7 +14,8 @@ from .audit import Audit, BuildState
 from .conversation import Block, group_blocks, pairing_problems, validate_pairing
 from .cost import ModelCost, SessionCost, estimate_cost
 from .engine import BuiltContext, build_context
-from .entities import Entity, EntityLedger, extract_entities
+from .entities import Entity, extract_entities
+from .entity_ledger import EntityLedger
 from .errors import (
     BudgetError,
     ConfigError,

@@ -20,7 +20,7 @@ from typing import Any
 
 from .audit import LAYERS, Audit, BuildState
 from .conversation import Block, group_blocks
-from .entities import EntityLedger
+from .entity_ledger import EntityLedger
 from .errors import BudgetError
 from .facts import FactSchema
 from .formats.anthropic import MAX_CACHE_BREAKPOINTS, messages_to_anthropic

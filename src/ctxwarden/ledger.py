@@ -1,7 +1,7 @@
 """The ledger layer of a build: values from messages the context no longer shows.
 
 Everything before the window start (that is not pinned), and the original text of
-every masked or truncated result, feeds :class:`~ctxwarden.entities.EntityLedger`; its
+every masked or truncated result, feeds :class:`~ctxwarden.entity_ledger.EntityLedger`; its
 rendering becomes one system block near the top of the context.
 
 The region before the window only grows (the window start is sticky), so the ledger of
@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from .entities import EntityLedger, extract_entities
+from .entities import extract_entities
+from .entity_ledger import EntityLedger
 from .messages import Message
 from .tokens import TokenCounter
 

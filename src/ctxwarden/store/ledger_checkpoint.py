@@ -35,7 +35,8 @@ from collections import OrderedDict
 from collections.abc import Container, MutableMapping
 from dataclasses import dataclass, field, replace
 
-from ..entities import EntityLedger, extract_entities
+from ..entities import extract_entities
+from ..entity_ledger import EntityLedger
 from ..errors import StoreError
 from ..messages import Message
 from .base import SessionStore
