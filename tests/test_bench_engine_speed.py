@@ -15,6 +15,7 @@ from itertools import islice
 import pytest
 
 from ctxwarden.bench import engine_speed
+from ctxwarden.bench.traffic import session_calls
 from ctxwarden.conversation import group_blocks
 
 HAS_LANGCHAIN = importlib.util.find_spec("langchain_core") is not None
@@ -83,7 +84,7 @@ def test_traffic_is_deterministic_and_well_formed() -> None:
 
 
 def test_session_calls_end_at_model_call_points() -> None:
-    for history in islice(engine_speed.session_calls(1, 20), 20):
+    for history in islice(session_calls(1, 20), 20):
         last = history[-1]
         assert last.role in ("user", "tool")
 

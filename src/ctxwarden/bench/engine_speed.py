@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import random
 import statistics
 import subprocess
 import sys
@@ -53,10 +52,12 @@ from itertools import islice
 from typing import Any
 
 from ..engine import BuiltContext, build_context
-from ..messages import Message, ToolCall
+from ..messages import Message
 from ..policy import Policy
 from ..tokens import TokenCounter
 from .count_cache import build_history, find_tau_bench
+from .prefix_stability import prefix_stability
+from .traffic import agent_traffic
 
 __all__ = [
     "TARGETS",
@@ -74,98 +75,6 @@ MODEL = "gpt-4o"
 
 
 # -- input -------------------------------------------------------------------------------------
-
-_VOCABULARY = (
-    "order refund shipping invoice account customer address payment card delivery "
-    "warehouse status update please confirm check the a to of and for with your my is was "
-    "will can we I you need would like cancel change return exchange item size colour "
-    "price discount policy ticket escalate tracking carrier parcel delayed today tomorrow "
-    "week"
-)
-_WORDS = _VOCABULARY.split()
-_CITIES = ("Lisbon", "Kraków", "Denver", "Osaka", "Nairobi", "Toronto", "Lyon", "Kyiv")
-
-
-def agent_traffic(seed: int = 0) -> Iterator[Message]:
-    """An endless, deterministic support-agent conversation (system prompt first).
-
-    Each turn: a user message, zero to three tool steps (a quarter of them two parallel
-    calls), each result JSON of a size drawn to match real tools — mostly a 60-250 token
-    record, often a 200-600 token list, one in eight a 800-3,000 token search page (which
-    truncation cuts), one in twenty a stack trace — then an assistant reply. Every
-    message is unique (ids, numbers), so no cache gets a free hit across turns.
-    """
-    rng = random.Random(seed)
-
-    def words(lo: int, hi: int) -> str:
-        return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(lo, hi))) + "."
-
-    def record(k: int) -> dict[str, Any]:
-        return {
-            "order_id": f"ORD-{rng.randint(10_000, 99_999)}",
-            "customer": f"{rng.choice(_CITIES).lower()}_{k}@example.com",
-            "amount": f"{rng.randint(5, 900)}.{rng.randint(0, 99):02d}",
-            "currency": "EUR",
-            "date": f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}",
-            "status": rng.choice(("shipped", "pending", "refunded", "delivered")),
-            "note": words(3, 25),
-        }
-
-    def result(k: int) -> tuple[str, str, dict[str, Any]]:
-        r = rng.random()
-        if r < 0.05:
-            frames = "".join(
-                f'  File "/usr/lib/python3.11/site-packages/lib{i}/core.py", '
-                f"line {i * 7}, in f{i}\n"
-                for i in range(rng.randint(8, 30))
-            )
-            trace = f"Traceback (most recent call last):\n{frames}KeyError: 'ORD-{k}'"
-            return "refund_order", trace, {"order_id": f"ORD-{k}"}
-        if r < 0.55:
-            return "get_order", json.dumps(record(k)), {"order_id": f"ORD-{k}"}
-        size = rng.randint(3, 8) if r < 0.87 else rng.randint(12, 45)
-        items = [record(k * 100 + i) for i in range(size)]
-        return "search_orders", json.dumps({"results": items, "total": size}), {"q": words(1, 3)}
-
-    yield Message.system(
-        "You are the support agent of a web shop. Be brief. " + words(150, 250), id="m0"
-    )
-    index, call_no = 1, 0
-
-    def next_id() -> str:
-        nonlocal index
-        index += 1
-        return f"m{index - 1}"
-
-    while True:
-        yield Message.user(words(6, 60) + f" My order is ORD-{index}.", id=next_id())
-        for _ in range(rng.choice((0, 1, 1, 2, 2, 3))):
-            parallel = 2 if rng.random() < 0.25 else 1
-            calls, results = [], []
-            for _ in range(parallel):
-                call_no += 1
-                name, content, args = result(call_no)
-                call = ToolCall(f"call_{call_no}", name, json.dumps(args))
-                calls.append(call)
-                results.append((call, content))
-            yield Message.assistant(None, tuple(calls), id=next_id())
-            for call, content in results:
-                yield Message.tool(content, call.id, call.name, id=next_id())
-        yield Message.assistant(words(15, 120), id=next_id())
-
-
-def session_calls(seed: int, calls: int) -> Iterator[list[Message]]:
-    """The history at each model call: after a user message or a tool step's last result."""
-    history: list[Message] = []
-    stream = agent_traffic(seed)
-    pending = next(stream)
-    made = 0
-    while made < calls:
-        message, pending = pending, next(stream)
-        history.append(message)
-        if message.role == "user" or (message.role == "tool" and pending.role != "tool"):
-            made += 1
-            yield history
 
 
 def history_source(source: str, n: int, seed: int = 0) -> tuple[list[Message], str]:
@@ -337,73 +246,6 @@ def _size(
             if row[key]:
                 row[f"speedup_{key.removesuffix('_ms')}"] = row["trim_ms"] / row[key]
     return row
-
-
-# -- prefix stability ----------------------------------------------------------------------------
-
-
-def _json_shared_tokens(before: BuiltContext | None, after: BuiltContext) -> tuple[int, int]:
-    """Tokens and characters of ``after`` that repeat ``before`` from the start, from JSON.
-
-    Whole messages are compared as serialised OpenAI dicts (a provider caches a prefix
-    of tokens, and a message that differs anywhere changes the tokens from there on);
-    characters are the common prefix of the two requests' JSON, for the record.
-    """
-    if before is None:
-        return 0, 0
-    count = TokenCounter.for_model(MODEL).count_message
-    old = [json.dumps(m, sort_keys=True) for m in before.to_openai()]
-    new = [json.dumps(m, sort_keys=True) for m in after.to_openai()]
-    tokens = 0
-    for a, b, message in zip(old, new, after.messages, strict=False):
-        if a != b:
-            break
-        tokens += count(message)
-    old_text, new_text = json.dumps(before.to_openai()), json.dumps(after.to_openai())
-    chars = next(
-        (i for i, (x, y) in enumerate(zip(old_text, new_text, strict=False)) if x != y),
-        min(len(old_text), len(new_text)),
-    )
-    return tokens, chars
-
-
-def prefix_stability(calls: int = 50, budget: int = 4_000, seed: int = 1) -> dict[str, Any]:
-    """Build every model call of a ``calls``-call session with ``previous``; per-call shares."""
-    rows: list[dict[str, Any]] = []
-    previous: BuiltContext | None = None
-    for n, history in enumerate(session_calls(seed, calls), 1):
-        built = build_context(list(history), MODEL, budget, policy=Policy(), previous=previous)
-        audit = built.audit
-        json_tokens, json_chars = _json_shared_tokens(previous, built)
-        rows.append(
-            {
-                "call": n,
-                "history_messages": len(history),
-                "input_tokens": audit.input_tokens,
-                "cacheable_prefix_tokens": audit.cacheable_prefix_tokens,
-                "prefix_shared_tokens": audit.prefix_shared_tokens,
-                "json_shared_tokens": json_tokens,
-                "json_shared_chars": json_chars,
-                "share": audit.prefix_shared_tokens / audit.input_tokens,
-                "cache_hit": previous is not None
-                and audit.prefix_shared_tokens >= audit.cacheable_prefix_tokens,
-                "masked": len(audit.by_action("masked")),
-                "dropped": len(audit.by_action("dropped")),
-            }
-        )
-        previous = built
-    later = rows[1:]
-    return {
-        "calls": rows,
-        "budget": budget,
-        "mean_share": statistics.fmean(r["share"] for r in later),
-        "median_share": statistics.median(r["share"] for r in later),
-        "hit_rate": sum(r["cache_hit"] for r in later) / len(later),
-        "audit_matches_json": all(
-            r["prefix_shared_tokens"] == r["json_shared_tokens"] for r in rows
-        ),
-        "within_budget": all(r["input_tokens"] <= budget for r in rows),
-    }
 
 
 # -- run, print ----------------------------------------------------------------------------------
