@@ -255,3 +255,41 @@ def test_build_with_a_summary_share_in_the_policy_file(tmp_path: Path) -> None:
     audit = json.loads(report.read_text())
     assert 0 < audit["layers"]["summary"] <= 2000 * 0.2
     assert audit["input_tokens"] <= 2000
+
+
+def test_count_unknown_model_suggests_the_nearest_names() -> None:
+    result = invoke("count", "--model", "gpt4o", "--example")
+    assert result.exit_code == 2
+    assert "unknown model 'gpt4o'. Did you mean: gpt-4o, gpt-4, " in result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_count_a_registry_model_with_its_own_encoding_or_factor(tmp_path: Path) -> None:
+    from ctxwarden.formats.openai import messages_from_openai
+    from ctxwarden.registry import load_registry
+
+    registry = tmp_path / "models.toml"
+    registry.write_text(
+        '[models."acme-gpt"]\nprovider = "azure"\ncontext_window = 128_000\n'
+        'max_output_tokens = 16_384\nencoding = "o200k_base"\n'
+        "price = { input = 2.5, output = 10 }\n"
+        '[models."claude-opus-4-7"]\nprovider = "anthropic"\ncontext_window = 200_000\n'
+        'max_output_tokens = 32_000\nestimator = "claude"\nestimate_factor = 1.46\n'
+        "price = { input = 5, output = 25 }\n"
+    )
+    chat = write(tmp_path, PLAIN)
+
+    def count(model: str) -> dict[str, Any]:
+        result = invoke("count", "--model", model, "--registry", str(registry), "--json", chat)
+        assert result.exit_code == 0, result.stderr
+        return dict(json.loads(result.stdout))
+
+    exact = count("acme-gpt")
+    assert (exact["provider"], exact["exact"]) == ("azure", True)
+    assert exact["method"] == "openai-chat-formula"
+    assert exact["tokens"] == count_tokens(PLAIN, model="gpt-4o")
+    newer, older = count("claude-opus-4-7"), count("claude-opus-4-5")
+    counter = TokenCounter.for_model("claude-opus-4-7", load_registry([registry]))
+    assert counter.factor == 1.46
+    assert newer["tokens"] == counter.count_messages(messages_from_openai(PLAIN)).tokens
+    assert newer["tokens"] > older["tokens"] and newer["method"] == "estimate:claude"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from ctxwarden.bench.calibrate import claude_version, ctok_version, registry_check
 from ctxwarden.errors import ConfigError, UnknownModelError, UsageError
 from ctxwarden.registry import ModelInfo, Registry, get_model, load_registry
 
@@ -189,6 +190,8 @@ def test_user_file_adds_a_model(tmp_path: Path) -> None:
             "model 'gpt-4o', field 'aliases': 'gpt-4' already names model 'gpt-4'",
         ),
         ('[model."gpt-4o"]\nprovider = "x"\n', "unknown top-level key 'model'"),
+        ('[models."gpt-4o"]\nestimate_factor = 1.1\n', "applies to estimated models only"),
+        ('[models."claude-3-haiku"]\nestimate_factor = 0\n', "must be a number > 0"),
         ("[models.\nbroken", "not valid TOML"),
     ],
 )
@@ -215,3 +218,108 @@ def test_env_var_adds_files_to_the_default_registry(
     assert get_model("deepseek-chat").price.input == 0.5
     monkeypatch.delenv("CTXWARDEN_MODELS")
     assert get_model("deepseek-chat").price.input == 0.28
+
+
+def test_unknown_model_suggests_the_nearest_names_ranked() -> None:
+    with pytest.raises(UnknownModelError) as info:
+        get_model("gpt4o")
+    assert info.value.suggestions[:2] == ("gpt-4o", "gpt-4")
+    assert "Did you mean: gpt-4o, gpt-4, " in str(info.value)
+    assert str(info.value).count(",") == 4  # five names, no more
+
+
+@pytest.mark.parametrize(
+    ("name", "first"),
+    [
+        ("gtp-5", "gpt-5"),
+        ("claude-sonet-4.5", "claude-sonnet-4-5"),
+        ("anthropic:claude-sonet-4-5-20250929", "claude-sonnet-4-5"),  # prefix, date stripped
+        ("llama3:8b", "llama3.1:8b"),
+        ("gemini-pro", "gemini-2.5-pro"),
+        ("o3-mini", "o4-mini"),
+        ("gpt-4o-realtime-preview-2024-12-17", "gpt-4o"),
+    ],
+)
+def test_suggestions_rank_the_nearest_first(builtin: Registry, name: str, first: str) -> None:
+    assert builtin.suggest(name)[0] == first
+
+
+def test_suggestions_by_containment_and_none_for_nonsense(builtin: Registry) -> None:
+    sonnets = {m.name for m in builtin if "sonnet" in m.name}
+    assert set(builtin.suggest("sonnet", n=10)) == sonnets
+    assert builtin.suggest("bananas-7") == []
+    with pytest.raises(UnknownModelError) as info:
+        builtin.get("bananas-7")
+    assert "Did you mean" not in str(info.value)
+
+
+def test_override_switching_tokenizer_drops_the_measured_factor(builtin: Registry) -> None:
+    assert builtin.get("claude-3-haiku").estimate_factor == 1.09
+    exact = builtin.with_overrides('[models."claude-3-haiku"]\nencoding = "o200k_base"\n')
+    assert exact.get("claude-3-haiku").estimate_factor is None  # it would be an error
+    other = builtin.with_overrides('[models."claude-3-haiku"]\nestimator = "other"\n')
+    assert other.get("claude-3-haiku").estimate_factor is None  # measured on Claude's tokens
+    same = builtin.with_overrides('[models."claude-3-haiku"]\nestimator = "claude"\n')
+    assert same.get("claude-3-haiku").estimate_factor == 1.09
+    own = builtin.with_overrides('[models."claude-3-haiku"]\nestimate_factor = 1.2\n')
+    assert own.get("claude-3-haiku").estimate_factor == 1.2
+    assert own.get("claude-3-haiku").tokenizer == "~claude x1.2"
+
+
+def test_registries_with_equal_tables_are_equal(tmp_path: Path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text('[models."gpt-4o"]\nprice = { input = 2.0 }\n')
+    first, second = load_registry([path], use_env=False), load_registry([path], use_env=False)
+    assert first is not second and first == second and hash(first) == hash(second)
+    assert first != Registry.builtin()
+    assert (
+        Registry.builtin().with_overrides('[models."gpt-4o"]\nprice = { input = 2.0 }\n') == first
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "version", "ctok"),
+    [
+        ("claude-3-haiku", (3,), "3.0"),
+        ("claude-3-5-sonnet", (3, 5), "3.0"),
+        ("claude-opus-4", (4,), "3.0"),
+        ("claude-opus-4-20250514", (4,), "3.0"),
+        ("claude-sonnet-4-5", (4, 5), "3.0"),
+        ("claude-opus-4-7", (4, 7), "4.7"),
+        ("claude-sonnet-4.8", (4, 8), "4.7"),
+        ("claude-opus-5", (5,), "4.7"),
+        ("gpt-4o", None, None),
+    ],
+)
+def test_claude_versions_route_like_ctok(
+    name: str, version: tuple[int, ...] | None, ctok: str | None
+) -> None:
+    assert (claude_version(name), ctok_version(name)) == (version, ctok)
+
+
+def test_every_shipped_claude_model_carries_its_own_factor(builtin: Registry) -> None:
+    claude = [m for m in builtin if m.estimator == "claude"]
+    assert len(claude) == 11
+    for m in claude:
+        # measured on ctok v3 (bench/calibrate.py); 4.7+ would need the v4.7 figure
+        assert (ctok_version(m.name), m.estimate_factor) == ("3.0", 1.09), m.name
+
+
+def test_registry_check_flags_a_newer_claude_left_on_the_family_factor(
+    builtin: Registry,
+) -> None:
+    overall = {"3.0": 1.0898, "4.7": 1.4510}  # calibrate's overall ratios, as input
+    assert all(c.ok for c in registry_check(builtin, overall))
+    entry = (
+        '[models."claude-opus-4-7"]\nprovider = "anthropic"\ncontext_window = 200_000\n'
+        'max_output_tokens = 32_000\nestimator = "claude"\nprice = { input = 1, output = 1 }\n'
+    )
+    newer = builtin.with_overrides(entry)
+    flagged = [c for c in registry_check(newer, overall) if not c.ok]
+    assert [(c.model, c.version, c.registry, c.measured) for c in flagged] == [
+        ("claude-opus-4-7", "4.7", 1.09, 1.46)
+    ]
+    fixed = builtin.with_overrides(entry + "estimate_factor = 1.46\n")
+    assert all(c.ok for c in registry_check(fixed, overall))
+    unmeasured = registry_check(fixed, {"3.0": 1.0898})
+    assert [c.model for c in unmeasured if not c.ok] == ["claude-opus-4-7"]

@@ -19,7 +19,9 @@ import ctxwarden
 from ctxwarden.encodings import get_encoding
 from ctxwarden.images import image_size, tile_tokens
 from ctxwarden.messages import ImagePart, Message, TextPart, ToolCall
-from ctxwarden.tokens import TokenCounter, count_tokens, render_tools
+from ctxwarden.registry import Registry, load_registry
+from ctxwarden.session import count_key
+from ctxwarden.tokens import ESTIMATE_FACTORS, TokenCounter, count_tokens, render_tools
 
 
 def cookbook_count(messages: list[dict[str, Any]], encoding_name: str) -> int:
@@ -195,3 +197,73 @@ def test_counting_works_with_sockets_blocked(tmp_path: Path) -> None:
     )
     assert out.stdout.split() == ["9", "9"]
     assert len(list((tmp_path / "cache" / "tiktoken").iterdir())) >= 2
+
+
+OPUS_47 = (
+    '[models."claude-opus-4-7"]\nprovider = "anthropic"\ncontext_window = 200_000\n'
+    'max_output_tokens = 32_000\nestimator = "claude"\nestimate_factor = 1.46\n'
+    "price = { input = 5, output = 25 }\n"
+)
+MY_GPT = (
+    '[models."acme-gpt"]\nprovider = "azure"\ncontext_window = 128_000\n'
+    'max_output_tokens = 16_384\nencoding = "o200k_base"\nprice = { input = 2.5, output = 10 }\n'
+)
+
+
+def test_a_registry_models_own_factor_replaces_the_family_factor() -> None:
+    registry = Registry.builtin().with_overrides(OPUS_47)
+    newer = TokenCounter("claude-opus-4-7", registry=registry)
+    older = TokenCounter("claude-opus-4-5")
+    assert (newer.family, newer.factor, older.factor) == ("claude", 1.46, 1.09)
+    enc = get_encoding("o200k_base")
+    text = "The quick brown fox jumps over the lazy dog. " * 20
+    raw = 3 + len(enc.encode("user")) + len(enc.encode(text))
+    msg = Message.user(text)
+    assert newer.count_message(msg) == -(-raw * 146 // 100)  # scaled, rounded up
+    assert older.count_message(msg) == -(-raw * 109 // 100)
+    # without the entry the name falls back to the family factor
+    assert TokenCounter("claude-opus-4-7").factor == ESTIMATE_FACTORS["claude"]
+    # a session stores counts per key: the two factors must not share one
+    assert count_key(newer) != count_key(older)
+    assert count_key(newer) == "o200k_base~claudex1.46"
+
+
+def test_a_user_model_mapped_to_an_encoding_counts_exactly(tmp_path: Path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text(MY_GPT)
+    registry = load_registry([path], use_env=False)
+    chat = [Message.system("You are terse."), Message.user("What is 2 + 2?")]
+    mine = TokenCounter.for_model("acme-gpt", registry=registry).count_messages(chat)
+    gpt = TokenCounter.for_model("gpt-4o").count_messages(chat)
+    assert mine == gpt and mine.exact and mine.method == "openai-chat-formula"
+    with pytest.raises(ctxwarden.UnknownModelError):
+        TokenCounter("acme-gpt")  # only the user's registry knows it
+
+
+def test_for_model_shares_one_counter_per_model_and_registry(tmp_path: Path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text(OPUS_47)
+    first = TokenCounter.for_model("claude-opus-4-7", load_registry([path], use_env=False))
+    again = TokenCounter.for_model("claude-opus-4-7", load_registry([path], use_env=False))
+    assert first is again  # loaded twice, equal contents: one cache
+    assert TokenCounter.for_model("gpt-4o") is TokenCounter.for_model("gpt-4o", Registry.default())
+    assert TokenCounter.for_model("claude-opus-4-7") is not first  # default registry: family
+
+
+def test_for_model_follows_the_environment_registry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "env.toml"
+    path.write_text(OPUS_47)
+    assert TokenCounter.for_model("claude-opus-4-7").factor == 1.09
+    monkeypatch.setenv("CTXWARDEN_MODELS", str(path))
+    assert TokenCounter.for_model("claude-opus-4-7").factor == 1.46
+    monkeypatch.delenv("CTXWARDEN_MODELS")
+    assert TokenCounter.for_model("claude-opus-4-7").factor == 1.09
+
+
+def test_unknown_model_error_from_the_counter_carries_the_registrys_suggestions() -> None:
+    with pytest.raises(ctxwarden.UnknownModelError) as info:
+        TokenCounter.for_model("gpt4o")
+    assert info.value.suggestions[0] == "gpt-4o"
+    assert "Did you mean: gpt-4o," in str(info.value)

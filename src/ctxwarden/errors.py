@@ -24,6 +24,8 @@ least 1,412 tokens").
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 __all__ = [
     "BudgetError",
     "ConfigError",
@@ -66,22 +68,32 @@ class InvalidMessageError(UsageError, ValueError):
 
 
 class UnknownModelError(UsageError, KeyError):
-    """A model name that the registry does not know."""
+    """A model name that the registry does not know.
 
-    def __init__(self, model: str, known: list[str] | None = None):
+    ``suggestions`` are known names ranked nearest first (the registry ranks them); the
+    message shows the first five. The registry passes a function: ranking costs about a
+    millisecond, and callers that fall back quietly (an unlisted model counted by its
+    family, once per build) never read the message."""
+
+    def __init__(self, model: str, suggestions: Sequence[str] | Callable[[], Sequence[str]] = ()):
         self.model = model
-        hint = ""
-        if known:
-            close = [k for k in known if model.split(":")[0].split("-")[0] in k][:5]
-            if close:
-                hint = f" Did you mean one of: {', '.join(close)}?"
-        super().__init__(
-            f"unknown model {model!r}.{hint} Add it with a registry TOML file "
-            "(see `ctxwarden models --help`)."
-        )
+        self._suggestions = suggestions
+        super().__init__(model)
+
+    @property
+    def suggestions(self) -> tuple[str, ...]:
+        """Known names nearest to :attr:`model`, nearest first."""
+        if callable(self._suggestions):
+            self._suggestions = tuple(self._suggestions())
+        return tuple(self._suggestions)
 
     def __str__(self) -> str:  # KeyError would quote the message
-        return str(self.args[0])
+        close = self.suggestions[:5]
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        return (
+            f"unknown model {self.model!r}.{hint} Add it with a registry TOML file "
+            "(see `ctxwarden models --help`)."
+        )
 
 
 class ConfigError(UsageError, ValueError):

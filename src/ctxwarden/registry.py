@@ -16,6 +16,7 @@ entry unless the registry lists it separately (``gpt-4o-2024-05-13`` kept its ow
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
 import tomllib
@@ -101,7 +102,9 @@ class ModelInfo:
     """What ctxwarden needs to know about one model.
 
     ``encoding`` is set for models we count exactly (OpenAI); ``estimator`` names the
-    estimate family for the rest. ``estimate_factor`` overrides that family's factor.
+    estimate family for the rest. ``estimate_factor`` (tokens per ``o200k_base`` token,
+    measured on this model's own tokenizer) replaces the family's factor: a family can
+    change tokenizer between versions (Claude Opus 4.7, see ``ctxwarden.tokens``).
     """
 
     name: str
@@ -122,8 +125,12 @@ class ModelInfo:
 
     @property
     def tokenizer(self) -> str:
-        """``o200k_base`` for exact counting, ``~claude`` for an estimate family."""
-        return self.encoding or f"~{self.estimator}"
+        """``o200k_base`` for exact counting, ``~claude`` for an estimate family, and
+        ``~claude x1.46`` when the model carries its own factor."""
+        if self.encoding:
+            return self.encoding
+        own = f" x{self.estimate_factor:g}" if self.estimate_factor is not None else ""
+        return f"~{self.estimator}{own}"
 
     def price_for(self, prompt_tokens: int) -> Price:
         """The price tier that applies to one call with ``prompt_tokens`` input tokens."""
@@ -136,6 +143,10 @@ class Registry:
 
     def __init__(self, tables: Mapping[str, Mapping[str, Any]], *, source: str = "<registry>"):
         self._tables = {name: dict(t) for name, t in tables.items()}
+        # Equal tables make equal registries, so caches keyed by a registry (token
+        # counters) are shared by registries loaded twice from the same files.
+        self._key = json.dumps(self._tables, sort_keys=True, default=str)
+        self._hash = hash(self._key)
         self._models: dict[str, ModelInfo] = {}
         self._index: dict[str, str] = {}
         built = [_build(name, table, source) for name, table in self._tables.items()]
@@ -193,8 +204,23 @@ class Registry:
             found = self._index.get(candidate)
             if found is not None:
                 return found
-        ranked = difflib.get_close_matches(name.lower(), list(self._index), n=10, cutoff=0.4)
-        raise UnknownModelError(name, ranked + [n for n in self._models if n not in ranked])
+        raise UnknownModelError(name, lambda: self.suggest(name))
+
+    def suggest(self, name: str, n: int = 5) -> list[str]:
+        """Up to ``n`` model names nearest to ``name``, nearest first (for error messages).
+
+        Every form :meth:`resolve` tries (prefix and snapshot stripped) is compared with
+        every name and alias; a model ranks by its best pair: containing one in the other
+        first (``sonnet`` -> the Sonnets), then by similarity (``gpt4o`` -> ``gpt-4o``)."""
+        forms = list(dict.fromkeys(_candidates(name)))
+        best: dict[str, tuple[bool, float]] = {}
+        for key, model in self._index.items():
+            for form in forms:
+                score = (_contains(form, key), difflib.SequenceMatcher(None, form, key).ratio())
+                if score > best.get(model, (False, 0.0)):
+                    best[model] = score
+        ranked = sorted(best, key=lambda model: best[model], reverse=True)
+        return [m for m in ranked if best[m][0] or best[m][1] >= _SUGGEST_CUTOFF][:n]
 
     def get(self, name: str) -> ModelInfo:
         """The model called ``name`` (alias, snapshot or prefixed name accepted)."""
@@ -209,6 +235,12 @@ class Registry:
             return False
         return True
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Registry) and other._key == self._key
+
+    def __hash__(self) -> int:
+        return self._hash
+
     def __iter__(self) -> Iterator[ModelInfo]:
         return iter(self._models.values())
 
@@ -217,6 +249,14 @@ class Registry:
 
     def names(self) -> list[str]:
         return list(self._models)
+
+
+_SUGGEST_CUTOFF = 0.5  # difflib ratio: "gtp-5" ~ "gpt-5" is 0.8, unrelated names < 0.4
+
+
+def _contains(a: str, b: str) -> bool:
+    """One name inside the other, ignoring fragments too short to mean anything."""
+    return (len(a) >= 4 and a in b) or (len(b) >= 4 and b in a)
 
 
 def _with_env(value: str) -> Registry:
@@ -329,11 +369,16 @@ def _merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, An
             out[key] = {**out[key], **value}
         else:
             out[key] = value
-    # encoding and estimator are alternatives: setting one replaces the other
+    # encoding and estimator are alternatives: setting one replaces the other; a measured
+    # estimate_factor belongs to the tokenizer it was measured on, so it goes with it
     if "estimator" in override and "encoding" not in override:
         out.pop("encoding", None)
+        if base.get("estimator") != override["estimator"] and "estimate_factor" not in override:
+            out.pop("estimate_factor", None)
     if "encoding" in override and "estimator" not in override:
         out.pop("estimator", None)
+        if "estimate_factor" not in override:
+            out.pop("estimate_factor", None)
     return out
 
 
@@ -393,6 +438,12 @@ def _build(name: str, t: Mapping[str, Any], source: str) -> ModelInfo:
         isinstance(factor, bool) or not isinstance(factor, int | float) or factor <= 0
     ):
         raise bad("estimate_factor", f"must be a number > 0, got {factor!r}")
+    if factor is not None and encoding is not None:
+        raise bad(
+            "estimate_factor",
+            f"applies to estimated models only; {encoding!r} counts exactly "
+            "(set 'estimator' instead of 'encoding' to estimate)",
+        )
     long_context = None
     if "long_context" in t:
         tier = t["long_context"]

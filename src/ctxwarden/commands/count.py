@@ -8,8 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..errors import UnknownModelError
-from ..registry import ModelInfo, Registry
+from ..registry import ModelInfo
 from ..tokens import TokenCount, TokenCounter
 from ..transcript import Transcript
 from ._common import registry_from, transcript_from
@@ -45,40 +44,16 @@ def count(
     transcript = transcript_from(file, example)
     models = registry_from(registry)
     name = model or transcript.model or DEFAULT_MODEL
-    info = _lookup(models, name)
-    counter = _counter(info, name)
+    # the registry's entry when it has one (a --registry model included), else the name's
+    # family; neither: the registry's error, with the nearest names
+    counter = TokenCounter.for_model(name, registry=models)
+    info = models.get(name) if name in models else None
     result = counter.count_messages(transcript.messages, list(transcript.tools) or None)
     report = _report(transcript.source, name, info, result, transcript)
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:
         typer.echo(_human(report))
-
-
-def _lookup(models: Registry, name: str) -> ModelInfo | None:
-    """The registry entry, or None for a model only the token counter knows by family."""
-    try:
-        return models.get(name)
-    except UnknownModelError:
-        try:
-            TokenCounter.for_model(name)
-        except UnknownModelError:
-            models.get(name)  # raise the registry's error, which carries suggestions
-        return None
-
-
-def _counter(info: ModelInfo | None, name: str) -> TokenCounter:
-    if info is None:
-        return TokenCounter.for_model(name)
-    default = Registry.default()
-    if info.name in default and default.get(info.name) == info:
-        return TokenCounter.for_model(info.name)
-    # A model only in a --registry file: count it like a built-in model of the same
-    # tokenizer. (TokenCounter reads the default registry; see the lead's note.)
-    for known in Registry.builtin():
-        if (known.encoding, known.estimator) == (info.encoding, info.estimator):
-            return TokenCounter.for_model(known.name)
-    return TokenCounter.for_model(name)
 
 
 def _report(

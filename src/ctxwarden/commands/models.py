@@ -29,7 +29,7 @@ def models(
 
     Add or override models with a TOML file in the shape of ctxwarden/models.toml, e.g.
 
-        [models."my-llama"]
+        \\[models."my-llama"]
         provider = "ollama"
         context_window = 32768
         max_output_tokens = 8192
@@ -37,6 +37,9 @@ def models(
         price = { input = 0.0, output = 0.0 }
 
     and pass it with --registry or the CTXWARDEN_MODELS environment variable.
+
+    An estimated model may carry its own measured factor (tokens per o200k_base
+    token) that replaces its family's: estimate_factor = 1.46 for Claude Opus 4.7+.
     """
     rows = [m for m in registry_from(registry) if provider is None or m.provider == provider]
     if as_json:
