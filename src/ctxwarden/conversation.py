@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from .errors import InvalidMessageError
 from .messages import Message
@@ -24,9 +24,11 @@ from .messages import Message
 __all__ = ["Block", "PairingProblem", "group_blocks", "pairing_problems", "validate_pairing"]
 
 
-@dataclass(frozen=True)
-class Block:
-    """Messages that must travel together: one message, or a tool call and its results."""
+class Block(NamedTuple):
+    """Messages that must travel together: one message, or a tool call and its results.
+
+    A named tuple: every build makes one per message of its window.
+    """
 
     start: int
     messages: tuple[Message, ...]

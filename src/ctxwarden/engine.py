@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from .audit import LAYERS, Audit, BuildState
@@ -35,6 +36,10 @@ from .summary_layer import LayerState, update_layers
 from .tokens import REPLY_PRIMING, TokenCounter
 
 __all__ = ["BuiltContext", "build_context"]
+
+_STABLE_LAYERS = frozenset({"system", "facts", "ledger", "summary", "pinned"})
+# Anthropic cache breakpoints go at the end of each of these groups of stable layers.
+_BREAKPOINT_GROUP = {"system": 0, "facts": 1, "ledger": 1, "summary": 1, "pinned": 2}
 
 
 @dataclass(frozen=True)
@@ -206,6 +211,12 @@ def build_context(
     if summarizer is not None:
         build.add_layers(summarizer, facts_schema)
     return build.run(info)
+
+
+@lru_cache(maxsize=256)
+def _prompt_cache_key(system: tuple[str, ...], model: str) -> str:
+    """The ``prompt_cache_key`` for a system prompt and model (stable across builds)."""
+    return "cw-" + hashlib.sha1(("".join(system) + model).encode()).hexdigest()[:16]
 
 
 def _model_info(model: str) -> Any:
@@ -483,20 +494,20 @@ class _Build:
         layers = dict.fromkeys(LAYERS, 0)
         layers["tools"] = self.counter.count_tools(self.tools)
         layers["framing"] = REPLY_PRIMING
-        for m in ordered:
-            layers[layer_of[m.id]] += self.count(m)
         fingerprints = tuple(m.fingerprint for m in ordered)
-        shared = 0
-        for a, b, m in zip(self.state.prefix, fingerprints, ordered, strict=False):
-            if a != b:
-                break
-            shared += self.count(m)
-        stable = [
-            m
-            for m in ordered
-            if layer_of[m.id] in ("system", "facts", "ledger", "summary", "pinned")
-        ]
-        cacheable = self._total(stable)
+        prefix = self.state.prefix
+        shared = cacheable = 0
+        sharing = True
+        for i, m in enumerate(ordered):  # one pass: tokens per layer, shared and stable prefix
+            tokens = self.count(m)
+            layer = layer_of[m.id]
+            layers[layer] += tokens
+            if layer in _STABLE_LAYERS:
+                cacheable += tokens
+            if sharing and i < len(prefix) and prefix[i] == fingerprints[i]:
+                shared += tokens
+            else:
+                sharing = False
         breakpoints = self._breakpoints(ordered, layer_of)
         new_sticky: dict[str, ActionKind] = {
             a.message_id: a.action for a in self.actions if a.action in ("masked", "truncated")
@@ -513,7 +524,7 @@ class _Build:
             effective = estimate_cost(
                 Usage(input_tokens=total.tokens, cached_input_tokens=cached), info
             )
-        key_src = "".join(m.fingerprint for m in self.system) + self.model
+        cache_key = _prompt_cache_key(tuple(m.fingerprint for m in self.system), self.model)
         audit = Audit(
             model=self.model,
             budget=self.budget,
@@ -529,7 +540,7 @@ class _Build:
             cacheable_prefix_tokens=cacheable,
             estimated_cost_usd=cost,
             effective_cost_usd=effective,
-            prompt_cache_key="cw-" + hashlib.sha1(key_src.encode()).hexdigest()[:16],
+            prompt_cache_key=cache_key,
             cache_breakpoints=breakpoints,
         )
         state = BuildState(
@@ -546,11 +557,13 @@ class _Build:
         """Anthropic cache breakpoints: the end of each stable part, and the newest message."""
         if not self.policy.cache_breakpoints or not ordered:
             return ()
-        marks: list[str] = []
-        for group in (("system",), ("facts", "ledger", "summary"), ("pinned",)):
-            last = [m.id for m in ordered if layer_of[m.id] in group]
-            if last:
-                marks.append(last[-1])
+        last: dict[int, str] = {}
+        for m in ordered:  # the stable parts come first: stop at the window
+            group = _BREAKPOINT_GROUP.get(layer_of[m.id])
+            if group is None:
+                break
+            last[group] = m.id
+        marks = [last[g] for g in sorted(last)]
         marks.append(ordered[-1].id)
         unique = list(dict.fromkeys(marks))
         return tuple(unique[-MAX_CACHE_BREAKPOINTS:])
