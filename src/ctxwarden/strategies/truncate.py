@@ -474,6 +474,7 @@ def truncate_by_kind(
 
 
 _RESULTS: OrderedDict[tuple[Any, ...], Message] = OrderedDict()
+_CONFIG_IDS: dict[tuple[Any, ...], int] = {}
 _RESULTS_MAX = 4096
 
 
@@ -505,6 +506,7 @@ class TruncateToolResults:
     cut_values_tokens: int = 120
     count_text: Callable[[str], int] | None = field(default=None, compare=False, repr=False)
     name: str = field(default="truncate")
+    _config_id: int = field(default=0, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.target_tokens < 1:
@@ -519,6 +521,16 @@ class TruncateToolResults:
         object.__setattr__(self, "library_patterns", tuple(self.library_patterns))
         object.__setattr__(self, "keep_fields", tuple(self.keep_fields))
         _library_regex(self.library_patterns)  # fail early on a bad regex
+        # One small int per distinct configuration, for the memo's keys (hashing the whole
+        # configuration on every message of every build showed up in the agent loop).
+        config = (
+            self.threshold_tokens,
+            self.target_tokens,
+            self.library_patterns,
+            self.keep_fields,
+            self.cut_values_tokens,
+        )
+        object.__setattr__(self, "_config_id", _CONFIG_IDS.setdefault(config, len(_CONFIG_IDS)))
 
     def truncate(
         self,
@@ -537,7 +549,7 @@ class TruncateToolResults:
             return message
         # The cut message itself is memoised (per id: the fingerprint ignores ids), so
         # every build sends the very same object and its fingerprint and count are cached.
-        key = (message.id, message.fingerprint, self, before)
+        key = (message.id, message.fingerprint, self._config_id, before)
         hit = _RESULTS.get(key)
         if hit is not None:
             _RESULTS.move_to_end(key)
