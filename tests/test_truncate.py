@@ -313,3 +313,33 @@ def test_bad_configuration_is_rejected() -> None:
         TruncateToolResults(threshold_tokens=100, target_tokens=300)
     with pytest.raises(ConfigError, match="target_tokens"):
         TruncateToolResults(target_tokens=0)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {"id": st.text(min_size=1, max_size=12), "note": st.text(max_size=120)}
+        ),
+        max_size=60,
+    ),
+    st.integers(5, 400),
+)
+def test_json_walk_from_a_guess_finds_the_gentlest_fitting_level(
+    items: list[dict[str, str]], target: int
+) -> None:
+    """The walk gives what a binary search over every level gives."""
+    from ctxwarden.strategies.truncate import _JSON_LEVELS, _prune
+
+    text = json.dumps({"results": items, "total": len(items)})
+    got = truncate_json(text, target_tokens=target, count=words)
+    if words(text) <= target:
+        assert got == text
+        return
+    levels = [
+        json.dumps(_prune(json.loads(text), lv, frozenset()), ensure_ascii=False)
+        for lv in _JSON_LEVELS
+    ]
+    fitting = [c for c in levels if words(c) <= target]
+    expected = fitting[0] if fitting else levels[-1]
+    assert got == (expected if words(expected) < words(text) else text)

@@ -433,17 +433,20 @@ def truncate_json(
         pruned = _prune(doc, _JSON_LEVELS[level], keep)
         return json.dumps(pruned, ensure_ascii=False, indent=1 if pretty else None)
 
-    lo, hi = 0, len(_JSON_LEVELS) - 1
-    best: str | None = None
-    while lo <= hi:  # the gentlest level that fits
-        mid = (lo + hi) // 2
-        candidate = render(mid)
-        if count(candidate) <= target_tokens:
-            best, hi = candidate, mid - 1
-        else:
-            lo = mid + 1
-    if best is None:
-        best = render(len(_JSON_LEVELS) - 1)
+    # The gentlest level that fits, walked to from a level guessed by size: big documents
+    # land on the hard levels, whose renders are cheap, instead of a binary search's
+    # renders of the gentle ones (the same answer: sizes only shrink level by level).
+    last = len(_JSON_LEVELS) - 1
+    level = 1 if total <= 2 * target_tokens else 4
+    fits = {level: count(candidate := render(level)) <= target_tokens}
+    found = {level: candidate}
+    step = -1 if fits[level] else 1
+    while 0 <= level + step <= last and fits[level] == (step == -1):
+        level += step
+        found[level] = render(level)
+        fits[level] = count(found[level]) <= target_tokens
+    fitting = [lv for lv, ok in fits.items() if ok]
+    best = found[min(fitting)] if fitting else found.get(last) or render(last)
     return best if count(best) < total else text
 
 
