@@ -86,9 +86,11 @@ def test_the_note_lists_the_most_values_that_fit() -> None:
     """The guess-and-step search gives what trying every length would give."""
     from ctxwarden.strategies.cut_values import _lost, _note
 
-    for n, cap in ((40, 30), (200, 60), (200, 120), (300, 17), (25, 400)):
+    cases = [(n, cap, "") for n, cap in ((40, 30), (200, 60), (200, 120), (300, 17), (25, 400))]
+    cases += [(200, 90, "界" * 300), (200, 90, " " * 900)]  # text unlike the note: a poor guess
+    for n, cap, filler in cases:
         original = _search_result(n)
-        head = json.dumps({"results": json.loads(original.text)["results"][:2]})
+        head = json.dumps({"results": json.loads(original.text)["results"][:2]}) + filler
         _, listed = with_cut_values(original, head, max_tokens=cap, count=COUNTER.count_text)
         values = [e.value for e in _lost(original, head)]
         fitting = [

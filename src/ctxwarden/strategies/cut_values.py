@@ -89,23 +89,33 @@ def with_cut_values(
     def fits(k: int) -> bool:
         return count(_note(values[:k], len(values) - k)) + slack <= max_tokens
 
-    best = len(values)
-    if not fits(best):
-        # Guess from the whole note's characters per token, then step to the answer with
-        # exact counts: two or three counts instead of a binary search's seven.
-        whole = _note(values, 0)
-        per_token = len(whole) / max(count(whole), 1)
-        room = (max_tokens - slack) * per_token
-        best, length = 0, len(_PREFIX)
-        for k, value in enumerate(values[:-1], 1):
-            length += len(_shown(value)) + (2 if k > 1 else 0)  # ", " between values
-            if length + len(f", … {len(values) - k} more") > room:
-                break
-            best = k
-        while best > 0 and not fits(best):
-            best -= 1 + best // 8
-        while 0 < best < len(values) - 1 and fits(best + 1):
-            best += 1
+    # Guess how many fit from the truncated text's characters per token (the same kind
+    # of text), then step to the answer with exact counts: two or three counts instead of
+    # a binary search's seven.
+    per_token = len(truncated_text) / max(base, 1)
+    room = (max_tokens - slack) * per_token
+    best, length = 0, len(_PREFIX)
+    for k, value in enumerate(values, 1):
+        length += len(_shown(value)) + (2 if k > 1 else 0)  # ", " between values
+        more = len(values) - k
+        if length + (len(f", … {more} more") if more else 0) > room:
+            break
+        best = k
+    best = max(best, 1)
+    while best > 0 and not fits(best):
+        best -= 1 + best // 8
+    if best:  # gallop up while the next ones fit, then search the last step
+        step = 1
+        while best + step <= len(values) and fits(best + step):
+            best += step
+            step *= 2
+        lo, hi = best + 1, min(best + step, len(values) + 1) - 1
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if fits(mid):
+                best, lo = mid, mid + 1
+            else:
+                hi = mid - 1
     while best > 0:
         text = _attach(truncated_text, _note(values[:best], len(values) - best), doc)
         if count(text) - base <= max_tokens:
