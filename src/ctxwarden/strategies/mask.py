@@ -21,7 +21,7 @@ decisions (``ctx.sticky``) are honoured as well.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
@@ -36,15 +36,21 @@ DEFAULT_PLACEHOLDER = "[tool result masked to save context: {name}, {tokens} tok
 
 # Placeholders already made, so every build sends the same object (its fingerprint and
 # token count cached on it) instead of a new copy.
-_MASKED: OrderedDict[tuple[str, str, str], Message] = OrderedDict()
+_MASKED: OrderedDict[tuple[str, str, str, str], tuple[Message, int]] = OrderedDict()
 _MASKED_MAX = 8192
 
 
-def _masked(message: Message, text: str, before: int) -> Message:
-    key = (message.id, message.fingerprint, text)
+def _masked(
+    message: Message, placeholder: str, name: str, count: Callable[[Message], int]
+) -> tuple[Message, int]:
+    """The masked copy of ``message`` and its original tokens, made once per message."""
+    key = (message.id, message.fingerprint, placeholder, name)
     found = _MASKED.get(key)
     if found is None:
-        found = _MASKED[key] = message.with_content(text, masked_from=before)
+        before = count(message)
+        call_id = message.tool_call_id or ""
+        text = placeholder.format(name=name, tokens=f"{before:,}", id=message.id, call_id=call_id)
+        found = _MASKED[key] = (message.with_content(text, masked_from=before), before)
         if len(_MASKED) > _MASKED_MAX:
             _MASKED.popitem(last=False)
     return found
@@ -136,15 +142,8 @@ class MaskObservations:
                 names[call.id] = call.name
             if i not in to_mask:
                 continue
-            before = ctx.count(message)
-            call_id = message.tool_call_id or ""
-            text = self.placeholder.format(
-                name=message.name or names.get(call_id, "tool"),
-                tokens=f"{before:,}",
-                id=message.id,
-                call_id=call_id,
-            )
-            new = _masked(message, text, before)
+            name = message.name or names.get(message.tool_call_id or "", "tool")
+            new, before = _masked(message, self.placeholder, name, ctx.count)
             after = ctx.count(new)
             if after >= before:
                 continue
