@@ -13,7 +13,6 @@ call together with its results is one block, kept or dropped as one.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
@@ -72,10 +71,15 @@ def group_blocks(messages: Sequence[Message], offset: int = 0) -> list[Block]:
     while i < n:
         msg = messages[i]
         if msg.is_tool_call:
-            pending = Counter(c.id for c in msg.tool_calls)
+            pending: dict[str, int] = {}  # call id -> results still owed (ids can repeat)
+            for c in msg.tool_calls:
+                pending[c.id] = pending.get(c.id, 0) + 1
             j = i + 1
-            while j < n and messages[j].role == "tool" and pending[messages[j].tool_call_id or ""]:
-                pending[messages[j].tool_call_id or ""] -= 1
+            while j < n and messages[j].role == "tool":
+                call_id = messages[j].tool_call_id or ""
+                if not pending.get(call_id):
+                    break
+                pending[call_id] -= 1
                 j += 1
             missing = tuple(cid for cid, left in pending.items() for _ in range(left))
             blocks.append(Block(offset + i, tuple(messages[i:j]), unanswered=missing))

@@ -352,7 +352,8 @@ class _Build:
                 break
             target = int(room * policy.window.refill_ratio) if used > room else room
             blocks, start = self._drop_oldest(blocks, target, protected, start, limit)
-        used = sum(self._total(b.messages) for b in blocks)
+        else:  # four rounds of dropping: count what is left
+            used = sum(self._total(b.messages) for b in blocks)
         if used > room:
             pinned, pinned_tokens, ledger_msg = self._evict(pinned, ledger_msg, ledger, used - room)
 
@@ -490,16 +491,19 @@ class _Build:
         window: list[Message],
     ) -> BuiltContext:
         h = self.history
-        total = self.counter.count_messages(ordered, self.tools)
+        tools_tokens = self.counter.count_tools(self.tools)
         layers = dict.fromkeys(LAYERS, 0)
-        layers["tools"] = self.counter.count_tools(self.tools)
+        layers["tools"] = tools_tokens
         layers["framing"] = REPLY_PRIMING
         fingerprints = tuple(m.fingerprint for m in ordered)
         prefix = self.state.prefix
         shared = cacheable = 0
         sharing = True
+        exact = self.counter.exact and not self.tools
+        measure = self.counter.measure
         for i, m in enumerate(ordered):  # one pass: tokens per layer, shared and stable prefix
-            tokens = self.count(m)
+            tokens, known = measure(m)
+            exact = exact and known
             layer = layer_of[m.id]
             layers[layer] += tokens
             if layer in _STABLE_LAYERS:
@@ -508,6 +512,7 @@ class _Build:
                 shared += tokens
             else:
                 sharing = False
+        total = REPLY_PRIMING + tools_tokens + sum(layers[name] for name in LAYERS)
         breakpoints = self._breakpoints(ordered, layer_of)
         new_sticky: dict[str, ActionKind] = {
             a.message_id: a.action for a in self.actions if a.action in ("masked", "truncated")
@@ -519,17 +524,15 @@ class _Build:
             from .cost import estimate_cost
             from .usage import Usage
 
-            cost = estimate_cost(Usage(input_tokens=total.tokens), info)
-            cached = min(shared, total.tokens)
-            effective = estimate_cost(
-                Usage(input_tokens=total.tokens, cached_input_tokens=cached), info
-            )
+            cost = estimate_cost(Usage(input_tokens=total), info)
+            cached = min(shared, total)
+            effective = estimate_cost(Usage(input_tokens=total, cached_input_tokens=cached), info)
         cache_key = _prompt_cache_key(tuple(m.fingerprint for m in self.system), self.model)
         audit = Audit(
             model=self.model,
             budget=self.budget,
-            input_tokens=total.tokens,
-            exact=total.exact,
+            input_tokens=total,
+            exact=exact,
             layers=layers,
             actions=tuple(self.actions),
             warnings=tuple(self.warnings),

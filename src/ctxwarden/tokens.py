@@ -264,6 +264,10 @@ class TokenCounter:
             self._cache.popitem(last=False)
         return value
 
+    def measure(self, message: Message) -> tuple[int, bool]:
+        """``(tokens, exact)`` of one message, cached: what :meth:`count_messages` adds up."""
+        return self._cached(message)
+
     def count_message(self, message: Message) -> int:
         """Tokens one message adds to a request (framing included), cached."""
         return self._cached(message)[0]
