@@ -328,20 +328,6 @@ def test_category_fast_paths_equal_scanning_the_value(value: str) -> None:
     assert _entities._category_of(value) == _entities._category_by_text(value)
 
 
-@settings(max_examples=400, deadline=None)
-@given(st.text(alphabet="aZéÉ1_'’- .\nÄß²x", max_size=60))
-def test_title_words_are_the_capitalised_words_of_the_word_split(text: str) -> None:
-    """Visiting only capitalised words finds exactly the capitalised words of _WORD."""
-    claimed = bytearray(len(text))
-    expected = [
-        (w.start(), w.end())
-        for w in _entities._WORD.finditer(text)
-        if _entities._is_title(w.group(0))
-    ]
-    got = [(w.start(), w.end()) for w in _entities._title_words(text, claimed)]
-    assert got == expected
-
-
 def test_the_ledger_still_imports_from_where_it_used_to_live() -> None:
     from ctxwarden import entities, entity_ledger
 

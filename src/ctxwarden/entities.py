@@ -22,7 +22,6 @@ import json
 import math
 import re
 from collections import OrderedDict
-from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -205,51 +204,6 @@ def _may_match(
     return True
 
 
-def _title_words(text: str, claimed: bytearray) -> Iterator[re.Match[str]]:
-    """The words of ``text`` (as :data:`_WORD` splits it) that are capitalised and not
-    claimed by a pattern, found without visiting every word."""
-    for w in _title_start().finditer(text):
-        at = w.start()
-        if at and _word_char(text[at - 1]) and _inside_word(text, at):
-            continue
-        if _is_title(w.group(0)) and claimed.find(1, at, w.end()) < 0:
-            yield w
-
-
-def _inside_word(text: str, at: int) -> bool:
-    """Whether a letter before ``at``, in the same run of word characters, starts a word
-    that ``text[at]`` continues (then ``text[at]`` starts no word of its own)."""
-    i = at - 1
-    while i >= 0 and _word_char(text[i]):
-        if text[i].isalnum() and not text[i].isdecimal():  # [^\W\d_]: a word's first letter
-            return True
-        i -= 1
-    return False
-
-
-def _word_char(c: str) -> bool:
-    """``[\\w'’-]``: what continues a word once it has started."""
-    return c.isalnum() or c in "_'’-"
-
-
-@lru_cache(maxsize=1)
-def _title_start() -> re.Pattern[str]:
-    """A word that starts with a capital: Python's ``re`` has no \\p{Lu}, so the class
-    is built once from the characters ``str.isupper`` accepts (the BMP)."""
-    ranges: list[tuple[int, int]] = []
-    for cp in range(0x10000):
-        if chr(cp).isupper():
-            if ranges and ranges[-1][1] == cp - 1:
-                ranges[-1] = (ranges[-1][0], cp)
-            else:
-                ranges.append((cp, cp))
-    cls = "".join(
-        re.escape(chr(a)) if a == b else f"{re.escape(chr(a))}-{re.escape(chr(b))}"
-        for a, b in ranges
-    )
-    return re.compile(f"[{cls}][\\w'’-]*")
-
-
 def _at_sentence_start(text: str, at: int) -> bool:
     """Whether position ``at`` opens a sentence. Only the last 64 characters are searched
     (searching the whole prefix made long texts quadratic), unless they are all spaces
@@ -321,14 +275,12 @@ def extract_from_text(text: str, source_id: str = "") -> list[Entity]:
                     out.setdefault(local, Entity(local, "id", source_id, "id"))
             take(m.start(), m.end(), value, category_out)
     # proper names: runs of capitalised words, not a lone word at a sentence start
-    # Only capitalised words are visited; any other word between two of them shows in the
-    # gap between them, which then is not a single space, and ends the run as it should.
     run: list[re.Match[str]] = []
-    words: list[re.Match[str] | None] = [*_title_words(text, claimed), None] if upper else []
+    words: list[re.Match[str] | None] = [*_WORD.finditer(text), None] if upper else []
     for w in words:
-        title = w is not None
+        title = w is not None and _is_title(w.group(0)) and claimed.find(1, w.start(), w.end()) < 0
         joined = not run or (w is not None and text[run[-1].end() : w.start()] in (" ", "\u00a0"))
-        if w is not None and joined:
+        if w is not None and title and joined:
             run.append(w)
             continue
         while run:
