@@ -253,6 +253,9 @@ def test_policy_from_toml_and_errors(tmp_path: object) -> None:
         Policy.from_toml("bogus = 1\n")
     with pytest.raises(ConfigError, match=r"unknown key\(s\) in \[window\]: pinfirst"):
         Policy.from_toml("[window]\npinfirst = 1\n")
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) in \[truncate\]: _config_id"):
+        Policy.from_toml("[truncate]\n_config_id = 3\n")  # internal fields are not settings
+    assert Policy.from_toml("[truncate]\ncut_values_tokens = 0\n").truncate.cut_values_tokens == 0
     with pytest.raises(ConfigError, match="not valid TOML"):
         Policy.from_toml("[window\n")
 

@@ -7,6 +7,7 @@ A :class:`Policy` is a frozen dataclass that loads from TOML::
     [truncate]                     # false disables a step: truncate = false
     threshold_tokens = 500
     target_tokens = 300
+    cut_values_tokens = 120        # list the ids, dates, amounts the cut removed (0: off)
 
     [mask]
     keep_last = 3
@@ -175,7 +176,8 @@ def _section(kind: type[Any], key: str, value: Any, source: str) -> Any:
         return kind()
     if not isinstance(value, Mapping):
         raise ConfigError(f"{source}: [{key}] must be a table or true/false")
-    names = {f.name for f in fields(kind)} - {"name", "count_text"}
+    names = {f.name for f in fields(kind) if f.init and not f.name.startswith("_")}
+    names -= {"name", "count_text"}
     unknown = set(value) - names
     if unknown:
         raise ConfigError(
