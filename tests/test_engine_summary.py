@@ -228,3 +228,76 @@ def test_a_cold_build_reports_each_folded_message_once() -> None:
     total = TokenCounter.for_model("gpt-4o").count_messages(history).tokens
     saved = sum(a.tokens_before for a in (*summarized, *dropped))
     assert saved <= total
+
+
+# -- the facts layer changes only when a standing fact changes (prompt-cache prefix) ---------
+
+
+def order_chat(turns: int, *, rest_at: int | None = None) -> list[Message]:
+    """A support loop: the user names another order at every turn (one tool step each);
+    the budget is stated once. At ``rest_at`` the user names no order."""
+    msgs = [Message.system("You are the support agent of a web shop.", id="sys")]
+    for t in range(turns):
+        order = f"ORD-{1000 + t}"
+        text = "Any news?" if t == rest_at else f"Where is my parcel? My order is {order}."
+        if t == 0:
+            text = f"My budget is 300 USD. {text}"
+        call = ToolCall(f"c{t}", "get_order", json.dumps({"order_id": order}))
+        msgs += [
+            Message.user(text, id=f"u{t}"),
+            Message.assistant(None, (call,), id=f"t{t}"),
+            Message.tool(json.dumps({"order_id": order, "status": "shipped"}), f"c{t}", id=f"r{t}"),
+            Message.assistant(f"Order {order} has shipped.", id=f"a{t}"),
+        ]
+    return msgs
+
+
+def agent_loop(history: list[Message]) -> list[BuiltContext]:
+    """One build at each model call (after a user message and after a tool result)."""
+    builds: list[BuiltContext] = []
+    for end, m in enumerate(history, start=1):
+        if m.role in ("user", "tool"):
+            previous = builds[-1] if builds else None
+            builds.append(
+                build_context(
+                    history[:end], "gpt-4o", 4000, summarizer="offline", previous=previous
+                )
+            )
+    return builds
+
+
+def facts_of(built: BuiltContext) -> str:
+    return next((m.text for m in built.messages if m.id == "ctxwarden:facts"), "")
+
+
+def test_a_fact_restated_at_every_user_turn_does_not_churn_the_facts_layer() -> None:
+    history = order_chat(12)
+    builds = agent_loop(history)
+    layers = [facts_of(b) for b in builds]
+    assert "budget: 300 USD" in layers[0] and "order_id: ORD-1000" in layers[0]
+    # from the second order on the layer holds still: the order is the request's subject
+    assert len(set(layers[2:])) == 1 and "order_id" not in layers[2]
+    assert all("budget: 300 USD" in text for text in layers)
+    for b in builds[3:]:  # the cached prefix reaches past the facts (summary cycles aside)
+        assert b.audit.prefix_shared_tokens >= b.audit.layers["system"] + b.audit.layers["facts"]
+    for t, b in enumerate(builds):  # the order the user named last is always in the context
+        newest = f"ORD-{1000 + t // 2}"
+        assert any(newest in m.text for m in b.messages if m.role == "user")
+    facts = builds[-1].state.layers.facts
+    assert [r.value for r in facts.history["order_id"]] == [f"ORD-{1000 + t}" for t in range(12)]
+
+
+def test_a_restated_fact_shows_again_once_a_user_turn_leaves_it_alone() -> None:
+    history = order_chat(8, rest_at=5)
+    builds = agent_loop(history)
+    rest = facts_of(builds[2 * 5])  # the build for the user message naming no order
+    assert "order_id: ORD-1004" in rest
+    assert facts_of(builds[2 * 5 + 1]) == rest  # its tool step shares the layer
+    assert "order_id" not in facts_of(builds[-1])  # changing at every turn again
+
+
+def test_a_correction_after_a_quiet_turn_shows_at_once() -> None:
+    history = shop_chat(6)
+    history.append(Message.user("Change of plan: my budget is 2000 USD now.", id="u-late"))
+    built = build_context(history, "gpt-4o", 4000, summarizer="offline")
+    assert "budget: 2000 USD" in facts_of(built)

@@ -153,3 +153,26 @@ def test_json_round_trip_keeps_history() -> None:
     )
     again = Facts.from_json(facts.to_json())
     assert again == facts and again.history["size"][0].source == "m1"
+
+
+def test_changed_at_each_names_facts_restated_with_a_new_value_every_turn() -> None:
+    facts = Facts().merge({"order_id": "A-1", "budget": "1500 USD"}, source="m1")
+    facts = facts.merge({"order_id": "A-3"}, source="m3")
+    facts = facts.merge({"order_id": "A-5", "size": "L"}, source="m5")
+    assert facts.changed_at_each(["m3", "m5"]) == {"order_id"}
+    assert facts.changed_at_each(["m1", "m3", "m5"]) == {"order_id"}
+    assert facts.changed_at_each(["m5"]) == {"order_id", "size"}
+    assert facts.changed_at_each(["m1", "m5"]) == frozenset()  # m3 came between
+    assert facts.changed_at_each(["m3"]) == frozenset()  # not the newest value any more
+    assert facts.changed_at_each([]) == frozenset()
+    assert Facts().merge({"x": "1"}).merge({"x": "2"}).changed_at_each(["", ""]) == frozenset()
+
+
+def test_render_can_leave_facts_out_and_keeps_them_in_the_record() -> None:
+    facts = Facts().merge({"size": "L", "order_id": "A-1"}).merge({"order_id": "A-3"})
+    assert facts.render(leave_out={"order_id"}) == (
+        "Known facts (exact values from the conversation; newer values replace older):\nsize: L"
+    )
+    assert facts.render(leave_out={"order_id", "size"}) == ""
+    assert [r.value for r in facts.history["order_id"]] == ["A-1", "A-3"]
+    assert facts["order_id"] == "A-3"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol, TypeAlias
@@ -340,16 +340,31 @@ class Facts(Mapping[str, Any]):
         """The message id (or turn) the current value of ``key`` came from."""
         return self.history[key][-1].source
 
-    def render(self, *, with_changes: bool = False) -> str:
+    def changed_at_each(self, sources: Sequence[str]) -> frozenset[str]:
+        """The keys whose last values came one from each of ``sources`` (message ids,
+        oldest first): facts restated with a new value at every one of those turns."""
+        n = len(sources)
+        if n == 0 or not all(sources):
+            return frozenset()
+        wanted = tuple(sources)
+        return frozenset(
+            key
+            for key, records in self.history.items()
+            if len(records) >= n and tuple(r.source for r in records[-n:]) == wanted
+        )
+
+    def render(self, *, with_changes: bool = False, leave_out: Collection[str] = ()) -> str:
         """``key: value`` lines a model reads as statements; empty when there are none.
 
         ``with_changes`` appends the previous value of a fact that changed, so the
-        agent sees a correction as a correction.
+        agent sees a correction as a correction. ``leave_out`` names keys not to show
+        (they stay in the record).
         """
-        if not self.history:
+        shown = [(k, rs) for k, rs in self.history.items() if k not in leave_out]
+        if not shown:
             return ""
         lines = ["Known facts (exact values from the conversation; newer values replace older):"]
-        for key, records in self.history.items():
+        for key, records in shown:
             line = f"{key}: {_render_value(records[-1].value)}"
             if with_changes and len(records) > 1:
                 line += f" (earlier: {_render_value(records[-2].value)})"

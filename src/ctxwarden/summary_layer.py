@@ -17,6 +17,14 @@ has more to choose from than it shows, and the store stays a summary, not an ind
 of the whole history. The view only changes when the request changes what is most relevant:
 builds for one user message (an agent's tool-call turns) share the layer, and so the
 cached prefix.
+
+The facts layer shows the standing facts. A fact the user restates with a new value at
+each of the last two user messages ("My order is ORD-3", then "... ORD-11") is the
+subject of the request, not a standing fact: shown at the top it would change the
+cached prefix at every user turn. It is held back while it keeps changing — its value
+is in the newest user message, which a build never drops — and shown again from the
+first user message that does not replace it. The record keeps every value either way;
+a fact stated for the first time, or corrected after a turn of rest, shows at once.
 """
 
 from __future__ import annotations
@@ -36,11 +44,13 @@ __all__ = [
     "SUMMARY_HEADING",
     "LayerState",
     "LayerUpdate",
+    "facts_layer_text",
     "resolve_summarizer",
     "update_layers",
 ]
 
 SUMMARY_HEADING = "Summary of the earlier conversation:\n"
+_RESTATED_TURNS = 2  # a fact new at each of this many latest user messages is held back
 
 
 @dataclass(frozen=True)
@@ -149,7 +159,7 @@ def update_layers(
         )
         actions.append(Action(span, "summarized", reason, tokens, 0, "summary"))
     new_state = LayerState(result.state, result.facts if not free else facts, cut, len(history))
-    facts_text = new_state.facts.render() if len(new_state.facts) else ""  # headed by render
+    facts_text = facts_layer_text(new_state.facts, history)  # headed by render
     summary_text = ""
     if new_state.summary.text:
         room = None
@@ -164,6 +174,27 @@ def update_layers(
                 "heading) holds none of its sentences; raise summary.summary_share"
             )
     return LayerUpdate(new_state, actions, warnings, usage, facts_text, summary_text)
+
+
+def facts_layer_text(facts: Facts, history: Sequence[Message]) -> str:
+    """The facts layer: every fact but those given a new value by each of the last
+    ``_RESTATED_TURNS`` user messages (see the module docstring); ``""`` when empty."""
+    if not len(facts):
+        return ""
+    recent = _newest_user_ids(history, _RESTATED_TURNS)
+    held = facts.changed_at_each(recent) if len(recent) == _RESTATED_TURNS else frozenset()
+    return facts.render(leave_out=held)
+
+
+def _newest_user_ids(history: Sequence[Message], n: int) -> list[str]:
+    """The ids of the newest ``n`` user messages, oldest first (fewer if there are not)."""
+    ids: list[str] = []
+    for m in reversed(history):
+        if m.role == "user":
+            ids.append(m.id)
+            if len(ids) == n:
+                break
+    return ids[::-1]
 
 
 def _newest_user_text(history: Sequence[Message]) -> str | None:
