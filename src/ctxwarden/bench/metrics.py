@@ -298,10 +298,11 @@ class OursStrategy:
 
     def _build(self, history: Sequence[Message]) -> Any:
         from ..engine import build_context
+        from ..summary_layer import facts_layer_text
 
         covered = self.state.covered_ids
         live = [m for m in history if m.id not in covered]
-        facts = self.facts.render() if len(self.facts) else None
+        facts = facts_layer_text(self.facts, history) or None  # as build_context shows it
         summary = self.state.text or None
         return build_context(
             live,
