@@ -293,3 +293,56 @@ def test_count_a_registry_model_with_its_own_encoding_or_factor(tmp_path: Path) 
     assert counter.factor == 1.46
     assert newer["tokens"] == counter.count_messages(messages_from_openai(PLAIN)).tokens
     assert newer["tokens"] > older["tokens"] and newer["method"] == "estimate:claude"
+
+
+def test_build_explain_and_session_with_a_registry_model(tmp_path: Path) -> None:
+    """A user's model (tests/test_registry.py MY_LLAMA: 6,000-token window, factor 1.5,
+    $1 per 1M input) from ``--registry``: its window, counts and price."""
+    from test_registry import MY_LLAMA
+
+    from ctxwarden.engine import build_context
+    from ctxwarden.registry import load_registry
+
+    registry = tmp_path / "models.toml"
+    registry.write_text(MY_LLAMA)
+    history = _long_shop_chat() * 4
+    chat, report = write(tmp_path, history), tmp_path / "audit.json"
+    no_registry = invoke("build", "-m", "my-llama", chat)
+    assert no_registry.exit_code == 2 and "no budget" in no_registry.stderr
+    args = ("-m", "my-llama", "--registry", str(registry))
+    result = invoke("build", *args, "--report", str(report), chat)
+    assert result.exit_code == 0, result.output
+    expected = build_context(history, "my-llama", registry=load_registry([registry]))
+    assert json.loads(result.stdout) == expected.to_openai()
+    audit = json.loads(report.read_text())
+    assert audit["budget"] == 6_000 - 4096
+    assert audit["fill_ratio"] == pytest.approx(audit["input_tokens"] / 6_000, abs=1e-4)
+    assert audit["input_tokens"] == expected.input_tokens <= audit["budget"]
+    assert audit["estimated_cost_usd"] == pytest.approx(audit["input_tokens"] / 1e6)
+    explained = invoke("explain", *args, chat)
+    assert explained.exit_code == 0, explained.output
+    assert f"my-llama: {expected.input_tokens:,} of 1,904 tokens" in explained.stdout
+    db = ["--db", f"sqlite:///{tmp_path / 's.db'}", "--session", "s1", *args]
+    assert invoke("session", "add", *db, chat).exit_code == 0
+    built = invoke("session", "build", *db, "--report", str(report))
+    assert built.exit_code == 0, built.output
+    assert json.loads(built.stdout) == expected.to_openai()
+    assert json.loads(report.read_text())["budget"] == 6_000 - 4096
+
+
+@pytest.mark.parametrize("command", [["build"], ["explain"], ["session", "build"]])
+def test_a_bad_registry_file_is_one_line_and_exit_2(tmp_path: Path, command: list[str]) -> None:
+    from test_registry import MY_LLAMA
+
+    chat = write(tmp_path, PLAIN)
+    bad = tmp_path / "models.toml"
+    bad.write_text(MY_LLAMA.replace("context_window = 6_000", 'context_window = "big"'))
+    db = ["--db", f"sqlite:///{tmp_path / 's.db'}", "--session", "s1"]
+    where = [*db] if command[0] == "session" else [chat]
+    for path, needle in [
+        (bad, f"{bad}: model 'my-llama', field 'context_window'"),
+        (tmp_path / "missing.toml", "cannot read model registry file"),
+    ]:
+        result = invoke(*command, "--registry", str(path), *where)
+        assert result.exit_code == 2, result.output
+        assert needle in result.stderr and result.stderr.count("\n") == 1

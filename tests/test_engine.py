@@ -273,3 +273,30 @@ def test_a_pending_call_does_not_feed_the_ledger() -> None:
     ledger_before = next(m for m in before.messages if m.id == "ctxwarden:ledger")
     ledger_pending = next(m for m in pending.messages if m.id == "ctxwarden:ledger")
     assert ledger_pending.text == ledger_before.text and "ZZZ999" not in ledger_pending.text
+
+
+def test_a_registry_model_builds_with_its_window_counts_and_prices() -> None:
+    """A user's model (tests/test_registry.py MY_LLAMA: 6,000-token window, factor 1.5,
+    $1 / $0.25 cached per 1M input) given as ``registry=``."""
+    from test_registry import my_llama
+
+    registry = my_llama()
+    history = _agent_session(40)
+    with pytest.raises(ConfigError, match="no budget"):  # the default registry lacks it
+        build_context(history, "my-llama")
+    built = build_context(history, "my-llama", registry=registry)
+    audit = built.audit
+    assert (audit.context_window, audit.budget) == (6_000, 6_000 - Policy().response_reserve)
+    assert audit.by_action("dropped") and audit.input_tokens <= audit.budget
+    counter = TokenCounter("my-llama", registry=registry)  # a fresh counter, not the shared one
+    assert counter.factor == 1.5 and not audit.exact
+    assert audit.input_tokens == counter.count_messages(built.messages).tokens
+    by_family = TokenCounter.for_model("my-llama")  # the name alone: llama's 1.02
+    assert audit.input_tokens > by_family.count_messages(built.messages).tokens * 1.4
+    assert audit.estimated_cost_usd == pytest.approx(audit.input_tokens * 1.0 / 1e6)
+    turn = [Message.user("And reservation R0039X?", id="u-next")]
+    again = build_context([*history, *turn], "my-llama", previous=built, registry=registry)
+    shared = again.audit.prefix_shared_tokens
+    assert shared > 0
+    expected = ((again.input_tokens - shared) * 1.0 + shared * 0.25) / 1e6
+    assert again.audit.effective_cost_usd == pytest.approx(expected)

@@ -323,3 +323,42 @@ def test_registry_check_flags_a_newer_claude_left_on_the_family_factor(
     assert all(c.ok for c in registry_check(fixed, overall))
     unmeasured = registry_check(fixed, {"3.0": 1.0898})
     assert [c.model for c in unmeasured if not c.ok] == ["claude-opus-4-7"]
+
+
+# -- a user's own model, passed as a registry (not through CTXWARDEN_MODELS) ---------------
+
+MY_LLAMA = """
+[models."my-llama"]
+provider = "ollama"
+context_window = 6_000
+max_output_tokens = 2_000
+estimator = "llama"
+estimate_factor = 1.5
+price = { input = 1.0, output = 2.0, cached_input = 0.25 }
+"""
+"""A custom model the default registry does not know: its window, factor and prices
+differ from anything the name alone suggests (a llama, counted at 1.02 by family).
+Imported by the engine, session and CLI tests."""
+
+
+def my_llama() -> Registry:
+    return Registry.builtin().with_overrides(MY_LLAMA)
+
+
+def test_a_user_registry_prices_its_own_models() -> None:
+    from ctxwarden.cost import SessionCost, estimate_cost
+    from ctxwarden.usage import Usage
+
+    registry = my_llama()
+    assert get_model("my-llama", registry).context_window == 6_000
+    with pytest.raises(UnknownModelError):
+        get_model("my-llama")  # the default registry: not there
+    usage = Usage(1_000_000, 100_000, cached_input_tokens=200_000)
+    assert estimate_cost(usage, "my-llama", registry) == pytest.approx(0.8 + 0.05 + 0.2)
+    with pytest.raises(UnknownModelError):
+        estimate_cost(usage, "my-llama")
+    costs = SessionCost(registry)
+    costs.add(usage, "my-llama")
+    costs.add(Usage(1000, 10), "gpt-4o")  # the built-in models are still there
+    assert costs.by_model["my-llama"].dollars == pytest.approx(1.05)
+    assert costs.total == pytest.approx(1.05 + (1000 * 2.5 + 10 * 10) / 1e6)

@@ -532,6 +532,104 @@ def test_build_uses_summary_and_facts_and_skips_what_they_cover(url: str, sid: s
         assert not {f"m{i}" for i in range(1, written.covered_up_to_seq + 1)} & kept_ids
 
 
+def test_a_registry_model_counts_budgets_and_prices_in_a_session(url: str, sid: str) -> None:
+    """A user's model (tests/test_registry.py MY_LLAMA: 6,000-token window, factor 1.5,
+    $1 / $2 per 1M) given as ``Session(..., registry=...)``."""
+    from test_registry import my_llama
+
+    from ctxwarden.session import count_key
+    from ctxwarden.tokens import TokenCounter
+
+    registry = my_llama()
+    history = [{"role": "system", "content": "You are a shop assistant."}, *chat(600)]
+    with Session(url, f"{sid}-default", model="my-llama") as plain:
+        plain.append(chat(2))
+        with pytest.raises(ConfigError, match="no budget"):  # the default registry lacks it
+            plain.build()
+    with Session(url, sid, model="my-llama", registry=registry) as s:
+        s.append(history)
+        counter = TokenCounter.for_model("my-llama", registry)
+        first = s.store.range(s.tenant, sid, 0, 1)[0]
+        assert count_key(counter) == "o200k_base~llamax1.5"
+        assert first.token_counts == {"o200k_base~llamax1.5": counter.count_message(first.message)}
+        built = s.build()
+        full = build_context(history, "my-llama", registry=registry)
+        assert built.to_openai() == full.to_openai()
+        assert (built.audit.budget, built.audit.context_window) == (6_000 - 4096, 6_000)
+        assert built.audit.estimated_cost_usd == pytest.approx(built.input_tokens / 1e6)
+        s.record_usage(Usage(1000, 100))
+        assert s.cost == pytest.approx((1000 * 1.0 + 100 * 2.0) / 1e6)
+
+
+# -- the summary shown: the view for the newest user message -----------------------------
+
+SHARE = SummaryTrigger(max_messages=16, keep_recent=6, fill_ratio=None, summary_share=0.25)
+
+
+def _summary_layer(built: Any) -> str | None:
+    return next((m.text for m in built.messages if m.id == "ctxwarden:summary"), None)
+
+
+def test_build_shows_the_summary_focused_on_the_question(url: str, sid: str) -> None:
+    from test_engine_summary import travel_chat  # each trip told once
+
+    from ctxwarden.llm.offline import OfflineSummarizer
+    from ctxwarden.policy import Policy
+    from ctxwarden.summarize import summary_view
+    from ctxwarden.summary_layer import SUMMARY_HEADING
+    from ctxwarden.tokens import TokenCounter
+
+    summarizer = OfflineSummarizer(max_tokens=1200, meta_max_tokens=2400)
+    policy = Policy(summary=SHARE)
+    counter = TokenCounter.for_model("gpt-4o")
+    room = int(1200 * 0.25) - counter.count_message(Message.system(SUMMARY_HEADING))
+    with Session(url, sid, summarizer=summarizer, policy=policy) as s:
+        s.append(travel_chat(30))
+        assert s.summarize_sync(trigger=SHARE) is not None  # the session's summariser
+        stored = s.summary
+        assert stored is not None and counter.count_text(stored) > 2 * room  # more than shown
+        views: dict[str, str] = {}
+        for city, question in [("Kyoto", "What food did I try in Kyoto?"), ("Oaxaca", "Oaxaca?")]:
+            s.append([{"role": "user", "content": question}])
+            built = s.build(max_input_tokens=1200)
+            shown = _summary_layer(built)
+            assert shown is not None and built.input_tokens <= 1200
+            assert counter.count_message(Message.system(shown)) <= 1200 * 0.25
+            assert set(shown.splitlines()) <= set(stored.splitlines())  # its lines, unchanged
+            # exactly the view build_context shows (after its heading), every time
+            assert shown == summary_view(summarizer, stored, question, room)
+            assert _summary_layer(s.build(max_input_tokens=1200)) == shown
+            views[city] = shown
+        assert "matcha ice cream" in views["Kyoto"] and "mole negro" in views["Oaxaca"]
+        assert views["Kyoto"].count("Kyoto") > views["Oaxaca"].count("Kyoto")
+        # without a summariser that can focus, or without a share: as stored
+        with Session(url, sid, policy=policy) as plain:
+            assert _summary_layer(plain.build(max_input_tokens=1200)) == stored
+        assert _summary_layer(s.build(max_input_tokens=1200, policy=Policy())) == stored
+        with Session(url, sid) as other:  # or given to one build
+            given = other.build(max_input_tokens=1200, policy=policy, summarizer=summarizer)
+        assert _summary_layer(given) == views["Oaxaca"]
+
+
+def test_a_share_too_small_for_any_line_leaves_the_summary_out_and_says_so(
+    url: str, sid: str
+) -> None:
+    from test_engine_summary import travel_chat
+
+    from ctxwarden.llm.offline import OfflineSummarizer
+    from ctxwarden.policy import Policy
+
+    tiny = SummaryTrigger(max_messages=16, keep_recent=6, fill_ratio=None, summary_share=0.01)
+    with Session(url, sid, summarizer=OfflineSummarizer()) as s:
+        s.append(travel_chat(30))
+        s.summarize_sync(trigger=tiny)
+        built = s.build(max_input_tokens=1200, policy=Policy(summary=tiny))
+        assert _summary_layer(built) is None and s.summary  # left out, still stored
+        assert any("summary left out" in w for w in built.audit.warnings)
+    with Session(url, f"{sid}-none") as bare, pytest.raises(ConfigError, match="no summariser"):
+        bare.summarize_sync()
+
+
 # -- the summarisation cycle -------------------------------------------------------------------
 
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .commands._common import handle_errors
+from .commands._common import RegistryOpt, handle_errors, registry_from
 from .errors import InvalidMessageError
 from .transcript import decode_json, read_text
 
@@ -72,11 +72,13 @@ def add(
     model: Annotated[
         str, typer.Option("--model", "-m", help="Model the token counts are for.")
     ] = "gpt-4o",
+    registry: RegistryOpt = None,
 ) -> None:
     """Append messages (all or none: one invalid message stores nothing)."""
     from .session import Session
 
-    with Session(db, session, tenant=tenant, model=model) as s:
+    models = registry_from(registry)
+    with Session(db, session, tenant=tenant, model=model, registry=models) as s:
         seqs = s.append(_read_messages(file))
         typer.echo(f"added {len(seqs)} message(s) to {session}; it now holds {len(s)}", err=True)
 
@@ -95,13 +97,15 @@ def build(
     report: Annotated[
         Path | None, typer.Option("--report", help="Write the audit JSON here.")
     ] = None,
+    registry: RegistryOpt = None,
 ) -> None:
     """Print the context to send (OpenAI messages JSON), read from the store."""
     from .policy import Policy
     from .session import Session
 
     loaded = Policy.from_toml(policy) if policy is not None else None
-    with Session(db, session, tenant=tenant, model=model) as s:
+    models = registry_from(registry)
+    with Session(db, session, tenant=tenant, model=model, registry=models) as s:
         kw: dict[str, Any] = (
             {} if max_input_tokens is None else {"max_input_tokens": max_input_tokens}
         )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .registry import ModelInfo, Price, get_model
+from .registry import ModelInfo, Price, Registry, get_model
 from .usage import Usage
 
 __all__ = ["ModelCost", "SessionCost", "estimate_cost"]
@@ -37,14 +37,15 @@ def _dollars(usage: Usage, price: Price) -> float:
     ) / _PER
 
 
-def estimate_cost(usage: Usage, model: str | ModelInfo) -> float:
-    """Dollars for ``usage`` on ``model`` (a name, resolved in the default registry).
+def estimate_cost(usage: Usage, model: str | ModelInfo, registry: Registry | None = None) -> float:
+    """Dollars for ``usage`` on ``model`` (a name, resolved in ``registry``: by default
+    the built-in registry plus ``CTXWARDEN_MODELS``).
 
     When ``usage`` sums several calls (``calls > 1``) on a tiered model, the tier is
     chosen by the average prompt per call; add calls one by one to a
     :class:`SessionCost` for an exact figure.
     """
-    info = get_model(model) if isinstance(model, str) else model
+    info = get_model(model, registry) if isinstance(model, str) else model
     per_call_prompt = usage.input_tokens // max(usage.calls, 1)
     return _dollars(usage, info.price_for(per_call_prompt))
 
@@ -63,11 +64,13 @@ class SessionCost:
 
     Mutable on purpose (it accumulates); each call is priced when added, so tiers apply
     per call. Models are keyed by their registry name, so ``gpt-4o-2024-08-06`` and
-    ``gpt-4o`` add up together.
+    ``gpt-4o`` add up together. Names are resolved in ``registry`` (default: the
+    built-in registry plus ``CTXWARDEN_MODELS``), so a user's own models are priced too.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, registry: Registry | None = None) -> None:
         self._by_model: dict[str, ModelCost] = {}
+        self.registry = registry
 
     def __repr__(self) -> str:
         models = list(self._by_model)
@@ -75,7 +78,7 @@ class SessionCost:
 
     def add(self, usage: Usage, model: str | ModelInfo) -> float:
         """Record one call (or a pre-summed usage); return its dollars."""
-        info = get_model(model) if isinstance(model, str) else model
+        info = get_model(model, self.registry) if isinstance(model, str) else model
         dollars = estimate_cost(usage, info)
         previous = self._by_model.get(info.name)
         if previous is not None:

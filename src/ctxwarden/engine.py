@@ -29,6 +29,7 @@ from .formats.openai import messages_from_openai, messages_to_openai
 from .ledger import LedgerBuilder
 from .messages import Message
 from .policy import Policy
+from .registry import ModelInfo, Registry
 from .strategies.base import Action, ActionKind, StrategyContext
 from .strategies.priority import eviction_order
 from .summarize import Summarizer
@@ -186,6 +187,7 @@ def build_context(
     summarizer: str | Summarizer | None = None,
     facts_schema: FactSchema = None,
     earlier_entities: EntityLedger | None = None,
+    registry: Registry | None = None,
 ) -> BuiltContext:
     """Build the context to send: within budget, pair-safe, stable prefix first, audited.
 
@@ -198,12 +200,14 @@ def build_context(
     policy's ``summary`` trigger fires, carrying them in the build's state.
     ``earlier_entities`` is the ledger of messages older than ``messages`` (a session
     passes the values of the history it did not read, so its ledger reaches back).
+    ``registry`` is where ``model`` is looked up (default: the built-in registry plus
+    ``CTXWARDEN_MODELS``): a user's model builds with its own window, counts and prices.
     """
     policy = policy or Policy()
     prior = previous.state if isinstance(previous, BuiltContext) else previous
     history = _as_messages(messages, prior.history_length if prior is not None else 0)
-    counter = TokenCounter.for_model(model)
-    info = _model_info(model)
+    counter = TokenCounter.for_model(model, registry)
+    info = _model_info(model, registry)
     budget = policy.budget_for(info.context_window if info else None, max_input_tokens)
     state = _resume(previous, history)
     build = _Build(history, model, budget, policy, counter, state, summary, facts, tools)
@@ -219,12 +223,14 @@ def _prompt_cache_key(system: tuple[str, ...], model: str) -> str:
     return "cw-" + hashlib.sha1(("".join(system) + model).encode()).hexdigest()[:16]
 
 
-def _model_info(model: str) -> Any:
+def _model_info(model: str, registry: Registry | None = None) -> ModelInfo | None:
+    """The registry's entry for ``model``; ``None`` for a model counted by its name's
+    family alone (no window, no prices: the budget must be given)."""
     from .errors import UnknownModelError
     from .registry import get_model
 
     try:
-        return get_model(model)
+        return get_model(model, registry)
     except UnknownModelError:
         return None
 

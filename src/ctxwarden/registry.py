@@ -280,9 +280,10 @@ def load_registry(paths: Iterable[str | Path] = (), *, use_env: bool = True) -> 
     return registry
 
 
-def get_model(name: str) -> ModelInfo:
-    """Look a model up in the default registry (built-in plus ``CTXWARDEN_MODELS``)."""
-    return Registry.default().get(name)
+def get_model(name: str, registry: Registry | None = None) -> ModelInfo:
+    """Look a model up in ``registry``, by default the default registry (built-in plus
+    ``CTXWARDEN_MODELS``): one call for code that takes an optional user registry."""
+    return (Registry.default() if registry is None else registry).get(name)
 
 
 # -- name resolution ------------------------------------------------------------------------

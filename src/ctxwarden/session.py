@@ -35,11 +35,11 @@ the same model step, and both tiers are written together.
 from __future__ import annotations
 
 import asyncio
-import bisect
 from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
+from . import session_state
 from .errors import (
     ConfigError,
     StoreError,
@@ -49,6 +49,7 @@ from .errors import (
 )
 from .formats.openai import message_from_openai, message_to_openai
 from .messages import Message
+from .registry import Registry, get_model
 from .store import SessionStore, StoredMessage, StoredSession, open_store
 from .store.ledger_checkpoint import (
     LEDGER_BACKFILL,
@@ -62,7 +63,6 @@ from .tokens import TokenCounter
 from .usage import Usage
 
 if TYPE_CHECKING:
-    from .audit import BuildState
     from .engine import BuiltContext
     from .facts import Facts, FactSchema
     from .policy import Policy
@@ -123,8 +123,13 @@ def count_key(counter: TokenCounter) -> str:
 class Session:
     """A stored conversation; see the module docstring. Close it (or use ``with``).
 
-    ``ledger_backfill`` (settable per instance) is how many messages before the window
-    a build reads to seed an entity ledger that lags further behind than that."""
+    ``registry`` is where models are looked up for counts, windows and prices (default:
+    the built-in registry plus ``CTXWARDEN_MODELS``), so a user's own model is counted,
+    budgeted and priced as its entry says. ``summarizer`` is the one :meth:`summarize`
+    uses when given none, and lets :meth:`build` show the summary focused on the newest
+    user message (see :meth:`build`). ``ledger_backfill`` (settable per instance) is how
+    many messages before the window a build reads to seed an entity ledger that lags
+    further behind than that."""
 
     ledger_backfill: int = LEDGER_BACKFILL
 
@@ -136,6 +141,8 @@ class Session:
         tenant: str = "default",
         model: str = "gpt-4o",
         policy: Any = None,
+        registry: Registry | None = None,
+        summarizer: _SummarizerLike | None = None,
         **store_options: Any,
     ) -> None:
         self._owns_store = isinstance(store, str)
@@ -146,6 +153,8 @@ class Session:
         self.tenant = tenant
         self.model = model
         self.policy = policy
+        self.registry = registry
+        self.summarizer = summarizer
         self._cache: dict[int, Message] = {}  # seq -> decoded message, reused across builds
         try:
             self.store.create_session(tenant, session_id)
@@ -197,7 +206,7 @@ class Session:
     def summary_state(self) -> SummaryState:
         """The summary's tiers: level-one summaries since the last meta-summary, the
         meta-summary, and how many cycles wrote them (``summary`` is their text)."""
-        return _summary_state(self.record)
+        return session_state.summary_state(self.record)
 
     @property
     def ledger(self) -> LedgerCheckpoint:
@@ -241,7 +250,7 @@ class Session:
             item if isinstance(item, Message) else message_from_openai(item, index=i)
             for i, item in enumerate(messages)
         ]
-        counter = TokenCounter.for_model(self.model)
+        counter = TokenCounter.for_model(self.model, self.registry)
         key = count_key(counter)
         counts = [{key: counter.count_message(m)} for m in parsed]
         return self.store.append(self.tenant, self.session_id, parsed, counts)
@@ -269,13 +278,14 @@ class Session:
         return session
 
     def record_usage(self, usage: Usage, model: str | None = None) -> Usage:
-        """Add one call's usage (priced with ``model``'s registry prices); return the total."""
+        """Add one call's usage (priced with ``model``'s prices in the session's registry);
+        return the total."""
         name = model or self.model
         dollars = 0.0
         try:
             from .cost import estimate_cost
 
-            dollars = estimate_cost(usage, name)
+            dollars = estimate_cost(usage, name, self.registry)
         except UnknownModelError:
             pass  # a custom model without prices: tokens still count
         record = self.store.record_usage(
@@ -309,7 +319,7 @@ class Session:
     ) -> tuple[list[StoredMessage], int]:
         """:meth:`context_messages` and the seq its tail starts at (everything older
         that is not in the slice is what the entity ledger must cover)."""
-        counter = TokenCounter.for_model(model or self.model)
+        counter = TokenCounter.for_model(model or self.model, self.registry)
         merged: dict[int, StoredMessage] = {}
         if pin_first:
             head = self.store.range(self.tenant, self.session_id, 0, pin_first + _HEAD_SLACK)
@@ -355,7 +365,12 @@ class Session:
         return advanced, ledger_warnings(ckpt, advanced, damage)
 
     def build(
-        self, model: str | None = None, policy: Policy | None = None, **kw: Any
+        self,
+        model: str | None = None,
+        policy: Policy | None = None,
+        *,
+        summarizer: _SummarizerLike | None = None,
+        **kw: Any,
     ) -> BuiltContext:
         """Build the context as :func:`ctxwarden.build_context` does, reading only what
         can fit, and keep the build's sticky decisions for the next one.
@@ -369,44 +384,60 @@ class Session:
         import, or one stored before the ledger was) seeds it from the last
         ``ledger_backfill`` messages before the slice, and its audit warns what it
         skipped; a stored ledger that cannot be read back is rebuilt, with a warning.
+
+        The stored summary is shown as ``build_context`` shows its own: with
+        ``policy.summary.summary_share`` set and a ``summarizer`` (this one, else the
+        session's) that can focus, such as the offline one, the part most relevant to
+        the newest user message, within that share; otherwise as written. Nothing is
+        summarised here: :meth:`summarize` writes the summary.
         """
         from .engine import build_context
         from .policy import Policy as PolicyClass
-        from .registry import get_model
 
         model = model or self.model
         policy = policy if policy is not None else (self.policy or PolicyClass())
         try:
-            window: int | None = get_model(model).context_window
+            window: int | None = get_model(model, self.registry).context_window
         except UnknownModelError:
             window = None
         budget = policy.budget_for(window, kw.get("max_input_tokens"))
         record = self.record
         warm = record.sticky.get("window_start_seq")
-        stored, start = self._slice(
+        read, start = self._slice(
             budget,
             model,
             policy.window.pin_first,
             int(warm) if warm is not None else None,
             record,
         )
-        seqs = [m.seq for m in stored]
+        seqs = [m.seq for m in read]
+        history = [m.message for m in read]
         ckpt: LedgerCheckpoint | None = None
         notes: tuple[str, ...] = ()
         if policy.ledger.enabled:
             ckpt, notes = self._ledger_before(record, start, frozenset(seqs))
         facts = self._facts(record).render() if record.facts else ""
+        summary, left_out = session_state.summary_shown(
+            record.summary,
+            summarizer if summarizer is not None else self.summarizer,
+            history,
+            budget=budget,
+            share=policy.summary.summary_share,
+            count=TokenCounter.for_model(model, self.registry).count_message,
+        )
         built = build_context(
-            [m.message for m in stored],
+            history,
             model=model,
             policy=policy,
-            previous=_state_for(record.sticky, seqs),
-            summary=record.summary,
+            previous=session_state.state_for(record.sticky, seqs),
+            summary=summary,
             facts=facts or None,
             earlier_entities=ckpt.ledger if ckpt is not None and len(ckpt.ledger) else None,
+            registry=self.registry,
             **kw,
         )
-        if notes:  # the engine cannot know what the session's stored ledger went through
+        notes = left_out + notes
+        if notes:  # the engine cannot know what the session's stored layers went through
             built = replace(
                 built, audit=replace(built.audit, warnings=built.audit.warnings + notes)
             )
@@ -414,7 +445,7 @@ class Session:
         self.store.save_sticky(
             self.tenant,
             self.session_id,
-            _sticky_from(built.state, seqs),
+            session_state.sticky_from(built.state, seqs),
             ledger=ckpt.encode() if save and ckpt is not None else None,
         )
         if ckpt is not None:
@@ -426,7 +457,7 @@ class Session:
 
     async def summarize(
         self,
-        summarizer: _SummarizerLike,
+        summarizer: _SummarizerLike | None = None,
         extractor: _ExtractorLike | None = None,
         *,
         trigger: SummaryTrigger | None = None,
@@ -439,7 +470,8 @@ class Session:
         the module docstring), cascading to a meta-summary when ``trigger.max_summaries``
         level-one summaries have piled up: :func:`ctxwarden.summarize.summarize_cycle`
         does the model part. Returns ``None`` when no trigger fires. ``window`` is what
-        the trigger's fill ratio is measured against (off when ``None``).
+        the trigger's fill ratio is measured against (off when ``None``). ``summarizer``
+        defaults to the session's (``Session(..., summarizer=...)``).
 
         A failing model raises :class:`SummarizationError` and changes nothing; losing
         the version race ``retries`` times in a row raises :class:`VersionConflict`.
@@ -447,13 +479,18 @@ class Session:
         from .facts import Facts
         from .summarize import SummaryTrigger, summarize_cycle
 
+        summarizer = summarizer if summarizer is not None else self.summarizer
+        if summarizer is None:
+            raise ConfigError(
+                "no summariser: pass one to summarize(), or to Session(..., summarizer=...)"
+            )
         if not callable(getattr(summarizer, "merge", None)):
             raise ConfigError(
                 f"{type(summarizer).__name__} has no merge(summaries): a session summariser "
                 "also writes the meta-summary (see ctxwarden.summarize.Summarizer)"
             )
         trigger = trigger or SummaryTrigger()
-        counter = TokenCounter.for_model(self.model)
+        counter = TokenCounter.for_model(self.model, self.registry)
         usage = Usage(calls=0)
         for attempt in range(1, retries + 2):
             # 1. read: one short read transaction
@@ -462,7 +499,7 @@ class Session:
             )
             if not batch.messages:
                 return None
-            state = _summary_state(batch.session)
+            state = session_state.summary_state(batch.session)
             # 2. the model: no transaction, and no connection held while it thinks
             self.store.release()
             result = await summarize_cycle(
@@ -495,7 +532,7 @@ class Session:
                     summary=result.state.text,
                     facts=facts.to_json() if isinstance(facts, Facts) else dict(facts),
                     covered_up_to_seq=covered,
-                    levels=_levels(result.state),
+                    levels=session_state.levels_of(result.state),
                 )
             except VersionConflict:
                 if attempt > retries:
@@ -506,7 +543,10 @@ class Session:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def summarize_sync(
-        self, summarizer: _SummarizerLike, extractor: _ExtractorLike | None = None, **kw: Any
+        self,
+        summarizer: _SummarizerLike | None = None,
+        extractor: _ExtractorLike | None = None,
+        **kw: Any,
     ) -> SummaryWrite | None:
         """:meth:`summarize` for callers without an event loop."""
         return asyncio.run(self.summarize(summarizer, extractor, **kw))
@@ -523,59 +563,3 @@ def _model_name(summarizer: Any) -> str:
     model = getattr(summarizer, "model", None)
     name = getattr(model, "name", model)
     return name if isinstance(name, str) and name else "summarizer"
-
-
-def _levels(state: SummaryState) -> dict[str, Any]:
-    """The stored form of the summary's tiers (``covered_ids`` are not kept: the store
-    knows coverage by sequence number)."""
-    return {
-        "summaries": list(state.summaries),
-        "meta_summary": state.meta_summary,
-        "covered_count": state.covered_count,
-        "as_of_id": state.as_of_id,
-        "cycles": state.cycles,
-    }
-
-
-def _summary_state(record: StoredSession) -> SummaryState:
-    """The summary's tiers as stored; a summary written without them (before migration
-    003, or by ``write_summary`` alone) is one level-one summary."""
-    from .summarize import SummaryState
-
-    levels = record.summary_levels
-    if not levels:
-        summaries = (record.summary,) if record.summary else ()
-        return SummaryState(summaries=summaries, version=record.version, cycles=record.version)
-    return SummaryState(
-        summaries=tuple(str(t) for t in levels.get("summaries", ())),
-        meta_summary=levels.get("meta_summary"),
-        covered_count=int(levels.get("covered_count", 0)),
-        as_of_id=levels.get("as_of_id"),
-        version=record.version,
-        cycles=int(levels.get("cycles", 0)),
-    )
-
-
-def _sticky_from(state: BuildState, seqs: Sequence[int]) -> dict[str, Any]:
-    """The engine state with its positions turned into sequence numbers."""
-    data = state.to_dict()
-    if state.history_length:
-        data["last_seq"] = seqs[state.history_length - 1]
-        data["window_start_seq"] = seqs[min(state.window_start, len(seqs) - 1)]
-    return data
-
-
-def _state_for(sticky: Mapping[str, Any], seqs: Sequence[int]) -> BuildState | None:
-    """The stored state with its sequence numbers turned into positions of ``seqs``;
-    ``None`` (a cold build) when the last build's newest message is not in this slice."""
-    from .audit import BuildState
-
-    last_seq = sticky.get("last_seq")
-    if last_seq is None:
-        return None
-    at = bisect.bisect_left(seqs, last_seq)
-    if at == len(seqs) or seqs[at] != last_seq:
-        return None
-    state = BuildState.from_dict(sticky)
-    start = bisect.bisect_left(seqs, int(sticky.get("window_start_seq", 0)))
-    return replace(state, history_length=at + 1, window_start=min(start, at))

@@ -1,4 +1,5 @@
-"""What every command shares: turning user errors into one line and exit code 2."""
+"""What every command shares: one-line user errors (exit code 2), the ``--registry``
+option and its loader, and reading a transcript."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import ParamSpec, TypeVar
+from typing import Annotated, ParamSpec, TypeVar
 
 import typer
 
@@ -36,6 +37,14 @@ def handle_errors(command: Callable[P, R]) -> Callable[P, R]:
             raise typer.Exit(USER_ERROR if isinstance(exc, UsageError) else RUNTIME_ERROR) from None
 
     return wrapper
+
+
+RegistryOpt = Annotated[
+    list[Path] | None,
+    typer.Option("--registry", help="TOML file adding or overriding models (repeatable)."),
+]
+"""``--registry FILE``: every command that resolves a model takes it, read by
+:func:`registry_from` (a bad file is a one-line error, exit 2)."""
 
 
 def registry_from(paths: list[Path] | None) -> Registry:

@@ -18,7 +18,7 @@ from rich.table import Table
 from ..engine import BuiltContext, build_context
 from ..errors import ConfigError
 from ..policy import Policy
-from ._common import transcript_from
+from ._common import RegistryOpt, registry_from, transcript_from
 
 PolicyOpt = Annotated[Path | None, typer.Option("--policy", help="Policy TOML file.")]
 BudgetOpt = Annotated[
@@ -43,6 +43,7 @@ def _build(
     policy_path: Path | None,
     summarizer: str | None,
     example: bool = False,
+    registry: list[Path] | None = None,
 ) -> BuiltContext:
     transcript = transcript_from(file, example)
     policy = Policy.from_toml(policy_path) if policy_path else Policy()
@@ -57,6 +58,7 @@ def _build(
         budget,
         policy=policy,
         tools=list(transcript.tools) or None,
+        registry=registry_from(registry),
         **kwargs,
     )
 
@@ -74,11 +76,12 @@ def build(
         str, typer.Option("--format", help="openai (a message list) or anthropic.")
     ] = "openai",
     example: Annotated[bool, typer.Option("--example", help="Use the bundled transcript.")] = False,
+    registry: RegistryOpt = None,
 ) -> None:
     """Build the context to send from a transcript; print it as JSON."""
     if output_format not in ("openai", "anthropic"):
         raise ConfigError(f"--format must be openai or anthropic, got {output_format!r}")
-    built = _build(file, model, max_input_tokens, policy, summarizer, example)
+    built = _build(file, model, max_input_tokens, policy, summarizer, example, registry)
     if output_format == "openai":
         payload: Any = built.to_openai()
     else:
@@ -99,6 +102,7 @@ def explain(
         Path | None, typer.Option("--from-report", help="Explain a saved --report file instead.")
     ] = None,
     example: Annotated[bool, typer.Option("--example", help="Use the bundled transcript.")] = False,
+    registry: RegistryOpt = None,
 ) -> None:
     """Build (or load) a context and print its audit as readable tables."""
     if from_report is not None:
@@ -107,7 +111,8 @@ def explain(
         except (OSError, ValueError) as exc:
             raise ConfigError(f"cannot read report {from_report}: {exc}") from None
     else:
-        audit = _build(file, model, max_input_tokens, policy, summarizer, example).audit.to_dict()
+        built = _build(file, model, max_input_tokens, policy, summarizer, example, registry)
+        audit = built.audit.to_dict()
     render_audit(audit, Console())
 
 

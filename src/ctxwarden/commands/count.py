@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -11,7 +10,7 @@ import typer
 from ..registry import ModelInfo
 from ..tokens import TokenCount, TokenCounter
 from ..transcript import Transcript
-from ._common import registry_from, transcript_from
+from ._common import RegistryOpt, registry_from, transcript_from
 
 DEFAULT_MODEL = "gpt-4o"
 
@@ -34,9 +33,7 @@ def count(
     example: Annotated[
         bool, typer.Option("--example", help="Count the support chat shipped with ctxwarden.")
     ] = False,
-    registry: Annotated[
-        list[Path] | None, typer.Option("--registry", help="Extra model registry TOML file.")
-    ] = None,
+    registry: RegistryOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Count the input tokens of a transcript: a JSON list of OpenAI chat messages, or an

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -12,14 +11,11 @@ from rich.console import Console
 from rich.table import Table
 
 from ..registry import ModelInfo
-from ._common import registry_from
+from ._common import RegistryOpt, registry_from
 
 
 def models(
-    registry: Annotated[
-        list[Path] | None,
-        typer.Option("--registry", help="TOML file adding or overriding models (repeatable)."),
-    ] = None,
+    registry: RegistryOpt = None,
     provider: Annotated[
         str | None, typer.Option("--provider", "-p", help="Only this provider's models.")
     ] = None,
