@@ -301,3 +301,20 @@ def test_a_correction_after_a_quiet_turn_shows_at_once() -> None:
     history.append(Message.user("Change of plan: my budget is 2000 USD now.", id="u-late"))
     built = build_context(history, "gpt-4o", 4000, summarizer="offline")
     assert "budget: 2000 USD" in facts_of(built)
+
+
+def test_one_long_tool_result_does_not_fire_the_fill_trigger() -> None:
+    """The fill ratio counts a long result as the cascade sends it (cut), not raw."""
+    page = json.dumps({"results": [{"id": f"R{i:04d}", "note": "seat " * 30} for i in range(60)]})
+    history = [
+        Message.system("You are a booking agent.", id="sys"),
+        Message.user("Find rooms in Lisbon", id="u0"),
+        Message.assistant(None, (ToolCall("c0", "search", "{}"),), id="a0"),
+        Message.tool(page, "c0", name="search", id="t0"),
+        Message.user("Which is cheapest?", id="u1"),
+    ]
+    counter = TokenCounter.for_model("gpt-4o")
+    assert counter.count_messages(history).tokens > 0.6 * 4000  # raw, it would fire
+    built = build_context(history, "gpt-4o", 4000, summarizer="offline")
+    assert not built.audit.by_action("summarized")
+    assert built.audit.by_action("truncated")

@@ -276,7 +276,7 @@ class _Build:
             spec=summarizer,
             trigger=self.policy.summary,
             schema=schema,
-            count=self.count,
+            count=self._as_sent,
             window=self.budget,
         )
         self.layer_state = update.state
@@ -286,6 +286,22 @@ class _Build:
         for name, text in (("facts", update.facts_text), ("summary", update.summary_text)):
             if text:
                 self.layer_msgs.append((name, Message.system(text, id=f"ctxwarden:{name}")))
+
+    def _as_sent(self, message: Message) -> int:
+        """A message's tokens as the cascade will send it, for the summary triggers: a tool
+        result over the truncation threshold counts as its cut (one long search page must
+        not read as a full context and fire a summary that the cut makes needless)."""
+        tokens = self.count(message)
+        cut = self.policy.truncate
+        if (
+            cut is not None
+            and message.role == "tool"
+            and tokens > cut.threshold_tokens
+            and not message.pinned
+            and message.priority != "critical"
+        ):
+            return min(tokens, cut.target_tokens + cut.cut_values_tokens)
+        return tokens
 
     def _total(self, messages: Sequence[Message]) -> int:
         return sum(self.count(m) for m in messages)
