@@ -346,3 +346,29 @@ def test_a_bad_registry_file_is_one_line_and_exit_2(tmp_path: Path, command: lis
         result = invoke(*command, "--registry", str(path), *where)
         assert result.exit_code == 2, result.output
         assert needle in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_session_summarize_then_build_with_the_summary_view(tmp_path: Path) -> None:
+    """`session summarize` folds by the policy's trigger and stores summary and facts;
+    `session build --summarizer offline` shows them; a bad spec is a one-line error."""
+    chat = write(tmp_path, _long_shop_chat())
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[summary]\nmax_messages = 30\nkeep_recent = 10\nsummary_share = 0.3\n")
+    db = ["--db", f"sqlite:///{tmp_path / 's.db'}", "--session", "s1"]
+    assert invoke("session", "add", *db, chat).exit_code == 0
+    folded = invoke("session", "summarize", *db, "--policy", str(policy))
+    assert folded.exit_code == 0, folded.output
+    assert folded.stdout.startswith("folded ") and "summary version" in folded.stdout
+    again = invoke("session", "summarize", *db, "--policy", str(policy))
+    assert again.exit_code == 0 and "nothing folded" in again.stdout
+    shown = invoke("session", "show", *db)
+    assert "1500" in shown.stdout  # the budget is a stored fact
+    built = invoke(
+        "session", "build", *db, "-m", "gpt-4o", "--max-input-tokens", "1200",
+        "--policy", str(policy), "--summarizer", "offline",
+    )  # fmt: skip
+    assert built.exit_code == 0, built.output
+    sent = json.loads(built.stdout)
+    assert any("1500" in str(m["content"]) for m in sent if m["role"] == "system")
+    bad = invoke("session", "summarize", *db, "--summarizer", "nope:model")
+    assert bad.exit_code == 2 and bad.stderr.count("\n") == 1 and "error:" in bad.stderr

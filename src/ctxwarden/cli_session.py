@@ -30,6 +30,10 @@ session_app = typer.Typer(
     add_completion=False,
 )
 
+SessionSummarizerOpt = Annotated[
+    str | None,
+    typer.Option("--summarizer", help="'offline' or a provider spec (openai:gpt-4o-mini, ...)."),
+]
 Db = Annotated[
     str,
     typer.Option(
@@ -98,6 +102,7 @@ def build(
         Path | None, typer.Option("--report", help="Write the audit JSON here.")
     ] = None,
     registry: RegistryOpt = None,
+    summarizer: SessionSummarizerOpt = None,
 ) -> None:
     """Print the context to send (OpenAI messages JSON), read from the store."""
     from .policy import Policy
@@ -105,7 +110,8 @@ def build(
 
     loaded = Policy.from_toml(policy) if policy is not None else None
     models = registry_from(registry)
-    with Session(db, session, tenant=tenant, model=model, registry=models) as s:
+    chosen = _summarizer(summarizer)[0] if summarizer is not None else None
+    with Session(db, session, tenant=tenant, model=model, registry=models, summarizer=chosen) as s:
         kw: dict[str, Any] = (
             {} if max_input_tokens is None else {"max_input_tokens": max_input_tokens}
         )
@@ -115,6 +121,50 @@ def build(
     if report is not None:
         report.write_text(json.dumps(built.audit.to_dict(), indent=2), encoding="utf-8")
     _dump(built.to_openai())
+
+
+@session_app.command("summarize")
+@handle_errors
+def summarize(
+    db: Db,
+    session: SessionId,
+    tenant: Tenant = "default",
+    model: Annotated[str, typer.Option("--model", "-m", help="Model the session counts for.")] = (
+        "gpt-4o"
+    ),
+    summarizer: SessionSummarizerOpt = "offline",
+    policy: Annotated[
+        Path | None, typer.Option("--policy", help="Policy TOML file (its [summary] trigger).")
+    ] = None,
+    registry: RegistryOpt = None,
+) -> None:
+    """Fold what the policy's summary trigger says into the stored summary and facts."""
+    from .policy import Policy
+    from .session import Session
+
+    trigger = (Policy.from_toml(policy) if policy is not None else Policy()).summary
+    chosen, extractor = _summarizer(summarizer or "offline")
+    models = registry_from(registry)
+    with Session(db, session, tenant=tenant, model=model, registry=models) as s:
+        written = s.summarize_sync(chosen, extractor, trigger=trigger)
+    if written is None:
+        typer.echo("no summary trigger fired: nothing folded")
+        return
+    level = ", meta-summary written" if written.meta else ""
+    typer.echo(
+        f"folded {written.folded} message(s) up to seq {written.covered_up_to_seq}{level}; "
+        f"summary version {written.session.version}"
+    )
+    if written.error:
+        typer.echo(f"warning: {written.error}", err=True)
+
+
+def _summarizer(spec: str) -> tuple[Any, Any]:
+    """The summariser and fact extractor a spec names ('offline' or a provider spec)."""
+    from .summary_layer import resolve_summarizer
+
+    chosen, extractor, _free = resolve_summarizer(spec)
+    return chosen, extractor
 
 
 @session_app.command("show")
