@@ -134,7 +134,7 @@ def summarize(
     ),
     summarizer: SessionSummarizerOpt = "offline",
     policy: Annotated[
-        Path | None, typer.Option("--policy", help="Policy TOML file (its [summary] trigger).")
+        Path | None, typer.Option("--policy", help="Policy TOML file (its \\[summary] trigger).")
     ] = None,
     registry: RegistryOpt = None,
 ) -> None:
