@@ -76,6 +76,30 @@ def _dropped_ledger(
     return ledger
 
 
+# The dropped-only ledger plus the edited originals, per dropped-only ledger: a batch of
+# newly masked results extends the last branch instead of re-adding every masked one.
+_BRANCHES: OrderedDict[int, tuple[EntityLedger, tuple[str, ...], EntityLedger]] = OrderedDict()
+
+
+def _with_edited(base: EntityLedger, edited: Sequence[Message]) -> EntityLedger:
+    """``base`` with the values of ``edited`` added, as a side branch (the memo keeps
+    growing the dropped-only ledger), extended from the last branch when ``edited`` only
+    grew at its end."""
+    ids = tuple(f"{m.id}\x00{m.fingerprint}" for m in edited)
+    hit = _BRANCHES.get(id(base))
+    if hit is not None and hit[0] is base and ids[: len(hit[1])] == hit[1]:
+        new = edited[len(hit[1]) :]
+        # the last branch is replaced below, so it may share its index with this one
+        branch = hit[2].add([e for m in new for e in extract_entities(m)])
+    else:
+        branch = base.branch().add([e for m in edited for e in extract_entities(m)])
+    _BRANCHES[id(base)] = (base, ids, branch)
+    _BRANCHES.move_to_end(id(base))
+    if len(_BRANCHES) > _MEMO_MAX:
+        _BRANCHES.popitem(last=False)
+    return branch
+
+
 class LedgerBuilder:
     """Renders the ledger block for one build, within ``cap`` tokens."""
 
@@ -114,8 +138,8 @@ class LedgerBuilder:
                 self.ledger = hit[0]
                 return hit[1]
         ledger = _dropped_ledger(history, sys_end, start, frozenset(pinned), self.earlier)
-        if edited:  # a side branch: the memo keeps growing the dropped-only ledger
-            ledger = ledger.branch().add([e for m in edited for e in extract_entities(m)])
+        if edited:
+            ledger = _with_edited(ledger, edited)
         self.ledger = ledger
         message = self._message(self.cap - _FRAMING)
         if key is not None:
