@@ -300,3 +300,28 @@ def test_a_registry_model_builds_with_its_window_counts_and_prices() -> None:
     assert shared > 0
     expected = ((again.input_tokens - shared) * 1.0 + shared * 0.25) / 1e6
     assert again.audit.effective_cost_usd == pytest.approx(expected)
+
+
+def test_a_cold_build_reads_ledger_values_a_bounded_way_back() -> None:
+    """Cold, the ledger reaches ``lookback`` messages before the window (it was placed);
+    with ``previous`` an agent loop keeps where its ledger began, so it loses nothing."""
+    from ctxwarden.policy import LedgerConfig
+
+    history = _agent_session(400)  # 1,601 messages
+    cold = build_context(history, "gpt-4o", 1500)
+    unbounded = Policy(ledger=LedgerConfig(lookback=None))
+    everything = build_context(history, "gpt-4o", 1500, policy=unbounded)
+    assert len(history) - 1100 < cold.state.ledger_from < cold.state.window_start
+    assert everything.state.ledger_from == 1  # just after the system prompt
+    start = cold.state.window_start
+    recent = f"R{(start - 2) // 4:04d}X"  # the turn just before the window
+    ledger = next(m.text for m in cold.messages if m.id == "ctxwarden:ledger")
+    assert recent in ledger
+    assert build_context(history, "gpt-4o", 1500).to_openai() == cold.to_openai()
+
+    loop = None
+    for end in range(10, len(history) + 1, 40):  # an agent loop from the start
+        loop = build_context(history[:end], "gpt-4o", 1500, previous=loop)
+    assert loop is not None and loop.state.ledger_from == 1
+    with pytest.raises(ConfigError, match="lookback"):
+        LedgerConfig(lookback=-1)

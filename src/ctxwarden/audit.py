@@ -33,6 +33,9 @@ class BuildState:
     window_start: int = 0
     sticky: Mapping[str, ActionKind] = field(default_factory=dict)
     prefix: tuple[str, ...] = ()  # fingerprints of the previous context, in order
+    # where the ledger's sources begin (a position in this history: kept in memory only;
+    # a session keeps its own ledger checkpoint)
+    ledger_from: int = 0
     layers: Any = field(default=None, compare=False)  # summary and facts (LayerState)
 
     def to_dict(self) -> dict[str, Any]:

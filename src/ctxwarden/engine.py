@@ -261,6 +261,7 @@ class _Build:
         self.floor = 0
         self.layer_state: LayerState | None = None
         self.earlier: EntityLedger | None = None
+        self.ledger_from = 0
         self.rejected: set[str] = set()
         if facts:
             self.layer_msgs.append(("facts", Message.system(facts, id="ctxwarden:facts")))
@@ -335,6 +336,7 @@ class _Build:
         if newest is not None and start > newest:
             start = newest
         pinned_idx = _pinned(h, self.sys_end, policy.window.pin_first, start)
+        self.ledger_from = self._ledger_from(start)
         if self.state.history_length == 0:
             self._report_cold_prefix(start, set(pinned_idx))
         pinned = [h[i] for i in pinned_idx]
@@ -357,13 +359,14 @@ class _Build:
         blocks = self._sendable(group_blocks(window, start))
         pinned_tokens = self._total(pinned)
         ledger = LedgerBuilder(self.counter, ledger_cap, self.earlier)
+        ledger_from = self.ledger_from
 
         # Fit: drop oldest blocks (never the newest user message), refilling to a watermark.
         ledger_msg: Message | None = None
         room = 0
         for _ in range(4):
             edited = self._ledger_sources(blocks, originals, start)
-            ledger_msg = ledger.render(h, self.sys_end, start, pinned_idx, edited)
+            ledger_msg = ledger.render(h, ledger_from, start, pinned_idx, edited)
             room = (
                 self.budget - fixed - pinned_tokens - (self.count(ledger_msg) if ledger_msg else 0)
             )
@@ -403,6 +406,16 @@ class _Build:
         return self._finish(ordered, layer_of, info, start, sticky, window)
 
     # -- steps ------------------------------------------------------------------------------
+
+    def _ledger_from(self, start: int) -> int:
+        """Where the ledger's sources begin: kept from the previous build, or on a cold
+        build at most ``policy.ledger.lookback`` messages before the window."""
+        lookback = self.policy.ledger.lookback
+        if self.state.history_length:
+            return max(self.sys_end, min(self.state.ledger_from, start))
+        if lookback is None:
+            return self.sys_end
+        return max(self.sys_end, start - lookback)
 
     def _ledger_sources(
         self, blocks: list[Block], originals: Mapping[str, Message], start: int
@@ -575,6 +588,7 @@ class _Build:
             sticky=new_sticky,
             prefix=fingerprints,
             layers=self.layer_state,
+            ledger_from=self.ledger_from,
         )
         return BuiltContext(tuple(ordered), audit, state, self.model, layer_of)
 

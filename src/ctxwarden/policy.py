@@ -20,6 +20,7 @@ A :class:`Policy` is a frozen dataclass that loads from TOML::
 
     [ledger]
     max_tokens = 600
+    lookback = 1000                # a cold build reads values this many messages back
 
     [summary]                      # used when a summarizer is given
     max_messages = 30              # seed 000: summarise at 30, keep the last 15
@@ -74,14 +75,20 @@ class LedgerConfig:
     """The entity ledger: values from messages that left the context, kept compactly.
 
     Its size is at most ``max_tokens`` and at most ``max_share`` of what the budget leaves
-    after the system prompt.
+    after the system prompt. A cold build (no ``previous``) of a long history reads the
+    values of at most ``lookback`` messages before its window (``None``: all of them), so
+    restarting on 10,000 messages does not extract entities from all 10,000; a build with
+    ``previous`` keeps where its ledger began, so an agent loop loses nothing.
     """
 
     enabled: bool = True
     max_tokens: int = 600
     max_share: float = 0.6
+    lookback: int | None = 1000
 
     def __post_init__(self) -> None:
+        if self.lookback is not None and self.lookback < 0:
+            raise ConfigError(f"ledger.lookback must be >= 0 (None: no bound), got {self.lookback}")
         if self.max_tokens < 0:
             raise ConfigError(f"ledger.max_tokens must be >= 0, got {self.max_tokens}")
         if not 0.0 <= self.max_share <= 1.0:
