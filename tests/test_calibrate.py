@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from ctxwarden.bench.calibrate import CJK, CODE, CYRILLIC, corpus, ratio
+from ctxwarden.bench.calibrate import (
+    CJK,
+    CODE,
+    CYRILLIC,
+    Family,
+    corpus,
+    dominant_script,
+    estimate_factor,
+    families,
+    measure,
+    o200k_per_char,
+    ratio,
+    script_factors,
+    script_samples,
+)
 from ctxwarden.encodings import get_encoding
+from ctxwarden.tokens import O200K_PER_CHAR, SCRIPT_FACTORS, ScriptFactors
 
 
 def _counter(name: str) -> Callable[[str], int]:
@@ -33,6 +49,57 @@ def test_ratio_rejects_texts_without_tokens() -> None:
 
 
 def test_corpus_always_has_the_builtin_kinds(tmp_path: Path) -> None:
-    kinds, notes = corpus(tmp_path)  # an empty folder: no tau-bench, no LoCoMo
-    assert kinds == {"code": CODE, "cyrillic": CYRILLIC, "cjk": CJK}
-    assert len(notes) == 2
+    kinds, notes = corpus(tmp_path, tmp_path)  # empty: no data, no seed articles
+    assert set(kinds) == {"code", "cyrillic", "cjk"}  # no seeds: no latin-ext
+    assert kinds["code"] == CODE
+    assert kinds["cyrillic"][: len(CYRILLIC)] == CYRILLIC and kinds["cjk"][: len(CJK)] == CJK
+    assert sum("file not found" in note for note in notes) == 2  # tau-bench, LoCoMo
+
+
+def test_seed_paragraphs_are_grouped_by_dominant_script(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text(
+        "Доброго дня! Як керувати контекстом агента (window)?\n\n"
+        "Zarządzanie kontekstem agenta AI: okno przesuwne i streszczenia.\n\n"
+        "您好，我想把下周二从北京飞往上海的航班改到周四。\n\n"
+        "Half English half текст українською мовою тут.\n\nshort",
+        "utf-8",
+    )
+    samples, _ = script_samples(tmp_path)
+    # the seeds come first; Debian's MariaDB / GnuPG texts follow when installed
+    assert samples["cyrillic"][0].startswith("Доброго") and len(samples["latin-ext"]) == 1
+    assert samples["cjk"][0].startswith("您好")
+    assert not any("Half" in text for texts in samples.values() for text in texts)
+    assert dominant_script("The quick brown fox") == "latin"
+    assert dominant_script("12345 !!!") is None
+
+
+def test_script_factors_take_each_familys_largest_rounded_up_ratio() -> None:
+    def count(text: str) -> int:
+        return len(text)
+
+    fams = [Family("qwen", "a", count), Family("qwen", "b", count), Family("x", "c", count, False)]
+    row = {"latin": 1.081, "cyrillic": 1.30, "cjk": 0.9}
+    table = {"a": row, "b": {**row, "cjk": 0.951}, "c": {**row, "latin": 2.0}}
+    assert script_factors(fams, table) == {"qwen": ScriptFactors(1.09, 1.3, 0.96)}
+
+
+def test_o200k_per_char_counts_tokens_per_script_character() -> None:
+    o200k = _counter("o200k_base")
+    kinds = {"cyrillic": ["Привіт, світе!"], "cjk": ["你好世界"]}
+    per = o200k_per_char(kinds, o200k)
+    assert per.cyrillic == estimate_factor(o200k("Привіт, світе!") / 11)
+    assert per.cjk == estimate_factor(o200k("你好世界") / 4)
+
+
+@pytest.mark.skipif(
+    not importlib.util.find_spec("ctok") or not Path("../shared/seeds").is_dir(),
+    reason="needs the bench extra's ctok and ../shared/seeds",
+)
+def test_the_claude_script_factors_in_tokens_are_the_measured_ones() -> None:
+    kinds, _ = corpus()
+    fams = [f for f in families()[0] if f.family == "claude" and f.for_factor]
+    scripts = {k: kinds[k] for k in ("cyrillic", "cjk")}
+    row = measure(fams, {**scripts, "code": CODE}, _counter("o200k_base"))[fams[0].tokenizer]
+    assert estimate_factor(row["cyrillic"]) == SCRIPT_FACTORS["claude"].cyrillic
+    assert estimate_factor(row["cjk"]) == SCRIPT_FACTORS["claude"].cjk
+    assert o200k_per_char(scripts, _counter("o200k_base")) == O200K_PER_CHAR

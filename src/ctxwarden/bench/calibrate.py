@@ -1,9 +1,10 @@
-"""Measure the estimate factors of :data:`ctxwarden.tokens.ESTIMATE_FACTORS`.
+"""Measure the estimate factors of :data:`ctxwarden.tokens.SCRIPT_FACTORS`.
 
 ``python -m ctxwarden.bench.calibrate`` counts a fixed corpus with every offline tokenizer
 it can import and prints, per family and per kind of text, the ratio
 ``family tokens / o200k_base tokens`` (pooled: total over total). tokens.py estimates a
-non-OpenAI model as o200k_base × factor, so these ratios *are* the factors.
+non-OpenAI model's Latin, Cyrillic and CJK text as o200k_base × that script's factor, so
+these ratios *are* the factors.
 
 The tokenizers are benchmark tools, not dependencies of ctxwarden: each is imported lazily
 and a missing one is skipped with a note saying what to install. None downloads anything at
@@ -26,18 +27,26 @@ run time (checked with sockets blocked). What each one really implements:
   ``tokenizers`` when installed (the reference implementation), else the package's own
   pure-Python re-implementation (whose ids differed on one of five samples, count equal).
 
-Corpus: tau-bench airline messages (distinct contents and tool-call arguments) and LoCoMo
-dialogue turns from ``../shared/data`` (same lookup as the other bench scripts), plus the
-built-in code, Cyrillic (Ukrainian/Russian) and CJK (Chinese/Japanese) samples below.
+Corpus (:func:`corpus`): tau-bench airline messages (distinct contents and tool-call
+arguments) and LoCoMo dialogue turns from ``../shared/data`` (same lookup as the other
+bench scripts) plus the built-in code samples give the *Latin* factor; the built-in
+Cyrillic (Ukrainian/Russian) and CJK (Chinese/Japanese) samples below, extended by
+:func:`script_samples` (the seed articles' Ukrainian and Russian paragraphs from
+``../shared/seeds``, and the Chinese, Japanese, Russian and Ukrainian texts of Debian's
+MariaDB error messages and GnuPG help when installed), give the Cyrillic and CJK factors
+and :data:`ctxwarden.tokens.O200K_PER_CHAR`. The seeds' Polish paragraphs are shown as
+``latin-ext`` and not used.
 
-A factor is the overall ratio rounded *up* to 2 decimals (:func:`estimate_factor`). Claude
-changed tokenizer at 4.7, so its factor is per model (``estimate_factor`` in the registry):
-ctok routes a Claude version below 4.7 to v3 and 4.7 or later to the v4.7 vocabulary (v4.8
+A factor is a ratio rounded *up* to 2 decimals (:func:`estimate_factor`); a family with two
+tokenizers takes the larger (:func:`script_factors`). Claude changed tokenizer at 4.7, so
+its factor is per model (``estimate_factor`` in the registry, the Latin factor): ctok
+routes a Claude version below 4.7 to v3 and 4.7 or later to the v4.7 vocabulary (v4.8
 reuses it under another frame, which is removed here), and :func:`registry_check` reads the
-version in each registry Claude name the same way. ``--check`` compares every registry
-Claude model's factor with the one measured now and exits 1 on a difference. Measured
-2026-11-29: v3 1.0898 -> 1.09 (all 11 registry Claude models, Claude 3 .. 4.5), v4.7
-1.4510 -> 1.46 (no registry model: the registry lists no Claude 4.7 or later).
+version in each registry Claude name the same way. ``--check`` exits 1 unless
+:data:`ctxwarden.tokens.SCRIPT_FACTORS` and ``O200K_PER_CHAR`` equal what is measured now
+and every registry Claude model's factor equals its version's Latin factor. Measured
+2026-11-29: v3 Latin 1.0896 -> 1.09 (all 11 registry Claude models, Claude 3 .. 4.5),
+v4.7 1.4506 -> 1.46 (no registry model: the registry lists no Claude 4.7 or later).
 """
 
 from __future__ import annotations
@@ -55,7 +64,7 @@ from typing import Any
 
 from ..encodings import get_encoding
 from ..registry import Registry
-from ..tokens import TokenCounter
+from ..tokens import O200K_PER_CHAR, SCRIPT_FACTORS, ScriptFactors, TokenCounter, script_chars
 
 __all__ = [
     "Family",
@@ -168,7 +177,7 @@ def ctok_version(name: str) -> str | None:
 
 @dataclass(frozen=True)
 class RegistryCheck:
-    """One registry Claude model: the factor counting uses and the one measured for it."""
+    """One registry Claude model: the (Latin) factor counting uses and the one measured."""
 
     model: str
     version: str | None
@@ -180,15 +189,15 @@ class RegistryCheck:
         return self.measured is not None and self.registry == self.measured
 
 
-def registry_check(registry: Registry, overall: Mapping[str, float]) -> list[RegistryCheck]:
-    """Each Claude model in ``registry`` against ``overall`` (ctok version -> measured
-    overall ratio): the factor TokenCounter uses for it vs. the measured one."""
+def registry_check(registry: Registry, latin: Mapping[str, float]) -> list[RegistryCheck]:
+    """Each Claude model in ``registry`` against ``latin`` (ctok version -> measured Latin
+    ratio): the factor TokenCounter uses for it vs. the measured one."""
     out = []
     for info in registry:
         if info.estimator != "claude":
             continue
         version = ctok_version(info.name)
-        measured = overall.get(version) if version else None
+        measured = latin.get(version) if version else None
         out.append(
             RegistryCheck(
                 info.name,
@@ -306,8 +315,81 @@ def _locomo_texts(path: Path) -> list[str]:
     return out
 
 
-def corpus(data: str | Path | None = None) -> tuple[dict[str, list[str]], list[str]]:
-    """Texts by kind, and a note for each data file that was not found."""
+MYSQL_ERRMSG = Path("/usr/share/mysql/errmsg-utf8.txt")  # MariaDB's error texts per language
+GNUPG_HELP = Path("/usr/share/gnupg")  # GnuPG's translated help (help.<lang>.txt)
+_LATIN_EXTENDED = re.compile(r"[\u00c0-\u024f]")
+
+
+def dominant_script(text: str) -> str | None:
+    """``"latin"``, ``"cyrillic"`` or ``"cjk"`` when 80% of ``text``'s letters are of that
+    script (tokens.py's character classes), else None (mixed, or no letters)."""
+    letters = sum(ch.isalpha() for ch in text)
+    if not letters:
+        return None
+    cyrillic, cjk = script_chars(text)
+    for script, n in (("cyrillic", cyrillic), ("cjk", cjk)):
+        if n >= 0.8 * letters:
+            return script
+    return "latin" if cyrillic + cjk <= 0.2 * letters else None
+
+
+def _paragraphs(text: str) -> list[str]:
+    return [p.strip() for p in re.split(r"\n\s*\n", text) if len(p.strip()) >= 20]
+
+
+def _mysql_lines(path: Path, langs: Sequence[str]) -> list[str]:
+    """The quoted messages of ``langs`` (``chi``, ``jpn``, ``rus``, ``ukr``...)."""
+    pattern = rf'^\s+(?:{"|".join(langs)}) "(.+)"\s*$'
+    return re.findall(pattern, path.read_text("utf-8"), re.M)
+
+
+def _gnupg_help(path: Path) -> list[str]:
+    body = "\n".join(ln for ln in path.read_text("utf-8").splitlines() if not ln.startswith("#"))
+    return [p for p in _paragraphs(body) if not p.startswith(".")]
+
+
+def script_samples(
+    seeds: str | Path | None = None,
+) -> tuple[dict[str, list[str]], list[str]]:
+    """Non-English texts found offline, by kind: the seed articles' paragraphs (Ukrainian,
+    Russian, Polish) grouped by dominant script, and, when the Debian packages are
+    installed, MariaDB's Chinese/Japanese/Russian/Ukrainian error messages and GnuPG's
+    Chinese/Japanese/Russian help. Kinds: ``cyrillic``, ``cjk``, ``latin-ext`` (Latin
+    paragraphs of the seeds: Polish, with English terms). A note names each missing source."""
+    out: dict[str, list[str]] = {"cyrillic": [], "cjk": [], "latin-ext": []}
+    notes = []
+    roots = [seeds] if seeds else [os.environ.get("CTXWARDEN_SEEDS"), "../shared/seeds"]
+    folder = next((Path(r) for r in roots if r and Path(r).is_dir()), None)
+    if folder is None:
+        notes.append("seed articles not found (set --seeds or $CTXWARDEN_SEEDS)")
+    else:
+        for path in sorted(folder.glob("*.txt")):
+            for para in _paragraphs(path.read_text("utf-8")):
+                script = dominant_script(para)
+                if script == "latin" and _LATIN_EXTENDED.search(para):
+                    out["latin-ext"].append(para)
+                elif script in ("cyrillic", "cjk"):
+                    out[script].append(para)
+    if MYSQL_ERRMSG.is_file():
+        out["cjk"] += _mysql_lines(MYSQL_ERRMSG, ("chi", "jpn"))
+        out["cyrillic"] += _mysql_lines(MYSQL_ERRMSG, ("rus", "ukr"))
+    else:
+        notes.append(f"{MYSQL_ERRMSG} not found (Debian package mariadb-server)")
+    for lang, script in (("zh_CN", "cjk"), ("zh_TW", "cjk"), ("ja", "cjk"), ("ru", "cyrillic")):
+        path = GNUPG_HELP / f"help.{lang}.txt"
+        if path.is_file():
+            out[script] += _gnupg_help(path)
+        else:
+            notes.append(f"{path} not found (Debian package gnupg-l10n)")
+    return out, notes
+
+
+def corpus(
+    data: str | Path | None = None, seeds: str | Path | None = None
+) -> tuple[dict[str, list[str]], list[str]]:
+    """Texts by kind, and a note for each data file that was not found: tau-bench, LoCoMo,
+    the built-in code, Cyrillic and CJK samples, and :func:`script_samples` added to the
+    last two (plus their ``latin-ext`` kind, shown but not used for a factor)."""
     kinds: dict[str, list[str]] = {}
     notes = []
     tau = _find("tau-bench/airline-gpt-4o-dev.json", data)
@@ -320,32 +402,68 @@ def corpus(data: str | Path | None = None) -> tuple[dict[str, list[str]], list[s
         kinds["locomo"] = _locomo_texts(locomo)
     else:
         notes.append("LoCoMo file not found (set --data or $CTXWARDEN_DATA)")
-    kinds.update(code=CODE, cyrillic=CYRILLIC, cjk=CJK)
-    return kinds, notes
+    samples, missing = script_samples(seeds)
+    kinds.update(code=CODE, cyrillic=CYRILLIC + samples["cyrillic"], cjk=CJK + samples["cjk"])
+    if samples["latin-ext"]:
+        kinds["latin-ext"] = samples["latin-ext"]
+    return kinds, notes + missing
+
+
+LATIN_KINDS = ("tau-bench", "locomo", "code")
+"""The kinds pooled into a family's Latin factor (English agent traffic and code)."""
 
 
 def measure(
     fams: Sequence[Family], kinds: Mapping[str, Sequence[str]], base: Count
 ) -> dict[str, dict[str, float]]:
-    """``{tokenizer: {kind: ratio, ..., "overall": pooled ratio}}``."""
+    """``{tokenizer: {kind: ratio, ..., "latin": pooled over LATIN_KINDS, "overall": pooled
+    over all}}``."""
     base_tokens = {kind: sum(base(t) for t in texts) for kind, texts in kinds.items()}
+    latin = [k for k in LATIN_KINDS if k in kinds]
     out: dict[str, dict[str, float]] = {}
     for fam in fams:
         counts = {kind: sum(fam.count(t) for t in texts) for kind, texts in kinds.items()}
         row = {kind: counts[kind] / base_tokens[kind] for kind in kinds}
+        row["latin"] = sum(counts[k] for k in latin) / sum(base_tokens[k] for k in latin)
         row["overall"] = sum(counts.values()) / sum(base_tokens.values())
         out[fam.tokenizer] = row
     return out
 
 
+def script_factors(
+    fams: Sequence[Family], table: Mapping[str, Mapping[str, float]]
+) -> dict[str, ScriptFactors]:
+    """Per family, the Latin / Cyrillic / CJK factors (the largest over its tokenizers, so
+    budgets err safe), as :data:`ctxwarden.tokens.SCRIPT_FACTORS` should hold them."""
+    out: dict[str, ScriptFactors] = {}
+    for family in dict.fromkeys(f.family for f in fams if f.for_factor):
+        rows = [table[f.tokenizer] for f in fams if f.for_factor and f.family == family]
+        out[family] = ScriptFactors(
+            *(max(estimate_factor(r[k]) for r in rows) for k in ("latin", "cyrillic", "cjk"))
+        )
+    return out
+
+
+def o200k_per_char(kinds: Mapping[str, Sequence[str]], base: Count) -> ScriptFactors:
+    """o200k tokens per Cyrillic letter (over the ``cyrillic`` kind) and per CJK character
+    (over ``cjk``), rounded up: :data:`ctxwarden.tokens.O200K_PER_CHAR`."""
+    per = []
+    for kind, index in (("cyrillic", 0), ("cjk", 1)):
+        chars = sum(script_chars(t)[index] for t in kinds[kind])
+        per.append(estimate_factor(sum(map(base, kinds[kind])) / chars))
+    return ScriptFactors(1.0, *per)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--data", help="folder holding tau-bench/ and locomo/")
+    parser.add_argument("--seeds", help="folder of seed articles (Ukrainian, Russian, Polish)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument(
         "--check",
         action="store_true",
-        help="exit 1 unless every registry Claude model's factor equals the measured one",
+        help="exit 1 unless tokens.SCRIPT_FACTORS, O200K_PER_CHAR and every registry Claude "
+        "model's factor equal the measured ones",
     )
     args = parser.parse_args(argv)
     o200k = get_encoding("o200k_base")
@@ -353,22 +471,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     def base(text: str) -> int:
         return len(o200k.encode(text, disallowed_special=()))
 
-    kinds, notes = corpus(args.data)
+    kinds, notes = corpus(args.data, args.seeds)
     fams, missing = families()
     table = measure(fams, kinds, base)
-    overall = {f.version: table[f.tokenizer]["overall"] for f in fams if f.version}
-    checks = registry_check(Registry.default(), overall)
-    failed = [c for c in checks if not c.ok]
+    latin = {f.version: table[f.tokenizer]["latin"] for f in fams if f.version}
+    checks = registry_check(Registry.default(), latin)
+    scripts = script_factors(fams, table)
+    per_char = o200k_per_char(kinds, base)
+    differ = [f for f, m in scripts.items() if SCRIPT_FACTORS.get(f) != m]
+    failed = [c.model for c in checks if not c.ok] + differ
+    if per_char != O200K_PER_CHAR:
+        failed.append("O200K_PER_CHAR")
     if args.json:
         report: dict[str, Any] = {
             "ratios": table,
+            "script_factors": {f: vars(m) for f, m in scripts.items()},
+            "o200k_per_char": vars(per_char),
             "registry": [{**vars(c), "ok": c.ok} for c in checks],
+            "differs": failed,
             "missing": missing,
             "notes": notes,
         }
         print(json.dumps(report, indent=2))
         return 1 if args.check and failed else 0
-    cols = [*kinds, "overall"]
+    cols = [*kinds, "latin", "overall"]
     sizes = "  ".join(f"{k}={sum(base(t) for t in v):,}" for k, v in kinds.items())
     print(f"family / o200k_base token ratio (pooled). o200k tokens: {sizes}")
     print(f"{'family':9} {'tokenizer':44} " + " ".join(f"{c:>9}" for c in [*cols, "factor"]))
@@ -376,17 +502,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         row = table[fam.tokenizer]
         mark = "" if fam.for_factor else " *"
         cells = " ".join(f"{row[c]:9.3f}" for c in cols)
-        factor = estimate_factor(row["overall"])
+        factor = estimate_factor(row["latin"])
         print(f"{fam.family:9} {fam.tokenizer + mark:44} {cells} {factor:9.2f}")
     if any(not f.for_factor for f in fams):
         print("* not a family factor (comparison only, or per model: see the registry check)")
-    _print_checks(checks, overall)
+    _print_scripts(scripts, per_char)
+    _print_checks(checks, latin)
     for line in [*notes, *(f"skipped {m}" for m in missing)]:
         print(f"note: {line}")
     return 1 if args.check and failed else 0
 
 
-def _print_checks(checks: Sequence[RegistryCheck], overall: Mapping[str, float]) -> None:
+def _print_scripts(scripts: Mapping[str, ScriptFactors], per_char: ScriptFactors) -> None:
+    print("tokens.SCRIPT_FACTORS: measured (latin / cyrillic / cjk) vs the table")
+    for family, m in scripts.items():
+        used = SCRIPT_FACTORS.get(family)
+        have = "missing" if used is None else f"{used.latin} / {used.cyrillic} / {used.cjk}"
+        verdict = "ok" if used == m else "DIFFERS"
+        print(f"  {family:9} {m.latin} / {m.cyrillic} / {m.cjk}   table {have}  {verdict}")
+    verdict = "ok" if per_char == O200K_PER_CHAR else "DIFFERS"
+    table = f"{O200K_PER_CHAR.cyrillic} / {O200K_PER_CHAR.cjk}"
+    print(
+        f"  o200k tokens per char (cyrillic / cjk): {per_char.cyrillic} / {per_char.cjk}"
+        f"   table {table}  {verdict}"
+    )
+
+
+def _print_checks(checks: Sequence[RegistryCheck], latin: Mapping[str, float]) -> None:
     print("registry Claude models: factor used vs measured for their ctok version")
     for c in checks:
         measured = "not measured" if c.measured is None else f"{c.measured:.2f}"
@@ -394,7 +536,7 @@ def _print_checks(checks: Sequence[RegistryCheck], overall: Mapping[str, float])
         print(
             f"  {c.model:24} ctok {c.version or '?':4} {c.registry:5.2f}  {measured:>12}  {verdict}"
         )
-    for version, value in sorted(overall.items()):
+    for version, value in sorted(latin.items()):
         if not any(c.version == version for c in checks):
             print(f"  no registry model on ctok {version} (measured {estimate_factor(value):.2f})")
 
