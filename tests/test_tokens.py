@@ -347,3 +347,12 @@ def test_a_models_own_factor_is_the_latin_factor_and_a_floor_for_other_scripts()
     # differing estimates keep differing session count keys
     keys = {count_key(c) for c in (newer, low, TokenCounter("claude-opus-4-5"))}
     assert len(keys) == 3
+
+
+def test_session_count_keys_name_every_script_factor() -> None:
+    """Counts stored before the per-script factors (key ``...claudex1.09``) no longer
+    match, so a session counts those messages again instead of using the lower figure."""
+    assert count_key(TokenCounter.for_model("claude-sonnet-4-5")) == (
+        "o200k_base~claudex1.09/1.31/1.36"
+    )
+    assert count_key(TokenCounter.for_model("gpt-4o")) == "o200k_base"

@@ -114,10 +114,18 @@ class SummaryWrite:
 
 def count_key(counter: TokenCounter) -> str:
     """The key under which a counter's per-message counts are stored: the encoding for
-    exact counts, plus the family and factor for estimates (they differ per model)."""
-    if counter.factor == 1.0:
+    exact counts, plus the family and its Latin / Cyrillic / CJK factors for estimates
+    (they differ per model; counts stored under another key are counted again)."""
+    scripts = counter.scripts
+    if scripts is None or counter.factor == 1.0 == scripts.cyrillic == scripts.cjk:
         return counter.encoding_name
-    return f"{counter.encoding_name}~{counter.family}x{counter.factor:g}"
+    per_script = (scripts.latin, scripts.cyrillic, scripts.cjk)
+    factors = (
+        f"{scripts.latin:g}"
+        if len(set(per_script)) == 1
+        else "/".join(map("{:g}".format, per_script))
+    )
+    return f"{counter.encoding_name}~{counter.family}x{factors}"
 
 
 class Session:
