@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import struct
@@ -285,6 +286,10 @@ ENGLISH = (
     "Good afternoon! I would like to move my flight from Kyiv to Lviv to next Tuesday. "
     "The agent checked the booking and said the change costs forty euros extra. "
 ) * 8
+POLISH = (
+    "Dzień dobry! Chciałbym przenieść mój lot z Krakowa do Gdańska na przyszły wtorek. "
+    "Agent sprawdził rezerwację i powiedział, że zmiana kosztuje czterdzieści złotych. "
+) * 8
 CHINESE = (
     "您好，我想把下周二从北京飞往上海的航班改到周四。客服确认了预订信息，并告知改签需要支付手续费。"
     * 8
@@ -320,12 +325,45 @@ def test_mixed_text_lies_between_its_scripts() -> None:
     ratio = claude.count_text(mixed) / _o200k(mixed)
     factors = SCRIPT_FACTORS["claude"]
     assert factors.latin + 0.05 < ratio < factors.cyrillic - 0.05
-    cyrillic, cjk = script_chars(mixed)
-    assert cjk == 0 and cyrillic == sum(ch.isalpha() for ch in UKRAINIAN[:400])
+    cyrillic, cjk, ext = script_chars(mixed)
+    assert cjk == ext == 0 and cyrillic == sum(ch.isalpha() for ch in UKRAINIAN[:400])
+
+
+def test_script_chars_counts_latin_letters_with_diacritics_only() -> None:
+    assert script_chars("plain ASCII text") == (0, 0, 0)
+    assert script_chars("Zażółć gęślą jaźń") == (0, 0, 9)
+    assert script_chars("Tiếng Việt, Čeština, Română: ș ț") == (0, 0, 8)
+    # signs of the same blocks are not letters: × ÷ and Latin-1 punctuation
+    assert script_chars("3 × 4 ÷ 2 « » ¿ © °") == (0, 0, 0)
+
+
+def test_polish_text_costs_the_latin_ext_factor_for_claude() -> None:
+    """Polish costs Claude about 1.19 / 1.09 of English per o200k token (measured on the
+    Polish seed paragraphs); before the Latin-ext class it was counted like English."""
+    claude = TokenCounter("claude-sonnet-4-5")
+    factors = SCRIPT_FACTORS["claude"]
+    assert factors.latin_ext > factors.latin
+    polish = claude.count_text(POLISH) / _o200k(POLISH)
+    english = claude.count_text(ENGLISH) / _o200k(ENGLISH)
+    assert english == pytest.approx(factors.latin, abs=0.01)  # English unchanged
+    assert polish == pytest.approx(factors.latin_ext, abs=0.02)
+    assert polish / english == pytest.approx(factors.latin_ext / factors.latin, abs=0.02)
+    # one accented name in English text adds a little, not the Polish surcharge
+    named = ENGLISH.replace("Kyiv", "Kraków")
+    assert claude.count_text(named) - claude.count_text(ENGLISH.replace("Kyiv", "Krakow")) > 0
+    assert claude.count_text(named) / _o200k(named) < factors.latin + 0.03
+    # Llama 3 is charged its own measured surcharge
+    llama = TokenCounter("llama-3.1-70b")
+    ratio = llama.count_text(POLISH) / _o200k(POLISH)
+    assert ratio == pytest.approx(SCRIPT_FACTORS["llama"].latin_ext, abs=0.02)
 
 
 def test_openai_counts_ignore_scripts() -> None:
-    chat = [{"role": "user", "content": UKRAINIAN}, {"role": "assistant", "content": CHINESE}]
+    chat = [
+        {"role": "user", "content": UKRAINIAN},
+        {"role": "assistant", "content": CHINESE},
+        {"role": "user", "content": POLISH},
+    ]
     for model, encoding in (("gpt-4o", "o200k_base"), ("gpt-4", "cl100k_base")):
         assert count_tokens(chat, model=model) == cookbook_count(chat, encoding)
     assert TokenCounter("gpt-4o").scripts is None
@@ -335,13 +373,12 @@ def test_a_models_own_factor_is_the_latin_factor_and_a_floor_for_other_scripts()
     registry = Registry.builtin().with_overrides(OPUS_47)
     newer = TokenCounter("claude-opus-4-7", registry=registry)
     assert newer.scripts is not None
-    assert (newer.scripts.latin, newer.scripts.cyrillic, newer.scripts.cjk) == (1.46, 1.46, 1.46)
+    assert newer.scripts == ScriptFactors(1.46, 1.46, 1.46, 1.46)
     assert newer.count_text(UKRAINIAN) == -(-_o200k(UKRAINIAN) * 146 // 100)
     cheap = Registry.builtin().with_overrides(OPUS_47.replace("1.46", "1.0"))
     low = TokenCounter("claude-opus-4-7", registry=cheap)
-    assert low.scripts == ScriptFactors(
-        1.0, SCRIPT_FACTORS["claude"].cyrillic, SCRIPT_FACTORS["claude"].cjk
-    )
+    claude = SCRIPT_FACTORS["claude"]
+    assert low.scripts == ScriptFactors(1.0, claude.cyrillic, claude.cjk, claude.latin_ext)
     assert low.count_text(ENGLISH) == _o200k(ENGLISH)
     assert low.count_text(UKRAINIAN) > _o200k(UKRAINIAN) * 1.25
     # differing estimates keep differing session count keys
@@ -352,7 +389,14 @@ def test_a_models_own_factor_is_the_latin_factor_and_a_floor_for_other_scripts()
 def test_session_count_keys_name_every_script_factor() -> None:
     """Counts stored before the per-script factors (key ``...claudex1.09``) no longer
     match, so a session counts those messages again instead of using the lower figure."""
-    assert count_key(TokenCounter.for_model("claude-sonnet-4-5")) == (
-        "o200k_base~claudex1.09/1.31/1.36"
-    )
+    sonnet = TokenCounter("claude-sonnet-4-5")
+    assert count_key(sonnet) == "o200k_base~claudex1.09/1.31/1.36/1.19"
     assert count_key(TokenCounter.for_model("gpt-4o")) == "o200k_base"
+    # counts stored before the Latin-ext factor (``.../1.31/1.36``) are counted again, and
+    # a counter differing only in that factor keeps its own counts
+    assert sonnet.scripts is not None
+    other = TokenCounter("claude-sonnet-4-5")
+    other.scripts = dataclasses.replace(sonnet.scripts, latin_ext=sonnet.scripts.latin)
+    assert count_key(other) == "o200k_base~claudex1.09/1.31/1.36/1.09"
+    assert len({count_key(sonnet), count_key(other), "o200k_base~claudex1.09/1.31/1.36"}) == 3
+    assert count_key(TokenCounter("mistral-large")) == "o200k_base~mistralx1.15"

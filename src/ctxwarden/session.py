@@ -114,12 +114,13 @@ class SummaryWrite:
 
 def count_key(counter: TokenCounter) -> str:
     """The key under which a counter's per-message counts are stored: the encoding for
-    exact counts, plus the family and its Latin / Cyrillic / CJK factors for estimates
-    (they differ per model; counts stored under another key are counted again)."""
+    exact counts, plus the family and its Latin / Cyrillic / CJK / Latin-with-diacritics
+    factors for estimates (they differ per model; counts stored under another key are
+    counted again)."""
     scripts = counter.scripts
-    if scripts is None or counter.factor == 1.0 == scripts.cyrillic == scripts.cjk:
+    per_script = () if scripts is None else tuple(vars(scripts).values())
+    if scripts is None or set(per_script) == {1.0}:
         return counter.encoding_name
-    per_script = (scripts.latin, scripts.cyrillic, scripts.cjk)
     factors = (
         f"{scripts.latin:g}"
         if len(set(per_script)) == 1

@@ -3,8 +3,8 @@
 ``python -m ctxwarden.bench.calibrate`` counts a fixed corpus with every offline tokenizer
 it can import and prints, per family and per kind of text, the ratio
 ``family tokens / o200k_base tokens`` (pooled: total over total). tokens.py estimates a
-non-OpenAI model's Latin, Cyrillic and CJK text as o200k_base × that script's factor, so
-these ratios *are* the factors.
+non-OpenAI model's Latin, Cyrillic, CJK and Latin-with-diacritics text as o200k_base ×
+that class's factor, so these ratios *are* the factors.
 
 The tokenizers are benchmark tools, not dependencies of ctxwarden: each is imported lazily
 and a missing one is skipped with a note saying what to install. None downloads anything at
@@ -33,9 +33,10 @@ bench scripts) plus the built-in code samples give the *Latin* factor; the built
 Cyrillic (Ukrainian/Russian) and CJK (Chinese/Japanese) samples below, extended by
 :func:`script_samples` (the seed articles' Ukrainian and Russian paragraphs from
 ``../shared/seeds``, and the Chinese, Japanese, Russian and Ukrainian texts of Debian's
-MariaDB error messages and GnuPG help when installed), give the Cyrillic and CJK factors
-and :data:`ctxwarden.tokens.O200K_PER_CHAR`. The seeds' Polish paragraphs are shown as
-``latin-ext`` and not used.
+MariaDB error messages and GnuPG help when installed), give the Cyrillic and CJK factors;
+the built-in Polish samples, the seeds' Polish paragraphs and the Polish texts of the same
+Debian files give the ``latin-ext`` one (Latin letters with diacritics); all three give
+:data:`ctxwarden.tokens.O200K_PER_CHAR`.
 
 A factor is a ratio rounded *up* to 2 decimals (:func:`estimate_factor`); a family with two
 tokenizers takes the larger (:func:`script_factors`). Claude changed tokenizer at 4.7, so
@@ -122,6 +123,12 @@ CJK = [
     "予約番号はABC123で、エコノミークラスです。手荷物は一つあります。",
     "担当者が予約を確認し、変更には手数料がかかると説明しました。お客様は了承し、"
     "確認メールが送信されました。",
+]
+LATIN_EXT = [
+    "Dzień dobry! Chciałbym zmienić datę mojego lotu z Warszawy do Krakowa na przyszły "
+    "wtorek. Numer rezerwacji ABC123, bilet w klasie ekonomicznej, jeden bagaż rejestrowany.",
+    "Agent sprawdził rezerwację i poinformował, że zmiana jest możliwa za dopłatą 40 złotych. "
+    "Klient się zgodził i poprosił o przesłanie potwierdzenia na adres e-mail.",
 ]
 
 
@@ -317,7 +324,12 @@ def _locomo_texts(path: Path) -> list[str]:
 
 MYSQL_ERRMSG = Path("/usr/share/mysql/errmsg-utf8.txt")  # MariaDB's error texts per language
 GNUPG_HELP = Path("/usr/share/gnupg")  # GnuPG's translated help (help.<lang>.txt)
-_LATIN_EXTENDED = re.compile(r"[\u00c0-\u024f]")
+LATIN_EXT_LANGS = {"pol": "pl"}
+"""Languages (MariaDB code: GnuPG code) read for the ``latin-ext`` kind: Polish, a seed
+language. Czech and Slovak (MariaDB, GnuPG) were measured too and left out: their denser
+diacritics (3.1-4.0 o200k tokens per diacritic vs Polish 5.6-7.1) would lower
+``O200K_PER_CHAR.latin_ext`` and so the share of a Polish text taken at the factor; with the
+Polish figure a Czech text is taken whole at the factor (Claude 1.13-1.19 measured)."""
 
 
 def dominant_script(text: str) -> str | None:
@@ -326,7 +338,7 @@ def dominant_script(text: str) -> str | None:
     letters = sum(ch.isalpha() for ch in text)
     if not letters:
         return None
-    cyrillic, cjk = script_chars(text)
+    cyrillic, cjk, _ = script_chars(text)
     for script, n in (("cyrillic", cyrillic), ("cjk", cjk)):
         if n >= 0.8 * letters:
             return script
@@ -348,14 +360,20 @@ def _gnupg_help(path: Path) -> list[str]:
     return [p for p in _paragraphs(body) if not p.startswith(".")]
 
 
+def _with_diacritics(texts: Iterable[str]) -> list[str]:
+    return [t for t in texts if dominant_script(t) == "latin" and script_chars(t)[2]]
+
+
 def script_samples(
     seeds: str | Path | None = None,
 ) -> tuple[dict[str, list[str]], list[str]]:
     """Non-English texts found offline, by kind: the seed articles' paragraphs (Ukrainian,
     Russian, Polish) grouped by dominant script, and, when the Debian packages are
-    installed, MariaDB's Chinese/Japanese/Russian/Ukrainian error messages and GnuPG's
-    Chinese/Japanese/Russian help. Kinds: ``cyrillic``, ``cjk``, ``latin-ext`` (Latin
-    paragraphs of the seeds: Polish, with English terms). A note names each missing source."""
+    installed, MariaDB's error messages and GnuPG's help in Chinese, Japanese, Russian
+    (Ukrainian: MariaDB only) and in the :data:`LATIN_EXT_LANGS`. Kinds: ``cyrillic``,
+    ``cjk``, ``latin-ext`` (Latin texts with at least one diacritic: the seeds' Polish
+    paragraphs, with English terms, then the Polish messages and help). A note names each
+    missing source."""
     out: dict[str, list[str]] = {"cyrillic": [], "cjk": [], "latin-ext": []}
     notes = []
     roots = [seeds] if seeds else [os.environ.get("CTXWARDEN_SEEDS"), "../shared/seeds"]
@@ -366,19 +384,23 @@ def script_samples(
         for path in sorted(folder.glob("*.txt")):
             for para in _paragraphs(path.read_text("utf-8")):
                 script = dominant_script(para)
-                if script == "latin" and _LATIN_EXTENDED.search(para):
+                if script == "latin" and script_chars(para)[2]:
                     out["latin-ext"].append(para)
                 elif script in ("cyrillic", "cjk"):
                     out[script].append(para)
     if MYSQL_ERRMSG.is_file():
         out["cjk"] += _mysql_lines(MYSQL_ERRMSG, ("chi", "jpn"))
         out["cyrillic"] += _mysql_lines(MYSQL_ERRMSG, ("rus", "ukr"))
+        out["latin-ext"] += _with_diacritics(_mysql_lines(MYSQL_ERRMSG, tuple(LATIN_EXT_LANGS)))
     else:
         notes.append(f"{MYSQL_ERRMSG} not found (Debian package mariadb-server)")
-    for lang, script in (("zh_CN", "cjk"), ("zh_TW", "cjk"), ("ja", "cjk"), ("ru", "cyrillic")):
+    help_langs = [("zh_CN", "cjk"), ("zh_TW", "cjk"), ("ja", "cjk"), ("ru", "cyrillic")]
+    help_langs += [(lang, "latin-ext") for lang in LATIN_EXT_LANGS.values()]
+    for lang, script in help_langs:
         path = GNUPG_HELP / f"help.{lang}.txt"
         if path.is_file():
-            out[script] += _gnupg_help(path)
+            texts = _gnupg_help(path)
+            out[script] += _with_diacritics(texts) if script == "latin-ext" else texts
         else:
             notes.append(f"{path} not found (Debian package gnupg-l10n)")
     return out, notes
@@ -388,8 +410,8 @@ def corpus(
     data: str | Path | None = None, seeds: str | Path | None = None
 ) -> tuple[dict[str, list[str]], list[str]]:
     """Texts by kind, and a note for each data file that was not found: tau-bench, LoCoMo,
-    the built-in code, Cyrillic and CJK samples, and :func:`script_samples` added to the
-    last two (plus their ``latin-ext`` kind, shown but not used for a factor)."""
+    the built-in code, Cyrillic, CJK and Latin-with-diacritics samples, and
+    :func:`script_samples` added to the last three."""
     kinds: dict[str, list[str]] = {}
     notes = []
     tau = _find("tau-bench/airline-gpt-4o-dev.json", data)
@@ -404,8 +426,7 @@ def corpus(
         notes.append("LoCoMo file not found (set --data or $CTXWARDEN_DATA)")
     samples, missing = script_samples(seeds)
     kinds.update(code=CODE, cyrillic=CYRILLIC + samples["cyrillic"], cjk=CJK + samples["cjk"])
-    if samples["latin-ext"]:
-        kinds["latin-ext"] = samples["latin-ext"]
+    kinds["latin-ext"] = LATIN_EXT + samples["latin-ext"]
     return kinds, notes + missing
 
 
@@ -430,25 +451,31 @@ def measure(
     return out
 
 
+SCRIPT_KINDS = ("latin", "cyrillic", "cjk", "latin-ext")
+"""The :class:`ctxwarden.tokens.ScriptFactors` fields, in order, as measured kinds."""
+
+
 def script_factors(
     fams: Sequence[Family], table: Mapping[str, Mapping[str, float]]
 ) -> dict[str, ScriptFactors]:
-    """Per family, the Latin / Cyrillic / CJK factors (the largest over its tokenizers, so
-    budgets err safe), as :data:`ctxwarden.tokens.SCRIPT_FACTORS` should hold them."""
+    """Per family, the Latin / Cyrillic / CJK / Latin-with-diacritics factors (the largest
+    over its tokenizers, so budgets err safe), as :data:`ctxwarden.tokens.SCRIPT_FACTORS`
+    should hold them."""
     out: dict[str, ScriptFactors] = {}
     for family in dict.fromkeys(f.family for f in fams if f.for_factor):
         rows = [table[f.tokenizer] for f in fams if f.for_factor and f.family == family]
         out[family] = ScriptFactors(
-            *(max(estimate_factor(r[k]) for r in rows) for k in ("latin", "cyrillic", "cjk"))
+            *(max(estimate_factor(r[k]) for r in rows) for k in SCRIPT_KINDS)
         )
     return out
 
 
 def o200k_per_char(kinds: Mapping[str, Sequence[str]], base: Count) -> ScriptFactors:
-    """o200k tokens per Cyrillic letter (over the ``cyrillic`` kind) and per CJK character
-    (over ``cjk``), rounded up: :data:`ctxwarden.tokens.O200K_PER_CHAR`."""
+    """o200k tokens per Cyrillic letter (over the ``cyrillic`` kind), per CJK character
+    (over ``cjk``) and per Latin letter with a diacritic (over ``latin-ext``), rounded up:
+    :data:`ctxwarden.tokens.O200K_PER_CHAR`."""
     per = []
-    for kind, index in (("cyrillic", 0), ("cjk", 1)):
+    for index, kind in enumerate(SCRIPT_KINDS[1:]):
         chars = sum(script_chars(t)[index] for t in kinds[kind])
         per.append(estimate_factor(sum(map(base, kinds[kind])) / chars))
     return ScriptFactors(1.0, *per)
@@ -514,18 +541,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _print_scripts(scripts: Mapping[str, ScriptFactors], per_char: ScriptFactors) -> None:
-    print("tokens.SCRIPT_FACTORS: measured (latin / cyrillic / cjk) vs the table")
+    print("tokens.SCRIPT_FACTORS: measured (latin / cyrillic / cjk / latin-ext) vs the table")
     for family, m in scripts.items():
         used = SCRIPT_FACTORS.get(family)
-        have = "missing" if used is None else f"{used.latin} / {used.cyrillic} / {used.cjk}"
+        have = "missing" if used is None else _slashed(vars(used).values())
         verdict = "ok" if used == m else "DIFFERS"
-        print(f"  {family:9} {m.latin} / {m.cyrillic} / {m.cjk}   table {have}  {verdict}")
+        print(f"  {family:9} {_slashed(vars(m).values())}   table {have}  {verdict}")
     verdict = "ok" if per_char == O200K_PER_CHAR else "DIFFERS"
-    table = f"{O200K_PER_CHAR.cyrillic} / {O200K_PER_CHAR.cjk}"
+    table = _slashed(list(vars(O200K_PER_CHAR).values())[1:])
     print(
-        f"  o200k tokens per char (cyrillic / cjk): {per_char.cyrillic} / {per_char.cjk}"
-        f"   table {table}  {verdict}"
+        "  o200k tokens per char (cyrillic / cjk / latin-ext): "
+        f"{_slashed(list(vars(per_char).values())[1:])}   table {table}  {verdict}"
     )
+
+
+def _slashed(values: Iterable[float]) -> str:
+    return " / ".join(f"{v:g}" for v in values)
 
 
 def _print_checks(checks: Sequence[RegistryCheck], latin: Mapping[str, float]) -> None:
