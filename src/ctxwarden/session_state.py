@@ -90,23 +90,13 @@ def summary_shown(
     share: float | None,
     count: Callable[[Message], int],
 ) -> tuple[str | None, tuple[str, ...]]:
-    """``(text, warnings)``: the stored ``summary`` as a build shows it.
+    """``(text, warnings)``: the stored ``summary`` as a build shows it
+    (:func:`~ctxwarden.summary_layer.summary_in_share`, as ``build_context`` does)."""
+    from .summary_layer import summary_in_share
 
-    With a ``share`` of the budget and a summariser that can focus, the view for the
-    newest user message in ``history``, within the room ``build_context`` gives it (the
-    share less its heading message, so the two show the same sentences); a share too
-    small for any sentence leaves it out, with a warning (it stays stored). Otherwise
-    the summary as stored."""
-    from .summarize import QueryAwareSummarizer, summary_view
-    from .summary_layer import SUMMARY_HEADING, _newest_user_text
-
-    if not summary or share is None or not isinstance(summarizer, QueryAwareSummarizer):
+    if not summary:
         return summary, ()
-    room = int(budget * share) - count(Message.system(SUMMARY_HEADING))
-    view = summary_view(summarizer, summary, _newest_user_text(history), room)
-    if view:
-        return view, ()
-    return None, (
-        f"summary left out: its share of the budget ({room:,} tokens) holds none of its "
-        "sentences; raise summary.summary_share (the summary stays stored)",
+    view, left_out = summary_in_share(
+        summarizer, summary, history, budget=budget, share=share, count=count
     )
+    return view or None, left_out

@@ -162,18 +162,40 @@ def update_layers(
     facts_text = facts_layer_text(new_state.facts, history)  # headed by render
     summary_text = ""
     if new_state.summary.text:
-        room = None
-        if share is not None:  # the layer (heading and message framing too) within the share
-            room = int(window * share) - count(Message.system(SUMMARY_HEADING))
-        view = summary_view(summarizer, new_state.summary.text, _newest_user_text(history), room)
-        if view:
-            summary_text = SUMMARY_HEADING + view
-        else:
-            warnings.append(
-                f"summary left out: its share of the budget ({room:,} tokens after the "
-                "heading) holds none of its sentences; raise summary.summary_share"
-            )
+        view, left_out = summary_in_share(
+            summarizer, new_state.summary.text, history, budget=window, share=share, count=count
+        )
+        summary_text = SUMMARY_HEADING + view if view else ""
+        warnings.extend(left_out)
     return LayerUpdate(new_state, actions, warnings, usage, facts_text, summary_text)
+
+
+def summary_in_share(
+    summarizer: Any,
+    summary: str,
+    history: Sequence[Message],
+    *,
+    budget: int,
+    share: float | None,
+    count: Callable[[Message], int],
+) -> tuple[str, tuple[str, ...]]:
+    """``(view, warnings)``: the stored ``summary`` as a build shows it (no heading).
+
+    With a ``share`` of the budget and a summariser that can focus, the view for the
+    newest user message in ``history`` within that share, less the heading message; a
+    share too small for any sentence gives ``""`` and a warning (the summary stays
+    stored). Otherwise the summary as stored. Engine builds and sessions both use it,
+    so the two show the same sentences."""
+    room = None
+    if share is not None:  # the layer (heading and message framing too) within the share
+        room = int(budget * share) - count(Message.system(SUMMARY_HEADING))
+    view = summary_view(summarizer, summary, _newest_user_text(history), room)
+    if view:
+        return view, ()
+    return "", (
+        f"summary left out: its share of the budget ({room or 0:,} tokens after the heading) "
+        "holds none of its sentences; raise summary.summary_share (the summary stays stored)",
+    )
 
 
 def facts_layer_text(facts: Facts, history: Sequence[Message]) -> str:
