@@ -34,6 +34,7 @@ __all__ = [
     "extract_entities",
     "extract_from_json",
     "extract_from_text",
+    "parse_json_text",
 ]
 
 
@@ -393,7 +394,8 @@ _CACHE: OrderedDict[tuple[str, str], tuple[Entity, ...]] = OrderedDict()
 _CACHE_MAX = 20_000
 
 
-def _parse_json(text: str) -> tuple[bool, Any]:
+def parse_json_text(text: str) -> tuple[bool, Any]:
+    """``(True, document)`` when ``text`` is a JSON object or array, else ``(False, None)``."""
     stripped = text.strip()
     if not stripped or stripped[0] not in "[{":
         return False, None
@@ -415,7 +417,7 @@ def extract_entities(message: Message) -> list[Entity]:
         _CACHE.move_to_end(key)
         return list(cached)
     found: dict[str, Entity] = {}
-    is_json, data = _parse_json(message.text) if message.role == "tool" else (False, None)
+    is_json, data = parse_json_text(message.text) if message.role == "tool" else (False, None)
     parts = extract_from_json(data, message.id) if is_json else []
     if not is_json and message.text:
         parts = extract_from_text(message.text, message.id)

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from .entities import CATEGORY_TIERS, Entity
 
-__all__ = ["DEFAULT_HEADER", "MAX_ENTRIES", "EntityLedger", "LedgerEntry"]
+__all__ = ["DEFAULT_HEADER", "MAX_ENTRIES", "EntityLedger", "LedgerEntry", "listed"]
 
 
 DEFAULT_HEADER = "Known values from earlier messages (may have been removed from the context):"
@@ -63,7 +63,8 @@ def _cost(table: dict[str, int], count: Callable[[str], int], text: str) -> int:
     return found
 
 
-def _shown(value: str) -> str:
+def listed(value: str) -> str:
+    """A value as a ledger line lists it: quoted when it holds the list's comma."""
     return f'"{value}"' if "," in value else value
 
 
@@ -188,7 +189,7 @@ class EntityLedger:
         groups: dict[str, list[str]] = {}
         for i in sorted(positions):
             e = self.entries[i]
-            groups.setdefault(e.label, []).append(_shown(e.value))
+            groups.setdefault(e.label, []).append(listed(e.value))
         if not groups:
             return ""
         lines = [f"- {label}: {', '.join(values)}" for label, values in groups.items()]
@@ -221,7 +222,7 @@ class EntityLedger:
             e = entries[i]
             step = table.get(e.value)
             if step is None:
-                step = table[e.value] = count(" " + _shown(e.value)) + 1
+                step = table[e.value] = count(" " + listed(e.value)) + 1
             if e.label not in labels:
                 step += _cost(table, count, f"\n- {e.label}:") - 1
             if used + step > max_tokens:

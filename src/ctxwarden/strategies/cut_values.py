@@ -19,7 +19,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ..entities import CATEGORY_TIERS, Entity, extract_entities
+from ..entities import CATEGORY_TIERS, Entity, extract_entities, parse_json_text
+from ..entity_ledger import listed
 from ..messages import Message
 
 __all__ = ["CUT_VALUES_KEY", "with_cut_values"]
@@ -35,12 +36,8 @@ def _lost(original: Message, truncated_text: str) -> list[Entity]:
     return [found[i] for i in order]
 
 
-def _shown(value: str) -> str:
-    return f'"{value}"' if "," in value else value
-
-
 def _note(values: list[str], more: int) -> str:
-    shown = ", ".join(_shown(v) for v in values)
+    shown = ", ".join(listed(v) for v in values)
     return _PREFIX + shown + (f", … {more} more" if more else "")
 
 
@@ -58,16 +55,6 @@ def _attach(truncated_text: str, note: str, doc: Any = None) -> str:
     return f"{truncated_text}\n[{note}]"
 
 
-def _parse(text: str) -> Any:
-    stripped = text.strip()
-    if stripped[:1] not in ("[", "{"):
-        return None
-    try:
-        return json.loads(stripped)
-    except ValueError:
-        return None
-
-
 def with_cut_values(
     original: Message, truncated_text: str, *, max_tokens: int, count: Callable[[str], int]
 ) -> tuple[str, int]:
@@ -82,7 +69,7 @@ def with_cut_values(
     if not lost or max_tokens <= 0:
         return truncated_text, 0
     base = count(truncated_text)
-    doc = _parse(truncated_text)
+    doc = parse_json_text(truncated_text)[1]
     values = [e.value for e in lost]
     slack = 8  # the quotes, key or brackets and newline that attach the note
 
@@ -96,7 +83,7 @@ def with_cut_values(
     room = (max_tokens - slack) * per_token
     best, length = 0, len(_PREFIX)
     for k, value in enumerate(values, 1):
-        length += len(_shown(value)) + (2 if k > 1 else 0)  # ", " between values
+        length += len(listed(value)) + (2 if k > 1 else 0)  # ", " between values
         more = len(values) - k
         if length + (len(f", … {more} more") if more else 0) > room:
             break
