@@ -203,22 +203,29 @@ def _loop(
     }
 
 
+def _in_new_process(*args: str) -> dict[str, Any]:
+    """This module run with ``args`` (one of its child modes) in a new process: its JSON."""
+    out = subprocess.run(
+        [sys.executable, "-m", "ctxwarden.bench.engine_speed", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+def _child_args(mode: str, source: str, n: int, budget: int, seed: int) -> list[str]:
+    return f"--{mode} {n} --budget {budget} --source {source} --seed {seed}".split()
+
+
 def _loop_runs(
     source: str, n: int, budget: int, seed: int, calls: int, runs: int
 ) -> dict[str, Any]:
     """The agent loop in ``runs`` new processes (this machine's speed wanders by tens of
     percent from minute to minute): the median run's figures, and every run's mean."""
-    args = f"--loop-child {n} --budget {budget} --source {source} --seed {seed}".split()
-    rows = []
-    for _ in range(runs):
-        out = subprocess.run(
-            [sys.executable, "-m", "ctxwarden.bench.engine_speed", *args, "--calls", str(calls)],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        rows.append(json.loads(out.stdout))
-    rows.sort(key=lambda r: r["loop_mean_ms"])
+    args = [*_child_args("loop-child", source, n, budget, seed), "--calls", str(calls)]
+    rows = sorted((_in_new_process(*args) for _ in range(runs)), key=lambda r: r["loop_mean_ms"])
     middle = dict(rows[len(rows) // 2])
     middle["loop_means_ms"] = [r["loop_mean_ms"] for r in rows]
     middle["loop_max_input_tokens"] = max(r["loop_max_input_tokens"] for r in rows)
@@ -232,17 +239,8 @@ def _loop_child(source: str, n: int, budget: int, seed: int, calls: int) -> dict
 
 def _fresh_cold(source: str, n: int, budget: int, seed: int, runs: int) -> float:
     """Median cold build time, each in a new process (nothing about the history cached)."""
-    args = f"--fresh-cold {n} --budget {budget} --source {source} --seed {seed}".split()
-    times = []
-    for _ in range(runs):
-        out = subprocess.run(
-            [sys.executable, "-m", "ctxwarden.bench.engine_speed", *args],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        times.append(float(json.loads(out.stdout)["ms"]))
-    return statistics.median(times)
+    args = _child_args("fresh-cold", source, n, budget, seed)
+    return statistics.median(float(_in_new_process(*args)["ms"]) for _ in range(runs))
 
 
 def _fresh_cold_child(source: str, n: int, budget: int, seed: int) -> dict[str, float]:
