@@ -294,15 +294,7 @@ class _Build:
         not read as a full context and fire a summary that the cut makes needless)."""
         tokens = self.count(message)
         cut = self.policy.truncate
-        if (
-            cut is not None
-            and message.role == "tool"
-            and tokens > cut.threshold_tokens
-            and not message.pinned
-            and message.priority != "critical"
-        ):
-            return min(tokens, cut.target_tokens + cut.cut_values_tokens)
-        return tokens
+        return tokens if cut is None else cut.sent_tokens(message, tokens)
 
     def _total(self, messages: Sequence[Message]) -> int:
         return sum(self.count(m) for m in messages)
@@ -359,14 +351,13 @@ class _Build:
         blocks = self._sendable(group_blocks(window, start))
         pinned_tokens = self._total(pinned)
         ledger = LedgerBuilder(self.counter, ledger_cap, self.earlier)
-        ledger_from = self.ledger_from
 
         # Fit: drop oldest blocks (never the newest user message), refilling to a watermark.
         ledger_msg: Message | None = None
         room = 0
         for _ in range(4):
             edited = self._ledger_sources(blocks, originals, start)
-            ledger_msg = ledger.render(h, ledger_from, start, pinned_idx, edited)
+            ledger_msg = ledger.render(h, self.ledger_from, start, pinned_idx, edited)
             room = (
                 self.budget - fixed - pinned_tokens - (self.count(ledger_msg) if ledger_msg else 0)
             )

@@ -543,9 +543,7 @@ class TruncateToolResults:
     ) -> Message:
         """``message`` cut to the target (the same object when nothing is cut);
         ``count_text`` counts the drafts (else ``self.count_text``, else ``count``)."""
-        if message.role != "tool" or not isinstance(message.content, str):
-            return message
-        if message.pinned or message.priority == "critical":
+        if not self._cuttable(message):
             return message
         before = count(message)
         if before <= self.threshold_tokens:
@@ -562,7 +560,7 @@ class TruncateToolResults:
             self.count_text or count_text or (lambda s: count(message.with_content(s)) - overhead)
         )
         text = truncate_by_kind(
-            message.content,
+            message.text,  # the content itself: _cuttable admits string content only
             message.kind,
             target_tokens=max(self.target_tokens - overhead, 1),
             count=count_text,
@@ -584,6 +582,22 @@ class TruncateToolResults:
         if len(_RESULTS) > _RESULTS_MAX:
             _RESULTS.popitem(last=False)
         return cut
+
+    def _cuttable(self, message: Message) -> bool:
+        """A text tool result this strategy may cut (not pinned, not critical)."""
+        return (
+            message.role == "tool"
+            and isinstance(message.content, str)
+            and not message.pinned
+            and message.priority != "critical"
+        )
+
+    def sent_tokens(self, message: Message, tokens: int) -> int:
+        """At most how many tokens ``message`` (``tokens`` long) is sent as once this
+        strategy has run, without cutting it: what the summary triggers count."""
+        if tokens > self.threshold_tokens and self._cuttable(message):
+            return min(tokens, self.target_tokens + self.cut_values_tokens)
+        return tokens
 
     def __call__(self, messages: Sequence[Message], ctx: StrategyContext) -> StrategyResult:
         out: list[Message] = []
