@@ -42,6 +42,11 @@ def _memo_get(history: Sequence[Message], anchor: str, start: int) -> EntityLedg
     return hit[1]
 
 
+def _seed_tag(earlier: EntityLedger | None) -> str:
+    """What tells ledgers grown from different ``earlier`` seeds apart in the memos."""
+    return "" if earlier is None else f"|{earlier.seq}:{len(earlier)}"
+
+
 def _dropped_ledger(
     history: Sequence[Message],
     sys_end: int,
@@ -54,9 +59,7 @@ def _dropped_ledger(
     seed = earlier if earlier is not None else EntityLedger()
     if start <= sys_end:
         return seed
-    anchor = history[sys_end].fingerprint
-    if earlier is not None:  # a different seed is a different ledger
-        anchor += f"|{earlier.seq}:{len(earlier)}"
+    anchor = history[sys_end].fingerprint + _seed_tag(earlier)
     hit = _memo_get(history, anchor, start)
     if hit is not None:
         return hit
@@ -78,14 +81,17 @@ def _dropped_ledger(
 
 # The dropped-only ledger plus the edited originals, per dropped-only ledger: a batch of
 # newly masked results extends the last branch instead of re-adding every masked one.
-_BRANCHES: OrderedDict[int, tuple[EntityLedger, tuple[str, ...], EntityLedger]] = OrderedDict()
+_BRANCHES: OrderedDict[int, tuple[EntityLedger, tuple[tuple[str, str], ...], EntityLedger]] = (
+    OrderedDict()
+)
 
 
-def _with_edited(base: EntityLedger, edited: Sequence[Message]) -> EntityLedger:
-    """``base`` with the values of ``edited`` added, as a side branch (the memo keeps
-    growing the dropped-only ledger), extended from the last branch when ``edited`` only
-    grew at its end."""
-    ids = tuple(f"{m.id}\x00{m.fingerprint}" for m in edited)
+def _with_edited(
+    base: EntityLedger, edited: Sequence[Message], ids: tuple[tuple[str, str], ...]
+) -> EntityLedger:
+    """``base`` with the values of ``edited`` (identified by ``ids``: id and fingerprint)
+    added, as a side branch (the memo keeps growing the dropped-only ledger), extended
+    from the last branch when ``edited`` only grew at its end."""
     hit = _BRANCHES.get(id(base))
     if hit is not None and hit[0] is base and ids[: len(hit[1])] == hit[1]:
         new = edited[len(hit[1]) :]
@@ -112,23 +118,24 @@ class LedgerBuilder:
     def render(
         self,
         history: Sequence[Message],
-        sys_end: int,
+        first: int,
         start: int,
         pinned: Sequence[int],
         edited: Sequence[Message],
     ) -> Message | None:
-        """The ledger message for a window starting at ``start`` (None when empty)."""
+        """The ledger message for a window starting at ``start`` whose sources begin at
+        ``first`` (None when empty)."""
         if self.cap <= 0:
             return None
         key: _RenderKey | None = None
-        if start > sys_end:
-            seed = f"|{self.earlier.seq}:{len(self.earlier)}" if self.earlier is not None else ""
+        edited_ids = tuple((m.id, m.fingerprint) for m in edited)
+        if start > first:
             key = (
-                history[sys_end].fingerprint + seed,
+                history[first].fingerprint + _seed_tag(self.earlier),
                 start,
                 history[start - 1].fingerprint,
                 tuple(pinned),
-                tuple((m.id, m.fingerprint) for m in edited),
+                edited_ids,
                 self.cap,
                 self.counter.model,
             )
@@ -137,9 +144,9 @@ class LedgerBuilder:
                 _RENDERED.move_to_end(key)
                 self.ledger = hit[0]
                 return hit[1]
-        ledger = _dropped_ledger(history, sys_end, start, frozenset(pinned), self.earlier)
+        ledger = _dropped_ledger(history, first, start, frozenset(pinned), self.earlier)
         if edited:
-            ledger = _with_edited(ledger, edited)
+            ledger = _with_edited(ledger, edited, edited_ids)
         self.ledger = ledger
         message = self._message(self.cap - _FRAMING)
         if key is not None:
