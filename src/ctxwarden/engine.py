@@ -210,8 +210,9 @@ def build_context(
     info = _model_info(model, registry)
     budget = policy.budget_for(info.context_window if info else None, max_input_tokens)
     state = _resume(previous, history)
-    build = _Build(history, model, budget, policy, counter, state, summary, facts, tools)
-    build.earlier = earlier_entities
+    build = _Build(
+        history, model, budget, policy, counter, state, summary, facts, tools, earlier_entities
+    )
     if summarizer is not None:
         build.add_layers(summarizer, facts_schema)
     return build.run(info)
@@ -249,6 +250,7 @@ class _Build:
         summary: str | None,
         facts: str | None,
         tools: Sequence[Mapping[str, Any]] | None,
+        earlier: EntityLedger | None = None,
     ):
         self.history, self.model, self.budget, self.policy = history, model, budget, policy
         self.counter, self.state, self.tools = counter, state, tools
@@ -260,7 +262,7 @@ class _Build:
         self.layer_msgs: list[tuple[str, Message]] = []
         self.floor = 0
         self.layer_state: LayerState | None = None
-        self.earlier: EntityLedger | None = None
+        self.earlier = earlier  # the ledger of messages older than ``history``
         self.ledger_from = 0
         self.rejected: set[str] = set()
         if facts:
