@@ -203,28 +203,26 @@ def facts_layer_text(facts: Facts, history: Sequence[Message]) -> str:
     ``_RESTATED_TURNS`` user messages (see the module docstring); ``""`` when empty."""
     if not len(facts):
         return ""
-    recent = _newest_user_ids(history, _RESTATED_TURNS)
+    recent = [m.id for m in _newest_users(history, _RESTATED_TURNS)]
     held = facts.changed_at_each(recent) if len(recent) == _RESTATED_TURNS else frozenset()
     return facts.render(leave_out=held)
 
 
-def _newest_user_ids(history: Sequence[Message], n: int) -> list[str]:
-    """The ids of the newest ``n`` user messages, oldest first (fewer if there are not)."""
-    ids: list[str] = []
+def _newest_users(history: Sequence[Message], n: int) -> list[Message]:
+    """The newest ``n`` user messages, oldest first (fewer if there are not)."""
+    found: list[Message] = []
     for m in reversed(history):
         if m.role == "user":
-            ids.append(m.id)
-            if len(ids) == n:
+            found.append(m)
+            if len(found) == n:
                 break
-    return ids[::-1]
+    return found[::-1]
 
 
 def _newest_user_text(history: Sequence[Message]) -> str | None:
     """The request a build answers: the newest user message's text."""
-    for m in reversed(history):
-        if m.role == "user":
-            return m.text
-    return None
+    newest = _newest_users(history, 1)
+    return newest[0].text if newest else None
 
 
 def _extract_sync(
