@@ -20,6 +20,7 @@ from functools import lru_cache
 from typing import Any
 
 from ctxwarden.build.audit import LAYERS, Audit, BuildState
+from ctxwarden.build.inputs import check_build_arguments
 from ctxwarden.build.pairing import Block, group_blocks
 from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.errors import BudgetError
@@ -203,6 +204,7 @@ def build_context(
     ``registry`` is where ``model`` is looked up (default: the built-in registry plus
     ``CTXWARDEN_MODELS``): a user's model builds with its own window, counts and prices.
     """
+    messages = check_build_arguments(messages, model, max_input_tokens, locals())
     policy = policy or Policy()
     prior = previous.state if isinstance(previous, BuiltContext) else previous
     history = _as_messages(messages, prior.history_length if prior is not None else 0)

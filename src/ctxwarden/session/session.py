@@ -401,8 +401,10 @@ class Session:
         summarised here: :meth:`summarize` writes the summary.
         """
         from ctxwarden.build.engine import build_context
+        from ctxwarden.build.inputs import check_build_options
         from ctxwarden.build.policy import Policy as PolicyClass
 
+        check_build_options(model, policy, kw, session=True)
         model = model or self.model
         policy = policy if policy is not None else (self.policy or PolicyClass())
         try:
