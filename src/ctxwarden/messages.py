@@ -182,10 +182,11 @@ class Message:
             raise InvalidMessageError(
                 f"must be true or false, got {self.pinned!r}", field="ctxwarden.pinned"
             )
-        for name, value in (("meta", self.meta), ("extra", self.extra)):
-            if not isinstance(value, Mapping):
+        for name, mapping in (("meta", self.meta), ("extra", self.extra)):
+            if not isinstance(mapping, Mapping):
                 raise InvalidMessageError(
-                    f"must be an object, got {type(value).__name__}", field=_FIELD.get(name, name)
+                    f"must be an object, got {type(mapping).__name__}",
+                    field=_FIELD.get(name, name),
                 )
         if self.created_at is not None and type(self.created_at) is not float:
             from ctxwarden.formats.checks import parse_created_at  # formats import this module

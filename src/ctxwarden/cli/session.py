@@ -16,7 +16,13 @@ from typing import Annotated, Any
 
 import typer
 
-from ctxwarden.cli._common import RegistryOpt, handle_errors, registry_from
+from ctxwarden.cli._common import (
+    RegistryOpt,
+    SummarizerTimeoutOpt,
+    handle_errors,
+    registry_from,
+    summarizer_spec,
+)
 from ctxwarden.errors import InvalidMessageError
 from ctxwarden.formats.transcript import decode_json, read_text
 
@@ -103,6 +109,7 @@ def build(
     ] = None,
     registry: RegistryOpt = None,
     summarizer: SessionSummarizerOpt = None,
+    summarizer_timeout: SummarizerTimeoutOpt = None,
 ) -> None:
     """Print the context to send (OpenAI messages JSON), read from the store."""
     from ctxwarden.build.policy import Policy
@@ -110,7 +117,8 @@ def build(
 
     loaded = Policy.from_toml(policy) if policy is not None else None
     models = registry_from(registry)
-    chosen = _summarizer(summarizer)[0] if summarizer is not None else None
+    spec = summarizer_spec(summarizer, summarizer_timeout)
+    chosen = _summarizer(spec)[0] if spec is not None else None
     with Session(db, session, tenant=tenant, model=model, registry=models, summarizer=chosen) as s:
         kw: dict[str, Any] = (
             {} if max_input_tokens is None else {"max_input_tokens": max_input_tokens}
@@ -137,13 +145,16 @@ def summarize(
         Path | None, typer.Option("--policy", help="Policy TOML file (its \\[summary] trigger).")
     ] = None,
     registry: RegistryOpt = None,
+    summarizer_timeout: SummarizerTimeoutOpt = None,
 ) -> None:
     """Fold what the policy's summary trigger says into the stored summary and facts."""
     from ctxwarden.build.policy import Policy
     from ctxwarden.session.session import Session
 
     trigger = (Policy.from_toml(policy) if policy is not None else Policy()).summary
-    chosen, extractor = _summarizer(summarizer or "offline")
+    chosen, extractor = _summarizer(
+        summarizer_spec(summarizer or "offline", summarizer_timeout) or "offline"
+    )
     models = registry_from(registry)
     with Session(db, session, tenant=tenant, model=model, registry=models) as s:
         written = s.summarize_sync(chosen, extractor, trigger=trigger)
