@@ -69,7 +69,7 @@ def _tau(path: Path, progress: Progress, peers: bool) -> dict[str, Any]:
         }
         for name, builder in builders.items():
             r = tau_retention(runs, budget, builder, progress=progress).to_json()
-            strategies[f"{name} @{budget}"] = _priced(r)
+            strategies[f"{name} @{budget}"] = _priced(_with_errors(r, builder))
     return {
         "description": "tau-bench airline: at every tool call, the share of its argument "
         "values (>= 3 characters) seen earlier that are still in the built context, per "
@@ -94,7 +94,7 @@ def _swebench(path: Path, progress: Progress, peers: bool) -> dict[str, Any]:
         }
         for name, builder in builders.items():
             r = swebench_retention(runs, budget, builder, progress=progress).to_json()
-            strategies[f"{name} @{budget}"] = _priced(r)
+            strategies[f"{name} @{budget}"] = _priced(_with_errors(r, builder))
     return {
         "description": "swebench-mini (a bash coding agent): at every command, the share of "
         "its needed-later tokens (paths, dotted names, identifiers seen earlier; data "
@@ -105,11 +105,20 @@ def _swebench(path: Path, progress: Progress, peers: bool) -> dict[str, Any]:
 
 
 def _peer_builders(peers: bool) -> dict[str, Any]:
+    """Fresh peer builders (one set per budget, so their error counts are per row)."""
     if not peers:
         return {}
     from ctxwarden.bench.peers import peer_builders
 
-    return peer_builders()
+    return dict(peer_builders())
+
+
+def _with_errors(row: dict[str, Any], builder: Any) -> dict[str, Any]:
+    """A peer's row also says how often it raised (the history was then sent as is)."""
+    if hasattr(builder, "errors"):
+        row["errors"] = builder.errors
+        row["error_examples"] = list(builder.error_examples)
+    return row
 
 
 def _locomo(path: Path, progress: Progress, summarizer: BenchSummarizer) -> dict[str, Any]:
