@@ -77,7 +77,7 @@ def load_replay() -> Replay:
     runs = json.loads(TAU_BENCH.read_text("utf-8"))
     long_runs = [r["traj"] for r in runs if len(r["traj"]) >= 60]
     traj = max(long_runs, key=lambda t: sum(m["role"] == "tool" for m in t))
-    trace = [*traj, {"role": "assistant", "content": CLOSING}]
+    trace = _unique_call_ids([*traj, {"role": "assistant", "content": CLOSING}])
     replay = Replay(system=trace[0]["content"], users=[], steps=[], trace=trace)
     outputs: dict[tuple[str, str], deque[str]] = defaultdict(deque)
     calls_by_id: dict[str, tuple[str, dict[str, Any]]] = {}
@@ -90,13 +90,36 @@ def load_replay() -> Replay:
             replay.steps[-1].append(step)
             replay.needed.append(_needed(step, trace[1:k]))
             for c in step.calls:
-                calls_by_id[c["id"]] = (c["function"]["name"], json.loads(c["function"]["arguments"]))
+                calls_by_id[c["id"]] = (
+                    c["function"]["name"],
+                    json.loads(c["function"]["arguments"]),
+                )
         else:
             name, args = calls_by_id[m["tool_call_id"]]
             outputs[(name, _canonical(args))].append(m["content"])
     replay.outputs = dict(outputs)
     assert len(traj) >= 60 and sum(m["role"] == "tool" for m in traj) >= 20
     return replay
+
+
+def _unique_call_ids(trace: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The trace with each reused tool-call id (the recording repeats some) made unique,
+    in the call and its result: frameworks reject a completed call id used again."""
+    seen: set[str] = set()
+    renamed: dict[str, str] = {}
+    out = []
+    for k, m in enumerate(trace):
+        m = json.loads(json.dumps(m))
+        if m.get("tool_calls"):
+            renamed = {}
+            for c in m["tool_calls"]:
+                if c["id"] in seen:
+                    renamed[c["id"]] = c["id"] = f"{c['id']}-{k}"
+                seen.add(c["id"])
+        elif m["role"] == "tool":
+            m["tool_call_id"] = renamed.get(m["tool_call_id"], m["tool_call_id"])
+        out.append(m)
+    return out
 
 
 def _leaves(obj: Any, key: str | None = None) -> list[tuple[str | None, Any]]:
@@ -126,7 +149,9 @@ def _needed(step: Step, before: list[dict[str, Any]]) -> list[str]:
 
 
 def context_words(messages: Sequence[Message]) -> set[str]:
-    return _words([m.text for m in messages] + [c.arguments for m in messages for c in m.tool_calls])
+    return _words(
+        [m.text for m in messages] + [c.arguments for m in messages for c in m.tool_calls]
+    )
 
 
 def check_model_calls(
@@ -206,4 +231,3 @@ def test_a_missing_extra_names_itself(module: str, blocked: str, extra: str) -> 
     out = _run(code)
     assert out.returncode == 0, out.stderr
     assert f"pip install 'ctxwarden[{extra}]'" in out.stdout
-

@@ -71,7 +71,10 @@ def _scripted(replay: Replay) -> ScriptedChatModel:
     script = [
         AIMessage(
             content=s.text or "",
-            tool_calls=[{"name": n, "args": a, "id": c["id"]} for (n, a), c in zip(s.call_args, s.calls)],
+            tool_calls=[
+                {"name": n, "args": a, "id": c["id"]}
+                for (n, a), c in zip(s.call_args, s.calls, strict=True)
+            ],
             id=f"ai-{uuid.uuid4()}",
         )
         for s in replay.script()
@@ -118,22 +121,26 @@ def _run(
 @pytest.mark.parametrize("use_async", [False, True], ids=["invoke", "ainvoke"])
 def test_tau_bench_replay_through_create_agent(use_async: bool) -> None:
     replay, model, middleware, state = _run(use_async)
-    received = [[message_from_langchain(m, index=i) for i, m in enumerate(c)] for c in model.received]
+    received = [
+        [message_from_langchain(m, index=i) for i, m in enumerate(c)] for c in model.received
+    ]
     check_model_calls(replay, received, model.tool_defs)
     for call in model.received:  # the prompt as LangChain's system message, not in messages
         assert isinstance(call[0], SystemMessage)
         assert not any(isinstance(m, SystemMessage) for m in call[1:])
     # the graph state keeps everything, with the system prompt outside it
-    check_full_history(replay, [message_from_langchain(SystemMessage(replay.system))] + [
-        message_from_langchain(m, index=i) for i, m in enumerate(state)
-    ])
+    check_full_history(
+        replay,
+        [message_from_langchain(SystemMessage(replay.system))]
+        + [message_from_langchain(m, index=i) for i, m in enumerate(state)],
+    )
     check_audit(middleware.last_audit)
     assert middleware.last_build is not None
     assert middleware.last_build.audit is middleware.last_audit
 
 
 def test_a_masked_result_is_a_copy_and_the_state_keeps_the_original() -> None:
-    replay, model, _, state = _run(False)
+    _, model, _, state = _run(False)
     by_id = {m.id: m for m in state}
     copies = same = 0
     for call in model.received:
@@ -154,7 +161,9 @@ def test_with_a_session_every_message_is_stored_once_and_built_from_the_store(
 ) -> None:
     with ctxwarden.Session(f"sqlite:///{tmp_path / 'lc.db'}", "lc-tau") as session:
         replay, model, middleware, state = _run(True, session)
-        received = [[message_from_langchain(m, index=i) for i, m in enumerate(c)] for c in model.received]
+        received = [
+            [message_from_langchain(m, index=i) for i, m in enumerate(c)] for c in model.received
+        ]
         check_model_calls(replay, received, model.tool_defs)
         stored = list(session.messages())
         # the system prompt and every message but the last reply (stored at the next call)
@@ -169,7 +178,10 @@ ROUND_TRIP = [
     HumanMessage(
         [
             {"type": "text", "text": "What is in this picture?"},
-            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA", "detail": "low"}},
+            {
+                "type": "image_url",
+                "image_url": {"url": "data:image/png;base64,AAAA", "detail": "low"},
+            },
             {"type": "image", "base64": "AAAA", "mime_type": "image/png"},
         ],
         id="h1",
