@@ -204,7 +204,7 @@ def test_messages_convert_without_loss(message: BaseMessage) -> None:
     back = message_to_langchain(ours)
     assert type(back) is type(message)
     assert back.model_dump() == message.model_dump()
-    json.dumps(ours.to_openai())  # ours is a valid wire message too
+    json.dumps(ctxwarden.messages_to_openai([ours]))  # ours is a valid wire message too
 
 
 def test_conversion_keeps_tool_calls_ids_and_parts() -> None:

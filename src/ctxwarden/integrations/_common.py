@@ -18,15 +18,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..engine import BuiltContext, build_context
-from ..errors import UsageError
-from ..messages import Message
+from ctxwarden import BuiltContext, build_context
+from ctxwarden.errors import UsageError
+from ctxwarden.messages import Message
 
 if TYPE_CHECKING:
-    from ..audit import Audit
-    from ..policy import Policy
-    from ..session import Session
-    from ..summarize import Summarizer
+    from ctxwarden import Audit, Policy, Session, Summarizer
 
 __all__ = ["ContextBuilder", "layer_text", "split_system", "stable_id"]
 

@@ -25,9 +25,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import InvalidMessageError
-from ..messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
-from ._common import stable_id
+from ctxwarden.errors import InvalidMessageError
+from ctxwarden.integrations._common import stable_id
+from ctxwarden.messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
 
 __all__ = ["item_dict", "items_from_message", "messages_from_items"]
 

@@ -32,9 +32,15 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
-from ..errors import InvalidMessageError, MissingDependencyError
-from ..messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
-from ._common import ContextBuilder, is_layer, layer_text, split_system, stable_id
+from ctxwarden.errors import InvalidMessageError, MissingDependencyError
+from ctxwarden.integrations._common import (
+    ContextBuilder,
+    is_layer,
+    layer_text,
+    split_system,
+    stable_id,
+)
+from ctxwarden.messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
 
 try:
     from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
@@ -54,11 +60,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise MissingDependencyError("ctxwarden.integrations.langchain", "langchain") from exc
 
 if TYPE_CHECKING:
-    from ..audit import Audit
-    from ..engine import BuiltContext
-    from ..policy import Policy
-    from ..session import Session
-    from ..summarize import Summarizer
+    from ctxwarden import Audit, BuiltContext, Policy, Session, Summarizer
 
 __all__ = ["ContextMiddleware", "message_from_langchain", "message_to_langchain"]
 

@@ -27,10 +27,15 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..errors import MissingDependencyError
-from ..messages import Message
-from ._common import ContextBuilder, is_layer, layer_text, split_system
-from ._responses import META, item_dict, items_from_message, messages_from_items
+from ctxwarden.errors import MissingDependencyError
+from ctxwarden.integrations._common import ContextBuilder, is_layer, layer_text, split_system
+from ctxwarden.integrations._responses import (
+    META,
+    item_dict,
+    items_from_message,
+    messages_from_items,
+)
+from ctxwarden.messages import Message
 
 try:
     from agents import FunctionTool
@@ -41,10 +46,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise MissingDependencyError("ctxwarden.integrations.openai_agents", "openai-agents") from exc
 
 if TYPE_CHECKING:
-    from ..audit import Audit
-    from ..engine import BuiltContext
-    from ..policy import Policy
-    from ..summarize import Summarizer
+    from ctxwarden import Audit, BuiltContext, Policy, Summarizer
 
 __all__ = ["ContextFilter", "CtxwardenSession", "context_filter", "messages_from_items"]
 
@@ -140,7 +142,7 @@ class CtxwardenSession:
         session_settings: SessionSettings | None = None,
         model: str = "gpt-4o",
     ) -> None:
-        from ..session import Session
+        from ctxwarden import Session
 
         self.session_id = session_id
         self.session_settings = session_settings

@@ -33,9 +33,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
-from ..errors import MissingDependencyError
-from ..messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
-from ._common import ContextBuilder, is_layer, stable_id
+from ctxwarden.errors import MissingDependencyError
+from ctxwarden.integrations._common import ContextBuilder, is_layer, stable_id
+from ctxwarden.messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
 
 try:
     from pydantic_ai import messages as pm
@@ -46,10 +46,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise MissingDependencyError("ctxwarden.integrations.pydantic_ai", "pydantic-ai") from exc
 
 if TYPE_CHECKING:
-    from ..audit import Audit
-    from ..engine import BuiltContext
-    from ..policy import Policy
-    from ..summarize import Summarizer
+    from ctxwarden import Audit, BuiltContext, Policy, Summarizer
 
 __all__ = ["ContextCapability", "HistoryProcessor", "history_processor", "messages_from_pydantic"]
 
