@@ -11,6 +11,8 @@ last tool result so the loop can end.
 
 from __future__ import annotations
 
+import ast
+import importlib
 import json
 import re
 import subprocess
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from conftest import TAU_BENCH
+from conftest import REPO, TAU_BENCH
 
 import ctxwarden
 from ctxwarden import Message, TokenCounter, pairing_problems, validate_pairing
@@ -231,3 +233,26 @@ def test_a_missing_extra_names_itself(module: str, blocked: str, extra: str) -> 
     out = _run(code)
     assert out.returncode == 0, out.stderr
     assert f"pip install 'ctxwarden[{extra}]'" in out.stdout
+
+
+# -- the docs pages -------------------------------------------------------------------------
+
+DOCS = sorted((REPO / "docs" / "integrations").glob("*.md"))
+
+
+def test_there_is_a_docs_page_per_framework_and_the_readme_links_it() -> None:
+    assert [p.stem for p in DOCS] == ["langchain", "openai-agents", "pydantic-ai"]
+    readme = (REPO / "README.md").read_text("utf-8")
+    assert all(f"docs/integrations/{p.name}" in readme for p in DOCS)
+
+
+@pytest.mark.parametrize("page", DOCS, ids=lambda p: p.stem)
+def test_docs_examples_parse_and_import_what_exists(page: Any) -> None:
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text("utf-8"), re.S)
+    assert blocks
+    for code in blocks:
+        tree = ast.parse(code)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ctxwarden"):
+                module = importlib.import_module(node.module or "")
+                assert all(hasattr(module, a.name) for a in node.names), node.module
