@@ -166,7 +166,7 @@ def check_model_calls(
     counter = TokenCounter.for_model(MODEL)
     assert len(received) == len(replay.script())
     for k, ctx in enumerate(received):
-        assert ctx[0].role == "system" and ctx[0].text.startswith(replay.system), k
+        assert ctx[0].role == "system" and ctx[0].text.startswith(replay.system.strip()), k
         assert pairing_problems(ctx) == [], k
         validate_pairing(ctx, allow_pending_tail=False)
         assert ctx[-1].role in ("user", "tool"), k

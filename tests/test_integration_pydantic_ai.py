@@ -87,16 +87,16 @@ def _ours(messages: list[ModelMessage]) -> list[Message]:
 
 
 async def _replay(
-    capability: Any,
+    capability: Any, prompt: str = "system_prompt"
 ) -> tuple[Replay, list[list[ModelMessage]], list[AgentInfo], list[ModelMessage]]:
     replay = load_replay()
     received: list[list[ModelMessage]] = []
     infos: list[AgentInfo] = []
     agent = Agent(
         _model(replay, received, infos),
-        system_prompt=replay.system,
         tools=_tools(replay),
         capabilities=[capability],
+        **{prompt: replay.system},
     )
     history: list[ModelMessage] = []
     for user in replay.users:
@@ -120,6 +120,22 @@ async def test_tau_bench_replay_through_agent_run() -> None:
     kept = {id(m) for m in history}
     copies = [m for r in received for m in r if id(m) not in kept]
     assert copies and all(isinstance(m, ModelRequest) for m in copies)
+
+
+async def test_instructions_count_as_the_system_prompt() -> None:
+    ctx = ContextCapability(model=MODEL, max_input_tokens=BUDGET)
+    replay, received, infos, history = await _replay(ctx, prompt="instructions")
+    # pydantic-ai strips the instructions' trailing whitespace
+    assert all(info.instructions == replay.system.strip() for info in infos)
+    sent = [
+        [Message.system(i.instructions or ""), *_ours(r)]
+        for r, i in zip(received, infos, strict=True)
+    ]
+    check_model_calls(replay, sent, _tool_dicts(infos[0]))
+    check_full_history(replay, [Message.system(replay.system), *_ours(history)])
+    check_audit(ctx.last_audit)
+    assert ctx.last_build is not None
+    assert ctx.last_build.messages[0].text == replay.system.strip()
 
 
 async def test_history_processor_in_process_history() -> None:
