@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("agents", reason="needs ctxwarden[openai-agents]")
 
 from agents import Agent, FunctionTool, RunConfig, Runner
+from agents.memory import Session
 from agents.testing import ScriptedModel, assistant_message, function_call
 from openai.types.responses import ResponseReasoningItem
 from openai.types.responses.response_reasoning_item import Summary
@@ -213,6 +214,7 @@ def test_items_convert_to_messages_and_back_as_given() -> None:
 async def test_session_returns_exactly_the_items_it_was_given(db: str, tmp_path: Any) -> None:
     session = CtxwardenSession(f"items-{uuid.uuid4().hex}", db=_db(db, tmp_path))
     try:
+        assert isinstance(session, Session)  # the SDK's runtime-checkable protocol
         assert await session.get_items() == []
         await session.add_items(ITEMS[:5])  # type: ignore[arg-type]
         await session.add_items(ITEMS[5:])  # type: ignore[arg-type]

@@ -34,7 +34,7 @@ from test_integration_common import (
     load_replay,
 )
 
-from ctxwarden import Message
+from ctxwarden import Message, pairing_problems
 from ctxwarden.integrations.pydantic_ai import (
     ContextCapability,
     history_processor,
@@ -173,3 +173,30 @@ def test_conversion_keeps_parts_ids_and_compaction() -> None:
     processor = history_processor(model=MODEL, max_input_tokens=BUDGET)
     out = processor(history)
     assert all(a is b for a, b in zip(out, history, strict=True))
+
+
+def test_a_compaction_survives_a_tight_budget_unchanged() -> None:
+    compaction = ModelResponse(parts=[CompactionPart(content="earlier: user Ann, booking JG7FMM")])
+    history: list[ModelMessage] = [
+        ModelRequest(parts=[SystemPromptPart("be brief"), UserPromptPart("hello")]),
+        compaction,
+    ]
+    for i in range(40):
+        history.append(
+            ModelResponse(parts=[ToolCallPart("lookup", {"i": i}, tool_call_id=f"c{i}")])
+        )
+        history.append(
+            ModelRequest(
+                parts=[ToolReturnPart("lookup", f"result {i} " * 80, tool_call_id=f"c{i}")]
+            )
+        )
+    history.append(ModelRequest(parts=[UserPromptPart("and now?")]))
+    processor = history_processor(model=MODEL, max_input_tokens=1500)
+    out = processor(history)
+    assert any(m is compaction for m in out)
+    assert len(out) < len(history) and {a.action for a in processor.last_audit.actions} & {
+        "dropped",
+        "masked",
+    }
+    ours = _ours(out)
+    assert ours[0].text == "be brief" and pairing_problems(ours) == []
