@@ -146,6 +146,26 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     drop_schema(schema)
 
 
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def module_db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A store shared by one module's tests (each test uses its own session ids)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path_factory.mktemp('svc') / 'service.db'}"
+        return
+    if not PG_DSN:
+        pytest.skip(PG_SKIP)
+    schema = f"ctxw_svc_{uuid.uuid4().hex[:10]}"
+    yield pg_url(schema)
+    drop_schema(schema)
+
+
+def sid() -> str:
+    """A fresh client session id."""
+    return f"chat-{uuid.uuid4().hex[:10]}"
+
+
 def sse(name: str | None, data: dict[str, Any]) -> str:
     head = f"event: {name}\n" if name else ""
     return f"{head}data: {json.dumps(data)}\n\n"

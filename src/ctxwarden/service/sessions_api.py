@@ -156,6 +156,7 @@ async def messages(
     tenant: Tenant = Depends(authenticate),
     limit: int = Query(100, ge=1, le=1000),
     offset: int = Query(0, ge=0),
+    meta: bool = Query(False, description="Add our metadata (id, partial...) as 'ctxwarden'."),
 ) -> Any:
     """The stored messages, oldest first, as OpenAI chat dicts (system prompt included)."""
     hub = hub_of(request)
@@ -165,7 +166,8 @@ async def messages(
         rows = hub.store.range(tenant.name, session_id, offset, offset + limit)
         total = session.record.next_seq
         nxt = offset + limit if offset + limit < total else None
-        return {"messages": [message_to_openai(r.message) for r in rows], "next_offset": nxt}
+        out = [message_to_openai(r.message, with_meta=meta) for r in rows]
+        return {"messages": out, "next_offset": nxt}
 
     return await _run(page)
 
