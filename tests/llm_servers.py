@@ -9,7 +9,6 @@ gives a ``responder`` that answers from the request (a fake model), and then ins
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 from collections import deque
@@ -70,6 +69,7 @@ class ScriptedServer:
     def __init__(self, responder: Callable[[Recorded], Reply] | None = None) -> None:
         self.responder = responder
         self.requests: list[Recorded] = []
+        self.aborted: list[Recorded] = []  # replies the client hung up on mid-way
         self._replies: deque[Reply] = deque()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -118,11 +118,14 @@ class ScriptedServer:
                 length = int(self.headers.get("content-length") or 0)
                 body = self.rfile.read(length)
                 headers = {k.lower(): v for k, v in self.headers.items()}
-                reply = server._next(Recorded("POST", self.path, headers, body))
+                recorded = Recorded("POST", self.path, headers, body)
+                reply = server._next(recorded)
                 if reply.delay and server._stopping.wait(reply.delay):
                     return
-                with contextlib.suppress(OSError):  # the client gave up (timeout)
+                try:
                     self._send(reply)
+                except OSError:  # the client gave up (a timeout, a cancelled stream)
+                    server.aborted.append(recorded)
 
             do_GET = do_POST
 

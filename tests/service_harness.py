@@ -118,6 +118,8 @@ class ProxyServer:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)
+        if self.proc.stderr:
+            self.proc.stderr.close()
 
 
 def pg_url(schema: str) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx2
@@ -44,11 +44,14 @@ class Env:
     upstream: ScriptedServer
     key: str
     other_key: str
+    clients: dict[str, openai.OpenAI] = field(default_factory=dict)
 
-    def client(self, key: str | None = None, **kw: Any) -> openai.OpenAI:
-        return openai.OpenAI(
-            base_url=self.proxy.url + "/v1", api_key=key or self.key, max_retries=0, **kw
-        )
+    def client(self, key: str | None = None) -> openai.OpenAI:
+        key = key or self.key
+        if key not in self.clients:
+            url = self.proxy.url + "/v1"
+            self.clients[key] = openai.OpenAI(base_url=url, api_key=key, max_retries=0)
+        return self.clients[key]
 
     def stored(self, session: str, key: str | None = None, **q: Any) -> list[dict[str, Any]]:
         query = "&".join(f"{k}={v}" for k, v in q.items())
@@ -69,9 +72,12 @@ def env(module_db: str) -> Iterator[Env]:
         upstream=upstream.url + "/v1",
         extra=("--max-body-mb", "1", "--upstream-timeout", "1.5"),
     )
+    env = Env(proxy, upstream, key, other)
     try:
-        yield Env(proxy, upstream, key, other)
+        yield env
     finally:
+        for client in env.clients.values():
+            client.close()
         proxy.stop()
         upstream.stop()
 

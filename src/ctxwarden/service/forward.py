@@ -41,6 +41,7 @@ __all__ = ["ProxyStream", "StreamReader", "Wire", "forward"]
 
 class StreamReader(Protocol):
     tokens_seen: bool
+    finished: bool  # the stream's own end marker arrived ([DONE], message_stop)
 
     def frame(self, frame: bytes) -> bytes | None:
         """Account for one frame; return what the client gets (``None``: drop it)."""
@@ -154,6 +155,7 @@ class _Relay:
         self.reader = wire.reader()
         self.ended = False  # upstream's stream ended normally
         self.failure: str | None = None
+        self.stored = False
 
     async def chunks(self) -> AsyncIterator[bytes]:
         splitter = FrameSplitter()
@@ -165,6 +167,11 @@ class _Relay:
                     timed = True
                     ttft = time.perf_counter() - self.sent
                     self.hub.metrics.ttft_seconds.labels(self.wire.api).observe(ttft)
+                if self.reader.finished and not self.stored:
+                    # store the reply before the client sees the end marker, so a client
+                    # that has the whole reply finds it stored (read your writes)
+                    with anyio.CancelScope(shield=True):
+                        await self._store(complete=True, status=None)
                 if kept:
                     yield b"".join(kept)
             rest = splitter.rest()
@@ -180,17 +187,19 @@ class _Relay:
         """Close upstream (cancelling it if still running), store what arrived, unlock."""
         try:
             await self.response.aclose()
-            reply, usage, status = self.reader.result(self.ended and delivered)
-            if not delivered:
-                status = "client_disconnected"
-            elif self.failure:
-                status = self.failure
-            self.hub.metrics.upstream_seconds.labels(self.wire.api).observe(
-                time.perf_counter() - self.sent
-            )
-            await _finish(self.hub, self.prepared, reply, usage, status)
+            if not self.stored:
+                status = None if delivered else "client_disconnected"
+                await self._store(complete=self.ended and delivered, status=status or self.failure)
         finally:
             await self.stack.aclose()
+
+    async def _store(self, *, complete: bool, status: str | None) -> None:
+        self.stored = True
+        reply, usage, own = self.reader.result(complete)
+        self.hub.metrics.upstream_seconds.labels(self.wire.api).observe(
+            time.perf_counter() - self.sent
+        )
+        await _finish(self.hub, self.prepared, reply, usage, status or own)
 
 
 class ProxyStream(Response):

@@ -71,6 +71,10 @@ class _Reader:
     def tokens_seen(self) -> bool:
         return self.reply.tokens_seen
 
+    @property
+    def finished(self) -> bool:
+        return self.reply.done
+
     def frame(self, frame: bytes) -> bytes | None:
         _, data = parse_frame(frame)
         if data is None:
