@@ -283,7 +283,9 @@ def openai_tool_stream(
     payloads = [chunk({"role": "assistant", "content": None})]
     for index, (cid, name, args) in enumerate(calls):
         first = {"index": index, "id": cid, "type": "function"}
-        payloads.append(chunk({"tool_calls": [{**first, "function": {"name": name, "arguments": ""}}]}))
+        payloads.append(
+            chunk({"tool_calls": [{**first, "function": {"name": name, "arguments": ""}}]})
+        )
         text = json.dumps(args)
         step = max(1, -(-len(text) // pieces))
         for i in range(0, len(text), step):

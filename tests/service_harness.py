@@ -151,7 +151,9 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 @pytest.fixture(
     scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 )
-def module_db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def module_db(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     """A store shared by one module's tests (each test uses its own session ids)."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path_factory.mktemp('svc') / 'service.db'}"
@@ -173,54 +175,63 @@ def sse(name: str | None, data: dict[str, Any]) -> str:
     return f"{head}data: {json.dumps(data)}\n\n"
 
 
+def _block(index: int, block: dict[str, Any]) -> str:
+    return sse("content_block_start", {"type": "content_block_start", "index": index,
+                                       "content_block": block})  # fmt: skip
+
+
+def _delta(index: int, delta: dict[str, Any]) -> str:
+    return sse("content_block_delta", {"type": "content_block_delta", "index": index,
+                                       "delta": delta})  # fmt: skip
+
+
+def _stop(index: int) -> str:
+    return sse("content_block_stop", {"type": "content_block_stop", "index": index})
+
+
 def anthropic_rich_stream(
-    *, text: str, tool: tuple[str, str, dict[str, Any]] | None, thinking: str = "", error: bool = False
+    *,
+    text: str,
+    tool: tuple[str, str, dict[str, Any]] | None,
+    thinking: str = "",
+    error: bool = False,
 ) -> list[str]:
     """An Anthropic stream with a thinking block (thinking and signature deltas), a
     ``ping``, a text block, optionally a ``tool_use`` block streamed as
     ``input_json_delta`` pieces, usage split over ``message_start`` and
     ``message_delta``; or cut by ``event: error`` after the first text delta."""
-    start = {
-        "id": "msg_rich", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
-        "content": [], "stop_reason": None, "stop_sequence": None,
-        "usage": {"input_tokens": 120, "output_tokens": 1, "cache_read_input_tokens": 40,
-                  "cache_creation_input_tokens": 10},
-    }  # fmt: skip
+    usage = {"input_tokens": 120, "output_tokens": 1, "cache_read_input_tokens": 40,
+             "cache_creation_input_tokens": 10}  # fmt: skip
+    start = {"id": "msg_rich", "type": "message", "role": "assistant", "model": "claude",
+             "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}  # fmt: skip
     out = [sse("message_start", {"type": "message_start", "message": start})]
     index = 0
     if thinking:
-        out.append(sse("content_block_start", {"type": "content_block_start", "index": 0,
-                   "content_block": {"type": "thinking", "thinking": "", "signature": ""}}))  # fmt: skip
-        out.append(sse("content_block_delta", {"type": "content_block_delta", "index": 0,
-                   "delta": {"type": "thinking_delta", "thinking": thinking}}))  # fmt: skip
-        out.append(sse("content_block_delta", {"type": "content_block_delta", "index": 0,
-                   "delta": {"type": "signature_delta", "signature": "sig-abc"}}))  # fmt: skip
-        out.append(sse("content_block_stop", {"type": "content_block_stop", "index": 0}))
+        out.append(_block(0, {"type": "thinking", "thinking": "", "signature": ""}))
+        out.append(_delta(0, {"type": "thinking_delta", "thinking": thinking}))
+        out.append(_delta(0, {"type": "signature_delta", "signature": "sig-abc"}))
+        out.append(_stop(0))
         index = 1
     out.append(sse("ping", {"type": "ping"}))
-    out.append(sse("content_block_start", {"type": "content_block_start", "index": index,
-               "content_block": {"type": "text", "text": ""}}))  # fmt: skip
+    out.append(_block(index, {"type": "text", "text": ""}))
     half = len(text) // 2
     for piece in (text[:half], text[half:]):
-        out.append(sse("content_block_delta", {"type": "content_block_delta", "index": index,
-                   "delta": {"type": "text_delta", "text": piece}}))  # fmt: skip
+        out.append(_delta(index, {"type": "text_delta", "text": piece}))
         if error:
-            out.append(sse("error", {"type": "error", "error": {"type": "overloaded_error",
-                       "message": "Overloaded"}}))  # fmt: skip
+            overloaded = {"type": "overloaded_error", "message": "Overloaded"}
+            out.append(sse("error", {"type": "error", "error": overloaded}))
             return out
-    out.append(sse("content_block_stop", {"type": "content_block_stop", "index": index}))
+    out.append(_stop(index))
     if tool is not None:
         tid, name, args = tool
         index += 1
-        out.append(sse("content_block_start", {"type": "content_block_start", "index": index,
-                   "content_block": {"type": "tool_use", "id": tid, "name": name, "input": {}}}))  # fmt: skip
+        out.append(_block(index, {"type": "tool_use", "id": tid, "name": name, "input": {}}))
         raw = json.dumps(args)
         for i in range(0, len(raw), 7):
-            out.append(sse("content_block_delta", {"type": "content_block_delta", "index": index,
-                       "delta": {"type": "input_json_delta", "partial_json": raw[i : i + 7]}}))  # fmt: skip
-        out.append(sse("content_block_stop", {"type": "content_block_stop", "index": index}))
-    stop = "tool_use" if tool else "end_turn"
-    out.append(sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop,
-               "stop_sequence": None}, "usage": {"output_tokens": 33}}))  # fmt: skip
+            out.append(_delta(index, {"type": "input_json_delta", "partial_json": raw[i : i + 7]}))
+        out.append(_stop(index))
+    stop = {"stop_reason": "tool_use" if tool else "end_turn", "stop_sequence": None}
+    out.append(sse("message_delta", {"type": "message_delta", "delta": stop,
+                                     "usage": {"output_tokens": 33}}))  # fmt: skip
     out.append(sse("message_stop", {"type": "message_stop"}))
     return out

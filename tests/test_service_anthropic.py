@@ -36,7 +36,9 @@ class Env:
     def client(self, key: str | None = None) -> anthropic.Anthropic:
         key = key or self.key
         if key not in self.clients:
-            self.clients[key] = anthropic.Anthropic(base_url=self.proxy.url, api_key=key, max_retries=0)
+            self.clients[key] = anthropic.Anthropic(
+                base_url=self.proxy.url, api_key=key, max_retries=0
+            )
         return self.clients[key]
 
     def stored(self, session: str, **q: str) -> list[dict[str, Any]]:
@@ -92,7 +94,9 @@ def test_json_call_places_cache_breakpoints_and_stores_the_reply(env: Env) -> No
 
 
 def test_stream_bytes_pass_through_with_event_lines(env: Env) -> None:
-    events = anthropic_rich_stream(text="hello world", tool=("tu_1", "lookup", {"q": "x"}), thinking="hmm")
+    events = anthropic_rich_stream(
+        text="hello world", tool=("tu_1", "lookup", {"q": "x"}), thinking="hmm"
+    )
     env.upstream.reply(Reply(events=events))
     body = {"model": MODEL, "max_tokens": 64, "stream": True,
             "messages": [{"role": "user", "content": "go"}]}  # fmt: skip
@@ -108,9 +112,9 @@ def test_stream_bytes_pass_through_with_event_lines(env: Env) -> None:
 
 def test_stream_through_the_sdk_merges_usage_and_stores_tool_use(env: Env) -> None:
     session = sid()
+    tool = ("tu_9", "lookup", {"id": 9})
     env.upstream.reply(
-        Reply(events=anthropic_rich_stream(text="Looking.", tool=("tu_9", "lookup", {"id": 9}),
-                                           thinking="plan"))  # fmt: skip
+        Reply(events=anthropic_rich_stream(text="Looking.", tool=tool, thinking="p"))
     )
     history: list[dict[str, Any]] = [{"role": "user", "content": "find 9"}]
     with env.client().messages.stream(
@@ -127,13 +131,21 @@ def test_stream_through_the_sdk_merges_usage_and_stores_tool_use(env: Env) -> No
     assert json.loads(stored[-1]["tool_calls"][0]["function"]["arguments"]) == {"id": 9}
     _, detail = env.proxy.get(f"/v1/sessions/{session}", env.key)
     # message_start: 120 input + 40 cache read + 10 cache write; message_delta: 33 output
-    assert detail["usage"] == {"input_tokens": 170, "output_tokens": 33,
-                               "cached_input_tokens": 40, "cache_write_tokens": 10, "calls": 1}  # fmt: skip
+    assert detail["usage"] == {
+        "input_tokens": 170,
+        "output_tokens": 33,
+        "cached_input_tokens": 40,
+        "cache_write_tokens": 10,
+        "calls": 1,
+    }
 
     # the agent echoes the reply and answers the tool: no branch, pairs kept
     history += [
         {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in final.content]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu_9", "content": "ok"}]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "tu_9", "content": "ok"}],
+        },
     ]
     raw = env.client().messages.with_raw_response.create(
         model=MODEL, max_tokens=64, messages=history, extra_headers=hdr(session)
@@ -141,7 +153,9 @@ def test_stream_through_the_sdk_merges_usage_and_stores_tool_use(env: Env) -> No
     assert raw.headers["x-ctxwarden-session"] == session
     sent = env.upstream.requests[-1].json["messages"]
     uses = [b["id"] for t in sent for b in t["content"] if b.get("type") == "tool_use"]
-    results = [b["tool_use_id"] for t in sent for b in t["content"] if b.get("type") == "tool_result"]
+    results = [
+        b["tool_use_id"] for t in sent for b in t["content"] if b.get("type") == "tool_result"
+    ]
     assert uses == results == ["tu_9"]
     assert [m["role"] for m in env.stored(session)] == ["user", "assistant", "tool", "assistant"]
 
@@ -174,7 +188,7 @@ def test_errors_use_the_anthropic_shape(env: Env) -> None:
             extra_headers=hdr(sid()),
         )  # fmt: skip
     assert over.value.status_code == 529
-    with pytest.raises(anthropic.BadRequestError, match="context_budget_too_small|at least"):
+    with pytest.raises(anthropic.BadRequestError, match=r"at least|budget"):
         env.client().messages.create(
             model=MODEL, max_tokens=8, system="Rules. " * 300,
             messages=[{"role": "user", "content": "x"}],

@@ -173,7 +173,7 @@ def test_stream_passes_text_and_strips_the_usage_chunk_it_asked_for(env: Env) ->
 
 def test_streamed_tool_call_deltas_arrive_intact_and_are_stored(env: Env) -> None:
     session = sid()
-    args = {"city": "Paris", "days": [1, 2, 3], "note": "quoted \"text\""}
+    args = {"city": "Paris", "days": [1, 2, 3], "note": 'quoted "text"'}
     env.upstream.reply(Reply(events=openai_tool_stream([("call_w", "weather", args)], pieces=5)))
     history: list[dict[str, Any]] = [{"role": "user", "content": "Weather?"}]
     stream = env.client().chat.completions.create(
@@ -199,7 +199,9 @@ def test_streamed_tool_call_deltas_arrive_intact_and_are_stored(env: Env) -> Non
         {"role": "assistant", "content": None, "tool_calls": stored[-1]["tool_calls"]},
         {"role": "tool", "tool_call_id": "call_w", "content": "sunny"},
     ]
-    env.client().chat.completions.create(model="gpt-4o", messages=history, extra_headers=hdr(session))
+    env.client().chat.completions.create(
+        model="gpt-4o", messages=history, extra_headers=hdr(session)
+    )
     assert env.stored(session)[:-1] == env.stored(session)[:3]
     assert len(env.stored(session)) == 4  # no branch: the echoed call matched
 
@@ -264,7 +266,9 @@ def test_keys_missing_unknown_and_revoked_are_401(env: Env) -> None:
 def test_tenants_are_isolated(env: Env) -> None:
     session = sid()
     env.client().chat.completions.create(
-        model="gpt-4o", messages=[{"role": "user", "content": "acme secret"}], extra_headers=hdr(session)
+        model="gpt-4o",
+        messages=[{"role": "user", "content": "acme secret"}],
+        extra_headers=hdr(session),
     )
     assert env.proxy.get(f"/v1/sessions/{session}", env.other_key)[0] == 404
     assert env.proxy.get(f"/v1/sessions/{session}/messages", env.other_key)[0] == 404
@@ -352,5 +356,9 @@ def test_tool_call_json_reply_round_trip(env: Env) -> None:
         model="gpt-4o", messages=[{"role": "user", "content": "find 7"}], extra_headers=hdr(session)
     )
     call = out.choices[0].message.tool_calls[0]
-    assert (call.id, call.function.name, json.loads(call.function.arguments)) == ("c1", "lookup", {"id": 7})
+    assert (call.id, call.function.name, json.loads(call.function.arguments)) == (
+        "c1",
+        "lookup",
+        {"id": 7},
+    )
     assert env.stored(session)[-1]["tool_calls"][0]["id"] == "c1"

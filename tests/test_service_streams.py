@@ -48,16 +48,20 @@ def test_client_leaving_mid_stream_cancels_upstream_and_stores_the_partial(db_ur
         upstream.reply(slow_stream())
         body = {"model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": "go"}]}
         headers = {"authorization": f"Bearer {key}", "x-ctxwarden-session": session}
-        with httpx2.stream("POST", proxy.url + "/v1/chat/completions", json=body, headers=headers) as r:
+        with httpx2.stream(
+            "POST", proxy.url + "/v1/chat/completions", json=body, headers=headers
+        ) as r:
             seen = b""
             for chunk in r.iter_bytes():
                 seen += chunk
                 if b"w2 " in seen:
                     break  # hang up after three words
-        final = wait_for(lambda: [b for b in builds(proxy, key, session) if b["status"] != "forwarded"])
+        final = wait_for(
+            lambda: [b for b in builds(proxy, key, session) if b["status"] != "forwarded"]
+        )
         assert final[-1]["status"] == "client_disconnected"
         wait_for(lambda: upstream.aborted)  # the proxy closed its upstream call
-        status, page = proxy.get(f"/v1/sessions/{session}/messages?meta=true", key)
+        _, page = proxy.get(f"/v1/sessions/{session}/messages?meta=true", key)
         last = page["messages"][-1]
         assert last["role"] == "assistant" and last["content"].startswith("w0 w1 w2")
         assert last["ctxwarden"]["meta"]["partial"] is True
@@ -164,7 +168,9 @@ def test_concurrent_streaming_clients_lose_nothing(db_url: str) -> None:
         sessions = [sid() for _ in range(clients)]
         try:
             done = await asyncio.wait_for(
-                asyncio.gather(*(_agent(client, s, turns) for s in sessions), return_exceptions=True),
+                asyncio.gather(
+                    *(_agent(client, s, turns) for s in sessions), return_exceptions=True
+                ),
                 timeout=120,
             )
         finally:

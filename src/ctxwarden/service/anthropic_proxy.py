@@ -14,7 +14,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -22,13 +22,12 @@ from ..errors import CtxwardenError
 from ..formats.anthropic import messages_from_anthropic
 from ..messages import Message
 from ..usage import Usage
-from .auth import authenticate, hub_of
+from .auth import CurrentTenant, hub_of
 from .body import max_input_tokens_header, read_json
 from .calls import client_session_id, upstream_for
 from .errors import ServiceError, from_library
 from .forward import forward
 from .history import message_key
-from .hub import Tenant
 from .pipeline import Call, Prepared
 from .sse import AnthropicReply, parse_frame
 
@@ -129,7 +128,7 @@ class AnthropicWire:
 
 
 @router.post("/v1/messages")
-async def messages(request: Request, tenant: Tenant = Depends(authenticate)) -> Response:
+async def messages(request: Request, tenant: CurrentTenant) -> Response:
     """Build the context from the stored session and forward it (see the module)."""
     hub = hub_of(request)
     upstream = upstream_for(request, "anthropic")

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio.to_thread
-from fastapi import Depends, FastAPI
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -23,10 +23,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .._version import __version__
 from ..registry import Registry
 from . import anthropic_proxy, openai_proxy, sessions_api
-from .auth import authenticate, hub_of
+from .auth import CurrentTenant, hub_of
 from .config import ServiceConfig
 from .errors import ServiceError, error_body
-from .hub import Hub, Tenant
+from .hub import Hub
 from .metrics import Metrics
 from .upstream import Upstream, UpstreamFailure
 
@@ -138,7 +138,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         return Response(body, media_type=content_type)
 
     @app.get("/v1/models", tags=["proxy"])
-    async def models(request: Request, tenant: Tenant = Depends(authenticate)) -> Response:
+    async def models(request: Request, tenant: CurrentTenant) -> Response:
         """The upstream's model list when it answers, else the registry's models."""
         upstream = request.app.state.upstreams.get("openai")
         if upstream is not None:

@@ -8,7 +8,10 @@ unknown or revoked key is a 401 in the provider's error shape.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import anyio.to_thread
+from fastapi import Depends
 from starlette.requests import Request
 
 from ..store.service_tables import tenant_by_key_hash
@@ -16,7 +19,7 @@ from .errors import ServiceError
 from .hub import Hub, Tenant
 from .keys import hash_key
 
-__all__ = ["authenticate", "hub_of"]
+__all__ = ["CurrentTenant", "authenticate", "hub_of"]
 
 
 def hub_of(request: Request) -> Hub:
@@ -46,3 +49,7 @@ async def authenticate(request: Request) -> Tenant:
     if record is None:
         raise ServiceError(401, "invalid or revoked API key")
     return hub.tenant(record)
+
+
+CurrentTenant = Annotated[Tenant, Depends(authenticate)]
+"""A route parameter for the calling tenant (a 401 before the route runs otherwise)."""

@@ -40,8 +40,13 @@ __all__ = ["ProxyStream", "StreamReader", "Wire", "forward"]
 
 
 class StreamReader(Protocol):
-    tokens_seen: bool
-    finished: bool  # the stream's own end marker arrived ([DONE], message_stop)
+    @property
+    def tokens_seen(self) -> bool:
+        """A text or tool delta arrived (time to first token)."""
+
+    @property
+    def finished(self) -> bool:
+        """The stream's own end marker arrived (``[DONE]``, ``message_stop``)."""
 
     def frame(self, frame: bytes) -> bytes | None:
         """Account for one frame; return what the client gets (``None``: drop it)."""
@@ -118,9 +123,9 @@ async def _whole(
     except Exception as exc:
         if not upstream.is_transport_error(exc):
             raise
-        status = 504 if upstream.is_timeout(exc) else 502
-        await _finish(hub, prepared, None, None, f"upstream_{status}")
-        raise ServiceError(status, f"upstream failed mid-response: {exc}") from exc
+        code = 504 if upstream.is_timeout(exc) else 502
+        await _finish(hub, prepared, None, None, f"upstream_{code}")
+        raise ServiceError(code, f"upstream failed mid-response: {exc}") from exc
     finally:
         await response.aclose()
     hub.metrics.upstream_seconds.labels(wire.api).observe(time.perf_counter() - sent)

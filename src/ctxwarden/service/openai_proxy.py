@@ -14,7 +14,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -22,13 +22,12 @@ from ..errors import InvalidMessageError
 from ..formats.openai import message_from_openai
 from ..messages import Message
 from ..usage import Usage
-from .auth import authenticate, hub_of
+from .auth import CurrentTenant, hub_of
 from .body import max_input_tokens_header, read_json
 from .calls import client_session_id, upstream_for
 from .errors import ServiceError
 from .forward import forward
 from .history import content_text, wire_key
-from .hub import Tenant
 from .pipeline import Call, Prepared
 from .sse import OpenAIReply, parse_frame
 
@@ -132,7 +131,7 @@ def _derived_parts(messages: list[Any]) -> tuple[str, str]:
 
 
 @router.post("/v1/chat/completions")
-async def chat_completions(request: Request, tenant: Tenant = Depends(authenticate)) -> Response:
+async def chat_completions(request: Request, tenant: CurrentTenant) -> Response:
     """Build the context from the stored session and forward it (see the module)."""
     hub = hub_of(request)
     upstream = upstream_for(request, "openai")

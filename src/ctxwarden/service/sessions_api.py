@@ -8,10 +8,10 @@ answer JSON; the OpenAPI schema (``/openapi.json``) describes them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import anyio.to_thread
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import Response
@@ -20,7 +20,7 @@ from ..errors import CtxwardenError
 from ..formats.openai import message_to_openai
 from ..session import Session
 from ..store.service_tables import delete_session, list_builds
-from .auth import authenticate, hub_of
+from .auth import CurrentTenant, hub_of
 from .errors import ServiceError, from_library
 from .hub import Hub, Tenant
 
@@ -117,14 +117,14 @@ def _info(record: Any) -> dict[str, Any]:
 
 
 @router.get("", response_model=SessionList)
-async def list_all(request: Request, tenant: Tenant = Depends(authenticate)) -> Any:
+async def list_all(request: Request, tenant: CurrentTenant) -> Any:
     hub = hub_of(request)
     records = await _run(hub.store.list_sessions, tenant.name)
     return {"sessions": [_info(r) for r in records]}
 
 
 @router.get("/{session_id}", response_model=SessionDetail)
-async def show(session_id: str, request: Request, tenant: Tenant = Depends(authenticate)) -> Any:
+async def show(session_id: str, request: Request, tenant: CurrentTenant) -> Any:
     hub = hub_of(request)
 
     def detail() -> dict[str, Any]:
@@ -153,10 +153,12 @@ async def show(session_id: str, request: Request, tenant: Tenant = Depends(authe
 async def messages(
     session_id: str,
     request: Request,
-    tenant: Tenant = Depends(authenticate),
-    limit: int = Query(100, ge=1, le=1000),
-    offset: int = Query(0, ge=0),
-    meta: bool = Query(False, description="Add our metadata (id, partial...) as 'ctxwarden'."),
+    tenant: CurrentTenant,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    meta: Annotated[
+        bool, Query(description="Add our metadata (id, partial) as ctxwarden.")
+    ] = False,
 ) -> Any:
     """The stored messages, oldest first, as OpenAI chat dicts (system prompt included)."""
     hub = hub_of(request)
@@ -173,9 +175,7 @@ async def messages(
 
 
 @router.post("/{session_id}/messages", response_model=Appended)
-async def append(
-    session_id: str, body: AppendBody, request: Request, tenant: Tenant = Depends(authenticate)
-) -> Any:
+async def append(session_id: str, body: AppendBody, request: Request, tenant: CurrentTenant) -> Any:
     """Append messages (creating the session when new); all or nothing."""
     hub = hub_of(request)
     async with hub.locked(tenant.name, session_id):
@@ -184,17 +184,15 @@ async def append(
 
 
 @router.post("/{session_id}/build", response_model=BuildResult)
-async def build(
-    session_id: str, body: BuildBody, request: Request, tenant: Tenant = Depends(authenticate)
-) -> Any:
+async def build(session_id: str, body: BuildBody, request: Request, tenant: CurrentTenant) -> Any:
     """Build the context from the store as the proxy would (nothing is forwarded)."""
     hub = hub_of(request)
     caps = [b for b in (body.max_input_tokens, tenant.record.max_input_tokens) if b]
-    kw = {"max_input_tokens": min(caps)} if caps else {}
+    budget = min(caps) if caps else None
 
     def run() -> dict[str, Any]:
         session = _existing(hub, tenant, session_id)
-        built = session.build(model=body.model, policy=tenant.policy, **kw)
+        built = session.build(model=body.model, policy=tenant.policy, max_input_tokens=budget)
         return {"messages": built.to_openai(), "audit": built.audit.to_dict()}
 
     async with hub.locked(tenant.name, session_id):
@@ -205,9 +203,9 @@ async def build(
 async def builds(
     session_id: str,
     request: Request,
-    tenant: Tenant = Depends(authenticate),
-    limit: int = Query(50, ge=1, le=500),
-    offset: int = Query(0, ge=0),
+    tenant: CurrentTenant,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
 ) -> Any:
     """Each forwarded build's audit, oldest first."""
     hub = hub_of(request)
@@ -227,9 +225,7 @@ async def builds(
 
 
 @router.get("/{session_id}/recall/{handle}", response_model=Recalled)
-async def recall(
-    session_id: str, handle: str, request: Request, tenant: Tenant = Depends(authenticate)
-) -> Any:
+async def recall(session_id: str, handle: str, request: Request, tenant: CurrentTenant) -> Any:
     """The original of a stored message by its handle: ``m<seq>`` (the id the store gives
     a message without one of its own) or the bare sequence number."""
     hub = hub_of(request)
@@ -249,9 +245,7 @@ async def recall(
 
 
 @router.delete("/{session_id}", status_code=204, response_class=Response)
-async def delete(
-    session_id: str, request: Request, tenant: Tenant = Depends(authenticate)
-) -> Response:
+async def delete(session_id: str, request: Request, tenant: CurrentTenant) -> Response:
     """Delete the session with its messages, ledger and builds."""
     hub = hub_of(request)
     async with hub.locked(tenant.name, session_id):

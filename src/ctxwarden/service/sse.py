@@ -33,10 +33,7 @@ class FrameSplitter:
             crlf = data.find(b"\r\n\r\n", start)
             if lf < 0 and crlf < 0:
                 break
-            if crlf >= 0 and (lf < 0 or crlf < lf):
-                end = crlf + 4
-            else:
-                end = lf + 2
+            end = crlf + 4 if crlf >= 0 and (lf < 0 or crlf < lf) else lf + 2
             frames.append(data[start:end])
             start = end
         self._buf = data[start:]
@@ -200,7 +197,7 @@ class AnthropicReply:
         for _, block in sorted(self.blocks.items()):
             closed = block.get("_closed", False)
             clean = {k: v for k, v in block.items() if k != "_closed"}
-            if complete or (clean.get("type") == "text" and clean.get("text")):
-                if clean.get("type") != "tool_use" or closed:
-                    out.append(clean)
+            wanted = complete or (clean.get("type") == "text" and clean.get("text"))
+            if wanted and (clean.get("type") != "tool_use" or closed):
+                out.append(clean)
         return out

@@ -186,16 +186,44 @@ REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
     ),
     "ctxwarden_ledgers": frozenset(["tenant", "session_id", "upto", "ledger", "updated_at"]),
     "ctxwarden_tenants": frozenset(
-        ["tenant", "key_hash", "key_prefix", "created_at", "revoked_at", "max_input_tokens"]
-        + ["spend_cap_usd", "spent_usd", "policy", "upstream_api_key", "anthropic_api_key"]
+        [
+            "tenant",
+            "key_hash",
+            "key_prefix",
+            "created_at",
+            "revoked_at",
+            "max_input_tokens",
+            "spend_cap_usd",
+            "spent_usd",
+            "policy",
+            "upstream_api_key",
+            "anthropic_api_key",
+        ]
     ),
     "ctxwarden_builds": frozenset(
-        ["tenant", "session_id", "build_id", "created_at", "model", "history_tokens"]
-        + ["input_tokens", "status", "audit"]
+        [
+            "tenant",
+            "session_id",
+            "build_id",
+            "created_at",
+            "model",
+            "history_tokens",
+            "input_tokens",
+            "status",
+            "audit",
+        ]
     ),
     "ctxwarden_heads": frozenset(
-        ["tenant", "client_id", "session_id", "branch", "count", "chain", "history_tokens"]
-        + ["updated_at"]
+        [
+            "tenant",
+            "client_id",
+            "session_id",
+            "branch",
+            "count",
+            "chain",
+            "history_tokens",
+            "updated_at",
+        ]
     ),
 }
 
