@@ -16,7 +16,7 @@ import pytest
 
 from ctxwarden.bench import engine_speed
 from ctxwarden.bench.traffic import session_calls
-from ctxwarden.conversation import group_blocks
+from ctxwarden.build.pairing import group_blocks
 
 HAS_LANGCHAIN = importlib.util.find_spec("langchain_core") is not None
 

@@ -18,11 +18,11 @@ from ctxwarden.bench.traces import (
     locomo_transcript,
     locomo_trigger,
 )
-from ctxwarden.engine import build_context
+from ctxwarden.build.engine import build_context
 from ctxwarden.errors import ConfigError
 from ctxwarden.llm.offline import OfflineSummarizer
 from ctxwarden.messages import Message
-from ctxwarden.tokens import TokenCounter
+from ctxwarden.tokens.counter import TokenCounter
 
 BUDGET = 4000
 

@@ -39,13 +39,14 @@ from ctxwarden.bench.scenarios_laptop import (
 )
 from ctxwarden.bench.summarizers import get_summarizer
 from ctxwarden.bench.traces import locomo_recall
-from ctxwarden.cli import app
-from ctxwarden.cost import estimate_cost
+from ctxwarden.cli.main import app
 from ctxwarden.errors import ConfigError
+from ctxwarden.formats.openai import message_from_openai
 from ctxwarden.llm import OpenAICompatible, RetryPolicy
 from ctxwarden.messages import Message, ToolCall
-from ctxwarden.tokens import TokenCounter
-from ctxwarden.usage import Usage
+from ctxwarden.registry.cost import estimate_cost
+from ctxwarden.registry.usage import Usage
+from ctxwarden.tokens.counter import TokenCounter
 
 FAST = RetryPolicy(max_attempts=2, base_delay=0.01, max_delay=0.02)
 SUMMARY = "Summary: the user compared laptops; budget $1,500, mobile programming."
@@ -154,7 +155,7 @@ def test_real_agent_and_summariser_drive_laptop_shop(
     assert runs["Basic"].extra["agent_input_tokens"] == sum(basic_prompts)
     # ...and our exact count of the same contexts, which the fake does not compute
     counter = TokenCounter.for_model("gpt-4o")
-    last_basic = [Message.from_openai(m) for m in model.agent[8]["messages"]]
+    last_basic = [message_from_openai(m) for m in model.agent[8]["messages"]]
     assert (
         runs["Basic"].input_tokens_per_turn[-1] == counter.count_messages(last_basic, TOOLS).tokens
     )
@@ -239,7 +240,7 @@ def test_summariser_failure_keeps_every_message_in_each_strategy(
 
 
 def _trigger() -> Any:
-    from ctxwarden.summarize import SummaryTrigger
+    from ctxwarden.memory.summaries import SummaryTrigger
 
     return SummaryTrigger(max_messages=30, keep_recent=15, fill_ratio=None)
 

@@ -26,9 +26,9 @@ from ctxwarden.bench.traces import (
     plain_builder,
     tau_retention,
 )
-from ctxwarden.conversation import pairing_problems
+from ctxwarden.build.pairing import pairing_problems
 from ctxwarden.messages import Message, ToolCall
-from ctxwarden.tokens import TokenCounter
+from ctxwarden.tokens.counter import TokenCounter
 
 
 @pytest.fixture(scope="module")

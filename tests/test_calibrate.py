@@ -25,14 +25,14 @@ from ctxwarden.bench.calibrate import (
     script_factors,
     script_samples,
 )
-from ctxwarden.encodings import get_encoding
-from ctxwarden.tokens import (
+from ctxwarden.tokens.counter import (
     O200K_PER_CHAR,
     SCRIPT_FACTORS,
     ScriptFactors,
     TokenCounter,
     script_chars,
 )
+from ctxwarden.tokens.encodings import get_encoding
 
 
 def _counter(name: str) -> Callable[[str], int]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from ctxwarden.cost import SessionCost, estimate_cost
 from ctxwarden.errors import UnknownModelError
-from ctxwarden.registry import get_model
-from ctxwarden.usage import Usage
+from ctxwarden.registry.catalog import get_model
+from ctxwarden.registry.cost import SessionCost, estimate_cost
+from ctxwarden.registry.usage import Usage
 
 
 def test_seed_004_figure_100k_history_on_gpt_4o_costs_25_cents() -> None:

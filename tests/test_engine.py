@@ -9,12 +9,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ctxwarden
-from ctxwarden.conversation import pairing_problems
-from ctxwarden.engine import BuiltContext, build_context
+from ctxwarden.build.engine import BuiltContext, build_context
+from ctxwarden.build.pairing import pairing_problems
+from ctxwarden.build.policy import Policy
 from ctxwarden.errors import BudgetError, ConfigError
+from ctxwarden.formats.openai import message_to_openai
 from ctxwarden.messages import Message, ToolCall
-from ctxwarden.policy import Policy
-from ctxwarden.tokens import TokenCounter
+from ctxwarden.tokens.counter import TokenCounter
 
 COUNTER = TokenCounter.for_model("gpt-4o")
 WORDS = ["flight", "HAT123", "booking", "ZFA04Y", "please", "2024-05-20", "Mia", "refund", "ok"]
@@ -136,8 +137,8 @@ def test_dropped_identifiers_stay_in_the_ledger() -> None:
 
 
 def test_earlier_entities_reach_back_past_the_given_history() -> None:
-    from ctxwarden.entities import extract_entities
-    from ctxwarden.entity_ledger import EntityLedger
+    from ctxwarden.memory.entities import extract_entities
+    from ctxwarden.memory.entity_ledger import EntityLedger
 
     older = _agent_session(3)
     earlier = EntityLedger().add(e for m in older for e in extract_entities(m))
@@ -228,7 +229,7 @@ def test_pin_first_keeps_a_whole_block() -> None:
 def test_outputs_for_both_providers() -> None:
     history = _agent_session(10)
     built = build_context(history, "gpt-4o", 2000)
-    assert built.to_openai()[0] == history[0].to_openai()
+    assert built.to_openai()[0] == message_to_openai(history[0])
     system, turns = built.to_anthropic()
     assert system is not None and turns[0]["role"] == "user"
     marks = json.dumps([system, turns]).count("cache_control")
@@ -236,7 +237,7 @@ def test_outputs_for_both_providers() -> None:
 
 
 def test_accepts_openai_dicts_and_reports_cost() -> None:
-    history = [m.to_openai() for m in _agent_session(5)]
+    history = [message_to_openai(m) for m in _agent_session(5)]
     built = build_context(history, "gpt-4o", 2000)
     assert built.audit.estimated_cost_usd is not None and built.audit.estimated_cost_usd > 0
     assert built.audit.fill_ratio is not None and 0 < built.audit.fill_ratio < 1
@@ -305,7 +306,7 @@ def test_a_registry_model_builds_with_its_window_counts_and_prices() -> None:
 def test_a_cold_build_reads_ledger_values_a_bounded_way_back() -> None:
     """Cold, the ledger reaches ``lookback`` messages before the window (it was placed);
     with ``previous`` an agent loop keeps where its ledger began, so it loses nothing."""
-    from ctxwarden.policy import LedgerConfig
+    from ctxwarden.build.policy import LedgerConfig
 
     history = _agent_session(400)  # 1,601 messages
     cold = build_context(history, "gpt-4o", 1500)

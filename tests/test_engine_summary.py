@@ -7,14 +7,15 @@ from collections.abc import Sequence
 
 from typer.testing import CliRunner
 
-from ctxwarden.cli import app
-from ctxwarden.conversation import pairing_problems
-from ctxwarden.engine import BuiltContext, build_context
+from ctxwarden.build.engine import BuiltContext, build_context
+from ctxwarden.build.pairing import pairing_problems
+from ctxwarden.build.policy import Policy
+from ctxwarden.cli.main import app
 from ctxwarden.errors import ProviderError
+from ctxwarden.formats.openai import message_to_openai
+from ctxwarden.memory.summaries import SummaryResult, SummaryTrigger
 from ctxwarden.messages import Message, ToolCall
-from ctxwarden.policy import Policy
-from ctxwarden.summarize import SummaryResult, SummaryTrigger
-from ctxwarden.tokens import TokenCounter
+from ctxwarden.tokens.counter import TokenCounter
 
 
 def shop_chat(turns: int) -> list[Message]:
@@ -73,7 +74,7 @@ def test_failing_summarizer_keeps_every_message_and_says_so() -> None:
 
 
 def test_cli_build_with_offline_summarizer(tmp_path: object) -> None:
-    transcript = json.dumps([m.to_openai() for m in shop_chat(40)])
+    transcript = json.dumps([message_to_openai(m) for m in shop_chat(40)])
     result = CliRunner().invoke(
         app,
         ["build", "-m", "gpt-4o", "-b", "900", "--summarizer", "offline", "-"],

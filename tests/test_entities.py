@@ -11,16 +11,16 @@ from typing import Any
 
 import pytest
 
-from ctxwarden.entities import (
+from ctxwarden.formats import messages_from_openai
+from ctxwarden.memory.entities import (
     Entity,
     extract_entities,
     extract_from_json,
     extract_from_text,
 )
-from ctxwarden.entity_ledger import EntityLedger
-from ctxwarden.formats import messages_from_openai
+from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.messages import Message, ToolCall
-from ctxwarden.tokens import TokenCounter
+from ctxwarden.tokens.counter import TokenCounter
 
 count = TokenCounter.for_model("gpt-4o").count_text
 
@@ -277,7 +277,7 @@ def test_tau_bench_identifiers_are_extracted_from_the_messages_that_mention_them
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from ctxwarden import entities as _entities  # noqa: E402
+from ctxwarden.memory import entities as _entities  # noqa: E402
 
 
 @settings(max_examples=150, deadline=None)
@@ -326,11 +326,3 @@ def test_sentence_start_window_equals_searching_the_whole_prefix(text: str, at: 
 def test_category_fast_paths_equal_scanning_the_value(value: str) -> None:
     """E-mails and letter-free values skip the scan; the answer must be the scan's."""
     assert _entities._category_of(value) == _entities._category_by_text(value)
-
-
-def test_the_ledger_still_imports_from_where_it_used_to_live() -> None:
-    from ctxwarden import entities, entity_ledger
-
-    assert entities.EntityLedger is entity_ledger.EntityLedger
-    with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        entities.nope  # noqa: B018

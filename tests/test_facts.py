@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from ctxwarden.errors import ConfigError, SummarizationError
-from ctxwarden.facts import Facts, parse_facts_json, schema_for_prompt, validate_facts
+from ctxwarden.memory.facts import Facts, parse_facts_json, schema_for_prompt, validate_facts
 
 WANT = {"size": "L", "budget": 1500}
 

@@ -20,7 +20,7 @@ from ctxwarden.errors import ConfigError, MissingDependencyError, ProviderError,
 from ctxwarden.llm import AnthropicModel, ChatModel, RetryPolicy, StreamingChatModel
 from ctxwarden.llm.anthropic_client import assistant_message, extract_json_object
 from ctxwarden.messages import Message, ToolCall
-from ctxwarden.usage import Usage
+from ctxwarden.registry.usage import Usage
 
 __all__ = ["scripted_server"]  # the fixture, re-exported so pytest finds it here
 

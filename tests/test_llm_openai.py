@@ -22,7 +22,7 @@ from ctxwarden.errors import ConfigError, MissingDependencyError, ProviderError,
 from ctxwarden.llm import ChatModel, OpenAICompatible, RetryPolicy, StreamingChatModel
 from ctxwarden.llm.base import complete_sync
 from ctxwarden.messages import Message
-from ctxwarden.usage import Usage
+from ctxwarden.registry.usage import Usage
 
 __all__ = ["scripted_server"]  # the fixture, re-exported so pytest finds it here
 

@@ -10,13 +10,18 @@ import pytest
 from pydantic import BaseModel
 
 from ctxwarden.errors import ConfigError, ProviderError, SummarizationError
-from ctxwarden.facts import Facts
 from ctxwarden.llm.base import ChatModel, Completion
 from ctxwarden.llm.summarizers import LLMFactExtractor, LLMSummarizer
+from ctxwarden.memory.facts import Facts
+from ctxwarden.memory.prompts import (
+    DOMAIN_TEMPLATES,
+    custom_template,
+    get_template,
+    render_transcript,
+)
+from ctxwarden.memory.summaries import SummaryState, SummaryTrigger, summarize_cycle
 from ctxwarden.messages import Message, ToolCall
-from ctxwarden.prompts import DOMAIN_TEMPLATES, custom_template, get_template, render_transcript
-from ctxwarden.summarize import SummaryState, SummaryTrigger, summarize_cycle
-from ctxwarden.usage import Usage
+from ctxwarden.registry.usage import Usage
 
 
 class ScriptedModel:

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from ctxwarden.errors import ConfigError
 from ctxwarden.messages import Message, ToolCall
-from ctxwarden.strategies.base import ActionKind, Strategy, StrategyContext
-from ctxwarden.strategies.mask import MaskObservations
-from ctxwarden.tokens import TokenCounter
+from ctxwarden.steps.base import ActionKind, Strategy, StrategyContext
+from ctxwarden.steps.mask import MaskObservations
+from ctxwarden.tokens.counter import TokenCounter
 
 COUNTER = TokenCounter.for_model("gpt-4o")
 

@@ -11,9 +11,14 @@ import pytest
 
 import ctxwarden
 from ctxwarden import InvalidMessageError, Message, ToolCall
-from ctxwarden.conversation import group_blocks, pairing_problems, validate_pairing
+from ctxwarden.build.pairing import group_blocks, pairing_problems, validate_pairing
 from ctxwarden.formats.anthropic import messages_from_anthropic, messages_to_anthropic
-from ctxwarden.formats.openai import messages_from_openai, messages_to_openai
+from ctxwarden.formats.openai import (
+    message_from_openai,
+    message_to_openai,
+    messages_from_openai,
+    messages_to_openai,
+)
 from ctxwarden.messages import ImagePart, RawPart, TextPart
 
 
@@ -115,10 +120,10 @@ def test_parts_images_and_unknown_keys_survive() -> None:
 
 def test_metadata_rides_along_only_when_asked() -> None:
     m = Message.user("pin me", pinned=True, priority="high", id="x1")
-    wire = m.to_openai()
+    wire = message_to_openai(m)
     assert "ctxwarden" not in wire
     with_meta = ctxwarden.messages_to_openai([m], with_meta=True)[0]
-    back = Message.from_openai(with_meta)
+    back = message_from_openai(with_meta)
     assert (back.id, back.pinned, back.priority) == ("x1", True, "high")
 
 

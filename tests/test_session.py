@@ -18,16 +18,17 @@ from typing import Any
 
 import pytest
 
-from ctxwarden.engine import build_context
-from ctxwarden.entities import extract_entities
-from ctxwarden.entity_ledger import EntityLedger
+from ctxwarden.build.engine import build_context
 from ctxwarden.errors import ConfigError, InvalidMessageError, StoreError, SummarizationError
-from ctxwarden.facts import Facts
+from ctxwarden.formats.openai import message_from_openai
+from ctxwarden.memory.entities import extract_entities
+from ctxwarden.memory.entity_ledger import EntityLedger
+from ctxwarden.memory.facts import Facts
+from ctxwarden.memory.summaries import SummaryResult, SummaryTrigger
 from ctxwarden.messages import Message
-from ctxwarden.session import Session
+from ctxwarden.registry.usage import Usage
+from ctxwarden.session.session import Session
 from ctxwarden.store import SessionStore, open_store
-from ctxwarden.summarize import SummaryResult, SummaryTrigger
-from ctxwarden.usage import Usage
 
 PG_DSN = os.environ.get("CTXWARDEN_TEST_POSTGRES")
 PG_SKIP = "set CTXWARDEN_TEST_POSTGRES to a PostgreSQL DSN to run the PostgreSQL session tests"
@@ -119,7 +120,7 @@ def test_export_returns_every_message_as_given(url: str, sid: str) -> None:
     given.append({"role": "tool", "tool_call_id": "c1", "content": "found"})
     with Session(url, sid) as s:
         s.append(given[:3])
-        s.append([Message.from_openai(d) for d in given[3:]])
+        s.append([message_from_openai(d) for d in given[3:]])
         assert s.export() == given and len(s) == len(given)
     with Session(url, sid) as again:  # reopened: same session, nothing lost
         assert again.export() == given
@@ -144,7 +145,7 @@ def test_import_creates_a_session_and_refuses_a_non_empty_one(url: str, sid: str
 
 
 def test_usage_and_cost_accumulate_per_model(url: str, sid: str) -> None:
-    from ctxwarden.cost import estimate_cost
+    from ctxwarden.registry.cost import estimate_cost
 
     with Session(url, sid, model="gpt-4o") as s:
         s.record_usage(Usage(1000, 100))
@@ -307,7 +308,7 @@ def test_a_new_process_resumes_from_the_stored_checkpoint(
 ) -> None:
     from collections import OrderedDict
 
-    from ctxwarden.session import LEDGER_SAVE_EVERY
+    from ctxwarden.session.session import LEDGER_SAVE_EVERY
     from ctxwarden.store import ledger_checkpoint
 
     history = [{"role": "system", "content": "sys"}, *filler(300)]
@@ -398,7 +399,7 @@ def test_a_bulk_imported_session_seeds_its_ledger_from_a_bounded_look_back(
 ) -> None:
     from collections import OrderedDict
 
-    from ctxwarden.session import LEDGER_SAVE_EVERY
+    from ctxwarden.session.session import LEDGER_SAVE_EVERY
     from ctxwarden.store import ledger_checkpoint
     from ctxwarden.store.ledger_checkpoint import LEDGER_BACKFILL, LedgerCheckpoint
 
@@ -501,7 +502,7 @@ def test_a_bulk_append_to_a_built_session_keeps_the_old_values_and_seeds_the_res
 
 
 def test_without_the_ledger_the_session_build_is_the_full_build(url: str, sid: str) -> None:
-    from ctxwarden.policy import LedgerConfig, Policy
+    from ctxwarden.build.policy import LedgerConfig, Policy
 
     policy = Policy(ledger=LedgerConfig(enabled=False))
     history = [{"role": "system", "content": "sys"}, *chat(300)]
@@ -537,8 +538,8 @@ def test_a_registry_model_counts_budgets_and_prices_in_a_session(url: str, sid: 
     $1 / $2 per 1M) given as ``Session(..., registry=...)``."""
     from test_registry import my_llama
 
-    from ctxwarden.session import count_key
-    from ctxwarden.tokens import TokenCounter
+    from ctxwarden.session.session import count_key
+    from ctxwarden.tokens.counter import TokenCounter
 
     registry = my_llama()
     history = [{"role": "system", "content": "You are a shop assistant."}, *chat(600)]
@@ -573,11 +574,11 @@ def _summary_layer(built: Any) -> str | None:
 def test_build_shows_the_summary_focused_on_the_question(url: str, sid: str) -> None:
     from test_engine_summary import travel_chat  # each trip told once
 
+    from ctxwarden.build.policy import Policy
     from ctxwarden.llm.offline import OfflineSummarizer
-    from ctxwarden.policy import Policy
-    from ctxwarden.summarize import summary_view
-    from ctxwarden.summary_layer import SUMMARY_HEADING
-    from ctxwarden.tokens import TokenCounter
+    from ctxwarden.memory.summaries import summary_view
+    from ctxwarden.steps.layers import SUMMARY_HEADING
+    from ctxwarden.tokens.counter import TokenCounter
 
     summarizer = OfflineSummarizer(max_tokens=1200, meta_max_tokens=2400)
     policy = Policy(summary=SHARE)
@@ -616,8 +617,8 @@ def test_a_share_too_small_for_any_line_leaves_the_summary_out_and_says_so(
 ) -> None:
     from test_engine_summary import travel_chat
 
+    from ctxwarden.build.policy import Policy
     from ctxwarden.llm.offline import OfflineSummarizer
-    from ctxwarden.policy import Policy
 
     tiny = SummaryTrigger(max_messages=16, keep_recent=6, fill_ratio=None, summary_share=0.01)
     with Session(url, sid, summarizer=OfflineSummarizer()) as s:
@@ -1043,7 +1044,7 @@ def test_cli_session_commands(tmp_path: Path) -> None:
 
     from typer.testing import CliRunner
 
-    from ctxwarden.cli_session import session_app
+    from ctxwarden.cli.session import session_app
 
     runner, db = CliRunner(), f"sqlite:///{tmp_path / 'cli.db'}"
     base = ["--db", db, "--session", "c1"]

@@ -16,9 +16,9 @@ import pytest
 
 from ctxwarden.errors import ConfigError, MissingDependencyError, StoreError, VersionConflict
 from ctxwarden.messages import Message, TextPart, ToolCall
+from ctxwarden.registry.usage import Usage
 from ctxwarden.store import MIGRATIONS, SessionStore, SQLiteStore, open_store
 from ctxwarden.store.base import encode_message
-from ctxwarden.usage import Usage
 
 PG_DSN = os.environ.get("CTXWARDEN_TEST_POSTGRES")
 PG_SKIP = "set CTXWARDEN_TEST_POSTGRES to a PostgreSQL DSN to run the PostgreSQL store tests"
@@ -265,8 +265,8 @@ def test_a_checkpoint_far_behind_is_seeded_from_the_look_back_only(
 def test_a_checkpoint_round_trips_its_coverage_and_names_damage() -> None:
     import json
 
-    from ctxwarden.entities import extract_entities
-    from ctxwarden.entity_ledger import EntityLedger
+    from ctxwarden.memory.entities import extract_entities
+    from ctxwarden.memory.entity_ledger import EntityLedger
     from ctxwarden.store.ledger_checkpoint import LedgerCheckpoint
 
     ledger = EntityLedger().add(extract_entities(Message.user("booking ZFA04Y")))
@@ -284,8 +284,8 @@ def test_a_checkpoint_round_trips_its_coverage_and_names_damage() -> None:
 def test_an_entity_ledger_survives_the_json_round_trip_exactly() -> None:
     import json
 
-    from ctxwarden.entities import extract_entities
-    from ctxwarden.entity_ledger import EntityLedger
+    from ctxwarden.memory.entities import extract_entities
+    from ctxwarden.memory.entity_ledger import EntityLedger
 
     texts = [
         "Reservation ZFA04Y for mia_li_3668@example.com on 2024-05-20, total $1,240.50.",
@@ -405,7 +405,7 @@ def test_migrations_upgrade_a_database_created_at_the_first_step(fresh_url: str)
 
 
 def test_migrations_upgrade_a_database_from_the_previous_step(fresh_url: str) -> None:
-    from ctxwarden.session import Session
+    from ctxwarden.session.session import Session
 
     previous = MIGRATIONS[-2].name
     with open_store(fresh_url, migrate_upto=previous) as old:  # type: ignore[attr-defined]

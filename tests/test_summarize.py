@@ -9,12 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctxwarden.conversation import group_blocks
+from ctxwarden.build.pairing import group_blocks
 from ctxwarden.errors import ConfigError, SummarizationError
-from ctxwarden.facts import Facts
 from ctxwarden.llm.offline import OfflineSummarizer, RuleBasedFactExtractor
-from ctxwarden.messages import Message, ToolCall
-from ctxwarden.summarize import (
+from ctxwarden.memory.facts import Facts
+from ctxwarden.memory.summaries import (
     QueryAwareSummarizer,
     SummaryResult,
     SummaryState,
@@ -23,7 +22,8 @@ from ctxwarden.summarize import (
     summarize_cycle,
     summary_view,
 )
-from ctxwarden.usage import Usage
+from ctxwarden.messages import Message, ToolCall
+from ctxwarden.registry.usage import Usage
 
 
 def chat(n: int, *, system: bool = True) -> list[Message]:

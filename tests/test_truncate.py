@@ -11,15 +11,15 @@ from hypothesis import strategies as st
 
 from ctxwarden.errors import ConfigError
 from ctxwarden.messages import Message, ToolCall
-from ctxwarden.strategies.base import Strategy, StrategyContext
-from ctxwarden.strategies.truncate import (
+from ctxwarden.steps.base import Strategy, StrategyContext
+from ctxwarden.steps.truncate import (
     TruncateToolResults,
     truncate_article,
     truncate_json,
     truncate_stack_trace,
     truncate_text,
 )
-from ctxwarden.tokens import TokenCounter
+from ctxwarden.tokens.counter import TokenCounter
 
 COUNTER = TokenCounter.for_model("gpt-4o")
 count = COUNTER.count_text
@@ -329,7 +329,7 @@ def test_json_walk_from_a_guess_finds_the_gentlest_fitting_level(
     items: list[dict[str, str]], target: int
 ) -> None:
     """The walk gives what a binary search over every level gives."""
-    from ctxwarden.strategies.truncate import _JSON_LEVELS, _prune
+    from ctxwarden.steps.truncate import _JSON_LEVELS, _prune
 
     text = json.dumps({"results": items, "total": len(items)})
     got = truncate_json(text, target_tokens=target, count=words)

@@ -9,14 +9,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._version import __version__
-from .audit import Audit, BuildState
-from .conversation import Block, group_blocks, pairing_problems, validate_pairing
-from .cost import ModelCost, SessionCost, estimate_cost
-from .engine import BuiltContext, build_context
-from .entities import Entity, extract_entities
-from .entity_ledger import EntityLedger
-from .errors import (
+from ctxwarden._version import __version__
+from ctxwarden.build.audit import Audit, BuildState
+from ctxwarden.build.engine import BuiltContext, build_context
+from ctxwarden.build.pairing import Block, group_blocks, pairing_problems, validate_pairing
+from ctxwarden.build.policy import LedgerConfig, Policy, WindowConfig
+from ctxwarden.errors import (
     BudgetError,
     ConfigError,
     CtxwardenError,
@@ -31,25 +29,20 @@ from .errors import (
     UsageError,
     VersionConflict,
 )
-from .facts import Facts
-from .formats import (
+from ctxwarden.formats import (
     messages_from_anthropic,
     messages_from_openai,
     messages_to_anthropic,
     messages_to_openai,
 )
-from .llm import ChatModel, Completion, RetryPolicy, complete_sync, parse_spec
-from .llm.offline import OfflineSummarizer, RuleBasedFactExtractor
-from .llm.summarizers import LLMFactExtractor, LLMSummarizer
-from .messages import ImagePart, Message, RawPart, TextPart, ToolCall, detect_kind
-from .policy import LedgerConfig, Policy, WindowConfig
-from .registry import ModelInfo, Price, Registry, get_model, load_registry
-from .session import Session
-from .store import SessionStore, open_store
-from .strategies.base import Action, Strategy, StrategyContext, StrategyResult
-from .strategies.mask import MaskObservations
-from .strategies.truncate import TruncateToolResults
-from .summarize import (
+from ctxwarden.formats.transcript import Transcript, load_example, parse_transcript, read_transcript
+from ctxwarden.llm import ChatModel, Completion, RetryPolicy, complete_sync, parse_spec
+from ctxwarden.llm.offline import OfflineSummarizer, RuleBasedFactExtractor
+from ctxwarden.llm.summarizers import LLMFactExtractor, LLMSummarizer
+from ctxwarden.memory.entities import Entity, extract_entities
+from ctxwarden.memory.entity_ledger import EntityLedger
+from ctxwarden.memory.facts import Facts
+from ctxwarden.memory.summaries import (
     QueryAwareSummarizer,
     Summarizer,
     SummaryResult,
@@ -57,12 +50,19 @@ from .summarize import (
     SummaryTrigger,
     summary_view,
 )
-from .tokens import TokenCount, TokenCounter, count_tokens
-from .transcript import Transcript, load_example, parse_transcript, read_transcript
-from .usage import Usage
+from ctxwarden.messages import ImagePart, Message, RawPart, TextPart, ToolCall, detect_kind
+from ctxwarden.registry.catalog import ModelInfo, Price, Registry, get_model, load_registry
+from ctxwarden.registry.cost import ModelCost, SessionCost, estimate_cost
+from ctxwarden.registry.usage import Usage
+from ctxwarden.session.session import Session
+from ctxwarden.steps.base import Action, Strategy, StrategyContext, StrategyResult
+from ctxwarden.steps.mask import MaskObservations
+from ctxwarden.steps.truncate import TruncateToolResults
+from ctxwarden.store import SessionStore, open_store
+from ctxwarden.tokens.counter import TokenCount, TokenCounter, count_tokens
 
 if TYPE_CHECKING:
-    from .llm import AnthropicModel, OpenAICompatible
+    from ctxwarden.llm import AnthropicModel, OpenAICompatible
 
 __all__ = [
     "Action",

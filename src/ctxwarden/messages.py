@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Literal, get_args
 
-from .errors import InvalidMessageError
+from ctxwarden.errors import InvalidMessageError
 
 __all__ = [
     "ImagePart",
@@ -32,6 +32,7 @@ __all__ = [
     "TextPart",
     "ToolCall",
     "detect_kind",
+    "wire_dict",
 ]
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -175,7 +176,7 @@ class Message:
     @cached_property
     def fingerprint(self) -> str:
         """A hash of everything the provider sees (not our metadata): the token-cache key."""
-        payload = json.dumps(self.to_openai(), sort_keys=True, ensure_ascii=False, default=str)
+        payload = json.dumps(wire_dict(self), sort_keys=True, ensure_ascii=False, default=str)
         return hashlib.sha1(payload.encode("utf-8")).hexdigest()
 
     @property
@@ -186,21 +187,6 @@ class Message:
         """A copy with new content (and extra ``meta`` keys), same id and metadata."""
         new_meta = {**self.meta, **meta} if meta else self.meta
         return replace(self, content=content, meta=new_meta)
-
-    # -- wire formats -----------------------------------------------------------------------
-
-    @classmethod
-    def from_openai(cls, data: Mapping[str, Any], *, index: int | None = None) -> Message:
-        """Parse one OpenAI chat message dict; errors name ``index`` and the field."""
-        from .formats.openai import message_from_openai
-
-        return message_from_openai(data, index=index)
-
-    def to_openai(self) -> dict[str, Any]:
-        """This message as an OpenAI chat-completions dict."""
-        from .formats.openai import message_to_openai
-
-        return message_to_openai(self)
 
 
 # -- tool-result kind detection ---------------------------------------------------------------
@@ -233,3 +219,45 @@ def detect_kind(text: str) -> ResultKind:
     if len(stripped) >= 600 and sentences >= 5:
         return "article"
     return "text"
+
+
+# -- the canonical form ------------------------------------------------------------------------
+
+
+def _part_dict(part: Part) -> dict[str, Any]:
+    if isinstance(part, TextPart):
+        return {"type": "text", "text": part.text}
+    if isinstance(part, ImagePart):
+        image: dict[str, Any] = {"url": part.url}
+        if part.detail is not None:
+            image["detail"] = part.detail
+        return {"type": "image_url", "image_url": image}
+    return dict(part.data)
+
+
+def wire_dict(message: Message) -> dict[str, Any]:
+    """What a provider sees of ``message``, as an OpenAI chat dict without our metadata.
+
+    It is the canonical form: :attr:`Message.fingerprint` hashes it, and
+    :func:`ctxwarden.formats.openai.message_to_openai` writes it (the model stays free of
+    any import of the wire formats)."""
+    extra = dict(message.extra)
+    out: dict[str, Any] = {"role": extra.pop("__role__", message.role)}
+    no_content = extra.pop("__no_content__", False)
+    empty_calls = extra.pop("__empty_tool_calls__", False)
+    if not (no_content and message.content is None):
+        if isinstance(message.content, tuple):
+            out["content"] = [_part_dict(p) for p in message.content]
+        else:
+            out["content"] = message.content
+    if message.name is not None:
+        out["name"] = message.name
+    if message.tool_calls or empty_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    out.update(extra)
+    return out

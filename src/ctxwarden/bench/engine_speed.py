@@ -54,13 +54,13 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 from typing import Any
 
-from ..engine import BuiltContext, build_context
-from ..messages import Message
-from ..policy import Policy
-from ..tokens import TokenCounter
-from .count_cache import build_history, find_tau_bench
-from .prefix_stability import prefix_stability
-from .traffic import agent_traffic
+from ctxwarden.bench.count_cache import build_history, find_tau_bench
+from ctxwarden.bench.prefix_stability import prefix_stability
+from ctxwarden.bench.traffic import agent_traffic
+from ctxwarden.build.engine import BuiltContext, build_context
+from ctxwarden.build.policy import Policy
+from ctxwarden.messages import Message
+from ctxwarden.tokens.counter import TokenCounter
 
 __all__ = [
     "TARGETS",

@@ -4,7 +4,7 @@ Every scenario produces, per strategy, the list of messages sent at each turn. F
 those lists alone this module computes what the report shows:
 
 * input tokens per turn, counted exactly (OpenAI models) by one shared
-  :class:`~ctxwarden.tokens.TokenCounter`, whose per-message cache makes a 50-turn run
+  :class:`~ctxwarden.tokens.counter.TokenCounter`, whose per-message cache makes a 50-turn run
   cost O(new messages) per turn;
 * the seeds' "% of Basic" and "reduction vs Basic" tables at chosen turns;
 * the prompt-cache share: for each pair of consecutive calls the longest common prefix,
@@ -25,11 +25,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..conversation import group_blocks
-from ..messages import Message
-from ..tokens import REPLY_PRIMING, TokenCounter
-from ..usage import Usage
-from .summarizers import Account, BenchSummarizer, Summarizer, get_summarizer
+from ctxwarden.bench.summarizers import Account, BenchSummarizer, Summarizer, get_summarizer
+from ctxwarden.build.pairing import group_blocks
+from ctxwarden.messages import Message
+from ctxwarden.registry.usage import Usage
+from ctxwarden.tokens.counter import REPLY_PRIMING, TokenCounter
 
 __all__ = [
     "EngineStrategy",
@@ -113,7 +113,7 @@ def price_run(
     Summariser calls cost ``summarizer_cost`` dollars when given (a real summariser,
     priced at its own model), else ``summarizer_usage`` priced at ``model``.
     """
-    from ..cost import estimate_cost
+    from ctxwarden.registry.cost import estimate_cost
 
     tools_tokens = counter.count_tools(tools) if tools else 0
     per_turn: list[int] = []
@@ -223,7 +223,7 @@ def plain_window(
 class OursStrategy:
     """ctxwarden's own pipeline as an agent loop runs it: facts from each new user message
     (rule-based offline, one model call with a real summariser), a rolling summary when
-    ``trigger`` fires, then :func:`ctxwarden.engine.build_context` with the previous
+    ``trigger`` fires, then :func:`ctxwarden.build.engine.build_context` with the previous
     build for sticky decisions. A failed summary or extraction changes nothing (the
     window holds every message it can; the next trigger tries again) and is counted in
     :attr:`account`.
@@ -247,8 +247,8 @@ class OursStrategy:
         tools: Tools | None = None,
         policy: Any = None,
     ) -> None:
-        from ..facts import Facts
-        from ..summarize import SummaryState
+        from ctxwarden.memory.facts import Facts
+        from ctxwarden.memory.summaries import SummaryState
 
         self.model = model
         self.budget = max_input_tokens
@@ -273,7 +273,7 @@ class OursStrategy:
 
     def update(self, history: Sequence[Message]) -> None:
         """Read the new user messages for facts; run a summary cycle if the trigger fires."""
-        from ..summarize import plan_summary
+        from ctxwarden.memory.summaries import plan_summary
 
         new = [m for m in history[self.seen :] if m.role == "user"]
         self.seen = len(history)
@@ -297,8 +297,8 @@ class OursStrategy:
         return list(self._build(history).messages)
 
     def _build(self, history: Sequence[Message]) -> Any:
-        from ..engine import build_context
-        from ..summary_layer import facts_layer_text
+        from ctxwarden.build.engine import build_context
+        from ctxwarden.steps.layers import facts_layer_text
 
         covered = self.state.covered_ids
         live = [m for m in history if m.id not in covered]
@@ -355,11 +355,11 @@ class EngineStrategy:
         return list(self.built(history).messages)
 
     def built(self, history: Sequence[Message]) -> Any:
-        """:meth:`build`'s :class:`~ctxwarden.engine.BuiltContext` (audit included)."""
+        """:meth:`build`'s :class:`~ctxwarden.build.engine.BuiltContext` (audit included)."""
         return self._build(history)
 
     def _build(self, history: Sequence[Message]) -> Any:
-        from ..engine import build_context
+        from ctxwarden.build.engine import build_context
 
         built = build_context(
             list(history),

@@ -15,10 +15,10 @@ import json
 import statistics
 from typing import Any
 
-from ..engine import BuiltContext, build_context
-from ..policy import Policy
-from ..tokens import TokenCounter
-from .traffic import session_calls
+from ctxwarden.bench.traffic import session_calls
+from ctxwarden.build.engine import BuiltContext, build_context
+from ctxwarden.build.policy import Policy
+from ctxwarden.tokens.counter import TokenCounter
 
 __all__ = ["prefix_stability"]
 

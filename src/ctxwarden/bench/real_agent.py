@@ -25,11 +25,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError, ProviderError, RuntimeFailure
-from ..messages import Message, ToolCall
-from ..tokens import TokenCounter
-from ..usage import Usage
-from .live import ModelRunner
+from ctxwarden.bench.live import ModelRunner
+from ctxwarden.errors import ConfigError, ProviderError, RuntimeFailure
+from ctxwarden.messages import Message, ToolCall
+from ctxwarden.registry.usage import Usage
+from ctxwarden.tokens.counter import TokenCounter
 
 __all__ = ["AGENT_PROVIDERS", "MAX_TOOL_ROUNDS", "Conversation", "ToolAgent", "agent_client"]
 
@@ -46,8 +46,8 @@ def agent_client(spec: Any, tools: Sequence[Mapping[str, Any]]) -> Any:
     ``spec`` is a provider spec or an :class:`~ctxwarden.llm.OpenAICompatible`; anything
     else is a :class:`ConfigError` saying which specs work.
     """
-    from ..llm.openai_compat import OpenAICompatible
-    from ..llm.spec import parse_spec
+    from ctxwarden.llm.openai_compat import OpenAICompatible
+    from ctxwarden.llm.spec import parse_spec
 
     model = parse_spec(spec) if isinstance(spec, str) else spec
     if not isinstance(model, OpenAICompatible):

@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .metrics import StrategyRun
-from .summarizers import BenchSummarizer, SummarizerSpec, summarizer_for
+from ctxwarden.bench.metrics import StrategyRun
+from ctxwarden.bench.summarizers import BenchSummarizer, SummarizerSpec, summarizer_for
 
 __all__ = ["default_trace_paths", "render_markdown", "run_bench", "write_plots"]
 
@@ -41,9 +41,9 @@ def _scenario_json(result: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _tau(path: Path, progress: Progress) -> dict[str, Any]:
-    from ..cost import estimate_cost
-    from ..usage import Usage
-    from .traces import engine_builder, load_tau_bench, plain_builder, tau_retention
+    from ctxwarden.bench.traces import engine_builder, load_tau_bench, plain_builder, tau_retention
+    from ctxwarden.registry.cost import estimate_cost
+    from ctxwarden.registry.usage import Usage
 
     runs = load_tau_bench(path)
     strategies: dict[str, Any] = {}
@@ -63,9 +63,9 @@ def _tau(path: Path, progress: Progress) -> dict[str, Any]:
 
 
 def _locomo(path: Path, progress: Progress, summarizer: BenchSummarizer) -> dict[str, Any]:
-    from ..cost import estimate_cost
-    from ..usage import Usage
-    from .traces import load_locomo, locomo_recall
+    from ctxwarden.bench.traces import load_locomo, locomo_recall
+    from ctxwarden.registry.cost import estimate_cost
+    from ctxwarden.registry.usage import Usage
 
     result = locomo_recall(
         load_locomo(path),
@@ -108,8 +108,8 @@ def run_bench(
     ``laptop_turns`` / ``chat_rounds`` shorten the scenarios (a quick try of a paid
     model; the seeds' targets hold only for the full 21 turns and 50 rounds).
     """
-    from .scenarios_agent_chat import ROUNDS, run_agent_chat
-    from .scenarios_laptop import laptop_agent, run_laptop
+    from ctxwarden.bench.scenarios_agent_chat import ROUNDS, run_agent_chat
+    from ctxwarden.bench.scenarios_laptop import laptop_agent, run_laptop
 
     out = Path(out_dir)
     with summarizer_for(summarizer) as summ:

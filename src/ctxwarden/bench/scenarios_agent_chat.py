@@ -24,11 +24,11 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..messages import Message, ToolCall
-from ..tokens import TokenCounter
-from ..usage import Usage
-from .metrics import OursStrategy, price_strategy
-from .summarizers import Account, BenchSummarizer, SummarizerSpec, summarizer_for
+from ctxwarden.bench.metrics import OursStrategy, price_strategy
+from ctxwarden.bench.summarizers import Account, BenchSummarizer, SummarizerSpec, summarizer_for
+from ctxwarden.messages import Message, ToolCall
+from ctxwarden.registry.usage import Usage
+from ctxwarden.tokens.counter import TokenCounter
 
 __all__ = ["PLANTED", "TOOLS", "generate_rounds", "run_agent_chat"]
 
@@ -288,7 +288,7 @@ class LadderStrategy:
         truncate: bool = False,
         facts: bool = False,
     ) -> None:
-        from ..facts import Facts
+        from ctxwarden.memory.facts import Facts
 
         self.counter, self.summarizer = counter, summarizer
         self.window, self.pin, self.summary, self.truncate = window, pin, summary, truncate
@@ -380,8 +380,8 @@ def _run(
     rounds: int,
     progress: Callable[[str], None] | None,
 ) -> dict[str, Any]:
-    from ..errors import ConfigError
-    from ..summarize import SummaryTrigger
+    from ctxwarden.errors import ConfigError
+    from ctxwarden.memory.summaries import SummaryTrigger
 
     if rounds < 1:
         raise ConfigError(f"rounds must be at least 1, got {rounds}")

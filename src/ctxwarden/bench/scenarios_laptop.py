@@ -18,7 +18,7 @@ the full history so far to the messages sent, as the seed's agent does:
   prompt and a user message "Summary of the conversation so far: ..." (rolling: the
   next summary merges the previous one).
 * ``OMask+Summ``: both, masking first, as the seed does.
-* ``ctxwarden``: :func:`ctxwarden.policy.build_context` with the default policy.
+* ``ctxwarden``: :func:`ctxwarden.build.policy.build_context` with the default policy.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from ..errors import ConfigError, InvalidMessageError
-from ..messages import Message, ToolCall
-from ..tokens import TokenCounter
-from .metrics import OursStrategy, price_strategy, reduction_table
-from .summarizers import Account, BenchSummarizer, SummarizerSpec, summarizer_for
+from ctxwarden.bench.metrics import OursStrategy, price_strategy, reduction_table
+from ctxwarden.bench.summarizers import Account, BenchSummarizer, SummarizerSpec, summarizer_for
+from ctxwarden.errors import ConfigError, InvalidMessageError
+from ctxwarden.messages import Message, ToolCall
+from ctxwarden.tokens.counter import TokenCounter
 
 __all__ = [
     "MASK",
@@ -422,8 +422,8 @@ def _play_real(
     progress: Callable[[str], None] | None,
 ) -> tuple[dict[str, list[list[Message]]], dict[str, dict[str, Any]]]:
     """Each strategy's own conversation with the real agent (see :mod:`.real_agent`)."""
-    from ..cost import estimate_cost
-    from .summarizers import registry_price
+    from ctxwarden.bench.summarizers import registry_price
+    from ctxwarden.registry.cost import estimate_cost
 
     priced_as, _ = registry_price(agent.model)
     sent: dict[str, list[list[Message]]] = {}
@@ -453,7 +453,7 @@ def _play_real(
 
 def laptop_agent(agent_model: Any) -> Any:
     """The real shop agent for a spec or client (a ready ToolAgent as is; None: scripted)."""
-    from .real_agent import ToolAgent
+    from ctxwarden.bench.real_agent import ToolAgent
 
     if agent_model is None or isinstance(agent_model, ToolAgent):
         return agent_model

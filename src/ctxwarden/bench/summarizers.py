@@ -26,12 +26,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..errors import RuntimeFailure, UnknownModelError
-from ..facts import Facts, FactSchema
-from ..messages import Message
-from ..tokens import TokenCounter
-from ..usage import Usage
-from .live import ModelRunner, describe_failure
+from ctxwarden.bench.live import ModelRunner, describe_failure
+from ctxwarden.errors import RuntimeFailure, UnknownModelError
+from ctxwarden.memory.facts import Facts, FactSchema
+from ctxwarden.messages import Message
+from ctxwarden.registry.usage import Usage
+from ctxwarden.tokens.counter import TokenCounter
 
 __all__ = [
     "Account",
@@ -140,7 +140,7 @@ class BenchSummarizer:
         llm: Any = None,
         extractor: Any = None,
     ) -> None:
-        from ..llm.offline import RuleBasedFactExtractor
+        from ctxwarden.llm.offline import RuleBasedFactExtractor
 
         self.label = label
         self.real = llm is not None
@@ -191,7 +191,7 @@ class BenchSummarizer:
 
     def cost(self, usage: Usage, scenario_model: str) -> float:
         """Dollars for ``usage`` of this summariser (see ``priced_as``)."""
-        from ..cost import estimate_cost
+        from ctxwarden.registry.cost import estimate_cost
 
         if not usage.calls:
             return 0.0
@@ -222,7 +222,7 @@ class BenchSummarizer:
 
 def registry_price(model: Any) -> tuple[str | None, str]:
     """``(registry name or None, how calls are priced)`` for a model client."""
-    from ..registry import get_model
+    from ctxwarden.registry.catalog import get_model
 
     name = str(getattr(model, "model", None) or getattr(model, "name", "model"))
     try:
@@ -243,8 +243,8 @@ def get_summarizer(spec: SummarizerSpec = "offline") -> BenchSummarizer:
     A bad spec or a missing key is a :class:`~ctxwarden.errors.ConfigError` raised here,
     before any scenario runs.
     """
-    from ..llm.base import ChatModel
-    from ..llm.summarizers import LLMFactExtractor, LLMSummarizer
+    from ctxwarden.llm.base import ChatModel
+    from ctxwarden.llm.summarizers import LLMFactExtractor, LLMSummarizer
 
     if isinstance(spec, BenchSummarizer):
         return spec
@@ -254,7 +254,7 @@ def get_summarizer(spec: SummarizerSpec = "offline") -> BenchSummarizer:
             if found is not None:
                 return BenchSummarizer("offline", write=found)
             return BenchSummarizer("extractive-fallback", write=extractive_summary)
-        from ..llm.spec import parse_spec
+        from ctxwarden.llm.spec import parse_spec
 
         parsed = parse_spec(spec)
         assert not isinstance(parsed, str)  # only "offline" stays a string
@@ -266,7 +266,7 @@ def get_summarizer(spec: SummarizerSpec = "offline") -> BenchSummarizer:
     if callable(spec):
         name = getattr(spec, "__name__", type(spec).__name__)
         return BenchSummarizer(str(name), write=spec)
-    from ..errors import ConfigError
+    from ctxwarden.errors import ConfigError
 
     raise ConfigError(
         f"a bench summariser is 'offline', a provider spec (openai:gpt-4o-mini, ...), a "
@@ -277,7 +277,7 @@ def get_summarizer(spec: SummarizerSpec = "offline") -> BenchSummarizer:
 def _package_offline_summarizer() -> Summarizer | None:
     """Adapter to :class:`ctxwarden.llm.offline.OfflineSummarizer` (extractive, no model)."""
     try:
-        from ..llm.offline import OfflineSummarizer
+        from ctxwarden.llm.offline import OfflineSummarizer
     except ImportError:  # pragma: no cover - ships with the package
         return None
     engine = OfflineSummarizer()

@@ -64,12 +64,12 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidMessageError
-from ..formats.openai import messages_from_openai
-from ..messages import Message
-from ..tokens import REPLY_PRIMING, TokenCounter
-from .metrics import plain_window
-from .summarizers import Account, summarizer_for
+from ctxwarden.bench.metrics import plain_window
+from ctxwarden.bench.summarizers import Account, summarizer_for
+from ctxwarden.errors import InvalidMessageError
+from ctxwarden.formats.openai import messages_from_openai
+from ctxwarden.messages import Message
+from ctxwarden.tokens.counter import REPLY_PRIMING, TokenCounter
 
 __all__ = [
     "ID_KEYS",
@@ -194,7 +194,7 @@ def plain_builder() -> Builder:
 
 def engine_builder(model: str = "gpt-4o") -> Builder:
     """ctxwarden's engine with the default policy, given its previous build of the run."""
-    from ..engine import build_context
+    from ctxwarden.build.engine import build_context
 
     last: dict[str, Any] = {"run": None, "built": None}
 
@@ -316,7 +316,7 @@ def locomo_trigger(budget: int, summary_share: float = LOCOMO_SUMMARY_SHARE) -> 
     share and a small allowance for the system line, facts and question leave; fold
     when the unsummarised tail outgrows that room, keep its newest 3/5 verbatim (so the
     tail always fits the window and nothing falls between summary and window)."""
-    from ..summarize import SummaryTrigger
+    from ctxwarden.memory.summaries import SummaryTrigger
 
     room = max(1, budget - int(budget * summary_share) - _LAYER_ALLOWANCE)
     return SummaryTrigger(
@@ -335,7 +335,7 @@ _LAYER_ALLOWANCE = 150  # system line + facts layer + the question, in tokens
 def locomo_policy(budget: int, summary_share: float = LOCOMO_SUMMARY_SHARE) -> Any:
     """The policy the LoCoMo row passes to ``build_context``: the defaults, with
     :func:`locomo_trigger` as the summary trigger (the only knobs the bench sets)."""
-    from ..policy import Policy
+    from ctxwarden.build.policy import Policy
 
     return Policy(summary=locomo_trigger(budget, summary_share))
 
@@ -389,7 +389,7 @@ def _locomo_recall(
     summarizer: Any,
     account: Account,
 ) -> dict[str, dict[str, Any]]:
-    from .metrics import EngineStrategy, OursStrategy
+    from ctxwarden.bench.metrics import EngineStrategy, OursStrategy
 
     counter = TokenCounter.for_model(model)
     scores: dict[str, list[float]] = {"full history": [], "window only": [], "ctxwarden": []}
@@ -451,7 +451,7 @@ def _knobs(trigger: Any) -> dict[str, Any]:
     """The trigger fields that differ from the defaults: what the bench set."""
     from dataclasses import fields
 
-    from ..summarize import SummaryTrigger
+    from ctxwarden.memory.summaries import SummaryTrigger
 
     default = SummaryTrigger()
     return {

@@ -12,7 +12,7 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-from ..messages import Message, ToolCall
+from ctxwarden.messages import Message, ToolCall
 
 __all__ = ["agent_traffic", "session_calls"]
 

@@ -21,9 +21,9 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from ..conversation import group_blocks
-from ..errors import InvalidMessageError
-from ..messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
+from ctxwarden.build.pairing import group_blocks
+from ctxwarden.errors import InvalidMessageError
+from ctxwarden.messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
 
 __all__ = ["MAX_CACHE_BREAKPOINTS", "messages_from_anthropic", "messages_to_anthropic"]
 

@@ -12,8 +12,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
-from ..errors import InvalidMessageError
-from ..messages import ROLES, ImagePart, Message, Part, RawPart, TextPart, ToolCall
+from ctxwarden.errors import InvalidMessageError
+from ctxwarden.messages import (
+    ROLES,
+    ImagePart,
+    Message,
+    Part,
+    RawPart,
+    TextPart,
+    ToolCall,
+    wire_dict,
+)
 
 __all__ = ["message_from_openai", "message_to_openai", "messages_from_openai", "messages_to_openai"]
 
@@ -35,17 +44,6 @@ def _part_from_openai(raw: Any, index: int | None) -> Part:
         if isinstance(image, Mapping) and set(image) <= {"url", "detail"} and "url" in image:
             return ImagePart(url=str(image["url"]), detail=image.get("detail"))
     return RawPart(dict(raw))
-
-
-def _part_to_openai(part: Part) -> dict[str, Any]:
-    if isinstance(part, TextPart):
-        return {"type": "text", "text": part.text}
-    if isinstance(part, ImagePart):
-        image: dict[str, Any] = {"url": part.url}
-        if part.detail is not None:
-            image["detail"] = part.detail
-        return {"type": "image_url", "image_url": image}
-    return dict(part.data)
 
 
 def _tool_call_from_openai(raw: Any, index: int | None) -> ToolCall:
@@ -144,25 +142,7 @@ def message_from_openai(
 
 def message_to_openai(message: Message, *, with_meta: bool = False) -> dict[str, Any]:
     """Write one message as an OpenAI chat dict (the exact inverse of the parser)."""
-    extra = dict(message.extra)
-    out: dict[str, Any] = {"role": extra.pop("__role__", message.role)}
-    no_content = extra.pop("__no_content__", False)
-    empty_calls = extra.pop("__empty_tool_calls__", False)
-    if not (no_content and message.content is None):
-        if isinstance(message.content, tuple):
-            out["content"] = [_part_to_openai(p) for p in message.content]
-        else:
-            out["content"] = message.content
-    if message.name is not None:
-        out["name"] = message.name
-    if message.tool_calls or empty_calls:
-        out["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in message.tool_calls
-        ]
-    if message.tool_call_id is not None:
-        out["tool_call_id"] = message.tool_call_id
-    out.update(extra)
+    out = wire_dict(message)
     if with_meta:
         out[META_KEY] = {
             "id": message.id,

@@ -10,13 +10,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .base import ChatModel, Completion, StreamingChatModel, TextStream, complete_sync
-from .retry import RetryPolicy, parse_retry_after
-from .spec import parse_spec
+from ctxwarden.llm.base import ChatModel, Completion, StreamingChatModel, TextStream, complete_sync
+from ctxwarden.llm.retry import RetryPolicy, parse_retry_after
+from ctxwarden.llm.spec import parse_spec
 
 if TYPE_CHECKING:
-    from .anthropic_client import AnthropicModel, assistant_message
-    from .openai_compat import OpenAICompatible
+    from ctxwarden.llm.anthropic_client import AnthropicModel, assistant_message
+    from ctxwarden.llm.openai_compat import OpenAICompatible
 
 __all__ = [
     "AnthropicModel",

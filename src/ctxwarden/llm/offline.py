@@ -32,11 +32,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from ..errors import CtxwardenError
-from ..facts import Facts, FactSchema, is_missing, normalize_key, schema_fields, validate_facts
-from ..messages import Message
-from ..summarize import SummaryResult
-from ..usage import Usage
+from ctxwarden.errors import CtxwardenError
+from ctxwarden.memory.facts import (
+    Facts,
+    FactSchema,
+    is_missing,
+    normalize_key,
+    schema_fields,
+    validate_facts,
+)
+from ctxwarden.memory.summaries import SummaryResult
+from ctxwarden.messages import Message
+from ctxwarden.registry.usage import Usage
 
 __all__ = ["OfflineSummarizer", "RuleBasedFactExtractor"]
 
@@ -86,7 +93,7 @@ def _content(text: str) -> frozenset[str]:
 @lru_cache(maxsize=1)
 def _default_counter() -> Callable[[str], int]:
     try:
-        from ..tokens import TokenCounter
+        from ctxwarden.tokens.counter import TokenCounter
 
         return TokenCounter.for_model("gpt-4o").count_text
     except (ImportError, CtxwardenError):  # pragma: no cover - tokens.py always ships

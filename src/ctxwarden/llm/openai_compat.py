@@ -25,12 +25,12 @@ from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
-from ..errors import ConfigError, MissingDependencyError, ProviderError
-from ..formats.openai import messages_to_openai
-from ..messages import Message
-from ..usage import Usage
-from .base import DEFAULT_TIMEOUT, Completion, LoopLocal, SDKModel, TextStream
-from .retry import RetryPolicy, SDKErrors
+from ctxwarden.errors import ConfigError, MissingDependencyError, ProviderError
+from ctxwarden.formats.openai import messages_to_openai
+from ctxwarden.llm.base import DEFAULT_TIMEOUT, Completion, LoopLocal, SDKModel, TextStream
+from ctxwarden.llm.retry import RetryPolicy, SDKErrors
+from ctxwarden.messages import Message
+from ctxwarden.registry.usage import Usage
 
 __all__ = ["OpenAICompatible"]
 

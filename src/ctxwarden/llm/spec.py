@@ -21,9 +21,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..errors import ConfigError
-from .base import ChatModel
-from .retry import RetryPolicy
+from ctxwarden.errors import ConfigError
+from ctxwarden.llm.base import ChatModel
+from ctxwarden.llm.retry import RetryPolicy
 
 __all__ = ["PROVIDERS", "parse_spec"]
 
@@ -67,10 +67,10 @@ def parse_spec(
     if base_url is not None:
         options["base_url"] = base_url
     if provider == "anthropic":
-        from .anthropic_client import AnthropicModel
+        from ctxwarden.llm.anthropic_client import AnthropicModel
 
         return AnthropicModel(model, **options)
-    from .openai_compat import OpenAICompatible
+    from ctxwarden.llm.openai_compat import OpenAICompatible
 
     if provider == "openai":
         return OpenAICompatible(model, **options)

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError, RuntimeFailure, SummarizationError
-from ..facts import (
+from ctxwarden.errors import ConfigError, RuntimeFailure, SummarizationError
+from ctxwarden.llm.base import ChatModel, Completion, run_sync
+from ctxwarden.memory.facts import (
     Facts,
     FactSchema,
     normalize_key,
@@ -22,8 +23,7 @@ from ..facts import (
     schema_for_prompt,
     validate_facts,
 )
-from ..messages import Message
-from ..prompts import (
+from ctxwarden.memory.prompts import (
     FACTS_SYSTEM,
     SUMMARY_SYSTEM,
     SummaryTemplate,
@@ -33,9 +33,9 @@ from ..prompts import (
     meta_summary_prompt,
     render_transcript,
 )
-from ..summarize import SummaryResult
-from ..usage import Usage
-from .base import ChatModel, Completion, run_sync
+from ctxwarden.memory.summaries import SummaryResult
+from ctxwarden.messages import Message
+from ctxwarden.registry.usage import Usage
 
 __all__ = ["LLMFactExtractor", "LLMSummarizer", "run_sync"]
 
@@ -59,7 +59,7 @@ async def _ask(model: ChatModel, system: str, prompt: str, **kw: Any) -> Complet
 
 @dataclass(frozen=True)
 class LLMSummarizer:
-    """Summaries from a model with a domain or custom template (see :mod:`ctxwarden.prompts`)."""
+    """Summaries from a model with a domain or custom template (:mod:`ctxwarden.memory.prompts`)."""
 
     model: ChatModel
     template: str | SummaryTemplate = "general"

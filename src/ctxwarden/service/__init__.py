@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..errors import MissingDependencyError
-from .config import ServiceConfig
+from ctxwarden.errors import MissingDependencyError
+from ctxwarden.service.config import ServiceConfig
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -21,7 +21,7 @@ __all__ = ["ServiceConfig", "create_app", "serve"]
 
 def create_app(config: ServiceConfig) -> FastAPI:
     try:
-        from .app import create_app as factory
+        from ctxwarden.service.app import create_app as factory
     except ImportError as exc:
         raise MissingDependencyError("ctxwarden serve", "server") from exc
     return factory(config)

@@ -18,18 +18,18 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..errors import CtxwardenError
-from ..formats.anthropic import messages_from_anthropic
-from ..messages import Message
-from ..usage import Usage
-from .auth import CurrentTenant, hub_of
-from .body import max_input_tokens_header, read_json
-from .calls import client_session_id, upstream_for
-from .errors import ServiceError, from_library
-from .forward import forward
-from .history import message_key
-from .pipeline import Call, Prepared
-from .sse import AnthropicReply, parse_frame
+from ctxwarden import Usage
+from ctxwarden.errors import CtxwardenError
+from ctxwarden.formats import messages_from_anthropic
+from ctxwarden.messages import Message
+from ctxwarden.service.auth import CurrentTenant, hub_of
+from ctxwarden.service.body import max_input_tokens_header, read_json
+from ctxwarden.service.calls import client_session_id, upstream_for
+from ctxwarden.service.errors import ServiceError, from_library
+from ctxwarden.service.forward import forward
+from ctxwarden.service.history import message_key
+from ctxwarden.service.pipeline import Call, Prepared
+from ctxwarden.service.sse import AnthropicReply, parse_frame
 
 __all__ = ["AnthropicWire", "router"]
 

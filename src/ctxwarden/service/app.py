@@ -20,15 +20,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .._version import __version__
-from ..registry import Registry
-from . import anthropic_proxy, openai_proxy, sessions_api
-from .auth import CurrentTenant, hub_of
-from .config import ServiceConfig
-from .errors import ServiceError, error_body
-from .hub import Hub
-from .metrics import Metrics
-from .upstream import Upstream, UpstreamFailure
+from ctxwarden import Registry
+from ctxwarden._version import __version__
+from ctxwarden.service import anthropic_proxy, openai_proxy, sessions_api
+from ctxwarden.service.auth import CurrentTenant, hub_of
+from ctxwarden.service.config import ServiceConfig
+from ctxwarden.service.errors import ServiceError, error_body
+from ctxwarden.service.hub import Hub
+from ctxwarden.service.metrics import Metrics
+from ctxwarden.service.upstream import Upstream, UpstreamFailure
 
 __all__ = ["create_app"]
 

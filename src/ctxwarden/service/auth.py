@@ -14,10 +14,10 @@ import anyio.to_thread
 from fastapi import Depends
 from starlette.requests import Request
 
-from ..store.service_tables import tenant_by_key_hash
-from .errors import ServiceError
-from .hub import Hub, Tenant
-from .keys import hash_key
+from ctxwarden.service.errors import ServiceError
+from ctxwarden.service.hub import Hub, Tenant
+from ctxwarden.service.keys import hash_key
+from ctxwarden.store.service_tables import tenant_by_key_hash
 
 __all__ = ["CurrentTenant", "authenticate", "hub_of"]
 

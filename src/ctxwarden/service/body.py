@@ -7,7 +7,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from .errors import ServiceError
+from ctxwarden.service.errors import ServiceError
 
 __all__ = ["max_input_tokens_header", "read_json"]
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from starlette.requests import Request
 
-from ..errors import InvalidMessageError
-from .errors import ServiceError
-from .history import derived_session_id, valid_session_id
-from .hub import Tenant
-from .upstream import Upstream
+from ctxwarden.errors import InvalidMessageError
+from ctxwarden.service.errors import ServiceError
+from ctxwarden.service.history import derived_session_id, valid_session_id
+from ctxwarden.service.hub import Tenant
+from ctxwarden.service.upstream import Upstream
 
 __all__ = ["check_spend", "client_session_id", "upstream_for"]
 

@@ -10,11 +10,10 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..errors import ConfigError
+from ctxwarden.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ..policy import Policy
-    from ..registry import Registry
+    from ctxwarden import Policy, Registry
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "ServiceConfig"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..errors import (
+from ctxwarden.errors import (
     BudgetError,
     ConfigError,
     CtxwardenError,

@@ -26,15 +26,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from ..errors import CtxwardenError
-from ..messages import Message
-from ..usage import Usage
-from .calls import check_spend
-from .errors import ServiceError, from_library
-from .hub import Hub
-from .pipeline import Call, Prepared, finish, prepare
-from .sse import FrameSplitter
-from .upstream import Upstream, UpstreamFailure
+from ctxwarden import Usage
+from ctxwarden.errors import CtxwardenError
+from ctxwarden.messages import Message
+from ctxwarden.service.calls import check_spend
+from ctxwarden.service.errors import ServiceError, from_library
+from ctxwarden.service.hub import Hub
+from ctxwarden.service.pipeline import Call, Prepared, finish, prepare
+from ctxwarden.service.sse import FrameSplitter
+from ctxwarden.service.upstream import Upstream, UpstreamFailure
 
 __all__ = ["ProxyStream", "StreamReader", "Wire", "forward"]
 

@@ -27,11 +27,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidMessageError, StoreError
-from ..messages import Message
-from ..session import Session
-from ..store import SessionStore
-from ..store.service_tables import Head, get_head, put_head
+from ctxwarden import Session
+from ctxwarden.errors import InvalidMessageError, StoreError
+from ctxwarden.messages import Message
+from ctxwarden.store import SessionStore
+from ctxwarden.store.service_tables import Head, get_head, put_head
 
 __all__ = [
     "BRANCH_MARK",
@@ -96,7 +96,7 @@ def wire_key(message: Mapping[str, Any]) -> bytes:
 
 def message_key(message: Message) -> bytes:
     """:func:`wire_key` of one of our messages (the Anthropic side and stored replies)."""
-    from ..formats.openai import message_to_openai
+    from ctxwarden.formats import message_to_openai
 
     return wire_key(message_to_openai(message))
 

@@ -19,14 +19,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from ..policy import Policy
-from ..session import Session
-from ..store import SessionStore, open_store
-from ..store.service_tables import TenantRecord
-from .config import ServiceConfig
+from ctxwarden import Policy, Session
+from ctxwarden.service.config import ServiceConfig
+from ctxwarden.store import SessionStore, open_store
+from ctxwarden.store.service_tables import TenantRecord
 
 if TYPE_CHECKING:
-    from .metrics import Metrics
+    from ctxwarden.service.metrics import Metrics
 
 __all__ = ["Hub", "Tenant"]
 

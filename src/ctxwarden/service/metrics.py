@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import MissingDependencyError
+from ctxwarden.errors import MissingDependencyError
 
 __all__ = ["METRIC_NAMES", "Metrics"]
 

@@ -18,18 +18,18 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..errors import InvalidMessageError
-from ..formats.openai import message_from_openai
-from ..messages import Message
-from ..usage import Usage
-from .auth import CurrentTenant, hub_of
-from .body import max_input_tokens_header, read_json
-from .calls import client_session_id, upstream_for
-from .errors import ServiceError
-from .forward import forward
-from .history import content_text, wire_key
-from .pipeline import Call, Prepared
-from .sse import OpenAIReply, parse_frame
+from ctxwarden import Usage
+from ctxwarden.errors import InvalidMessageError
+from ctxwarden.formats import message_from_openai
+from ctxwarden.messages import Message
+from ctxwarden.service.auth import CurrentTenant, hub_of
+from ctxwarden.service.body import max_input_tokens_header, read_json
+from ctxwarden.service.calls import client_session_id, upstream_for
+from ctxwarden.service.errors import ServiceError
+from ctxwarden.service.forward import forward
+from ctxwarden.service.history import content_text, wire_key
+from ctxwarden.service.pipeline import Call, Prepared
+from ctxwarden.service.sse import OpenAIReply, parse_frame
 
 __all__ = ["OpenAIWire", "router"]
 

@@ -19,16 +19,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..cost import estimate_cost
-from ..engine import BuiltContext
-from ..errors import UnknownModelError
-from ..messages import Message
-from ..registry import get_model
-from ..store.service_tables import add_spend, finish_build, record_build
-from ..tokens import TokenCounter
-from ..usage import Usage
-from .history import Synced, message_key, sync_history
-from .hub import Hub, Tenant
+from ctxwarden import BuiltContext, TokenCounter, Usage, estimate_cost, get_model
+from ctxwarden.errors import UnknownModelError
+from ctxwarden.messages import Message
+from ctxwarden.service.history import Synced, message_key, sync_history
+from ctxwarden.service.hub import Hub, Tenant
+from ctxwarden.store.service_tables import add_spend, finish_build, record_build
 
 __all__ = ["Call", "Prepared", "finish", "prepare"]
 

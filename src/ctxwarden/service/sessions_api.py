@@ -16,13 +16,13 @@ from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..errors import CtxwardenError
-from ..formats.openai import message_to_openai
-from ..session import Session
-from ..store.service_tables import delete_session, list_builds
-from .auth import CurrentTenant, hub_of
-from .errors import ServiceError, from_library
-from .hub import Hub, Tenant
+from ctxwarden import Session
+from ctxwarden.errors import CtxwardenError
+from ctxwarden.formats import message_to_openai
+from ctxwarden.service.auth import CurrentTenant, hub_of
+from ctxwarden.service.errors import ServiceError, from_library
+from ctxwarden.service.hub import Hub, Tenant
+from ctxwarden.store.service_tables import delete_session, list_builds
 
 __all__ = ["router"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import MissingDependencyError
+from ctxwarden.errors import MissingDependencyError
 
 __all__ = ["Upstream", "UpstreamFailure"]
 

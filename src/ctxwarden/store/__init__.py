@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ConfigError
-from .base import SessionStore, StoredMessage, StoredSession, SummaryInput
-from .migrations import MIGRATIONS, Migration
-from .sqlite import SQLiteStore
+from ctxwarden.errors import ConfigError
+from ctxwarden.store.base import SessionStore, StoredMessage, StoredSession, SummaryInput
+from ctxwarden.store.migrations import MIGRATIONS, Migration
+from ctxwarden.store.sqlite import SQLiteStore
 
 __all__ = [
     "MIGRATIONS",
@@ -35,7 +35,7 @@ def open_store(url: str, **options: Any) -> SessionStore:
             raise ConfigError("sqlite URL needs a path: sqlite:///path.db or sqlite:///:memory:")
         return SQLiteStore(path, **options)
     if url.startswith(("postgresql://", "postgres://")):
-        from .postgres import PostgresStore
+        from ctxwarden.store.postgres import PostgresStore
 
         return PostgresStore(url, **options)
     raise ConfigError(

@@ -21,10 +21,10 @@ from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
-from ..errors import StoreError, VersionConflict
-from ..messages import Message
-from ..usage import Usage
-from .base import (
+from ctxwarden.errors import StoreError, VersionConflict
+from ctxwarden.messages import Message
+from ctxwarden.registry.usage import Usage
+from ctxwarden.store.base import (
     StoredMessage,
     StoredSession,
     SummaryInput,
@@ -33,7 +33,7 @@ from .base import (
     encode_message,
     encode_usage,
 )
-from .migrations import Tx
+from ctxwarden.store.migrations import Tx
 
 __all__ = ["SqlStore"]
 

@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequenc
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from ..errors import StoreError
-from ..formats.openai import message_from_openai, message_to_openai
-from ..messages import Message
-from ..usage import Usage
+from ctxwarden.errors import StoreError
+from ctxwarden.formats.openai import message_from_openai, message_to_openai
+from ctxwarden.messages import Message
+from ctxwarden.registry.usage import Usage
 
 __all__ = [
     "SessionStore",

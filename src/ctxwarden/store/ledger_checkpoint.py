@@ -1,6 +1,6 @@
 """The entity ledger of the messages a session build no longer reads: a checkpoint (R13).
 
-:meth:`~ctxwarden.session.Session.build` reads a slice (pinned messages and the newest
+:meth:`~ctxwarden.session.session.Session.build` reads a slice (pinned messages and the newest
 tail) while the engine's ledger must keep the ids, dates and amounts of the messages
 that left the context. Re-reading the history each build would make the build
 O(history), so the session keeps ``(since, upto, ledger)``: every message with
@@ -35,11 +35,11 @@ from collections import OrderedDict
 from collections.abc import Container, MutableMapping
 from dataclasses import dataclass, field, replace
 
-from ..entities import extract_entities
-from ..entity_ledger import EntityLedger
-from ..errors import StoreError
-from ..messages import Message
-from .base import SessionStore
+from ctxwarden.errors import StoreError
+from ctxwarden.memory.entities import extract_entities
+from ctxwarden.memory.entity_ledger import EntityLedger
+from ctxwarden.messages import Message
+from ctxwarden.store.base import SessionStore
 
 __all__ = [
     "LEDGER_BACKFILL",

@@ -19,9 +19,9 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from ..errors import MissingDependencyError, StoreError
-from ._sql import SqlStore
-from .migrations import Tx, check_schema, migrate
+from ctxwarden.errors import MissingDependencyError, StoreError
+from ctxwarden.store._sql import SqlStore
+from ctxwarden.store.migrations import Tx, check_schema, migrate
 
 __all__ = ["PostgresStore", "split_schema"]
 

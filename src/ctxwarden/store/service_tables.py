@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError
-from ._sql import SqlStore
-from .base import SessionStore
+from ctxwarden.errors import ConfigError
+from ctxwarden.store._sql import SqlStore
+from ctxwarden.store.base import SessionStore
 
 __all__ = [
     "BuildRecord",

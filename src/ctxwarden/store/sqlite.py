@@ -23,9 +23,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..errors import StoreError
-from ._sql import SqlStore
-from .migrations import Tx, check_schema, migrate
+from ctxwarden.errors import StoreError
+from ctxwarden.store._sql import SqlStore
+from ctxwarden.store.migrations import Tx, check_schema, migrate
 
 __all__ = ["SQLiteStore"]
 

@@ -1,0 +1,68 @@
+"""What every command shares: one-line user errors (exit code 2), the ``--registry``
+option and its loader, and reading a transcript."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, ParamSpec, TypeVar
+
+import typer
+
+from ctxwarden.errors import CtxwardenError, InvalidMessageError, UsageError
+from ctxwarden.formats.transcript import Transcript, load_example, parse_transcript, read_transcript
+from ctxwarden.registry.catalog import Registry, load_registry
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+USER_ERROR = 2  # bad input or configuration: fix the call
+RUNTIME_ERROR = 1  # the world failed: retrying may help
+
+
+def handle_errors(command: Callable[P, R]) -> Callable[P, R]:
+    """Print a ctxwarden error as ``error: ...`` on stderr and exit; never a traceback.
+
+    Bugs (any other exception) still raise: a traceback is the right report for those.
+    """
+
+    @functools.wraps(command)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return command(*args, **kwargs)
+        except CtxwardenError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(USER_ERROR if isinstance(exc, UsageError) else RUNTIME_ERROR) from None
+
+    return wrapper
+
+
+RegistryOpt = Annotated[
+    list[Path] | None,
+    typer.Option("--registry", help="TOML file adding or overriding models (repeatable)."),
+]
+"""``--registry FILE``: every command that resolves a model takes it, read by
+:func:`registry_from` (a bad file is a one-line error, exit 2)."""
+
+
+def registry_from(paths: list[Path] | None) -> Registry:
+    """The default registry (with ``CTXWARDEN_MODELS``) plus ``--registry`` files."""
+    return load_registry(paths or ())
+
+
+def transcript_from(file: str | None, example: bool) -> Transcript:
+    """A transcript from FILE, ``-`` / piped stdin, or the packaged example."""
+    if example:
+        if file is not None:
+            raise InvalidMessageError("give either a transcript FILE or --example, not both")
+        return load_example()
+    if file is not None and file != "-":
+        return read_transcript(file)
+    text = sys.stdin.read() if file == "-" or not sys.stdin.isatty() else ""
+    if not text.strip():
+        raise InvalidMessageError(
+            "no transcript: give a JSON FILE, '-' for stdin, or --example for the bundled one"
+        )
+    return parse_transcript(text, source="<stdin>")

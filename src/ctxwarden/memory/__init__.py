@@ -1,0 +1,1 @@
+"""What the steps keep: entities and their ledger, critical facts, rolling summaries."""

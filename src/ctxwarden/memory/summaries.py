@@ -1,0 +1,450 @@
+"""Rolling summarisation: when to summarise, where to cut, what the summary state is (R7).
+
+Triggers (any combination; the plan is made if any fires):
+
+- **message count** — more than ``max_messages`` unsummarised messages; the oldest are
+  folded and the newest ``keep_recent`` stay verbatim (seed 000: 30 / 15);
+- **tokens** — the unsummarised messages exceed ``max_tokens`` (seed 000 recommends
+  reacting to tokens when tool results are heavy);
+- **fill ratio** — the context would fill ``fill_ratio`` of the window (seed 004: 0.6);
+- **user turns** — every ``every_user_turns`` user messages (seed 003: 10).
+
+How much of a build's budget the summary layer takes is ``summary_share`` (None: the
+summary as written). A summariser that can focus (:class:`QueryAwareSummarizer`, e.g.
+the offline one) may keep a longer summary than it shows: each build of
+``build_context(..., summarizer=...)`` shows the part most relevant to the newest user
+message (R9), within the share — see :func:`summary_view` and
+:mod:`ctxwarden.steps.layers`. The fill-ratio trigger counts the summary as shown.
+
+The cut never separates an assistant tool call from its results (providers reject
+the orphan), never folds the newest user message, and never folds system or pinned
+messages: those stay where they are.
+
+The summary is two-tier. Each cycle writes a level-one summary that merges the
+previous level-one summary with the folded messages. After ``max_summaries`` cycles
+the level-one summary is merged into the meta-summary (seed 004's cascade) and the
+level one starts afresh, so the oldest part of the story is rewritten once every
+``max_summaries`` cycles instead of every cycle — less rewriting, less drift.
+
+Everything here is pure except :func:`summarize_cycle`, which only calls the
+summariser and fact extractor it is given and turns any failure into "nothing
+changed" (failure is never loss).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol, runtime_checkable
+
+from ctxwarden.build.pairing import group_blocks
+from ctxwarden.errors import ConfigError, CtxwardenError
+from ctxwarden.memory.facts import FactExtractor, Facts, FactSchema
+from ctxwarden.messages import Message
+from ctxwarden.registry.usage import Usage
+
+__all__ = [
+    "CycleResult",
+    "QueryAwareSummarizer",
+    "Summarizer",
+    "SummaryPlan",
+    "SummaryResult",
+    "SummaryState",
+    "SummaryTrigger",
+    "plan_summary",
+    "summarize_cycle",
+    "summary_view",
+]
+
+
+@dataclass(frozen=True)
+class SummaryTrigger:
+    """When to summarise and how much to keep. ``None`` turns a trigger off.
+
+    Defaults: seed 000's 30 / 15 by message count and seed 004's 60 % fill (which only
+    fires when the window size is known). ``keep_recent_tokens`` additionally caps the
+    verbatim tail by tokens, for conversations with heavy tool results.
+
+    ``summary_share`` is the budget split: the share of a build's input budget the
+    summary layer may take (the window gets the rest). ``None`` shows the summary as
+    the summariser wrote it. With a share, ``summarizer="offline"`` keeps up to one
+    budget of sentences and each build shows those most relevant to the newest user
+    message. Long-memory chats (people, events, dates asked about much
+    later) gain from a large share; tool-heavy agents, whose next step depends on the
+    newest results, from a small one.
+    """
+
+    max_messages: int | None = 30
+    keep_recent: int = 15
+    max_tokens: int | None = None
+    fill_ratio: float | None = 0.6
+    every_user_turns: int | None = None
+    keep_recent_tokens: int | None = None
+    max_summaries: int = 4
+    min_fold: int = 2
+    summary_share: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_messages", "max_tokens", "every_user_turns", "keep_recent_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(
+                    f"SummaryTrigger.{name} must be at least 1 (or None), got {value}"
+                )
+        if self.keep_recent < 0:
+            raise ConfigError(f"SummaryTrigger.keep_recent must be >= 0, got {self.keep_recent}")
+        if self.fill_ratio is not None and not 0 < self.fill_ratio <= 1:
+            raise ConfigError(
+                f"SummaryTrigger.fill_ratio is a fraction in (0, 1], got {self.fill_ratio}"
+            )
+        if self.summary_share is not None and not 0 < self.summary_share < 1:
+            raise ConfigError(
+                f"SummaryTrigger.summary_share is a fraction in (0, 1), got {self.summary_share}"
+            )
+        if self.max_summaries < 1 or self.min_fold < 1:
+            raise ConfigError("SummaryTrigger.max_summaries and min_fold must be at least 1")
+        if not any(
+            v is not None
+            for v in (self.max_messages, self.max_tokens, self.fill_ratio, self.every_user_turns)
+        ):
+            raise ConfigError("SummaryTrigger: enable at least one trigger")
+        if self.max_messages is not None and self.keep_recent >= self.max_messages:
+            raise ConfigError(
+                f"SummaryTrigger.keep_recent ({self.keep_recent}) must be below max_messages "
+                f"({self.max_messages}), or nothing would ever be summarised"
+            )
+
+
+@dataclass(frozen=True)
+class SummaryState:
+    """The summary layer as it stands, and which messages it covers.
+
+    ``summaries`` are the level-one summaries since the last meta-summary, oldest first;
+    the last one merges the others, so only it (after the meta-summary) is shown.
+    ``covered_ids`` are the messages folded so far (the layout leaves them out);
+    ``as_of_id`` is the newest message that existed at the last cycle (user turns are
+    counted from there); ``version`` grows with every change (optimistic writes).
+    """
+
+    summaries: tuple[str, ...] = ()
+    meta_summary: str | None = None
+    covered_ids: frozenset[str] = frozenset()
+    covered_count: int = 0
+    as_of_id: str | None = None
+    version: int = 0
+    cycles: int = 0
+
+    @property
+    def text(self) -> str:
+        """What goes in the context: the meta-summary, then the current level-one summary."""
+        parts = [
+            p for p in (self.meta_summary, self.summaries[-1] if self.summaries else None) if p
+        ]
+        return "\n\n".join(parts)
+
+    @property
+    def level_one(self) -> str | None:
+        return self.summaries[-1] if self.summaries else None
+
+    def needs_meta(self, max_summaries: int) -> bool:
+        return len(self.summaries) >= max_summaries
+
+    def apply(self, plan: SummaryPlan, text: str) -> SummaryState:
+        """The state after the plan's messages were folded into the new summary ``text``."""
+        return replace(
+            self,
+            summaries=(*self.summaries, text),
+            covered_ids=self.covered_ids | {m.id for m in plan.fold},
+            covered_count=self.covered_count + len(plan.fold),
+            as_of_id=plan.as_of_id,
+            version=self.version + 1,
+            cycles=self.cycles + 1,
+        )
+
+    def with_meta(self, text: str) -> SummaryState:
+        """Level-one summaries folded into the meta-summary ``text``."""
+        return replace(self, summaries=(), meta_summary=text, version=self.version + 1)
+
+
+@dataclass(frozen=True)
+class SummaryPlan:
+    """Where to cut: ``fold`` goes into the summary, ``keep`` stays verbatim (in order).
+
+    ``cut`` is the index in the conversation before which every unsummarised,
+    non-system, non-pinned message is folded; ``reasons`` say which triggers fired.
+    """
+
+    fold: tuple[Message, ...]
+    keep: tuple[Message, ...]
+    cut: int
+    reasons: tuple[str, ...]
+    as_of_id: str | None = None
+
+
+def _fill_fixed(
+    trigger: SummaryTrigger,
+    messages: Sequence[Message],
+    live: Sequence[int],
+    count: Callable[[Message], int],
+    window: int,
+    previous: SummaryState,
+) -> int:
+    """Tokens the fill ratio counts that folding cannot reduce: the system prompt, pinned
+    messages, and the summary as shown (a focused view takes at most its share)."""
+    live_set = set(live)
+    fixed = sum(
+        count(m)
+        for i, m in enumerate(messages)
+        if i not in live_set and m.id not in previous.covered_ids
+    )
+    if previous.text:
+        shown = count(Message.system(previous.text))
+        if trigger.summary_share is not None:
+            shown = min(shown, int(window * trigger.summary_share))
+        fixed += shown
+    return fixed
+
+
+def _fired(
+    trigger: SummaryTrigger,
+    messages: Sequence[Message],
+    live: Sequence[int],
+    count: Callable[[Message], int],
+    window: int | None,
+    previous: SummaryState,
+) -> list[str]:
+    reasons: list[str] = []
+    if trigger.max_messages is not None and len(live) > trigger.max_messages:
+        reasons.append(f"{len(live)} unsummarised messages > {trigger.max_messages}")
+    if trigger.max_tokens is not None:
+        tokens = sum(count(messages[i]) for i in live)
+        if tokens > trigger.max_tokens:
+            reasons.append(f"unsummarised messages hold {tokens} tokens > {trigger.max_tokens}")
+    if trigger.fill_ratio is not None and window:
+        fixed = _fill_fixed(trigger, messages, live, count, window, previous)
+        foldable = sum(count(messages[i]) for i in live)
+        used = fixed + foldable
+        # Fire only with at least half the threshold to fold: otherwise a summary and a
+        # system prompt that fill the context by themselves would fire it on every call.
+        if used >= trigger.fill_ratio * window and foldable >= trigger.fill_ratio * window / 2:
+            reasons.append(
+                f"context fills {used / window:.0%} of {window} >= {trigger.fill_ratio:.0%}"
+            )
+    if trigger.every_user_turns is not None:
+        start = 0
+        if previous.as_of_id is not None:
+            ids = [m.id for m in messages]
+            start = ids.index(previous.as_of_id) + 1 if previous.as_of_id in ids else 0
+        turns = sum(1 for i in live if i >= start and messages[i].role == "user")
+        if turns >= trigger.every_user_turns:
+            reasons.append(
+                f"{turns} user turns since the last summary >= {trigger.every_user_turns}"
+            )
+    return reasons
+
+
+def plan_summary(
+    messages: Sequence[Message],
+    trigger: SummaryTrigger,
+    count: Callable[[Message], int],
+    window: int | None = None,
+    previous: SummaryState | None = None,
+) -> SummaryPlan | None:
+    """The messages to fold and the ones to keep, or ``None`` when no trigger fires
+    (or firing would fold fewer than ``trigger.min_fold`` messages).
+
+    ``messages`` is the whole conversation, including what earlier cycles covered;
+    ``count`` gives one message's tokens; ``window`` is the model's context window
+    (or the input budget) the fill ratio is measured against.
+    """
+    if (
+        window is None
+        and trigger.fill_ratio is not None
+        and trigger.max_messages is None
+        and trigger.max_tokens is None
+        and trigger.every_user_turns is None
+    ):
+        raise ConfigError("a fill-ratio trigger needs the window size (window=...)")
+    prev = previous or SummaryState()
+    msgs = list(messages)
+    live = [
+        i
+        for i, m in enumerate(msgs)
+        if m.role != "system" and not m.pinned and m.id not in prev.covered_ids
+    ]
+    if not live:
+        return None
+    reasons = _fired(trigger, msgs, live, count, window, prev)
+    if not reasons:
+        return None
+
+    k = trigger.keep_recent
+    cut = len(msgs) if k == 0 else live[-k] if k <= len(live) else live[0]
+    tail_cap = trigger.keep_recent_tokens
+    if window and trigger.fill_ratio is not None and any("fills" in r for r in reasons):
+        # The fill ratio fired: fold down to half of it, so the tail must grow by half the
+        # threshold before it fires again (a summary per batch, not per call).
+        half = int(trigger.fill_ratio * window / 2)
+        room = max(half - _fill_fixed(trigger, msgs, live, count, window, prev), 0)
+        tail_cap = room if tail_cap is None else min(tail_cap, room)
+    if tail_cap is not None:  # cap the verbatim tail by tokens
+        tail = 0
+        for i in reversed(live):
+            tail += count(msgs[i])
+            if tail > tail_cap:
+                cut = max(cut, i + 1)
+                break
+    users = [i for i, m in enumerate(msgs) if m.role == "user"]
+    if users:
+        cut = min(cut, users[-1])  # the newest user message is never folded
+    cut = max((b.start for b in group_blocks(msgs) if b.start <= cut), default=0)
+
+    fold = tuple(msgs[i] for i in live if i < cut)
+    if len(fold) < trigger.min_fold:
+        return None
+    folded = {m.id for m in fold}
+    keep = tuple(m for m in msgs if m.id not in folded and m.id not in prev.covered_ids)
+    return SummaryPlan(fold, keep, cut, tuple(reasons), as_of_id=msgs[-1].id)
+
+
+# -- summarisers and the cycle ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SummaryResult:
+    text: str
+    usage: Usage = field(default_factory=lambda: Usage(calls=0))
+
+
+class Summarizer(Protocol):
+    """Writes summaries: offline (extractive) or through a model."""
+
+    async def summarize(
+        self, messages: Sequence[Message], previous: str | None = None
+    ) -> SummaryResult:
+        """A summary of ``messages`` merged with ``previous`` (the summary so far)."""
+        ...
+
+    async def merge(self, summaries: Sequence[str]) -> SummaryResult:
+        """One summary from several, oldest first (the meta-summary step)."""
+        ...
+
+
+@runtime_checkable
+class QueryAwareSummarizer(Summarizer, Protocol):
+    """A summariser that also takes the current request (``query``, the newest user
+    message) and can show a stored summary focused on it.
+
+    Optional on purpose: every :class:`Summarizer` still works everywhere; code that
+    has a request checks ``isinstance(s, QueryAwareSummarizer)`` (or calls
+    :func:`summary_view`) and passes it only then.
+    """
+
+    async def summarize(
+        self, messages: Sequence[Message], previous: str | None = None, query: str | None = None
+    ) -> SummaryResult:
+        """As :meth:`Summarizer.summarize`, ranked also by relevance to ``query``."""
+        ...
+
+    def focus(self, summary: str, query: str | None, max_tokens: int) -> SummaryResult:
+        """The part of a stored ``summary`` most relevant to ``query``, within
+        ``max_tokens``, with nothing rewritten (no model call)."""
+        ...
+
+
+def summary_view(
+    summarizer: Summarizer | None, summary: str, query: str | None, max_tokens: int | None
+) -> str:
+    """The summary layer one build shows: ``summary`` focused on ``query`` within
+    ``max_tokens`` when the summariser can focus, else ``summary`` as written (a
+    model's summary is already as long as it was asked to be)."""
+    if max_tokens is None or not summary or not isinstance(summarizer, QueryAwareSummarizer):
+        return summary
+    return summarizer.focus(summary, query, max_tokens).text
+
+
+@dataclass(frozen=True)
+class CycleResult:
+    """What one cycle did. On failure ``error`` is set and state and facts are unchanged."""
+
+    state: SummaryState
+    facts: Facts
+    plan: SummaryPlan | None = None
+    usage: Usage = field(default_factory=lambda: Usage(calls=0))
+    meta: bool = False
+    error: str | None = None
+
+    @property
+    def summarized(self) -> bool:
+        return self.plan is not None and self.error is None
+
+
+async def summarize_cycle(
+    messages: Sequence[Message],
+    *,
+    state: SummaryState,
+    facts: Facts,
+    trigger: SummaryTrigger,
+    summarizer: Summarizer,
+    count: Callable[[Message], int],
+    window: int | None = None,
+    extractor: FactExtractor | None = None,
+    schema: FactSchema = None,
+    step_timeout: float | None = None,
+) -> CycleResult:
+    """Plan, extract facts from what leaves, summarise, and cascade to a meta-summary.
+
+    Facts are extracted first, from the messages about to be folded, so they are exact
+    whatever the summary does with them. Any failure (a provider error, an empty
+    answer, unparseable facts, or a call longer than ``step_timeout`` seconds) returns
+    the old state and facts with ``error`` set: every message stays, and the next
+    trigger tries again.
+    """
+    plan = plan_summary(messages, trigger, count, window, state)
+    if plan is None:
+        return CycleResult(state, facts)
+    usage = Usage(calls=0)
+    try:
+        new_facts = facts
+        if extractor is not None:
+            new_facts, used = await asyncio.wait_for(
+                _extract(extractor, plan.fold, facts, schema), step_timeout
+            )
+            usage = usage + used
+        result = await asyncio.wait_for(
+            summarizer.summarize(plan.fold, state.level_one), step_timeout
+        )
+    except (CtxwardenError, TimeoutError) as exc:
+        return CycleResult(state, facts, plan, usage, error=_describe(exc))
+    usage = usage + result.usage
+    if not result.text.strip():
+        return CycleResult(state, facts, plan, usage, error="the summariser returned nothing")
+    new_state = state.apply(plan, result.text)
+    if not new_state.needs_meta(trigger.max_summaries):
+        return CycleResult(new_state, new_facts, plan, usage)
+    parts = [p for p in (new_state.meta_summary, new_state.level_one) if p]
+    try:
+        meta = await asyncio.wait_for(summarizer.merge(parts), step_timeout)
+    except (CtxwardenError, TimeoutError) as exc:  # the level-one summary stays in place
+        return CycleResult(new_state, new_facts, plan, usage, error=f"meta: {_describe(exc)}")
+    usage = usage + meta.usage
+    if not meta.text.strip():
+        return CycleResult(new_state, new_facts, plan, usage, error="meta-summary came back empty")
+    return CycleResult(new_state.with_meta(meta.text), new_facts, plan, usage, meta=True)
+
+
+async def _extract(
+    extractor: FactExtractor, fold: Sequence[Message], facts: Facts, schema: FactSchema
+) -> tuple[Facts, Usage]:
+    with_usage = getattr(extractor, "extract_with_usage", None)
+    if with_usage is not None:  # model-backed extractors report their tokens
+        found, used = await with_usage(fold, facts, schema)
+        return found, used
+    return await extractor.extract(fold, facts, schema), Usage(calls=0)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    return f"{type(exc).__name__}: {exc}"

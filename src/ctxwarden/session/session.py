@@ -1,0 +1,574 @@
+"""A conversation that outlives the process: messages, summary and facts in a store (R13).
+
+:class:`Session` is the user-facing object over a :class:`~ctxwarden.store.SessionStore`::
+
+    with Session("sqlite:///agent.db", "chat-42") as s:
+        s.append([{"role": "user", "content": "hi"}])
+        built = s.build(model="gpt-4o", max_input_tokens=2000)
+
+``build`` has the contract of :func:`ctxwarden.build_context` but reads only what can end
+up in the context — pinned messages, the newest tail that can fit (by the token counts
+stored at insert; from the last window's start once there is one), the summary, the
+facts and the previous build's sticky decisions — so it costs the same at 100 and
+100,000 messages. The entity ledger of everything older than that slice is a stored
+checkpoint each build advances by the messages that left the slice since
+(:mod:`ctxwarden.store.ledger_checkpoint`), so in a session built turn by turn the ids
+and amounts of message 3 still reach the context at message 100,000, as they do in
+``build_context`` over the full list. A session filled without builds (an import, a
+bulk fill, data stored before the ledger was) is not read whole by its first build:
+its ledger is seeded from the last ``ledger_backfill`` messages before the window
+(1,000 by default) and holds their values plus everything that leaves the window from
+then on; the values of the older messages are not in it, and that build's audit warns.
+
+:meth:`Session.summarize` is seed 000's cycle in three steps, and the order matters:
+read what to fold (one short read transaction), call the model with **no transaction and
+no connection held** (the store's connection is released first), then write summary and
+facts in one short transaction guarded by the session's version. If another writer won
+the race, the cycle re-reads (now starting after the other summary, which becomes the
+``previous`` one to merge) and retries. Messages appended meanwhile are not touched: they
+lie after the folded range and fall into the next cycle. The model step is
+:func:`ctxwarden.memory.summaries.summarize_cycle`, the in-memory cycle, so a session cascades
+the same way: when level-one summaries pile up they are folded into a meta-summary in
+the same model step, and both tiers are written together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ctxwarden.errors import (
+    ConfigError,
+    StoreError,
+    SummarizationError,
+    UnknownModelError,
+    VersionConflict,
+)
+from ctxwarden.formats.openai import message_from_openai, message_to_openai
+from ctxwarden.messages import Message
+from ctxwarden.registry.catalog import Registry, get_model
+from ctxwarden.registry.usage import Usage
+from ctxwarden.session import state as session_state
+from ctxwarden.store import SessionStore, StoredMessage, StoredSession, open_store
+from ctxwarden.store.ledger_checkpoint import (
+    LEDGER_BACKFILL,
+    LedgerCheckpoint,
+    current_checkpoint,
+    ledger_warnings,
+    load_checkpoint,
+    remember_checkpoint,
+)
+from ctxwarden.tokens.counter import TokenCounter
+
+if TYPE_CHECKING:
+    from ctxwarden.build.engine import BuiltContext
+    from ctxwarden.build.policy import Policy
+    from ctxwarden.memory.facts import Facts, FactSchema
+    from ctxwarden.memory.summaries import SummaryState, SummaryTrigger
+
+__all__ = ["Session", "SummaryWrite", "count_key"]
+
+_HEAD_SLACK = 8  # system messages that may precede the first pinned conversation messages
+_CACHE_SIZE = 20_000
+TAIL_SLACK = 3
+"""The tail is read up to this many budgets of raw tokens: truncation and masking can make
+more messages fit than raw counts say, and a cold engine build walks back three budgets
+to place its window; still bounded by the budget, never by the history."""
+LEDGER_SAVE_EVERY = 32
+"""A build stores the advanced entity-ledger checkpoint when none is stored yet, or when
+it covers this many more messages than the stored one. Encoding a full ledger costs a
+few milliseconds, so not every build pays it; a process without the checkpoint in memory
+re-reads at most this many messages more."""
+
+
+class _SummarizerLike(Protocol):
+    async def summarize(self, messages: Sequence[Message], previous: str | None = None) -> Any: ...
+
+    async def merge(self, summaries: Sequence[str]) -> Any: ...
+
+
+class _ExtractorLike(Protocol):
+    async def extract(
+        self, messages: Sequence[Message], existing: Any, schema: Any = None
+    ) -> Any: ...
+
+
+@dataclass(frozen=True)
+class SummaryWrite:
+    """One completed cycle: the session as written, what was folded, and the attempts.
+
+    ``meta`` says the level-one summaries were folded into a new meta-summary; ``error``
+    says why that step failed (the level-one summary was written all the same, and the
+    next cycle tries the meta-summary again)."""
+
+    session: StoredSession
+    folded: int
+    covered_up_to_seq: int
+    attempts: int
+    usage: Usage
+    meta: bool = False
+    error: str | None = None
+
+
+def count_key(counter: TokenCounter) -> str:
+    """The key under which a counter's per-message counts are stored: the encoding for
+    exact counts, plus the family and its Latin / Cyrillic / CJK / Latin-with-diacritics
+    factors for estimates (they differ per model; counts stored under another key are
+    counted again)."""
+    scripts = counter.scripts
+    per_script = () if scripts is None else tuple(vars(scripts).values())
+    if scripts is None or set(per_script) == {1.0}:
+        return counter.encoding_name
+    factors = (
+        f"{scripts.latin:g}"
+        if len(set(per_script)) == 1
+        else "/".join(map("{:g}".format, per_script))
+    )
+    return f"{counter.encoding_name}~{counter.family}x{factors}"
+
+
+class Session:
+    """A stored conversation; see the module docstring. Close it (or use ``with``).
+
+    ``registry`` is where models are looked up for counts, windows and prices (default:
+    the built-in registry plus ``CTXWARDEN_MODELS``), so a user's own model is counted,
+    budgeted and priced as its entry says. ``summarizer`` is the one :meth:`summarize`
+    uses when given none, and lets :meth:`build` show the summary focused on the newest
+    user message (see :meth:`build`). ``ledger_backfill`` (settable per instance) is how
+    many messages before the window a build reads to seed an entity ledger that lags
+    further behind than that."""
+
+    ledger_backfill: int = LEDGER_BACKFILL
+
+    def __init__(
+        self,
+        store: str | SessionStore,
+        session_id: str,
+        *,
+        tenant: str = "default",
+        model: str = "gpt-4o",
+        policy: Any = None,
+        registry: Registry | None = None,
+        summarizer: _SummarizerLike | None = None,
+        **store_options: Any,
+    ) -> None:
+        self._owns_store = isinstance(store, str)
+        self.store: SessionStore = (
+            open_store(store, **store_options) if isinstance(store, str) else store
+        )
+        self.session_id = session_id
+        self.tenant = tenant
+        self.model = model
+        self.policy = policy
+        self.registry = registry
+        self.summarizer = summarizer
+        self._cache: dict[int, Message] = {}  # seq -> decoded message, reused across builds
+        try:
+            self.store.create_session(tenant, session_id)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the store's connections if this session opened the store."""
+        if self._owns_store:
+            self.store.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Session({self.store.url!r}, {self.session_id!r}, tenant={self.tenant!r})"
+
+    # -- reading ----------------------------------------------------------------------------
+
+    @property
+    def record(self) -> StoredSession:
+        found = self.store.get_session(self.tenant, self.session_id)
+        if found is None:
+            raise StoreError(f"session {self.session_id!r} disappeared from {self.store.url}")
+        return found
+
+    @property
+    def summary(self) -> str | None:
+        return self.record.summary
+
+    @property
+    def facts(self) -> Facts:
+        """The critical facts, read like a dict (``session.facts["budget"]``)."""
+        return self._facts(self.record)
+
+    @staticmethod
+    def _facts(record: StoredSession) -> Facts:
+        from ctxwarden.memory.facts import Facts
+
+        return Facts.from_json(record.facts)
+
+    @property
+    def summary_state(self) -> SummaryState:
+        """The summary's tiers: level-one summaries since the last meta-summary, the
+        meta-summary, and how many cycles wrote them (``summary`` is their text)."""
+        return session_state.summary_state(self.record)
+
+    @property
+    def ledger(self) -> LedgerCheckpoint:
+        """The entity ledger of the messages before the last build's slice, and the
+        ``upto`` seq it covers (this process's copy, else the stored one)."""
+        record = self.record
+        return current_checkpoint(self.store, self.tenant, self.session_id, record.created_at)
+
+    @property
+    def usage(self) -> Usage:
+        """Tokens of every model call recorded for this session (all models)."""
+        return self.record.total_usage
+
+    @property
+    def cost(self) -> float:
+        """Dollars of every recorded call, each priced with its own model."""
+        return self.record.dollars
+
+    def __len__(self) -> int:
+        return self.store.count(self.tenant, self.session_id)
+
+    def messages(self) -> Iterator[Message]:
+        """Every message in order, read in batches (never all at once)."""
+        for stored in self.store.iter_messages(self.tenant, self.session_id):
+            yield stored.message
+
+    def export(self, *, with_meta: bool = False) -> list[dict[str, Any]]:
+        """Every message in order as OpenAI dicts (``with_meta`` keeps our metadata)."""
+        return [message_to_openai(m, with_meta=with_meta) for m in self.messages()]
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def append(self, messages: Iterable[Mapping[str, Any] | Message]) -> list[int]:
+        """Validate, count and store ``messages`` in one transaction; return their seqs.
+
+        Every message is validated before anything is written: one bad message raises
+        :class:`~ctxwarden.errors.InvalidMessageError` naming its index, and nothing from
+        this call is stored.
+        """
+        parsed = [
+            item if isinstance(item, Message) else message_from_openai(item, index=i)
+            for i, item in enumerate(messages)
+        ]
+        counter = TokenCounter.for_model(self.model, self.registry)
+        key = count_key(counter)
+        counts = [{key: counter.count_message(m)} for m in parsed]
+        return self.store.append(self.tenant, self.session_id, parsed, counts)
+
+    def import_messages(self, messages: Iterable[Mapping[str, Any] | Message]) -> list[int]:
+        """Add a whole transcript (OpenAI dicts, ours with metadata too) atomically."""
+        return self.append(messages)
+
+    @classmethod
+    def import_(
+        cls,
+        store: str | SessionStore,
+        session_id: str,
+        messages: Iterable[Mapping[str, Any] | Message],
+        **kw: Any,
+    ) -> Session:
+        """A new session holding ``messages``; refuses to add to a non-empty one."""
+        session = cls(store, session_id, **kw)
+        if len(session):
+            session.close()
+            raise StoreError(
+                f"session {session_id!r} already has messages; import into a new session id"
+            )
+        session.import_messages(messages)
+        return session
+
+    def record_usage(self, usage: Usage, model: str | None = None) -> Usage:
+        """Add one call's usage (priced with ``model``'s prices in the session's registry);
+        return the total."""
+        name = model or self.model
+        dollars = 0.0
+        try:
+            from ctxwarden.registry.cost import estimate_cost
+
+            dollars = estimate_cost(usage, name, self.registry)
+        except UnknownModelError:
+            pass  # a custom model without prices: tokens still count
+        record = self.store.record_usage(
+            self.tenant, self.session_id, usage, model=name, dollars=dollars
+        )
+        return record.total_usage
+
+    # -- build -------------------------------------------------------------------------------
+
+    def context_messages(
+        self,
+        budget: int,
+        model: str | None = None,
+        *,
+        pin_first: int = 0,
+        from_seq: int | None = None,
+    ) -> list[StoredMessage]:
+        """What a build reads: system and pinned messages, the first ``pin_first``
+        conversation messages, and the unsummarised tail that can fit (``TAIL_SLACK``
+        budgets of raw tokens, from ``from_seq`` on when given), in order; the tail
+        starts on a whole block."""
+        return self._slice(budget, model, pin_first, from_seq, self.record)[0]
+
+    def _slice(
+        self,
+        budget: int,
+        model: str | None,
+        pin_first: int,
+        from_seq: int | None,
+        record: StoredSession,
+    ) -> tuple[list[StoredMessage], int]:
+        """:meth:`context_messages` and the seq its tail starts at (everything older
+        that is not in the slice is what the entity ledger must cover)."""
+        counter = TokenCounter.for_model(model or self.model, self.registry)
+        merged: dict[int, StoredMessage] = {}
+        if pin_first:
+            head = self.store.range(self.tenant, self.session_id, 0, pin_first + _HEAD_SLACK)
+            merged.update((m.seq, m) for m in head if m.message.role != "system")
+            merged = dict(sorted(merged.items())[:pin_first])
+        merged.update((m.seq, m) for m in self.store.pinned(self.tenant, self.session_id))
+        after = record.summary_upto if from_seq is None else max(record.summary_upto, from_seq - 1)
+        tail = self.store.tail(
+            self.tenant,
+            self.session_id,
+            budget * TAIL_SLACK,
+            count_key(counter),
+            after_seq=after,
+            count=counter.count_message,
+            cache=self._cache,
+        )
+        if len(self._cache) > _CACHE_SIZE:  # stored messages never change; keep the newest
+            for seq in sorted(self._cache)[: len(self._cache) - _CACHE_SIZE]:
+                del self._cache[seq]
+        while len(tail) > 1 and tail[0].message.role == "tool":
+            tail = tail[1:]  # its call is older than the tail: never send an orphan result
+        merged.update((m.seq, m) for m in tail)
+        start = tail[0].seq if tail else after + 1
+        return [merged[seq] for seq in sorted(merged)], start
+
+    def _ledger_before(
+        self, record: StoredSession, start: int, skip: Container[int]
+    ) -> tuple[LedgerCheckpoint, tuple[str, ...]]:
+        """The entity-ledger checkpoint advanced to cover the messages before ``start``
+        that the slice does not hold (seeded from the last ``ledger_backfill`` when it
+        lags further behind; see :mod:`ctxwarden.store.ledger_checkpoint`), and the
+        warnings for the build's audit (a damaged stored ledger, skipped messages)."""
+        ckpt, damage = load_checkpoint(self.store, self.tenant, self.session_id, record.created_at)
+        advanced = ckpt.advance(
+            self.store,
+            self.tenant,
+            self.session_id,
+            start,
+            skip,
+            self._cache,
+            backfill=self.ledger_backfill,
+        )
+        return advanced, ledger_warnings(ckpt, advanced, damage)
+
+    def build(
+        self,
+        model: str | None = None,
+        policy: Policy | None = None,
+        *,
+        summarizer: _SummarizerLike | None = None,
+        **kw: Any,
+    ) -> BuiltContext:
+        """Build the context as :func:`ctxwarden.build_context` does, reading only what
+        can fit, and keep the build's sticky decisions for the next one.
+
+        The engine's state counts positions in the list it was given; the session keeps
+        them as sequence numbers (``window_start_seq``, ``last_seq``) and translates them
+        into positions of this build's list, so the window stays sticky although each
+        build sees a different slice of the history. The entity ledger of what lies
+        before the slice comes in as ``earlier_entities`` and is saved, advanced, with
+        the sticky decisions. The first build of a session filled without builds (an
+        import, or one stored before the ledger was) seeds it from the last
+        ``ledger_backfill`` messages before the slice, and its audit warns what it
+        skipped; a stored ledger that cannot be read back is rebuilt, with a warning.
+
+        The stored summary is shown as ``build_context`` shows its own: with
+        ``policy.summary.summary_share`` set and a ``summarizer`` (this one, else the
+        session's) that can focus, such as the offline one, the part most relevant to
+        the newest user message, within that share; otherwise as written. Nothing is
+        summarised here: :meth:`summarize` writes the summary.
+        """
+        from ctxwarden.build.engine import build_context
+        from ctxwarden.build.policy import Policy as PolicyClass
+
+        model = model or self.model
+        policy = policy if policy is not None else (self.policy or PolicyClass())
+        try:
+            window: int | None = get_model(model, self.registry).context_window
+        except UnknownModelError:
+            window = None
+        budget = policy.budget_for(window, kw.get("max_input_tokens"))
+        record = self.record
+        warm = record.sticky.get("window_start_seq")
+        read, start = self._slice(
+            budget,
+            model,
+            policy.window.pin_first,
+            int(warm) if warm is not None else None,
+            record,
+        )
+        seqs = [m.seq for m in read]
+        history = [m.message for m in read]
+        ckpt: LedgerCheckpoint | None = None
+        notes: tuple[str, ...] = ()
+        if policy.ledger.enabled:
+            ckpt, notes = self._ledger_before(record, start, frozenset(seqs))
+        facts = self._facts(record).render() if record.facts else ""
+        summary, left_out = session_state.summary_shown(
+            record.summary,
+            summarizer if summarizer is not None else self.summarizer,
+            history,
+            budget=budget,
+            share=policy.summary.summary_share,
+            count=TokenCounter.for_model(model, self.registry).count_message,
+        )
+        built = build_context(
+            history,
+            model=model,
+            policy=policy,
+            previous=session_state.state_for(record.sticky, seqs),
+            summary=summary,
+            facts=facts or None,
+            earlier_entities=ckpt.ledger if ckpt is not None and len(ckpt.ledger) else None,
+            registry=self.registry,
+            **kw,
+        )
+        notes = left_out + notes
+        if notes:  # the engine cannot know what the session's stored layers went through
+            built = replace(
+                built, audit=replace(built.audit, warnings=built.audit.warnings + notes)
+            )
+        save = ckpt is not None and _due(ckpt)
+        self.store.save_sticky(
+            self.tenant,
+            self.session_id,
+            session_state.sticky_from(built.state, seqs),
+            ledger=ckpt.encode() if save and ckpt is not None else None,
+        )
+        if ckpt is not None:
+            kept = replace(ckpt, saved=ckpt.upto) if save else ckpt
+            remember_checkpoint(self.store, self.tenant, self.session_id, record.created_at, kept)
+        return built
+
+    # -- summarisation cycle ----------------------------------------------------------------
+
+    async def summarize(
+        self,
+        summarizer: _SummarizerLike | None = None,
+        extractor: _ExtractorLike | None = None,
+        *,
+        trigger: SummaryTrigger | None = None,
+        schema: FactSchema = None,
+        max_messages: int = 2000,
+        retries: int = 3,
+        window: int | None = None,
+    ) -> SummaryWrite | None:
+        """Fold the unsummarised messages into the summary and facts (three steps, see
+        the module docstring), cascading to a meta-summary when ``trigger.max_summaries``
+        level-one summaries have piled up: :func:`ctxwarden.memory.summaries.summarize_cycle`
+        does the model part. Returns ``None`` when no trigger fires. ``window`` is what
+        the trigger's fill ratio is measured against (off when ``None``). ``summarizer``
+        defaults to the session's (``Session(..., summarizer=...)``).
+
+        A failing model raises :class:`SummarizationError` and changes nothing; losing
+        the version race ``retries`` times in a row raises :class:`VersionConflict`.
+        """
+        from ctxwarden.memory.facts import Facts
+        from ctxwarden.memory.summaries import SummaryTrigger, summarize_cycle
+
+        summarizer = summarizer if summarizer is not None else self.summarizer
+        if summarizer is None:
+            raise ConfigError(
+                "no summariser: pass one to summarize(), or to Session(..., summarizer=...)"
+            )
+        if not callable(getattr(summarizer, "merge", None)):
+            raise ConfigError(
+                f"{type(summarizer).__name__} has no merge(summaries): a session summariser "
+                "also writes the meta-summary (see ctxwarden.memory.summaries.Summarizer)"
+            )
+        trigger = trigger or SummaryTrigger()
+        counter = TokenCounter.for_model(self.model, self.registry)
+        usage = Usage(calls=0)
+        for attempt in range(1, retries + 2):
+            # 1. read: one short read transaction
+            batch = self.store.read_for_summary(
+                self.tenant, self.session_id, max_messages=max_messages
+            )
+            if not batch.messages:
+                return None
+            state = session_state.summary_state(batch.session)
+            # 2. the model: no transaction, and no connection held while it thinks
+            self.store.release()
+            result = await summarize_cycle(
+                [m.message for m in batch.messages],
+                state=state,
+                facts=Facts.from_json(batch.session.facts),
+                trigger=trigger,
+                summarizer=summarizer,
+                count=counter.count_message,
+                window=window,
+                extractor=extractor,
+                schema=schema,
+            )
+            if result.plan is None:
+                return None
+            if result.usage.calls:
+                usage = usage + result.usage
+                self.record_usage(result.usage, _model_name(summarizer))
+            if result.state.cycles == state.cycles:  # the level-one summary failed
+                raise SummarizationError(f"summarisation failed, nothing changed: {result.error}")
+            folded_ids = {m.id for m in result.plan.fold}
+            covered = max(s.seq for s in batch.messages if s.message.id in folded_ids)
+            facts = result.facts
+            # 3. write: one short transaction, only if nobody wrote since step 1
+            try:
+                written = self.store.write_summary(
+                    self.tenant,
+                    self.session_id,
+                    expected_version=batch.session.version,
+                    summary=result.state.text,
+                    facts=facts.to_json() if isinstance(facts, Facts) else dict(facts),
+                    covered_up_to_seq=covered,
+                    levels=session_state.levels_of(result.state),
+                )
+            except VersionConflict:
+                if attempt > retries:
+                    raise
+                continue
+            folded = len(result.plan.fold)
+            return SummaryWrite(written, folded, covered, attempt, usage, result.meta, result.error)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def summarize_sync(
+        self,
+        summarizer: _SummarizerLike | None = None,
+        extractor: _ExtractorLike | None = None,
+        **kw: Any,
+    ) -> SummaryWrite | None:
+        """:meth:`summarize` for callers without an event loop."""
+        return asyncio.run(self.summarize(summarizer, extractor, **kw))
+
+
+def _due(ckpt: LedgerCheckpoint) -> bool:
+    """Whether a build should store ``ckpt`` (see ``LEDGER_SAVE_EVERY``)."""
+    ahead = ckpt.upto - ckpt.saved
+    return ahead > 0 and (ckpt.saved < 0 or ahead >= LEDGER_SAVE_EVERY)
+
+
+def _model_name(summarizer: Any) -> str:
+    """The name usage is priced under: the summariser's model when it says, else a label."""
+    model = getattr(summarizer, "model", None)
+    name = getattr(model, "name", model)
+    return name if isinstance(name, str) and name else "summarizer"

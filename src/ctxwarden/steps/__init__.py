@@ -1,0 +1,1 @@
+"""The steps of the build, one module each, applied in cascade order (cheapest first)."""

@@ -1,1 +1,0 @@
-"""Context strategies, one module each, applied as a cascade (cheapest first)."""
