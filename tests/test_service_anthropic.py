@@ -4,6 +4,7 @@ speaking the Messages API (JSON and SSE with ``event:`` lines), on SQLite and Po
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -169,10 +170,16 @@ def test_mid_stream_error_event_reaches_the_sdk_and_the_partial_is_marked(env: E
     ) as stream:  # fmt: skip
         for _ in stream:
             pass
+    # the proxy stores what it got once upstream closed: wait for the build row to say so
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        _, builds = env.proxy.get(f"/v1/sessions/{session}/builds", env.key)
+        if builds["builds"][-1]["status"] != "forwarded":
+            break
+        time.sleep(0.05)
+    assert builds["builds"][-1]["status"] == "upstream_error"
     last = env.stored(session, meta="true")[-1]
     assert last["content"] == "abc" and last["ctxwarden"]["meta"]["partial"] is True
-    _, builds = env.proxy.get(f"/v1/sessions/{session}/builds", env.key)
-    assert builds["builds"][-1]["status"] == "upstream_error"
 
 
 def test_errors_use_the_anthropic_shape(env: Env) -> None:
