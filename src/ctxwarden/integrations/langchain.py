@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any, cast
 from ctxwarden.errors import InvalidMessageError, MissingDependencyError
 from ctxwarden.integrations._common import (
     ContextBuilder,
-    is_layer,
     layer_text,
     split_system,
     stable_id,
@@ -260,7 +259,9 @@ class ContextMiddleware(AgentMiddleware):
         built = self.builder.build(history, _tool_dicts(request.tools) or None)
         head, rest = split_system(built.messages)
         prompt_id = history[0].id if system is not None else None
-        kept = [m for m in head if not is_layer(m) and m.id != prompt_id] + rest
+        # leading system messages of this request stay; the prompt is the system message;
+        # a session's stored prompt (from an earlier run) gives way to this request's
+        kept = [m for m in head if m.id in originals and m.id != prompt_id] + rest
         layers = layer_text(head)
         if layers:
             system = _with_layers(system, layers)
