@@ -105,6 +105,7 @@ class FitStep:
             blocks, dropped = _drop_oldest(blocks, target, draft.protected, limit, ctx)
             actions.extend(dropped)
             start, pinned = _new_start(blocks, pos, start, pinned, draft)
+            blocks = [b for b in blocks if pos[b.head.id] >= start]  # the rest is pinned now
         new = draft.but(
             start=start,
             pinned=tuple(pinned),
