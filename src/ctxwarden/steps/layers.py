@@ -181,7 +181,7 @@ def _facts_within(
     while lo < hi:
         mid = (lo + hi + 1) // 2
         shown = {keys[k] for k in rank[:mid]}
-        candidate = facts.render(leave_out=[k for k in keys if k not in shown])
+        candidate = facts.render(leave_out={k for k in keys if k not in shown})
         if _tokens(candidate, ctx) <= cap:
             lo, best = mid, candidate
         else:
