@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
             took = time.perf_counter() - start
             folded = written.folded if written else 0
             print(
-                f"cycle {cycle}: summarised {folded:,} messages in {took:.1f} s, {len(s.facts):,} facts"
+                f"cycle {cycle}: summarised {folded:,} messages in {took:.1f} s, "
+                f"{len(s.facts):,} facts"
             )
             start = time.perf_counter()
             built = s.build(max_input_tokens=args.budget)
