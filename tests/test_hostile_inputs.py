@@ -247,6 +247,16 @@ def test_duplicate_ids_among_message_objects_also_in_an_agent_loop() -> None:
         build_context(history, max_input_tokens=500, previous=built)
 
 
+def test_a_chained_build_of_dicts_is_checked_when_parsed() -> None:
+    history = [SYSTEM, user("a", id="u1"), {"role": "assistant", "content": "b"}]
+    built = build_context(history, max_input_tokens=500)
+    assert build_context(history, max_input_tokens=500, previous=built).messages
+    mixed = [*history, Message.user("c", id="u2")]
+    assert build_context(mixed, max_input_tokens=500, previous=built).messages[-1].text == "c"
+    with pytest.raises(InvalidMessageError, match="messages 1 and 3"):
+        build_context([*history, Message.user("d", id="u1")], max_input_tokens=500, previous=built)
+
+
 def test_identical_messages_without_ids_are_not_duplicates() -> None:
     history = [Message.system("s"), Message.user("ok"), Message.assistant("a"), Message.user("ok")]
     assert history[1].id == history[3].id  # content-derived ids coincide by design

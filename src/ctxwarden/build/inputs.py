@@ -46,10 +46,11 @@ _SEEN: OrderedDict[tuple[int, str], dict[str, int]] = OrderedDict()
 _SEEN_SIZE = 64
 
 
-def check_budget_argument(value: Any, name: str = "max_input_tokens") -> None:
-    """A token budget is ``None`` or a whole number from 1 to :data:`MAX_BUDGET`."""
+def check_budget_argument(value: Any, name: str = "max_input_tokens") -> int | None:
+    """``value`` if it is a token budget (``None``, or a whole number from 1 to
+    :data:`MAX_BUDGET`); else a :class:`ConfigError` naming ``name``."""
     if value is None:
-        return
+        return None
     if isinstance(value, bool) or not isinstance(value, int):
         if isinstance(value, float) and not math.isfinite(value):
             shown = f"{value!r}"
@@ -58,6 +59,7 @@ def check_budget_argument(value: Any, name: str = "max_input_tokens") -> None:
         raise ConfigError(f"{name} must be a whole number of tokens (an int), got {shown}")
     if not 1 <= value <= MAX_BUDGET:
         raise ConfigError(f"{name} must be between 1 and {MAX_BUDGET:,}, got {value:,}")
+    return value
 
 
 def _check_model(model: Any) -> None:
@@ -143,9 +145,10 @@ def check_unique_ids(messages: list[Any], known: int = 0) -> None:
     Only a list of :class:`Message` s is checked here (dicts are checked where they are
     parsed). ``known`` leading messages were checked by the previous call on this history."""
     n = len(messages)
-    if not n or not all(isinstance(m, Message) for m in messages[known if known <= n else 0 :]):
+    start = known if 0 < known <= n else 0
+    if not n or not all(isinstance(m, Message) for m in messages[max(0, start - 1) :]):
         return  # dicts among them: messages_from_openai checks while parsing
-    seen = _SEEN.pop((known, messages[known - 1].id), None) if 0 < known <= n else None
+    seen = _SEEN.pop((known, messages[known - 1].id), None) if start else None
     if seen is not None:  # the history we saw last, extended
         for pos in range(known, n):
             message_id = messages[pos].id
@@ -159,6 +162,8 @@ def check_unique_ids(messages: list[Any], known: int = 0) -> None:
         else:
             _remember(messages, seen)
             return
+    if start and not all(isinstance(m, Message) for m in messages[:start]):
+        return  # dicts before the new messages: parsed, and checked, with them
     ids = [m.id for m in messages]
     if len(set(ids)) < n:
         seen = {}
