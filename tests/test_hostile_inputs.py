@@ -577,27 +577,28 @@ _JSON = st.recursive(
     ),
     max_leaves=12,
 )
+_ANY = st.deferred(lambda: _JSON)  # one branch of a one_of (a bare _JSON counts as eight)
 _META = st.fixed_dictionaries(
     {},
     optional={
-        "id": st.one_of(st.sampled_from(["a", "b", "m1"]), _JSON),
-        "pinned": _JSON,
-        "priority": st.one_of(st.sampled_from(["critical", "high", "low"]), _JSON),
-        "kind": st.one_of(st.sampled_from(["json", "text", "article"]), _JSON),
-        "created_at": _JSON,
-        "meta": _JSON,
+        "id": st.one_of(st.sampled_from(["a", "b", "m1"]), _ANY),
+        "pinned": _ANY,
+        "priority": st.one_of(st.sampled_from(["critical", "high", "low"]), _ANY),
+        "kind": st.one_of(st.sampled_from(["json", "text", "article"]), _ANY),
+        "created_at": _ANY,
+        "meta": _ANY,
     },
 )
 _CALLS = st.lists(
     st.fixed_dictionaries(
-        {"id": st.one_of(st.sampled_from(["c1", "c2"]), _JSON)},
+        {"id": st.one_of(st.sampled_from(["c1", "c2"]), _ANY)},
         optional={
             "type": st.just("function"),
             "function": st.one_of(
-                _JSON,
+                _ANY,
                 st.fixed_dictionaries(
-                    {"name": st.one_of(st.just("f"), _JSON)},
-                    optional={"arguments": st.one_of(st.just('{"a": 1}'), _JSON)},
+                    {"name": st.one_of(st.just("f"), _ANY)},
+                    optional={"arguments": st.one_of(st.just('{"a": 1}'), _ANY)},
                 ),
             ),
         },
@@ -607,26 +608,26 @@ _CALLS = st.lists(
 _MESSAGE = st.fixed_dictionaries(
     {
         "role": st.one_of(
-            st.sampled_from(["system", "user", "assistant", "tool", "developer"]), _JSON
+            st.sampled_from(["system", "user", "assistant", "tool", "developer"]), _ANY
         )
     },
     optional={
         "content": st.one_of(
             st.text(max_size=40),
             st.lists(
-                st.one_of(_JSON, st.fixed_dictionaries({"type": st.just("text"), "text": _JSON}))
+                st.one_of(_ANY, st.fixed_dictionaries({"type": st.just("text"), "text": _ANY}))
             ),
-            _JSON,
+            _ANY,
         ),
-        "tool_calls": st.one_of(_CALLS, _JSON),
-        "tool_call_id": st.one_of(st.sampled_from(["c1", "c2"]), _JSON),
-        "name": _JSON,
-        "ctxwarden": st.one_of(_META, _JSON),
-        "audio": _JSON,
+        "tool_calls": st.one_of(_CALLS, _ANY),
+        "tool_call_id": st.one_of(st.sampled_from(["c1", "c2"]), _ANY),
+        "name": _ANY,
+        "ctxwarden": st.one_of(_META, _ANY),
+        "audio": _ANY,
     },
 )
-_HISTORY = st.one_of(st.lists(st.one_of(_MESSAGE, _JSON), max_size=8), _JSON)
-_BUDGET = st.one_of(st.integers(min_value=-5, max_value=5000), _SCALARS)
+_HISTORY = st.one_of(st.lists(st.one_of(_MESSAGE, _ANY), max_size=8), _ANY)
+_BUDGET = st.one_of(st.integers(min_value=-5, max_value=5000), st.deferred(lambda: _SCALARS))
 _SETTINGS = settings(
     max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -659,3 +660,54 @@ def test_session_append_raises_only_ctxwarden_errors(history: Any, session: Sess
     if seqs:
         stored = list(session.messages())[before:]
         assert len(stored) == len(history)
+
+
+_ODD = st.sampled_from([None, 5, "x", True, 1.5, "\ud800", [], {}])  # one branch, not six
+_INNER_BLOCK = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "image", "document"])},
+    optional={
+        "text": _SCALARS,
+        "source": st.one_of(
+            _SCALARS,
+            st.fixed_dictionaries(
+                {"type": st.sampled_from(["base64", "url"])},
+                optional={"media_type": _SCALARS, "data": _SCALARS, "url": _SCALARS},
+            ),
+        ),
+    },
+)
+_BLOCK = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "image", "tool_use", "tool_result", "thinking"])},
+    optional={
+        "text": _SCALARS,
+        "id": st.one_of(st.just("t1"), _SCALARS),
+        "name": st.one_of(st.just("f"), _SCALARS),
+        "input": st.one_of(st.dictionaries(st.text(max_size=5), _JSON, max_size=3), _JSON),
+        "tool_use_id": st.one_of(st.just("t1"), _SCALARS),
+        "content": st.one_of(st.lists(st.one_of(_INNER_BLOCK, _ODD), min_size=1, max_size=3), _ODD),
+        "source": _JSON,
+        "is_error": _SCALARS,
+    },
+)
+_TURN = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant"])},
+    optional={
+        "content": st.one_of(
+            st.lists(st.one_of(_BLOCK, _ODD), min_size=1, max_size=4), st.text(max_size=20)
+        )
+    },
+)
+_TURNS = st.one_of(
+    st.lists(_TURN, min_size=1, max_size=5), st.lists(st.one_of(_TURN, _ANY), max_size=3), _ANY
+)
+
+
+@_SETTINGS
+@given(
+    system=st.one_of(st.sampled_from([None, "Be brief."]), _ANY),
+    turns=_TURNS,
+)
+def test_messages_from_anthropic_raises_only_ctxwarden_errors(system: Any, turns: Any) -> None:
+    parsed = _only_ctxwarden_errors(messages_from_anthropic, system, turns)
+    if parsed is not None:
+        _only_ctxwarden_errors(build_context, parsed, max_input_tokens=2000)
