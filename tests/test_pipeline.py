@@ -344,3 +344,18 @@ def test_a_budget_below_the_system_prompt_names_the_minimum() -> None:
 def test_messages_to_openai_is_the_wire_form() -> None:
     b = build_context(_tagged_history(), "gpt-4o", 2000)
     assert b.to_openai() == messages_to_openai(b.messages)
+
+
+def test_a_newest_call_too_big_to_fit_is_dropped_loudly_not_an_error() -> None:
+    heredoc = json.dumps({"command": "cat > big.py <<'EOF'\n" + "x = 1\n" * 3000 + "EOF"})
+    h = [
+        Message.system("You are a coding agent."),
+        Message.user("Write big.py."),
+        Message.assistant(None, tool_calls=(ToolCall("c1", "bash", heredoc),)),
+        Message.tool("<returncode>0</returncode><output></output>", tool_call_id="c1"),
+    ]
+    built = build_context(h, "gpt-4o", 1000)
+    assert built.input_tokens <= 1000
+    assert {m.id for m in built.messages} >= {h[0].id, h[1].id}
+    assert any(w.startswith("newest tool call") for w in built.audit.warnings)
+    assert pairing_problems(list(built.messages)) == []
