@@ -18,7 +18,7 @@ from ctxwarden.memory.entities import (
     extract_from_json,
     extract_from_text,
 )
-from ctxwarden.memory.entity_ledger import EntityLedger
+from ctxwarden.memory.entity_ledger import EntityLedger, rank
 from ctxwarden.messages import Message, ToolCall
 from ctxwarden.tokens.counter import TokenCounter
 
@@ -292,15 +292,17 @@ from ctxwarden.memory import entities as _entities  # noqa: E402
         max_size=12,
     )
 )
-def test_ledger_keep_order_is_tier_then_recency(batches: list[list[tuple[str, str]]]) -> None:
-    """The per-tier lists give the order of sorting by (tier, last seen), refreshes included."""
+def test_ledger_keep_order_is_rank_then_recency(batches: list[list[tuple[str, str]]]) -> None:
+    """The per-rank lists give the order of sorting by (rank, last seen), refreshes and
+    user-stated matches included."""
     ledger = EntityLedger()
-    for batch in batches:
-        ledger = ledger.add(Entity(v, c, "m", c) for v, c in batch)
+    origins = ("tool", "user", "assistant", "call")
+    for n, batch in enumerate(batches):
+        ledger = ledger.add(Entity(v, c, "m", c, origins[n % 4]) for v, c in batch)
     expected = sorted(
         range(len(ledger.entries)),
         key=lambda i: (
-            -_entities.CATEGORY_TIERS.get(ledger.entries[i].category, 1),
+            -rank(ledger.entries[i].category, ledger.entries[i].hits, ledger.entries[i].marks),
             -ledger.entries[i].last_seen,
         ),
     )
