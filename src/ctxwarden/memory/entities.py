@@ -123,6 +123,8 @@ MAX_SCAN_CHARS = 65_536
 _HEAD = 49_152
 #: JSON values visited per document (in document order); the rest is not read.
 MAX_JSON_NODES = 20_000
+#: Long strings of one document scanned as text (each scan has a fixed cost).
+MAX_JSON_TEXTS = 256
 
 
 def _may_match(
@@ -311,7 +313,7 @@ def extract_from_json(data: Any, source_id: str = "", origin: str = "") -> list[
     Object keys that are themselves identifiers (``"credit_card_7815826": {...}``) are
     taken too, labelled with their parent's key. Long strings are scanned as text. The
     walk is iterative (any depth) and reads at most :data:`MAX_JSON_NODES` values and
-    :data:`MAX_SCAN_CHARS` characters of long strings in all.
+    :data:`MAX_JSON_TEXTS` long strings of :data:`MAX_SCAN_CHARS` characters in all.
     """
     out: dict[str, Entity] = {}
 
@@ -320,7 +322,7 @@ def extract_from_json(data: Any, source_id: str = "", origin: str = "") -> list[
         if value and value not in out:
             out[value] = Entity(value, label, source_id, category, origin)
 
-    text_left = MAX_SCAN_CHARS
+    text_left, texts_left = MAX_SCAN_CHARS, MAX_JSON_TEXTS
     nodes = 0
     stack: list[tuple[Any, str, str]] = [(data, "", "")]  # (node, key, context), next last
     while stack and nodes < MAX_JSON_NODES:
@@ -332,9 +334,10 @@ def extract_from_json(data: Any, source_id: str = "", origin: str = "") -> list[
             if len(node) <= 60 and "\n" not in node and len(node.split()) <= 4 and label:
                 category = "id" if _key_traits(key)[0] else _category_of(node)
                 add(node, label, category)
-            elif text_left > 0:
+            elif text_left > 0 and texts_left > 0:
                 piece = node[:text_left]
                 text_left -= len(piece)
+                texts_left -= 1
                 for e in extract_from_text(piece, source_id):
                     add(e.value, e.label, e.category)
         elif isinstance(node, dict):
