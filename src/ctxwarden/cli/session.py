@@ -85,6 +85,7 @@ def add(
     registry: RegistryOpt = None,
 ) -> None:
     """Append messages (all or none: one invalid message stores nothing)."""
+    from ctxwarden.build.inputs import check_unique_ids
     from ctxwarden.build.pairing import validate_appended
     from ctxwarden.formats.openai import message_from_openai
     from ctxwarden.session.session import Session
@@ -93,6 +94,7 @@ def add(
     with Session(db, session, tenant=tenant, model=model, registry=models) as s:
         # ids left to the store (m<seq>), as Session.append does with dicts
         parsed = [message_from_openai(m, index=i) for i, m in enumerate(_read_messages(file))]
+        check_unique_ids(parsed)
         validate_appended(_last_block(s), parsed)
         seqs = s.append(parsed)
         typer.echo(f"added {len(seqs)} message(s) to {session}; it now holds {len(s)}", err=True)
