@@ -363,9 +363,6 @@ def test_deep_json_text_is_a_tool_result_kind_not_a_recursion_error() -> None:
     assert turns[0]["content"][0]["input"] == {"_raw_arguments": deep}
 
 
-@pytest.mark.xfail(
-    strict=True, reason="memory/entities.py parse_json_text recurses (the entities helper's part)"
-)
 def test_a_deep_json_tool_result_builds() -> None:
     deep = "[" * 10_000 + "]" * 10_000
     tool = {"role": "tool", "tool_call_id": "c1", "content": deep}

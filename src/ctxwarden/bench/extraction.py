@@ -47,9 +47,7 @@ SHAPES: dict[str, Callable[[int], Message]] = {
     "JSON records": lambda n: Message.tool(
         json.dumps([{"id": f"X{i}A", "n": i, "s": "Mia Li " * 8} for i in range(n // 90)]), "c1"
     ),
-    # as a user message: Message.tool() itself cannot hold it yet (its kind detection
-    # parses the JSON and hits the recursion limit; extraction scans it as text)
-    "JSON nested deep": lambda n: Message.user(_deep_json(n)),
+    "JSON nested deep": lambda n: Message.tool(_deep_json(n), "c1"),
     "deep call arguments": lambda n: Message.assistant(None, (ToolCall("c1", "f", _deep_json(n)),)),
 }
 
