@@ -54,13 +54,15 @@ _UNITS = (
     r"|W|V|mAh|ml|l|L|dni|dzie[nń]|godz\w{0,6}|os[oó]b|кг|км|см|м|год\w{0,6}|дн\w{0,4}|хв|шт"
 )
 _SEG = r"[\w.@+-]{1,80}"  # one path segment, bounded
-# A code identifier: snake_case (an inner underscore) or camelCase (a lower then an
-# upper letter), or a dotted name (two or more dot-joined words, a letter first in each:
-# np.linalg.norm, ndarithmetic.py, setup.cfg). Lookaheads bounded to the token.
+# A code identifier: snake_case (an inner underscore), a leading underscore (_private,
+# __main__) or camelCase (a lower then an upper letter), or a dotted name (two or more
+# dot-joined words, a letter first in each: np.linalg.norm, ndarithmetic.py, setup.cfg).
+# Lookaheads bounded to the token.
 _IDENT = (
     r"(?<![\w.$@/\\-])"
     r"(?:[A-Za-z_]\w{0,63}(?:\.[A-Za-z_]\w{0,63}){1,8}"
     r"|(?=\w{0,63}[^\W_]_[^\W_])\w{1,64}"
+    r"|_{1,2}[A-Za-z][A-Za-z0-9]\w{0,61}"
     r"|(?=\w{0,63}[a-z][A-Z])\w{1,64})"
     r"(?![\w@/\\-]|\.\w)"
 )
