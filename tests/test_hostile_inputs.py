@@ -551,7 +551,6 @@ def test_an_unresponsive_postgres_fails_fast_naming_the_url_without_password() -
     assert "s3cret" not in str(info.value) and "bob:***@" in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason="Session.append needs check_messages_argument (lead)")
 def test_session_append_rejects_a_non_list(session: Session) -> None:
     with pytest.raises(InvalidMessageError):
         session.append(None)  # type: ignore[arg-type]
