@@ -144,13 +144,18 @@ def test_answer_recall_gives_no_pair_credit_to_a_bag_of_words() -> None:
 
 
 def test_baseline_window_on_three_tau_bench_runs(tau_bench_path: Path) -> None:
+    """Every argument value counts, per value; the id share per call is the old figure."""
     runs = load_tau_bench(tau_bench_path)[:3]
     wide = tau_retention(runs, 2000, plain_builder())
-    assert (wide.calls, wide.built_tokens, wide.full_tokens) == (9, 28180, 41939)
-    assert wide.retention == pytest.approx(0.66852, abs=1e-4)
+    assert (wide.calls, wide.built_tokens, wide.full_tokens, wide.values) == (10, 28180, 41939, 48)
+    assert wide.groups == {"ids": (14, 25), "other": (21, 23)}
+    assert wide.retention == pytest.approx(35 / 48)
+    assert wide.per_call_retention == pytest.approx(0.66852, abs=1e-4)
+    assert (wide.violations, wide.over_budget) == (0, 0)
     narrow = tau_retention(runs, 1600, plain_builder())
-    assert (narrow.calls, narrow.built_tokens) == (9, 23308)
-    assert narrow.retention == pytest.approx(0.31296, abs=1e-4)
+    assert (narrow.calls, narrow.built_tokens) == (10, 23308)
+    assert narrow.groups == {"ids": (6, 25), "other": (13, 23)}
+    assert narrow.per_call_retention == pytest.approx(0.31296, abs=1e-4)
 
 
 def test_load_tau_bench_rejects_other_json(tmp_path: Path) -> None:

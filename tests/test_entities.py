@@ -18,7 +18,7 @@ from ctxwarden.memory.entities import (
     extract_from_json,
     extract_from_text,
 )
-from ctxwarden.memory.entity_ledger import EntityLedger
+from ctxwarden.memory.entity_ledger import EntityLedger, rank
 from ctxwarden.messages import Message, ToolCall
 from ctxwarden.tokens.counter import TokenCounter
 
@@ -180,9 +180,11 @@ def test_ledger_dedupes_keeps_first_seen_order_and_renders_statements() -> None:
     assert len(ledger) == 2 and ledger2.values() == ["ZFA04Y", "mia_li_3668", "3JA7XV"]
     assert ledger2.render(1000, count) == (
         "Known values from earlier messages (may have been removed from the context):\n"
-        "- reservation_id: ZFA04Y, 3JA7XV\n"
-        "- user_id: mia_li_3668"
+        "reservation_id: ZFA04Y 3JA7XV\n"
+        "user_id: mia_li_3668"
     )
+    spaced = ledger2.add([e("New York", "city", "name"), e("Paris", "city", "name")])
+    assert spaced.render(1000, count).endswith("city: New York, Paris")
     # re-seeing a value refreshes it without moving it: the rendered prefix stays stable
     assert ledger2.add([e("mia_li_3668", "user_id", "id")]).render(1000, count) == ledger2.render(
         1000, count
@@ -206,9 +208,9 @@ def test_ledger_trims_low_value_and_old_entries_first() -> None:
     ledger = ledger.add([e(f"OLD{i:03d}X", "reservation_id", "id") for i in range(30)])
     ledger = ledger.add([e(f"NEW{i:03d}X", "reservation_id", "id") for i in range(30)])
     full = ledger.render(10_000, count)
-    assert "1059" in full and count(full) > 300
-    text = ledger.render(150, count)
-    assert count(text) <= 150
+    assert "1059" in full and count(full) > 250
+    text = ledger.render(120, count)
+    assert count(text) <= 120
     assert "price" not in text  # plain numbers go first
     assert "NEW029X" in text and "OLD000X" not in text  # then the oldest ids
     assert text.startswith("Known values")
@@ -285,22 +287,25 @@ from ctxwarden.memory import entities as _entities  # noqa: E402
     st.lists(
         st.lists(
             st.tuples(
-                st.sampled_from("ABCDEFGHIJKLMNOP"), st.sampled_from(["id", "number", "date"])
+                st.sampled_from(["A", "BB", "CCC", "DDDD", "E5E5", "May 20", "20 May", "mo"]),
+                st.sampled_from(["id", "number", "date", "name"]),
             ),
             max_size=6,
         ),
         max_size=12,
     )
 )
-def test_ledger_keep_order_is_tier_then_recency(batches: list[list[tuple[str, str]]]) -> None:
-    """The per-tier lists give the order of sorting by (tier, last seen), refreshes included."""
+def test_ledger_keep_order_is_rank_then_recency(batches: list[list[tuple[str, str]]]) -> None:
+    """The per-rank lists give the order of sorting by (rank, last seen), refreshes and
+    user-stated matches included."""
     ledger = EntityLedger()
-    for batch in batches:
-        ledger = ledger.add(Entity(v, c, "m", c) for v, c in batch)
+    origins = ("tool", "user", "assistant", "call")
+    for n, batch in enumerate(batches):
+        ledger = ledger.add(Entity(v, c, "m", c, origins[n % 4]) for v, c in batch)
     expected = sorted(
         range(len(ledger.entries)),
         key=lambda i: (
-            -_entities.CATEGORY_TIERS.get(ledger.entries[i].category, 1),
+            -rank(*ledger.entries[i][2:3], *ledger.entries[i][6:8], len(ledger.entries[i].value)),
             -ledger.entries[i].last_seen,
         ),
     )
@@ -326,3 +331,89 @@ def test_sentence_start_window_equals_searching_the_whole_prefix(text: str, at: 
 def test_category_fast_paths_equal_scanning_the_value(value: str) -> None:
     """E-mails and letter-free values skip the scan; the answer must be the scan's."""
     assert _entities._category_of(value) == _entities._category_by_text(value)
+
+
+# -- general rules: code identifiers, date keys, bounded work, ranking ---------------------------
+
+from ctxwarden.memory.entities import MAX_SCAN_CHARS, date_key  # noqa: E402
+from ctxwarden.memory.entity_ledger import USER  # noqa: E402
+
+
+def test_code_identifiers_and_file_names_by_shape() -> None:
+    got = found(
+        "Edit astropy/nddata/mixins/ndarithmetic.py: _arithmetic_mask(self, handle_mask) "
+        "calls np.bitwise_or on NDDataRef; see setup.cfg, the one_way fare and parseArgs. "
+        "It was fine."
+    )
+    assert got["astropy/nddata/mixins/ndarithmetic.py"] == "path"
+    for ident in ("_arithmetic_mask", "handle_mask", "np.bitwise_or", "NDDataRef", "setup.cfg"):
+        assert got[ident] == "identifier", ident
+    assert got["one_way"] == "identifier" and got["parseArgs"] == "identifier"
+    assert got["mia_li_3668" if "mia_li_3668" in got else "handle_mask"]  # ids stay ids:
+    assert found("user mia_li_3668 here")["mia_li_3668"] == "id"
+    assert "fine" not in got and "It" not in got
+
+
+def test_date_key_links_one_date_in_any_format() -> None:
+    same = ["2024-05-20", "May 20th", "20 May 2024", "May 20, 2024", "05/20/2024", "20.05.2024"]
+    same += ["20 maja", "20 травня", "2024/05/20", "20 mai"]
+    assert {date_key(v) for v in same} == {"05-20"}
+    assert date_key("4 juillet") == "07-04" and date_key("June 4") == "06-04"
+    assert date_key("Hello") is None and date_key("31/31/2024") is None
+
+
+def test_extraction_is_bounded_on_any_shape() -> None:
+    """Shapes that made the old patterns quadratic, a text past the scan cap, JSON nested
+    10,000 deep: each extracts (their speed: python -m ctxwarden.bench.extraction)."""
+    for shape in ("100 ", "a.", "a-", "1,000,", "Hello World ", "/a1", "x" * 300 + " "):
+        assert isinstance(extract_from_text(shape * (200_000 // len(shape))), list)
+    head, tail = "HAT001 " + "word " * 10, " LAST99 end"
+    long = head + "filler " * (MAX_SCAN_CHARS // 7 + 10_000) + "MIDDLE7 " + "filler " * 5000 + tail
+    values = {x.value for x in extract_from_text(long)}
+    assert {"HAT001", "LAST99"} <= values and "MIDDLE7" not in values  # head + tail read
+    deep: Any = {"user_id": "deep_user_1"}
+    for i in range(10_000):
+        deep = [deep] if i % 2 else {"level": deep}
+    assert {x.value for x in extract_from_json(deep)} == {"deep_user_1"}
+    nested = "[" * 10_000 + '"ABC123"' + "]" * 10_000
+    assert "ABC123" in {x.value for x in extract_from_text(nested)}
+    call = ToolCall("c", "f", '{"a":' * 5_000 + '"ZZ9X"' + "}" * 5_000)
+    message = Message.assistant(None, (call,), id="deep-args")
+    assert "ZZ9X" in {x.value for x in extract_entities(message)}  # too deep: read as text
+
+
+def test_what_the_user_stated_and_the_agent_used_survives_pressure() -> None:
+    def ent(value: str, label: str, category: str, origin: str) -> Entity:
+        return Entity(value, label, "m", category, origin)
+
+    ledger = EntityLedger().add(
+        [ent("2024-05-27", "date", "date", "tool"), ent("Kim", "last_name", "value", "tool")]
+        + [ent(f"HAT{i:03d}", "flight_number", "id", "tool") for i in range(60)]
+        + [ent("src/app/core.py", "path", "path", "tool")]
+    )
+    ledger = ledger.add(
+        [ent("May 27", "date", "date", "user"), ent("Sofia Kim", "n", "name", "user")]
+    )
+    ledger = ledger.add([ent("src/app/core.py", "command", "path", "call")])
+    assert {"2024-05-27", "Kim", "May 27", "Sofia Kim"} <= set(ledger.stated())
+    text = ledger.render(60, count)
+    for kept in ("2024-05-27", "Kim", "May 27", "src/app/core.py"):
+        assert kept in text, kept
+    assert "HAT000" not in text  # ids seen once in a tool result give way first
+    # repeated values outrank single ones of the same category; plain numbers never do
+    many = EntityLedger()
+    for _ in range(4):
+        many = many.add([ent("LAX", "origin", "code", "tool"), ent("12", "n", "number", "user")])
+    many = many.add([ent(f"C{i}DE", "code", "code", "tool") for i in range(40)])
+    top = [many.entries[i].value for i in many._keep_order(many.entries, many._tiers)]
+    assert top[0] == "LAX" and top[-1] == "12"
+    assert many.entries[1].marks & USER
+
+
+def test_ledgers_stored_before_ranking_still_load() -> None:
+    old = {"entries": [["ZFA04Y", "reservation_id", "id", "m1", 1, 1]], "seq": 1}
+    ledger = EntityLedger.from_dict(old)
+    assert ledger.entries[0].hits == 1 and ledger.entries[0].marks == 0
+    assert EntityLedger.from_dict(ledger.to_dict()) == ledger
+    with pytest.raises(ValueError, match="6 or 8 fields"):
+        EntityLedger.from_dict({"entries": [["x", "y"]], "seq": 1})

@@ -114,7 +114,8 @@ def _peer_builders(peers: bool) -> dict[str, Any]:
 
 
 def _with_errors(row: dict[str, Any], builder: Any) -> dict[str, Any]:
-    """A peer's row also says how often it raised (the history was then sent as is)."""
+    """A row also says how often its builder raised (a peer: the history was then sent
+    as is; ctxwarden: a BudgetError, the plain window sent instead)."""
     if hasattr(builder, "errors"):
         row["errors"] = builder.errors
         row["error_examples"] = list(builder.error_examples)
@@ -303,18 +304,19 @@ def _retention_table(scenario: Mapping[str, Any]) -> str:
     rows = scenario["strategies"]
     ids = any("retention_ids" in s for s in rows.values())
     header = ["strategy", "retention", *(["ids"] if ids else []), "reduction"]
-    header += ["violations", "newest dropped", "over budget", "input tokens"]
+    header += ["violations", "newest dropped", "over budget", "errors", "input tokens"]
     return _table(
         header,
         [
             [
                 name,
-                f"{s['retention']:.3f}" if "error" not in s else "n/a",
-                *([f"{s.get('retention_ids', 0):.3f}"] if ids else []),
+                f"{100 * s['retention']:.1f}%",
+                *([f"{100 * s.get('retention_ids', 0):.1f}%"] if ids else []),
                 f"{100 * s['reduction']:.1f}%",
                 str(s["violations"]),
                 str(s.get("newest_dropped", 0)),
                 str(s["over_budget"]),
+                str(s.get("errors", 0)),
                 f"{s['total_input_tokens']:,}",
             ]
             for name, s in rows.items()

@@ -28,6 +28,7 @@ from ctxwarden.tokens.counter import REPLY_PRIMING, TokenCounter
 
 __all__ = [
     "Builder",
+    "EngineBuilder",
     "Mentions",
     "NeededFn",
     "Retention",
@@ -160,27 +161,55 @@ def plain_builder() -> Builder:
     return build
 
 
-def engine_builder(model: str = "gpt-4o", *, loop: bool = True, policy: Any = None) -> Builder:
+class EngineBuilder:
     """ctxwarden's ``build_context`` with the default policy (or ``policy``). ``loop``:
     given its previous build of the same run, as an agent loop calls it; else every
-    build is cold (no ``previous``), as after a restart."""
-    from ctxwarden import build_context
+    build is cold (no ``previous``), as after a restart. A build that raises
+    :class:`~ctxwarden.errors.BudgetError` (the budget cannot hold the system prompt
+    and the newest turn) is counted in ``errors`` and the plain window is sent instead,
+    as a caller's fallback would."""
 
-    last: dict[str, Any] = {"run": None, "built": None}
+    def __init__(self, model: str = "gpt-4o", *, loop: bool = True, policy: Any = None):
+        self.model, self.loop, self.policy = model, loop, policy
+        self.errors = 0
+        self.error_examples: list[str] = []
+        self._run: list[Message] | None = None
+        self._built: Any = None
 
-    def build(before: Sequence[Message], counts: Sequence[int], budget: int) -> list[Message]:
+    def __call__(
+        self, before: Sequence[Message], counts: Sequence[int], budget: int
+    ) -> list[Message]:
+        from ctxwarden import build_context
+        from ctxwarden.errors import BudgetError
+
         previous = None
-        if loop and last["run"] is not None:
-            n = len(last["run"])
-            if len(before) >= n and before[n - 1].fingerprint == last["run"][-1].fingerprint:
-                previous = last["built"]
-        built = build_context(
-            before, model=model, max_input_tokens=budget, previous=previous, policy=policy
-        )
-        last["run"], last["built"] = list(before), built
+        if self.loop and self._run is not None:
+            n = len(self._run)
+            if len(before) >= n and before[n - 1].fingerprint == self._run[-1].fingerprint:
+                previous = self._built
+        try:
+            built = build_context(
+                before,
+                model=self.model,
+                max_input_tokens=budget,
+                previous=previous,
+                policy=self.policy,
+            )
+        except BudgetError as exc:
+            self.errors += 1
+            if len(self.error_examples) < 3:
+                self.error_examples.append(str(exc)[:200])
+            self._run = self._built = None
+            return plain_builder()(before, counts, budget)
+        self._run, self._built = list(before), built
         return list(built.messages)
 
-    return build
+
+def engine_builder(
+    model: str = "gpt-4o", *, loop: bool = True, policy: Any = None
+) -> EngineBuilder:
+    """A fresh :class:`EngineBuilder` (one per row: its error count is the row's)."""
+    return EngineBuilder(model, loop=loop, policy=policy)
 
 
 def call_retention(

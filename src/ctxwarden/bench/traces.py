@@ -393,17 +393,24 @@ def _knobs(trigger: Any) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m ctxwarden.bench.traces``: LoCoMo answer recall, window only / ours /
-    full history, and the policy knobs ours ran with."""
+    full history, and the policy knobs ours ran with. ``--tau`` / ``--swebench`` print
+    the retention rows instead (every needed value, the id subset, violations, over
+    budget), ``--peers`` adds litellm's and headroom-ai's compressors to them."""
     import argparse
     import os
 
-    parser = argparse.ArgumentParser(description="LoCoMo answer recall per strategy.")
-    default = Path(os.environ.get("CTXWARDEN_DATA", "../shared/data")) / "locomo"
-    parser.add_argument("--locomo", type=Path, default=default / "locomo-dev.json")
+    parser = argparse.ArgumentParser(description="Real-trace rows of the bench, per strategy.")
+    base = Path(os.environ.get("CTXWARDEN_DATA", "../shared/data"))
+    parser.add_argument("--locomo", type=Path, default=base / "locomo" / "locomo-dev.json")
     parser.add_argument("--budget", type=int, default=4000, help="input-token budget")
     parser.add_argument("--summarizer", default="offline", help="'offline' or a provider spec")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument("--tau", nargs="?", type=Path, const=base / "tau-bench" / _TAU_FILE)
+    parser.add_argument("--swebench", nargs="?", type=Path, const=base / _SWE_FILE)
+    parser.add_argument("--peers", action="store_true", help="add litellm and headroom-ai")
     args = parser.parse_args(argv)
+    if args.tau or args.swebench:
+        return _retention_rows(args.tau, args.swebench, args.peers, args.json)
     spec = None if args.summarizer == "offline" else args.summarizer
     result = locomo_recall(load_locomo(args.locomo), args.budget, summarizer=spec)
     if args.json:
@@ -422,6 +429,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     ours = result["ctxwarden"]
     print(f"ctxwarden: {ours['summarizer']}; policy {ours.get('policy', 'bench loop')}")
+    return 0
+
+
+_TAU_FILE = "airline-gpt-4o-dev.json"
+_SWE_FILE = Path("swebench-mini") / "swebench-verified-mini-gemini3-dev.json"
+
+
+def _retention_rows(tau: Path | None, swebench: Path | None, peers: bool, as_json: bool) -> int:
+    """Print the bench's tau-bench and swebench-mini rows (the same code as the report)."""
+    from ctxwarden.bench.report import _retention_table, _swebench, _tau
+
+    for path, run in ((tau, _tau), (swebench, _swebench)):
+        if path is None:
+            continue
+        scenario = run(path, None, peers)
+        if as_json:
+            rows = {
+                k: {f: v for f, v in r.items() if f != "input_tokens_per_turn"}
+                for k, r in scenario["strategies"].items()
+            }
+            print(json.dumps(rows, indent=2))
+        else:
+            print(f"{scenario['description']}\n{path}\n\n{_retention_table(scenario)}\n")
     return 0
 
 

@@ -22,15 +22,19 @@ import json
 import math
 import re
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from ctxwarden.memory.entity_patterns import MONTHS, PATTERNS, date_key
 from ctxwarden.messages import Message
 
 __all__ = [
     "CATEGORY_TIERS",
+    "MAX_JSON_NODES",
+    "MAX_SCAN_CHARS",
     "Entity",
+    "date_key",
     "extract_entities",
     "extract_from_json",
     "extract_from_text",
@@ -46,6 +50,8 @@ class Entity:
     label: str
     source_id: str
     category: str = ""
+    #: who wrote it: "user", "assistant", "call" (a tool-call argument), "tool", "system"
+    origin: str = field(default="", compare=False)
 
 
 #: Trimming order of the ledger: tier 0 goes first when over budget, tier 2 last.
@@ -54,89 +60,18 @@ CATEGORY_TIERS: dict[str, int] = {
     "email": 3,
     "url": 2,
     "path": 2,
+    "identifier": 2,
     "date": 2,
     "amount": 2,
     "name": 2,
+    "code": 2,
     "time": 1,
-    "code": 1,
     "quantity": 1,
     "value": 1,
     "number": 0,
 }
 
-# -- patterns ----------------------------------------------------------------------------------
-
-_MONTHS = (
-    # English, German, French, Spanish, Italian, Portuguese (stems; inflected forms follow)
-    r"jan(?:uary|uar|vier)?|feb(?:ruary|ruar)?|f[ée]vrier|mar(?:ch|s|zo)?|märz|apr(?:il|ile)?"
-    r"|avril|abril|may|mai|mayo|maggio|maio|jun(?:e|i|io|ho)?|juin|jul(?:y|i|io|ho)?|juillet"
-    r"|aug(?:ust)?|août|agosto|sep(?:t|tember|tiembre|tembre)?|oct(?:ober|obre)?|okt(?:ober)?"
-    r"|octubre|ottobre|outubro|nov(?:ember|embre|iembre)?|dec(?:ember)?|dez(?:ember)?"
-    r"|d[ée]cembre|diciembre|dicembre|enero|febrero|gennaio|febbraio|janeiro|fevereiro"
-    # Polish, Ukrainian, Russian (stems cover the genitive: "20 maja", "20 травня")
-    r"|stycz\w*|lut\w*|marz\w*|marca|kwie\w*|maj\w*|czerw\w*|lip\w*|sierp\w*|wrze[sś]\w*"
-    r"|pa[zź]dziern\w*|listopad\w*|grud\w*"
-    r"|січ\w*|лют\w*|берез\w*|квіт\w*|трав\w*|черв\w*|лип\w*|серп\w*|верес\w*|жовт\w*"
-    r"|листопад\w*|груд\w*|январ\w*|феврал\w*|март\w*|апрел\w*|ма[яй]|июн\w*|июл\w*"
-    r"|август\w*|сентябр\w*|октябр\w*|ноябр\w*|декабр\w*"
-)
-_DAY = r"(?:[12]\d|3[01]|0?[1-9])(?:st|nd|rd|th|\.|-?го)?"
-_WRITTEN_DATE = (
-    rf"\b(?:{_DAY}\s+(?:of\s+)?(?:{_MONTHS})\b\.?(?:,?\s+\d{{4}})?"
-    rf"|(?:{_MONTHS})\.?\s+{_DAY}(?![\d:])(?:,?\s+\d{{4}})?)"
-)
-_NUM = r"\d{1,3}(?:[,\u00a0\u202f ]\d{3})+(?:[.,]\d+)?|\d+(?:[.,]\d+)?"
-_CUR_SYM = r"[$€£¥₴₽₹₩₪₺]"
-_CUR_CODE = r"USD|EUR|GBP|PLN|UAH|CHF|JPY|CNY|CAD|AUD|RUB|INR|SEK|NOK|DKK|CZK|HUF|BRL|MXN"
-_CUR_WORD = (
-    r"dollars?|euros?|pounds?|yen|z[łl](?:otych|ote|oty)?|гривень|гривні|гривня|грн"
-    r"|руб(?:лей|ля|ль)?\.?|доларів|долари|євро"
-)
-_UNITS = (
-    r"kg|mg|g|lbs?|oz|km|cm|mm|m|mi|miles?|ft|feet|kilomet(?:er|re)s?|met(?:er|re)s?|km/h|mph"
-    r"|[KMGT]i?B|ms|sec(?:onds?)?|s|min(?:utes?)?|h|hrs?|hours?|days?|weeks?|months?|years?"
-    r"|nights?|bags?|pieces?|items?|passengers?|people|persons?|seats?|tickets?|°[CF]|px|kWh|kW"
-    r"|W|V|mAh|ml|l|L|dni|dzie[nń]|godz\w*|os[oó]b|кг|км|см|м|год\w*|дн\w*|хв|шт"
-)
-
-_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
-    (cat, re.compile(rx, re.IGNORECASE if cat == "date-written" else 0))
-    for cat, rx in (
-        ("url", r"\b(?:https?|ftp)://[^\s<>\"'()\[\]{}]+"),
-        ("email", r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+"),
-        ("id", r"\b[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}\b"),
-        (
-            "date",
-            r"\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?\b"
-            r"|\b\d{1,2}[./]\d{1,2}[./]\d{2,4}\b",
-        ),
-        ("date-written", _WRITTEN_DATE),
-        (
-            "path",
-            r"(?<![\w/:.])(?:~|\.{1,2})?/(?:[\w.@+-]+/)*[\w.@+-]*[A-Za-z][\w.@+-]*"
-            r"|\b[A-Za-z]:\\(?:[\w.-]+\\)*[\w.-]+|\b(?:[\w.-]+/)+[\w-]+\.[A-Za-z]\w{0,4}\b",
-        ),
-        (
-            "time",
-            r"\b\d{1,2}:\d{2}(?::\d{2})?(?:\s?[AaPp]\.?[Mm]\b\.?)?(?:\+\d)?|\b\d{1,2}\s?[AaPp]\.?[Mm]\b",
-        ),
-        (
-            "amount",
-            rf"(?:{_CUR_SYM}\s?|\b(?:{_CUR_CODE})\s?)-?(?:{_NUM})"
-            rf"|(?<![\w.,])(?:{_NUM})\s?(?:{_CUR_SYM}|(?:{_CUR_CODE}|{_CUR_WORD})(?!\w))",
-        ),
-        ("quantity", rf"(?<![\w.,])(?:{_NUM})\s?(?:%|(?:{_UNITS})(?![\w/]))"),
-        # a run of word characters mixing letters and digits (an id), or one that starts
-        # with a capital and has no digit (a code if it is all capitals); the lookaheads
-        # keep every other word out of the Python loop
-        (
-            "id",
-            r"(?:#|(?<!\w))(?:(?=[\w-]*\d)(?=[\w-]*[^\W\d])|(?=[^\W\d_a-z])(?![\w-]*\d))"
-            r"\w(?:[\w-]*\w)?",
-        ),
-        ("number", rf"(?<![\w.,-])-?(?:{_NUM})(?![\w])"),
-    )
-)
+_PATTERNS = PATTERNS
 _UUID = _PATTERNS[2][1]
 _EMAIL = _PATTERNS[1][1]
 _ORDINAL = re.compile(r"^\d+(?:st|nd|rd|th|-?го|-?й|-?ий)$", re.IGNORECASE)
@@ -170,7 +105,7 @@ def _is_id(token: str) -> bool:
     return has_digit and has_other and not _ORDINAL.match(token)
 
 
-_MONTH = re.compile(_MONTHS, re.IGNORECASE)
+_MONTH = re.compile(MONTHS, re.IGNORECASE)
 _LETTER_RUN = re.compile(r"[^\W\d_]{3,}")
 
 
@@ -181,13 +116,24 @@ def _is_month(word: str) -> bool:
 
 _NEEDS_DIGIT = frozenset({"date", "time", "amount", "quantity", "number"})  # date-written too
 
+#: Characters of one text that are scanned: the first 48 Ki and the last 16 Ki (an
+#: error or a total sits at the end of a long output). Beyond, extraction would cost
+#: more than the values are worth, and a 5 MB tool result must not stall a build.
+MAX_SCAN_CHARS = 65_536
+_HEAD = 49_152
+#: JSON values visited per document (in document order); the rest is not read.
+MAX_JSON_NODES = 20_000
+#: Long strings of one document scanned as text (each scan has a fixed cost).
+MAX_JSON_TEXTS = 256
+
 
 def _may_match(
     category: str, pattern: re.Pattern[str], text: str, digits: bool, upper: bool
 ) -> bool:
     """Cheap tests that skip patterns on text that cannot match them: a written date
     needs a month name, a path a slash, a URL "://", an e-mail "@", a number a digit,
-    a UUID a hyphen, an id a digit and a code a capital."""
+    a UUID a hyphen, an id a digit and a code a capital, an identifier ``_``, ``.`` or a
+    capital."""
     if category in _NEEDS_DIGIT:
         return digits
     if category == "date-written":
@@ -202,21 +148,23 @@ def _may_match(
         return "-" in text
     if category == "id":
         return digits or upper
+    if category == "identifier":
+        return "_" in text or "." in text or upper
     return True
 
 
 def _at_sentence_start(text: str, at: int) -> bool:
     """Whether position ``at`` opens a sentence. Only the last 64 characters are searched
     (searching the whole prefix made long texts quadratic), unless they are all spaces
-    and quotes, when what decides lies further back."""
+    and quotes, when what decides lies further back (searched up to 1,024 characters
+    back: a longer run of blanks opens a sentence anyway)."""
     lo = max(at - 64, 0)
     if _SENTENCE_END.search(text, lo, at) is not None:
         return True
-    return (
-        lo > 0
-        and _OPENERS.fullmatch(text, lo, at) is not None
-        and (_SENTENCE_END.search(text, 0, at) is not None)
-    )
+    if lo == 0 or _OPENERS.fullmatch(text, lo, at) is None:
+        return False
+    far = max(at - 1024, 0)
+    return far > 0 or _SENTENCE_END.search(text, far, at) is not None
 
 
 def _shouting(text: str) -> bool:
@@ -229,8 +177,23 @@ def _clean(value: str) -> str:
     return " ".join(value.split()).strip(".,;:!?)(\"'")
 
 
-def extract_from_text(text: str, source_id: str = "") -> list[Entity]:
-    """Entities of free text, each labelled by its category; first occurrence wins."""
+def _bounded(text: str) -> str:
+    """``text`` cut to :data:`MAX_SCAN_CHARS`: its head and its tail."""
+    if len(text) <= MAX_SCAN_CHARS:
+        return text
+    return text[:_HEAD] + "\n" + text[len(text) - (MAX_SCAN_CHARS - _HEAD) :]
+
+
+def _identifier_category(value: str) -> str:
+    """An identifier token with digits is an id (mia_li_3668, HAT123x); a dotted name or
+    a snake/camel word is a code identifier."""
+    return "id" if "." not in value and _is_id(value) else "identifier"
+
+
+def extract_from_text(text: str, source_id: str = "", origin: str = "") -> list[Entity]:
+    """Entities of free text, each labelled by its category; first occurrence wins.
+    Linear in ``len(text)``; at most :data:`MAX_SCAN_CHARS` characters are read."""
+    text = _bounded(text)
     out: dict[str, Entity] = {}
     claimed = bytearray(len(text))
 
@@ -240,7 +203,7 @@ def extract_from_text(text: str, source_id: str = "") -> list[Entity]:
         claimed[start:end] = b"\x01" * (end - start)
         value = _clean(value)
         if value and value not in out:
-            out[value] = Entity(value, category, source_id, category)
+            out[value] = Entity(value, category, source_id, category, origin)
 
     shouting: bool | None = None  # mostly capitals: no codes then (found when first needed)
     digits = _DIGIT.search(text) is not None
@@ -252,6 +215,10 @@ def extract_from_text(text: str, source_id: str = "") -> list[Entity]:
             value = m.group(0)
             if category == "date-written":
                 category_out = "date"
+            elif category == "identifier":
+                if len(value) < 4:
+                    continue
+                category_out = _identifier_category(value)
             elif category == "id":
                 if _is_id(value.lstrip("#")):
                     category_out = "id"
@@ -273,7 +240,7 @@ def extract_from_text(text: str, source_id: str = "") -> list[Entity]:
             if category == "email":  # a user name is often an account id too: mia_li_3668@…
                 local = value.split("@", 1)[0]
                 if _is_id(local):
-                    out.setdefault(local, Entity(local, "id", source_id, "id"))
+                    out.setdefault(local, Entity(local, "id", source_id, "id", origin))
             take(m.start(), m.end(), value, category_out)
     # proper names: runs of capitalised words, not a lone word at a sentence start
     run: list[re.Match[str]] = []
@@ -290,7 +257,8 @@ def extract_from_text(text: str, source_id: str = "") -> list[Entity]:
                 run = run[1:]
                 continue
             break
-        heading = bool(run) and text[run[-1].end() :][:8].lstrip(" *_0-9").startswith(":")
+        after = run[-1].end() if run else 0
+        heading = bool(run) and text[after : after + 16].lstrip(" *_0-9").startswith(":")
         if run and not heading:  # "Total Cost:" / "**Flight Option 1:**" label a field
             take(run[0].start(), run[-1].end(), text[run[0].start() : run[-1].end()], "name")
         run = [w] if w is not None and title else []
@@ -310,7 +278,7 @@ _TO_NINE = str.maketrans("0123456789", "9999999999")
 @lru_cache(maxsize=4096)
 def _key_kind(key: str) -> str:
     """The category of a JSON object key (keys repeat across records: cached)."""
-    return _category_of(key)
+    return _category_of(key[:200])
 
 
 @lru_cache(maxsize=4096)
@@ -339,43 +307,54 @@ def _category_by_text(value: str) -> str:
     return "value"
 
 
-def extract_from_json(data: Any, source_id: str = "") -> list[Entity]:
+def extract_from_json(data: Any, source_id: str = "", origin: str = "") -> list[Entity]:
     """Entities of a parsed JSON value; each scalar is labelled with the key that holds it.
 
     Object keys that are themselves identifiers (``"credit_card_7815826": {...}``) are
-    taken too, labelled with their parent's key. Long strings are scanned as text.
+    taken too, labelled with their parent's key. Long strings are scanned as text. The
+    walk is iterative (any depth) and reads at most :data:`MAX_JSON_NODES` values and
+    :data:`MAX_JSON_TEXTS` long strings of :data:`MAX_SCAN_CHARS` characters in all.
     """
     out: dict[str, Entity] = {}
 
     def add(value: str, label: str, category: str) -> None:
         value = _clean(value)
         if value and value not in out:
-            out[value] = Entity(value, label, source_id, category)
+            out[value] = Entity(value, label, source_id, category, origin)
 
-    def walk(node: Any, key: str, context: str) -> None:
+    text_left, texts_left = MAX_SCAN_CHARS, MAX_JSON_TEXTS
+    nodes = 0
+    stack: list[tuple[Any, str, str]] = [(data, "", "")]  # (node, key, context), next last
+    while stack and nodes < MAX_JSON_NODES:
+        node, key, context = stack.pop()
+        nodes += 1
         # str first: most leaves are strings (this loop runs once per JSON value)
         if isinstance(node, str):
             label = f"{context}.{key}" if context and key in _GENERIC_KEYS else key
             if len(node) <= 60 and "\n" not in node and len(node.split()) <= 4 and label:
                 category = "id" if _key_traits(key)[0] else _category_of(node)
                 add(node, label, category)
-            else:
-                for e in extract_from_text(node, source_id):
+            elif text_left > 0 and texts_left > 0:
+                piece = node[:text_left]
+                text_left -= len(piece)
+                texts_left -= 1
+                for e in extract_from_text(piece, source_id):
                     add(e.value, e.label, e.category)
         elif isinstance(node, dict):
+            items = []
             for k, v in node.items():
                 k = str(k)
                 kind = _key_kind(k)
                 if kind == "id" or (kind == "code" and not isinstance(v, (dict, list))):
                     add(k, key or "key", kind)  # a key that is data: {"credit_card_1": …}
-                    walk(v, k, context)
+                    items.append((v, k, context))
                 else:
-                    walk(v, k, key or context)
+                    items.append((v, k, key or context))
+            stack.extend(reversed(items))
         elif isinstance(node, list):
-            for item in node:
-                walk(item, key, context)
+            stack.extend((item, key, context) for item in reversed(node))
         elif isinstance(node, bool) or node is None:
-            return
+            continue
         elif isinstance(node, (int, float)):
             label = f"{context}.{key}" if context and key in _GENERIC_KEYS else key
             if label:
@@ -383,8 +362,6 @@ def extract_from_json(data: Any, source_id: str = "") -> list[Entity]:
                     repr(node) if isinstance(node, int) or math.isfinite(node) else json.dumps(node)
                 )
                 add(text, label, "amount" if _key_traits(key)[1] else "number")
-
-    walk(data, "", "")
     return list(out.values())
 
 
@@ -403,11 +380,20 @@ def parse_json_text(text: str) -> tuple[bool, Any]:
     return load_json(text)
 
 
+def _arguments(arguments: str) -> Any:
+    """A tool call's parsed arguments; ``None`` when they are no JSON (or nest too deep)."""
+    try:
+        return json.loads(arguments) if arguments else None
+    except (ValueError, RecursionError):
+        return None
+
+
 def extract_entities(message: Message) -> list[Entity]:
     """The entities of one message: its text, its tool-call arguments, its JSON result.
 
-    Cached by (fingerprint, id), so a history re-scanned every turn costs a dict lookup
-    per message.
+    Each is marked with its ``origin`` (the message's role; ``"call"`` for tool-call
+    arguments), which the ledger ranks by. Cached by (fingerprint, id), so a history
+    re-scanned every turn costs a dict lookup per message.
     """
     key = (message.fingerprint, message.id)
     cached = _CACHE.get(key)
@@ -415,12 +401,17 @@ def extract_entities(message: Message) -> list[Entity]:
         _CACHE.move_to_end(key)
         return list(cached)
     found: dict[str, Entity] = {}
-    is_json, data = parse_json_text(message.text) if message.role == "tool" else (False, None)
-    parts = extract_from_json(data, message.id) if is_json else []
+    role = message.role
+    is_json, data = parse_json_text(message.text) if role == "tool" else (False, None)
+    parts = extract_from_json(data, message.id, role) if is_json else []
     if not is_json and message.text:
-        parts = extract_from_text(message.text, message.id)
+        parts = extract_from_text(message.text, message.id, role)
     for call in message.tool_calls:
-        parts += extract_from_json(call.parsed_arguments(), message.id)
+        args = _arguments(call.arguments)
+        if args is not None:
+            parts += extract_from_json(args, message.id, "call")
+        elif call.arguments:
+            parts += extract_from_text(call.arguments, message.id, "call")
     for e in parts:
         found.setdefault(e.value, e)
     result = tuple(found.values())

@@ -1,0 +1,155 @@
+"""The patterns :mod:`ctxwarden.memory.entities` extracts values with, and date keys.
+
+Each pattern relies on the *shape* of a value, not on one data set's vocabulary:
+letters mixed with digits (ids, SKUs), all-capital short words (airport, currency and
+ticker codes), ``@`` (e-mails), dates in ISO, numeric and written forms (month names
+in several languages), currency signs and codes, units, slashes and file extensions
+(paths), and the shapes of code identifiers: ``snake_case``, ``camelCase``, dotted
+names (``np.linalg.norm``, ``setup.cfg``).
+
+**Bounded work.** Every repetition that could run on from each start position is
+capped (``{1,64}`` instead of ``+``), so a pattern costs at most a constant per start
+and a scan is linear in the text, whatever the text: no pattern here backtracks over an
+unbounded run (``"100 " * 10**6`` or ``"a." * 10**6`` made the old patterns quadratic).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+__all__ = ["PATTERNS", "date_key"]
+
+MONTHS = (
+    # English, German, French, Spanish, Italian, Portuguese (stems; inflected forms follow)
+    r"jan(?:uary|uar|vier)?|feb(?:ruary|ruar)?|f[ée]vrier|mar(?:ch|s|zo)?|märz|apr(?:il|ile)?"
+    r"|avril|abril|may|mai|mayo|maggio|maio|jun(?:e|i|io|ho)?|juin|jul(?:y|i|io|ho)?|juillet"
+    r"|aug(?:ust)?|août|agosto|sep(?:t|tember|tiembre|tembre)?|oct(?:ober|obre)?|okt(?:ober)?"
+    r"|octubre|ottobre|outubro|nov(?:ember|embre|iembre)?|dec(?:ember)?|dez(?:ember)?"
+    r"|d[ée]cembre|diciembre|dicembre|enero|febrero|gennaio|febbraio|janeiro|fevereiro"
+    # Polish, Ukrainian, Russian (stems cover the genitive: "20 maja", "20 травня")
+    r"|stycz\w{0,9}|lut\w{0,9}|marz\w{0,9}|marca|kwie\w{0,9}|maj\w{0,9}|czerw\w{0,9}"
+    r"|lip\w{0,9}|sierp\w{0,9}|wrze[sś]\w{0,9}|pa[zź]dziern\w{0,9}|listopad\w{0,9}|grud\w{0,9}"
+    r"|січ\w{0,9}|лют\w{0,9}|берез\w{0,9}|квіт\w{0,9}|трав\w{0,9}|черв\w{0,9}|лип\w{0,9}"
+    r"|серп\w{0,9}|верес\w{0,9}|жовт\w{0,9}|листопад\w{0,9}|груд\w{0,9}|январ\w{0,9}"
+    r"|феврал\w{0,9}|март\w{0,9}|апрел\w{0,9}|ма[яй]|июн\w{0,9}|июл\w{0,9}|август\w{0,9}"
+    r"|сентябр\w{0,9}|октябр\w{0,9}|ноябр\w{0,9}|декабр\w{0,9}"
+)
+_DAY = r"(?:[12]\d|3[01]|0?[1-9])(?:st|nd|rd|th|\.|-?го)?"
+_WRITTEN_DATE = (
+    rf"\b(?:{_DAY}\s{{1,3}}(?:of\s{{1,3}})?(?:{MONTHS})\b\.?(?:,?\s{{1,3}}\d{{4}})?"
+    rf"|(?:{MONTHS})\.?\s{{1,3}}{_DAY}(?![\d:])(?:,?\s{{1,3}}\d{{4}})?)"
+)
+_NUM = r"\d{1,3}(?:[,\u00a0\u202f ]\d{3}){1,6}(?:[.,]\d{1,12})?|\d{1,24}(?:[.,]\d{1,12})?"
+_CUR_SYM = r"[$€£¥₴₽₹₩₪₺]"
+_CUR_CODE = r"USD|EUR|GBP|PLN|UAH|CHF|JPY|CNY|CAD|AUD|RUB|INR|SEK|NOK|DKK|CZK|HUF|BRL|MXN"
+_CUR_WORD = (
+    r"dollars?|euros?|pounds?|yen|z[łl](?:otych|ote|oty)?|гривень|гривні|гривня|грн"
+    r"|руб(?:лей|ля|ль)?\.?|доларів|долари|євро"
+)
+_UNITS = (
+    r"kg|mg|g|lbs?|oz|km|cm|mm|m|mi|miles?|ft|feet|kilomet(?:er|re)s?|met(?:er|re)s?|km/h|mph"
+    r"|[KMGT]i?B|ms|sec(?:onds?)?|s|min(?:utes?)?|h|hrs?|hours?|days?|weeks?|months?|years?"
+    r"|nights?|bags?|pieces?|items?|passengers?|people|persons?|seats?|tickets?|°[CF]|px|kWh|kW"
+    r"|W|V|mAh|ml|l|L|dni|dzie[nń]|godz\w{0,6}|os[oó]b|кг|км|см|м|год\w{0,6}|дн\w{0,4}|хв|шт"
+)
+_SEG = r"[\w.@+-]{1,80}"  # one path segment, bounded
+# A code identifier: snake_case (an inner underscore), a leading underscore (_private,
+# __main__) or camelCase (a lower then an upper letter), or a dotted name (two or more
+# dot-joined words, a letter first in each: np.linalg.norm, ndarithmetic.py, setup.cfg).
+# Lookaheads bounded to the token.
+_IDENT = (
+    r"(?<![\w.$@/\\-])"
+    r"(?:[A-Za-z_]\w{0,63}(?:\.[A-Za-z_]\w{0,63}){1,8}"
+    r"|(?=\w{0,63}[^\W_]_[^\W_])\w{1,64}"
+    r"|_{1,2}[A-Za-z][A-Za-z0-9]\w{0,61}"
+    r"|(?=\w{0,63}[a-z][A-Z])\w{1,64})"
+    r"(?![\w@/\\-]|\.\w)"
+)
+
+PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (cat, re.compile(rx, re.IGNORECASE if cat == "date-written" else 0))
+    for cat, rx in (
+        ("url", r"\b(?:https?|ftp)://[^\s<>\"'()\[\]{}]{1,2000}"),
+        ("email", r"(?<![\w.+-])[\w.+-]{1,64}@[\w-]{1,63}(?:\.[\w-]{1,63}){1,8}"),
+        ("id", r"\b[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}\b"),
+        (
+            "date",
+            r"\b\d{4}-\d{2}-\d{2}"
+            r"(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,9})?)?(?:Z|[+-]\d{2}:?\d{2})?)?\b"
+            r"|\b\d{4}/\d{2}/\d{2}\b|\b\d{1,2}[./]\d{1,2}[./]\d{2,4}\b",
+        ),
+        ("date-written", _WRITTEN_DATE),
+        (
+            "path",
+            rf"(?<![\w/:.])(?:~|\.{{1,2}})?/(?:{_SEG}/){{0,32}}[\w.@+-]{{0,80}}[A-Za-z][\w.@+-]{{0,80}}"
+            r"|\b[A-Za-z]:\\(?:[\w.-]{1,80}\\){0,32}[\w.-]{1,80}"
+            r"|(?<![\w./-])(?:[\w.-]{1,80}/){1,32}[\w-]{1,80}\.[A-Za-z]\w{0,4}\b",
+        ),
+        (
+            "time",
+            r"\b\d{1,2}:\d{2}(?::\d{2})?(?:\s?[AaPp]\.?[Mm]\b\.?)?(?:\+\d)?|\b\d{1,2}\s?[AaPp]\.?[Mm]\b",
+        ),
+        (
+            "amount",
+            rf"(?:{_CUR_SYM}\s?|\b(?:{_CUR_CODE})\s?)-?(?:{_NUM})"
+            rf"|(?<![\w.,])(?:{_NUM})\s?(?:{_CUR_SYM}|(?:{_CUR_CODE}|{_CUR_WORD})(?!\w))",
+        ),
+        ("quantity", rf"(?<![\w.,])(?:{_NUM})\s?(?:%|(?:{_UNITS})(?![\w/]))"),
+        ("identifier", _IDENT),
+        # a run of word characters mixing letters and digits (an id), or one that starts
+        # with a capital and has no digit (a code if it is all capitals); the lookaheads
+        # keep every other word out of the Python loop, bounded to the token's length
+        (
+            "id",
+            r"(?:#|(?<!\w))(?:(?=[\w-]{0,63}\d)(?=[\w-]{0,63}[^\W\d])|(?=[^\W\d_a-z])(?![\w-]{0,63}\d))"
+            r"\w(?:[\w-]{0,126}\w)?",
+        ),
+        ("number", rf"(?<![\w.,-])-?(?:{_NUM})(?![\w])"),
+    )
+)
+
+_MONTH_NUMBER = {
+    **dict.fromkeys(("jan", "janv", "ene", "gen", "sty", "січ", "янв"), 1),
+    **dict.fromkeys(("feb", "fév", "fev", "lut", "лют", "фев"), 2),
+    **dict.fromkeys(("mar", "mär", "бер", "мар"), 3),
+    **dict.fromkeys(("apr", "avr", "abr", "kwi", "кві", "апр"), 4),
+    **dict.fromkeys(("may", "mai", "mag", "maj", "тра", "мая", "май"), 5),
+    **dict.fromkeys(("jun", "jui", "giu", "cze", "чер", "июн"), 6),
+    **dict.fromkeys(("jul", "lug", "lip", "лип", "июл"), 7),
+    **dict.fromkeys(("aug", "aoû", "ago", "sie", "сер", "авг"), 8),
+    **dict.fromkeys(("sep", "set", "wrz", "вер", "сен"), 9),
+    **dict.fromkeys(("oct", "okt", "ott", "out", "paź", "paz", "жов", "окт"), 10),
+    **dict.fromkeys(("nov", "lis", "лис", "ноя"), 11),
+    **dict.fromkeys(("dec", "dez", "déc", "dic", "gru", "гру", "дек"), 12),
+}
+_ISO = re.compile(r"(\d{4})[-/](\d{2})[-/](\d{2})")
+_NUMERIC = re.compile(r"(\d{1,2})[./](\d{1,2})[./](\d{2,4})")
+_WRITTEN = re.compile(rf"({_DAY})?\s*(?:of\s+)?([^\W\d_]+)\.?\s*({_DAY})?", re.IGNORECASE)
+
+
+@lru_cache(maxsize=16_384)
+def date_key(value: str) -> str | None:
+    """A date's month and day as ``"MM-DD"`` whatever its format ("2024-05-20", "May
+    20th", "20 maja", "05/20/2024"), so a date the user wrote links to the same date in
+    a tool result; ``None`` when ``value`` is no date or its month is unknown. For
+    ``a/b/y`` the day is taken as the number above 12 when there is one, else
+    month first (US)."""
+    m = _ISO.match(value)
+    if m:
+        return f"{m.group(2)}-{m.group(3)}"
+    m = _NUMERIC.fullmatch(value)
+    if m:
+        a, b = int(m.group(1)), int(m.group(2))
+        mm, dd = (b, a) if a > 12 >= b else (a, b)
+        return f"{mm:02d}-{dd:02d}" if 1 <= mm <= 12 and 1 <= dd <= 31 else None
+    m = _WRITTEN.match(value.strip())
+    if not m:
+        return None
+    word = m.group(2).lower()
+    month: int | None = 7 if word.startswith("juil") else _MONTH_NUMBER.get(word[:3])
+    day_text = m.group(1) or m.group(3)
+    if month is None or not day_text:
+        return None
+    day = int(re.match(r"\d+", day_text).group(0))  # type: ignore[union-attr]
+    return f"{month:02d}-{day:02d}" if 1 <= day <= 31 else None
