@@ -126,7 +126,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         """The store answers (one short read); 503 when it does not."""
         hub = hub_of(request)
         try:
-            await anyio.to_thread.run_sync(hub.store.get_session, "_readyz", "_readyz")
+            await hub.run(hub.store.get_session, "_readyz", "_readyz")
         except Exception as exc:  # any failure means not ready
             return JSONResponse({"status": "unavailable", "error": str(exc)}, 503)
         return JSONResponse({"status": "ready", "upstreams": sorted(request.app.state.upstreams)})
