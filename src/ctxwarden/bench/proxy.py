@@ -219,6 +219,7 @@ async def _case(target: str, kind: str, mode: str, clients: int, steps: int, bas
     sessions = [f"bench-{mode}-{kind}-{clients}-{uuid.uuid4().hex[:8]}" for _ in range(clients)]
     stream = mode == "stream"
     errors = 0
+    failed: set[str] = set()
     seen: list[str] = []
     warm: list[float] = []
     lat: list[float] = []
@@ -232,6 +233,7 @@ async def _case(target: str, kind: str, mode: str, clients: int, steps: int, bas
             into.append(time.perf_counter() - t)
         except Exception as exc:
             errors += 1
+            failed.add(session)
             if len(seen) < 3:
                 seen.append(f"{type(exc).__name__}: {str(exc)[:160]}")
 
@@ -258,7 +260,7 @@ async def _case(target: str, kind: str, mode: str, clients: int, steps: int, bas
     for line in seen:
         print(f"    error: {line}", flush=True)
     case = Case(target, kind, mode, clients, lat, warm, errors, seconds, cpu, build)
-    return case, sessions
+    return case, [s for s in sessions if s not in failed]  # a failed call's session is not checked
 
 
 def _check_store(db: str, sessions: dict[str, int], base: list[dict[str, Any]]) -> list[str]:
