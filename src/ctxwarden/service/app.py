@@ -81,9 +81,15 @@ def create_app(config: ServiceConfig) -> FastAPI:
                 config.anthropic_upstream, config.anthropic_api_key, "anthropic", **timeouts
             )
         app.state.hub, app.state.upstreams, app.state.started = hub, upstreams, time.time()
+        if config.summarizer:
+            from ctxwarden.service.summaries import Summaries
+
+            hub.summaries = Summaries(hub, config.summarizer)
         try:
             yield
         finally:
+            if hub.summaries is not None:
+                await hub.summaries.aclose()
             for upstream in upstreams.values():
                 await upstream.aclose()
             hub.close()

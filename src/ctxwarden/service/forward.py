@@ -69,6 +69,8 @@ async def _finish(
     hub: Hub, prepared: Prepared, reply: Message | None, usage: Usage | None, status: str
 ) -> None:
     await hub.run(finish, hub, prepared, reply, usage, status)
+    if reply is not None and hub.summaries is not None:
+        hub.summaries.after_call(prepared.call.tenant, prepared.synced.session, prepared.call.model)
 
 
 async def forward(

@@ -65,6 +65,7 @@ class Hub:
         self._sessions: OrderedDict[tuple[str, str], Session] = OrderedDict()
         self._sessions_lock = threading.Lock()
         self._locks: dict[tuple[str, str], tuple[asyncio.Lock, int]] = {}
+        self.summaries: Any = None  # service.summaries.Summaries with --summarizer
         self._workers = anyio.CapacityLimiter(1 if self.store.url.startswith("sqlite") else 4)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
