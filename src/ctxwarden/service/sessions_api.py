@@ -21,11 +21,12 @@ from ctxwarden.formats import message_to_openai
 from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.errors import ServiceError, from_library
 from ctxwarden.service.hub import Hub, Tenant
+from ctxwarden.service.schema import ERRORS
 from ctxwarden.store.service_tables import delete_session, list_builds
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"], responses=ERRORS)
 
 
 class SessionInfo(BaseModel):
