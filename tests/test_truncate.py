@@ -329,7 +329,8 @@ def test_json_walk_from_a_guess_finds_the_gentlest_fitting_level(
     items: list[dict[str, str]], target: int
 ) -> None:
     """The walk gives what a binary search over every level gives."""
-    from ctxwarden.steps.truncate import _JSON_LEVELS, _prune
+    from ctxwarden.steps.cut_json import JSON_LEVELS as _JSON_LEVELS
+    from ctxwarden.steps.cut_json import prune as _prune
 
     text = json.dumps({"results": items, "total": len(items)})
     got = truncate_json(text, target_tokens=target, count=words)

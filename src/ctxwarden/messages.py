@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Literal, get_args
 
 from ctxwarden.errors import InvalidMessageError
+from ctxwarden.steps.kinds import ResultKind, detect_kind
 
 __all__ = [
     "ImagePart",
@@ -36,7 +36,6 @@ __all__ = [
 ]
 
 Role = Literal["system", "user", "assistant", "tool"]
-ResultKind = Literal["stack_trace", "json", "article", "text"]
 Priority = Literal["critical", "high", "medium", "low"]
 
 ROLES: tuple[str, ...] = get_args(Role)
@@ -187,38 +186,6 @@ class Message:
         """A copy with new content (and extra ``meta`` keys), same id and metadata."""
         new_meta = {**self.meta, **meta} if meta else self.meta
         return replace(self, content=content, meta=new_meta)
-
-
-# -- tool-result kind detection ---------------------------------------------------------------
-
-_TRACE_MARKERS = re.compile(
-    r"Traceback \(most recent call last\)"  # Python
-    r"|^\s+at [\w$.<>]+\(.*:\d+\)"  # Java / Kotlin
-    r"|^\s+at .+ \(.+:\d+:\d+\)"  # Node.js
-    r"|^goroutine \d+ \["  # Go
-    r"|panicked at .+:\d+:\d+",  # Rust
-    re.MULTILINE,
-)
-
-
-def detect_kind(text: str) -> ResultKind:
-    """Guess the kind of a tool result from its text: a stack trace, JSON, an article or text."""
-    stripped = text.strip()
-    if not stripped:
-        return "text"
-    if stripped[0] in "[{":
-        try:
-            json.loads(stripped)
-        except ValueError:
-            pass
-        else:
-            return "json"
-    if _TRACE_MARKERS.search(text):
-        return "stack_trace"
-    sentences = len(re.findall(r"[.!?。](\s|$)", stripped))
-    if len(stripped) >= 600 and sentences >= 5:
-        return "article"
-    return "text"
 
 
 # -- the canonical form ------------------------------------------------------------------------

@@ -16,12 +16,20 @@ or a last string element of the top array), so the result stays valid JSON.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
-from ctxwarden.memory.entities import CATEGORY_TIERS, Entity, extract_entities, parse_json_text
+from ctxwarden.memory.entities import (
+    CATEGORY_TIERS,
+    Entity,
+    extract_entities,
+    extract_from_json,
+    extract_from_text,
+)
 from ctxwarden.memory.entity_ledger import listed
 from ctxwarden.messages import Message
+from ctxwarden.steps.kinds import load_json
 
 __all__ = ["CUT_VALUES_KEY", "with_cut_values"]
 
@@ -29,11 +37,71 @@ CUT_VALUES_KEY = "…values cut"
 _PREFIX = "values in the cut part: "
 
 
+#: Results longer than this are sampled (their first and last parts) for the values
+#: they lost: extraction is regex work per character, and the note lists a few dozen.
+SAMPLE_CHARS = 65_536
+#: Kinds whose names (paths, dotted names, identifiers) are what the agent reuses.
+_NAMED_KINDS = frozenset({"code", "log", "diff", "stack_trace"})
+_TOKEN = re.compile(r"[\w./-]+")
+_CAMEL = re.compile(r"[a-z][A-Z]")
+_DEFINED = re.compile(r"\b(?:def|class|function|func|fn|struct|interface|trait|enum)\s+(\w+)")
+
+
+def _is_name(token: str) -> bool:
+    return (
+        len(token) >= 4
+        and (any(c in token for c in "/._") or bool(_CAMEL.search(token)))
+        and not token.replace(".", "").replace("_", "").isdigit()
+    )
+
+
+def _names(text: str, source_id: str) -> list[Entity]:
+    """Paths, dotted names and identifiers of a code listing, log or diff: the names
+    defined there first, then by how often they occur (first seen breaks ties)."""
+    seen: dict[str, int] = {}
+    for raw in _TOKEN.findall(text):
+        token = raw.strip(".-/") if raw[-1:] in ".-/" or raw[:1] in ".-" else raw
+        if _is_name(token):
+            seen[token] = seen.get(token, 0) + 1
+    defined = {m.group(1) for m in _DEFINED.finditer(text)}
+    order = list(seen)
+    rank = {t: k for k, t in enumerate(order)}
+    order.sort(key=lambda t: (t not in defined, -seen[t], rank[t]))
+    return [Entity(t, "name", source_id, "path" if "/" in t else "name") for t in order]
+
+
+def _entities(original: Message) -> list[Entity]:
+    """The entities of ``original``, bounded and safe on any text: a long result is
+    sampled, and JSON too deep to parse safely is read as text."""
+    text = original.text
+    if len(text) > SAMPLE_CHARS:
+        half = SAMPLE_CHARS // 2
+        return extract_from_text(f"{text[:half]}\n{text[-half:]}", original.id)
+    if original.tool_calls:
+        return extract_entities(original)
+    is_json, data = load_json(text)
+    if is_json:
+        return extract_from_json(data, original.id)
+    return extract_from_text(text, original.id)
+
+
 def _lost(original: Message, truncated_text: str) -> list[Entity]:
-    """Entities of ``original`` that the truncated text no longer shows, best first."""
-    found = [e for e in extract_entities(original) if e.value not in truncated_text]
+    """Entities of ``original`` that the truncated text no longer shows, best first
+    (for code, logs, diffs and traces: the names defined or used most, first)."""
+    found = [e for e in _entities(original) if e.value not in truncated_text]
     order = sorted(range(len(found)), key=lambda i: (-CATEGORY_TIERS.get(found[i].category, 1), i))
-    return [found[i] for i in order]
+    ranked = [found[i] for i in order]
+    if original.kind not in _NAMED_KINDS:
+        return ranked
+    text = original.text
+    sample = (
+        text
+        if len(text) <= SAMPLE_CHARS
+        else text[: SAMPLE_CHARS // 2] + "\n" + text[-SAMPLE_CHARS // 2 :]
+    )
+    names = [e for e in _names(sample, original.id) if e.value not in truncated_text]
+    taken = {e.value for e in names}
+    return names + [e for e in ranked if e.value not in taken]
 
 
 def _note(values: list[str], more: int) -> str:
@@ -69,7 +137,7 @@ def with_cut_values(
     if not lost or max_tokens <= 0:
         return truncated_text, 0
     base = count(truncated_text)
-    doc = parse_json_text(truncated_text)[1]
+    doc = load_json(truncated_text)[1]
     values = [e.value for e in lost]
     slack = 8  # the quotes, key or brackets and newline that attach the note
 
