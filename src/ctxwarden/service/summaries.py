@@ -32,7 +32,7 @@ class Summaries:
     """Background summary cycles for one app (``spec`` as ``--summarizer`` takes it)."""
 
     def __init__(self, hub: Hub, spec: str) -> None:
-        from ctxwarden.steps.layers import resolve_summarizer
+        from ctxwarden.memory.cycle import resolve_summarizer
 
         self.hub = hub
         self.summarizer, self.extractor, _ = resolve_summarizer(spec)
