@@ -41,39 +41,12 @@ from ctxwarden.store import open_store
 __all__ = ["Case", "conversation", "main"]
 
 MODEL = "gpt-4o"
-_WORDS = [
-    "order",
-    "shipment",
-    "customer",
-    "refund",
-    "invoice",
-    "account",
-    "status",
-    "pending",
-    "delivered",
-    "warehouse",
-    "carrier",
-    "tracking",
-    "address",
-    "payment",
-    "card",
-    "billing",
-    "support",
-    "ticket",
-    "priority",
-    "escalation",
-    "product",
-    "quantity",
-    "price",
-    "discount",
-    "coupon",
-    "return",
-    "policy",
-    "window",
-    "business",
-    "days",
-    "label",
-]
+_WORDS = (
+    "order", "shipment", "customer", "refund", "invoice", "account", "status", "pending",
+    "delivered", "warehouse", "carrier", "tracking", "address", "payment", "card", "billing",
+    "support", "ticket", "priority", "escalation", "product", "quantity", "price", "discount",
+    "coupon", "return", "policy", "window", "business", "days", "label",
+)  # fmt: skip
 
 
 def conversation(messages: int = 200, seed: int = 7) -> list[dict[str, Any]]:
