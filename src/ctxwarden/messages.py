@@ -41,6 +41,8 @@ Priority = Literal["critical", "high", "medium", "low"]
 ROLES: tuple[str, ...] = get_args(Role)
 RESULT_KINDS: tuple[str, ...] = get_args(ResultKind)
 PRIORITIES: tuple[str, ...] = get_args(Priority)
+# where a field of ours sits in the OpenAI dict (errors name the wire field)
+_FIELD = {"id": "ctxwarden.id", "meta": "ctxwarden.meta"}
 
 
 @dataclass(frozen=True)
@@ -76,11 +78,20 @@ class ToolCall:
     name: str
     arguments: str = "{}"
 
+    def __post_init__(self) -> None:
+        for field_name in ("id", "name", "arguments"):
+            if not isinstance(getattr(self, field_name), str):
+                raise InvalidMessageError(
+                    f"a tool call's {field_name} must be a str, got "
+                    f"{type(getattr(self, field_name)).__name__}",
+                    field="tool_calls",
+                )
+
     def parsed_arguments(self) -> dict[str, Any]:
         """The arguments as a dict; ``{}`` when they are not a JSON object."""
         try:
             value = json.loads(self.arguments) if self.arguments else {}
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's limit
             return {}
         return value if isinstance(value, dict) else {}
 
@@ -112,6 +123,7 @@ class Message:
             object.__setattr__(self, "content", tuple(self.content))
         if isinstance(self.tool_calls, list):
             object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
+        self._check_types()
         if self.role not in ROLES:
             raise InvalidMessageError(
                 f"role must be one of {', '.join(ROLES)}, got {self.role!r}", field="role"
@@ -140,6 +152,49 @@ class Message:
             )
         if not self.id:
             object.__setattr__(self, "id", "h" + self.fingerprint[:12])
+
+    def _check_types(self) -> None:
+        """Each field holds what its annotation says (a wrong type is an error here, not a
+        ``TypeError`` in a later step); ``created_at`` may be given as ISO-8601 text."""
+        content = self.content
+        if not (content is None or isinstance(content, str)) and (
+            not isinstance(content, tuple)
+            or not all(isinstance(p, TextPart | ImagePart | RawPart) for p in content)
+        ):
+            raise InvalidMessageError(
+                "content must be a str, a tuple of parts or None", field="content"
+            )
+        for name, value in (
+            ("id", self.id),
+            ("name", self.name),
+            ("tool_call_id", self.tool_call_id),
+        ):
+            if value is not None and not isinstance(value, str):
+                raise InvalidMessageError(
+                    f"must be a str, got {type(value).__name__}", field=_FIELD.get(name, name)
+                )
+        if not isinstance(self.tool_calls, tuple) or not all(
+            isinstance(c, ToolCall) for c in self.tool_calls
+        ):
+            raise InvalidMessageError("tool_calls must be ToolCall objects", field="tool_calls")
+        if not isinstance(self.pinned, bool):
+            raise InvalidMessageError(
+                f"must be true or false, got {self.pinned!r}", field="ctxwarden.pinned"
+            )
+        for name, mapping in (("meta", self.meta), ("extra", self.extra)):
+            if not isinstance(mapping, Mapping):
+                raise InvalidMessageError(
+                    f"must be an object, got {type(mapping).__name__}",
+                    field=_FIELD.get(name, name),
+                )
+        if self.created_at is not None and type(self.created_at) is not float:
+            from ctxwarden.formats.checks import parse_created_at  # formats import this module
+
+            try:
+                when = parse_created_at(self.created_at)
+            except InvalidMessageError as exc:
+                raise InvalidMessageError(exc.reason, field=exc.field) from None
+            object.__setattr__(self, "created_at", when)
 
     # -- constructors -------------------------------------------------------------------
 
@@ -176,7 +231,8 @@ class Message:
     def fingerprint(self) -> str:
         """A hash of everything the provider sees (not our metadata): the token-cache key."""
         payload = json.dumps(wire_dict(self), sort_keys=True, ensure_ascii=False, default=str)
-        return hashlib.sha1(payload.encode("utf-8")).hexdigest()
+        # surrogatepass: a lone surrogate ("\ud800", valid in JSON) hashes like any text
+        return hashlib.sha1(payload.encode("utf-8", "surrogatepass")).hexdigest()
 
     @property
     def is_tool_call(self) -> bool:

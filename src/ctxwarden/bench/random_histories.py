@@ -127,7 +127,8 @@ def check_build(history: Sequence[Message], built: BuiltContext, budget: int) ->
         problems.append("the newest user message is missing")
     block = newest_call_block(history, newest if newest is not None else -1)
     complete = block and all(b.sendable for b in group_blocks([history[i] for i in block]))
-    if complete and not all(history[i].id in ids for i in block):
+    dropped_loudly = any(w.startswith("newest tool call") for w in built.audit.warnings)
+    if complete and not dropped_loudly and not all(history[i].id in ids for i in block):
         problems.append("the newest call block is missing")
     evicted = {a.message_id for a in built.audit.actions if a.action == "evicted"}
     pinned = [

@@ -64,7 +64,9 @@ def _one(
         examples.append(f"seed {seed} @{budget} summariser: {p}")
 
 
-def sweep(histories: int, budgets: tuple[int, ...], first_seed: int = 0) -> dict[str, Any]:
+def sweep(
+    histories: int, budgets: tuple[int, ...], first_seed: int = 0, progress: bool = False
+) -> dict[str, Any]:
     tally: Counter[str] = Counter()
     examples: list[str] = []
     start = time.perf_counter()
@@ -72,6 +74,9 @@ def sweep(histories: int, budgets: tuple[int, ...], first_seed: int = 0) -> dict
         history = random_history(seed)
         for budget in budgets:
             _one(history, budget, tally, examples, seed)
+        done = seed - first_seed + 1
+        if progress and done % 500 == 0:
+            print(f"{done:,} histories, {tally['violations']} violations", file=sys.stderr)
     return {
         "histories": histories,
         "budgets": list(budgets),
@@ -92,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     budgets = tuple(int(b) for b in args.budgets.split(","))
-    result = sweep(args.histories, budgets, args.seed)
+    result = sweep(args.histories, budgets, args.seed, progress=True)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

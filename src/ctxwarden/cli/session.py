@@ -85,7 +85,6 @@ def add(
     registry: RegistryOpt = None,
 ) -> None:
     """Append messages (all or none: one invalid message stores nothing)."""
-    from ctxwarden.build.pairing import validate_appended
     from ctxwarden.formats.openai import message_from_openai
     from ctxwarden.session.session import Session
 
@@ -93,25 +92,8 @@ def add(
     with Session(db, session, tenant=tenant, model=model, registry=models) as s:
         # ids left to the store (m<seq>), as Session.append does with dicts
         parsed = [message_from_openai(m, index=i) for i, m in enumerate(_read_messages(file))]
-        validate_appended(_last_block(s), parsed)
-        seqs = s.append(parsed)
+        seqs = s.append(parsed)  # checks ids and pairing against the stored last block
         typer.echo(f"added {len(seqs)} message(s) to {session}; it now holds {len(s)}", err=True)
-
-
-def _last_block(session: Any) -> list[Any]:
-    """The stored messages from the last one that is not a tool result (a tool call and
-    the results it has so far), read back in pages."""
-    end = len(session)
-    start, page = end, 16
-    while start > 0:
-        start = max(0, start - page)
-        found = session.store.range(session.tenant, session.session_id, start, end)
-        roles = [m.message.role for m in found]
-        if any(r != "tool" for r in roles):
-            last = max(i for i, r in enumerate(roles) if r != "tool")
-            return [m.message for m in found[last:]]
-        page *= 2
-    return [m.message for m in session.store.range(session.tenant, session.session_id, 0, end)]
 
 
 @session_app.command("build")

@@ -205,7 +205,11 @@ def messages_from_anthropic(
         if isinstance(content, str):
             blocks = [{"type": "text", "text": content}]
         elif isinstance(content, list):
-            blocks = [b for b in content if isinstance(b, Mapping)]
+            if not all(isinstance(b, Mapping) for b in content):
+                raise InvalidMessageError(
+                    "each content block must be an object", index=index, field="content"
+                )
+            blocks = list(content)
         else:
             raise InvalidMessageError(
                 "content must be text or a list", index=index, field="content"
@@ -242,6 +246,12 @@ def messages_from_anthropic(
             if b.get("type") == "tool_result":
                 use_id = str(b.get("tool_use_id", ""))
                 inner = b.get("content", "")
+                if isinstance(inner, list) and not all(isinstance(i, Mapping) for i in inner):
+                    raise InvalidMessageError(
+                        "each block of a tool_result's content must be an object",
+                        index=index,
+                        field="content",
+                    )
                 parts = (
                     _parts_from_blocks(inner)
                     if isinstance(inner, list)

@@ -395,14 +395,12 @@ _CACHE_MAX = 20_000
 
 
 def parse_json_text(text: str) -> tuple[bool, Any]:
-    """``(True, document)`` when ``text`` is a JSON object or array, else ``(False, None)``."""
-    stripped = text.strip()
-    if not stripped or stripped[0] not in "[{":
-        return False, None
-    try:
-        return True, json.loads(stripped)
-    except ValueError:
-        return False, None
+    """``(True, document)`` when ``text`` is a JSON object or array, else ``(False, None)``;
+    JSON nested past :data:`~ctxwarden.steps.kinds.MAX_JSON_DEPTH` is text here (the
+    depth is checked by a linear scan first: Python's parser and our walk recurse)."""
+    from ctxwarden.steps.kinds import load_json
+
+    return load_json(text)
 
 
 def extract_entities(message: Message) -> list[Entity]:

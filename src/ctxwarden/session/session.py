@@ -253,16 +253,39 @@ class Session:
 
         Every message is validated before anything is written: one bad message raises
         :class:`~ctxwarden.errors.InvalidMessageError` naming its index, and nothing from
-        this call is stored.
+        this call is stored. So is what a build would have to reject: a repeated explicit
+        id within the call, a tool result with no call right before it, a call the
+        conversation moves on from without its results (checked against the stored last
+        block, so results may follow their call in a later ``append``).
         """
+        from ctxwarden.build.inputs import check_messages_argument, check_unique_ids
+        from ctxwarden.build.pairing import validate_appended
+
         parsed = [
             item if isinstance(item, Message) else message_from_openai(item, index=i)
-            for i, item in enumerate(messages)
+            for i, item in enumerate(check_messages_argument(messages))
         ]
+        check_unique_ids(parsed)
+        validate_appended(self._last_block(), parsed)
         counter = TokenCounter.for_model(self.model, self.registry)
         key = count_key(counter)
         counts = [{key: counter.count_message(m)} for m in parsed]
         return self.store.append(self.tenant, self.session_id, parsed, counts)
+
+    def _last_block(self) -> list[Message]:
+        """The stored messages from the last one that is not a tool result (a tool call
+        and the results it has so far), read back in pages from the end."""
+        end = len(self)
+        start, page = end, 16
+        while start > 0:
+            start = max(0, start - page)
+            found = self.store.range(self.tenant, self.session_id, start, end)
+            roles = [m.message.role for m in found]
+            if any(r != "tool" for r in roles):
+                last = max(i for i, r in enumerate(roles) if r != "tool")
+                return [m.message for m in found[last:]]
+            page *= 2
+        return [m.message for m in self.store.range(self.tenant, self.session_id, 0, end)]
 
     def import_messages(self, messages: Iterable[Mapping[str, Any] | Message]) -> list[int]:
         """Add a whole transcript (OpenAI dicts, ours with metadata too) atomically."""

@@ -9,11 +9,12 @@ warning (drift is silent; the audit makes it visible):
    (:func:`~ctxwarden.steps.priority.eviction_order`), a tool call with all its results;
 3. the summary layer, then the facts layer, are left out (a build that fits without
    its layers never fails because of them);
-4. the tool results of the newest call block are cut harder, to what is left.
+4. the tool results of the newest call block are cut harder, to what is left;
+5. if the call itself still does not fit (its own arguments outgrow the budget), the
+   newest call block is dropped whole.
 
-If the system prompt, the newest user message and what is left of the newest call block
-still do not fit, the build fails with a :class:`~ctxwarden.errors.BudgetError` naming the
-minimum budget.
+If the system prompt and the newest user message still do not fit, the build fails with a
+:class:`~ctxwarden.errors.BudgetError` naming the minimum budget.
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ class EvictStep:
         if over > 0:
             draft, over = self._shrink_newest(draft, ctx, over, actions, warnings)
         if over > 0:
+            draft, over = self._drop_newest_call(draft, ctx, actions, warnings)
+        if over > 0:
             minimum = ctx.budget + over
             raise BudgetError(
                 f"budget of {ctx.budget:,} tokens cannot hold the system prompt, the newest "
@@ -136,6 +139,28 @@ class EvictStep:
         pinned = tuple(i for i in draft.pinned if h[i].id not in gone)
         window = tuple(m for m in draft.window if m.id not in gone)
         draft = draft.but(pinned=pinned, window=window)
+        return draft, context_tokens(draft, ctx) - ctx.budget
+
+    @staticmethod
+    def _drop_newest_call(
+        draft: Draft, ctx: StepContext, actions: list[Action], warnings: list[str]
+    ) -> tuple[Draft, int]:
+        """When even its cut results do not fit (a call whose own arguments outgrow the
+        budget), the newest call block goes whole, loudly: the newest user message stays."""
+        h = draft.history
+        newest = {h[draft.newest].id} if draft.newest is not None else set()
+        block = _anchors(draft) - newest
+        gone = [m for m in draft.window if m.id in block]
+        if not gone:
+            return draft, context_tokens(draft, ctx) - ctx.budget
+        reason = "the newest tool call and its results do not fit the budget, even cut"
+        for m in gone:
+            actions.append(Action(m.id, "dropped", reason, ctx.count(m), 0, "priority"))
+        warnings.append(
+            f"newest tool call {gone[0].id} dropped: it does not fit the budget even with "
+            "its results cut (the model will see the request without it)"
+        )
+        draft = draft.but(window=tuple(m for m in draft.window if m.id not in block))
         return draft, context_tokens(draft, ctx) - ctx.budget
 
     @staticmethod

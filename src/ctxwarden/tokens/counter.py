@@ -321,8 +321,14 @@ class TokenCounter:
     def _script_extra(self, text: str, raw: int, scripts: ScriptFactors) -> float:
         """What the Cyrillic, CJK and diacritic share of ``text`` costs above the Latin
         factor: each class's characters times its o200k tokens per character (at most
-        ``raw`` in all)."""
-        cyrillic, cjk, ext = script_chars(text)
+        ``raw`` in all). A text over ``max_counted_chars`` is scanned that far and the
+        counts scaled to its length, as its tokens are."""
+        cap = self.max_counted_chars
+        if len(text) > cap:
+            head = script_chars(text[:cap])
+            cyrillic, cjk, ext = (n * len(text) / cap for n in head)
+        else:
+            cyrillic, cjk, ext = script_chars(text)
         shares = (
             cyrillic * O200K_PER_CHAR.cyrillic,
             cjk * O200K_PER_CHAR.cjk,
