@@ -114,11 +114,13 @@ def _store_urls(tmp_path: Path) -> list[str]:
 
 
 def test_session_and_build_context_give_the_same_context(
-    tau: list[list[Message]], tmp_path: Path
+    tau: list[list[Message]], locomo_path: Path, tmp_path: Path
 ) -> None:
+    from ctxwarden.bench.traces import load_locomo, locomo_transcript
+
+    chats = [tau[3], tau[11], tau[27], locomo_transcript(load_locomo(locomo_path)[2])[:120]]
     for url in _store_urls(tmp_path):
-        for run in (3, 11, 27):
-            history = tau[run]
+        for history in chats:
             sid = f"one-path-{uuid.uuid4().hex[:8]}"
             with ctxwarden.Session(url, sid) as s:
                 s.append(history[:4])

@@ -130,7 +130,12 @@ def check_build(history: Sequence[Message], built: BuiltContext, budget: int) ->
     dropped_loudly = any(w.startswith("newest tool call") for w in built.audit.warnings)
     if complete and not dropped_loudly and not all(history[i].id in ids for i in block):
         problems.append("the newest call block is missing")
-    evicted = {a.message_id for a in built.audit.actions if a.action == "evicted"}
+    # removed by the last resort, each with a warning: evicted pins, a newest call too big
+    evicted = {
+        a.message_id
+        for a in built.audit.actions
+        if a.action == "evicted" or (a.action == "dropped" and a.strategy == "priority")
+    }
     pinned = [
         m.id for m in history if (m.pinned or m.priority == "critical") and m.role != "system"
     ]
@@ -138,6 +143,8 @@ def check_build(history: Sequence[Message], built: BuiltContext, budget: int) ->
     rejected = {a.message_id for a in built.audit.actions if a.action == "rejected"}
     if [i for i in lost if i not in rejected]:
         problems.append(f"pinned message(s) silently dropped: {lost[:3]}")
-    if evicted and not any("evicted" in w for w in built.audit.warnings):
+    if any(a.action == "evicted" for a in built.audit.actions) and not any(
+        "evicted" in w for w in built.audit.warnings
+    ):
         problems.append("a pinned message was evicted without a warning")
     return problems

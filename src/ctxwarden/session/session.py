@@ -36,21 +36,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ctxwarden.errors import (
     ConfigError,
     StoreError,
-    SummarizationError,
     UnknownModelError,
-    VersionConflict,
 )
 from ctxwarden.formats.openai import message_from_openai, message_to_openai
 from ctxwarden.messages import Message
 from ctxwarden.registry.catalog import Registry
 from ctxwarden.registry.usage import Usage
 from ctxwarden.session import state as session_state
+from ctxwarden.session.cycle import SummaryWrite, summary_cycle
 from ctxwarden.store import SessionStore, StoredMessage, StoredSession, open_store
 from ctxwarden.store.ledger_checkpoint import (
     LEDGER_BACKFILL,
@@ -69,6 +68,7 @@ if TYPE_CHECKING:
     from ctxwarden.memory.summaries import SummaryState, SummaryTrigger
 
 __all__ = ["Session", "SummaryWrite", "count_key"]
+
 
 _HEAD_SLACK = 8  # system messages that may precede the first pinned conversation messages
 _CACHE_SIZE = 20_000
@@ -93,23 +93,6 @@ class _ExtractorLike(Protocol):
     async def extract(
         self, messages: Sequence[Message], existing: Any, schema: Any = None
     ) -> Any: ...
-
-
-@dataclass(frozen=True)
-class SummaryWrite:
-    """One completed cycle: the session as written, what was folded, and the attempts.
-
-    ``meta`` says the level-one summaries were folded into a new meta-summary; ``error``
-    says why that step failed (the level-one summary was written all the same, and the
-    next cycle tries the meta-summary again)."""
-
-    session: StoredSession
-    folded: int
-    covered_up_to_seq: int
-    attempts: int
-    usage: Usage
-    meta: bool = False
-    error: str | None = None
 
 
 def count_key(counter: TokenCounter) -> str:
@@ -507,8 +490,7 @@ class Session:
         """
         from ctxwarden.build.engine import _as_sent, model_info
         from ctxwarden.build.policy import Policy as PolicyClass
-        from ctxwarden.memory.cycle import resolve_summarizer, summarize_history
-        from ctxwarden.steps.layers import LayerState
+        from ctxwarden.memory.cycle import resolve_summarizer
 
         summarizer = summarizer if summarizer is not None else self.summarizer
         if summarizer is None:
@@ -535,65 +517,11 @@ class Session:
         )
         if extractor is not None:
             extract_with, free = extractor, False
-        usage = Usage(calls=0)
-        for attempt in range(1, retries + 2):
-            # 1. read: one short read transaction
-            batch = self.store.read_for_summary(
-                self.tenant, self.session_id, max_messages=max_messages
-            )
-            if not batch.messages:
-                return None
-            record = batch.session
-            seen_seq = (
-                int(record.summary_levels.get("seen_seq", -1)) if record.summary_levels else -1
-            )
-            seen = sum(1 for s in batch.messages if s.seq <= seen_seq)
-            facts = self._facts(record)
-            previous = LayerState(session_state.summary_state(record), facts, 0, seen)
-            # 2. the model: no transaction, and no connection held while it thinks
-            self.store.release()
-            update = await summarize_history(
-                [m.message for m in batch.messages],
-                previous,
-                summarizer=chosen,
-                trigger=trigger,
-                count=_as_sent(counter, replace(policy, summary=trigger)),
-                window=window,
-                schema=schema,
-                resolved=(chosen, extract_with, free),
-            )
-            if update.usage.calls:
-                usage = usage + update.usage
-                self.record_usage(update.usage, _model_name(chosen))
-            if update.error is not None and not update.folded:
-                raise SummarizationError(f"summarisation failed, nothing changed: {update.error}")
-            new = update.state
-            if not update.folded and new.facts.to_json() == facts.to_json():
-                return None
-            folded_ids = {m.id for m in update.folded}
-            covered = max(
-                (s.seq for s in batch.messages if s.message.id in folded_ids),
-                default=record.summary_upto,
-            )
-            # 3. write: one short transaction, only if nobody wrote since step 1
-            try:
-                written = self.store.write_summary(
-                    self.tenant,
-                    self.session_id,
-                    expected_version=record.version,
-                    summary=new.summary.text or None,
-                    facts=new.facts.to_json(),
-                    covered_up_to_seq=covered,
-                    levels=session_state.levels_of(new.summary, batch.messages[-1].seq),
-                )
-            except VersionConflict:
-                if attempt > retries:
-                    raise
-                continue
-            return SummaryWrite(
-                written, len(update.folded), covered, attempt, usage, update.meta, update.error
-            )
-        raise AssertionError("unreachable")  # pragma: no cover
+        count = _as_sent(counter, replace(policy, summary=trigger))
+        resolved = (chosen, extract_with, free)
+        return await summary_cycle(
+            self, resolved, trigger, count, window, schema, max_messages, retries
+        )
 
     def summarize_sync(
         self,
@@ -615,10 +543,3 @@ def _due(ckpt: LedgerCheckpoint) -> bool:
     """Whether a build should store ``ckpt`` (see ``LEDGER_SAVE_EVERY``)."""
     ahead = ckpt.upto - ckpt.saved
     return ahead > 0 and (ckpt.saved < 0 or ahead >= LEDGER_SAVE_EVERY)
-
-
-def _model_name(summarizer: Any) -> str:
-    """The name usage is priced under: the summariser's model when it says, else a label."""
-    model = getattr(summarizer, "model", None)
-    name = getattr(model, "name", model)
-    return name if isinstance(name, str) and name else "summarizer"
