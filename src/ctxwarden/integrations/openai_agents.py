@@ -203,7 +203,7 @@ class CtxwardenSession:
             m = messages_from_items([raw])[0]
             meta: Mapping[str, Any] = {META: {"item": raw}}
             messages.append(replace(m, id=f"oa-item{start + i}", meta=meta))
-        self._session.append(messages)
+        self._session.append(messages, check_pairs=False)  # raw items, paired when read
 
     def _pop(self) -> TResponseInputItem | None:
         visible = self._visible()

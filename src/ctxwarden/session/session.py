@@ -231,7 +231,9 @@ class Session:
 
     # -- writing ----------------------------------------------------------------------------
 
-    def append(self, messages: Iterable[Mapping[str, Any] | Message]) -> list[int]:
+    def append(
+        self, messages: Iterable[Mapping[str, Any] | Message], *, check_pairs: bool = True
+    ) -> list[int]:
         """Validate, count and store ``messages`` in one transaction; return their seqs.
 
         Every message is validated before anything is written: one bad message raises
@@ -239,7 +241,9 @@ class Session:
         this call is stored. So is what a build would have to reject: a repeated explicit
         id within the call, a tool result with no call right before it, a call the
         conversation moves on from without its results (checked against the stored last
-        block, so results may follow their call in a later ``append``).
+        block, so results may follow their call in a later ``append``). ``check_pairs=False``
+        skips the pairing check for a store of raw items that are paired only when read
+        (the OpenAI Agents SDK session stores one call per item).
         """
         from ctxwarden.build.inputs import check_messages_argument, check_unique_ids
         from ctxwarden.build.pairing import validate_appended
@@ -249,7 +253,8 @@ class Session:
             for i, item in enumerate(check_messages_argument(messages))
         ]
         check_unique_ids(parsed)
-        validate_appended(self._last_block(), parsed)
+        if check_pairs:
+            validate_appended(self._last_block(), parsed)
         counter = TokenCounter.for_model(self.model, self.registry)
         key = count_key(counter)
         counts = [{key: counter.count_message(m)} for m in parsed]

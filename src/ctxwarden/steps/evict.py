@@ -65,7 +65,9 @@ class EvictStep:
             return StepResult(draft)
         actions: list[Action] = []
         warnings: list[str] = []
-        draft, over = self._shrink_ledger(draft, ctx, over, warnings)
+        draft, over = self._shrink_newest(draft, ctx, over, actions, warnings, listed=True)
+        if over > 0:
+            draft, over = self._shrink_ledger(draft, ctx, over, warnings)
         if over > 0:
             draft, over = self._evict_pinned(draft, ctx, over, actions, warnings)
         for layer in ("summary", "facts"):
@@ -165,7 +167,13 @@ class EvictStep:
 
     @staticmethod
     def _shrink_newest(
-        draft: Draft, ctx: StepContext, over: int, actions: list[Action], warnings: list[str]
+        draft: Draft,
+        ctx: StepContext,
+        over: int,
+        actions: list[Action],
+        warnings: list[str],
+        *,
+        listed: bool = False,
     ) -> tuple[Draft, int]:
         """Cut the protected block's tool results to share what is left of the budget."""
         results = [m for m in draft.window if m.role == "tool" and m.id in draft.protected]
@@ -180,7 +188,12 @@ class EvictStep:
             if m.id not in sizes:
                 continue
             share = max(room * sizes[m.id] // max(total, 1), 16)
-            cutter = replace(base, threshold_tokens=share, target_tokens=share, cut_values_tokens=0)
+            cutter = replace(
+                base,
+                threshold_tokens=share,
+                target_tokens=share,
+                cut_values_tokens=base.cut_values_tokens if listed else 0,
+            )
             unpinned = (
                 m
                 if not (m.pinned or m.priority == "critical")
