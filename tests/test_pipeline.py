@@ -154,18 +154,14 @@ def test_with_a_summariser_the_session_equals_build_context(
                 assert via_session == direct
 
 
-@pytest.mark.xfail(
-    reason="since the ranked entity ledger landed, the session's checkpointed ledger of the "
-    "folded tool-call turns ranks a few values differently from build_context's (issue 10 note)",
-    strict=False,
-)
 def test_with_a_summariser_the_session_equals_build_context_on_tool_traces(
     tau: list[list[Message]], tmp_path: Path
 ) -> None:
-    for history in (tau[7], tau[19]):
-        for budget in (1500, 4000):
-            via_session, direct = _summarised_both_ways(history, _store_urls(tmp_path)[0], budget)
-            assert via_session == direct
+    for url in _store_urls(tmp_path):
+        for history in (tau[7], tau[19], tau[33]):
+            for budget in (1500, 4000):
+                via_session, direct = _summarised_both_ways(history, url, budget)
+                assert via_session == direct
 
 
 # -- user steps --------------------------------------------------------------------------------

@@ -106,9 +106,11 @@ class LedgerCheckpoint:
             rows = store.unpinned_between(
                 tenant, session_id, upto, before_seq, limit=READ_CHUNK, cache=cache
             )
-            for seq, message in rows:
-                if seq not in skip:
-                    ledger = ledger.add(extract_entities(message))
+            # one add per chunk, as the build adds a range: the ledger's ranking (values the
+            # user stated, repeated ones) is then the same as build_context's
+            ledger = ledger.add(
+                [e for seq, message in rows if seq not in skip for e in extract_entities(message)]
+            )
             upto = rows[-1][0] if len(rows) == READ_CHUNK else before_seq - 1
         if upto == self.upto:
             return self
