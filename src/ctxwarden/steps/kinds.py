@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-from itertools import accumulate
 from typing import Any, Literal, get_args
 
 __all__ = [
@@ -22,8 +21,8 @@ __all__ = [
     "RESULT_KINDS",
     "ResultKind",
     "detect_kind",
-    "json_depth",
     "load_json",
+    "nests_deeper",
 ]
 
 ResultKind = Literal["stack_trace", "json", "article", "code", "log", "diff", "html", "text"]
@@ -33,18 +32,31 @@ RESULT_KINDS: tuple[str, ...] = get_args(ResultKind)
 #: would recurse that deep (Python's own limit is about 1,000 frames).
 MAX_JSON_DEPTH = 128
 
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_BRACKETS = re.compile(r"[^\[\]{}]+")
-_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+_NOISE = {c: None for c in range(128) if chr(c) not in '[]{}"'}  # ASCII to drop
+_NOT_SYNTAX = re.compile(r'[^\[\]{}"]+')
+_STRING = re.compile(r'"[^"]*"')
+_LEAF = re.compile(r"\[\]|\{\}")
 
 
-def json_depth(text: str) -> int:
-    """How deep the brackets of ``text`` nest, outside strings (a linear scan)."""
-    brackets = _BRACKETS.sub("", _STRING.sub("", text))
-    opening = brackets.count("[") + brackets.count("{")
-    if opening <= 1:
-        return opening
-    return max(accumulate(_STEP[c] for c in brackets))
+def nests_deeper(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the brackets of ``text`` (outside strings) nest deeper than ``limit``, or
+    do not pair up. Linear, in C-speed string operations: escapes are dropped, then all
+    but brackets and quotes, then what is between quotes; each pass of one regex removes
+    the innermost pairs, so ``limit`` passes empty any bracket string at most that
+    deep."""
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    unescaped = text.replace("\\\\", "").replace('\\"', "")
+    syntax = _NOT_SYNTAX.sub("", unescaped.translate(_NOISE))  # brackets and quotes
+    brackets = _STRING.sub("", syntax)  # what is not inside a string
+    for _ in range(limit):
+        if not brackets:
+            return False
+        shorter = _LEAF.sub("", brackets)
+        if len(shorter) == len(brackets):
+            return True  # brackets that do not pair up: not JSON
+        brackets = shorter
+    return bool(brackets)
 
 
 def load_json(text: str) -> tuple[bool, Any]:
@@ -53,7 +65,7 @@ def load_json(text: str) -> tuple[bool, Any]:
     stripped = text.strip()
     if not stripped or stripped[0] not in "[{" or stripped[-1] not in "]}":
         return False, None
-    if json_depth(stripped) > MAX_JSON_DEPTH:
+    if nests_deeper(stripped):
         return False, None
     try:
         return True, json.loads(stripped)

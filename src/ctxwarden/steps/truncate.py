@@ -99,20 +99,20 @@ def _distinctive(token: str) -> bool:
 
 
 def request_terms(request: Message | None, call_id: str | None = None) -> tuple[str, ...]:
-    """The terms a result was asked for: distinctive tokens (paths, dotted names,
-    identifiers) and quoted words of the call's arguments and the assistant's text.
-    First seen first, at most 48."""
+    """The terms a result was asked for: the quoted words of the call's arguments, and
+    the distinctive tokens (paths, dotted names, identifiers) of its arguments and of the
+    assistant's text around the call. First seen first, at most 48."""
     if request is None:
         return ()
-    texts = [c.arguments for c in request.tool_calls if call_id is None or c.id == call_id]
-    texts.append(request.text)
+    arguments = [c.arguments for c in request.tool_calls if call_id is None or c.id == call_id]
     found: dict[str, None] = {}
-    for text in texts:
-        for quoted in _QUOTED.findall(text):
+    for text in arguments:  # a quoted word of a call is searched for: grep -n "def run"
+        for quoted in _QUOTED.findall(text.replace('\\"', '"')):
             for token in _SPLIT.split(quoted):
                 token = token.strip("./-")
                 if len(token) >= 3 and not token.isdigit():
                     found.setdefault(token, None)
+    for text in [*arguments, request.text]:
         for token in _SPLIT.split(text):
             token = token.strip(".-")
             if _distinctive(token):
@@ -146,7 +146,7 @@ class TruncateToolResults:
     takes them only once the result is masked or leaves.
 
     ``max_chars`` caps how much of one result is examined (the first and last parts of a
-    longer one; JSON is parsed whole up to 8 times that). ``count_text`` (a text
+    longer one; JSON is parsed whole up to 16 times that). ``count_text`` (a text
     counter, e.g. ``TokenCounter.count_text``) is used while searching for the cut;
     without it each candidate is counted as a whole message through ``ctx.count``.
     """
