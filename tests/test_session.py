@@ -28,6 +28,7 @@ from ctxwarden.memory.summaries import SummaryResult, SummaryTrigger
 from ctxwarden.messages import Message
 from ctxwarden.registry.usage import Usage
 from ctxwarden.session.session import Session
+from ctxwarden.steps.layers import SUMMARY_HEADING
 from ctxwarden.store import SessionStore, open_store
 
 PG_DSN = os.environ.get("CTXWARDEN_TEST_POSTGRES")
@@ -527,7 +528,7 @@ def test_build_uses_summary_and_facts_and_skips_what_they_cover(url: str, sid: s
         assert written is not None
         built = s.build(max_input_tokens=4000)
         texts = [m.text for m in built.messages]
-        assert any(t.startswith("summary 1 of m1..m") for t in texts)
+        assert any(t.startswith(SUMMARY_HEADING + "summary 1 of m1..m") for t in texts)
         assert any("last_order" in t for t in texts)
         kept_ids = {m.id for m in built.messages}
         assert not {f"m{i}" for i in range(1, written.covered_up_to_seq + 1)} & kept_ids
@@ -568,7 +569,12 @@ SHARE = SummaryTrigger(max_messages=16, keep_recent=6, fill_ratio=None, summary_
 
 
 def _summary_layer(built: Any) -> str | None:
-    return next((m.text for m in built.messages if m.id == "ctxwarden:summary"), None)
+    """The summary layer's text after its heading (both build paths show the heading)."""
+    text = next((m.text for m in built.messages if m.id == "ctxwarden:summary"), None)
+    if text is None:
+        return None
+    assert text.startswith(SUMMARY_HEADING)
+    return text[len(SUMMARY_HEADING) :]
 
 
 def test_build_shows_the_summary_focused_on_the_question(url: str, sid: str) -> None:
@@ -637,13 +643,19 @@ def test_a_share_too_small_for_any_line_leaves_the_summary_out_and_says_so(
 def test_summarize_folds_old_messages_and_keeps_new_ones(url: str, sid: str) -> None:
     with Session(url, sid) as s:
         s.append(chat(50))
+        # No trigger fires: nothing is folded, but the free rule-based extractor (as in
+        # build_context(summarizer=...)) keeps the facts current, and that is written.
+        first = s.summarize_sync(
+            Scripted(), trigger=SummaryTrigger(max_messages=60, fill_ratio=None)
+        )
+        assert first is not None and first.folded == 0 and first.session.summary is None
         assert (
             s.summarize_sync(Scripted(), trigger=SummaryTrigger(max_messages=60, fill_ratio=None))
             is None
         )
         model = Scripted()
         written = s.summarize_sync(model, ScriptedFacts(), trigger=EVERY_40)
-        assert written is not None and written.session.version == 1 and written.attempts == 1
+        assert written is not None and written.session.version == 2 and written.attempts == 1
         assert model.calls == [(written.folded, None)]
         assert written.covered_up_to_seq == written.folded - 1 and 40 <= written.folded <= 40
         assert s.summary == f"summary 1 of m0..m{written.covered_up_to_seq}"

@@ -10,10 +10,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ctxwarden._version import __version__
-from ctxwarden.build.audit import Audit, BuildState
+from ctxwarden.build.audit import Audit
 from ctxwarden.build.engine import BuiltContext, build_context
 from ctxwarden.build.pairing import Block, group_blocks, pairing_problems, validate_pairing
 from ctxwarden.build.policy import LedgerConfig, Policy, WindowConfig
+from ctxwarden.build.state import BuildState, SummaryDue
 from ctxwarden.errors import (
     BudgetError,
     ConfigError,
@@ -39,6 +40,7 @@ from ctxwarden.formats.transcript import Transcript, load_example, parse_transcr
 from ctxwarden.llm import ChatModel, Completion, RetryPolicy, complete_sync, parse_spec
 from ctxwarden.llm.offline import OfflineSummarizer, RuleBasedFactExtractor
 from ctxwarden.llm.summarizers import LLMFactExtractor, LLMSummarizer
+from ctxwarden.memory.cycle import summarize_history, summarize_history_sync
 from ctxwarden.memory.entities import Entity, extract_entities
 from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.memory.facts import Facts
@@ -55,7 +57,18 @@ from ctxwarden.registry.catalog import ModelInfo, Price, Registry, get_model, lo
 from ctxwarden.registry.cost import ModelCost, SessionCost, estimate_cost
 from ctxwarden.registry.usage import Usage
 from ctxwarden.session.session import Session
-from ctxwarden.steps.base import Action, Strategy, StrategyContext, StrategyResult
+from ctxwarden.steps.base import (
+    Action,
+    Draft,
+    Step,
+    StepContext,
+    StepResult,
+    Strategy,
+    StrategyContext,
+    StrategyResult,
+)
+from ctxwarden.steps.edit import EditStep
+from ctxwarden.steps.layers import LayerState
 from ctxwarden.steps.mask import MaskObservations
 from ctxwarden.steps.truncate import TruncateToolResults
 from ctxwarden.store import SessionStore, open_store
@@ -76,6 +89,8 @@ __all__ = [
     "Completion",
     "ConfigError",
     "CtxwardenError",
+    "Draft",
+    "EditStep",
     "Entity",
     "EntityLedger",
     "Facts",
@@ -83,6 +98,7 @@ __all__ = [
     "InvalidMessageError",
     "LLMFactExtractor",
     "LLMSummarizer",
+    "LayerState",
     "LedgerConfig",
     "MaskObservations",
     "Message",
@@ -104,12 +120,16 @@ __all__ = [
     "Session",
     "SessionCost",
     "SessionStore",
+    "Step",
+    "StepContext",
+    "StepResult",
     "StoreError",
     "Strategy",
     "StrategyContext",
     "StrategyResult",
     "SummarizationError",
     "Summarizer",
+    "SummaryDue",
     "SummaryResult",
     "SummaryState",
     "SummaryTrigger",
@@ -144,6 +164,8 @@ __all__ = [
     "parse_spec",
     "parse_transcript",
     "read_transcript",
+    "summarize_history",
+    "summarize_history_sync",
     "summary_view",
     "validate_pairing",
 ]

@@ -1,61 +1,30 @@
-"""What a build did, and what the next build must remember (R11, R10).
+"""What a build did (R11, R10); what the next build must remember is
+:class:`~ctxwarden.build.state.BuildState`.
 
 :class:`Audit` is the user-facing report: tokens per layer, every message dropped,
 masked, truncated or summarised with the reason and the tokens saved, fill ratio,
 estimated cost, prefix shared with the previous build, and warnings when something
 that should never drift (a pinned message, a ledger entry) had to be cut.
 
-:class:`BuildState` is the small memory that makes decisions sticky across builds: the
-window only moves forward, a masked result stays masked, and the fingerprints of the
-previous context let the next build measure how much of its prefix a provider cache
-can reuse.
+``summary_due`` says a summary would fold older messages now (the build never calls a
+model: ``Session.summarize`` or :func:`ctxwarden.summarize_history` makes it); ``steps``
+names the pipeline's steps in the order they ran, a user's own included.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxwarden.steps.base import Action, ActionKind
 
-__all__ = ["LAYERS", "Audit", "BuildState"]
+if TYPE_CHECKING:
+    from ctxwarden.build.state import SummaryDue
+
+__all__ = ["LAYERS", "Audit"]
 
 LAYERS = ("system", "facts", "ledger", "summary", "pinned", "window", "current")
-
-
-@dataclass(frozen=True)
-class BuildState:
-    """Decisions carried to the next build (JSON-serialisable, stored by sessions)."""
-
-    history_length: int = 0
-    last_id: str = ""
-    window_start: int = 0
-    sticky: Mapping[str, ActionKind] = field(default_factory=dict)
-    prefix: tuple[str, ...] = ()  # fingerprints of the previous context, in order
-    # where the ledger's sources begin (a position in this history: kept in memory only;
-    # a session keeps its own ledger checkpoint)
-    ledger_from: int = 0
-    layers: Any = field(default=None, compare=False)  # summary and facts (LayerState)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "history_length": self.history_length,
-            "last_id": self.last_id,
-            "window_start": self.window_start,
-            "sticky": dict(self.sticky),
-            "prefix": list(self.prefix),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> BuildState:
-        return cls(
-            history_length=int(data.get("history_length", 0)),
-            last_id=str(data.get("last_id", "")),
-            window_start=int(data.get("window_start", 0)),
-            sticky=dict(data.get("sticky", {})),
-            prefix=tuple(data.get("prefix", ())),
-        )
 
 
 @dataclass(frozen=True)
@@ -78,6 +47,8 @@ class Audit:
     effective_cost_usd: float | None
     prompt_cache_key: str
     cache_breakpoints: tuple[str, ...] = ()
+    summary_due: SummaryDue | None = None
+    steps: tuple[str, ...] = ()
 
     @property
     def fill_ratio(self) -> float | None:
@@ -116,4 +87,6 @@ class Audit:
             "effective_cost_usd": self.effective_cost_usd,
             "prompt_cache_key": self.prompt_cache_key,
             "cache_breakpoints": list(self.cache_breakpoints),
+            "summary_due": None if self.summary_due is None else self.summary_due.to_dict(),
+            "steps": list(self.steps),
         }

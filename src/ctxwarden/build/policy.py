@@ -22,6 +22,10 @@ A :class:`Policy` is a frozen dataclass that loads from TOML::
     max_tokens = 600
     lookback = 1000                # a cold build reads values this many messages back
 
+    [[steps]]                      # your own step, after masking (ctxwarden.build.pipeline)
+    use = "mypackage.steps:DropTagged"
+    tag = "debug"
+
     [summary]                      # used when a summarizer is given
     max_messages = 30              # seed 000: summarise at 30, keep the last 15
     keep_recent = 15
@@ -107,12 +111,18 @@ class Policy:
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
     summary: SummaryTrigger = field(default_factory=SummaryTrigger)
     cache_breakpoints: bool = True
+    steps: tuple[Any, ...] = ()  # your own steps (see ctxwarden.build.pipeline)
 
     def __post_init__(self) -> None:
         if self.max_input_tokens is not None and self.max_input_tokens < 1:
             raise ConfigError(f"max_input_tokens must be >= 1, got {self.max_input_tokens}")
         if self.response_reserve < 0:
             raise ConfigError(f"response_reserve must be >= 0, got {self.response_reserve}")
+        from ctxwarden.build.pipeline import as_step
+
+        object.__setattr__(self, "steps", tuple(self.steps))
+        for step in self.steps:
+            as_step(step)  # a ConfigError now, not at the first build
 
     def budget_for(self, context_window: int | None, max_input_tokens: int | None = None) -> int:
         """The input budget: explicit, else the model's window minus the response reserve."""
@@ -141,7 +151,13 @@ class Policy:
         top = {f.name for f in fields(cls)} - set(sections)
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
-            if key in sections:
+            if key == "steps":
+                from ctxwarden.build.pipeline import load_step
+
+                if not isinstance(value, list):
+                    raise ConfigError(f"{source}: steps must be an array of [[steps]] tables")
+                kwargs["steps"] = tuple(load_step(s, source) for s in value)
+            elif key in sections:
                 kwargs[key] = _section(sections[key], key, value, source)
             elif key in top:
                 kwargs[key] = value

@@ -161,7 +161,7 @@ def summarize(
 
 def _summarizer(spec: str) -> tuple[Any, Any]:
     """The summariser and fact extractor a spec names ('offline' or a provider spec)."""
-    from ctxwarden.steps.layers import resolve_summarizer
+    from ctxwarden.memory.cycle import resolve_summarizer
 
     chosen, extractor, _free = resolve_summarizer(spec)
     return chosen, extractor

@@ -48,7 +48,7 @@ from ctxwarden.errors import (
 )
 from ctxwarden.formats.openai import message_from_openai, message_to_openai
 from ctxwarden.messages import Message
-from ctxwarden.registry.catalog import Registry, get_model
+from ctxwarden.registry.catalog import Registry
 from ctxwarden.registry.usage import Usage
 from ctxwarden.session import state as session_state
 from ctxwarden.store import SessionStore, StoredMessage, StoredSession, open_store
@@ -400,16 +400,20 @@ class Session:
         the newest user message, within that share; otherwise as written. Nothing is
         summarised here: :meth:`summarize` writes the summary.
         """
-        from ctxwarden.build.engine import build_context
+        from ctxwarden.build.engine import model_info, run_build
+        from ctxwarden.build.inputs import check_budget_argument
         from ctxwarden.build.policy import Policy as PolicyClass
 
+        unknown = set(kw) - {"max_input_tokens", "tools"}
+        if unknown:
+            raise ConfigError(
+                f"Session.build got unexpected argument(s): {', '.join(sorted(unknown))}"
+            )
         model = model or self.model
         policy = policy if policy is not None else (self.policy or PolicyClass())
-        try:
-            window: int | None = get_model(model, self.registry).context_window
-        except UnknownModelError:
-            window = None
-        budget = policy.budget_for(window, kw.get("max_input_tokens"))
+        info = model_info(model, self.registry)
+        limit = check_budget_argument(kw.get("max_input_tokens"), "max_input_tokens")
+        budget = policy.budget_for(info.context_window if info else None, limit)
         record = self.record
         warm = record.sticky.get("window_start_seq")
         read, start = self._slice(
@@ -425,31 +429,21 @@ class Session:
         notes: tuple[str, ...] = ()
         if policy.ledger.enabled:
             ckpt, notes = self._ledger_before(record, start, frozenset(seqs))
-        facts = self._facts(record).render() if record.facts else ""
-        summary, left_out = session_state.summary_shown(
-            record.summary,
-            summarizer if summarizer is not None else self.summarizer,
-            history,
-            budget=budget,
-            share=policy.summary.summary_share,
-            count=TokenCounter.for_model(model, self.registry).count_message,
-        )
-        built = build_context(
+        previous = session_state.state_for(record.sticky, seqs)
+        built = run_build(
             history,
             model=model,
+            budget=budget,
             policy=policy,
-            previous=session_state.state_for(record.sticky, seqs),
-            summary=summary,
-            facts=facts or None,
-            earlier_entities=ckpt.ledger if ckpt is not None and len(ckpt.ledger) else None,
-            registry=self.registry,
-            **kw,
+            counter=TokenCounter.for_model(model, self.registry),
+            state=previous if previous is not None else _cold(),
+            info=info,
+            layer_state=session_state.layers_for(record, history, seqs),
+            summarizer=summarizer if summarizer is not None else self.summarizer,
+            earlier=ckpt.ledger if ckpt is not None and len(ckpt.ledger) else None,
+            tools=kw.get("tools"),
+            pre=((), notes),
         )
-        notes = left_out + notes
-        if notes:  # the engine cannot know what the session's stored layers went through
-            built = replace(
-                built, audit=replace(built.audit, warnings=built.audit.warnings + notes)
-            )
         save = ckpt is not None and _due(ckpt)
         self.store.save_sticky(
             self.tenant,
@@ -466,7 +460,7 @@ class Session:
 
     async def summarize(
         self,
-        summarizer: _SummarizerLike | None = None,
+        summarizer: str | _SummarizerLike | None = None,
         extractor: _ExtractorLike | None = None,
         *,
         trigger: SummaryTrigger | None = None,
@@ -474,32 +468,53 @@ class Session:
         max_messages: int = 2000,
         retries: int = 3,
         window: int | None = None,
+        max_input_tokens: int | None = None,
+        policy: Policy | None = None,
+        summarizer_timeout: float | None = None,
     ) -> SummaryWrite | None:
-        """Fold the unsummarised messages into the summary and facts (three steps, see
-        the module docstring), cascading to a meta-summary when ``trigger.max_summaries``
-        level-one summaries have piled up: :func:`ctxwarden.memory.summaries.summarize_cycle`
-        does the model part. Returns ``None`` when no trigger fires. ``window`` is what
-        the trigger's fill ratio is measured against (off when ``None``). ``summarizer``
-        defaults to the session's (``Session(..., summarizer=...)``).
+        """Fold the unsummarised messages into the summary and keep the facts current
+        (three steps, see the module docstring): the same cycle as
+        :func:`ctxwarden.summarize_history`, so a session summarised and then built shows
+        what ``build_context(messages, summarizer=...)`` shows. ``summarizer`` is a spec
+        (``"offline"``, ``"openai:gpt-4o-mini"``; ``summarizer_timeout``: seconds for its
+        client) or an object, default the session's. ``trigger`` defaults to the policy's
+        (``policy`` or the session's); the fill ratio is measured against ``window`` (or
+        ``max_input_tokens``), default the budget a build of the session's model gets.
+        Returns ``None`` when nothing changed (no trigger fired and no new fact).
 
         A failing model raises :class:`SummarizationError` and changes nothing; losing
         the version race ``retries`` times in a row raises :class:`VersionConflict`.
         """
-        from ctxwarden.memory.facts import Facts
-        from ctxwarden.memory.summaries import SummaryTrigger, summarize_cycle
+        from ctxwarden.build.engine import _as_sent, model_info
+        from ctxwarden.build.policy import Policy as PolicyClass
+        from ctxwarden.memory.cycle import resolve_summarizer, summarize_history
+        from ctxwarden.steps.layers import LayerState
 
         summarizer = summarizer if summarizer is not None else self.summarizer
         if summarizer is None:
             raise ConfigError(
                 "no summariser: pass one to summarize(), or to Session(..., summarizer=...)"
             )
-        if not callable(getattr(summarizer, "merge", None)):
+        if not isinstance(summarizer, str) and not callable(getattr(summarizer, "merge", None)):
             raise ConfigError(
                 f"{type(summarizer).__name__} has no merge(summaries): a session summariser "
-                "also writes the meta-summary (see ctxwarden.memory.summaries.Summarizer)"
+                "also writes the meta-summary (see ctxwarden.summarize.Summarizer)"
             )
-        trigger = trigger or SummaryTrigger()
+        policy = policy if policy is not None else (self.policy or PolicyClass())
+        trigger = trigger or policy.summary
+        if window is None:
+            info = model_info(self.model, self.registry)
+            window = policy.budget_for(info.context_window if info else None, max_input_tokens)
         counter = TokenCounter.for_model(self.model, self.registry)
+        store = window if trigger.summary_share is not None else None
+        chosen, extract_with, free = resolve_summarizer(
+            summarizer,
+            schema,
+            store_tokens=store,
+            timeout=summarizer_timeout,
+        )
+        if extractor is not None:
+            extract_with, free = extractor, False
         usage = Usage(calls=0)
         for attempt in range(1, retries + 2):
             # 1. read: one short read transaction
@@ -508,57 +523,72 @@ class Session:
             )
             if not batch.messages:
                 return None
-            state = session_state.summary_state(batch.session)
+            record = batch.session
+            seen_seq = (
+                int(record.summary_levels.get("seen_seq", -1)) if record.summary_levels else -1
+            )
+            seen = sum(1 for s in batch.messages if s.seq <= seen_seq)
+            facts = self._facts(record)
+            previous = LayerState(session_state.summary_state(record), facts, 0, seen)
             # 2. the model: no transaction, and no connection held while it thinks
             self.store.release()
-            result = await summarize_cycle(
+            update = await summarize_history(
                 [m.message for m in batch.messages],
-                state=state,
-                facts=Facts.from_json(batch.session.facts),
+                previous,
+                summarizer=chosen,
                 trigger=trigger,
-                summarizer=summarizer,
-                count=counter.count_message,
+                count=_as_sent(counter, replace(policy, summary=trigger)),
                 window=window,
-                extractor=extractor,
                 schema=schema,
+                resolved=(chosen, extract_with, free),
             )
-            if result.plan is None:
+            if update.usage.calls:
+                usage = usage + update.usage
+                self.record_usage(update.usage, _model_name(chosen))
+            if update.error is not None and not update.folded:
+                raise SummarizationError(f"summarisation failed, nothing changed: {update.error}")
+            new = update.state
+            if not update.folded and new.facts.to_json() == facts.to_json():
                 return None
-            if result.usage.calls:
-                usage = usage + result.usage
-                self.record_usage(result.usage, _model_name(summarizer))
-            if result.state.cycles == state.cycles:  # the level-one summary failed
-                raise SummarizationError(f"summarisation failed, nothing changed: {result.error}")
-            folded_ids = {m.id for m in result.plan.fold}
-            covered = max(s.seq for s in batch.messages if s.message.id in folded_ids)
-            facts = result.facts
+            folded_ids = {m.id for m in update.folded}
+            covered = max(
+                (s.seq for s in batch.messages if s.message.id in folded_ids),
+                default=record.summary_upto,
+            )
             # 3. write: one short transaction, only if nobody wrote since step 1
             try:
                 written = self.store.write_summary(
                     self.tenant,
                     self.session_id,
-                    expected_version=batch.session.version,
-                    summary=result.state.text,
-                    facts=facts.to_json() if isinstance(facts, Facts) else dict(facts),
+                    expected_version=record.version,
+                    summary=new.summary.text or None,
+                    facts=new.facts.to_json(),
                     covered_up_to_seq=covered,
-                    levels=session_state.levels_of(result.state),
+                    levels=session_state.levels_of(new.summary, batch.messages[-1].seq),
                 )
             except VersionConflict:
                 if attempt > retries:
                     raise
                 continue
-            folded = len(result.plan.fold)
-            return SummaryWrite(written, folded, covered, attempt, usage, result.meta, result.error)
+            return SummaryWrite(
+                written, len(update.folded), covered, attempt, usage, update.meta, update.error
+            )
         raise AssertionError("unreachable")  # pragma: no cover
 
     def summarize_sync(
         self,
-        summarizer: _SummarizerLike | None = None,
+        summarizer: str | _SummarizerLike | None = None,
         extractor: _ExtractorLike | None = None,
         **kw: Any,
     ) -> SummaryWrite | None:
         """:meth:`summarize` for callers without an event loop."""
         return asyncio.run(self.summarize(summarizer, extractor, **kw))
+
+
+def _cold() -> Any:
+    from ctxwarden.build.state import BuildState
+
+    return BuildState()
 
 
 def _due(ckpt: LedgerCheckpoint) -> bool:

@@ -3,29 +3,29 @@
 The engine counts positions in the list it is given and keeps the summary as a
 :class:`~ctxwarden.memory.summaries.SummaryState`; a session stores sequence numbers and
 JSON. These pure translations sit apart from :class:`~ctxwarden.session.session.Session` so
-the session module keeps to the store and the cycle. :func:`summary_shown` is the
-summary layer a session build shows: the same view of the summary that
-``build_context(..., summarizer=...)`` shows (see :mod:`ctxwarden.steps.layers`).
+the session module keeps to the store and the cycle. :func:`layers_for` gives the
+stored summary and facts to the build as the same layer state ``build_context`` carries,
+so both show the same layers (see :mod:`ctxwarden.steps.layers`).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ctxwarden.messages import Message
 
 if TYPE_CHECKING:
-    from ctxwarden.build.audit import BuildState
+    from ctxwarden.build.state import BuildState
     from ctxwarden.memory.summaries import SummaryState
     from ctxwarden.store import StoredSession
 
-__all__ = ["levels_of", "state_for", "sticky_from", "summary_shown", "summary_state"]
+__all__ = ["layers_for", "levels_of", "state_for", "sticky_from", "summary_state"]
 
 
-def levels_of(state: SummaryState) -> dict[str, Any]:
+def levels_of(state: SummaryState, seen_seq: int = -1) -> dict[str, Any]:
     """The stored form of the summary's tiers (``covered_ids`` are not kept: the store
     knows coverage by sequence number)."""
     return {
@@ -34,6 +34,7 @@ def levels_of(state: SummaryState) -> dict[str, Any]:
         "covered_count": state.covered_count,
         "as_of_id": state.as_of_id,
         "cycles": state.cycles,
+        "seen_seq": seen_seq,
     }
 
 
@@ -56,19 +57,26 @@ def summary_state(record: StoredSession) -> SummaryState:
     )
 
 
+# Parts of the engine state a session keeps elsewhere (summary, facts and the ledger of
+# what lies before the slice have their own columns) or that count positions of one
+# slice only (the next build reads another slice and finds them again, cheaply).
+_NOT_STORED = ("ledger", "layers", "flagged", "flagged_upto", "summary_due")
+
+
 def sticky_from(state: BuildState, seqs: Sequence[int]) -> dict[str, Any]:
     """The engine state with its positions turned into sequence numbers."""
-    data = state.to_dict()
+    data: dict[str, Any] = {k: v for k, v in state.to_dict().items() if k not in _NOT_STORED}
     if state.history_length:
         data["last_seq"] = seqs[state.history_length - 1]
         data["window_start_seq"] = seqs[min(state.window_start, len(seqs) - 1)]
+        data["ledger_from_seq"] = seqs[min(state.ledger_from, len(seqs) - 1)]
     return data
 
 
 def state_for(sticky: Mapping[str, Any], seqs: Sequence[int]) -> BuildState | None:
     """The stored state with its sequence numbers turned into positions of ``seqs``;
     ``None`` (a cold build) when the last build's newest message is not in this slice."""
-    from ctxwarden.build.audit import BuildState
+    from ctxwarden.build.state import BuildState
 
     last_seq = sticky.get("last_seq")
     if last_seq is None:
@@ -76,27 +84,23 @@ def state_for(sticky: Mapping[str, Any], seqs: Sequence[int]) -> BuildState | No
     at = bisect.bisect_left(seqs, last_seq)
     if at == len(seqs) or seqs[at] != last_seq:
         return None
-    state = BuildState.from_dict(sticky)
+    state = BuildState.from_dict({k: v for k, v in sticky.items() if k not in _NOT_STORED})
     start = bisect.bisect_left(seqs, int(sticky.get("window_start_seq", 0)))
-    return replace(state, history_length=at + 1, window_start=min(start, at))
-
-
-def summary_shown(
-    summary: str | None,
-    summarizer: object,
-    history: Sequence[Message],
-    *,
-    budget: int,
-    share: float | None,
-    count: Callable[[Message], int],
-) -> tuple[str | None, tuple[str, ...]]:
-    """``(text, warnings)``: the stored ``summary`` as a build shows it
-    (:func:`~ctxwarden.steps.layers.summary_in_share`, as ``build_context`` does)."""
-    from ctxwarden.steps.layers import summary_in_share
-
-    if not summary:
-        return summary, ()
-    view, left_out = summary_in_share(
-        summarizer, summary, history, budget=budget, share=share, count=count
+    ledger_from = bisect.bisect_left(seqs, int(sticky.get("ledger_from_seq", 0)))
+    return replace(
+        state, history_length=at + 1, window_start=min(start, at), ledger_from=ledger_from
     )
-    return view or None, left_out
+
+
+def layers_for(record: StoredSession, history: Sequence[Message], seqs: Sequence[int]) -> Any:
+    """The stored summary and facts as the engine's layer state for this slice (``None``
+    when the session has neither): the summary covers everything up to
+    ``record.summary_upto``, so its cut is the slice's first position after that."""
+    from ctxwarden.memory.facts import Facts
+    from ctxwarden.steps.layers import LayerState
+
+    if not record.summary and not record.facts:
+        return None
+    cut = bisect.bisect_right(seqs, record.summary_upto)
+    facts = Facts.from_json(record.facts) if record.facts else Facts()
+    return LayerState(summary_state(record), facts, cut, len(history))

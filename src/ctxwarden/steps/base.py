@@ -1,20 +1,44 @@
-"""The one small protocol every strategy implements, and what it reports.
+"""The protocols of the build's steps, and what they report.
 
-A strategy is a configurable, callable dataclass: ``strategy(messages, ctx)`` returns a
-:class:`StrategyResult` with a *new* list of messages and the :class:`Action` s it took.
-It never mutates its input and does no I/O; anything it needs to know (token counts,
-the budget, what earlier builds decided) comes in through :class:`StrategyContext`.
+A **step** is one stage of the pipeline: ``step(draft, ctx)`` takes the :class:`Draft`
+(the context as built so far) and the :class:`StepContext` (counting, the budget, the
+policy, the previous state) and returns a :class:`StepResult`: a new draft and the
+:class:`Action` s and warnings it adds to the audit. Steps are pure: no I/O, no model
+calls, never mutating their input. The engine folds the policy's steps in order and,
+after each one, checks that no tool call was separated from its results.
+
+A **strategy** is the simpler shape the editing steps (truncation, masking) and a user's
+own message filter may take: ``strategy(messages, ctx)`` returns a
+:class:`StrategyResult` with a new list of the window's messages;
+:class:`~ctxwarden.steps.edit.EditStep` runs it as a step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from ctxwarden.messages import Message
 
-__all__ = ["Action", "ActionKind", "Strategy", "StrategyContext", "StrategyResult"]
+if TYPE_CHECKING:
+    from ctxwarden.build.policy import Policy
+    from ctxwarden.build.state import BuildState, SummaryDue
+    from ctxwarden.steps.layers import LayerState
+    from ctxwarden.tokens.counter import TokenCounter
+
+__all__ = [
+    "Action",
+    "ActionKind",
+    "Draft",
+    "Edit",
+    "Step",
+    "StepContext",
+    "StepResult",
+    "Strategy",
+    "StrategyContext",
+    "StrategyResult",
+]
 
 ActionKind = Literal["truncated", "masked", "dropped", "evicted", "summarized", "rejected"]
 
@@ -64,8 +88,116 @@ class StrategyResult:
 
 @runtime_checkable
 class Strategy(Protocol):
-    """A pure step of the cascade."""
+    """A message strategy: the window's messages in, new ones out."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def __call__(self, messages: Sequence[Message], ctx: StrategyContext) -> StrategyResult: ...
+
+
+# -- the pipeline's protocol ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Edit:
+    """What a step did to a window message in place (a typed marker for later steps):
+    ``listed`` says a truncated result lists the values it cut inside itself, so the
+    ledger need not carry them."""
+
+    action: ActionKind
+    listed: bool = False
+
+
+@dataclass(frozen=True)
+class Draft:
+    """The context as built so far.
+
+    ``history`` is the caller's list; ``start`` the window start in it; ``window`` the
+    window's messages as they will be sent (edited copies, in order; dropped ones gone);
+    ``pinned`` the positions before the window kept as pinned; ``layers`` the system
+    blocks after the system prompt, as ``(layer name, message)`` in layout order;
+    ``ledger`` the entity-ledger block (placed among the layers by the layout);
+    ``floor`` where the summary's coverage ends (the window starts at or after it);
+    ``edits`` what editing steps did, by message id; ``rejected`` ids a provider would
+    refuse (an unanswered call, an orphan result); ``protected`` ids no step may drop
+    (the newest user message and the newest tool-call block). The layout step fills
+    ``ordered``, ``layer_of`` and ``breakpoints``.
+    """
+
+    history: Sequence[Message]
+    sys_end: int
+    newest: int | None
+    start: int = 0
+    window: tuple[Message, ...] = ()
+    pinned: tuple[int, ...] = ()
+    layers: tuple[tuple[str, Message], ...] = ()
+    ledger: Message | None = None
+    floor: int = 0
+    ledger_from: int = 0
+    edits: Mapping[str, Edit] = field(default_factory=dict)
+    rejected: frozenset[str] = frozenset()
+    protected: frozenset[str] = frozenset()
+    summary_due: SummaryDue | None = None
+    ledger_memo: Any = None  # the LedgerMemo the ledger step left for the next build
+    flagged: tuple[int, ...] = ()
+    flagged_upto: int = 0
+    ordered: tuple[Message, ...] = ()
+    layer_of: Mapping[str, str] = field(default_factory=dict)
+    breakpoints: tuple[str, ...] = ()
+
+    def but(self, **changes: Any) -> Draft:
+        """A copy with ``changes`` (drafts are never mutated)."""
+        return replace(self, **changes)
+
+    @property
+    def system(self) -> Sequence[Message]:
+        return self.history[: self.sys_end]
+
+    @property
+    def pinned_messages(self) -> list[Message]:
+        return [self.history[i] for i in self.pinned]
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a step may read: the counter, the budget, the policy, the previous build's
+    state, the summary and facts to show, and the earlier-entities seed. ``fixed`` is
+    what the context costs whatever the steps do: reply priming, tool definitions and
+    the system prompt."""
+
+    counter: TokenCounter
+    budget: int
+    policy: Policy
+    previous: BuildState
+    layer_state: LayerState | None = None
+    summarizer: Any = None  # only to focus the summary's view (no model call)
+    earlier: Any = None  # EntityLedger of messages older than ``history``
+    fixed: int = 0
+    tools_tokens: int = 0
+    summary_text: str | None = None  # caller-managed layers (build_context(summary=...))
+    facts_text: str | None = None
+
+    def count(self, message: Message) -> int:
+        return self.counter.count_message(message)
+
+    def total(self, messages: Sequence[Message]) -> int:
+        count = self.counter.count_message
+        return sum(count(m) for m in messages)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    draft: Draft
+    actions: tuple[Action, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+@runtime_checkable
+class Step(Protocol):
+    """One stage of the build (see the module docstring)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def __call__(self, draft: Draft, ctx: StepContext) -> StepResult: ...

@@ -1,58 +1,42 @@
-"""The summary and facts layers of a build (R7, R8): when to summarise, and with what.
+"""The summary and facts layers of a build (R7, R8, R10): shown, never made, here.
 
-``build_context(..., summarizer="offline")`` calls :func:`update_layers` before the
-cascade. It runs one summarisation cycle when the policy's trigger fires, and keeps
-the facts current: the offline rule-based extractor reads every new user message (it
-is free); a model-backed extractor runs on the messages a cycle folds (one call for
-all facts). A failing summariser never costs a message: the build falls back to the
-window and the audit says why.
+A build shows the summary and facts of its :class:`LayerState` — made by
+:func:`ctxwarden.memory.cycle.summarize_history` or a session's summary cycle, outside the
+build — and, when a summariser is in use, says whether a summary is due
+(``audit.summary_due``); it never calls a model.
 
-The summary layer a build shows is the *view* of the stored summary for the newest
-user message (:func:`~ctxwarden.memory.summaries.summary_view`): with the policy's
-``summary.summary_share`` set and a summariser that can focus (the offline one), the
-sentences most relevant to the request, within that share of the budget (heading
-included); otherwise the summary as written. With a share, ``"offline"`` stores up to
-one budget of sentences (meta-summary and level-one summary together), so the view
-has more to choose from than it shows, and the store stays a summary, not an index
-of the whole history. The view only changes when the request changes what is most relevant:
-builds for one user message (an agent's tool-call turns) share the layer, and so the
-cached prefix.
+The summary layer is the *view* of the stored summary for the newest user message
+(:func:`~ctxwarden.memory.summaries.summary_view`): with the policy's
+``summary.summary_share`` and a summariser that can focus (the offline one), the sentences
+most relevant to the request, within that share of the budget (heading included);
+otherwise the summary as written. Builds for one user message (an agent's tool-call
+turns) share the layer, and so the cached prefix.
 
 The facts layer shows the standing facts. A fact the user restates with a new value at
 each of the last two user messages ("My order is ORD-3", then "... ORD-11") is the
-subject of the request, not a standing fact: shown at the top it would change the
-cached prefix at every user turn. It is held back while it keeps changing — its value
-is in the newest user message, which a build never drops — and shown again from the
-first user message that does not replace it. The record keeps every value either way;
-a fact stated for the first time, or corrected after a turn of rest, shows at once.
+subject of the request, not a standing fact: shown at the top it would change the cached
+prefix at every user turn. It is held back while it keeps changing — its value is in the
+newest user message, which a build never drops — and shown again from the first user
+message that does not replace it. The record keeps every value either way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ctxwarden.errors import ConfigError
-from ctxwarden.memory.facts import FactExtractor, Facts, FactSchema
-from ctxwarden.memory.summaries import (
-    Summarizer,
-    SummaryState,
-    SummaryTrigger,
-    summarize_cycle,
-    summary_view,
-)
+from ctxwarden.memory.facts import Facts
+from ctxwarden.memory.summaries import SummaryState, plan_summary, summary_view
 from ctxwarden.messages import Message
-from ctxwarden.registry.usage import Usage
-from ctxwarden.steps.base import Action
+from ctxwarden.steps.base import Draft, StepContext, StepResult
 
 __all__ = [
     "SUMMARY_HEADING",
     "LayerState",
-    "LayerUpdate",
+    "LayersStep",
     "facts_layer_text",
-    "resolve_summarizer",
-    "update_layers",
+    "summary_in_share",
 ]
 
 SUMMARY_HEADING = "Summary of the earlier conversation:\n"
@@ -61,119 +45,95 @@ _RESTATED_TURNS = 2  # a fact new at each of this many latest user messages is h
 
 @dataclass(frozen=True)
 class LayerState:
-    """Summary and facts as of a build; ``cut`` is where the summary's coverage ends."""
+    """Summary and facts as of a cycle; ``cut`` is where the summary's coverage ends
+    (a position in the history), ``seen`` how many messages the free fact extractor
+    has read."""
 
     summary: SummaryState = field(default_factory=SummaryState)
     facts: Facts = field(default_factory=Facts)
     cut: int = 0
-    seen: int = 0  # messages whose user turns were read by the rule-based extractor
+    seen: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.summary
+        return {
+            "summary": {
+                "summaries": list(s.summaries),
+                "meta_summary": s.meta_summary,
+                "covered_ids": sorted(s.covered_ids),
+                "covered_count": s.covered_count,
+                "as_of_id": s.as_of_id,
+                "version": s.version,
+                "cycles": s.cycles,
+            },
+            "facts": self.facts.to_json(),
+            "cut": self.cut,
+            "seen": self.seen,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LayerState:
+        s = data["summary"]
+        summary = SummaryState(
+            summaries=tuple(str(t) for t in s["summaries"]),
+            meta_summary=s.get("meta_summary"),
+            covered_ids=frozenset(str(i) for i in s.get("covered_ids", ())),
+            covered_count=int(s.get("covered_count", 0)),
+            as_of_id=s.get("as_of_id"),
+            version=int(s.get("version", 0)),
+            cycles=int(s.get("cycles", 0)),
+        )
+        facts = Facts.from_json(data["facts"])
+        return cls(summary, facts, int(data.get("cut", 0)), int(data.get("seen", 0)))
 
 
 @dataclass(frozen=True)
-class LayerUpdate:
-    """One build's layer update: the new state, what it did, and the layer texts to show
-    (``""`` for a layer with nothing in it)."""
+class LayersStep:
+    """Adds the facts and summary layers and reports a summary that is due."""
 
-    state: LayerState
-    actions: list[Action]
-    warnings: list[str]
-    usage: Usage
-    facts_text: str
-    summary_text: str
+    name: str = "layers"
 
-
-def resolve_summarizer(
-    spec: str | Summarizer, schema: FactSchema = None, *, store_tokens: int | None = None
-) -> tuple[Summarizer, FactExtractor, bool]:
-    """``(summarizer, extractor, extractor_is_free)`` for a spec or a summariser object.
-
-    ``store_tokens`` bounds what the offline summary stores when a build shows a
-    focused view of it: a third for the level-one summary, two thirds for the
-    meta-summary (the offline defaults' 1:2), so the stored text stays within it.
-    ``None`` keeps the offline defaults.
-    """
-    from ctxwarden.llm.offline import OfflineSummarizer, RuleBasedFactExtractor
-
-    if not isinstance(spec, str):
-        return spec, RuleBasedFactExtractor(), True
-    if spec == "offline":
-        if store_tokens is None:
-            return OfflineSummarizer(), RuleBasedFactExtractor(), True
-        level_one = max(1, store_tokens // 3)
-        stored = OfflineSummarizer(max_tokens=level_one, meta_max_tokens=store_tokens - level_one)
-        return stored, RuleBasedFactExtractor(), True
-    from ctxwarden.llm.spec import parse_spec
-    from ctxwarden.llm.summarizers import LLMFactExtractor, LLMSummarizer
-
-    model = parse_spec(spec)
-    if isinstance(model, str):  # pragma: no cover - parse_spec returns "offline" only
-        raise ConfigError(f"unexpected summarizer spec {spec!r}")
-    return LLMSummarizer(model), LLMFactExtractor(model, schema), False
+    def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
+        layers: list[tuple[str, Message]] = []
+        warnings: list[str] = []
+        state = ctx.layer_state
+        facts = ctx.facts_text
+        summary = ctx.summary_text
+        floor = draft.floor
+        due = None
+        if state is not None:
+            facts = facts_layer_text(state.facts, draft.history) or facts
+            if state.summary.text:
+                view, left_out = summary_in_share(
+                    ctx.summarizer,
+                    state.summary.text,
+                    draft.history,
+                    budget=ctx.budget,
+                    share=ctx.policy.summary.summary_share,
+                    count=ctx.count,
+                )
+                summary = SUMMARY_HEADING + view if view else summary
+                warnings.extend(left_out)
+            floor = max(floor, state.cut)
+            due = summary_due(draft.history, state, ctx)
+        if facts:
+            layers.append(("facts", Message.system(facts, id="ctxwarden:facts")))
+        if summary:
+            layers.append(("summary", Message.system(summary, id="ctxwarden:summary")))
+        new = draft.but(layers=(*draft.layers, *layers), floor=floor, summary_due=due)
+        return StepResult(new, (), tuple(warnings))
 
 
-def update_layers(
-    history: Sequence[Message],
-    previous: LayerState | None,
-    *,
-    spec: str | Summarizer,
-    trigger: SummaryTrigger,
-    schema: FactSchema,
-    count: Callable[[Message], int],
-    window: int,
-) -> LayerUpdate:
-    """Run the facts extractor and, when the trigger fires, one summary cycle; then the
-    layer texts, the summary as its view for the newest user message (see the module
-    docstring). ``window`` is the build's input budget."""
-    from ctxwarden.llm.base import run_sync
+def summary_due(history: Sequence[Message], state: LayerState, ctx: StepContext) -> Any:
+    """What a summary cycle would fold now (``None``: no trigger fires): the trigger's plan,
+    a pure function of the messages (see :func:`~ctxwarden.memory.summaries.plan_summary`)."""
+    from ctxwarden.build.state import SummaryDue
 
-    state = previous or LayerState()
-    share = trigger.summary_share
-    store = window if share is not None else None
-    summarizer, extractor, free = resolve_summarizer(spec, schema, store_tokens=store)
-    facts = state.facts
-    actions: list[Action] = []
-    warnings: list[str] = []
-    usage = Usage(calls=0)
-    if free:
-        new_users = [m for m in history[state.seen :] if m.role == "user"]
-        if new_users:
-            facts = _extract_sync(extractor, new_users, facts, schema)
-    result = run_sync(
-        summarize_cycle(
-            history,
-            state=state.summary,
-            facts=facts,
-            trigger=trigger,
-            summarizer=summarizer,
-            count=count,
-            window=window,
-            extractor=None if free else extractor,
-            schema=schema,
-        )
-    )
-    usage = usage + result.usage
-    cut = state.cut
-    if result.error is not None:
-        warnings.append(f"summarisation failed, kept every message: {result.error}")
-    elif result.plan is not None:
-        cut = result.plan.cut
-        fold = result.plan.fold
-        span = fold[0].id if len(fold) == 1 else f"{fold[0].id}..{fold[-1].id}"
-        tokens = sum(count(m) for m in fold)
-        reason = (
-            f"{len(fold)} message(s) folded into the summary ({', '.join(result.plan.reasons)})"
-        )
-        actions.append(Action(span, "summarized", reason, tokens, 0, "summary"))
-    new_state = LayerState(result.state, result.facts if not free else facts, cut, len(history))
-    facts_text = facts_layer_text(new_state.facts, history)  # headed by render
-    summary_text = ""
-    if new_state.summary.text:
-        view, left_out = summary_in_share(
-            summarizer, new_state.summary.text, history, budget=window, share=share, count=count
-        )
-        summary_text = SUMMARY_HEADING + view if view else ""
-        warnings.extend(left_out)
-    return LayerUpdate(new_state, actions, warnings, usage, facts_text, summary_text)
+    trigger = ctx.policy.summary
+    plan = plan_summary(history, trigger, ctx.count, ctx.budget, state.summary)
+    if plan is None:
+        return None
+    return SummaryDue(plan.reasons, plan.fold[0].id, plan.fold[-1].id, len(plan.fold))
 
 
 def summary_in_share(
@@ -190,8 +150,7 @@ def summary_in_share(
     With a ``share`` of the budget and a summariser that can focus, the view for the
     newest user message in ``history`` within that share, less the heading message; a
     share too small for any sentence gives ``""`` and a warning (the summary stays
-    stored). Otherwise the summary as stored. Engine builds and sessions both use it,
-    so the two show the same sentences."""
+    stored). Otherwise the summary as stored."""
     room = None
     if share is not None:  # the layer (heading and message framing too) within the share
         room = int(budget * share) - count(Message.system(SUMMARY_HEADING))
@@ -226,13 +185,5 @@ def _newest_users(history: Sequence[Message], n: int) -> list[Message]:
 
 
 def _newest_user_text(history: Sequence[Message]) -> str | None:
-    """The request a build answers: the newest user message's text."""
     newest = _newest_users(history, 1)
     return newest[0].text if newest else None
-
-
-def _extract_sync(
-    extractor: Any, messages: Sequence[Message], facts: Facts, schema: FactSchema
-) -> Facts:
-    extracted: Facts = extractor.extract_sync(messages, facts, schema)
-    return extracted

@@ -1,119 +1,77 @@
-"""The ledger layer of a build: values from messages the context no longer shows.
+"""The entity-ledger block of a build: values from messages the context no longer shows.
 
-Everything before the window start (that is not pinned), and the original text of
-every masked or truncated result, feeds :class:`~ctxwarden.memory.entity_ledger.EntityLedger`; its
-rendering becomes one system block near the top of the context.
+Everything before the window start (that is not pinned), and the original text of every
+masked or truncated result that does not list its cut values itself, feeds
+:class:`~ctxwarden.memory.entity_ledger.EntityLedger`; its rendering becomes one system
+block near the top of the context.
 
-The region before the window only grows (the window start is sticky), so the ledger of
-a conversation is extended, never rebuilt: a small module-level memo keyed by the
-conversation's first message and the window start makes each build cost the messages
-that left since the last one.
+The region before the window only grows (the window start is sticky), so a conversation's
+ledger is extended, never rebuilt: the previous build's
+:class:`~ctxwarden.build.state.LedgerMemo` (part of its explicit state) holds the ledger
+up to its window start and the block it rendered, so a build costs the messages that left
+the window since, and re-renders only when the window moved or a batch was masked.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import hashlib
 from collections.abc import Sequence
 
+from ctxwarden.build.state import LedgerMemo
 from ctxwarden.memory.entities import extract_entities
 from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.messages import Message
 from ctxwarden.tokens.counter import TokenCounter
 
-__all__ = ["LEDGER_ID", "LedgerBuilder"]
+__all__ = ["LEDGER_ID", "LedgerBuilder", "seed_tag"]
 
 LEDGER_ID = "ctxwarden:ledger"
 _FRAMING = 5  # message framing + role tokens around the ledger text
-_MEMO: OrderedDict[tuple[str, int], tuple[str, EntityLedger]] = OrderedDict()
-_BY_CONVERSATION: dict[str, int] = {}
-_MEMO_MAX = 256
-# The rendered block per (conversation, window start, pinned, edited originals, cap): in
-# an agent loop most builds change none of these, so they skip re-rendering the ledger.
-_RenderKey = tuple[str, int, str, tuple[int, ...], tuple[tuple[str, str], ...], int, str]
-_RENDERED: OrderedDict[_RenderKey, tuple[EntityLedger, Message | None]] = OrderedDict()
 
 
-def _memo_get(history: Sequence[Message], anchor: str, start: int) -> EntityLedger | None:
-    """A memoised ledger for this conversation up to ``start``, if its history matches."""
-    hit = _MEMO.get((anchor, start))
-    if hit is None or hit[0] != history[start - 1].fingerprint:
-        return None
-    _MEMO.move_to_end((anchor, start))
-    return hit[1]
-
-
-def _seed_tag(earlier: EntityLedger | None) -> str:
-    """What tells ledgers grown from different ``earlier`` seeds apart in the memos."""
-    return "" if earlier is None else f"|{earlier.seq}:{len(earlier)}"
-
-
-def _dropped_ledger(
-    history: Sequence[Message],
-    sys_end: int,
-    start: int,
-    pinned: frozenset[int],
-    earlier: EntityLedger | None = None,
-) -> EntityLedger:
-    """The ledger of ``history[sys_end:start]`` minus pinned messages, on top of
-    ``earlier`` (values of messages older than ``history``), extended from a memo."""
-    seed = earlier if earlier is not None else EntityLedger()
-    if start <= sys_end:
-        return seed
-    anchor = history[sys_end].fingerprint + _seed_tag(earlier)
-    hit = _memo_get(history, anchor, start)
-    if hit is not None:
-        return hit
-    base_start = _BY_CONVERSATION.get(anchor, sys_end)
-    base = _memo_get(history, anchor, base_start) if sys_end < base_start < start else None
-    if base is None:
-        base, base_start = seed, sys_end
-    ledger = base
-    found = [
-        e for i in range(base_start, start) if i not in pinned for e in extract_entities(history[i])
-    ]
-    ledger = ledger.add(found)  # one add for the whole range: each add copies the ledger
-    _MEMO[(anchor, start)] = (history[start - 1].fingerprint, ledger)
-    _BY_CONVERSATION[anchor] = start
-    if len(_MEMO) > _MEMO_MAX:
-        _MEMO.popitem(last=False)
-    return ledger
-
-
-# The dropped-only ledger plus the edited originals, per dropped-only ledger: a batch of
-# newly masked results extends the last branch instead of re-adding every masked one.
-_BRANCHES: OrderedDict[int, tuple[EntityLedger, tuple[tuple[str, str], ...], EntityLedger]] = (
-    OrderedDict()
-)
-
-
-def _with_edited(
-    base: EntityLedger, edited: Sequence[Message], ids: tuple[tuple[str, str], ...]
-) -> EntityLedger:
-    """``base`` with the values of ``edited`` (identified by ``ids``: id and fingerprint)
-    added, as a side branch (the memo keeps growing the dropped-only ledger), extended
-    from the last branch when ``edited`` only grew at its end."""
-    hit = _BRANCHES.get(id(base))
-    if hit is not None and hit[0] is base and ids[: len(hit[1])] == hit[1]:
-        new = edited[len(hit[1]) :]
-        # the last branch is replaced below, so it may share its index with this one
-        branch = hit[2].add([e for m in new for e in extract_entities(m)])
-    else:
-        branch = base.branch().add([e for m in edited for e in extract_entities(m)])
-    _BRANCHES[id(base)] = (base, ids, branch)
-    _BRANCHES.move_to_end(id(base))
-    if len(_BRANCHES) > _MEMO_MAX:
-        _BRANCHES.popitem(last=False)
-    return branch
+def seed_tag(earlier: EntityLedger | None) -> str:
+    """What tells ledgers grown from different ``earlier`` seeds apart."""
+    return "" if earlier is None else f"{earlier.seq}:{len(earlier)}"
 
 
 class LedgerBuilder:
-    """Renders the ledger block for one build, within ``cap`` tokens."""
+    """Renders the ledger block for one build within ``cap`` tokens, extending the
+    previous build's :class:`LedgerMemo`; :attr:`memo` is the one to carry forward."""
 
-    def __init__(self, counter: TokenCounter, cap: int, earlier: EntityLedger | None = None):
+    def __init__(
+        self,
+        counter: TokenCounter,
+        cap: int,
+        earlier: EntityLedger | None = None,
+        memo: LedgerMemo | None = None,
+    ):
         self.counter = counter
         self.cap = cap
         self.earlier = earlier
+        self.memo = memo
         self.ledger = EntityLedger()
+
+    def _dropped(
+        self, history: Sequence[Message], first: int, start: int, pinned: frozenset[int]
+    ) -> EntityLedger:
+        """The ledger of ``history[first:start]`` less ``pinned``, on top of ``earlier``."""
+        seed = seed_tag(self.earlier)
+        memo = self.memo
+        if memo is not None and memo.seed == seed and memo.first == first and memo.upto <= start:
+            if memo.upto == start:
+                return memo.ledger
+            base, base_start = memo.ledger, memo.upto
+        else:
+            base = self.earlier if self.earlier is not None else EntityLedger()
+            base_start = first
+            self.memo = None
+        found = [
+            e
+            for i in range(base_start, start)
+            if i not in pinned
+            for e in extract_entities(history[i])
+        ]
+        return base.add(found)  # one add for the whole range: each add copies the ledger
 
     def render(
         self,
@@ -127,40 +85,53 @@ class LedgerBuilder:
         ``first`` (None when empty)."""
         if self.cap <= 0:
             return None
-        key: _RenderKey | None = None
-        edited_ids = tuple((m.id, m.fingerprint) for m in edited)
-        if start > first:
-            key = (
-                history[first].fingerprint + _seed_tag(self.earlier),
-                start,
-                history[start - 1].fingerprint,
-                tuple(pinned),
-                edited_ids,
-                self.cap,
-                self.counter.model,
-            )
-            hit = _RENDERED.get(key)
-            if hit is not None:
-                _RENDERED.move_to_end(key)
-                self.ledger = hit[0]
-                return hit[1]
-        ledger = _dropped_ledger(history, first, start, frozenset(pinned), self.earlier)
-        if edited:
-            ledger = _with_edited(ledger, edited, edited_ids)
-        self.ledger = ledger
-        message = self._message(self.cap - _FRAMING)
-        if key is not None:
-            _RENDERED[key] = (ledger, message)
-            if len(_RENDERED) > _MEMO_MAX:
-                _RENDERED.popitem(last=False)
-        return message
+        ledger = self._dropped(history, first, start, frozenset(pinned))
+        key = _render_key(history, start, pinned, edited, self.cap, self.counter.model)
+        memo = self.memo
+        if memo is not None and memo.key == key and memo.ledger is ledger:
+            text = memo.text
+        else:
+            if edited:
+                ledger_shown = ledger.branch().add([e for m in edited for e in extract_entities(m)])
+            else:
+                ledger_shown = ledger
+            self.ledger = ledger_shown
+            text = self._text(ledger_shown, self.cap - _FRAMING)
+        self.memo = LedgerMemo(first, start, seed_tag(self.earlier), ledger, key, text)
+        return Message.system(text, id=LEDGER_ID) if text else None
 
-    def shrink(self, current: Message, max_tokens: int) -> Message | None:
+    def shrink(
+        self, history: Sequence[Message], edited: Sequence[Message], max_tokens: int
+    ) -> Message | None:
         """The same ledger rendered within ``max_tokens`` (priority eviction)."""
-        return self._message(max_tokens - _FRAMING)
+        memo = self.memo
+        if memo is None:
+            return None
+        shown = memo.ledger
+        if edited:
+            shown = shown.branch().add([e for m in edited for e in extract_entities(m)])
+        text = self._text(shown, max_tokens - _FRAMING)
+        return Message.system(text, id=LEDGER_ID) if text else None
 
-    def _message(self, max_tokens: int) -> Message | None:
+    def _text(self, ledger: EntityLedger, max_tokens: int) -> str | None:
         if max_tokens <= 0:
             return None
-        text = self.ledger.render(max_tokens, self.counter.count_text)
-        return Message.system(text, id=LEDGER_ID) if text else None
+        return ledger.render(max_tokens, self.counter.count_text) or None
+
+
+def _render_key(
+    history: Sequence[Message],
+    start: int,
+    pinned: Sequence[int],
+    edited: Sequence[Message],
+    cap: int,
+    model: str,
+) -> str:
+    """What a rendered block depends on, besides the ledger: a short digest."""
+    h = hashlib.sha1(usedforsecurity=False)
+    h.update(f"{start}|{cap}|{model}|{','.join(map(str, pinned))}|".encode())
+    if start > 0:
+        h.update(history[start - 1].fingerprint.encode())
+    for m in edited:
+        h.update(f"|{m.id}:{m.fingerprint}".encode("utf-8", "surrogatepass"))
+    return h.hexdigest()

@@ -1,0 +1,134 @@
+"""Summarising outside the build (R7, R8): one cycle over the history, its result a state.
+
+The build never calls a model: it shows the summary and facts it is given and reports
+when a summary is due (``audit.summary_due``). This module is the call that makes one:
+:func:`summarize_history` (and ``_sync``) for a history held in memory, and what
+:meth:`ctxwarden.Session.summarize` runs between its read and write transactions. Both
+take the same summarisers: a spec (``"offline"``, ``"openai:gpt-4o-mini"``) or an object.
+
+A cycle keeps the facts current — the offline rule-based extractor reads every user
+message not read before (it is free); a model-backed extractor reads the messages a
+cycle folds (one call for all facts) — and, when the policy's trigger fires, folds the
+older messages into the rolling summary (a meta-summary when they pile up). A failing
+summariser costs no message: the old layers stay and the result says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ctxwarden.errors import ConfigError
+from ctxwarden.memory.facts import FactExtractor, FactSchema
+from ctxwarden.memory.summaries import Summarizer, SummaryTrigger, summarize_cycle
+from ctxwarden.messages import Message
+from ctxwarden.registry.usage import Usage
+from ctxwarden.steps.base import Action
+from ctxwarden.steps.layers import LayerState
+
+__all__ = ["LayerUpdate", "resolve_summarizer", "summarize_history", "summarize_history_sync"]
+
+
+@dataclass(frozen=True)
+class LayerUpdate:
+    """One cycle's outcome: the new layer state, what it did and what it cost."""
+
+    state: LayerState
+    actions: tuple[Action, ...] = ()
+    warnings: tuple[str, ...] = ()
+    usage: Usage = field(default_factory=lambda: Usage(calls=0))
+    folded: tuple[Message, ...] = ()
+    meta: bool = False
+    error: str | None = None
+
+
+def resolve_summarizer(
+    spec: str | Summarizer,
+    schema: FactSchema = None,
+    *,
+    store_tokens: int | None = None,
+    timeout: float | None = None,
+) -> tuple[Summarizer, FactExtractor, bool]:
+    """``(summarizer, extractor, extractor_is_free)`` for a spec or a summariser object.
+
+    ``store_tokens`` bounds what the offline summary stores when a build shows a focused
+    view of it (a third for the level-one summary, two thirds for the meta-summary).
+    ``timeout`` (seconds) is passed to a provider spec's client."""
+    from ctxwarden.llm.offline import OfflineSummarizer, RuleBasedFactExtractor
+
+    if not isinstance(spec, str):
+        return spec, RuleBasedFactExtractor(), True
+    if spec == "offline":
+        if store_tokens is None:
+            return OfflineSummarizer(), RuleBasedFactExtractor(), True
+        level_one = max(1, store_tokens // 3)
+        stored = OfflineSummarizer(max_tokens=level_one, meta_max_tokens=store_tokens - level_one)
+        return stored, RuleBasedFactExtractor(), True
+    from ctxwarden.llm.spec import parse_spec
+    from ctxwarden.llm.summarizers import LLMFactExtractor, LLMSummarizer
+
+    model = parse_spec(spec, timeout=timeout)
+    if isinstance(model, str):  # pragma: no cover - parse_spec returns "offline" only
+        raise ConfigError(f"unexpected summarizer spec {spec!r}")
+    return LLMSummarizer(model), LLMFactExtractor(model, schema), False
+
+
+async def summarize_history(
+    history: Sequence[Message],
+    previous: LayerState | None,
+    *,
+    summarizer: str | Summarizer,
+    trigger: SummaryTrigger,
+    count: Callable[[Message], int],
+    window: int | None,
+    schema: FactSchema = None,
+    resolved: tuple[Summarizer, FactExtractor, bool] | None = None,
+) -> LayerUpdate:
+    """Read new user messages for facts and, when the trigger fires, run one summary
+    cycle over ``history`` (see the module docstring). ``window`` is the input budget
+    the fill-ratio trigger is measured against; ``previous`` the layers so far."""
+    state = previous or LayerState()
+    store = window if trigger.summary_share is not None else None
+    chosen, extractor, free = resolved or resolve_summarizer(summarizer, schema, store_tokens=store)
+    facts = state.facts
+    if free:
+        new_users = [m for m in history[state.seen :] if m.role == "user"]
+        if new_users:
+            facts = await extractor.extract(new_users, facts, schema)
+    result = await summarize_cycle(
+        history,
+        state=state.summary,
+        facts=facts,
+        trigger=trigger,
+        summarizer=chosen,
+        count=count,
+        window=window,
+        extractor=None if free else extractor,
+        schema=schema,
+    )
+    if result.error is not None and result.state.cycles == state.summary.cycles:
+        kept = LayerState(state.summary, facts if free else state.facts, state.cut, len(history))
+        warning = f"summarisation failed, kept every message: {result.error}"
+        return LayerUpdate(kept, (), (warning,), result.usage, error=result.error)
+    if result.plan is None:
+        return LayerUpdate(LayerState(state.summary, facts, state.cut, len(history)))
+    fold = result.plan.fold
+    span = fold[0].id if len(fold) == 1 else f"{fold[0].id}..{fold[-1].id}"
+    reason = f"{len(fold)} message(s) folded into the summary ({', '.join(result.plan.reasons)})"
+    action = Action(span, "summarized", reason, sum(count(m) for m in fold), 0, "summary")
+    new_facts = facts if free else result.facts
+    new_state = LayerState(result.state, new_facts, result.plan.cut, len(history))
+    warnings = () if result.error is None else (f"meta-summary failed: {result.error}",)
+    return LayerUpdate(
+        new_state, (action,), warnings, result.usage, fold, result.meta, result.error
+    )
+
+
+def summarize_history_sync(
+    history: Sequence[Message], previous: LayerState | None, **kw: object
+) -> LayerUpdate:
+    """:func:`summarize_history` for callers without an event loop."""
+    from ctxwarden.llm.base import run_sync
+
+    update: LayerUpdate = run_sync(summarize_history(history, previous, **kw))  # type: ignore[arg-type]
+    return update

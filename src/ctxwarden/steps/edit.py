@@ -1,0 +1,50 @@
+"""A message strategy (truncation, masking, a user's filter) run as a step of the build.
+
+A :class:`~ctxwarden.steps.base.Strategy` sees the window's messages and returns new ones;
+:class:`EditStep` gives it the :class:`~ctxwarden.steps.base.StrategyContext` it expects
+(counting, the budget, the protected ids, the previous build's sticky decisions) and
+records what it did as typed :class:`~ctxwarden.steps.base.Edit` markers for later
+steps (the ledger reads them), so no step reads another's private message metadata.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ctxwarden.steps.base import Draft, Edit, StepContext, StepResult, Strategy, StrategyContext
+
+__all__ = ["EditStep"]
+
+
+@dataclass(frozen=True)
+class EditStep:
+    """Runs ``strategy`` on the window."""
+
+    strategy: Strategy
+
+    @property
+    def name(self) -> str:
+        return self.strategy.name
+
+    def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
+        # The newest call block is kept by the fit, but may be cut or masked like any other
+        # result (shrunk first); only the newest user message is untouchable here.
+        newest = draft.history[draft.newest].id if draft.newest is not None else None
+        sctx = StrategyContext(
+            count=ctx.counter.count_message,
+            budget=ctx.budget,
+            total=lambda ms: ctx.counter.count_messages(ms).tokens,
+            protected=frozenset({newest} if newest else ()),
+            sticky=ctx.previous.sticky,
+            count_text=ctx.counter.count_text,
+        )
+        result = self.strategy(list(draft.window), sctx)
+        edits = dict(draft.edits)
+        for action in result.actions:
+            if action.action in ("masked", "truncated"):
+                edits[action.message_id] = Edit(action.action)
+        for m in result.messages:  # a truncation that lists its cut values says so
+            if m.id in edits and "values_listed" in m.meta and "masked_from" not in m.meta:
+                edits[m.id] = Edit(edits[m.id].action, listed=True)
+        new = draft.but(window=tuple(result.messages), edits=edits)
+        return StepResult(new, tuple(result.actions))

@@ -1,0 +1,166 @@
+"""The last resort (R9, R11): what must go when the budget cannot hold what should stay.
+
+After the window's fit, the context may still be over budget: the pinned messages, the
+protected blocks and the layers are more than the budget holds. In order, each with a
+warning (drift is silent; the audit makes it visible):
+
+1. the entity ledger is rendered smaller;
+2. pinned and critical blocks are evicted by importance, lowest first
+   (:func:`~ctxwarden.steps.priority.eviction_order`), a tool call with all its results;
+3. the summary layer, then the facts layer, are left out (a build that fits without
+   its layers never fails because of them);
+4. the tool results of the newest call block are cut harder, to what is left.
+
+If the system prompt, the newest user message and what is left of the newest call block
+still do not fit, the build fails with a :class:`~ctxwarden.errors.BudgetError` naming the
+minimum budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ctxwarden.build.pairing import group_blocks
+from ctxwarden.errors import BudgetError
+from ctxwarden.messages import Message
+from ctxwarden.steps.base import Action, Draft, StepContext, StepResult
+from ctxwarden.steps.fit import ledger_cap, ledger_sources
+from ctxwarden.steps.ledger import LedgerBuilder
+from ctxwarden.steps.priority import eviction_order
+from ctxwarden.steps.truncate import TruncateToolResults
+from ctxwarden.steps.window import is_pinned
+
+__all__ = ["EvictStep", "context_tokens"]
+
+
+def context_tokens(draft: Draft, ctx: StepContext) -> int:
+    """What the draft sends, counted as the audit counts it."""
+    parts = [m for _, m in draft.layers]
+    if draft.ledger is not None:
+        parts.append(draft.ledger)
+    parts.extend(draft.history[i] for i in draft.pinned)
+    parts.extend(draft.window)
+    return ctx.fixed + ctx.total(parts)
+
+
+@dataclass(frozen=True)
+class EvictStep:
+    """Brings an over-budget draft within budget (see the module docstring)."""
+
+    name: str = "priority"
+
+    def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
+        over = context_tokens(draft, ctx) - ctx.budget
+        if over <= 0:
+            return StepResult(draft)
+        actions: list[Action] = []
+        warnings: list[str] = []
+        draft, over = self._shrink_ledger(draft, ctx, over, warnings)
+        if over > 0:
+            draft, over = self._evict_pinned(draft, ctx, over, actions, warnings)
+        for layer in ("summary", "facts"):
+            if over <= 0:
+                break
+            kept = [(n, m) for n, m in draft.layers if n != layer]
+            if len(kept) < len(draft.layers):
+                draft = draft.but(layers=tuple(kept))
+                over = context_tokens(draft, ctx) - ctx.budget
+                warnings.append(f"{layer} layer left out: the budget cannot hold it")
+        if over > 0:
+            draft, over = self._shrink_newest(draft, ctx, over, actions, warnings)
+        if over > 0:
+            minimum = ctx.budget + over
+            raise BudgetError(
+                f"budget of {ctx.budget:,} tokens cannot hold the system prompt, the newest "
+                f"user message and the newest tool-call block: budget must be at least "
+                f"{minimum:,} tokens",
+                minimum=minimum,
+            )
+        return StepResult(draft, tuple(actions), tuple(warnings))
+
+    @staticmethod
+    def _shrink_ledger(
+        draft: Draft, ctx: StepContext, over: int, warnings: list[str]
+    ) -> tuple[Draft, int]:
+        if draft.ledger is None:
+            return draft, over
+        before = ctx.count(draft.ledger)
+        builder = LedgerBuilder(ctx.counter, ledger_cap(draft, ctx), ctx.earlier, draft.ledger_memo)
+        smaller = builder.shrink(draft.history, ledger_sources(draft, draft.window), before - over)
+        after = ctx.count(smaller) if smaller else 0
+        warnings.append(f"entity ledger cut from {before:,} to {after:,} tokens to fit the budget")
+        draft = draft.but(ledger=smaller)
+        return draft, context_tokens(draft, ctx) - ctx.budget
+
+    @staticmethod
+    def _evict_pinned(
+        draft: Draft, ctx: StepContext, over: int, actions: list[Action], warnings: list[str]
+    ) -> tuple[Draft, int]:
+        """Pinned blocks before the window, and pinned blocks inside it that are not the
+        newest user message or call block, evicted whole by importance."""
+        h = draft.history
+        candidates: list[Message] = [h[i] for i in draft.pinned]
+        anchor = draft.protected - {m.id for m in draft.window if is_pinned(m)}
+        in_window = [m for m in draft.window if is_pinned(m) and m.id not in anchor]
+        candidates.extend(in_window)
+        if not candidates:
+            return draft, over
+        blocks = {m.id: b for b in group_blocks([h[i] for i in draft.pinned]) for m in b.messages}
+        blocks.update({m.id: b for b in group_blocks(draft.window) for m in b.messages})
+        current = h[draft.newest].text if draft.newest is not None else ""
+        gone: set[str] = set()
+        for m in eviction_order(candidates, current=current):
+            if over <= 0:
+                break
+            if m.id in gone:
+                continue
+            block = blocks[m.id]
+            if any(x.id in anchor for x in block.messages):
+                continue
+            for x in block.messages:
+                gone.add(x.id)
+                tokens = ctx.count(x)
+                over -= tokens
+                reason = "pinned, but the budget cannot hold it"
+                actions.append(Action(x.id, "evicted", reason, tokens, 0, "priority"))
+            warnings.append(f"pinned message {m.id} evicted to fit the budget")
+        pinned = tuple(i for i in draft.pinned if h[i].id not in gone)
+        window = tuple(m for m in draft.window if m.id not in gone)
+        draft = draft.but(pinned=pinned, window=window)
+        return draft, context_tokens(draft, ctx) - ctx.budget
+
+    @staticmethod
+    def _shrink_newest(
+        draft: Draft, ctx: StepContext, over: int, actions: list[Action], warnings: list[str]
+    ) -> tuple[Draft, int]:
+        """Cut the protected block's tool results to share what is left of the budget."""
+        results = [m for m in draft.window if m.role == "tool" and m.id in draft.protected]
+        if not results:
+            return draft, over
+        sizes = {m.id: ctx.count(m) for m in results}
+        total = sum(sizes.values())
+        room = max(total - over, 0)
+        base = ctx.policy.truncate or TruncateToolResults()
+        window = list(draft.window)
+        for i, m in enumerate(window):
+            if m.id not in sizes:
+                continue
+            share = max(room * sizes[m.id] // max(total, 1), 16)
+            cutter = replace(base, threshold_tokens=share, target_tokens=share, cut_values_tokens=0)
+            unpinned = (
+                m
+                if not (m.pinned or m.priority == "critical")
+                else replace(m, pinned=False, priority="high")
+            )
+            cut = cutter.truncate(unpinned, ctx.count, ctx.counter.count_text)
+            if cut is unpinned:
+                continue
+            cut = replace(cut, pinned=m.pinned, priority=m.priority)
+            window[i] = cut
+            after = ctx.count(cut)
+            reason = "newest tool result cut harder: the budget cannot hold it whole"
+            actions.append(Action(m.id, "truncated", reason, sizes[m.id], after, "priority"))
+        if window != list(draft.window):
+            warnings.append("the newest tool-call block was cut to fit the budget")
+        draft = draft.but(window=tuple(window))
+        return draft, context_tokens(draft, ctx) - ctx.budget

@@ -1,0 +1,172 @@
+"""The window's fit (R6, R10): drop the oldest blocks until the context fits.
+
+The budget left for the window is what the system prompt, the layers, the pinned
+messages and the entity ledger leave; the ledger grows as the window drops messages, so
+the two are settled together in a few rounds. When the window must move it moves far
+enough to fill only ``window.refill_ratio`` of its room, so the next turns append without
+moving it again and consecutive requests share a byte-identical prefix.
+
+A block is dropped whole; protected blocks (the newest user message, the newest tool-call
+block, pinned and critical messages) are never dropped here. Pinned blocks the new window
+start passes join the pinned layer. What still does not fit is the eviction step's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ctxwarden.build.pairing import Block, group_blocks
+from ctxwarden.messages import Message
+from ctxwarden.steps.base import Action, Draft, StepContext, StepResult
+from ctxwarden.steps.ledger import LedgerBuilder
+from ctxwarden.steps.window import is_pinned
+
+__all__ = ["FitStep", "ledger_sources", "window_positions"]
+
+
+def window_positions(draft: Draft) -> dict[str, int]:
+    """Message id -> position in the history, for the window's messages."""
+    return {m.id: i for i, m in enumerate(draft.history[draft.start :], draft.start)}
+
+
+def ledger_sources(draft: Draft, window: Sequence[Message]) -> list[Message]:
+    """Originals from the window region whose values the context no longer shows:
+    masked, dropped, or truncated without listing its cut values in place (a truncation
+    that lists them keeps the ledger — near the top — unchanged, so the prefix stays
+    cached). Rejected messages are not: they are not history the agent saw."""
+    shown = {
+        m.id
+        for m in window
+        if m.id not in draft.edits
+        or (draft.edits[m.id].action == "truncated" and draft.edits[m.id].listed)
+    }
+    pinned_ids = {draft.history[i].id for i in draft.pinned}
+    return [
+        m
+        for m in draft.history[draft.start :]
+        if m.id not in shown and m.id not in draft.rejected and m.id not in pinned_ids
+    ]
+
+
+def ledger_from(draft: Draft, ctx: StepContext) -> int:
+    """Where the ledger's sources begin: kept from the previous build, or on a cold
+    build at most ``policy.ledger.lookback`` messages before the window."""
+    lookback = ctx.policy.ledger.lookback
+    if ctx.previous.history_length:
+        return max(draft.sys_end, min(ctx.previous.ledger_from, draft.start))
+    if lookback is None:
+        return draft.sys_end
+    return max(draft.sys_end, draft.start - lookback)
+
+
+def ledger_cap(draft: Draft, ctx: StepContext) -> int:
+    cfg = ctx.policy.ledger
+    if not cfg.enabled:
+        return 0
+    layers = ctx.total([m for _, m in draft.layers])
+    return max(min(cfg.max_tokens, int((ctx.budget - ctx.fixed - layers) * cfg.max_share)), 0)
+
+
+@dataclass(frozen=True)
+class FitStep:
+    """Fits the window and renders the ledger (see the module docstring)."""
+
+    name: str = "fit"
+
+    def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
+        h = draft.history
+        pos = window_positions(draft)
+        blocks = group_blocks(draft.window)
+        first = ledger_from(draft, ctx)
+        memo = ctx.previous.ledger if ctx.previous.history_length else None
+        builder = LedgerBuilder(ctx.counter, ledger_cap(draft, ctx), ctx.earlier, memo)
+        fixed = ctx.fixed + ctx.total([m for _, m in draft.layers])
+        limit = ctx.policy.window.max_messages
+        actions: list[Action] = []
+        start, pinned = draft.start, list(draft.pinned)
+        ledger: Message | None = None
+        for _ in range(4):
+            current = draft.but(start=start, pinned=tuple(pinned))
+            window = [m for b in blocks for m in b.messages]
+            edited = ledger_sources(current, window)
+            ledger = builder.render(h, first, start, pinned, edited)
+            room = (
+                ctx.budget
+                - fixed
+                - ctx.total([h[i] for i in pinned])
+                - (ctx.count(ledger) if ledger else 0)
+            )
+            used = sum(ctx.total(b.messages) for b in blocks)
+            over_count = limit is not None and len(window) > limit
+            if used <= room and not over_count:
+                break
+            target = int(room * ctx.policy.window.refill_ratio) if used > room else room
+            blocks, dropped = _drop_oldest(blocks, target, draft.protected, limit, ctx)
+            actions.extend(dropped)
+            start, pinned = _new_start(blocks, pos, start, pinned, draft)
+            blocks = [b for b in blocks if pos[b.head.id] >= start]  # the rest is pinned now
+        new = draft.but(
+            start=start,
+            pinned=tuple(pinned),
+            window=tuple(m for b in blocks for m in b.messages),
+            ledger=ledger,
+            ledger_from=first,
+            ledger_memo=builder.memo,
+        )
+        return StepResult(new, tuple(actions))
+
+
+def _new_start(
+    blocks: Sequence[Block],
+    pos: Mapping[str, int],
+    start: int,
+    pinned: list[int],
+    draft: Draft,
+) -> tuple[int, list[int]]:
+    """The window start after a drop: the first kept block that is not pinned; pinned
+    blocks before it join the pinned layer."""
+    new_start = start
+    moved: list[int] = []
+    for b in blocks:
+        first = pos[b.head.id]
+        before_newest = draft.newest is None or first + len(b.messages) <= draft.newest
+        if before_newest and any(is_pinned(m) for m in b.messages):
+            moved.extend(range(first, first + len(b.messages)))
+            continue
+        new_start = max(first, start)
+        break
+    else:
+        new_start = max(start, max((pos[b.messages[-1].id] + 1 for b in blocks), default=start))
+    keep_moved = [i for i in moved if i < new_start]
+    return new_start, sorted({*pinned, *keep_moved})
+
+
+def _drop_oldest(
+    blocks: Sequence[Block],
+    target: int,
+    protected: frozenset[str],
+    max_messages: int | None,
+    ctx: StepContext,
+) -> tuple[list[Block], list[Action]]:
+    """Keep the protected blocks and the newest contiguous blocks that fit ``target``."""
+    is_protected = [any(m.id in protected for m in b.messages) for b in blocks]
+    used = sum(ctx.total(b.messages) for b, p in zip(blocks, is_protected, strict=True) if p)
+    count = sum(len(b.messages) for b, p in zip(blocks, is_protected, strict=True) if p)
+    keep = list(is_protected)
+    for i in range(len(blocks) - 1, -1, -1):
+        if is_protected[i]:
+            continue
+        tokens, size = ctx.total(blocks[i].messages), len(blocks[i].messages)
+        if used + tokens > target or (max_messages is not None and count + size > max_messages):
+            break
+        keep[i] = True
+        used += tokens
+        count += size
+    actions = [
+        Action(m.id, "dropped", "left the window (budget)", ctx.count(m), 0, "window")
+        for b, kept in zip(blocks, keep, strict=True)
+        if not kept
+        for m in b.messages
+    ]
+    return [b for b, k in zip(blocks, keep, strict=True) if k], actions

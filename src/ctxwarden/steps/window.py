@@ -1,0 +1,171 @@
+"""Where the window starts, and what is pinned (R6).
+
+The window start is sticky: it only moves forward, kept in the previous build's state, so
+consecutive builds share their prefix; a cold build (no state) finds it by walking back
+from the newest message until well past what the budget can hold. It never starts inside
+a tool-call block, never before what the summary covers, never after the newest user
+message.
+
+Pinned messages — flagged ``pinned``, ``priority="critical"``, or among the first
+``window.pin_first`` conversation messages — are kept wherever they are: before the
+window they form the pinned layer (their tool-call blocks whole), inside it they are
+protected from the window's fit. Only priority eviction, when the budget cannot hold
+them, removes one, with a warning (see :mod:`ctxwarden.steps.evict`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ctxwarden.build.state import BuildState
+from ctxwarden.messages import Message
+from ctxwarden.steps.base import Action, Draft, StepContext, StepResult
+from ctxwarden.tokens.counter import TokenCounter
+
+__all__ = ["WindowStep", "is_pinned", "leading_system", "newest_call_block", "newest_user"]
+
+
+def leading_system(history: Sequence[Message]) -> int:
+    """How many system messages open the history (the system prompt)."""
+    i = 0
+    while i < len(history) and history[i].role == "system":
+        i += 1
+    return i
+
+
+def newest_user(history: Sequence[Message], start: int) -> int | None:
+    for i in range(len(history) - 1, start - 1, -1):
+        if history[i].role == "user":
+            return i
+    return None
+
+
+def newest_call_block(history: Sequence[Message], after: int) -> range:
+    """Positions of the newest assistant tool call after ``after`` and its results (an
+    agent's step in progress: dropping it makes the model call again); empty if none."""
+    for i in range(len(history) - 1, after, -1):
+        if history[i].is_tool_call:
+            end = i + 1
+            while end < len(history) and history[end].role == "tool":
+                end += 1
+            return range(i, end)
+        if history[i].role != "tool":
+            return range(0)
+    return range(0)
+
+
+def is_pinned(message: Message) -> bool:
+    return (message.pinned or message.priority == "critical") and message.role != "system"
+
+
+def _align(history: Sequence[Message], start: int) -> int:
+    while start < len(history) and history[start].role == "tool":
+        start += 1
+    return start
+
+
+def _cold_start(history: Sequence[Message], sys_end: int, room: int, counter: TokenCounter) -> int:
+    """Walk back from the newest message until well past what the room can hold."""
+    acc, i = 0, len(history)
+    while i > sys_end and acc <= 3 * room:
+        i -= 1
+        acc += min(counter.count_message(history[i]), room)
+    return i
+
+
+def _whole_blocks(history: Sequence[Message], indices: Sequence[int], limit: int) -> list[int]:
+    """Pinned indices extended to whole blocks (a pinned call brings its results and a
+    pinned result its call), all before ``limit``."""
+    chosen = set(indices)
+    for i in indices:
+        start = i
+        while start > 0 and history[start].role == "tool":
+            start -= 1
+        end = start + 1
+        while end < limit and history[end].role == "tool":
+            end += 1
+        chosen.update(range(start, end))
+    return sorted(j for j in chosen if j < limit)
+
+
+@dataclass(frozen=True)
+class WindowStep:
+    """Places the window start and collects the pinned messages before it."""
+
+    name: str = "window"
+
+    def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
+        h, sys_end, prev = draft.history, draft.sys_end, ctx.previous
+        layers = ctx.total([m for _, m in draft.layers])
+        if prev.history_length == 0:
+            start = _cold_start(h, sys_end, max(ctx.budget - ctx.fixed - layers, 1), ctx.counter)
+        else:
+            start = max(prev.window_start, sys_end)
+        start = _align(h, max(start, draft.floor, sys_end))
+        if draft.newest is not None and start > draft.newest:
+            start = draft.newest
+        flagged, upto = self._flagged(h, sys_end, start, prev)
+        head: list[int] = []
+        i, taken = sys_end, 0
+        while i < start and taken < ctx.policy.window.pin_first:
+            head.append(i)
+            taken += 1
+            i += 1
+            while i < start and h[i].role == "tool":  # keep a call with its results
+                head.append(i)
+                i += 1
+        pinned = _whole_blocks(h, [*head, *(j for j in flagged if j >= i)], start)
+        window = tuple(h[start:])
+        protected = set(draft.protected)
+        protected.update(m.id for m in window if is_pinned(m))
+        if ctx.policy.window.pin_first:  # pin_first reaching into the window
+            k, count = sys_end, 0
+            while k < len(h) and count < ctx.policy.window.pin_first:
+                if k >= start:
+                    protected.add(h[k].id)
+                count += 1
+                k += 1
+                while k < len(h) and h[k].role == "tool":
+                    if k >= start:
+                        protected.add(h[k].id)
+                    k += 1
+        actions = (
+            self._cold_prefix(draft, ctx, start, set(pinned)) if not prev.history_length else ()
+        )
+        new = draft.but(
+            start=start,
+            window=window,
+            pinned=tuple(pinned),
+            protected=frozenset(protected),
+            flagged=flagged,
+            flagged_upto=upto,
+        )
+        return StepResult(new, actions)
+
+    @staticmethod
+    def _cold_prefix(
+        draft: Draft, ctx: StepContext, start: int, pinned: set[int]
+    ) -> tuple[Action, ...]:
+        """One action for everything before a cold build's window (counted when small);
+        what the summary folded (before the floor) is reported by the summary cycle."""
+        h = draft.history
+        gone = [i for i in range(max(draft.sys_end, draft.floor), start) if i not in pinned]
+        if not gone:
+            return ()
+        tokens = ctx.total([h[i] for i in gone]) if len(gone) <= 2000 else 0
+        span = h[gone[0]].id if len(gone) == 1 else f"{h[gone[0]].id}..{h[gone[-1]].id}"
+        reason = f"{len(gone)} older message(s) before the window"
+        return (Action(span, "dropped", reason, tokens, 0, "window"),)
+
+    @staticmethod
+    def _flagged(
+        history: Sequence[Message], sys_end: int, limit: int, prev: BuildState
+    ) -> tuple[tuple[int, ...], int]:
+        """Pinned / critical positions before ``limit``: the previous build's, extended by
+        the messages that left the window since (history only grows)."""
+        found, scanned = prev.flagged, prev.flagged_upto
+        if not sys_end <= scanned <= limit:
+            found, scanned = (), sys_end
+        extra = tuple(j for j in range(scanned, limit) if is_pinned(history[j]))
+        return tuple(j for j in found + extra if j < limit), max(limit, scanned)

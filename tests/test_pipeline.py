@@ -1,0 +1,324 @@
+"""The one build pipeline (issue 10): explicit state, one path, user steps, pins, pairs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import ctxwarden
+from ctxwarden import BuildState, Message, Policy, ToolCall, WindowConfig, build_context
+from ctxwarden.bench.traces import load_tau_bench
+from ctxwarden.build.pairing import pairing_problems
+from ctxwarden.errors import BudgetError, ConfigError
+from ctxwarden.formats.openai import messages_to_openai
+from ctxwarden.steps.drop_tagged import DropTagged
+
+
+def _loop(history: list[Message], budget: int, start: int = 4) -> list[ctxwarden.BuiltContext]:
+    """An agent loop: one build per message from ``start`` on, chained."""
+    built, out = None, []
+    for n in range(start, len(history) + 1):
+        built = build_context(history[:n], "gpt-4o", budget, previous=built)
+        out.append(built)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tau(tau_bench_path: Path) -> list[list[Message]]:
+    return load_tau_bench(tau_bench_path)
+
+
+# -- explicit state ----------------------------------------------------------------------------
+
+
+def test_state_round_trips_every_field(tau: list[list[Message]]) -> None:
+    built = _loop(tau[3], 1600)[-1]
+    state = built.state
+    assert state.ledger is not None and state.window_start > 0
+    back = BuildState.from_dict(json.loads(json.dumps(state.to_dict())))
+    assert back == state
+    assert back.ledger is not None and back.ledger.ledger.entries == state.ledger.ledger.entries
+    assert back.to_dict() == state.to_dict()
+
+
+def test_a_damaged_state_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="not a stored build state"):
+        BuildState.from_dict({"ledger": {"upto": "x"}})
+
+
+_CHILD = """
+import json, sys
+from ctxwarden import BuildState, build_context
+from ctxwarden.bench.traces import load_tau_bench
+path, run, n, budget = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+state = BuildState.from_dict(json.loads(sys.stdin.read()))
+history = load_tau_bench(path)[run][:n]
+built = build_context(history, "gpt-4o", budget, previous=state)
+print(json.dumps(built.to_openai()))
+"""
+
+
+def test_the_next_turn_builds_the_same_in_a_new_process(
+    tau: list[list[Message]], tau_bench_path: Path
+) -> None:
+    """Turn t in this process, its state stored; turn t+1 in a new process from it."""
+    for run, budget in ((3, 1600), (11, 2000)):
+        history = tau[run]
+        builds = _loop(history, budget)
+        for t in (len(builds) // 2, len(builds) - 2):
+            stored = json.dumps(builds[t].state.to_dict())
+            n = 4 + t + 1
+            out = subprocess.run(
+                [sys.executable, "-c", _CHILD, str(tau_bench_path), str(run), str(n), str(budget)],
+                input=stored,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            assert json.loads(out.stdout) == builds[t + 1].to_openai()
+
+
+def test_eight_threads_build_what_one_thread_builds(tau: list[list[Message]]) -> None:
+    runs = [tau[i] for i in range(0, 40, 5)]
+    sequential = [[b.to_openai() for b in _loop(h, 1600)] for h in runs]
+    results: dict[int, list[Any]] = {}
+
+    def work(i: int) -> None:
+        results[i] = [b.to_openai() for b in _loop(runs[i], 1600)]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(runs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [results[i] for i in range(len(runs))] == sequential
+
+
+# -- one path ----------------------------------------------------------------------------------
+
+
+def _store_urls(tmp_path: Path) -> list[str]:
+    import os
+
+    urls = [f"sqlite:///{tmp_path / 'one.db'}"]
+    if os.environ.get("CTXWARDEN_TEST_POSTGRES"):
+        urls.append(os.environ["CTXWARDEN_TEST_POSTGRES"])
+    return urls
+
+
+def test_session_and_build_context_give_the_same_context(
+    tau: list[list[Message]], tmp_path: Path
+) -> None:
+    for url in _store_urls(tmp_path):
+        for run in (3, 11, 27):
+            history = tau[run]
+            sid = f"one-path-{uuid.uuid4().hex[:8]}"
+            with ctxwarden.Session(url, sid) as s:
+                s.append(history[:4])
+                built = None
+                for n in range(5, len(history) + 1):
+                    s.append(history[n - 1 : n])
+                    built = build_context(history[:n], "gpt-4o", 1600, previous=built)
+                    assert s.build(max_input_tokens=1600).to_openai() == built.to_openai()
+
+
+def test_with_a_summariser_the_session_equals_build_context(
+    tau: list[list[Message]], locomo_path: Path, tmp_path: Path
+) -> None:
+    from ctxwarden.bench.traces import load_locomo, locomo_transcript
+
+    chats = [locomo_transcript(c)[:160] for c in load_locomo(locomo_path)[:2]]
+    chats += [tau[7], tau[19]]
+    for url in _store_urls(tmp_path):
+        for history in chats:
+            for budget in (1500, 4000):
+                direct = build_context(history, "gpt-4o", budget, summarizer="offline")
+                sid = f"one-path-sum-{uuid.uuid4().hex[:8]}"
+                with ctxwarden.Session(url, sid) as s:
+                    s.append(history)
+                    s.summarize_sync("offline", max_input_tokens=budget)
+                    via_session = s.build(max_input_tokens=budget)
+                assert via_session.to_openai() == direct.to_openai()
+
+
+# -- user steps --------------------------------------------------------------------------------
+
+
+def _tagged_history() -> list[Message]:
+    return [
+        Message.system("You are a support agent."),
+        Message.user("My order is ORD-1."),
+        Message.assistant("debug: cache miss on order lookup", meta={"tags": ["debug"]}),
+        Message.assistant("Looking it up."),
+        Message.user("Any news?"),
+    ]
+
+
+@pytest.mark.parametrize("how", ["python", "toml"])
+def test_a_user_step_plugs_in_and_shows_in_the_audit(how: str) -> None:
+    if how == "python":
+        policy = Policy(steps=(DropTagged("debug"),))
+    else:
+        policy = Policy.from_toml(
+            '[[steps]]\nuse = "ctxwarden.steps.drop_tagged:DropTagged"\ntag = "debug"\n'
+        )
+    history = _tagged_history()
+    built = build_context(history, "gpt-4o", 2000, policy=policy)
+    assert "debug: cache miss" not in json.dumps(built.to_openai())
+    assert "drop_tagged" in built.audit.steps
+    (action,) = [a for a in built.audit.actions if a.strategy == "drop_tagged"]
+    assert (action.message_id, action.action) == (history[2].id, "dropped")
+    plain = build_context(history, "gpt-4o", 2000)
+    assert "debug: cache miss" in json.dumps(plain.to_openai())
+
+
+def test_a_step_that_splits_a_pair_cannot_leave_an_orphan() -> None:
+    history = [
+        Message.system("sys"),
+        Message.user("Check order ORD-7."),
+        Message.assistant(None, tool_calls=(ToolCall("c1", "lookup", "{}"),), meta={"tags": ["x"]}),
+        Message.tool('{"status": "shipped"}', tool_call_id="c1"),
+        Message.assistant("It shipped."),
+        Message.user("Thanks, and the refund?"),
+    ]
+    built = build_context(history, "gpt-4o", 2000, policy=Policy(steps=(DropTagged("x"),)))
+    assert pairing_problems(list(built.messages)) == []
+    assert any(a.action == "rejected" and "drop_tagged" in a.reason for a in built.audit.actions)
+
+
+def test_bad_steps_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match="is not a step"):
+        Policy(steps=("nope",))
+    with pytest.raises(ConfigError, match="cannot import step"):
+        Policy.from_toml('[[steps]]\nuse = "no.such.module:Step"\n')
+    with pytest.raises(ConfigError, match="module:attribute"):
+        Policy.from_toml('[[steps]]\nuse = "nocolon"\n')
+
+
+# -- pins and pairs (issue 11's reproductions) -------------------------------------------------
+
+
+def _support_chat() -> list[dict[str, Any]]:
+    h: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a support agent."},
+        {
+            "role": "user",
+            "content": "My account id is ACC-4471. Never forget it.",
+            "ctxwarden": {"pinned": True},
+        },
+        {"role": "assistant", "content": "Noted."},
+    ]
+    for i in range(12):
+        h.append(
+            {
+                "role": "user",
+                "content": f"Question {i}: " + "please check the delivery status again " * 8,
+            }
+        )
+        h.append(
+            {
+                "role": "assistant",
+                "content": f"Answer {i}: " + "the parcel is on its way to you " * 8,
+            }
+        )
+    h.append({"role": "user", "content": "What is my account id?"})
+    return h
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["flag", "pin_first", "critical"],
+)
+def test_a_pinned_message_is_kept_when_the_budget_holds_it(how: str) -> None:
+    h = _support_chat()
+    policy = Policy()
+    if how == "pin_first":
+        del h[1]["ctxwarden"]
+        policy = Policy(window=WindowConfig(pin_first=2))
+    elif how == "critical":
+        h[1]["ctxwarden"] = {"priority": "critical"}
+    b = build_context(h, max_input_tokens=800, policy=policy)
+    assert "ACC-4471" in json.dumps(b.to_openai())
+    assert b.input_tokens <= 800
+    assert not [a for a in b.audit.actions if a.message_id == "m1"]
+    again = build_context(h, max_input_tokens=800, policy=policy, previous=b)
+    assert again.to_openai() == b.to_openai()
+
+
+def _parallel_calls(extra_turns: int = 6) -> list[Message]:
+    h = [
+        Message.system("You are an agent."),
+        Message.user("Look up both orders."),
+        Message.assistant(
+            None,
+            tool_calls=(
+                ToolCall("c1", "lookup", '{"id": 1}'),
+                ToolCall("c2", "lookup", '{"id": 2}'),
+            ),
+            priority="high",
+        ),
+        Message.tool('{"order": 1, "status": "shipped"}', tool_call_id="c1", pinned=True),
+        Message.tool('{"order": 2, "status": "held"}', tool_call_id="c2"),
+    ]
+    for i in range(extra_turns):
+        h.append(Message.user(f"Turn {i}: " + "what about the other thing " * 5))
+        h.append(Message.assistant(f"Reply {i}: " + "here is the other thing " * 5))
+    return h
+
+
+def test_eviction_never_splits_a_call_from_its_results() -> None:
+    h = _parallel_calls()
+    for budget in range(60, 1201, 20):
+        try:
+            b = build_context(h, "gpt-4o", budget)
+        except BudgetError as exc:
+            assert exc.minimum is not None and exc.minimum > budget
+            continue
+        assert pairing_problems(list(b.messages)) == [], budget
+        assert b.input_tokens <= budget
+
+
+def test_the_newest_call_block_is_kept() -> None:
+    h = [
+        Message.system("Policy. " * 100),
+        *[
+            m
+            for i in range(8)
+            for m in (Message.user(f"Q{i} " * 40), Message.assistant(f"A{i} " * 40))
+        ],
+        Message.user("Find flight UA123."),
+        Message.assistant(None, tool_calls=(ToolCall("c9", "search", '{"q": "UA123"}'),)),
+        Message.tool('{"flight": "UA123", "seats": 4}', tool_call_id="c9"),
+    ]
+    for budget in (260, 300, 400, 800):
+        b = build_context(h, "gpt-4o", budget)
+        ids = {m.id for m in b.messages}
+        assert {h[-3].id, h[-2].id, h[-1].id} <= ids, budget
+        assert b.input_tokens <= budget
+
+
+def test_layers_that_do_not_fit_are_left_out_with_a_warning() -> None:
+    h = [Message.system("sys"), Message.user("hello there")]
+    big = "fact: " + "value " * 400
+    b = build_context(h, "gpt-4o", 120, facts=big, summary="summary " * 300)
+    assert b.input_tokens <= 120
+    assert any("layer left out" in w for w in b.audit.warnings)
+
+
+def test_a_budget_below_the_system_prompt_names_the_minimum() -> None:
+    h = [Message.system("sys " * 200), Message.user("hi")]
+    with pytest.raises(BudgetError, match="at least") as info:
+        build_context(h, "gpt-4o", 50)
+    assert info.value.minimum is not None and info.value.minimum > 50
+
+
+def test_messages_to_openai_is_the_wire_form() -> None:
+    b = build_context(_tagged_history(), "gpt-4o", 2000)
+    assert b.to_openai() == messages_to_openai(b.messages)
