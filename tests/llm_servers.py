@@ -9,7 +9,6 @@ gives a ``responder`` that answers from the request (a fake model), and then ins
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 from collections import deque
@@ -31,6 +30,7 @@ __all__ = [
     "openai_error",
     "openai_stream",
     "openai_tool_calls",
+    "openai_tool_stream",
     "scripted_server",
 ]
 
@@ -45,6 +45,7 @@ class Reply:
     headers: Mapping[str, str] = field(default_factory=dict)
     delay: float = 0.0
     events: list[str] | None = None
+    frame_delay: float = 0.0  # seconds between SSE frames (a slow stream)
 
 
 @dataclass
@@ -68,6 +69,7 @@ class ScriptedServer:
     def __init__(self, responder: Callable[[Recorded], Reply] | None = None) -> None:
         self.responder = responder
         self.requests: list[Recorded] = []
+        self.aborted: list[Recorded] = []  # replies the client hung up on mid-way
         self._replies: deque[Reply] = deque()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -116,11 +118,14 @@ class ScriptedServer:
                 length = int(self.headers.get("content-length") or 0)
                 body = self.rfile.read(length)
                 headers = {k.lower(): v for k, v in self.headers.items()}
-                reply = server._next(Recorded("POST", self.path, headers, body))
+                recorded = Recorded("POST", self.path, headers, body)
+                reply = server._next(recorded)
                 if reply.delay and server._stopping.wait(reply.delay):
                     return
-                with contextlib.suppress(OSError):  # the client gave up (timeout)
+                try:
                     self._send(reply)
+                except OSError:  # the client gave up (a timeout, a cancelled stream)
+                    server.aborted.append(recorded)
 
             do_GET = do_POST
 
@@ -131,7 +136,9 @@ class ScriptedServer:
                     for k, v in reply.headers.items():
                         self.send_header(k, v)
                     self.end_headers()
-                    for frame in reply.events:
+                    for i, frame in enumerate(reply.events):
+                        if i and reply.frame_delay and server._stopping.wait(reply.frame_delay):
+                            return
                         self.wfile.write(frame.encode())
                         self.wfile.flush()
                     return
@@ -247,6 +254,48 @@ def openai_stream(
         final["usage"] = openai_completion(prompt=prompt, completion=completion, cached=cached)[
             "usage"
         ]
+        payloads.append(final)
+    return [f"data: {json.dumps(p)}\n\n" for p in payloads] + ["data: [DONE]\n\n"]
+
+
+def openai_tool_stream(
+    calls: list[tuple[str, str, dict[str, Any]]],
+    *,
+    pieces: int = 3,
+    prompt: int = 10,
+    completion: int = 5,
+    model: str = "gpt-4o-mini",
+    with_usage: bool = True,
+) -> list[str]:
+    """SSE frames of a streamed tool-calling completion: per call a first delta with its
+    ``index``, id and name, then the JSON arguments in ``pieces`` fragments (as OpenAI
+    streams them), ``finish_reason: tool_calls``, then the usage chunk."""
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {
+            "id": "chatcmpl-tools",
+            "object": "chat.completion.chunk",
+            "created": 1_700_000_000,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+
+    payloads = [chunk({"role": "assistant", "content": None})]
+    for index, (cid, name, args) in enumerate(calls):
+        first = {"index": index, "id": cid, "type": "function"}
+        payloads.append(
+            chunk({"tool_calls": [{**first, "function": {"name": name, "arguments": ""}}]})
+        )
+        text = json.dumps(args)
+        step = max(1, -(-len(text) // pieces))
+        for i in range(0, len(text), step):
+            part = {"index": index, "function": {"arguments": text[i : i + step]}}
+            payloads.append(chunk({"tool_calls": [part]}))
+    payloads.append(chunk({}, "tool_calls"))
+    if with_usage:
+        final = chunk({})
+        final["choices"] = []
+        final["usage"] = openai_completion(prompt=prompt, completion=completion)["usage"]
         payloads.append(final)
     return [f"data: {json.dumps(p)}\n\n" for p in payloads] + ["data: [DONE]\n\n"]
 

@@ -250,7 +250,12 @@ async def test_500_repeatedly_raises_provider_error(scripted_server: ScriptedSer
 
 async def test_slow_server_raises_provider_timeout(scripted_server: ScriptedServer) -> None:
     scripted_server.reply(*[Reply(body=anthropic_message(), delay=3.0) for _ in range(2)])
-    model = client(scripted_server, timeout=0.2, retry=RetryPolicy(max_attempts=2, base_delay=0.01))
+    model = client(
+        scripted_server,
+        timeout=0.2,
+        deadline=1.5,
+        retry=RetryPolicy(max_attempts=2, base_delay=0.01),
+    )
 
     started = time.monotonic()
     with pytest.raises(ProviderTimeout):

@@ -169,21 +169,59 @@ async def test_400_is_not_retried(scripted_server: ScriptedServer) -> None:
 
 async def test_slow_server_raises_provider_timeout(scripted_server: ScriptedServer) -> None:
     scripted_server.reply(*[Reply(body=openai_completion("late"), delay=3.0) for _ in range(2)])
-    model = client(scripted_server, timeout=0.2, retry=RetryPolicy(max_attempts=2, base_delay=0.01))
+    model = client(
+        scripted_server,
+        timeout=0.2,
+        deadline=1.5,
+        retry=RetryPolicy(max_attempts=2, base_delay=0.01),
+    )
 
     started = time.monotonic()
     with pytest.raises(ProviderTimeout, match="timed out"):
         await model.complete(MESSAGES)
 
     assert time.monotonic() - started < 2.0
-    assert len(scripted_server.requests) == 2  # timeouts are retried
+    assert len(scripted_server.requests) == 2  # timeouts are retried within the deadline
+
+
+async def test_timeout_bounds_the_whole_call_with_its_retries(
+    scripted_server: ScriptedServer,
+) -> None:
+    """``timeout=0.3`` with four attempts gives up after 0.3 s, not after 4 x 0.3 s."""
+    scripted_server.reply(*[Reply(body=openai_completion("late"), delay=3.0) for _ in range(4)])
+    model = client(scripted_server, timeout=0.3, retry=RetryPolicy(max_attempts=4, base_delay=0.01))
+
+    started = time.monotonic()
+    with pytest.raises(ProviderTimeout):
+        await model.complete(MESSAGES)
+
+    assert time.monotonic() - started < 0.9
+    assert len(scripted_server.requests) == 1
+
+
+async def test_deadline_stops_retrying_a_failing_server(scripted_server: ScriptedServer) -> None:
+    """A server answering 503 at once is retried until the next wait would pass the deadline."""
+    scripted_server.reply(
+        *[Reply(status=503, body={"error": {"message": "busy"}}) for _ in range(6)]
+    )
+    model = client(
+        scripted_server,
+        timeout=5.0,
+        deadline=0.5,
+        retry=RetryPolicy(max_attempts=6, base_delay=0.2, jitter=0.0),
+    )
+    started = time.monotonic()
+    with pytest.raises(ProviderError, match="deadline"):
+        await model.complete(MESSAGES)
+    assert time.monotonic() - started < 0.8
+    assert 2 <= len(scripted_server.requests) < 6
 
 
 async def test_timeout_then_success(scripted_server: ScriptedServer) -> None:
     scripted_server.reply(
         Reply(body=openai_completion("late"), delay=3.0), Reply(body=openai_completion("fast"))
     )
-    done = await client(scripted_server, timeout=0.2).complete(MESSAGES)
+    done = await client(scripted_server, timeout=0.2, deadline=3.0).complete(MESSAGES)
     assert done.text == "fast"
 
 

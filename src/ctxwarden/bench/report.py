@@ -22,15 +22,20 @@ __all__ = ["default_trace_paths", "render_markdown", "run_bench", "write_plots"]
 
 Progress = Callable[[str], None] | None
 TAU_BUDGETS = (2000, 1600)
+SWEBENCH_BUDGETS = (4000, 8000)
 LOCOMO_BUDGET = 4000
+SWEBENCH_FILE = Path("swebench-mini") / "swebench-verified-mini-gemini3-dev.json"
 
 
-def default_trace_paths(root: str | Path = "..") -> tuple[Path | None, Path | None]:
-    """``(tau_bench, locomo)`` files under ``<root>/shared/data`` when they exist."""
+def default_trace_paths(
+    root: str | Path = "..",
+) -> tuple[Path | None, Path | None, Path | None]:
+    """``(tau_bench, locomo, swebench)`` files under ``<root>/shared/data`` when they exist."""
     base = Path(root) / "shared" / "data"
     tau = base / "tau-bench" / "airline-gpt-4o-dev.json"
     loc = base / "locomo" / "locomo-dev.json"
-    return (tau if tau.exists() else None, loc if loc.exists() else None)
+    swe = base / SWEBENCH_FILE
+    return tuple(p if p.exists() else None for p in (tau, loc, swe))  # type: ignore[return-value]
 
 
 def _scenario_json(result: Mapping[str, Any]) -> dict[str, Any]:
@@ -40,26 +45,80 @@ def _scenario_json(result: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _tau(path: Path, progress: Progress) -> dict[str, Any]:
-    from ctxwarden.bench.traces import engine_builder, load_tau_bench, plain_builder, tau_retention
+def _priced(r: dict[str, Any]) -> dict[str, Any]:
     from ctxwarden.registry.cost import estimate_cost
     from ctxwarden.registry.usage import Usage
+
+    r["cost_usd"] = r["effective_cost_usd"] = round(
+        estimate_cost(Usage(input_tokens=r["total_input_tokens"]), "gpt-4o"), 6
+    )
+    return r
+
+
+def _tau(path: Path, progress: Progress, peers: bool) -> dict[str, Any]:
+    from ctxwarden.bench.traces import engine_builder, load_tau_bench, plain_builder, tau_retention
 
     runs = load_tau_bench(path)
     strategies: dict[str, Any] = {}
     for budget in TAU_BUDGETS:
-        for name, builder in (("plain window", plain_builder()), ("ctxwarden", engine_builder())):
+        builders = {
+            "plain window": plain_builder(),
+            "ctxwarden (agent loop)": engine_builder(),
+            "ctxwarden (cold builds)": engine_builder(loop=False),
+            **_peer_builders(peers),
+        }
+        for name, builder in builders.items():
             r = tau_retention(runs, budget, builder, progress=progress).to_json()
-            r["cost_usd"] = r["effective_cost_usd"] = round(
-                estimate_cost(Usage(input_tokens=r["total_input_tokens"]), "gpt-4o"), 6
-            )
-            strategies[f"{name} @{budget}"] = r
+            strategies[f"{name} @{budget}"] = _priced(_with_errors(r, builder))
     return {
-        "description": "tau-bench airline: at every tool call, the share of its id arguments "
-        "seen earlier that are still in the built context (gpt-4o counts).",
+        "description": "tau-bench airline: at every tool call, the share of its argument "
+        "values (>= 3 characters) seen earlier that are still in the built context, per "
+        "value; ids: the user, reservation, flight and payment ids among them (gpt-4o "
+        "counts, default policy).",
         "file": str(path),
         "strategies": strategies,
     }
+
+
+def _swebench(path: Path, progress: Progress, peers: bool) -> dict[str, Any]:
+    from ctxwarden.bench.swebench import load_swebench, swebench_retention
+    from ctxwarden.bench.traces import engine_builder, plain_builder
+
+    runs = load_swebench(path)
+    strategies: dict[str, Any] = {}
+    for budget in SWEBENCH_BUDGETS:
+        builders = {
+            "plain window": plain_builder(),
+            "ctxwarden (agent loop)": engine_builder(),
+            **_peer_builders(peers),
+        }
+        for name, builder in builders.items():
+            r = swebench_retention(runs, budget, builder, progress=progress).to_json()
+            strategies[f"{name} @{budget}"] = _priced(_with_errors(r, builder))
+    return {
+        "description": "swebench-mini (a bash coding agent): at every command, the share of "
+        "its needed-later tokens (paths, dotted names, identifiers seen earlier; data "
+        "README section 3) still in the built context (gpt-4o counts, default policy).",
+        "file": str(path),
+        "strategies": strategies,
+    }
+
+
+def _peer_builders(peers: bool) -> dict[str, Any]:
+    """Fresh peer builders (one set per budget, so their error counts are per row)."""
+    if not peers:
+        return {}
+    from ctxwarden.bench.peers import peer_builders
+
+    return dict(peer_builders())
+
+
+def _with_errors(row: dict[str, Any], builder: Any) -> dict[str, Any]:
+    """A peer's row also says how often it raised (the history was then sent as is)."""
+    if hasattr(builder, "errors"):
+        row["errors"] = builder.errors
+        row["error_examples"] = list(builder.error_examples)
+    return row
 
 
 def _locomo(path: Path, progress: Progress, summarizer: BenchSummarizer) -> dict[str, Any]:
@@ -93,6 +152,8 @@ def run_bench(
     *,
     tau_bench: str | Path | None = None,
     locomo: str | Path | None = None,
+    swebench: str | Path | None = None,
+    peers: bool = False,
     summarizer: SummarizerSpec = "offline",
     agent_model: Any = None,
     progress: Progress = None,
@@ -105,8 +166,10 @@ def run_bench(
     :func:`~.summarizers.get_summarizer`); ``agent_model`` an OpenAI-compatible spec or
     client for laptop-shop's agent. Both are built before anything runs, so a bad spec
     or a missing key fails at once. ``progress`` receives a short label after each step.
-    ``laptop_turns`` / ``chat_rounds`` shorten the scenarios (a quick try of a paid
-    model; the seeds' targets hold only for the full 21 turns and 50 rounds).
+    ``peers`` adds litellm's and headroom-ai's compressors to the trace tables (needs
+    ``pip install -e ".[peers]"``). ``laptop_turns`` / ``chat_rounds`` shorten the
+    scenarios (a quick try of a paid model; the seeds' targets hold only for the full
+    21 turns and 50 rounds).
     """
     from ctxwarden.bench.scenarios_agent_chat import ROUNDS, run_agent_chat
     from ctxwarden.bench.scenarios_laptop import laptop_agent, run_laptop
@@ -132,7 +195,11 @@ def run_bench(
             if tau_bench is None:
                 report["skipped"]["tau-bench"] = "no data file; pass --tau-bench PATH to run it"
             else:
-                report["scenarios"]["tau-bench"] = _tau(Path(tau_bench), progress)
+                report["scenarios"]["tau-bench"] = _tau(Path(tau_bench), progress, peers)
+            if swebench is None:
+                report["skipped"]["swebench-mini"] = "no data file; pass --swebench PATH to run it"
+            else:
+                report["scenarios"]["swebench-mini"] = _swebench(Path(swebench), progress, peers)
             if locomo is None:
                 report["skipped"]["locomo"] = "no data file; pass --locomo PATH to run it"
             else:
@@ -195,21 +262,22 @@ def render_markdown(report: Mapping[str, Any], plots: Mapping[str, str] | None =
             ],
         )
     )
-    for key, measure in (("tau-bench", "retention"), ("locomo", "answer_recall")):
-        if key not in sc:
-            continue
-        parts += ["", f"## {key}", "", sc[key]["description"], ""]
+    for key in ("tau-bench", "swebench-mini"):
+        if key in sc:
+            parts += ["", f"## {key}", "", sc[key]["description"], "", _retention_table(sc[key])]
+    if "locomo" in sc:
+        parts += ["", "## locomo", "", sc["locomo"]["description"], ""]
         parts.append(
             _table(
-                ["strategy", measure.replace("_", " "), "reduction", "input tokens"],
+                ["strategy", "answer recall", "reduction", "input tokens"],
                 [
                     [
                         name,
-                        f"{s[measure]:.3f}",
+                        f"{s['answer_recall']:.3f}",
                         f"{100 * s['reduction']:.1f}%",
                         f"{s['total_input_tokens']:,}",
                     ]
-                    for name, s in sc[key]["strategies"].items()
+                    for name, s in sc["locomo"]["strategies"].items()
                 ],
             )
         )
@@ -227,6 +295,31 @@ def render_markdown(report: Mapping[str, Any], plots: Mapping[str, str] | None =
     for title, file in (plots or {}).items():
         parts += ["", f"![{title}]({file})"]
     return "\n".join(parts) + "\n"
+
+
+def _retention_table(scenario: Mapping[str, Any]) -> str:
+    """Retention rows: every needed value, the id subset (tau-bench), reduction, and
+    the invariant and budget checks of the same builds."""
+    rows = scenario["strategies"]
+    ids = any("retention_ids" in s for s in rows.values())
+    header = ["strategy", "retention", *(["ids"] if ids else []), "reduction"]
+    header += ["violations", "newest dropped", "over budget", "input tokens"]
+    return _table(
+        header,
+        [
+            [
+                name,
+                f"{s['retention']:.3f}" if "error" not in s else "n/a",
+                *([f"{s.get('retention_ids', 0):.3f}"] if ids else []),
+                f"{100 * s['reduction']:.1f}%",
+                str(s["violations"]),
+                str(s.get("newest_dropped", 0)),
+                str(s["over_budget"]),
+                f"{s['total_input_tokens']:,}",
+            ]
+            for name, s in rows.items()
+        ],
+    )
 
 
 def _setup_lines(report: Mapping[str, Any]) -> list[str]:

@@ -59,32 +59,44 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 from ctxwarden.bench.metrics import plain_window
+from ctxwarden.bench.retention import (
+    Builder,
+    Mentions,
+    Retention,
+    call_retention,
+    engine_builder,
+    plain_builder,
+)
 from ctxwarden.bench.summarizers import Account, summarizer_for
 from ctxwarden.errors import InvalidMessageError
 from ctxwarden.formats.openai import messages_from_openai
 from ctxwarden.messages import Message
-from ctxwarden.tokens.counter import REPLY_PRIMING, TokenCounter
+from ctxwarden.tokens.counter import TokenCounter
 
 __all__ = [
     "ID_KEYS",
+    "MIN_VALUE_CHARS",
+    "Retention",
     "answer_recall",
     "content_words",
+    "engine_builder",
     "load_locomo",
     "load_tau_bench",
     "locomo_recall",
     "locomo_transcript",
     "locomo_trigger",
     "needed_values",
+    "plain_builder",
     "tau_retention",
 ]
 
 ID_KEYS = frozenset({"user_id", "reservation_id", "flight_number", "payment_id"})
+MIN_VALUE_CHARS = 3
 STOP_WORDS = frozenset({"a", "an", "the"})
 _WORD = re.compile(r"\w+")
 _CONTENT = re.compile(r"[a-z0-9]+")
@@ -124,88 +136,27 @@ def _leaves(obj: Any, key: str | None = None) -> Iterable[tuple[str | None, Any]
         yield key, obj
 
 
-def _message_text(m: Message) -> str:
-    parts = [m.text] + [f"{c.name} {c.arguments}" for c in m.tool_calls]
-    return "\n".join(parts)
+def needed_values(call_arguments: Any, earlier: Mentions) -> list[tuple[str, str]]:
+    """The argument values of one call that an earlier message mentions, as ``(value,
+    group)``: every leaf of at least :data:`MIN_VALUE_CHARS` characters (numbers as
+    written by ``str``, booleans and nulls skipped), once per call; the group is
+    ``"ids"`` for a leaf under one of :data:`ID_KEYS`, else ``"other"``."""
+    out: dict[str, str] = {}
+    for k, v in _leaves(call_arguments):
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            continue
+        text = v if isinstance(v, str) else str(v)
+        if len(text) >= MIN_VALUE_CHARS and text not in out and text in earlier:
+            out[text] = "ids" if k in ID_KEYS else "other"
+    return list(out.items())
 
 
-class _Mentions:
-    """Whole-token lookup over a growing set of messages (ids are single ``\\w+`` tokens;
-    anything else falls back to a boundary regex over the joined text)."""
-
-    def __init__(self, messages: Iterable[Message] = ()) -> None:
-        self.tokens: set[str] = set()
-        self.texts: list[str] = []
-        for m in messages:
-            self.add(m)
-
-    def add(self, m: Message) -> None:
-        text = _message_text(m)
-        self.texts.append(text)
-        self.tokens.update(_WORD.findall(text))
-
-    def __contains__(self, value: str) -> bool:
-        if _WORD.fullmatch(value):
-            return value in self.tokens
-        pattern = re.compile(r"(?<!\w)" + re.escape(value) + r"(?!\w)")
-        return any(pattern.search(t) for t in self.texts)
-
-
-def needed_values(call_arguments: dict[str, Any], earlier: _Mentions) -> list[str]:
-    """The id values of one call that an earlier message mentions."""
-    return [
-        v
-        for k, v in _leaves(call_arguments)
-        if k in ID_KEYS and isinstance(v, str) and v and v in earlier
-    ]
-
-
-@dataclass(frozen=True)
-class Retention:
-    retention: float
-    reduction: float
-    calls: int
-    built_tokens: int
-    full_tokens: int
-    per_call_tokens: tuple[int, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "retention": round(self.retention, 4),
-            "reduction": round(self.reduction, 4),
-            "calls": self.calls,
-            "total_input_tokens": self.built_tokens,
-            "full_history_tokens": self.full_tokens,
-            "input_tokens_per_turn": list(self.per_call_tokens),
-        }
-
-
-Builder = Callable[[Sequence[Message], Sequence[int], int], list[Message]]
-"""(messages before the call, their token counts, budget) -> the context to send."""
-
-
-def plain_builder() -> Builder:
-    def build(before: Sequence[Message], counts: Sequence[int], budget: int) -> list[Message]:
-        kept, _ = plain_window(before, counts, budget)
-        return [before[i] for i in kept]
-
-    return build
-
-
-def engine_builder(model: str = "gpt-4o") -> Builder:
-    """ctxwarden's engine with the default policy, given its previous build of the run."""
-    from ctxwarden.build.engine import build_context
-
-    last: dict[str, Any] = {"run": None, "built": None}
-
-    def build(before: Sequence[Message], counts: Sequence[int], budget: int) -> list[Message]:
-        same_run = last["run"] is not None and before[: len(last["run"])] == last["run"]
-        previous = last["built"] if same_run else None
-        built = build_context(before, model=model, max_input_tokens=budget, previous=previous)
-        last["run"], last["built"] = list(before), built
-        return list(built.messages)
-
-    return build
+def _tau_needed(m: Message, earlier: Mentions, before: Sequence[Message]) -> list[tuple[str, str]]:
+    found: dict[str, str] = {}
+    for c in m.tool_calls:
+        for v, g in needed_values(c.parsed_arguments(), earlier):
+            found.setdefault(v, g)
+    return list(found.items())
 
 
 def tau_retention(
@@ -215,39 +166,18 @@ def tau_retention(
     model: str = "gpt-4o",
     progress: Progress = None,
 ) -> Retention:
-    """Retention and reduction of ``builder`` at ``budget`` over every tool call."""
-    counter = TokenCounter.for_model(model)
-    score, calls, built_sum, full_sum = 0.0, 0, 0, 0
-    per_call: list[int] = []
-    for n, run in enumerate(runs):
-        counts = [counter.count_message(m) for m in run]
-        earlier = _Mentions()
-        full = REPLY_PRIMING
-        for k, m in enumerate(run):
-            if m.tool_calls and k:
-                before = run[:k]
-                ctx = builder(before, counts[:k], budget)
-                per_call.append(counter.count_messages(ctx).tokens)
-                built_sum += per_call[-1]
-                full_sum += full
-                need = [
-                    v for c in m.tool_calls for v in needed_values(c.parsed_arguments(), earlier)
-                ]
-                if need:
-                    inside = _Mentions(ctx)
-                    score += sum(v in inside for v in need) / len(need)
-                    calls += 1
-            earlier.add(m)
-            full += counts[k]
-        if progress:
-            progress(f"tau-bench run {n + 1}/{len(runs)}")
-    return Retention(
-        score / calls if calls else 1.0,
-        1 - built_sum / full_sum if full_sum else 0.0,
-        calls,
-        built_sum,
-        full_sum,
-        tuple(per_call),
+    """Every needed argument value of every tool call, kept by ``builder`` at ``budget``
+    (``retention``); ``groups["ids"]`` is the id subset, ``per_call_retention`` the id
+    share averaged per call (the figure this bench reported before)."""
+    return call_retention(
+        runs,
+        budget,
+        builder,
+        _tau_needed,
+        model=model,
+        primary="ids",
+        progress=progress,
+        label="tau-bench run",
     )
 
 

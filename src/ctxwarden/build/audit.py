@@ -14,7 +14,7 @@ names the pipeline's steps in the order they ran, a user's own included.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from ctxwarden.steps.base import Action, ActionKind

@@ -136,9 +136,9 @@ def build_context(
     passes the values of the history it did not read). ``registry`` is where ``model`` is
     looked up (default: the built-in registry plus ``CTXWARDEN_MODELS``).
     """
-    from ctxwarden.build.inputs import check_budget_argument
+    from ctxwarden.build.inputs import check_build_arguments
 
-    max_input_tokens = check_budget_argument(max_input_tokens, "max_input_tokens")
+    messages = check_build_arguments(messages, model, max_input_tokens, locals())
     policy = policy or Policy()
     prior = previous.state if isinstance(previous, BuiltContext) else previous
     history = _as_messages(messages, prior.history_length if prior is not None else 0)
@@ -298,9 +298,7 @@ def _finish(
     layers["tools"] = ctx.tools_tokens
     layers["framing"] = REPLY_PRIMING
     kept_ids = {m.id for m in h[draft.start :]}
-    sticky: dict[str, ActionKind] = {
-        k: v for k, v in ctx.previous.sticky.items() if k in kept_ids
-    }
+    sticky: dict[str, ActionKind] = {k: v for k, v in ctx.previous.sticky.items() if k in kept_ids}
     sticky.update(
         (a.message_id, a.action)
         for a in actions

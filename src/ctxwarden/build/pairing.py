@@ -20,7 +20,14 @@ from typing import Literal, NamedTuple
 from ctxwarden.errors import InvalidMessageError
 from ctxwarden.messages import Message
 
-__all__ = ["Block", "PairingProblem", "group_blocks", "pairing_problems", "validate_pairing"]
+__all__ = [
+    "Block",
+    "PairingProblem",
+    "group_blocks",
+    "pairing_problems",
+    "validate_appended",
+    "validate_pairing",
+]
 
 
 class Block(NamedTuple):
@@ -114,3 +121,31 @@ def validate_pairing(messages: Sequence[Message], *, allow_pending_tail: bool = 
         if p.problem == "unanswered_call" and allow_pending_tail and p.index == last_block_start:
             continue
         raise InvalidMessageError(p.describe(), index=p.index, field="tool_call_id")
+
+
+def validate_appended(tail: Sequence[Message], new: Sequence[Message]) -> None:
+    """Raise :class:`InvalidMessageError` if appending ``new`` after ``tail`` (the stored
+    history's last block: a tool call still waiting for results, or any last message)
+    would store what a build must reject: a tool result with no call right before it,
+    or a call the conversation moved on from without its results. ``index`` counts
+    within ``new``; a call at the very end may still wait for its results."""
+    joined = [*tail, *new]
+    if not new:
+        return
+    last_block_start = group_blocks(joined)[-1].start
+    problems = pairing_problems(joined)
+    problems.sort(key=lambda p: p.index < len(tail))  # this call's own problems first
+    for p in problems:
+        if p.index < len(tail) and p.problem == "orphan_result":
+            continue  # already stored: not this call's doing
+        if p.problem == "unanswered_call" and p.index == last_block_start:
+            continue
+        if p.problem == "unanswered_call" and p.index < len(tail):
+            where = len(tail) - p.index
+            raise InvalidMessageError(
+                f"{p.describe()} (the stored message {where} from the end); add its results "
+                "before anything else",
+                index=0,
+                field="tool_call_id",
+            )
+        raise InvalidMessageError(p.describe(), index=p.index - len(tail), field="tool_call_id")

@@ -45,9 +45,9 @@ from pathlib import Path
 from typing import Any
 
 from ctxwarden.errors import ConfigError
+from ctxwarden.memory.summaries import SummaryTrigger
 from ctxwarden.steps.mask import MaskObservations
 from ctxwarden.steps.truncate import TruncateToolResults
-from ctxwarden.memory.summaries import SummaryTrigger
 
 __all__ = ["LedgerConfig", "Policy", "WindowConfig"]
 

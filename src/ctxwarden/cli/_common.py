@@ -47,6 +47,26 @@ RegistryOpt = Annotated[
 :func:`registry_from` (a bad file is a one-line error, exit 2)."""
 
 
+SummarizerTimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--summarizer-timeout",
+        help="Seconds a summariser call may take in all, retries included (provider specs).",
+    ),
+]
+
+
+def summarizer_spec(spec: str | None, timeout: float | None) -> str | None:
+    """``spec`` with ``--summarizer-timeout`` added as its ``timeout`` option (a later
+    option wins, so it overrides one written in the spec)."""
+    if spec is None or timeout is None:
+        return spec
+    from ctxwarden.llm.spec import check_timeout
+
+    seconds = check_timeout(timeout, "--summarizer-timeout")
+    return f"{spec}{'&' if '?' in spec else '?'}timeout={seconds:g}"
+
+
 def registry_from(paths: list[Path] | None) -> Registry:
     """The default registry (with ``CTXWARDEN_MODELS``) plus ``--registry`` files."""
     return load_registry(paths or ())

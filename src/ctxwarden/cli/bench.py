@@ -1,10 +1,12 @@
 """``ctxwarden bench``: the seeds' experiments and the real traces, as tables, plots, JSON.
 
 With no arguments it runs offline (no key, no network): laptop-shop (seed 003),
-agent-chat (seed 000), and the tau-bench and LoCoMo traces when the data folder is
-found (``--data``, ``$CTXWARDEN_DATA``, or ``../shared/data``). ``--summarizer SPEC``
-makes every strategy's summaries and facts real; ``--agent-model SPEC`` lets a real
-model play the laptop-shop agent (each strategy holds its own conversation with it).
+agent-chat (seed 000), and the tau-bench, swebench-mini and LoCoMo traces when the
+data folder is found (``--data``, ``$CTXWARDEN_DATA``, or ``../shared/data``);
+``--peers`` adds litellm's and headroom-ai's compressors to the trace tables.
+``--summarizer SPEC`` makes every strategy's summaries and facts real;
+``--agent-model SPEC`` lets a real model play the laptop-shop agent (each strategy
+holds its own conversation with it).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ def bench(
         "ctxwarden-report"
     ),
     data: Annotated[
-        Path | None, typer.Option("--data", help="Folder with tau-bench/ and locomo/ data.")
+        Path | None,
+        typer.Option("--data", help="Folder with tau-bench/, locomo/, swebench-mini/ data."),
     ] = None,
     tau_bench: Annotated[
         Path | None, typer.Option("--tau-bench", help="tau-bench trajectories JSON.")
@@ -53,6 +56,17 @@ def bench(
     locomo: Annotated[
         Path | None, typer.Option("--locomo", help="LoCoMo conversations JSON.")
     ] = None,
+    swebench: Annotated[
+        Path | None, typer.Option("--swebench", help="swebench-mini coding-agent runs JSON.")
+    ] = None,
+    peers: Annotated[
+        bool,
+        typer.Option(
+            "--peers",
+            help="Add litellm's and headroom-ai's compressors to the trace tables "
+            '(pip install -e ".[peers]").',
+        ),
+    ] = False,
     summarizer: Annotated[
         str,
         typer.Option(
@@ -73,7 +87,7 @@ def bench(
     no_traces: Annotated[bool, typer.Option("--no-traces", help="Skip the real traces.")] = False,
 ) -> None:
     """Run the benchmark scenarios and write report.json, report.md and PNG plots."""
-    from ctxwarden.bench.report import run_bench
+    from ctxwarden.bench.report import SWEBENCH_FILE, run_bench
 
     base = _data_dir(data)
     tau = (
@@ -82,6 +96,7 @@ def bench(
         else _trace(tau_bench, base / "tau-bench" / "airline-gpt-4o-dev.json", "tau-bench")
     )
     loc = None if no_traces else _trace(locomo, base / "locomo" / "locomo-dev.json", "locomo")
+    swe = None if no_traces else _trace(swebench, base / SWEBENCH_FILE, "swebench")
     console = Console(stderr=True)
     with Progress(
         SpinnerColumn(),
@@ -100,6 +115,8 @@ def bench(
             out,
             tau_bench=tau,
             locomo=loc,
+            swebench=swe,
+            peers=peers,
             summarizer=summarizer,
             agent_model=agent_model,
             progress=report_step,

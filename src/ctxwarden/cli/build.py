@@ -17,7 +17,13 @@ from rich.table import Table
 
 from ctxwarden.build.engine import BuiltContext, build_context
 from ctxwarden.build.policy import Policy
-from ctxwarden.cli._common import RegistryOpt, registry_from, transcript_from
+from ctxwarden.cli._common import (
+    RegistryOpt,
+    SummarizerTimeoutOpt,
+    registry_from,
+    summarizer_spec,
+    transcript_from,
+)
 from ctxwarden.errors import ConfigError
 
 PolicyOpt = Annotated[Path | None, typer.Option("--policy", help="Policy TOML file.")]
@@ -69,6 +75,7 @@ def build(
     max_input_tokens: BudgetOpt = None,
     policy: PolicyOpt = None,
     summarizer: SummarizerOpt = None,
+    summarizer_timeout: SummarizerTimeoutOpt = None,
     report: Annotated[
         Path | None, typer.Option("--report", help="Write the audit JSON to this file.")
     ] = None,
@@ -81,7 +88,8 @@ def build(
     """Build the context to send from a transcript; print it as JSON."""
     if output_format not in ("openai", "anthropic"):
         raise ConfigError(f"--format must be openai or anthropic, got {output_format!r}")
-    built = _build(file, model, max_input_tokens, policy, summarizer, example, registry)
+    spec = summarizer_spec(summarizer, summarizer_timeout)
+    built = _build(file, model, max_input_tokens, policy, spec, example, registry)
     if output_format == "openai":
         payload: Any = built.to_openai()
     else:
@@ -98,6 +106,7 @@ def explain(
     max_input_tokens: BudgetOpt = None,
     policy: PolicyOpt = None,
     summarizer: SummarizerOpt = None,
+    summarizer_timeout: SummarizerTimeoutOpt = None,
     from_report: Annotated[
         Path | None, typer.Option("--from-report", help="Explain a saved --report file instead.")
     ] = None,
@@ -111,7 +120,8 @@ def explain(
         except (OSError, ValueError) as exc:
             raise ConfigError(f"cannot read report {from_report}: {exc}") from None
     else:
-        built = _build(file, model, max_input_tokens, policy, summarizer, example, registry)
+        spec = summarizer_spec(summarizer, summarizer_timeout)
+        built = _build(file, model, max_input_tokens, policy, spec, example, registry)
         audit = built.audit.to_dict()
     render_audit(audit, Console())
 

@@ -16,7 +16,13 @@ from typing import Annotated, Any
 
 import typer
 
-from ctxwarden.cli._common import RegistryOpt, handle_errors, registry_from
+from ctxwarden.cli._common import (
+    RegistryOpt,
+    SummarizerTimeoutOpt,
+    handle_errors,
+    registry_from,
+    summarizer_spec,
+)
 from ctxwarden.errors import InvalidMessageError
 from ctxwarden.formats.transcript import decode_json, read_text
 
@@ -79,12 +85,33 @@ def add(
     registry: RegistryOpt = None,
 ) -> None:
     """Append messages (all or none: one invalid message stores nothing)."""
+    from ctxwarden.build.pairing import validate_appended
+    from ctxwarden.formats.openai import message_from_openai
     from ctxwarden.session.session import Session
 
     models = registry_from(registry)
     with Session(db, session, tenant=tenant, model=model, registry=models) as s:
-        seqs = s.append(_read_messages(file))
+        # ids left to the store (m<seq>), as Session.append does with dicts
+        parsed = [message_from_openai(m, index=i) for i, m in enumerate(_read_messages(file))]
+        validate_appended(_last_block(s), parsed)
+        seqs = s.append(parsed)
         typer.echo(f"added {len(seqs)} message(s) to {session}; it now holds {len(s)}", err=True)
+
+
+def _last_block(session: Any) -> list[Any]:
+    """The stored messages from the last one that is not a tool result (a tool call and
+    the results it has so far), read back in pages."""
+    end = len(session)
+    start, page = end, 16
+    while start > 0:
+        start = max(0, start - page)
+        found = session.store.range(session.tenant, session.session_id, start, end)
+        roles = [m.message.role for m in found]
+        if any(r != "tool" for r in roles):
+            last = max(i for i, r in enumerate(roles) if r != "tool")
+            return [m.message for m in found[last:]]
+        page *= 2
+    return [m.message for m in session.store.range(session.tenant, session.session_id, 0, end)]
 
 
 @session_app.command("build")
@@ -103,6 +130,7 @@ def build(
     ] = None,
     registry: RegistryOpt = None,
     summarizer: SessionSummarizerOpt = None,
+    summarizer_timeout: SummarizerTimeoutOpt = None,
 ) -> None:
     """Print the context to send (OpenAI messages JSON), read from the store."""
     from ctxwarden.build.policy import Policy
@@ -110,7 +138,8 @@ def build(
 
     loaded = Policy.from_toml(policy) if policy is not None else None
     models = registry_from(registry)
-    chosen = _summarizer(summarizer)[0] if summarizer is not None else None
+    spec = summarizer_spec(summarizer, summarizer_timeout)
+    chosen = _summarizer(spec)[0] if spec is not None else None
     with Session(db, session, tenant=tenant, model=model, registry=models, summarizer=chosen) as s:
         kw: dict[str, Any] = (
             {} if max_input_tokens is None else {"max_input_tokens": max_input_tokens}
@@ -137,13 +166,16 @@ def summarize(
         Path | None, typer.Option("--policy", help="Policy TOML file (its \\[summary] trigger).")
     ] = None,
     registry: RegistryOpt = None,
+    summarizer_timeout: SummarizerTimeoutOpt = None,
 ) -> None:
     """Fold what the policy's summary trigger says into the stored summary and facts."""
     from ctxwarden.build.policy import Policy
     from ctxwarden.session.session import Session
 
     trigger = (Policy.from_toml(policy) if policy is not None else Policy()).summary
-    chosen, extractor = _summarizer(summarizer or "offline")
+    chosen, extractor = _summarizer(
+        summarizer_spec(summarizer or "offline", summarizer_timeout) or "offline"
+    )
     models = registry_from(registry)
     with Session(db, session, tenant=tenant, model=model, registry=models) as s:
         written = s.summarize_sync(chosen, extractor, trigger=trigger)

@@ -23,6 +23,7 @@ from typing import Any
 
 from ctxwarden.build.pairing import group_blocks
 from ctxwarden.errors import InvalidMessageError
+from ctxwarden.formats.checks import check_json_value
 from ctxwarden.messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
 
 __all__ = ["MAX_CACHE_BREAKPOINTS", "messages_from_anthropic", "messages_to_anthropic"]
@@ -61,7 +62,7 @@ def _content_blocks(content: str | tuple[Part, ...] | None) -> list[dict[str, An
 def _tool_input(call: ToolCall) -> dict[str, Any]:
     try:
         value = json.loads(call.arguments) if call.arguments.strip() else {}
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's limit
         return {"_raw_arguments": call.arguments}
     return value if isinstance(value, dict) else {"_value": value}
 
@@ -146,9 +147,11 @@ def _parts_from_blocks(blocks: Iterable[Mapping[str, Any]]) -> tuple[Part, ...]:
             parts.append(TextPart(str(b.get("text", ""))))
         elif b.get("type") == "image":
             src = b.get("source", {})
-            if src.get("type") == "base64":
+            src = src if isinstance(src, Mapping) else {}
+            fields = (src.get("media_type"), src.get("data"))
+            if src.get("type") == "base64" and all(isinstance(f, str) for f in fields):
                 parts.append(ImagePart(url=f"data:{src['media_type']};base64,{src['data']}"))
-            elif src.get("type") == "url":
+            elif src.get("type") == "url" and isinstance(src.get("url"), str):
                 parts.append(ImagePart(url=src["url"]))
             else:
                 parts.append(RawPart(dict(b)))
@@ -174,13 +177,27 @@ def messages_from_anthropic(
     if isinstance(system, str):
         out.append(Message.system(system))
     elif system:
+        if not isinstance(system, list) or not all(
+            isinstance(b, Mapping) and isinstance(b.get("text", ""), str) for b in system
+        ):
+            raise InvalidMessageError(
+                "system must be text or a list of text blocks", field="system"
+            )
         for block in system:
-            out.append(Message.system(str(block.get("text", ""))))
+            out.append(Message.system(block.get("text", "")))
+    if not isinstance(messages, list | tuple):
+        raise InvalidMessageError(f"messages must be a list, got {type(messages).__name__}")
     names: dict[str, str] = {}
     for index, turn in enumerate(messages):
+        if not isinstance(turn, Mapping):
+            raise InvalidMessageError(
+                f"a message must be an object, got {type(turn).__name__}", index=index
+            )
+        for key, value in turn.items():
+            check_json_value(value, index=index, field=str(key))
         role = turn.get("role")
         content = turn.get("content")
-        if role not in ("user", "assistant"):
+        if not isinstance(role, str) or role not in ("user", "assistant"):
             raise InvalidMessageError(
                 f"role must be user or assistant, got {role!r}", index=index, field="role"
             )
@@ -197,9 +214,19 @@ def messages_from_anthropic(
             calls = []
             for b in blocks:
                 if b.get("type") == "tool_use":
-                    call_id = _DUP.sub("", str(b["id"]))
-                    names[str(b["id"])] = str(b["name"])
+                    if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str):
+                        raise InvalidMessageError(
+                            "a tool_use block needs a string id and name",
+                            index=index,
+                            field="content",
+                        )
+                    call_id = _DUP.sub("", b["id"])
+                    names[b["id"]] = b["name"]
                     raw = b.get("input", {})
+                    if not isinstance(raw, Mapping):
+                        raise InvalidMessageError(
+                            "a tool_use input must be an object", index=index, field="content"
+                        )
                     args = (
                         raw["_raw_arguments"] if set(raw) == {"_raw_arguments"} else json.dumps(raw)
                     )

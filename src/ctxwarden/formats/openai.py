@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from ctxwarden.errors import InvalidMessageError
+from ctxwarden.formats.checks import check_json_value, parse_created_at
 from ctxwarden.messages import (
     ROLES,
     ImagePart,
@@ -41,8 +42,14 @@ def _part_from_openai(raw: Any, index: int | None) -> Part:
         return TextPart(raw["text"])
     if kind == "image_url" and set(raw) == {"type", "image_url"}:
         image = raw["image_url"]
-        if isinstance(image, Mapping) and set(image) <= {"url", "detail"} and "url" in image:
-            return ImagePart(url=str(image["url"]), detail=image.get("detail"))
+        if (
+            isinstance(image, Mapping)
+            and set(image) <= {"url", "detail"}
+            and isinstance(image.get("url"), str)
+            and isinstance(image.get("detail", ""), str)
+        ):
+            return ImagePart(url=image["url"], detail=image.get("detail"))
+    check_json_value(raw, index=index, field="content")
     return RawPart(dict(raw))
 
 
@@ -74,12 +81,18 @@ def message_from_openai(
     if "role" not in data:
         raise InvalidMessageError("missing role", index=index, field="role")
     wire_role = data["role"]
-    role = _ROLE_ALIASES.get(wire_role, wire_role)
+    role = _ROLE_ALIASES.get(wire_role, wire_role) if isinstance(wire_role, str) else None
     if role not in ROLES:
         raise InvalidMessageError(
-            f"role must be one of {', '.join(ROLES)}, got {wire_role!r}", index=index, field="role"
+            f"role must be one of {', '.join(ROLES)}, got {_short(wire_role)}",
+            index=index,
+            field="role",
         )
     extra = {k: v for k, v in data.items() if k not in _MODELLED}
+    for key, value in extra.items():
+        if not isinstance(key, str):
+            raise InvalidMessageError("keys must be strings", index=index, field=repr(key))
+        check_json_value(value, index=index, field=key)
     if wire_role != role:
         extra["__role__"] = wire_role
     if "content" not in data:
@@ -118,9 +131,45 @@ def message_from_openai(
             "a tool result needs the tool_call_id of its call", index=index, field="tool_call_id"
         )
 
-    meta = data.get(META_KEY) or {}
+    meta = data.get(META_KEY)
+    meta = {} if meta is None else meta
     if not isinstance(meta, Mapping):
-        raise InvalidMessageError("must be an object", index=index, field=META_KEY)
+        raise InvalidMessageError(
+            f"must be an object, got {type(meta).__name__}", index=index, field=META_KEY
+        )
+    return _with_meta(meta, index, default_id, role, content, name, calls, call_id, extra)
+
+
+def _meta_field(meta: Mapping[str, Any], key: str, kinds: Any, what: str, index: int | None) -> Any:
+    value = meta.get(key)
+    if value is not None and (
+        isinstance(value, bool) != (kinds is bool) or not isinstance(value, kinds)
+    ):
+        raise InvalidMessageError(
+            f"must be {what}, got {_short(value)}", index=index, field=f"{META_KEY}.{key}"
+        )
+    return value
+
+
+def _with_meta(
+    meta: Mapping[str, Any],
+    index: int | None,
+    default_id: str,
+    role: str,
+    content: str | tuple[Part, ...] | None,
+    name: str | None,
+    calls: tuple[ToolCall, ...],
+    call_id: Any,
+    extra: dict[str, Any],
+) -> Message:
+    """The message, with our metadata (``ctxwarden`` key) checked field by field."""
+    message_id = _meta_field(meta, "id", str | int, "a string", index)
+    kind = _meta_field(meta, "kind", str, "a string", index)
+    priority = _meta_field(meta, "priority", str, "a string", index)
+    pinned = _meta_field(meta, "pinned", bool, "true or false", index)
+    own = _meta_field(meta, "meta", Mapping, "an object", index)
+    if own is not None:
+        check_json_value(own, index=index, field=f"{META_KEY}.meta")
     try:
         return Message(
             role=cast(Any, role),
@@ -128,12 +177,12 @@ def message_from_openai(
             name=name,
             tool_calls=calls,
             tool_call_id=call_id if role == "tool" else None,
-            id=str(meta.get("id") or default_id),
-            kind=meta.get("kind"),
-            pinned=bool(meta.get("pinned", False)),
-            priority=meta.get("priority", "medium"),
-            created_at=meta.get("created_at"),
-            meta=dict(meta.get("meta", {})),
+            id=str(message_id) if message_id not in (None, "") else default_id,
+            kind=cast(Any, kind),
+            pinned=bool(pinned),
+            priority=cast(Any, priority if priority is not None else "medium"),
+            created_at=parse_created_at(meta.get("created_at"), index=index),
+            meta=dict(own or {}),
             extra=extra,
         )
     except InvalidMessageError as exc:
@@ -163,13 +212,37 @@ def messages_from_openai(
     Position ids stay stable while a history only grows, so decisions keyed by id
     (masked, truncated) carry from one build to the next.
     """
+    if items is None or isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
+        got = "None" if items is None else type(items).__name__
+        raise InvalidMessageError(f"messages must be a list of message objects, got {got}")
     out: list[Message] = []
+    seen: dict[str, int] = {}
     for i, item in enumerate(items):
         if isinstance(item, Message):
-            out.append(item)
-            continue
-        out.append(message_from_openai(item, index=i, default_id=f"{id_prefix}{i}"))
+            message = item
+        else:
+            message = message_from_openai(item, index=i, default_id=f"{id_prefix}{i}")
+        first = seen.setdefault(message.id, i)
+        if first != i and not _derived_id(message):
+            raise InvalidMessageError(
+                f"duplicate id {message.id!r}: messages {first} and {i} both have it; ids "
+                "must be unique (leave them out and ctxwarden numbers the messages)",
+                index=i,
+                field=f"{META_KEY}.id",
+            )
+        out.append(message)
     return out
+
+
+def _derived_id(message: Message) -> bool:
+    """An id ctxwarden made from the content (two equal messages share it by design)."""
+    return message.id == "h" + message.fingerprint[:12]
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """``repr`` of a value for an error message, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def messages_to_openai(

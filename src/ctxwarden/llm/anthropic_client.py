@@ -150,6 +150,7 @@ class AnthropicModel(SDKModel):
         base_url: str | None = None,
         max_tokens: int = 1024,
         timeout: float = DEFAULT_TIMEOUT,
+        deadline: float | None = None,
         retry: RetryPolicy | None = None,
         compaction: bool = False,
         compaction_trigger: int | None = None,
@@ -177,8 +178,10 @@ class AnthropicModel(SDKModel):
             )
         self.model = model
         self.name = f"anthropic:{model}"
+        self.provider = "anthropic"
         self.max_tokens = max_tokens
-        self.timeout = timeout
+        self.timeout = timeout  # per attempt
+        self.deadline = timeout if deadline is None else deadline  # the whole call
         self.retry = retry or RetryPolicy()
         self.extra_body = dict(extra_body or {})
         edits = [dict(e) for e in context_edits]

@@ -208,10 +208,20 @@ class SDKModel:
     _client: LoopLocal[Any]
     _errors: SDKErrors
     retry: RetryPolicy
+    deadline: float
+    provider: str
 
     async def _call(self, attempt: Callable[[], Awaitable[T]]) -> T:
-        """One SDK call, retried per ``self.retry``; SDK failures become ours."""
-        return await call_with_retry(attempt, self._errors.classify, self.retry)
+        """One SDK call, retried per ``self.retry`` within ``self.deadline`` seconds in all
+        (the deadline bounds the retries too: ``timeout=10`` gives up after 10 s, not
+        after four 10 s attempts and their waits); SDK failures become ours."""
+        return await call_with_retry(
+            attempt,
+            self._errors.classify,
+            self.retry,
+            deadline=self.deadline,
+            provider=self.provider,
+        )
 
     @asynccontextmanager
     async def _sdk_stream(self, events: Any) -> AsyncIterator[Any]:

@@ -70,9 +70,11 @@ class OpenAICompatible(SDKModel):
     ``base_url`` and ``api_key`` default to the SDK's environment variables
     (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``); a missing key for OpenAI or OpenRouter
     is a :class:`ConfigError` naming the variable to set (a self-hosted server gets a
-    placeholder key). ``timeout`` is seconds per attempt; retries follow
-    ``retry`` (the SDK's own retries are off). ``extra_body`` is merged into every
-    request (provider extensions such as OpenRouter's ``provider`` routing).
+    placeholder key). ``timeout`` is seconds per attempt and ``deadline`` seconds for
+    the whole call, retries and their waits included (default: ``timeout``, so
+    ``timeout=10`` gives up after 10 s); retries follow ``retry`` (the SDK's own retries
+    are off). ``extra_body`` is merged into every request (provider extensions such as
+    OpenRouter's ``provider`` routing).
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class OpenAICompatible(SDKModel):
         base_url: str | None = None,
         api_key: str | None = None,
         timeout: float = DEFAULT_TIMEOUT,
+        deadline: float | None = None,
         retry: RetryPolicy | None = None,
         extra_body: Mapping[str, Any] | None = None,
         prompt_cache_key: str | None = None,
@@ -106,6 +109,7 @@ class OpenAICompatible(SDKModel):
         self.name = f"{provider}:{model}"
         self.base_url = url.rstrip("/")
         self.timeout = timeout
+        self.deadline = timeout if deadline is None else deadline
         self.retry = retry or RetryPolicy()
         self.extra_body = dict(extra_body or {})
         self.prompt_cache_key = prompt_cache_key

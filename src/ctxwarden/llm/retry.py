@@ -146,22 +146,44 @@ def _short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _gave_up(err: ProviderError, why: str) -> ProviderError:
+    return type(err)(f"{err} ({why})", status=err.status, provider=err.provider)
+
+
 async def call_with_retry(
     attempt: Callable[[], Awaitable[T]],
     classify: Callable[[BaseException], Failure | None],
     policy: RetryPolicy,
     *,
+    deadline: float | None = None,
+    provider: str = "provider",
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    clock: Callable[[], float] = time.monotonic,
 ) -> T:
     """Run ``attempt`` until it succeeds, a failure is final, or attempts run out.
 
-    The :class:`ProviderError` raised names the status and how many attempts were made.
+    ``deadline`` bounds the whole call in seconds, retries and waits included: an
+    attempt still running when it passes is cancelled, and a retry whose wait would end
+    past it is not made (:class:`ProviderTimeout`). The :class:`ProviderError` raised
+    names the status and how many attempts were made.
     """
+    end = None if deadline is None else clock() + deadline
     for number in range(1, policy.max_attempts + 1):
         try:
-            return await attempt()
+            if end is None:
+                return await attempt()
+            async with asyncio.timeout(max(0.0, end - clock())) as scope:
+                return await attempt()
         except (ProviderError, asyncio.CancelledError):
             raise
+        except TimeoutError as exc:
+            if end is None or not scope.expired():
+                raise
+            raise ProviderTimeout(
+                f"{provider}: no answer within the {deadline:g}s deadline "
+                f"({number} attempt{'s' if number > 1 else ''})",
+                provider=provider,
+            ) from exc
         except Exception as exc:
             failure = classify(exc)
             if failure is None:
@@ -179,7 +201,11 @@ async def call_with_retry(
                         if too_long
                         else f"after {number} attempts"
                     )
-                    err = type(err)(f"{err} ({why})", status=err.status, provider=err.provider)
+                    err = _gave_up(err, why)
                 raise err from exc
-            await sleep(policy.delay(number, failure.retry_after))
+            wait = policy.delay(number, failure.retry_after)
+            if end is not None and clock() + wait >= end:
+                why = f"after {number} attempts: the {deadline:g}s deadline leaves no time to retry"
+                raise _gave_up(failure.error, why) from exc
+            await sleep(wait)
     raise AssertionError("unreachable")  # pragma: no cover

@@ -11,6 +11,11 @@ The grammar is deliberately small:
   ``claude-3-5-sonnet@20240620`` keep their ``@``):
   ``vllm:meta-llama/Llama-3.1-8B-Instruct@http://gpu-box:8000/v1``.
 
+* ``...?timeout=SECONDS&retries=N`` — options at the end of any spec: ``timeout`` is
+  the deadline of a whole call (retries included), ``retries`` how many times a failed
+  call is retried (``openai:gpt-4o-mini?timeout=5&retries=1``). The ``timeout=`` and
+  ``retry=`` arguments of :func:`parse_spec`, when given, take precedence.
+
 Providers: ``openai``, ``anthropic``, ``openrouter``, ``ollama``, ``vllm``, ``lmstudio``.
 Keys come from the environment (``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``,
 ``OPENROUTER_API_KEY``, ``VLLM_API_KEY``), never from the spec, so specs can be logged.
@@ -18,6 +23,7 @@ Keys come from the environment (``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``,
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -25,10 +31,12 @@ from ctxwarden.errors import ConfigError
 from ctxwarden.llm.base import ChatModel
 from ctxwarden.llm.retry import RetryPolicy
 
-__all__ = ["PROVIDERS", "parse_spec"]
+__all__ = ["PROVIDERS", "SPEC_OPTIONS", "check_timeout", "parse_spec", "split_options"]
 
 PROVIDERS = ("openai", "anthropic", "openrouter", "ollama", "vllm", "lmstudio")
 _URL = re.compile(r"^(?P<model>.+?)@(?P<url>https?://\S+)$")
+_OPTIONS = re.compile(r"^(?P<body>.*?)\?(?P<options>\w+=[^&?=]*(?:&\w+=[^&?=]*)*)$")
+SPEC_OPTIONS = ("timeout", "retries")
 _FORMS = (
     "offline | openai:gpt-4o-mini | anthropic:claude-haiku-4-5 | ollama:qwen3:8b | "
     "openrouter:meta-llama/llama-3.1-8b-instruct | vllm:MODEL@http://host:8000/v1 | "
@@ -43,7 +51,11 @@ def parse_spec(
 
     Raises :class:`ConfigError` listing the valid forms for anything else.
     """
-    text = spec.strip()
+    if not isinstance(spec, str):
+        raise ConfigError(f"a model spec must be a str, got {type(spec).__name__}")
+    text, spec_timeout, spec_retry = split_options(spec.strip())
+    timeout = check_timeout(timeout) if timeout is not None else spec_timeout
+    retry = retry if retry is not None else spec_retry
     if text.lower() == "offline":
         return "offline"
     provider, sep, rest = text.partition(":")
@@ -77,3 +89,41 @@ def parse_spec(
     preset = getattr(OpenAICompatible, provider)
     client: ChatModel = preset(model, **options)
     return client
+
+
+def check_timeout(value: object, name: str = "timeout") -> float:
+    """A timeout in seconds: a finite number above zero."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{name} must be a number of seconds, got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{name} must be a finite number of seconds above 0, got {value!r}")
+    return float(value)
+
+
+def split_options(spec: str) -> tuple[str, float | None, RetryPolicy | None]:
+    """``(spec without options, timeout, retry policy)`` from a ``...?timeout=5&retries=1``
+    suffix; an unknown option or a bad value is a :class:`ConfigError`."""
+    match = _OPTIONS.match(spec)
+    if match is None:
+        return spec, None, None
+    timeout: float | None = None
+    retry: RetryPolicy | None = None
+    for item in match["options"].split("&"):
+        key, _, value = item.partition("=")
+        if key == "timeout":
+            try:
+                seconds = float(value)
+            except ValueError:
+                seconds = math.nan
+            timeout = check_timeout(seconds, f"spec option timeout={value!r}: the timeout")
+        elif key == "retries":
+            if not value.isdigit() or int(value) > 100:
+                raise ConfigError(
+                    f"spec option retries={value!r}: retries must be a whole number 0..100"
+                )
+            retry = RetryPolicy(max_attempts=int(value) + 1)
+        else:
+            raise ConfigError(
+                f"unknown spec option {key!r} in {spec!r}; options: {', '.join(SPEC_OPTIONS)}"
+            )
+    return match["body"], timeout, retry

@@ -158,7 +158,7 @@ class LLMFactExtractor:
             temperature=0.0,
             json_mode=True,
         )
-        found = validate_facts(parse_facts_json(done.text), schema)
+        found = validate_facts(parse_facts_json(done.text, truncated=_cut(done)), schema)
         return existing.merge(found, source=source), done.usage
 
     async def _per_fact(
@@ -178,7 +178,8 @@ class LLMFactExtractor:
                     json_mode=True,
                 )
                 usage = usage + done.usage
-                answer = {normalize_key(k): v for k, v in parse_facts_json(done.text).items()}
+                parsed = parse_facts_json(done.text, truncated=_cut(done))
+                answer = {normalize_key(k): v for k, v in parsed.items()}
                 if normalize_key(name) in answer:
                     found.update(validate_facts({name: answer[normalize_key(name)]}, schema))
             except SummarizationError as exc:
@@ -191,3 +192,9 @@ class LLMFactExtractor:
         self, messages: Sequence[Message], existing: Facts | None = None, schema: FactSchema = None
     ) -> Facts:
         return run_sync(self.extract(messages, existing or Facts(), schema))
+
+
+def _cut(done: Completion) -> bool:
+    """Whether the answer stopped at ``max_tokens`` (OpenAI ``length``, Anthropic
+    ``max_tokens``): its last value may be cut even outside a string."""
+    return done.finish_reason in ("length", "max_tokens")

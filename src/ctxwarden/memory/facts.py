@@ -16,6 +16,7 @@ so the caller keeps every message and tries again at the next trigger.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any, Protocol, TypeAlias
 import json_repair
 
 from ctxwarden.errors import ConfigError, SummarizationError
+from ctxwarden.memory.cut_answer import cut_value_path, drop_path
 from ctxwarden.messages import Message
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
 FactSchema: TypeAlias = "type[Any] | Mapping[str, Any] | None"
 """A pydantic model class, a JSON-schema dict (with ``properties``), or ``None``."""
 
+_log = logging.getLogger("ctxwarden.facts")
 _MISSING_STRINGS = frozenset({"", "null", "none", "n/a", "na", "unknown", "not mentioned", "-"})
 _WRAPPER_KEYS = ("facts", "critical_facts", "result", "data", "extracted_facts")
 
@@ -65,24 +68,35 @@ def normalize_key(key: str) -> str:
 # -- parsing ----------------------------------------------------------------------------------
 
 
-def parse_facts_json(text: str) -> dict[str, Any]:
+def parse_facts_json(text: str, *, truncated: bool = False) -> dict[str, Any]:
     """One JSON object from a model's answer, repaired if needed.
 
     Accepts prose around the object, ```json fences, Python ``None``/``True``/``False``,
     single quotes, trailing commas and missing closing brackets; unwraps ``{"facts":
     {...}}`` and a list of ``{"key": ..., "value": ...}`` pairs. Anything else raises
     :class:`SummarizationError` quoting the start of the answer.
+
+    A value the end of the answer cut off (``"order": "ORD-``; with ``truncated``, the
+    answer stopped by ``max_tokens``, also a bare number) is dropped, not repaired into a
+    wrong fact, and logged as a warning on the ``ctxwarden.facts`` logger; the complete
+    values are kept (:mod:`ctxwarden.memory.cut_answer`).
     """
     stripped = text.strip()
     if not stripped:
         raise SummarizationError("the fact extractor returned an empty answer")
     try:
         value: Any = json.loads(stripped)
-    except ValueError:
+    except (ValueError, RecursionError):
         try:
             value = json_repair.loads(stripped)
         except Exception as exc:  # json_repair raises assorted errors on garbage
             raise SummarizationError(f"could not parse facts JSON: {_quote(stripped)}") from exc
+        cut = cut_value_path(stripped, truncated=truncated)
+        if cut and drop_path(value, cut):
+            _log.warning(
+                "facts answer cut off inside %s: value dropped, the complete ones kept",
+                ".".join(map(str, cut)),
+            )
     value = _unwrap(value)
     if not isinstance(value, dict):
         raise SummarizationError(f"expected one JSON object of facts, got: {_quote(stripped)}")

@@ -401,19 +401,16 @@ class Session:
         summarised here: :meth:`summarize` writes the summary.
         """
         from ctxwarden.build.engine import model_info, run_build
-        from ctxwarden.build.inputs import check_budget_argument
+        from ctxwarden.build.inputs import check_build_options
         from ctxwarden.build.policy import Policy as PolicyClass
 
-        unknown = set(kw) - {"max_input_tokens", "tools"}
-        if unknown:
-            raise ConfigError(
-                f"Session.build got unexpected argument(s): {', '.join(sorted(unknown))}"
-            )
+        check_build_options(model, policy, kw, session=True)
         model = model or self.model
         policy = policy if policy is not None else (self.policy or PolicyClass())
         info = model_info(model, self.registry)
-        limit = check_budget_argument(kw.get("max_input_tokens"), "max_input_tokens")
-        budget = policy.budget_for(info.context_window if info else None, limit)
+        budget = policy.budget_for(
+            info.context_window if info else None, kw.get("max_input_tokens")
+        )
         record = self.record
         warm = record.sticky.get("window_start_seq")
         read, start = self._slice(

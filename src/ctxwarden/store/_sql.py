@@ -32,6 +32,8 @@ from ctxwarden.store.base import (
     decode_usage,
     encode_message,
     encode_usage,
+    json_text,
+    storable_text,
 )
 from ctxwarden.store.migrations import Tx
 
@@ -337,15 +339,15 @@ class SqlStore(ABC):
         """Step 3: store the new summary, its ``levels`` (the tiers it is made of) and the
         facts if nobody wrote one since ``expected_version`` was read; raise
         :class:`VersionConflict` otherwise."""
-        facts_json = json.dumps(dict(facts), ensure_ascii=False)
-        levels_json = json.dumps(dict(levels or {}), ensure_ascii=False)
+        facts_json = json_text(dict(facts))
+        levels_json = json_text(dict(levels or {}))
         with self._write() as tx:
             rows = tx.execute(
                 "UPDATE ctxwarden_sessions SET summary = ?, facts = ?, summary_levels = ?, "
                 "summary_upto = ?, version = version + 1, updated_at = ? "
                 f"{_WHERE} AND version = ? RETURNING {_SESSION_COLS}",
                 (
-                    summary,
+                    storable_text(summary),
                     facts_json,
                     levels_json,
                     covered_up_to_seq,

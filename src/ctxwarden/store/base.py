@@ -16,6 +16,7 @@ window moved, so a build costs the same at 100 and at 100,000 messages.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -197,9 +198,30 @@ class SessionStore(Protocol):
 # -- codec shared by the backends ------------------------------------------------------------
 
 
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def json_text(value: Any) -> str:
+    """``value`` as JSON text any database stores: UTF-8 as is, except that a text with a
+    lone surrogate ("\\ud800", which SQLite and PostgreSQL cannot encode) is written
+    with ASCII escapes. NUL is always escaped by JSON. Lossless either way."""
+    text = json.dumps(value, ensure_ascii=False)
+    if not text.isascii() and _UNSTORABLE.search(text):
+        return json.dumps(value, ensure_ascii=True)
+    return text
+
+
+def storable_text(text: str | None) -> str | None:
+    """A plain text column's value: NUL (PostgreSQL rejects it) and lone surrogates become
+    U+FFFD. Only derived texts (a summary) are stored this way; messages go as JSON."""
+    if text is None or (text.isascii() and "\x00" not in text):
+        return text
+    return _UNSTORABLE.sub("\ufffd", text)
+
+
 def encode_message(message: Message) -> str:
     """The stored form: the OpenAI dict with our metadata, so the round trip is lossless."""
-    return json.dumps(message_to_openai(message, with_meta=True), ensure_ascii=False)
+    return json_text(message_to_openai(message, with_meta=True))
 
 
 def decode_message(text: str, seq: int) -> Message:

@@ -99,6 +99,58 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE ctxwarden_sessions ADD COLUMN summary_levels TEXT NOT NULL DEFAULT '{}'",
         ),
     ),
+    Migration(
+        "004_service_tenants_builds_heads",
+        (
+            # API keys of the service's tenants: only a SHA-256 of the key is kept (keys
+            # are 256-bit random, so a fast hash is not reversible); caps and an optional
+            # per-tenant policy (TOML text) and upstream keys ride along.
+            """CREATE TABLE ctxwarden_tenants (
+                tenant TEXT PRIMARY KEY,
+                key_hash TEXT NOT NULL UNIQUE,
+                key_prefix TEXT NOT NULL,
+                created_at DOUBLE PRECISION NOT NULL,
+                revoked_at DOUBLE PRECISION,
+                max_input_tokens BIGINT,
+                spend_cap_usd DOUBLE PRECISION,
+                spent_usd DOUBLE PRECISION NOT NULL DEFAULT 0,
+                policy TEXT,
+                upstream_api_key TEXT,
+                anthropic_api_key TEXT
+            )""",
+            # one row per build the service forwarded: its audit, for /v1/sessions/{id}/builds
+            """CREATE TABLE ctxwarden_builds (
+                tenant TEXT NOT NULL,
+                session_id TEXT NOT NULL,
+                build_id TEXT NOT NULL,
+                created_at DOUBLE PRECISION NOT NULL,
+                model TEXT NOT NULL,
+                history_tokens BIGINT NOT NULL,
+                input_tokens BIGINT NOT NULL,
+                status TEXT NOT NULL,
+                audit TEXT NOT NULL,
+                PRIMARY KEY (tenant, session_id, build_id),
+                FOREIGN KEY (tenant, session_id)
+                    REFERENCES ctxwarden_sessions (tenant, session_id) ON DELETE CASCADE
+            )""",
+            """CREATE INDEX ctxwarden_builds_time
+                ON ctxwarden_builds (tenant, session_id, created_at)""",
+            # the proxy's view of a client's history: which stored session (branch) a
+            # client session id writes to, how many messages of it the client has seen,
+            # the chained hash of those messages, and their tokens
+            """CREATE TABLE ctxwarden_heads (
+                tenant TEXT NOT NULL,
+                client_id TEXT NOT NULL,
+                session_id TEXT NOT NULL,
+                branch BIGINT NOT NULL DEFAULT 0,
+                count BIGINT NOT NULL DEFAULT 0,
+                chain TEXT NOT NULL DEFAULT '',
+                history_tokens BIGINT NOT NULL DEFAULT 0,
+                updated_at DOUBLE PRECISION NOT NULL,
+                PRIMARY KEY (tenant, client_id)
+            )""",
+        ),
+    ),
 )
 
 REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
@@ -133,6 +185,46 @@ REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
         ]
     ),
     "ctxwarden_ledgers": frozenset(["tenant", "session_id", "upto", "ledger", "updated_at"]),
+    "ctxwarden_tenants": frozenset(
+        [
+            "tenant",
+            "key_hash",
+            "key_prefix",
+            "created_at",
+            "revoked_at",
+            "max_input_tokens",
+            "spend_cap_usd",
+            "spent_usd",
+            "policy",
+            "upstream_api_key",
+            "anthropic_api_key",
+        ]
+    ),
+    "ctxwarden_builds": frozenset(
+        [
+            "tenant",
+            "session_id",
+            "build_id",
+            "created_at",
+            "model",
+            "history_tokens",
+            "input_tokens",
+            "status",
+            "audit",
+        ]
+    ),
+    "ctxwarden_heads": frozenset(
+        [
+            "tenant",
+            "client_id",
+            "session_id",
+            "branch",
+            "count",
+            "chain",
+            "history_tokens",
+            "updated_at",
+        ]
+    ),
 }
 
 _CREATE_TABLE = (

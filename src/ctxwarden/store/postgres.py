@@ -9,10 +9,16 @@ sequence numbers are dense and never collide across processes.
 ``?schema=NAME`` in the URL puts the tables in that schema (created when missing), so
 one database can host several stores (tests use a fresh schema each). psycopg and
 psycopg_pool are imported lazily: without them the error says which extra to install.
+
+An unreachable server fails at once with a :class:`StoreError` naming the URL (password
+masked): one direct connection is made first with libpq's ``connect_timeout``
+(``connect_timeout=`` seconds, default 3, unless the URL sets one), instead of the pool
+retrying in the background until its 30 s timeout.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -64,6 +70,7 @@ class PostgresStore(SqlStore):
         min_size: int = 1,
         max_size: int = 8,
         timeout: float = 30.0,
+        connect_timeout: float = 3.0,
         application_name: str = "ctxwarden",
         migrate_upto: str | None = None,
     ) -> None:
@@ -81,6 +88,12 @@ class PostgresStore(SqlStore):
         kwargs: dict[str, Any] = {"autocommit": True}
         if "application_name" not in dsn:
             kwargs["application_name"] = application_name
+        if "connect_timeout" not in dsn:  # libpq's own minimum is 2 seconds
+            kwargs["connect_timeout"] = max(2, math.ceil(connect_timeout))
+        try:  # one direct connection first: an unreachable server fails now, with its reason
+            psycopg.connect(dsn, **kwargs).close()
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot connect to PostgreSQL at {_redact(dsn)}: {exc}") from None
         self._pool = ConnectionPool(
             dsn,
             min_size=min_size,
@@ -174,8 +187,12 @@ class PostgresStore(SqlStore):
 
 
 def _redact(dsn: str) -> str:
+    """The URL without its password (in the user part or a ``password=`` parameter)."""
     parts = urlsplit(dsn)
     if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return dsn
+        parts = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@"))
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if any(k == "password" for k, _ in query):
+        shown = [(k, "***" if k == "password" else v) for k, v in query]
+        parts = parts._replace(query=urlencode(shown, safe="*"))
+    return urlunsplit(parts)

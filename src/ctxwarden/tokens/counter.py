@@ -84,6 +84,11 @@ for every script. The real counts come back in every response's usage (see
 
 Per-message counts are cached by (encoding, message fingerprint), so counting a history
 after appending one message costs the new message, not the whole history.
+
+**Bounded.** A text longer than 64k characters is counted in chunks cut at safe piece
+boundaries (exact for ordinary text), and at most ``max_counted_chars`` of it (default
+500,000) are encoded, the rest estimated at the same rate: see
+:mod:`ctxwarden.tokens.chunked`. Such a message is reported inexact.
 """
 
 from __future__ import annotations
@@ -99,6 +104,7 @@ from typing import Any
 from ctxwarden.errors import UnknownModelError
 from ctxwarden.messages import ImagePart, Message, TextPart
 from ctxwarden.registry.catalog import Registry
+from ctxwarden.tokens.chunked import DIRECT_CHARS, MAX_COUNTED_CHARS, count_is_exact, count_long
 from ctxwarden.tokens.encodings import get_encoding
 from ctxwarden.tokens.images import image_tokens
 
@@ -274,9 +280,15 @@ class TokenCounter:
     (with its own ``estimate_factor``) is counted as its entry says."""
 
     def __init__(
-        self, model: str = "gpt-4o", *, registry: Registry | None = None, cache_size: int = 200_000
+        self,
+        model: str = "gpt-4o",
+        *,
+        registry: Registry | None = None,
+        cache_size: int = 200_000,
+        max_counted_chars: int = MAX_COUNTED_CHARS,
     ):
         self.model = model
+        self.max_counted_chars = max_counted_chars
         resolved = _resolve(model, Registry.default() if registry is None else registry)
         self.encoding_name = resolved.encoding
         self.family = resolved.family
@@ -299,7 +311,7 @@ class TokenCounter:
     def _raw(self, text: str) -> int:
         found = self._texts.get(text)
         if found is None:
-            found = len(self._encoding.encode(text, disallowed_special=()))
+            found = count_long(self._encoding, text, self.max_counted_chars)[0]
             if len(text) <= _TEXT_CACHE_CHARS:
                 if len(self._texts) >= _TEXT_CACHE_SIZE:  # oldest first out
                     self._texts.pop(next(iter(self._texts)), None)
@@ -369,6 +381,8 @@ class TokenCounter:
             exact = False
         if message.role == "tool":
             exact = False
+        if exact and any(len(text) > DIRECT_CHARS for text in texts):
+            exact = all(count_is_exact(text, self.max_counted_chars) for text in texts)
         return self._scaled(tokens, texts), exact
 
     def _cached(self, message: Message) -> tuple[int, bool]:

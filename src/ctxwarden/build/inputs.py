@@ -1,0 +1,202 @@
+"""The arguments of a build, checked before any work: a clear error, never a crash inside.
+
+A proxy hands the build bodies it did not write. Each check here turns a bad argument
+into a :class:`~ctxwarden.errors.UsageError` that names it (``ConfigError`` for an
+argument, ``InvalidMessageError`` with the index for a message) before the engine sees
+it, so nothing raises a bare ``TypeError``/``ValueError``/``OverflowError`` from deep
+inside (a NaN budget used to fail in an ``int()`` three calls down).
+
+The checks cost O(new messages) in an agent loop: messages given as dicts are checked
+where they are parsed (:func:`ctxwarden.formats.openai.messages_from_openai`), and the
+duplicate-id check of a list of :class:`~ctxwarden.messages.Message` s remembers the ids
+of the history it saw last, so the next call checks only what was appended.
+
+**Duplicate ids are an error.** Two messages with one explicit id would share every
+decision keyed by id (a 3,000-token message rode in on the newest message's id). Ids
+that ctxwarden derived from the content (``h`` + 12 hex digits, :class:`Message` with no
+id) are left out: two identical messages ("ok", "ok") share one by design.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ctxwarden.errors import ConfigError, InvalidMessageError
+from ctxwarden.messages import Message
+
+__all__ = [
+    "MAX_BUDGET",
+    "check_budget_argument",
+    "check_build_arguments",
+    "check_build_options",
+    "check_messages_argument",
+    "check_unique_ids",
+]
+
+MAX_BUDGET = 1_000_000_000
+"""No model has a window of a billion tokens: a larger budget is a mistake."""
+
+_AUTO_ID = re.compile(r"h[0-9a-f]{12}")
+# (history length, id of its last message) -> explicit ids seen in that history
+_SEEN: OrderedDict[tuple[int, str], dict[str, int]] = OrderedDict()
+_SEEN_SIZE = 64
+
+
+def check_budget_argument(value: Any, name: str = "max_input_tokens") -> None:
+    """A token budget is ``None`` or a whole number from 1 to :data:`MAX_BUDGET`."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and not math.isfinite(value):
+            shown = f"{value!r}"
+        else:
+            shown = f"{value!r} ({type(value).__name__})"
+        raise ConfigError(f"{name} must be a whole number of tokens (an int), got {shown}")
+    if not 1 <= value <= MAX_BUDGET:
+        raise ConfigError(f"{name} must be between 1 and {MAX_BUDGET:,}, got {value:,}")
+
+
+def _check_model(model: Any) -> None:
+    if not isinstance(model, str) or not model.strip():
+        raise ConfigError(f"model must be a model name (a non-empty str), got {model!r}")
+
+
+def _check_optional(value: Any, name: str, kind: type, what: str) -> None:
+    if value is not None and not isinstance(value, kind):
+        raise ConfigError(f"{name} must be {what} or None, got {type(value).__name__}")
+
+
+def _check_tools(tools: Any) -> None:
+    if tools is None:
+        return
+    if isinstance(tools, str | bytes | Mapping) or not isinstance(tools, Iterable):
+        raise ConfigError(f"tools must be a list of tool definitions, got {type(tools).__name__}")
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, Mapping):
+            raise ConfigError(f"tools[{i}] must be an object, got {type(tool).__name__}")
+
+
+_SESSION_OPTIONS = frozenset({"max_input_tokens", "tools", "facts_schema"})
+
+
+def check_build_options(
+    model: Any, policy: Any, options: Mapping[str, Any], *, session: bool = False
+) -> None:
+    """The arguments besides the messages (``Session.build`` checks these first, with
+    ``session=True``: then only the options it passes on to the build may be given)."""
+    from ctxwarden.build.policy import Policy
+    from ctxwarden.build.state import BuildState
+
+    if session and not set(options) <= _SESSION_OPTIONS:
+        unknown = ", ".join(sorted(set(options) - _SESSION_OPTIONS))
+        raise ConfigError(
+            f"Session.build does not take {unknown} (the session supplies the history, "
+            f"summary, facts and previous state); it takes {', '.join(sorted(_SESSION_OPTIONS))}"
+        )
+
+    if model is not None:
+        _check_model(model)
+    _check_optional(policy, "policy", Policy, "a Policy")
+    check_budget_argument(options.get("max_input_tokens"))
+    _check_optional(options.get("summary"), "summary", str, "a str")
+    _check_optional(options.get("facts"), "facts", str, "a str")
+    _check_tools(options.get("tools"))
+    previous = options.get("previous")
+    if previous is not None and not isinstance(previous, BuildState):
+        from ctxwarden.build.engine import BuiltContext
+
+        if not isinstance(previous, BuiltContext):
+            raise ConfigError(
+                "previous must be the last BuiltContext (or its state), "
+                f"got {type(previous).__name__}"
+            )
+
+
+def check_messages_argument(messages: Any) -> list[Any]:
+    """``messages`` as a list; anything but an iterable of messages is an error."""
+    if type(messages) is list:
+        return messages
+    if messages is None or isinstance(messages, str | bytes | Mapping | Message):
+        got = "None" if messages is None else type(messages).__name__
+        raise InvalidMessageError(
+            f"messages must be a list of messages (OpenAI dicts or Message), got {got}"
+        )
+    try:
+        return list(messages)
+    except TypeError:
+        raise InvalidMessageError(
+            f"messages must be a list of messages, got {type(messages).__name__}"
+        ) from None
+
+
+def _explicit(message_id: str) -> bool:
+    return not (len(message_id) == 13 and _AUTO_ID.fullmatch(message_id))
+
+
+def check_unique_ids(messages: list[Any], known: int = 0) -> None:
+    """Raise :class:`InvalidMessageError` naming both positions of a repeated explicit id.
+
+    Only a list of :class:`Message` s is checked here (dicts are checked where they are
+    parsed). ``known`` leading messages were checked by the previous call on this history."""
+    n = len(messages)
+    if not n or not all(isinstance(m, Message) for m in messages[known if known <= n else 0 :]):
+        return  # dicts among them: messages_from_openai checks while parsing
+    seen = _SEEN.pop((known, messages[known - 1].id), None) if 0 < known <= n else None
+    if seen is not None:  # the history we saw last, extended
+        for pos in range(known, n):
+            message_id = messages[pos].id
+            first = seen.get(message_id)
+            if first is not None:
+                if first < known and messages[first].id == message_id:
+                    _duplicate(message_id, first, pos)
+                break  # two new ones alike, or the old history changed: check it all
+            if _explicit(message_id):
+                seen[message_id] = pos
+        else:
+            _remember(messages, seen)
+            return
+    ids = [m.id for m in messages]
+    if len(set(ids)) < n:
+        seen = {}
+        for pos, message_id in enumerate(ids):
+            if _explicit(message_id):
+                if message_id in seen:
+                    _duplicate(message_id, seen[message_id], pos)
+                seen[message_id] = pos
+    _remember(messages, {i: p for p, i in enumerate(ids) if _explicit(i)})
+
+
+def _duplicate(message_id: str, first: int, pos: int) -> None:
+    raise InvalidMessageError(
+        f"duplicate id {message_id!r}: messages {first} and {pos} both have it; ids must "
+        "be unique (leave them out and ctxwarden numbers the messages)",
+        index=pos,
+        field="ctxwarden.id",
+    )
+
+
+def _remember(messages: list[Any], seen: dict[str, int]) -> None:
+    if not messages:
+        return
+    _SEEN[(len(messages), messages[-1].id)] = seen
+    while len(_SEEN) > _SEEN_SIZE:
+        _SEEN.popitem(last=False)
+
+
+def check_build_arguments(
+    messages: Any, model: Any, max_input_tokens: Any, options: Mapping[str, Any]
+) -> list[Any]:
+    """Everything ``build_context`` is given, checked; ``messages`` returned as a list."""
+    check_build_options(
+        model, options.get("policy"), {**options, "max_input_tokens": max_input_tokens}
+    )
+    items = check_messages_argument(messages)
+    previous = options.get("previous")
+    state = getattr(previous, "state", previous)
+    known = int(getattr(state, "history_length", 0) or 0)
+    check_unique_ids(items, known if known <= len(items) else 0)
+    return items

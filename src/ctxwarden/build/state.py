@@ -1,0 +1,155 @@
+"""What a later build needs from this one: one explicit, serialisable value (R10, R13).
+
+:class:`BuildState` is owned by the caller: ``build_context(..., previous=state)`` reads it,
+every build returns the next one, a session stores it (``to_dict``) and a new process —
+another replica — loads it (``from_dict``) and builds exactly what this process would have.
+Nothing a build's output depends on lives anywhere else: the process-wide caches left
+(token counts, extracted entities, masked copies) are bounded, locked memos of pure
+functions, and their absence changes no output.
+
+It holds the sticky decisions (window start, masked and truncated messages), the
+fingerprints of the last context (prefix reuse), the entity ledger of the messages
+before the window and where it began, the rendered ledger block, the pinned positions
+found so far, the summary and facts (:class:`~ctxwarden.steps.layers.LayerState`) and,
+when a summary is due, what it would fold.
+
+Positions count messages of the list the build was given; a session translates them to
+stored sequence numbers and back (:mod:`ctxwarden.session.state`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ctxwarden.errors import ConfigError
+from ctxwarden.memory.entity_ledger import EntityLedger
+from ctxwarden.steps.base import ActionKind
+from ctxwarden.steps.layers import LayerState
+
+__all__ = ["BuildState", "LedgerMemo", "SummaryDue"]
+
+STATE_VERSION = 2
+
+
+@dataclass(frozen=True)
+class SummaryDue:
+    """A summary the build found due (the build never calls a model): the triggers that
+    fired and the span it would fold. ``Session.summarize`` or
+    :func:`ctxwarden.summarize_history` runs it; the next build shows the result."""
+
+    reasons: tuple[str, ...]
+    first_id: str
+    last_id: str
+    messages: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "reasons": list(self.reasons),
+            "first_id": self.first_id,
+            "last_id": self.last_id,
+            "messages": self.messages,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SummaryDue:
+        return cls(
+            tuple(str(r) for r in data["reasons"]),
+            str(data["first_id"]),
+            str(data["last_id"]),
+            int(data["messages"]),
+        )
+
+
+@dataclass(frozen=True)
+class LedgerMemo:
+    """The entity ledger of ``history[first:upto]`` less pinned messages (on top of
+    the caller's ``earlier`` seed named by ``seed``), and the block last rendered from it
+    with what it was rendered for (``key``): the next build extends the ledger by the
+    messages that left the window since, and reuses the block when nothing changed."""
+
+    first: int = 0
+    upto: int = 0
+    seed: str = ""
+    ledger: EntityLedger = field(default_factory=EntityLedger)
+    key: str = ""
+    text: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "first": self.first,
+            "upto": self.upto,
+            "seed": self.seed,
+            "ledger": self.ledger.to_dict(),
+            "key": self.key,
+            "text": self.text,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LedgerMemo:
+        text = data.get("text")
+        return cls(
+            first=int(data.get("first", 0)),
+            upto=int(data["upto"]),
+            seed=str(data.get("seed", "")),
+            ledger=EntityLedger.from_dict(data["ledger"]),
+            key=str(data.get("key", "")),
+            text=None if text is None else str(text),
+        )
+
+
+@dataclass(frozen=True)
+class BuildState:
+    """Decisions carried to the next build; see the module docstring."""
+
+    history_length: int = 0
+    last_id: str = ""
+    window_start: int = 0
+    sticky: Mapping[str, ActionKind] = field(default_factory=dict)
+    prefix: tuple[str, ...] = ()  # fingerprints of the previous context, in order
+    ledger_from: int = 0  # where the ledger's sources begin
+    ledger: LedgerMemo | None = None
+    flagged: tuple[int, ...] = ()  # pinned / critical positions before ``flagged_upto``
+    flagged_upto: int = 0
+    layers: LayerState | None = None  # summary and facts
+    summary_due: SummaryDue | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, JSON-ready; :meth:`from_dict` gives back an equal state."""
+        return {
+            "version": STATE_VERSION,
+            "history_length": self.history_length,
+            "last_id": self.last_id,
+            "window_start": self.window_start,
+            "sticky": dict(self.sticky),
+            "prefix": list(self.prefix),
+            "ledger_from": self.ledger_from,
+            "ledger": None if self.ledger is None else self.ledger.to_dict(),
+            "flagged": list(self.flagged),
+            "flagged_upto": self.flagged_upto,
+            "layers": None if self.layers is None else self.layers.to_dict(),
+            "summary_due": None if self.summary_due is None else self.summary_due.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BuildState:
+        """The state :meth:`to_dict` wrote (or a version-1 dict: its five fields);
+        :class:`~ctxwarden.errors.ConfigError` names what is malformed."""
+        try:
+            ledger, layers, due = data.get("ledger"), data.get("layers"), data.get("summary_due")
+            return cls(
+                history_length=int(data.get("history_length", 0)),
+                last_id=str(data.get("last_id", "")),
+                window_start=int(data.get("window_start", 0)),
+                sticky={str(k): v for k, v in dict(data.get("sticky", {})).items()},
+                prefix=tuple(str(p) for p in data.get("prefix", ())),
+                ledger_from=int(data.get("ledger_from", 0)),
+                ledger=None if ledger is None else LedgerMemo.from_dict(ledger),
+                flagged=tuple(int(i) for i in data.get("flagged", ())),
+                flagged_upto=int(data.get("flagged_upto", 0)),
+                layers=None if layers is None else LayerState.from_dict(layers),
+                summary_due=None if due is None else SummaryDue.from_dict(due),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError(f"not a stored build state ({type(exc).__name__}: {exc})") from None

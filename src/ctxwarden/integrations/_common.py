@@ -1,0 +1,135 @@
+"""What the three adapters share: stable ids, the builder that keeps each conversation's
+previous build, and the split of a built context into its system prefix and the rest.
+
+Frameworks call an adapter once per model call with the whole history, and one adapter
+instance often serves many conversations (one middleware per agent, many threads). The
+builder therefore keeps the last build per conversation, keyed by the id of the first
+non-system message, so ``previous=`` always belongs to the history being built and the
+window, masks and truncations stay sticky turn after turn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ctxwarden import BuiltContext, build_context
+from ctxwarden.errors import UsageError
+from ctxwarden.messages import Message
+
+if TYPE_CHECKING:
+    from ctxwarden import Audit, Policy, Session, Summarizer
+
+__all__ = ["ContextBuilder", "layer_text", "split_system", "stable_id"]
+
+LAYER_ID_PREFIX = "ctxwarden:"
+_KEEP_CONVERSATIONS = 256
+
+
+def stable_id(prefix: str, index: int, payload: Any) -> str:
+    """An id for a framework message that has none: its position and a hash of it, so it
+    is the same on every call (the history only grows) and differs between conversations."""
+    text = json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str)
+    return f"{prefix}{index}-{hashlib.sha1(text.encode('utf-8')).hexdigest()[:10]}"
+
+
+def split_system(messages: Sequence[Message]) -> tuple[list[Message], list[Message]]:
+    """The leading system messages (prompt, then ctxwarden's layers) and the rest."""
+    i = 0
+    while i < len(messages) and messages[i].role == "system":
+        i += 1
+    return list(messages[:i]), list(messages[i:])
+
+
+def is_layer(message: Message) -> bool:
+    """A message ctxwarden added (facts, summary, ledger): not from the framework."""
+    return message.id.startswith(LAYER_ID_PREFIX)
+
+
+def layer_text(messages: Sequence[Message]) -> str:
+    """The texts of ctxwarden's layer messages, in order, for a framework that takes one
+    system prompt (they are placed right after it, where the layout puts them)."""
+    return "\n\n".join(m.text for m in messages if is_layer(m) and m.text)
+
+
+@dataclass
+class ContextBuilder:
+    """Runs ``build_context`` (or ``Session.build``) for an adapter and remembers builds.
+
+    ``session``: a :class:`ctxwarden.Session` that mirrors the conversation (each new
+    message appended once) and builds it with its stored summary and facts.
+    """
+
+    model: str = "gpt-4o"
+    max_input_tokens: int | None = None
+    policy: Policy | None = None
+    summarizer: str | Summarizer | None = None
+    session: Session | None = None
+    last: BuiltContext | None = None
+    _previous: OrderedDict[str, BuiltContext] = field(default_factory=OrderedDict, repr=False)
+    _stored: int = field(default=-1, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def last_audit(self) -> Audit | None:
+        return self.last.audit if self.last is not None else None
+
+    def build(
+        self, history: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> BuiltContext:
+        """The context for one model call over ``history`` (system prompt first)."""
+        if self.session is not None:
+            built = self._build_in_session(history, tools)
+        else:
+            key = _conversation_key(history)
+            with self._lock:
+                previous = self._previous.get(key)
+            built = build_context(
+                list(history),
+                self.model,
+                self.max_input_tokens,
+                policy=self.policy,
+                previous=previous,
+                tools=tools,
+                summarizer=self.summarizer,
+            )
+            with self._lock:
+                self._previous[key] = built
+                self._previous.move_to_end(key)
+                while len(self._previous) > _KEEP_CONVERSATIONS:
+                    self._previous.popitem(last=False)
+        self.last = built
+        return built
+
+    def _build_in_session(
+        self, history: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None
+    ) -> BuiltContext:
+        session = self.session
+        assert session is not None
+        with self._lock:
+            if self._stored < 0:
+                self._stored = session.record.next_seq
+            stored = self._stored
+            if stored > len(history):
+                raise UsageError(
+                    f"session {session.session_id!r} holds {stored} messages but this "
+                    f"conversation has {len(history)}: give each conversation its own session"
+                )
+            if stored < len(history):
+                session.append(history[stored:])
+                self._stored = len(history)
+        return session.build(
+            self.model, self.policy, max_input_tokens=self.max_input_tokens, tools=tools
+        )
+
+
+def _conversation_key(history: Sequence[Message]) -> str:
+    for m in history:
+        if m.role != "system":
+            return m.id
+    return ""

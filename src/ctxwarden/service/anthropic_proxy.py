@@ -1,0 +1,162 @@
+"""``POST /v1/messages``: the Anthropic Messages API proxy (JSON and streamed).
+
+The request is the client's, with ``system`` and ``messages`` replaced by the built
+context in Anthropic's shape, ``cache_control`` placed on the build's breakpoints.
+Streams pass through whole: ``event:`` lines (the SDK's parser needs them), ``ping``,
+thinking and signature deltas, a mid-stream ``event: error``. The stored reply and the
+usage come from a parsed copy: input and cache tokens from ``message_start`` merged
+with what ``message_delta`` reports.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ctxwarden import Usage
+from ctxwarden.errors import CtxwardenError
+from ctxwarden.formats import messages_from_anthropic
+from ctxwarden.messages import Message
+from ctxwarden.service.auth import CurrentTenant, hub_of
+from ctxwarden.service.body import max_input_tokens_header, read_json
+from ctxwarden.service.calls import client_session_id, upstream_for
+from ctxwarden.service.errors import ServiceError, from_library
+from ctxwarden.service.forward import forward
+from ctxwarden.service.history import message_key
+from ctxwarden.service.pipeline import Call, Prepared
+from ctxwarden.service.sse import AnthropicReply, parse_frame
+
+__all__ = ["AnthropicWire", "router"]
+
+router = APIRouter()
+
+
+def anthropic_usage(raw: Any) -> Usage | None:
+    if not isinstance(raw, dict) or not raw:
+        return None
+    try:
+        return Usage.from_anthropic(
+            int(raw.get("input_tokens") or 0),
+            int(raw.get("output_tokens") or 0),
+            int(raw.get("cache_read_input_tokens") or 0),
+            int(raw.get("cache_creation_input_tokens") or 0),
+        )
+    except (TypeError, ValueError):
+        return None
+
+
+def _reply(content: list[dict[str, Any]], *, partial: bool = False) -> Message | None:
+    if not content:
+        return None
+    parsed = messages_from_anthropic(None, [{"role": "assistant", "content": content}])
+    if len(parsed) != 1:
+        return None
+    reply = parsed[0]
+    return replace(reply, meta={**reply.meta, "partial": True}) if partial else reply
+
+
+class _Reader:
+    def __init__(self) -> None:
+        self.reply = AnthropicReply()
+
+    @property
+    def tokens_seen(self) -> bool:
+        return self.reply.tokens_seen
+
+    @property
+    def finished(self) -> bool:
+        return self.reply.done
+
+    def frame(self, frame: bytes) -> bytes | None:
+        _, data = parse_frame(frame)
+        if data is not None:
+            self.reply.add(data)
+        return frame
+
+    def result(self, complete: bool) -> tuple[Message | None, Usage | None, str]:
+        done = complete and self.reply.done and self.reply.error is None
+        reply = _reply(self.reply.content(complete=done), partial=not done)
+        status = "complete" if done else ("upstream_error" if self.reply.error else "partial")
+        return reply, anthropic_usage(self.reply.usage), status
+
+
+def _tools_as_openai(tools: Any) -> list[dict[str, Any]] | None:
+    """Anthropic tool definitions in OpenAI's shape, to count them in the budget."""
+    if not isinstance(tools, list):
+        return None
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": t.get("name", ""),
+                "description": t.get("description", ""),
+                "parameters": t.get("input_schema", {}),
+            },
+        }
+        for t in tools
+        if isinstance(t, dict)
+    ]
+
+
+class AnthropicWire:
+    api = "anthropic"
+    path = "/v1/messages"
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def body(self, prepared: Prepared) -> bytes:
+        system, turns = prepared.built.to_anthropic()
+        out = dict(self.data)
+        out["messages"] = turns
+        if system:
+            out["system"] = system
+        else:
+            out.pop("system", None)
+        return json.dumps(out, ensure_ascii=False).encode()
+
+    def from_json(self, data: Any) -> tuple[Message | None, Usage | None]:
+        return _reply(list(data["content"])), anthropic_usage(data.get("usage"))
+
+    def reader(self) -> _Reader:
+        return _Reader()
+
+
+@router.post("/v1/messages")
+async def messages(request: Request, tenant: CurrentTenant) -> Response:
+    """Build the context from the stored session and forward it (see the module)."""
+    hub = hub_of(request)
+    upstream = upstream_for(request, "anthropic")
+    data = await read_json(request, hub.config.max_body_bytes)
+    model, turns = data.get("model"), data.get("messages")
+    if not isinstance(model, str) or not model:
+        raise ServiceError(400, "model must be a non-empty string")
+    if not isinstance(turns, list) or not turns:
+        raise ServiceError(400, "messages must be a non-empty list")
+    system = data.get("system")
+    try:
+        parsed = messages_from_anthropic(system if isinstance(system, str | list) else None, turns)
+    except (CtxwardenError, KeyError, TypeError, AttributeError) as exc:
+        if isinstance(exc, CtxwardenError):
+            raise from_library(exc) from exc
+        raise ServiceError(400, f"messages are malformed: {exc!r}") from None
+    keys = [message_key(m) for m in parsed]
+    first_user = next((m.text for m in parsed if m.role == "user"), "")
+    system_text = next((m.text for m in parsed if m.role == "system"), "")
+    call = Call(
+        api="anthropic",
+        tenant=tenant,
+        client_id=client_session_id(request, tenant, system_text, first_user),
+        model=model,
+        keys=keys,
+        parse=lambda start: parsed[start:],
+        max_input_tokens=max_input_tokens_header(request),
+        tools=_tools_as_openai(data.get("tools")),
+    )
+    stream = bool(data.get("stream"))
+    return await forward(request, hub, upstream, AnthropicWire(data), call, stream=stream)

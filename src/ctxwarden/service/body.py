@@ -1,0 +1,45 @@
+"""Reading a request body within the configured size, as JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.requests import Request
+
+from ctxwarden.service.errors import ServiceError
+
+__all__ = ["max_input_tokens_header", "read_json"]
+
+
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    """The body as a JSON object; 413 above ``limit`` bytes (checked before reading when
+    the client says its length, and while reading otherwise), 400 if it is not JSON."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ServiceError(413, f"request body of {int(declared):,} bytes is over {limit:,}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ServiceError(413, f"request body is over {limit:,} bytes")
+        chunks.append(chunk)
+    try:
+        data = json.loads(b"".join(chunks))
+    except ValueError as exc:
+        raise ServiceError(400, f"request body is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ServiceError(400, "request body must be a JSON object")
+    return data
+
+
+def max_input_tokens_header(request: Request) -> int | None:
+    """``X-Ctxwarden-Max-Input-Tokens``: the client's budget for this call (the tenant's
+    cap still applies)."""
+    raw = request.headers.get("x-ctxwarden-max-input-tokens")
+    if raw is None:
+        return None
+    if not raw.strip().isdigit() or int(raw) < 1:
+        raise ServiceError(400, f"X-Ctxwarden-Max-Input-Tokens must be a positive integer: {raw!r}")
+    return int(raw)

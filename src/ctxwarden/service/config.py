@@ -1,0 +1,66 @@
+"""What ``ctxwarden serve`` is configured with: data, read once at start-up.
+
+Upstream credentials come from here (or from a tenant's own row), never from the
+client: the key a client sends is its ctxwarden tenant key and is not forwarded.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ctxwarden.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ctxwarden import Policy, Registry
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "ServiceConfig"]
+
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+"""Request bodies above this are refused with 413 before they are parsed."""
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """The service's settings. ``upstream`` is the OpenAI-compatible base URL (ending in
+    ``/v1``, as the openai SDK takes it); ``anthropic_upstream`` Anthropic's (without
+    ``/v1``, as the anthropic SDK takes it)."""
+
+    db: str
+    upstream: str | None = None
+    anthropic_upstream: str | None = None
+    policy: Policy | None = None
+    registry: Registry | None = None
+    upstream_api_key: str | None = None
+    anthropic_api_key: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    upstream_timeout: float = 600.0
+    connect_timeout: float = 10.0
+    summarizer: str | None = None
+    models: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.upstream is None and self.anthropic_upstream is None:
+            raise ConfigError(
+                "no upstream: give --upstream URL (OpenAI-compatible, ending in /v1) "
+                "and/or --anthropic-upstream URL"
+            )
+        for name in ("upstream", "anthropic_upstream"):
+            url = getattr(self, name)
+            if url is not None and not url.startswith(("http://", "https://")):
+                raise ConfigError(f"--{name.replace('_', '-')} must be an http(s) URL, got {url!r}")
+        if self.max_body_bytes < 1024:
+            raise ConfigError(
+                f"max body size must be at least 1024 bytes, got {self.max_body_bytes}"
+            )
+        if self.upstream_timeout <= 0:
+            raise ConfigError(f"upstream timeout must be > 0 seconds, got {self.upstream_timeout}")
+
+    @classmethod
+    def from_env(cls, db: str, **kw: object) -> ServiceConfig:
+        """Fill the upstream keys from ``CTXWARDEN_UPSTREAM_API_KEY`` and
+        ``CTXWARDEN_ANTHROPIC_API_KEY`` unless given."""
+        kw.setdefault("upstream_api_key", os.environ.get("CTXWARDEN_UPSTREAM_API_KEY"))
+        kw.setdefault("anthropic_api_key", os.environ.get("CTXWARDEN_ANTHROPIC_API_KEY"))
+        return cls(db=db, **kw)  # type: ignore[arg-type]

@@ -1,0 +1,87 @@
+"""Errors the service answers before any byte is streamed, in each provider's shape.
+
+The SDKs raise their own typed errors from these bodies (``openai.BadRequestError``,
+``anthropic.AuthenticationError``...), so a client sees a ctxwarden refusal the way it
+sees a provider's. Library errors map to statuses here, in one place.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ctxwarden.errors import (
+    BudgetError,
+    ConfigError,
+    CtxwardenError,
+    InvalidMessageError,
+    UnknownModelError,
+    UsageError,
+)
+
+__all__ = ["ServiceError", "error_body", "from_library"]
+
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    502: "api_error",
+    504: "timeout_error",
+}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    502: "api_error",
+    504: "timeout_error",
+}
+
+
+class ServiceError(Exception):
+    """An HTTP error with a message; ``extra`` fields join the error object
+    (``minimum_budget`` for a budget too small)."""
+
+    def __init__(self, status: int, message: str, *, code: str | None = None, **extra: Any):
+        self.status = status
+        self.message = message
+        self.code = code
+        self.extra = extra
+        super().__init__(message)
+
+
+def error_body(exc: ServiceError, api: str) -> bytes:
+    """The error as the provider would send it (``api`` is ``openai`` or ``anthropic``)."""
+    if api == "anthropic":
+        kind = _ANTHROPIC_TYPES.get(exc.status, "api_error")
+        error: dict[str, Any] = {"type": kind, "message": exc.message}
+        if exc.code:
+            error["code"] = exc.code
+        error.update(exc.extra)
+        return json.dumps({"type": "error", "error": error}).encode()
+    error = {
+        "message": exc.message,
+        "type": _OPENAI_TYPES.get(exc.status, "api_error"),
+        "param": None,
+        "code": exc.code,
+    }
+    error.update(exc.extra)
+    return json.dumps({"error": error}).encode()
+
+
+def from_library(exc: CtxwardenError) -> ServiceError:
+    """The status a library error answers with: user mistakes 400, the rest 500."""
+    if isinstance(exc, BudgetError):
+        return ServiceError(
+            400, str(exc), code="context_budget_too_small", minimum_budget=exc.minimum
+        )
+    if isinstance(exc, InvalidMessageError):
+        return ServiceError(400, str(exc), code="invalid_messages")
+    if isinstance(exc, UnknownModelError | ConfigError):
+        return ServiceError(400, str(exc), code="invalid_configuration")
+    if isinstance(exc, UsageError):
+        return ServiceError(400, str(exc))
+    return ServiceError(500, f"ctxwarden failed: {exc}", code="ctxwarden_error")

@@ -1,0 +1,246 @@
+"""Forwarding one prepared call upstream, JSON or streamed, for either wire format.
+
+The per-format parts (the body sent upstream, reading a JSON reply, reading a stream)
+are a :class:`Wire`; the rest is here, once. The session's lock is taken before the
+build and released only when the reply is stored — after the last streamed byte — so
+the next call on the session sees it.
+
+Streams are relayed frame by frame as upstream wrote them; the reader sees each frame
+to account for it and may only drop one (the usage chunk the proxy asked for and the
+client did not). :class:`ProxyStream` watches for the client going away: it then
+stops reading upstream (closing that connection cancels the upstream call) and the
+reply is stored as far as it got, marked partial.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from typing import Any, Protocol
+
+import anyio
+import anyio.to_thread
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from ctxwarden import Usage
+from ctxwarden.errors import CtxwardenError
+from ctxwarden.messages import Message
+from ctxwarden.service.calls import check_spend
+from ctxwarden.service.errors import ServiceError, from_library
+from ctxwarden.service.hub import Hub
+from ctxwarden.service.pipeline import Call, Prepared, finish, prepare
+from ctxwarden.service.sse import FrameSplitter
+from ctxwarden.service.upstream import Upstream, UpstreamFailure
+
+__all__ = ["ProxyStream", "StreamReader", "Wire", "forward"]
+
+
+class StreamReader(Protocol):
+    @property
+    def tokens_seen(self) -> bool:
+        """A text or tool delta arrived (time to first token)."""
+
+    @property
+    def finished(self) -> bool:
+        """The stream's own end marker arrived (``[DONE]``, ``message_stop``)."""
+
+    def frame(self, frame: bytes) -> bytes | None:
+        """Account for one frame; return what the client gets (``None``: drop it)."""
+
+    def result(self, complete: bool) -> tuple[Message | None, Usage | None, str]:
+        """The reply to store, the usage, and the build's final status."""
+
+
+class Wire(Protocol):
+    api: str
+    path: str
+
+    def body(self, prepared: Prepared) -> bytes: ...
+
+    def from_json(self, data: Any) -> tuple[Message | None, Usage | None]: ...
+
+    def reader(self) -> StreamReader: ...
+
+
+async def _finish(
+    hub: Hub, prepared: Prepared, reply: Message | None, usage: Usage | None, status: str
+) -> None:
+    await anyio.to_thread.run_sync(finish, hub, prepared, reply, usage, status)
+
+
+async def forward(
+    request: Request, hub: Hub, upstream: Upstream, wire: Wire, call: Call, *, stream: bool
+) -> Response:
+    """Build, forward, store: the whole call (see the module docstring)."""
+    check_spend(call.tenant)
+    stack = AsyncExitStack()
+    await stack.enter_async_context(hub.locked(call.tenant.name, call.client_id))
+    handed_over = False
+    try:
+        started = time.perf_counter()
+        try:
+            prepared = await anyio.to_thread.run_sync(prepare, hub, call)
+        except CtxwardenError as exc:
+            raise from_library(exc) from exc
+        hub.metrics.build_seconds.labels(wire.api).observe(time.perf_counter() - started)
+        record = call.tenant.record
+        key = record.anthropic_api_key if wire.api == "anthropic" else record.upstream_api_key
+        headers = upstream.headers(key, request.headers)
+        sent = time.perf_counter()
+        try:
+            response = await upstream.open(wire.path, wire.body(prepared), headers)
+        except UpstreamFailure as failure:
+            await _finish(hub, prepared, None, None, f"upstream_{failure.status}")
+            raise ServiceError(failure.status, failure.message) from failure
+        ours = prepared.headers()
+        if response.status_code >= 400 or not stream:
+            return await _whole(hub, upstream, wire, prepared, response, sent, ours)
+        relay = _Relay(hub, upstream, wire, prepared, response, stack, sent)
+        handed_over = True
+        ours["cache-control"] = "no-cache"
+        return ProxyStream(relay, ours, response.headers.get("content-type", "text/event-stream"))
+    finally:
+        if not handed_over:
+            await stack.aclose()
+
+
+async def _whole(
+    hub: Hub,
+    upstream: Upstream,
+    wire: Wire,
+    prepared: Prepared,
+    response: Any,
+    sent: float,
+    headers: dict[str, str],
+) -> Response:
+    """A JSON reply (or an upstream error, passed with its status and body)."""
+    try:
+        raw = await response.aread()
+    except Exception as exc:
+        if not upstream.is_transport_error(exc):
+            raise
+        code = 504 if upstream.is_timeout(exc) else 502
+        await _finish(hub, prepared, None, None, f"upstream_{code}")
+        raise ServiceError(code, f"upstream failed mid-response: {exc}") from exc
+    finally:
+        await response.aclose()
+    hub.metrics.upstream_seconds.labels(wire.api).observe(time.perf_counter() - sent)
+    media = response.headers.get("content-type", "application/json")
+    if response.status_code >= 400:
+        await _finish(hub, prepared, None, None, f"upstream_{response.status_code}")
+        return Response(raw, response.status_code, headers=headers, media_type=media)
+    try:
+        reply, usage = wire.from_json(json.loads(raw))
+        status = "complete"
+    except (ValueError, KeyError, TypeError, IndexError):  # passed on; nothing to store
+        reply, usage, status = None, None, "unreadable_reply"
+    await _finish(hub, prepared, reply, usage, status)
+    return Response(raw, response.status_code, headers=headers, media_type=media)
+
+
+class _Relay:
+    """Reads the upstream stream for :class:`ProxyStream` and stores the reply at the end."""
+
+    def __init__(
+        self,
+        hub: Hub,
+        upstream: Upstream,
+        wire: Wire,
+        prepared: Prepared,
+        response: Any,
+        stack: AsyncExitStack,
+        sent: float,
+    ) -> None:
+        self.hub, self.upstream, self.wire = hub, upstream, wire
+        self.prepared, self.response, self.stack, self.sent = prepared, response, stack, sent
+        self.reader = wire.reader()
+        self.ended = False  # upstream's stream ended normally
+        self.failure: str | None = None
+        self.stored = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        splitter = FrameSplitter()
+        timed = False
+        try:
+            async for chunk in self.response.aiter_bytes():
+                kept = [out for f in splitter.feed(chunk) if (out := self.reader.frame(f))]
+                if not timed and self.reader.tokens_seen:
+                    timed = True
+                    ttft = time.perf_counter() - self.sent
+                    self.hub.metrics.ttft_seconds.labels(self.wire.api).observe(ttft)
+                if self.reader.finished and not self.stored:
+                    # store the reply before the client sees the end marker, so a client
+                    # that has the whole reply finds it stored (read your writes)
+                    with anyio.CancelScope(shield=True):
+                        await self._store(complete=True, status=None)
+                if kept:
+                    yield b"".join(kept)
+            rest = splitter.rest()
+            if rest:
+                yield rest
+            self.ended = True
+        except Exception as exc:
+            if not self.upstream.is_transport_error(exc):
+                raise
+            self.failure = "upstream_timeout" if self.upstream.is_timeout(exc) else "upstream_cut"
+
+    async def close(self, delivered: bool) -> None:
+        """Close upstream (cancelling it if still running), store what arrived, unlock."""
+        try:
+            await self.response.aclose()
+            if not self.stored:
+                status = None if delivered else "client_disconnected"
+                await self._store(complete=self.ended and delivered, status=status or self.failure)
+        finally:
+            await self.stack.aclose()
+
+    async def _store(self, *, complete: bool, status: str | None) -> None:
+        self.stored = True
+        reply, usage, own = self.reader.result(complete)
+        self.hub.metrics.upstream_seconds.labels(self.wire.api).observe(
+            time.perf_counter() - self.sent
+        )
+        await _finish(self.hub, self.prepared, reply, usage, status or own)
+
+
+class ProxyStream(Response):
+    """A streamed response that notices the client leaving (whatever the ASGI version)
+    and always closes its relay, shielded from cancellation."""
+
+    def __init__(self, relay: _Relay, headers: dict[str, str], media_type: str) -> None:
+        self.relay = relay
+        self.status_code = 200
+        self.media_type = media_type
+        self.background = None
+        self.init_headers(headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        delivered = False
+        chunks = self.relay.chunks()
+        try:
+            async with anyio.create_task_group() as group:
+
+                async def watch() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    group.cancel_scope.cancel()
+
+                group.start_soon(watch)
+                await send(
+                    {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
+                )
+                async for chunk in chunks:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                delivered = True
+                group.cancel_scope.cancel()
+        except OSError:
+            pass  # the client went away while we were sending
+        finally:
+            with anyio.CancelScope(shield=True):
+                await chunks.aclose()  # type: ignore[attr-defined]
+                await self.relay.close(delivered)

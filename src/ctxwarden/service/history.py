@@ -1,0 +1,205 @@
+"""Matching a client's full history to its stored session, and appending what is new.
+
+Agents send their whole history on every call. The proxy keeps, per client session id,
+a *head* (:class:`~ctxwarden.store.service_tables.Head`): the stored session it writes
+to, how many messages of it the client has already seen (its own messages and the
+replies the proxy stored), and a chained hash of those messages. A call whose first
+``head.count`` messages hash to ``head.chain`` extends the stored session: only the
+suffix is parsed, counted and appended. The hash covers what a message means (role,
+text, tool calls, tool-call id, name), not how the SDK spelled it, so a reply echoed
+back as ``content: null`` or ``""`` still matches.
+
+**A client that edits or truncates its history** (or drops a partial reply after a
+disconnect) does not match. Nothing stored is changed then: the proxy starts a new
+*branch*, a new stored session ``<id>~b<n>`` holding the client's history as sent, and
+moves the head there; the old branch stays readable through the session API. The
+response header ``X-Ctxwarden-Session`` names the branch used. The same happens when
+the head and the store disagree (a crash between the append and the head's move, or
+another process writing the same session id at once): the proxy never guesses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ctxwarden import Session
+from ctxwarden.errors import InvalidMessageError, StoreError
+from ctxwarden.messages import Message
+from ctxwarden.store import SessionStore
+from ctxwarden.store.service_tables import Head, get_head, put_head
+
+__all__ = [
+    "BRANCH_MARK",
+    "Synced",
+    "content_text",
+    "derived_session_id",
+    "message_key",
+    "sync_history",
+    "valid_session_id",
+    "wire_key",
+]
+
+BRANCH_MARK = "~b"
+_ID = re.compile(r"^[A-Za-z0-9._:@/-]{1,200}$")
+
+
+def valid_session_id(value: str) -> str:
+    """A client session id: 1–200 of ``A-Z a-z 0-9 . _ : @ / -`` (``~`` is kept for the
+    proxy's branches)."""
+    if not _ID.match(value):
+        raise InvalidMessageError(
+            f"X-Ctxwarden-Session must be 1-200 characters of A-Z a-z 0-9 . _ : @ / -, "
+            f"got {value[:60]!r}"
+        )
+    return value
+
+
+def _field(h: Any, value: str | None) -> None:
+    data = (value or "").encode("utf-8", "surrogatepass")
+    h.update(b"%d:" % len(data))
+    h.update(data)
+
+
+def content_text(content: Any) -> str:
+    """A message's content as one string (text parts joined, other parts as JSON)."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        return "".join(
+            str(p.get("text", ""))
+            if isinstance(p, Mapping) and p.get("type") == "text"
+            else json.dumps(p, sort_keys=True)
+            for p in content
+        )
+    return json.dumps(content, sort_keys=True)
+
+
+def wire_key(message: Mapping[str, Any]) -> bytes:
+    """What a message means, as bytes to chain: role, text, tool calls, call id, name."""
+    h = hashlib.blake2b(digest_size=16)
+    _field(h, str(message.get("role", "")))
+    _field(h, content_text(message.get("content")))
+    for call in message.get("tool_calls") or ():
+        fn = call.get("function") or {} if isinstance(call, Mapping) else {}
+        _field(h, str(call.get("id", "")) if isinstance(call, Mapping) else "")
+        _field(h, str(fn.get("name", "")))
+        _field(h, str(fn.get("arguments", "")))
+    _field(h, message.get("tool_call_id"))
+    _field(h, message.get("name"))
+    return h.digest()
+
+
+def message_key(message: Message) -> bytes:
+    """:func:`wire_key` of one of our messages (the Anthropic side and stored replies)."""
+    from ctxwarden.formats import message_to_openai
+
+    return wire_key(message_to_openai(message))
+
+
+def derived_session_id(tenant: str, system: str, first_user: str) -> str:
+    """The session id of a call without ``X-Ctxwarden-Session``: stable for a tenant, a
+    system prompt and a first user message (``auto-`` and 20 hex digits)."""
+    h = hashlib.blake2b(digest_size=10)
+    for part in (tenant, system, first_user):
+        _field(h, part)
+    return "auto-" + h.hexdigest()
+
+
+@dataclass
+class Synced:
+    """The stored session a call writes to, after its new messages were appended."""
+
+    session: Session
+    head: Head
+    chain: Any  # the running hash after the client's messages, to extend with the reply
+    appended: int
+    forked: bool
+
+
+def _chain(keys: Sequence[bytes], upto: int) -> tuple[Any, str | None]:
+    """The running hash over all ``keys`` and its hex digest after the first ``upto``."""
+    h = hashlib.blake2b(digest_size=16)
+    at: str | None = h.hexdigest() if upto == 0 else None
+    for i, key in enumerate(keys, 1):
+        h.update(key)
+        if i == upto:
+            at = h.hexdigest()
+    return h, at
+
+
+def sync_history(
+    store: SessionStore,
+    open_session: Callable[[str], Session],
+    tenant: str,
+    client_id: str,
+    keys: Sequence[bytes],
+    parse: Callable[[int], list[Message]],
+    count: Callable[[Message], int],
+    *,
+    attempts: int = 3,
+) -> Synced:
+    """Append the new suffix of the client's history (``keys``, one per message;
+    ``parse(start)`` gives the messages from ``start`` on) to the session its head names,
+    or to a new branch when the history does not extend it (see the module docstring)."""
+    for _ in range(attempts):
+        head = get_head(store, tenant, client_id)
+        synced = _try_sync(store, open_session, tenant, client_id, head, keys, parse, count)
+        if synced is not None:
+            return synced
+    raise StoreError(
+        f"session {client_id!r} is being written by another caller at the same time; retry"
+    )
+
+
+def _try_sync(
+    store: SessionStore,
+    open_session: Callable[[str], Session],
+    tenant: str,
+    client_id: str,
+    head: Head | None,
+    keys: Sequence[bytes],
+    parse: Callable[[int], list[Message]],
+    count: Callable[[Message], int],
+) -> Synced | None:
+    seen = head.count if head is not None else 0
+    running, at = _chain(keys, seen)
+    session: Session | None = None
+    if head is not None and seen <= len(keys) and at == head.chain:
+        session = open_session(head.session_id)
+        if session.record.next_seq != head.count:
+            session = None  # the store moved without the head (a crash, another writer)
+    elif head is None:
+        session = open_session(client_id)
+        if session.record.next_seq:  # filled without the proxy (the session API): keep it
+            session = None
+    forked = session is None
+    if session is not None and head is not None:
+        new, branch, tokens = (
+            parse(seen) if seen < len(keys) else [],
+            head.branch,
+            head.history_tokens,
+        )
+    elif session is not None:
+        new, branch, tokens = parse(0), 0, 0
+    else:
+        branch = (head.branch if head is not None else 0) + 1
+        while True:
+            session = open_session(f"{client_id}{BRANCH_MARK}{branch}")
+            if not session.record.next_seq:
+                break
+            branch += 1
+        new, tokens = parse(0), 0
+    tokens += sum(count(m) for m in new)
+    if new:
+        session.append(new)
+    moved = Head(
+        tenant, client_id, session.session_id, branch, len(keys), running.hexdigest(), tokens
+    )
+    if not put_head(store, moved, expected=head):
+        return None
+    return Synced(session, moved, running, len(new), forked)

@@ -1,0 +1,107 @@
+"""What every request shares: the store, the open sessions, per-session locks, policies.
+
+One :class:`Hub` per app. Sessions are kept open in a small LRU (a
+:class:`~ctxwarden.Session` caches decoded messages across builds, so the next turn's
+build decodes only what is new). Calls on one client session are serialised by an
+``asyncio`` lock held for the whole call, so a reply is always stored right after the
+history it answers; calls on different sessions run concurrently. Store work runs in
+worker threads (SQLite and psycopg are blocking), never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from ctxwarden import Policy, Session
+from ctxwarden.service.config import ServiceConfig
+from ctxwarden.store import SessionStore, open_store
+from ctxwarden.store.service_tables import TenantRecord
+
+if TYPE_CHECKING:
+    from ctxwarden.service.metrics import Metrics
+
+__all__ = ["Hub", "Tenant"]
+
+_OPEN_SESSIONS = 512
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """The authenticated caller: its record and the policy its calls are built with."""
+
+    record: TenantRecord
+    policy: Policy
+
+    @property
+    def name(self) -> str:
+        return self.record.tenant
+
+
+@lru_cache(maxsize=256)
+def _tenant_policy(text: str) -> Policy:
+    return Policy.from_toml(text)
+
+
+class Hub:
+    def __init__(self, config: ServiceConfig, metrics: Metrics) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.store: SessionStore = open_store(config.db)
+        self.policy = config.policy or Policy()
+        self._sessions: OrderedDict[tuple[str, str], Session] = OrderedDict()
+        self._sessions_lock = threading.Lock()
+        self._locks: dict[tuple[str, str], tuple[asyncio.Lock, int]] = {}
+
+    def close(self) -> None:
+        self.store.close()
+
+    def tenant(self, record: TenantRecord) -> Tenant:
+        policy = _tenant_policy(record.policy) if record.policy else self.policy
+        return Tenant(record, policy)
+
+    def session(self, tenant: str, session_id: str, model: str | None = None) -> Session:
+        """An open :class:`Session` (created in the store when new)."""
+        key = (tenant, session_id)
+        with self._sessions_lock:
+            found = self._sessions.get(key)
+            if found is not None:
+                self._sessions.move_to_end(key)
+        if found is None:
+            found = Session(self.store, session_id, tenant=tenant, registry=self.config.registry)
+            with self._sessions_lock:
+                self._sessions[key] = found
+                while len(self._sessions) > _OPEN_SESSIONS:
+                    self._sessions.popitem(last=False)
+        if model is not None:
+            found.model = model
+        return found
+
+    def forget(self, tenant: str, session_id: str) -> None:
+        """Drop a deleted session (and its branches) from the open ones."""
+        with self._sessions_lock:
+            for key in [k for k in self._sessions if k[0] == tenant]:
+                if key[1] == session_id or key[1].startswith(session_id + "~b"):
+                    del self._sessions[key]
+
+    @asynccontextmanager
+    async def locked(self, tenant: str, client_id: str) -> AsyncIterator[None]:
+        """Hold the lock of one client session for the whole call."""
+        key = (tenant, client_id)
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users <= 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)

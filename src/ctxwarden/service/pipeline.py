@@ -1,0 +1,163 @@
+"""One proxied call, apart from its wire format: sync, build, audit; then store the reply.
+
+:func:`prepare` runs before any byte goes upstream, so every refusal (a budget smaller
+than what must be kept, a malformed message, an unknown model without a budget) is a
+plain error response. It appends the client's new messages
+(:func:`~ctxwarden.service.history.sync_history`), builds with
+:meth:`ctxwarden.Session.build` — the build every caller uses — within the smallest of
+the client's ``X-Ctxwarden-Max-Input-Tokens``, the tenant's cap and the policy's
+budget, and stores the build's audit. :func:`finish` stores the reply (marked
+``partial`` when the stream was cut), the usage and its price, moves the head past the
+reply and closes the build's row, in that order: a crash between two steps leaves the
+store consistent, and at worst makes the next call start a new branch.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ctxwarden import BuiltContext, TokenCounter, Usage, estimate_cost, get_model
+from ctxwarden.errors import UnknownModelError
+from ctxwarden.messages import Message
+from ctxwarden.service.history import Synced, message_key, sync_history
+from ctxwarden.service.hub import Hub, Tenant
+from ctxwarden.store.service_tables import add_spend, finish_build, record_build
+
+__all__ = ["Call", "Prepared", "finish", "prepare"]
+
+
+@dataclass(frozen=True)
+class Call:
+    """What a route parsed from the request: ``keys`` are the client's messages as
+    :func:`~ctxwarden.service.history.wire_key` s, ``parse(start)`` parses them from
+    ``start`` on, ``tools`` are the request's tools in OpenAI shape (counted in the
+    budget)."""
+
+    api: str
+    tenant: Tenant
+    client_id: str
+    model: str
+    keys: Sequence[bytes]
+    parse: Callable[[int], list[Message]]
+    max_input_tokens: int | None = None
+    tools: Sequence[Mapping[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    call: Call
+    synced: Synced
+    built: BuiltContext
+    build_id: str
+
+    @property
+    def history_tokens(self) -> int:
+        return self.synced.head.history_tokens
+
+    @property
+    def saved_tokens(self) -> int:
+        return max(0, self.history_tokens - self.built.input_tokens)
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "x-ctxwarden-input-tokens": str(self.built.input_tokens),
+            "x-ctxwarden-saved-tokens": str(self.saved_tokens),
+            "x-ctxwarden-build-id": self.build_id,
+            "x-ctxwarden-session": self.synced.session.session_id,
+        }
+
+
+def _budget(hub: Hub, call: Call) -> int | None:
+    """The smallest of the client's ask, the tenant's cap and the policy's budget."""
+    asks = [b for b in (call.max_input_tokens, call.tenant.record.max_input_tokens) if b]
+    if not asks:
+        return None
+    try:
+        window: int | None = get_model(call.model, hub.config.registry).context_window
+    except UnknownModelError:
+        window = None
+    policy = call.tenant.policy
+    if policy.max_input_tokens is not None or window is not None:
+        asks.append(policy.budget_for(window))
+    return min(asks)
+
+
+def prepare(hub: Hub, call: Call) -> Prepared:
+    """Sync the history, build the context, store the build's audit (see the module)."""
+    tenant = call.tenant.name
+    counter = TokenCounter.for_model(call.model, hub.config.registry)
+    synced = sync_history(
+        hub.store,
+        lambda sid: hub.session(tenant, sid, call.model),
+        tenant,
+        call.client_id,
+        call.keys,
+        call.parse,
+        counter.count_message,
+    )
+    if synced.forked:
+        hub.metrics.branches.labels(call.api).inc()
+    budget = _budget(hub, call)
+    kw: dict[str, Any] = {"max_input_tokens": budget} if budget is not None else {}
+    built = synced.session.build(
+        model=call.model, policy=call.tenant.policy, tools=call.tools or None, **kw
+    )
+    prepared = Prepared(call, synced, built, uuid.uuid4().hex)
+    record_build(
+        hub.store,
+        tenant,
+        synced.session.session_id,
+        build_id=prepared.build_id,
+        model=call.model,
+        history_tokens=prepared.history_tokens,
+        input_tokens=built.input_tokens,
+        audit=built.audit.to_dict(),
+    )
+    m, api = hub.metrics, call.api
+    m.history_tokens.labels(api).inc(prepared.history_tokens)
+    m.input_tokens.labels(api).inc(built.input_tokens)
+    m.saved_tokens.labels(api).inc(prepared.saved_tokens)
+    if built.audit.fill_ratio is not None:
+        m.fill_ratio.labels(api).observe(built.audit.fill_ratio)
+    return prepared
+
+
+def finish(
+    hub: Hub, prepared: Prepared, reply: Message | None, usage: Usage | None, status: str
+) -> None:
+    """Store the reply and usage and close the build (see the module docstring)."""
+    call, synced = prepared.call, prepared.synced
+    session, head = synced.session, synced.head
+    moved = None
+    if reply is not None:
+        session.append([reply])
+        chain = synced.chain.copy()
+        chain.update(message_key(reply))
+        counter = TokenCounter.for_model(call.model, hub.config.registry)
+        moved = replace(
+            head,
+            count=head.count + 1,
+            chain=chain.hexdigest(),
+            history_tokens=head.history_tokens + counter.count_message(reply),
+        )
+    if usage is not None:
+        session.record_usage(usage, call.model)
+        try:
+            dollars = estimate_cost(usage, call.model, hub.config.registry)
+        except UnknownModelError:
+            dollars = 0.0  # a model without prices: tokens still count
+        add_spend(hub.store, call.tenant.name, dollars)
+        hub.metrics.cached_tokens.labels(call.api).inc(usage.cached_input_tokens)
+        hub.metrics.output_tokens.labels(call.api).inc(usage.output_tokens)
+    finish_build(
+        hub.store,
+        call.tenant.name,
+        session.session_id,
+        prepared.build_id,
+        status,
+        head=moved,
+        expected=head if moved is not None else None,
+    )

@@ -1,0 +1,256 @@
+"""``/v1/sessions``: the calling tenant's stored sessions (R14).
+
+Every route is scoped by the tenant the API key names: a session of another tenant is
+a 404, exactly like one that does not exist, so ids never leak across tenants. Routes
+parse, call :class:`ctxwarden.Session` (the library's API) in a worker thread, and
+answer JSON; the OpenAPI schema (``/openapi.json``) describes them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import anyio.to_thread
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, Field
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ctxwarden import Session
+from ctxwarden.errors import CtxwardenError
+from ctxwarden.formats import message_to_openai
+from ctxwarden.service.auth import CurrentTenant, hub_of
+from ctxwarden.service.errors import ServiceError, from_library
+from ctxwarden.service.hub import Hub, Tenant
+from ctxwarden.store.service_tables import delete_session, list_builds
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+
+
+class SessionInfo(BaseModel):
+    id: str
+    messages: int
+    created_at: float
+    updated_at: float
+    has_summary: bool
+
+
+class SessionList(BaseModel):
+    sessions: list[SessionInfo]
+
+
+class SessionDetail(SessionInfo):
+    summary: str | None
+    facts: dict[str, Any]
+    ledger: dict[str, Any]
+    usage: dict[str, int]
+    cost_usd: float
+
+
+class MessagePage(BaseModel):
+    messages: list[dict[str, Any]]
+    next_offset: int | None
+
+
+class AppendBody(BaseModel):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+
+
+class Appended(BaseModel):
+    seqs: list[int]
+
+
+class BuildBody(BaseModel):
+    model: str = Field(min_length=1)
+    max_input_tokens: int | None = Field(default=None, ge=1)
+
+
+class BuildResult(BaseModel):
+    messages: list[dict[str, Any]]
+    audit: dict[str, Any]
+
+
+class BuildRow(BaseModel):
+    build_id: str
+    created_at: float
+    model: str
+    history_tokens: int
+    input_tokens: int
+    status: str
+    audit: dict[str, Any]
+
+
+class BuildPage(BaseModel):
+    builds: list[BuildRow]
+    next_offset: int | None
+
+
+class Recalled(BaseModel):
+    handle: str
+    seq: int
+    message: dict[str, Any]
+
+
+async def _run(fn: Any, *args: Any) -> Any:
+    try:
+        return await anyio.to_thread.run_sync(fn, *args)
+    except CtxwardenError as exc:
+        raise from_library(exc) from exc
+
+
+def _existing(hub: Hub, tenant: Tenant, session_id: str) -> Session:
+    if hub.store.get_session(tenant.name, session_id) is None:
+        raise ServiceError(404, f"no session {session_id!r}")
+    return hub.session(tenant.name, session_id)
+
+
+def _info(record: Any) -> dict[str, Any]:
+    return {
+        "id": record.session_id,
+        "messages": record.next_seq,
+        "created_at": record.created_at,
+        "updated_at": record.updated_at,
+        "has_summary": record.summary is not None,
+    }
+
+
+@router.get("", response_model=SessionList)
+async def list_all(request: Request, tenant: CurrentTenant) -> Any:
+    hub = hub_of(request)
+    records = await _run(hub.store.list_sessions, tenant.name)
+    return {"sessions": [_info(r) for r in records]}
+
+
+@router.get("/{session_id}", response_model=SessionDetail)
+async def show(session_id: str, request: Request, tenant: CurrentTenant) -> Any:
+    hub = hub_of(request)
+
+    def detail() -> dict[str, Any]:
+        session = _existing(hub, tenant, session_id)
+        record = session.record
+        usage = record.total_usage
+        return {
+            **_info(record),
+            "summary": record.summary,
+            "facts": dict(record.facts),
+            "ledger": {"upto": session.ledger.upto, "entries": session.ledger.ledger.to_dict()},
+            "usage": {
+                "input_tokens": usage.input_tokens,
+                "output_tokens": usage.output_tokens,
+                "cached_input_tokens": usage.cached_input_tokens,
+                "cache_write_tokens": usage.cache_write_tokens,
+                "calls": usage.calls,
+            },
+            "cost_usd": record.dollars,
+        }
+
+    return await _run(detail)
+
+
+@router.get("/{session_id}/messages", response_model=MessagePage)
+async def messages(
+    session_id: str,
+    request: Request,
+    tenant: CurrentTenant,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    meta: Annotated[
+        bool, Query(description="Add our metadata (id, partial) as ctxwarden.")
+    ] = False,
+) -> Any:
+    """The stored messages, oldest first, as OpenAI chat dicts (system prompt included)."""
+    hub = hub_of(request)
+
+    def page() -> dict[str, Any]:
+        session = _existing(hub, tenant, session_id)
+        rows = hub.store.range(tenant.name, session_id, offset, offset + limit)
+        total = session.record.next_seq
+        nxt = offset + limit if offset + limit < total else None
+        out = [message_to_openai(r.message, with_meta=meta) for r in rows]
+        return {"messages": out, "next_offset": nxt}
+
+    return await _run(page)
+
+
+@router.post("/{session_id}/messages", response_model=Appended)
+async def append(session_id: str, body: AppendBody, request: Request, tenant: CurrentTenant) -> Any:
+    """Append messages (creating the session when new); all or nothing."""
+    hub = hub_of(request)
+    async with hub.locked(tenant.name, session_id):
+        seqs = await _run(lambda: hub.session(tenant.name, session_id).append(body.messages))
+    return {"seqs": seqs}
+
+
+@router.post("/{session_id}/build", response_model=BuildResult)
+async def build(session_id: str, body: BuildBody, request: Request, tenant: CurrentTenant) -> Any:
+    """Build the context from the store as the proxy would (nothing is forwarded)."""
+    hub = hub_of(request)
+    caps = [b for b in (body.max_input_tokens, tenant.record.max_input_tokens) if b]
+    budget = min(caps) if caps else None
+
+    def run() -> dict[str, Any]:
+        session = _existing(hub, tenant, session_id)
+        built = session.build(model=body.model, policy=tenant.policy, max_input_tokens=budget)
+        return {"messages": built.to_openai(), "audit": built.audit.to_dict()}
+
+    async with hub.locked(tenant.name, session_id):
+        return await _run(run)
+
+
+@router.get("/{session_id}/builds", response_model=BuildPage)
+async def builds(
+    session_id: str,
+    request: Request,
+    tenant: CurrentTenant,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> Any:
+    """Each forwarded build's audit, oldest first."""
+    hub = hub_of(request)
+
+    def page() -> dict[str, Any]:
+        _existing(hub, tenant, session_id)
+        rows = list_builds(hub.store, tenant.name, session_id, limit=limit + 1, offset=offset)
+        more = len(rows) > limit
+        return {
+            "builds": [
+                {k: v for k, v in vars(r).items() if k != "session_id"} for r in rows[:limit]
+            ],
+            "next_offset": offset + limit if more else None,
+        }
+
+    return await _run(page)
+
+
+@router.get("/{session_id}/recall/{handle}", response_model=Recalled)
+async def recall(session_id: str, handle: str, request: Request, tenant: CurrentTenant) -> Any:
+    """The original of a stored message by its handle: ``m<seq>`` (the id the store gives
+    a message without one of its own) or the bare sequence number."""
+    hub = hub_of(request)
+    digits = handle[1:] if handle.startswith("m") else handle
+    if not digits.isdigit():
+        raise ServiceError(404, f"no message {handle!r}: handles look like m12 or 12")
+    seq = int(digits)
+
+    def find() -> dict[str, Any]:
+        _existing(hub, tenant, session_id)
+        rows = hub.store.range(tenant.name, session_id, seq, seq + 1)
+        if not rows:
+            raise ServiceError(404, f"no message {handle!r} in session {session_id!r}")
+        return {"handle": handle, "seq": seq, "message": message_to_openai(rows[0].message)}
+
+    return await _run(find)
+
+
+@router.delete("/{session_id}", status_code=204, response_class=Response)
+async def delete(session_id: str, request: Request, tenant: CurrentTenant) -> Response:
+    """Delete the session with its messages, ledger and builds."""
+    hub = hub_of(request)
+    async with hub.locked(tenant.name, session_id):
+        found = await _run(delete_session, hub.store, tenant.name, session_id)
+    if not found:
+        raise ServiceError(404, f"no session {session_id!r}")
+    hub.forget(tenant.name, session_id)
+    return Response(status_code=204)

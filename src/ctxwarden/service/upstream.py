@@ -1,0 +1,97 @@
+"""The upstream provider: one pooled async HTTP client per wire format.
+
+Requests go out with the server's (or the tenant's) upstream key, never the client's
+ctxwarden key. Responses are opened streaming in both modes, so the status is known
+before any byte goes to the client: a 4xx/5xx is returned whole, with its status and
+body; a timeout is a 504 and an unreachable upstream a 502, in the provider's error
+shape. ``httpx2`` is the HTTP client the ``openai`` and ``anthropic`` SDKs use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ctxwarden.errors import MissingDependencyError
+
+__all__ = ["Upstream", "UpstreamFailure"]
+
+_PASS_HEADERS = ("anthropic-version", "anthropic-beta", "openai-organization", "openai-project")
+
+
+class UpstreamFailure(Exception):
+    """The upstream call failed before a response: ``status`` is what the client gets."""
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        self.message = message
+        super().__init__(message)
+
+
+class Upstream:
+    """``kind`` is ``"openai"`` (``Authorization: Bearer``) or ``"anthropic"`` (``x-api-key``)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        kind: str,
+        *,
+        timeout: float,
+        connect_timeout: float,
+    ) -> None:
+        try:
+            import httpx2
+        except ImportError as exc:  # pragma: no cover - the server extra brings it
+            raise MissingDependencyError("ctxwarden serve", "server") from exc
+        self._httpx = httpx2
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.kind = kind
+        self.client = httpx2.AsyncClient(
+            timeout=httpx2.Timeout(timeout, connect=connect_timeout),
+            limits=httpx2.Limits(max_connections=512, max_keepalive_connections=128),
+        )
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    def headers(self, key: str | None, client: Mapping[str, str]) -> dict[str, str]:
+        out = {"content-type": "application/json", "accept": client.get("accept", "*/*")}
+        for name in _PASS_HEADERS:
+            if name in client:
+                out[name] = client[name]
+        key = key or self.api_key
+        if self.kind == "anthropic":
+            out.setdefault("anthropic-version", "2023-06-01")
+            if key:
+                out["x-api-key"] = key
+        elif key:
+            out["authorization"] = f"Bearer {key}"
+        return out
+
+    async def open(self, path: str, body: bytes, headers: Mapping[str, str]) -> Any:
+        """Send ``body`` to ``path`` and return the response with its body unread."""
+        request = self.client.build_request(
+            "POST", self.base_url + path, content=body, headers=dict(headers)
+        )
+        try:
+            return await self.client.send(request, stream=True)
+        except self._httpx.TimeoutException as exc:
+            raise UpstreamFailure(504, f"upstream timed out: {type(exc).__name__}") from exc
+        except self._httpx.HTTPError as exc:
+            raise UpstreamFailure(502, f"upstream unreachable: {exc}") from exc
+
+    async def get(self, path: str, headers: Mapping[str, str]) -> Any:
+        try:
+            return await self.client.get(self.base_url + path, headers=dict(headers))
+        except self._httpx.TimeoutException as exc:
+            raise UpstreamFailure(504, f"upstream timed out: {type(exc).__name__}") from exc
+        except self._httpx.HTTPError as exc:
+            raise UpstreamFailure(502, f"upstream unreachable: {exc}") from exc
+
+    def is_timeout(self, exc: BaseException) -> bool:
+        return isinstance(exc, self._httpx.TimeoutException)
+
+    def is_transport_error(self, exc: BaseException) -> bool:
+        return isinstance(exc, self._httpx.HTTPError)

@@ -1,0 +1,382 @@
+"""The service's own rows (migration 004): tenants, per-build audits, and the proxy's heads.
+
+Kept out of :class:`~ctxwarden.store.SessionStore`, which is what every library caller
+needs; these are only what ``ctxwarden serve`` needs, written with the same short
+transactions of the SQL backends (SQLite and PostgreSQL share the statements).
+
+- **tenants**: a tenant's API key is stored as its SHA-256 only (keys are 256-bit random
+  strings, so a fast hash cannot be reversed or brute-forced), with its caps.
+- **builds**: one row per build the proxy forwarded, with the build's audit as JSON and
+  how the call ended (``forwarded`` until it does: a row left so by a crash says so).
+- **heads**: which stored session a client's session id writes to, how many messages of
+  it the client has already sent or received, and a chained hash of them, so the proxy
+  recognises the stored prefix in a full history without reading it back.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ctxwarden.errors import ConfigError
+from ctxwarden.store._sql import SqlStore
+from ctxwarden.store.base import SessionStore
+
+__all__ = [
+    "BuildRecord",
+    "Head",
+    "TenantRecord",
+    "add_spend",
+    "add_tenant",
+    "delete_session",
+    "finish_build",
+    "get_head",
+    "list_builds",
+    "list_tenants",
+    "put_head",
+    "record_build",
+    "revoke_tenant",
+    "set_caps",
+    "tenant_by_key_hash",
+]
+
+_TENANT_COLS = (
+    "tenant, key_prefix, created_at, revoked_at, max_input_tokens, spend_cap_usd, spent_usd, "
+    "policy, upstream_api_key, anthropic_api_key"
+)
+
+
+@dataclass(frozen=True)
+class TenantRecord:
+    """A tenant as stored (never its key: only the key's first characters, to tell keys apart)."""
+
+    tenant: str
+    key_prefix: str
+    created_at: float
+    revoked_at: float | None
+    max_input_tokens: int | None
+    spend_cap_usd: float | None
+    spent_usd: float
+    policy: str | None
+    upstream_api_key: str | None
+    anthropic_api_key: str | None
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
+
+
+@dataclass(frozen=True)
+class Head:
+    """The proxy's position in a client session: ``session_id`` is the stored session
+    (branch) it writes to, ``count`` the messages of it the client has seen, ``chain``
+    their chained hash, ``history_tokens`` their tokens."""
+
+    tenant: str
+    client_id: str
+    session_id: str
+    branch: int
+    count: int
+    chain: str
+    history_tokens: int
+
+
+@dataclass(frozen=True)
+class BuildRecord:
+    build_id: str
+    session_id: str
+    created_at: float
+    model: str
+    history_tokens: int
+    input_tokens: int
+    status: str
+    audit: Mapping[str, Any]
+
+
+def _sql(store: SessionStore) -> SqlStore:
+    if not isinstance(store, SqlStore):
+        raise ConfigError(
+            f"the service needs a SQL store (sqlite:/// or postgresql://), got {store.url!r}"
+        )
+    return store
+
+
+def _tenant(row: Any) -> TenantRecord:
+    return TenantRecord(
+        tenant=row[0],
+        key_prefix=row[1],
+        created_at=float(row[2]),
+        revoked_at=None if row[3] is None else float(row[3]),
+        max_input_tokens=None if row[4] is None else int(row[4]),
+        spend_cap_usd=None if row[5] is None else float(row[5]),
+        spent_usd=float(row[6]),
+        policy=row[7],
+        upstream_api_key=row[8],
+        anthropic_api_key=row[9],
+    )
+
+
+# -- tenants ----------------------------------------------------------------------------------
+
+
+def add_tenant(
+    store: SessionStore,
+    tenant: str,
+    *,
+    key_hash: str,
+    key_prefix: str,
+    max_input_tokens: int | None = None,
+    spend_cap_usd: float | None = None,
+    policy: str | None = None,
+    upstream_api_key: str | None = None,
+    anthropic_api_key: str | None = None,
+) -> TenantRecord:
+    """Store a new tenant, or give a revoked one a new key (its sessions are kept).
+    An active tenant is refused: revoke it first, so a key is never replaced by accident."""
+    sql = _sql(store)
+    now = time.time()
+    values = (key_hash, key_prefix, now, max_input_tokens, spend_cap_usd, policy)
+    keys = (upstream_api_key, anthropic_api_key)
+    with sql._write() as tx:
+        rows = tx.execute("SELECT revoked_at FROM ctxwarden_tenants WHERE tenant = ?", (tenant,))
+        if rows and rows[0][0] is None:
+            raise ConfigError(
+                f"tenant {tenant!r} exists and is active; revoke it first to issue a new key"
+            )
+        if rows:
+            tx.execute(
+                "UPDATE ctxwarden_tenants SET key_hash = ?, key_prefix = ?, created_at = ?, "
+                "max_input_tokens = ?, spend_cap_usd = ?, policy = ?, revoked_at = NULL, "
+                "upstream_api_key = ?, anthropic_api_key = ? WHERE tenant = ?",
+                (*values, *keys, tenant),
+            )
+        else:
+            tx.execute(
+                "INSERT INTO ctxwarden_tenants (key_hash, key_prefix, created_at, "
+                "max_input_tokens, spend_cap_usd, policy, upstream_api_key, anthropic_api_key, "
+                "tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (*values, *keys, tenant),
+            )
+        found = tx.execute(
+            f"SELECT {_TENANT_COLS} FROM ctxwarden_tenants WHERE tenant = ?", (tenant,)
+        )
+    return _tenant(found[0])
+
+
+def list_tenants(store: SessionStore) -> list[TenantRecord]:
+    with _sql(store)._read() as tx:
+        rows = tx.execute(f"SELECT {_TENANT_COLS} FROM ctxwarden_tenants ORDER BY tenant")
+    return [_tenant(r) for r in rows]
+
+
+def revoke_tenant(store: SessionStore, tenant: str) -> TenantRecord:
+    """Revoke the tenant's key at once (its sessions stay stored)."""
+    with _sql(store)._write() as tx:
+        rows = tx.execute(
+            "UPDATE ctxwarden_tenants SET revoked_at = ? WHERE tenant = ? AND revoked_at IS NULL "
+            f"RETURNING {_TENANT_COLS}",
+            (time.time(), tenant),
+        )
+        if not rows:
+            known = tx.execute("SELECT 1 FROM ctxwarden_tenants WHERE tenant = ?", (tenant,))
+            raise ConfigError(
+                f"tenant {tenant!r} is already revoked"
+                if known
+                else f"no tenant {tenant!r} (see `ctxwarden tenant list`)"
+            )
+    return _tenant(rows[0])
+
+
+def set_caps(
+    store: SessionStore,
+    tenant: str,
+    max_input_tokens: int | None,
+    spend_cap_usd: float | None,
+    *,
+    reset_spend: bool = False,
+) -> TenantRecord:
+    """Replace the tenant's caps (``None`` clears one); optionally zero its spend."""
+    with _sql(store)._write() as tx:
+        rows = tx.execute(
+            "UPDATE ctxwarden_tenants SET max_input_tokens = ?, spend_cap_usd = ?, "
+            "spent_usd = CASE WHEN ? = 1 THEN 0 ELSE spent_usd END WHERE tenant = ? "
+            f"RETURNING {_TENANT_COLS}",
+            (max_input_tokens, spend_cap_usd, 1 if reset_spend else 0, tenant),
+        )
+    if not rows:
+        raise ConfigError(f"no tenant {tenant!r} (see `ctxwarden tenant list`)")
+    return _tenant(rows[0])
+
+
+def tenant_by_key_hash(store: SessionStore, key_hash: str) -> TenantRecord | None:
+    """The active tenant whose key hashes to ``key_hash`` (revoked ones are not found)."""
+    with _sql(store)._read() as tx:
+        rows = tx.execute(
+            f"SELECT {_TENANT_COLS} FROM ctxwarden_tenants "
+            "WHERE key_hash = ? AND revoked_at IS NULL",
+            (key_hash,),
+        )
+    return _tenant(rows[0]) if rows else None
+
+
+def add_spend(store: SessionStore, tenant: str, dollars: float) -> None:
+    if dollars <= 0:
+        return
+    with _sql(store)._write() as tx:
+        tx.execute(
+            "UPDATE ctxwarden_tenants SET spent_usd = spent_usd + ? WHERE tenant = ?",
+            (dollars, tenant),
+        )
+
+
+# -- heads ------------------------------------------------------------------------------------
+
+
+def get_head(store: SessionStore, tenant: str, client_id: str) -> Head | None:
+    with _sql(store)._read() as tx:
+        rows = tx.execute(
+            "SELECT session_id, branch, count, chain, history_tokens FROM ctxwarden_heads "
+            "WHERE tenant = ? AND client_id = ?",
+            (tenant, client_id),
+        )
+    if not rows:
+        return None
+    r = rows[0]
+    return Head(tenant, client_id, r[0], int(r[1]), int(r[2]), r[3], int(r[4]))
+
+
+def put_head(store: SessionStore, head: Head, *, expected: Head | None) -> bool:
+    """Move the head to ``head`` if it is still ``expected`` (``None``: none stored yet).
+    Returns False when another writer moved it first (the caller re-reads)."""
+    now = time.time()
+    new = (head.session_id, head.branch, head.count, head.chain, head.history_tokens, now)
+    with _sql(store)._write() as tx:
+        if expected is None:
+            rows = tx.execute(
+                "INSERT INTO ctxwarden_heads (session_id, branch, count, chain, history_tokens, "
+                "updated_at, tenant, client_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (tenant, client_id) DO NOTHING RETURNING count",
+                (*new, head.tenant, head.client_id),
+            )
+        else:
+            rows = tx.execute(
+                "UPDATE ctxwarden_heads SET session_id = ?, branch = ?, count = ?, chain = ?, "
+                "history_tokens = ?, updated_at = ? WHERE tenant = ? AND client_id = ? "
+                "AND session_id = ? AND count = ? AND chain = ? RETURNING count",
+                (
+                    *new,
+                    head.tenant,
+                    head.client_id,
+                    expected.session_id,
+                    expected.count,
+                    expected.chain,
+                ),
+            )
+    return bool(rows)
+
+
+# -- builds -----------------------------------------------------------------------------------
+
+
+def record_build(
+    store: SessionStore,
+    tenant: str,
+    session_id: str,
+    *,
+    build_id: str,
+    model: str,
+    history_tokens: int,
+    input_tokens: int,
+    audit: Mapping[str, Any],
+) -> None:
+    """Store a build's audit before its context is forwarded (status ``forwarded``)."""
+    with _sql(store)._write() as tx:
+        tx.execute(
+            "INSERT INTO ctxwarden_builds (tenant, session_id, build_id, created_at, model, "
+            "history_tokens, input_tokens, status, audit) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                tenant,
+                session_id,
+                build_id,
+                time.time(),
+                model,
+                history_tokens,
+                input_tokens,
+                "forwarded",
+                json.dumps(dict(audit), ensure_ascii=False),
+            ),
+        )
+
+
+def finish_build(
+    store: SessionStore,
+    tenant: str,
+    session_id: str,
+    build_id: str,
+    status: str,
+    *,
+    head: Head | None = None,
+    expected: Head | None = None,
+) -> bool:
+    """Mark how the forwarded call ended and, in the same transaction, move the head past
+    the stored reply (compare-and-set as :func:`put_head`); False if the head had moved."""
+    with _sql(store)._write() as tx:
+        tx.execute(
+            "UPDATE ctxwarden_builds SET status = ? "
+            "WHERE tenant = ? AND session_id = ? AND build_id = ?",
+            (status, tenant, session_id, build_id),
+        )
+        if head is None or expected is None:
+            return True
+        rows = tx.execute(
+            "UPDATE ctxwarden_heads SET count = ?, chain = ?, history_tokens = ?, updated_at = ? "
+            "WHERE tenant = ? AND client_id = ? AND session_id = ? AND count = ? AND chain = ? "
+            "RETURNING count",
+            (
+                head.count,
+                head.chain,
+                head.history_tokens,
+                time.time(),
+                tenant,
+                head.client_id,
+                expected.session_id,
+                expected.count,
+                expected.chain,
+            ),
+        )
+    return bool(rows)
+
+
+def list_builds(
+    store: SessionStore, tenant: str, session_id: str, *, limit: int = 50, offset: int = 0
+) -> list[BuildRecord]:
+    """The session's builds, oldest first."""
+    with _sql(store)._read() as tx:
+        rows = tx.execute(
+            "SELECT build_id, session_id, created_at, model, history_tokens, input_tokens, "
+            "status, audit FROM ctxwarden_builds WHERE tenant = ? AND session_id = ? "
+            "ORDER BY created_at, build_id LIMIT ? OFFSET ?",
+            (tenant, session_id, limit, offset),
+        )
+    return [
+        BuildRecord(r[0], r[1], float(r[2]), r[3], int(r[4]), int(r[5]), r[6], json.loads(r[7]))
+        for r in rows
+    ]
+
+
+def delete_session(store: SessionStore, tenant: str, session_id: str) -> bool:
+    """Delete a session with its messages, ledger, builds and the heads that point to it."""
+    with _sql(store)._write() as tx:
+        params = (tenant, session_id)
+        where = "WHERE tenant = ? AND session_id = ?"
+        found = tx.execute(f"SELECT 1 FROM ctxwarden_sessions {where}", params)
+        if not found:
+            return False
+        for table in ("ctxwarden_heads", "ctxwarden_builds", "ctxwarden_ledgers"):
+            tx.execute(f"DELETE FROM {table} {where}", params)
+        tx.execute(f"DELETE FROM ctxwarden_messages {where}", params)
+        tx.execute(f"DELETE FROM ctxwarden_sessions {where}", params)
+    return True

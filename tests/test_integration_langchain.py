@@ -1,0 +1,215 @@
+"""LangChain v1: ``ContextMiddleware`` in ``create_agent``'s real loop (sync and async)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+pytest.importorskip("langchain", reason="needs ctxwarden[langchain]")
+
+from langchain.agents import create_agent
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.tools import StructuredTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from langgraph.checkpoint.memory import InMemorySaver
+from pydantic import Field
+from test_integration_common import (
+    BUDGET,
+    MODEL,
+    Replay,
+    check_audit,
+    check_full_history,
+    check_model_calls,
+    load_replay,
+)
+
+import ctxwarden
+from ctxwarden.integrations.langchain import (
+    ContextMiddleware,
+    message_from_langchain,
+    message_to_langchain,
+)
+
+
+class ScriptedChatModel(BaseChatModel):
+    """A chat model that answers with the next scripted message and records its input."""
+
+    script: list[AIMessage]
+    received: list[list[BaseMessage]] = Field(default_factory=list)
+    tool_defs: list[dict[str, Any]] = Field(default_factory=list)
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted"
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ScriptedChatModel:  # type: ignore[override]
+        self.tool_defs[:] = [convert_to_openai_tool(t) for t in tools]
+        return self
+
+    def _generate(
+        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
+    ) -> ChatResult:
+        self.received.append(list(messages))
+        reply = self.script[len(self.received) - 1]
+        return ChatResult(generations=[ChatGeneration(message=reply)])
+
+
+def _scripted(replay: Replay) -> ScriptedChatModel:
+    script = [
+        AIMessage(
+            content=s.text or "",
+            tool_calls=[
+                {"name": n, "args": a, "id": c["id"]}
+                for (n, a), c in zip(s.call_args, s.calls, strict=True)
+            ],
+            id=f"ai-{uuid.uuid4()}",
+        )
+        for s in replay.script()
+    ]
+    return ScriptedChatModel(script=script)
+
+
+def _tools(replay: Replay) -> list[StructuredTool]:
+    def tool(name: str) -> StructuredTool:
+        return StructuredTool.from_function(
+            func=lambda **args: replay.tool_output(name, args),
+            name=name,
+            description=f"The airline's {name} tool.",
+            args_schema={"type": "object", "properties": {}, "additionalProperties": True},
+        )
+
+    return [tool(n) for n in replay.tool_names]
+
+
+def _run(
+    use_async: bool, session: ctxwarden.Session | None = None
+) -> tuple[Replay, ScriptedChatModel, ContextMiddleware, list[BaseMessage]]:
+    replay = load_replay()
+    model = _scripted(replay)
+    middleware = ContextMiddleware(model=MODEL, max_input_tokens=BUDGET, session=session)
+    agent = create_agent(
+        model,
+        _tools(replay),
+        system_prompt=replay.system,
+        middleware=[middleware],
+        checkpointer=InMemorySaver(),
+    )
+    config: Any = {"configurable": {"thread_id": "tau"}, "recursion_limit": 200}
+    for user in replay.users:
+        turn = {"messages": [HumanMessage(user)]}
+        if use_async:
+            asyncio.run(agent.ainvoke(turn, config))
+        else:
+            agent.invoke(turn, config)
+    state = agent.get_state(config).values["messages"]
+    return replay, model, middleware, state
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["invoke", "ainvoke"])
+def test_tau_bench_replay_through_create_agent(use_async: bool) -> None:
+    replay, model, middleware, state = _run(use_async)
+    received = [
+        [message_from_langchain(m, index=i) for i, m in enumerate(c)] for c in model.received
+    ]
+    check_model_calls(replay, received, model.tool_defs)
+    for call in model.received:  # the prompt as LangChain's system message, not in messages
+        assert isinstance(call[0], SystemMessage)
+        assert not any(isinstance(m, SystemMessage) for m in call[1:])
+    # the graph state keeps everything, with the system prompt outside it
+    check_full_history(
+        replay,
+        [message_from_langchain(SystemMessage(replay.system))]
+        + [message_from_langchain(m, index=i) for i, m in enumerate(state)],
+    )
+    check_audit(middleware.last_audit)
+    assert middleware.last_build is not None
+    assert middleware.last_build.audit is middleware.last_audit
+
+
+def test_a_masked_result_is_a_copy_and_the_state_keeps_the_original() -> None:
+    _, model, _, state = _run(False)
+    by_id = {m.id: m for m in state}
+    copies = same = 0
+    for call in model.received:
+        for m in call[1:]:
+            original = by_id[m.id]  # every message sent is one of the state's (by id)
+            if m == original:
+                same += 1
+                continue
+            # a masked or truncated tool result: a shorter copy; the state keeps the original
+            assert isinstance(m, ToolMessage) and m.tool_call_id == original.tool_call_id
+            assert len(str(m.content)) < len(str(original.content))
+            copies += 1
+    assert copies and same
+
+
+def test_with_a_session_every_message_is_stored_once_and_built_from_the_store(
+    tmp_path: Any,
+) -> None:
+    with ctxwarden.Session(f"sqlite:///{tmp_path / 'lc.db'}", "lc-tau") as session:
+        replay, model, middleware, state = _run(True, session)
+        received = [
+            [message_from_langchain(m, index=i) for i, m in enumerate(c)] for c in model.received
+        ]
+        check_model_calls(replay, received, model.tool_defs)
+        stored = list(session.messages())
+        # the system prompt and every message but the last reply (stored at the next call)
+        assert len(stored) == 1 + len(state) - 1
+        assert [m.id for m in stored[1:]] == [m.id for m in state[:-1]]
+        assert message_to_langchain(stored[2]).model_dump() == state[1].model_dump()
+        check_audit(middleware.last_audit)
+
+
+ROUND_TRIP = [
+    SystemMessage("You are terse."),
+    HumanMessage(
+        [
+            {"type": "text", "text": "What is in this picture?"},
+            {
+                "type": "image_url",
+                "image_url": {"url": "data:image/png;base64,AAAA", "detail": "low"},
+            },
+            {"type": "image", "base64": "AAAA", "mime_type": "image/png"},
+        ],
+        id="h1",
+    ),
+    AIMessage(
+        "Let me look that up.",
+        tool_calls=[{"name": "lookup", "args": {"q": "cat", "n": [1, 2]}, "id": "call_1"}],
+        id="a1",
+        response_metadata={"model_name": "gpt-4o", "finish_reason": "tool_calls"},
+        usage_metadata={"input_tokens": 10, "output_tokens": 3, "total_tokens": 13},
+    ),
+    ToolMessage("a cat", tool_call_id="call_1", name="lookup", id="t1", status="success"),
+    AIMessage([{"type": "text", "text": "A cat.", "annotations": []}], id="a2"),
+]
+
+
+@pytest.mark.parametrize("message", ROUND_TRIP, ids=lambda m: m.type)
+def test_messages_convert_without_loss(message: BaseMessage) -> None:
+    ours = message_from_langchain(message)
+    back = message_to_langchain(ours)
+    assert type(back) is type(message)
+    assert back.model_dump() == message.model_dump()
+    json.dumps(ctxwarden.messages_to_openai([ours]))  # ours is a valid wire message too
+
+
+def test_conversion_keeps_tool_calls_ids_and_parts() -> None:
+    human, ai, tool = (message_from_langchain(m) for m in ROUND_TRIP[1:4])
+    assert [type(p).__name__ for p in human.content or ()] == ["TextPart", "ImagePart", "RawPart"]
+    assert ai.tool_calls == (ctxwarden.ToolCall("call_1", "lookup", '{"q": "cat", "n": [1, 2]}'),)
+    assert (tool.role, tool.tool_call_id, tool.id) == ("tool", "call_1", "t1")
+    ctxwarden.validate_pairing([human, ai, tool])

@@ -1,0 +1,232 @@
+"""OpenAI Agents SDK: ``CtxwardenSession`` + ``context_filter`` in ``Runner.run``'s real loop.
+
+The model is the SDK's own ``agents.testing.ScriptedModel``; before every tool call it
+emits a reasoning item, as reasoning models do, so the test also checks that a
+reasoning item always reaches the model next to the item that followed it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from typing import Any
+
+import pytest
+
+pytest.importorskip("agents", reason="needs ctxwarden[openai-agents]")
+
+from agents import Agent, FunctionTool, RunConfig, Runner
+from agents.memory import Session
+from agents.testing import ScriptedModel, assistant_message, function_call
+from openai.types.responses import ResponseReasoningItem
+from openai.types.responses.response_reasoning_item import Summary
+from test_integration_common import (
+    BUDGET,
+    MODEL,
+    Replay,
+    check_audit,
+    check_full_history,
+    check_model_calls,
+    load_replay,
+)
+
+from ctxwarden import Message
+from ctxwarden.integrations._responses import items_from_message
+from ctxwarden.integrations.openai_agents import (
+    CtxwardenSession,
+    context_filter,
+    messages_from_items,
+)
+
+
+def _steps(replay: Replay) -> tuple[list[list[Any]], dict[str, str]]:
+    """Each step's output items, and which item each reasoning item must precede."""
+    outputs: list[list[Any]] = []
+    follows: dict[str, str] = {}
+    for k, step in enumerate(replay.script()):
+        out: list[Any] = []
+        if step.calls:
+            rs = f"rs_{k}"
+            summary = [
+                Summary(text=f"Next: {step.calls[0]['function']['name']}.", type="summary_text")
+            ]
+            out.append(ResponseReasoningItem(id=rs, type="reasoning", summary=summary))
+            follows[rs] = f"msg_{k}" if step.text else step.calls[0]["id"]
+        if step.text:
+            out.append(assistant_message(step.text, item_id=f"msg_{k}"))
+        for c in step.calls:
+            out.append(
+                function_call(c["function"]["name"], c["function"]["arguments"], call_id=c["id"])
+            )
+        outputs.append(out)
+    return outputs, follows
+
+
+def _tools(replay: Replay) -> list[FunctionTool]:
+    def tool(name: str) -> FunctionTool:
+        async def invoke(ctx: Any, args: str) -> str:
+            return replay.tool_output(name, json.loads(args))
+
+        return FunctionTool(
+            name=name,
+            description=f"The airline's {name} tool.",
+            params_json_schema={"type": "object", "properties": {}, "additionalProperties": True},
+            on_invoke_tool=invoke,
+            strict_json_schema=False,
+        )
+
+    return [tool(n) for n in replay.tool_names]
+
+
+def _tool_dict(t: FunctionTool) -> dict[str, Any]:
+    fn = {"name": t.name, "description": t.description, "parameters": t.params_json_schema}
+    return {"type": "function", "function": fn}
+
+
+def _item_key(item: dict[str, Any]) -> str:
+    return str(item.get("call_id") or item.get("id"))
+
+
+DBS = ["sqlite"]
+if os.environ.get("CTXWARDEN_TEST_POSTGRES"):
+    DBS.append("postgres")
+
+
+def _db(kind: str, tmp_path: Any) -> str:
+    if kind == "postgres":
+        return os.environ["CTXWARDEN_TEST_POSTGRES"]
+    return f"sqlite:///{tmp_path / 'agents.db'}"
+
+
+@pytest.mark.parametrize("db", DBS)
+async def test_tau_bench_replay_through_runner(db: str, tmp_path: Any) -> None:
+    replay = load_replay()
+    outputs, follows = _steps(replay)
+    model = ScriptedModel(outputs)
+    tools = _tools(replay)
+    agent = Agent(name="airline", instructions=replay.system, model=model, tools=tools)
+    ctx = context_filter(model=MODEL, max_input_tokens=BUDGET)
+    config = RunConfig(call_model_input_filter=ctx, tracing_disabled=True)
+    session = CtxwardenSession(f"tau-{uuid.uuid4().hex}", db=_db(db, tmp_path))
+    try:
+        for user in replay.users:
+            await Runner.run(agent, user, session=session, run_config=config, max_turns=100)
+        model.assert_complete()
+        calls = model.calls
+        received = [
+            [Message.system(c.system_instructions or ""), *messages_from_items(c.input)]
+            for c in calls
+        ]
+        check_model_calls(replay, received, [_tool_dict(t) for t in calls[0].tools])
+        for c in calls:  # the prompt as instructions, not as an input item
+            assert c.system_instructions is not None and c.system_instructions.startswith(
+                replay.system
+            )
+            items = [dict(i) for i in c.input]
+            for i, item in enumerate(items):
+                if item.get("type") == "reasoning":
+                    assert i + 1 < len(items) and _item_key(items[i + 1]) == follows[item["id"]]
+        assert sum(i.get("type") == "reasoning" for c in calls for i in c.input) > len(calls)
+        # the session keeps everything: exactly the items the runner stored
+        stored = await session.get_items()
+        check_full_history(replay, [Message.system(replay.system), *messages_from_items(stored)])
+        assert sum(i.get("type") == "reasoning" for i in stored) == len(follows)
+        check_audit(ctx.last_audit)
+        assert ctx.last_build is not None and ctx.last_build.audit is ctx.last_audit
+    finally:
+        session.close()
+
+
+ITEMS: list[dict[str, Any]] = [
+    {"role": "user", "content": "hi"},
+    {
+        "role": "user",
+        "content": [
+            {"type": "input_text", "text": "what is this?"},
+            {"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "low"},
+            {"type": "input_file", "file_id": "file_1"},
+        ],
+    },
+    {
+        "id": "rs_1",
+        "type": "reasoning",
+        "summary": [{"text": "Look it up.", "type": "summary_text"}],
+    },
+    {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "status": "completed",
+        "content": [
+            {"type": "output_text", "text": "Checking.", "annotations": [], "logprobs": []}
+        ],
+    },
+    {
+        "type": "function_call",
+        "call_id": "c1",
+        "name": "lookup",
+        "arguments": '{"q": "x"}',
+        "id": "fc_1",
+    },
+    {
+        "type": "function_call",
+        "call_id": "c2",
+        "name": "lookup",
+        "arguments": '{"q": "y"}',
+        "id": "fc_2",
+    },
+    {"type": "function_call_output", "call_id": "c1", "output": "X"},
+    {
+        "type": "function_call_output",
+        "call_id": "c2",
+        "output": [{"type": "input_text", "text": "Y"}],
+    },
+    {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search"}},
+    {"role": "developer", "content": "be brief"},
+]
+
+
+def test_items_convert_to_messages_and_back_as_given() -> None:
+    messages = messages_from_items(ITEMS)
+    assert [m.role for m in messages] == [
+        "user",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "assistant",
+        "system",
+    ]
+    group = messages[2]  # reasoning, text and both calls: one block with its two results
+    assert group.text == "Checking." and [c.id for c in group.tool_calls] == ["c1", "c2"]
+    assert [type(p).__name__ for p in messages[1].content or ()] == [
+        "TextPart",
+        "ImagePart",
+        "RawPart",
+    ]
+    assert [i for m in messages for i in items_from_message(m, m)] == ITEMS
+    masked = messages[3].with_content("[masked]")
+    assert items_from_message(masked, messages[3]) == [{**ITEMS[6], "output": "[masked]"}]
+
+
+@pytest.mark.parametrize("db", DBS)
+async def test_session_returns_exactly_the_items_it_was_given(db: str, tmp_path: Any) -> None:
+    session = CtxwardenSession(f"items-{uuid.uuid4().hex}", db=_db(db, tmp_path))
+    try:
+        assert isinstance(session, Session)  # the SDK's runtime-checkable protocol
+        assert await session.get_items() == []
+        await session.add_items(ITEMS[:5])  # type: ignore[arg-type]
+        await session.add_items(ITEMS[5:])  # type: ignore[arg-type]
+        assert await session.get_items() == ITEMS
+        assert await session.get_items(limit=2) == ITEMS[-2:]
+        assert await session.pop_item() == ITEMS[-1]
+        assert await session.get_items() == ITEMS[:-1]
+        await session.clear_session()
+        assert await session.get_items() == [] and await session.pop_item() is None
+        await session.add_items([ITEMS[0]])  # type: ignore[list-item]
+        assert await session.get_items() == [ITEMS[0]]
+        # nothing is deleted: the store still holds every item ever added
+        assert len(list(session._session.messages())) == len(ITEMS) + 1
+    finally:
+        session.close()

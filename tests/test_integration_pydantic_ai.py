@@ -1,0 +1,202 @@
+"""pydantic-ai 2.x: ``ContextCapability`` (and ``history_processor`` in ``ProcessHistory``)
+in ``Agent.run``'s real loop, with pydantic-ai's own ``FunctionModel``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pydantic_ai", reason="needs ctxwarden[pydantic-ai]")
+
+from pydantic_ai import Agent, Tool
+from pydantic_ai.capabilities import ProcessHistory
+from pydantic_ai.messages import (
+    CompactionPart,
+    ImageUrl,
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    SystemPromptPart,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from test_integration_common import (
+    BUDGET,
+    MODEL,
+    Replay,
+    check_audit,
+    check_full_history,
+    check_model_calls,
+    load_replay,
+)
+
+from ctxwarden import Message, pairing_problems
+from ctxwarden.integrations.pydantic_ai import (
+    ContextCapability,
+    history_processor,
+    messages_from_pydantic,
+)
+
+
+def _model(
+    replay: Replay, received: list[list[ModelMessage]], infos: list[AgentInfo]
+) -> FunctionModel:
+    script = replay.script()
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        received.append(list(messages))
+        infos.append(info)
+        step = script[len(received) - 1]
+        parts: list[Any] = [TextPart(step.text)] if step.text else []
+        parts += [
+            ToolCallPart(name, args, tool_call_id=c["id"])
+            for (name, args), c in zip(step.call_args, step.calls, strict=True)
+        ]
+        return ModelResponse(parts=parts)
+
+    return FunctionModel(respond)
+
+
+def _tools(replay: Replay) -> list[Tool[Any]]:
+    def tool(name: str) -> Tool[Any]:
+        def call(**args: Any) -> str:
+            return replay.tool_output(name, args)
+
+        schema = {"type": "object", "properties": {}, "additionalProperties": True}
+        return Tool.from_schema(
+            call, name=name, description=f"The airline's {name} tool.", json_schema=schema
+        )
+
+    return [tool(n) for n in replay.tool_names]
+
+
+def _tool_dicts(info: AgentInfo) -> list[dict[str, Any]]:
+    fn = [
+        {"name": t.name, "description": t.description or "", "parameters": t.parameters_json_schema}
+        for t in [*info.function_tools, *info.output_tools]
+    ]
+    return [{"type": "function", "function": f} for f in fn]
+
+
+def _ours(messages: list[ModelMessage]) -> list[Message]:
+    return messages_from_pydantic(messages).messages
+
+
+async def _replay(
+    capability: Any, prompt: str = "system_prompt"
+) -> tuple[Replay, list[list[ModelMessage]], list[AgentInfo], list[ModelMessage]]:
+    replay = load_replay()
+    received: list[list[ModelMessage]] = []
+    infos: list[AgentInfo] = []
+    agent = Agent(
+        _model(replay, received, infos),
+        tools=_tools(replay),
+        capabilities=[capability],
+        **{prompt: replay.system},
+    )
+    history: list[ModelMessage] = []
+    for user in replay.users:
+        result = await agent.run(user, message_history=history)
+        history = result.all_messages()
+    return replay, received, infos, history
+
+
+async def test_tau_bench_replay_through_agent_run() -> None:
+    ctx = ContextCapability(model=MODEL, max_input_tokens=BUDGET)
+    replay, received, infos, history = await _replay(ctx)
+    check_model_calls(replay, [_ours(r) for r in received], _tool_dicts(infos[0]))
+    for messages in received:  # the system prompt first, as pydantic-ai sends it
+        first = messages[0]
+        assert isinstance(first, ModelRequest) and isinstance(first.parts[0], SystemPromptPart)
+        assert first.parts[0].content == replay.system
+    check_full_history(replay, _ours(history))  # the run's history keeps everything
+    check_audit(ctx.last_audit)
+    assert ctx.last_build is not None and ctx.last_build.audit is ctx.last_audit
+    # what was sent is the run's own objects, or copies of its requests with fewer/cut parts
+    kept = {id(m) for m in history}
+    copies = [m for r in received for m in r if id(m) not in kept]
+    assert copies and all(isinstance(m, ModelRequest) for m in copies)
+
+
+async def test_instructions_count_as_the_system_prompt() -> None:
+    ctx = ContextCapability(model=MODEL, max_input_tokens=BUDGET)
+    replay, received, infos, history = await _replay(ctx, prompt="instructions")
+    # pydantic-ai strips the instructions' trailing whitespace
+    assert all(info.instructions == replay.system.strip() for info in infos)
+    sent = [
+        [Message.system(i.instructions or ""), *_ours(r)]
+        for r, i in zip(received, infos, strict=True)
+    ]
+    check_model_calls(replay, sent, _tool_dicts(infos[0]))
+    check_full_history(replay, [Message.system(replay.system), *_ours(history)])
+    check_audit(ctx.last_audit)
+    assert ctx.last_build is not None
+    assert ctx.last_build.messages[0].text == replay.system.strip()
+
+
+async def test_history_processor_in_process_history() -> None:
+    tools = [t.tool_def for t in _tools(load_replay())]  # a plain processor cannot see them
+    processor = history_processor(model=MODEL, max_input_tokens=BUDGET, tools=tools)
+    replay, received, infos, _ = await _replay(ProcessHistory(processor))
+    check_model_calls(replay, [_ours(r) for r in received], _tool_dicts(infos[0]))
+    check_audit(processor.last_audit)
+
+
+def test_conversion_keeps_parts_ids_and_compaction() -> None:
+    history: list[ModelMessage] = [
+        ModelRequest(
+            parts=[
+                SystemPromptPart("be brief"),
+                UserPromptPart(["look", ImageUrl("https://x/y.png")]),
+            ]
+        ),
+        ModelResponse(parts=[CompactionPart(content="earlier: the user is Ann"), TextPart("ok")]),
+        ModelResponse(
+            parts=[TextPart("checking"), ToolCallPart("lookup", {"q": "x"}, tool_call_id="c1")]
+        ),
+        ModelRequest(
+            parts=[ToolReturnPart("lookup", "X", tool_call_id="c1"), UserPromptPart("thanks")]
+        ),
+    ]
+    conv = messages_from_pydantic(history)
+    roles = [m.role for m in conv.messages]
+    assert roles == ["system", "user", "assistant", "assistant", "tool", "user"]
+    assert [type(p).__name__ for p in conv.messages[1].content or ()] == ["TextPart", "ImagePart"]
+    assert conv.messages[2].pinned  # a compaction is always sent, unchanged
+    assert conv.messages[3].tool_calls[0].id == "c1" and conv.messages[4].tool_call_id == "c1"
+    assert conv.messages[4].text == "X"
+    # unchanged, the history goes back as the very objects
+    processor = history_processor(model=MODEL, max_input_tokens=BUDGET)
+    out = processor(history)
+    assert all(a is b for a, b in zip(out, history, strict=True))
+
+
+def test_a_compaction_survives_a_tight_budget_unchanged() -> None:
+    compaction = ModelResponse(parts=[CompactionPart(content="earlier: user Ann, booking JG7FMM")])
+    history: list[ModelMessage] = [
+        ModelRequest(parts=[SystemPromptPart("be brief"), UserPromptPart("hello")]),
+        compaction,
+    ]
+    for i in range(40):
+        history.append(
+            ModelResponse(parts=[ToolCallPart("lookup", {"i": i}, tool_call_id=f"c{i}")])
+        )
+        history.append(
+            ModelRequest(
+                parts=[ToolReturnPart("lookup", f"result {i} " * 80, tool_call_id=f"c{i}")]
+            )
+        )
+    history.append(ModelRequest(parts=[UserPromptPart("and now?")]))
+    processor = history_processor(model=MODEL, max_input_tokens=1500)
+    out = processor(history)
+    assert any(m is compaction for m in out)
+    assert len(out) < len(history) and {a.action for a in processor.last_audit.actions} & {
+        "dropped",
+        "masked",
+    }
+    ours = _ours(out)
+    assert ours[0].text == "be brief" and pairing_problems(ours) == []

@@ -1,0 +1,214 @@
+"""``ctxwarden serve`` with the real ``anthropic`` SDK as client and a local upstream
+speaking the Messages API (JSON and SSE with ``event:`` lines), on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anthropic
+import httpx2
+import pytest
+from llm_servers import Recorded, Reply, ScriptedServer, anthropic_error, anthropic_message
+from service_harness import ProxyServer, add_tenant, anthropic_rich_stream, module_db, sid
+
+__all__ = ["module_db"]
+
+MODEL = "claude-sonnet-4-5"
+
+
+def fake_model(request: Recorded) -> Reply:
+    body = request.json
+    if body.get("stream"):
+        return Reply(events=anthropic_rich_stream(text=f"seen {len(body['messages'])}", tool=None))
+    return Reply(body=anthropic_message(f"seen {len(body['messages'])}", input_tokens=20))
+
+
+@dataclass
+class Env:
+    proxy: ProxyServer
+    upstream: ScriptedServer
+    key: str
+    clients: dict[str, anthropic.Anthropic] = field(default_factory=dict)
+
+    def client(self, key: str | None = None) -> anthropic.Anthropic:
+        key = key or self.key
+        if key not in self.clients:
+            self.clients[key] = anthropic.Anthropic(
+                base_url=self.proxy.url, api_key=key, max_retries=0
+            )
+        return self.clients[key]
+
+    def stored(self, session: str, **q: str) -> list[dict[str, Any]]:
+        query = "&".join(f"{k}={v}" for k, v in q.items())
+        status, body = self.proxy.get(f"/v1/sessions/{session}/messages?{query}", self.key)
+        assert status == 200, body
+        return list(body["messages"])
+
+
+@pytest.fixture(scope="module")
+def env(module_db: str) -> Iterator[Env]:
+    upstream = ScriptedServer(fake_model).start()
+    key = add_tenant(module_db, "acme")
+    proxy = ProxyServer(module_db, anthropic_upstream=upstream.url)
+    env = Env(proxy, upstream, key)
+    try:
+        yield env
+    finally:
+        for client in env.clients.values():
+            client.close()
+        proxy.stop()
+        upstream.stop()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_script(env: Env) -> None:
+    env.upstream._replies.clear()
+
+
+def hdr(session: str) -> dict[str, str]:
+    return {"X-Ctxwarden-Session": session}
+
+
+def test_json_call_places_cache_breakpoints_and_stores_the_reply(env: Env) -> None:
+    session = sid()
+    msg = env.client().messages.create(
+        model=MODEL, max_tokens=64, system="Be brief.",
+        messages=[{"role": "user", "content": "Hi"}], extra_headers=hdr(session),
+    )  # fmt: skip
+    assert msg.content[0].text == "seen 1"  # type: ignore[union-attr]
+    sent = env.upstream.requests[-1]
+    assert sent.path == "/v1/messages"
+    assert sent.headers["x-api-key"] == "sk-upstream-anthropic"
+    assert sent.headers["anthropic-version"]
+    assert sent.json["system"][0]["text"] == "Be brief."
+    assert sent.json["system"][-1]["cache_control"] == {"type": "ephemeral"}
+    assert sent.json["max_tokens"] == 64
+    assert env.stored(session) == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "seen 1"},
+    ]
+
+
+def test_stream_bytes_pass_through_with_event_lines(env: Env) -> None:
+    events = anthropic_rich_stream(
+        text="hello world", tool=("tu_1", "lookup", {"q": "x"}), thinking="hmm"
+    )
+    env.upstream.reply(Reply(events=events))
+    body = {"model": MODEL, "max_tokens": 64, "stream": True,
+            "messages": [{"role": "user", "content": "go"}]}  # fmt: skip
+    with httpx2.stream(
+        "POST", env.proxy.url + "/v1/messages", json=body,
+        headers={"x-api-key": env.key, **hdr(sid())},
+    ) as r:  # fmt: skip
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        received = b"".join(r.iter_bytes())
+    assert received == "".join(events).encode()  # ping, thinking, signature, all of it
+
+
+def test_stream_through_the_sdk_merges_usage_and_stores_tool_use(env: Env) -> None:
+    session = sid()
+    tool = ("tu_9", "lookup", {"id": 9})
+    env.upstream.reply(
+        Reply(events=anthropic_rich_stream(text="Looking.", tool=tool, thinking="p"))
+    )
+    history: list[dict[str, Any]] = [{"role": "user", "content": "find 9"}]
+    with env.client().messages.stream(
+        model=MODEL, max_tokens=64, messages=history, extra_headers=hdr(session),
+        tools=[{"name": "lookup", "input_schema": {"type": "object"}}],
+    ) as stream:  # fmt: skip
+        final = stream.get_final_message()
+    kinds = [b.type for b in final.content]
+    assert kinds == ["thinking", "text", "tool_use"]
+    assert final.content[1].text == "Looking."  # type: ignore[union-attr]
+    assert final.content[2].input == {"id": 9}  # type: ignore[union-attr]
+    stored = env.stored(session)
+    assert stored[-1]["tool_calls"][0]["id"] == "tu_9"
+    assert json.loads(stored[-1]["tool_calls"][0]["function"]["arguments"]) == {"id": 9}
+    _, detail = env.proxy.get(f"/v1/sessions/{session}", env.key)
+    # message_start: 120 input + 40 cache read + 10 cache write; message_delta: 33 output
+    assert detail["usage"] == {
+        "input_tokens": 170,
+        "output_tokens": 33,
+        "cached_input_tokens": 40,
+        "cache_write_tokens": 10,
+        "calls": 1,
+    }
+
+    # the agent echoes the reply and answers the tool: no branch, pairs kept
+    history += [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in final.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "tu_9", "content": "ok"}],
+        },
+    ]
+    raw = env.client().messages.with_raw_response.create(
+        model=MODEL, max_tokens=64, messages=history, extra_headers=hdr(session)
+    )
+    assert raw.headers["x-ctxwarden-session"] == session
+    sent = env.upstream.requests[-1].json["messages"]
+    uses = [b["id"] for t in sent for b in t["content"] if b.get("type") == "tool_use"]
+    results = [
+        b["tool_use_id"] for t in sent for b in t["content"] if b.get("type") == "tool_result"
+    ]
+    assert uses == results == ["tu_9"]
+    assert [m["role"] for m in env.stored(session)] == ["user", "assistant", "tool", "assistant"]
+
+
+def test_mid_stream_error_event_reaches_the_sdk_and_the_partial_is_marked(env: Env) -> None:
+    session = sid()
+    env.upstream.reply(Reply(events=anthropic_rich_stream(text="abcdef", tool=None, error=True)))
+    with pytest.raises(anthropic.APIStatusError, match="Overloaded"), env.client().messages.stream(
+        model=MODEL, max_tokens=64, messages=[{"role": "user", "content": "x"}],
+        extra_headers=hdr(session),
+    ) as stream:  # fmt: skip
+        for _ in stream:
+            pass
+    # the proxy stores what it got once upstream closed: wait for the build row to say so
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        _, builds = env.proxy.get(f"/v1/sessions/{session}/builds", env.key)
+        if builds["builds"][-1]["status"] != "forwarded":
+            break
+        time.sleep(0.05)
+    assert builds["builds"][-1]["status"] == "upstream_error"
+    last = env.stored(session, meta="true")[-1]
+    assert last["content"] == "abc" and last["ctxwarden"]["meta"]["partial"] is True
+
+
+def test_errors_use_the_anthropic_shape(env: Env) -> None:
+    with pytest.raises(anthropic.AuthenticationError) as err:
+        env.client(key="cwk_wrong").messages.create(
+            model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "x"}]
+        )
+    assert err.value.body["type"] == "error"  # type: ignore[index]
+    env.upstream.reply(Reply(529, anthropic_error("busy", "overloaded_error")))
+    with pytest.raises(anthropic.APIStatusError, match="busy") as over:
+        env.client().messages.create(
+            model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "x"}],
+            extra_headers=hdr(sid()),
+        )  # fmt: skip
+    assert over.value.status_code == 529
+    with pytest.raises(anthropic.BadRequestError, match=r"at least|budget"):
+        env.client().messages.create(
+            model=MODEL, max_tokens=8, system="Rules. " * 300,
+            messages=[{"role": "user", "content": "x"}],
+            extra_headers={**hdr(sid()), "X-Ctxwarden-Max-Input-Tokens": "20"},
+        )  # fmt: skip
+
+
+def test_openai_routes_without_an_openai_upstream_say_so(env: Env) -> None:
+    r = httpx2.post(
+        env.proxy.url + "/v1/chat/completions",
+        json={"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]},
+        headers={"authorization": f"Bearer {env.key}"},
+    )
+    assert r.status_code == 404 and "--upstream" in r.json()["error"]["message"]
+    models = httpx2.get(env.proxy.url + "/v1/models", headers={"x-api-key": env.key}).json()
+    assert MODEL in {m["id"] for m in models["data"]}

@@ -1,0 +1,175 @@
+"""The session API, tenants' caps, metrics and health of ``ctxwarden serve`` (a real
+process), on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2
+import openai
+import pytest
+from llm_servers import Reply, ScriptedServer, openai_completion
+from service_harness import ProxyServer, add_tenant, cli, module_db, sid
+
+from ctxwarden.service.metrics import METRIC_NAMES
+
+__all__ = ["module_db"]
+
+
+@dataclass
+class Env:
+    proxy: ProxyServer
+    upstream: ScriptedServer
+    key: str
+    other: str
+    http: httpx2.Client
+
+    def call(self, method: str, path: str, key: str | None = None, **kw: Any) -> httpx2.Response:
+        headers = {"authorization": f"Bearer {key or self.key}", **kw.pop("headers", {})}
+        return self.http.request(method, self.proxy.url + path, headers=headers, **kw)
+
+
+@pytest.fixture(scope="module")
+def env(module_db: str) -> Iterator[Env]:
+    upstream = ScriptedServer(
+        lambda r: (
+            Reply(404, {}) if r.path.endswith("/models") else Reply(body=openai_completion("ok"))
+        )
+    ).start()
+    key = add_tenant(module_db, "acme")
+    other = add_tenant(module_db, "globex", "--max-input-tokens", "400")
+    proxy = ProxyServer(module_db, upstream=upstream.url + "/v1")
+    http = httpx2.Client(timeout=30)
+    try:
+        yield Env(proxy, upstream, key, other, http)
+    finally:
+        http.close()
+        proxy.stop()
+        upstream.stop()
+
+
+def test_tenant_add_prints_the_key_alone_on_the_last_line(env: Env) -> None:
+    done = cli("tenant", "add", f"t-{sid()}", "--db", env.proxy.db)
+    assert done.returncode == 0
+    last = done.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"cwk_[A-Za-z0-9_-]{43}", last)
+    again = cli("tenant", "add", "acme", "--db", env.proxy.db)
+    assert again.returncode == 2 and "exists and is active" in again.stderr
+    assert cli("tenant", "revoke", "nobody", "--db", env.proxy.db).returncode == 2
+
+
+def test_append_page_build_recall_and_delete(env: Env) -> None:
+    session = sid()
+    history = [{"role": "system", "content": "sys"}]
+    history += [{"role": "user" if i % 2 else "assistant", "content": f"m{i}"} for i in range(1, 8)]
+    r = env.call("POST", f"/v1/sessions/{session}/messages", json={"messages": history})
+    assert r.status_code == 200 and r.json()["seqs"] == list(range(8))
+    first = env.call("GET", f"/v1/sessions/{session}/messages?limit=3").json()
+    assert first == {"messages": history[:3], "next_offset": 3}
+    rest = env.call("GET", f"/v1/sessions/{session}/messages?limit=10&offset=3").json()
+    assert rest == {"messages": history[3:], "next_offset": None}
+
+    built = env.call("POST", f"/v1/sessions/{session}/build", json={"model": "gpt-4o"}).json()
+    assert built["messages"][0] == {"role": "system", "content": "sys"}
+    assert built["audit"]["input_tokens"] > 0
+
+    recalled = env.call("GET", f"/v1/sessions/{session}/recall/m4").json()
+    assert recalled == {"handle": "m4", "seq": 4, "message": history[4]}
+    assert env.call("GET", f"/v1/sessions/{session}/recall/m99").status_code == 404
+
+    shown = env.call("GET", f"/v1/sessions/{session}").json()
+    assert shown["messages"] == 8 and shown["summary"] is None and "ledger" in shown
+    listed = env.call("GET", "/v1/sessions").json()["sessions"]
+    assert session in {s["id"] for s in listed}
+
+    assert env.call("DELETE", f"/v1/sessions/{session}", key=env.other).status_code == 404
+    assert env.call("DELETE", f"/v1/sessions/{session}").status_code == 204
+    assert env.call("GET", f"/v1/sessions/{session}").status_code == 404
+
+
+def test_bad_requests_are_clear(env: Env) -> None:
+    bad = env.call("POST", f"/v1/sessions/{sid()}/messages", json={"messages": [{"role": "x"}]})
+    assert bad.status_code == 400 and "role" in bad.json()["error"]["message"]
+    empty = env.call("POST", f"/v1/sessions/{sid()}/messages", json={"messages": []})
+    assert empty.status_code == 422
+    junk = env.call("POST", "/v1/chat/completions", content=b"{not json")
+    assert junk.status_code == 400 and "not JSON" in junk.json()["error"]["message"]
+    header = env.call(
+        "POST", "/v1/chat/completions",
+        json={"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]},
+        headers={"x-ctxwarden-session": "bad id!"},
+    )  # fmt: skip
+    assert header.status_code == 400 and "X-Ctxwarden-Session" in header.json()["error"]["message"]
+
+
+def test_tenant_input_cap_bounds_every_build(env: Env) -> None:
+    client = openai.OpenAI(base_url=env.proxy.url + "/v1", api_key=env.other, max_retries=0)
+    history = [{"role": "user", "content": f"question {i} " + "word " * 80} for i in range(12)]
+    with client:
+        raw = client.chat.completions.with_raw_response.create(
+            model="gpt-4o", messages=history, extra_headers={"X-Ctxwarden-Max-Input-Tokens": "9000"}
+        )
+    assert int(raw.headers["x-ctxwarden-input-tokens"]) <= 400  # the cap wins over the ask
+
+
+def test_spend_cap_answers_429_once_reached(env: Env) -> None:
+    name = f"cheap-{sid()}"
+    key = add_tenant(env.proxy.db, name, "--spend-cap", "0.01")
+    env.upstream.reply(Reply(body=openai_completion("pricey", prompt=200_000, completion=50_000)))
+    client = openai.OpenAI(base_url=env.proxy.url + "/v1", api_key=key, max_retries=0)
+    with client:
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+        with pytest.raises(openai.RateLimitError) as err:
+            client.chat.completions.create(
+                model="gpt-4o", messages=[{"role": "user", "content": "y"}]
+            )
+        assert err.value.body["code"] == "spend_cap_reached"  # type: ignore[index]
+        assert err.value.body["spend_cap_usd"] == 0.01  # type: ignore[index]
+        reset = cli(
+            "tenant", "caps", name, "--db", env.proxy.db, "--spend-cap", "5", "--reset-spend"
+        )
+        assert reset.returncode == 0
+        ok = client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "z"}]
+        )
+        assert ok.choices[0].message.content == "ok"
+
+
+def test_metrics_health_and_models(env: Env) -> None:
+    client = openai.OpenAI(base_url=env.proxy.url + "/v1", api_key=env.key, max_retries=0)
+    with client:
+        client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "count me"}]
+        )
+    text = env.http.get(env.proxy.url + "/metrics").text
+    for name in METRIC_NAMES:
+        assert f"# TYPE {name}" in text or f"# TYPE {name.removesuffix('_total')}" in text, name
+    assert re.search(
+        r'ctxwarden_requests_total\{route="/v1/chat/completions",status="200"\} [1-9]', text
+    )
+    assert re.search(r'ctxwarden_input_tokens_total\{api="openai"\} [1-9]', text)
+    assert re.search(r'ctxwarden_build_seconds_count\{api="openai"\} [1-9]', text)
+    assert env.http.get(env.proxy.url + "/healthz").json() == {"status": "ok"}
+    ready = env.http.get(env.proxy.url + "/readyz").json()
+    assert ready == {"status": "ready", "upstreams": ["openai"]}
+    models = env.call("GET", "/v1/models").json()  # the upstream has no /models: the registry
+    assert "gpt-4o" in {m["id"] for m in models["data"]}
+
+
+def test_openapi_schema_lists_the_routes(env: Env) -> None:
+    schema = env.http.get(env.proxy.url + "/openapi.json").json()
+    paths = set(schema["paths"])
+    assert {
+        "/v1/chat/completions",
+        "/v1/messages",
+        "/v1/models",
+        "/v1/sessions",
+        "/v1/sessions/{session_id}",
+        "/v1/sessions/{session_id}/messages",
+        "/v1/sessions/{session_id}/build",
+        "/v1/sessions/{session_id}/builds",
+        "/v1/sessions/{session_id}/recall/{handle}",
+    } <= paths
