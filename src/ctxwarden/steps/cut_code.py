@@ -55,19 +55,21 @@ def truncate_code(
     first, last = (nonempty[0], nonempty[-1]) if nonempty else (0, 0)
     for i, body in enumerate(bodies):
         if not body.strip():
-            tier = 7
+            tier = 8
         elif near[i] == 0 or i in (first, last):
             tier = 0
-        elif near[i] <= _CONTEXT or SIGNATURE.match(body):
+        elif near[i] <= _CONTEXT:
             tier = 1
-        elif strength[i] or near[i] <= 2 * _CONTEXT or _IMPORT.match(body):
+        elif SIGNATURE.match(body):
             tier = 2
-        elif near[i] <= 8:
+        elif strength[i] or near[i] <= 2 * _CONTEXT or _IMPORT.match(body):
             tier = 3
+        elif near[i] <= 8:
+            tier = 4
         elif _COMMENT.match(body):
-            tier = 6
+            tier = 7
         else:
-            tier = 4 if i > 0 and SIGNATURE.match(bodies[i - 1]) else 5
+            tier = 5 if i > 0 and SIGNATURE.match(bodies[i - 1]) else 6
         tiers.append(tier)
 
     def marker(start: int, end: int) -> str:

@@ -78,6 +78,8 @@ def truncate_by_kind(
             text, target_tokens=target_tokens, count=count, keep_fields=keep_fields, total=total
         )
     total = estimate_tokens(text, count) if total is None else total
+    if total <= target_tokens:
+        return text
     part = examined_part(text, max_chars)
     cut: str | None = None
     if kind == "stack_trace":

@@ -39,11 +39,11 @@ _LEAF = re.compile(r"\[\]|\{\}")
 
 
 def nests_deeper(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
-    """Whether the brackets of ``text`` (outside strings) nest deeper than ``limit``, or
-    do not pair up. Linear, in C-speed string operations: escapes are dropped, then all
-    but brackets and quotes, then what is between quotes; each pass of one regex removes
-    the innermost pairs, so ``limit`` passes empty any bracket string at most that
-    deep."""
+    """Whether the brackets of ``text`` (outside strings) nest deeper than ``limit``
+    (or, past ``limit`` openers, do not pair up: not JSON). Linear, in C-speed string
+    operations: escapes are dropped, then all but brackets and quotes, then what is
+    between quotes; each pass of one regex removes the innermost pairs, so ``limit``
+    passes empty any bracket string at most that deep."""
     if text.count("[") + text.count("{") <= limit:
         return False
     unescaped = text.replace("\\\\", "").replace('\\"', "")

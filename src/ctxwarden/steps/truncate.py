@@ -98,16 +98,36 @@ def _distinctive(token: str) -> bool:
     )
 
 
+def _strings(value: Any) -> list[str]:
+    """The string leaves of a parsed JSON value (iteratively)."""
+    out: list[str] = []
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            out.append(node)
+        elif isinstance(node, dict):
+            stack.extend(reversed(list(node.values())))
+        elif isinstance(node, list):
+            stack.extend(reversed(node))
+    return out
+
+
 def request_terms(request: Message | None, call_id: str | None = None) -> tuple[str, ...]:
     """The terms a result was asked for: the quoted words of the call's arguments, and
     the distinctive tokens (paths, dotted names, identifiers) of its arguments and of the
     assistant's text around the call. First seen first, at most 48."""
     if request is None:
         return ()
-    arguments = [c.arguments for c in request.tool_calls if call_id is None or c.id == call_id]
+    arguments = [
+        value
+        for c in request.tool_calls
+        if call_id is None or c.id == call_id
+        for value in _strings(c.parsed_arguments())
+    ]
     found: dict[str, None] = {}
     for text in arguments:  # a quoted word of a call is searched for: grep -n "def run"
-        for quoted in _QUOTED.findall(text.replace('\\"', '"')):
+        for quoted in _QUOTED.findall(text):
             for token in _SPLIT.split(quoted):
                 token = token.strip("./-")
                 if len(token) >= 3 and not token.isdigit():
