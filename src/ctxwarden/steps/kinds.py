@@ -91,9 +91,11 @@ _HTML_TAG = re.compile(
     r"|footer|main|script|style|link|meta|form|input|button)\b[^<>]*>",
     re.IGNORECASE,
 )
+_RUN_LINE = re.compile(r"^(?:E\s{2,}|={3,}|_{3,}|-{3,} |\d{4}-\d\d-\d\d|\[?\d\d:\d\d:\d\d)")
 _SENTENCE = re.compile(r"[.!?。](\s|$)")
-#: A source line's number as ``nl``, ``cat -n``, ``grep -n`` or an editor prints it.
-LINE_NUMBER = re.compile(r"^\s*\d+(?:\t|: |:|\s\|\s?|\s{2,})")
+#: A source line's number as ``nl``, ``cat -n``, ``grep -n`` (``12:`` for a match,
+#: ``13-`` for context) or an editor prints it.
+LINE_NUMBER = re.compile(r"^\s*\d+(?:\t|: |:|-(?=\s)|\s\|\s?|\s{2,})")
 _SIGNATURE = re.compile(
     r"^\s*(?:(?:export\s+|pub(?:\(\w+\))?\s+|public\s+|private\s+|protected\s+|static\s+"
     r"|async\s+|abstract\s+|final\s+)*(?:def|class|function|func|fn|struct|enum|trait"
@@ -122,10 +124,15 @@ def _looks_like_code(lines: list[str]) -> bool:
     body = [line for line in body if line.strip()]
     if len(body) < 8:
         return False
+    n = len(body)
     signatures = sum(1 for line in body if _SIGNATURE.match(line))
     code = sum(1 for line in body if _SIGNATURE.match(line) or _CODE_LINE.search(line))
     indented = sum(1 for line in body if line[:1] in " \t")
-    return signatures >= 2 and code >= 0.35 * len(body) and indented >= 0.2 * len(body)
+    if signatures >= 2 and code >= 0.35 * n and indented >= 0.2 * n:
+        return True
+    # a fragment from inside a function (sed -n '251,350p'): mostly indented statements,
+    # and none of a test run's or a log's own lines
+    return code >= 0.5 * n and indented >= 0.5 * n and not any(_RUN_LINE.match(x) for x in body)
 
 
 def _is_prose(lines: list[str], stripped: str) -> bool:
