@@ -286,3 +286,18 @@ def test_line_cuts_fit_never_grow_and_are_deterministic(
     if words(text) > target:
         assert words(out) <= target or out == text
     assert out == truncate_by_kind(text, kind, target_tokens=target, count=words, terms=("run",))
+
+
+def test_a_cut_page_lists_values_of_its_text_not_of_its_markup() -> None:
+    rows = "".join(
+        f'<tr><td><a href="https://shop.example/p/SKU-{i:05d}">Item {i}</a></td>'
+        f"<td>{i}.99 EUR</td></tr>"
+        for i in range(300)
+    )
+    page = f"<!DOCTYPE html><html><head><title>Catalogue</title></head><body><table>{rows}"
+    page += "</table></body></html>"
+    message = Message.tool(page, "c1", id="t1")
+    assert message.kind == "html"
+    cut = TruncateToolResults().truncate(message, COUNTER.count_message, count)
+    assert "<td>" not in cut.text and "/title" not in cut.text and "/td" not in cut.text
+    assert "SKU-00299" in cut.text or "more]" in cut.text

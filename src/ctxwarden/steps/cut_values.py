@@ -29,6 +29,7 @@ from ctxwarden.memory.entities import (
 )
 from ctxwarden.memory.entity_ledger import listed
 from ctxwarden.messages import Message
+from ctxwarden.steps.cut_html import html_to_text
 from ctxwarden.steps.kinds import load_json
 
 __all__ = ["CUT_VALUES_KEY", "with_cut_values"]
@@ -105,8 +106,12 @@ def _cut_sample(text: str, truncated_text: str) -> str:
 
 def _entities(original: Message, truncated_text: str) -> list[Entity]:
     """The entities of ``original``, bounded and safe on any text: a long result is
-    sampled (its cut lines), and JSON too deep to parse safely is read as text."""
+    sampled (its cut lines), JSON too deep to parse safely is read as text, and a page
+    by its visible text and links."""
     text = original.text
+    if original.kind == "html":  # the page's text and links, not its markup
+        text = html_to_text(text[: SAMPLE_CHARS * 4])
+        return extract_from_text(text[:SAMPLE_CHARS], original.id)
     if len(text) > SAMPLE_CHARS:
         return extract_from_text(_cut_sample(text, truncated_text), original.id)
     if original.tool_calls:
