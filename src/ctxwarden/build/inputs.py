@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -44,6 +45,7 @@ _AUTO_ID = re.compile(r"h[0-9a-f]{12}")
 # (history length, id of its last message) -> explicit ids seen in that history
 _SEEN: OrderedDict[tuple[int, str], dict[str, int]] = OrderedDict()
 _SEEN_SIZE = 64
+_SEEN_LOCK = threading.Lock()  # builds in many threads share it
 
 
 def check_budget_argument(value: Any, name: str = "max_input_tokens") -> None:
@@ -143,9 +145,11 @@ def check_unique_ids(messages: list[Any], known: int = 0) -> None:
     Only a list of :class:`Message` s is checked here (dicts are checked where they are
     parsed). ``known`` leading messages were checked by the previous call on this history."""
     n = len(messages)
-    if not n or not all(isinstance(m, Message) for m in messages[known if known <= n else 0 :]):
+    known = known if 0 < known <= n and isinstance(messages[known - 1], Message) else 0
+    if not n or not all(isinstance(m, Message) for m in messages[known:]):
         return  # dicts among them: messages_from_openai checks while parsing
-    seen = _SEEN.pop((known, messages[known - 1].id), None) if 0 < known <= n else None
+    with _SEEN_LOCK:
+        seen = _SEEN.pop((known, messages[known - 1].id), None) if 0 < known <= n else None
     if seen is not None:  # the history we saw last, extended
         for pos in range(known, n):
             message_id = messages[pos].id
@@ -182,9 +186,10 @@ def _duplicate(message_id: str, first: int, pos: int) -> None:
 def _remember(messages: list[Any], seen: dict[str, int]) -> None:
     if not messages:
         return
-    _SEEN[(len(messages), messages[-1].id)] = seen
-    while len(_SEEN) > _SEEN_SIZE:
-        _SEEN.popitem(last=False)
+    with _SEEN_LOCK:
+        _SEEN[(len(messages), messages[-1].id)] = seen
+        while len(_SEEN) > _SEEN_SIZE:
+            _SEEN.popitem(last=False)
 
 
 def check_build_arguments(

@@ -78,15 +78,22 @@ async def summarize_history(
     previous: LayerState | None,
     *,
     summarizer: str | Summarizer,
-    trigger: SummaryTrigger,
-    count: Callable[[Message], int],
-    window: int | None,
+    trigger: SummaryTrigger | None = None,
+    count: Callable[[Message], int] | None = None,
+    window: int | None = None,
     schema: FactSchema = None,
     resolved: tuple[Summarizer, FactExtractor, bool] | None = None,
+    model: str = "gpt-4o",
 ) -> LayerUpdate:
     """Read new user messages for facts and, when the trigger fires, run one summary
-    cycle over ``history`` (see the module docstring). ``window`` is the input budget
-    the fill-ratio trigger is measured against; ``previous`` the layers so far."""
+    cycle over ``history`` (see the module docstring). ``previous`` is the layers so far
+    (``built.state.layers``); ``trigger`` defaults to :class:`SummaryTrigger` ();
+    ``window`` is the input budget the fill-ratio trigger is measured against (off when
+    ``None``); ``count`` counts one message (default: ``model``'s counter)."""
+    from ctxwarden.tokens.counter import TokenCounter
+
+    trigger = trigger or SummaryTrigger()
+    count = count or TokenCounter.for_model(model).count_message
     state = previous or LayerState()
     store = window if trigger.summary_share is not None else None
     chosen, extractor, free = resolved or resolve_summarizer(summarizer, schema, store_tokens=store)
