@@ -52,6 +52,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
+from pathlib import Path
 from typing import Any
 
 from ctxwarden.bench.count_cache import build_history, find_tau_bench
@@ -72,7 +73,17 @@ __all__ = [
     "trim_messages_timer",
 ]
 
-TARGETS = {"loop_ms": 0.5, "cold_ms": 5.0, "speedup": 100.0, "cache_hit": 0.80}
+TARGETS = {
+    "loop_ms": 0.5,
+    "cold_ms": 5.0,
+    "speedup": 100.0,
+    "cache_hit": 0.80,
+    # issue 10: the agent loop at the largest size >= 1,000x trim_messages in the same run;
+    # a cold build in a fresh process <= 20 ms there, and faster than trim_messages at
+    # the smallest size (what a stateless replica pays for a session it has not seen)
+    "loop_speedup": 1000.0,
+    "fresh_cold_ms": 20.0,
+}
 SIZES = (100, 1_000, 10_000)
 MODEL = "gpt-4o"
 
@@ -250,6 +261,40 @@ def _fresh_cold_child(source: str, n: int, budget: int, seed: int) -> dict[str, 
     return {"ms": elapsed}
 
 
+def _fresh_state(source: str, n: int, budget: int, seed: int, runs: int) -> dict[str, float]:
+    """A replica's cost for a session it has not seen but whose state is stored: the
+    build of message ``n`` in a new process, from the state of the build of ``n - 1``
+    (``BuildState.to_dict`` as JSON); the median over ``runs`` new processes."""
+    import tempfile
+
+    history = history_source(source, n, seed)[0]
+    state = _build(history[: n - 1], budget, None).state.to_dict()
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(state, f)
+    args = [*_child_args("fresh-state", source, n, budget, seed), "--state-file", f.name]
+    try:
+        rows = [_in_new_process(*args) for _ in range(runs)]
+    finally:
+        Path(f.name).unlink(missing_ok=True)
+    return {
+        "fresh_state_ms": statistics.median(r["ms"] for r in rows),
+        "fresh_state_load_ms": statistics.median(r["load_ms"] for r in rows),
+    }
+
+
+def _fresh_state_child(
+    source: str, n: int, budget: int, seed: int, state_file: str
+) -> dict[str, float]:
+    from ctxwarden.build.state import BuildState
+
+    build_context([Message.system("Hi."), Message.user("Warm-up 42.")], MODEL, 500)  # tokenizer
+    history = history_source(source, n, seed)[0]
+    text = Path(state_file).read_text(encoding="utf-8")
+    load_ms, state = _ms(lambda: BuildState.from_dict(json.loads(text)))
+    elapsed, _ = _ms(lambda: _build(history, budget, state))
+    return {"ms": elapsed, "load_ms": load_ms}
+
+
 def _size(
     n: int,
     budget: int,
@@ -278,6 +323,8 @@ def _size(
     row["input_tokens"] = first.input_tokens
     row["fresh_input_tokens"] = TokenCounter(MODEL).count_messages(first.messages).tokens
     row["cold_fresh_ms"] = _fresh_cold(source, n, budget, seed, fresh_runs) if fresh_runs else None
+    if fresh_runs:
+        row.update(_fresh_state(source, n, budget, seed, fresh_runs))
     gc.collect()
     if loop_runs:
         row.update(_loop_runs(source, n, budget, seed, calls, loop_runs))
@@ -323,9 +370,16 @@ def run(
         "cache_hit": prefix["hit_rate"] >= TARGETS["cache_hit"],
         "within_budget": all(r["within_budget"] for r in rows) and prefix["within_budget"],
     }
+    passed["fresh_cold_ms"] = (
+        big["cold_fresh_ms"] <= TARGETS["fresh_cold_ms"] if big["cold_fresh_ms"] else None
+    )
     if "trim_ms" in big:
         worst = min(v for k, v in big.items() if k in ("speedup_loop_mean", "speedup_cold_warm"))
         passed["speedup"] = worst >= TARGETS["speedup"]
+        passed["loop_speedup"] = big["speedup_loop_mean"] >= TARGETS["loop_speedup"]
+        small = min(rows, key=lambda r: r["messages"])
+        if small.get("cold_fresh_ms") and "trim_ms" in small:
+            passed["fresh_cold_small"] = small["cold_fresh_ms"] < small["trim_ms"]
     return {
         "model": MODEL,
         "budget": budget,
@@ -435,8 +489,26 @@ def print_report(report: dict[str, Any], *, per_call: bool = True) -> None:
     )
     console.print(
         f"  cold build, warm caches {big['cold_warm_ms']:.3f} ms <= {t['cold_ms']} ms  "
-        f"{_verdict(ok['cold_ms'])}  (fresh process: {_f(big['cold_fresh_ms'])}, not judged)"
+        f"{_verdict(ok['cold_ms'])}"
     )
+    console.print(
+        f"  cold build, fresh process {_f(big['cold_fresh_ms'])} ms <= {t['fresh_cold_ms']} ms  "
+        f"{_verdict(ok.get('fresh_cold_ms'))}  (from a stored state in a fresh process: "
+        f"{_f(big.get('fresh_state_ms'))} ms, of which loading the state "
+        f"{_f(big.get('fresh_state_load_ms'))} ms)"
+    )
+    small = min(report["sizes"], key=lambda r: r["messages"])
+    if "fresh_cold_small" in ok:
+        console.print(
+            f"  cold build, fresh process at {small['messages']:,} messages "
+            f"{_f(small['cold_fresh_ms'])} ms < trim_messages {_f(small.get('trim_ms'))} ms  "
+            f"{_verdict(ok['fresh_cold_small'])}"
+        )
+    if "loop_speedup" in ok:
+        console.print(
+            f"  agent loop speed-up over trim_messages {_ratio(big.get('speedup_loop_mean'))} "
+            f">= {t['loop_speedup']:.0f}x  {_verdict(ok['loop_speedup'])}"
+        )
     console.print(
         f"  speed-up over trim_messages {_ratio(min(speedups) if speedups else None)} "
         "(smaller of loop, cold warm) "
@@ -467,9 +539,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--fresh-cold", type=int, help=argparse.SUPPRESS)  # child process
     parser.add_argument("--loop-child", type=int, help=argparse.SUPPRESS)  # child process
+    parser.add_argument("--fresh-state", type=int, help=argparse.SUPPRESS)  # child process
+    parser.add_argument("--state-file", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.fresh_cold is not None:
         print(json.dumps(_fresh_cold_child(args.source, args.fresh_cold, args.budget, args.seed)))
+        return 0
+    if args.fresh_state is not None:
+        child_state = _fresh_state_child(
+            args.source, args.fresh_state, args.budget, args.seed, args.state_file
+        )
+        print(json.dumps(child_state))
         return 0
     if args.loop_child is not None:
         child = _loop_child(args.source, args.loop_child, args.budget, args.seed, args.calls)

@@ -36,7 +36,7 @@ from ctxwarden.messages import Message
 from ctxwarden.registry.catalog import ModelInfo, Registry
 from ctxwarden.steps.base import Action, ActionKind, Draft, StepContext
 from ctxwarden.steps.layers import LayerState
-from ctxwarden.steps.layout import STABLE_LAYERS
+from ctxwarden.steps.layout import STABLE_LAYERS, LayoutStep
 from ctxwarden.steps.pairing import keep_pairs_whole
 from ctxwarden.steps.window import leading_system, newest_call_block, newest_user
 from ctxwarden.tokens.counter import REPLY_PRIMING, TokenCounter
@@ -246,7 +246,11 @@ def run_build(
     names: list[str] = []
     for step in steps_for(policy):
         result = step(draft, ctx)
-        if result.draft.window is not draft.window:
+        # Pair safety after every step that may have broken it: a user's own step, the
+        # window (a call still waiting for its results), and the layout (the final
+        # context). The built-in editing steps replace messages in place and the fit and
+        # eviction move whole blocks, so the final check covers them.
+        if result.draft.window is not draft.window and step.name not in _KEEPS_PAIRS:
             checked = keep_pairs_whole(result.draft, ctx, step.name)
             actions.extend(result.actions + checked.actions)
             draft = checked.draft
@@ -255,7 +259,15 @@ def run_build(
             draft = result.draft
         warnings.extend(result.warnings)
         names.append(step.name)
+    final = keep_pairs_whole(draft, ctx, "layout")
+    if final.actions:  # a step left a split pair: take it out and lay out again
+        actions.extend(final.actions)
+        draft = LayoutStep()(final.draft, ctx).draft
     return _finish(draft, ctx, model, info, tools, actions, warnings, tuple(names), layer_state)
+
+
+# Built-in steps that keep calls and results together by construction.
+_KEEPS_PAIRS = frozenset({"truncate", "mask", "fit", "priority", "layout", "layers"})
 
 
 @lru_cache(maxsize=256)

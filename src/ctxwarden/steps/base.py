@@ -16,7 +16,7 @@ own message filter may take: ``strategy(messages, ctx)`` returns a
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from ctxwarden.messages import Message
@@ -147,8 +147,16 @@ class Draft:
     breakpoints: tuple[str, ...] = ()
 
     def but(self, **changes: Any) -> Draft:
-        """A copy with ``changes`` (drafts are never mutated)."""
-        return replace(self, **changes)
+        """A copy with ``changes`` (drafts are never mutated). Steps make several per
+        build, so this copies the fields directly instead of ``dataclasses.replace``
+        (which re-runs ``__init__``); unknown names are an error all the same."""
+        unknown = changes.keys() - self.__dict__.keys()
+        if unknown:
+            raise TypeError(f"Draft has no field(s) {', '.join(sorted(unknown))}")
+        new = object.__new__(Draft)
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        return new
 
     @property
     def system(self) -> Sequence[Message]:

@@ -28,7 +28,7 @@ from ctxwarden.steps.fit import ledger_cap, ledger_sources
 from ctxwarden.steps.ledger import LedgerBuilder
 from ctxwarden.steps.priority import eviction_order
 from ctxwarden.steps.truncate import TruncateToolResults
-from ctxwarden.steps.window import is_pinned
+from ctxwarden.steps.window import is_pinned, newest_call_block
 
 __all__ = ["EvictStep", "context_tokens"]
 
@@ -41,6 +41,15 @@ def context_tokens(draft: Draft, ctx: StepContext) -> int:
     parts.extend(draft.history[i] for i in draft.pinned)
     parts.extend(draft.window)
     return ctx.fixed + ctx.total(parts)
+
+
+def _anchors(draft: Draft) -> set[str]:
+    """The newest user message and the newest call block: never evicted."""
+    h, newest = draft.history, draft.newest
+    found = {h[newest].id} if newest is not None else set()
+    after = newest if newest is not None else draft.sys_end - 1
+    found.update(h[i].id for i in newest_call_block(h, after))
+    return found
 
 
 @dataclass(frozen=True)
@@ -100,7 +109,7 @@ class EvictStep:
         newest user message or call block, evicted whole by importance."""
         h = draft.history
         candidates: list[Message] = [h[i] for i in draft.pinned]
-        anchor = draft.protected - {m.id for m in draft.window if is_pinned(m)}
+        anchor = _anchors(draft)
         in_window = [m for m in draft.window if is_pinned(m) and m.id not in anchor]
         candidates.extend(in_window)
         if not candidates:

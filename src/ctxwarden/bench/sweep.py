@@ -1,0 +1,114 @@
+"""Invariant sweep: many random histories, cold, chained and with the offline summariser.
+
+    python -m ctxwarden.bench.sweep [--histories 10000] [--budgets 300,800,2000] [--json]
+
+For each random history (:func:`~ctxwarden.bench.random_histories.random_history`) and
+budget, three builds: a cold one, an agent loop's chained builds over its last messages,
+and ``summarizer="offline"``. Each must hold every invariant of
+:func:`~ctxwarden.bench.random_histories.check_build`, or end in a ``BudgetError`` that the
+same build without a summariser also raises (layers never make a build fail). Prints the
+counts; exit status 1 on any violation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+from ctxwarden.bench.random_histories import check_build, random_history
+from ctxwarden.build.engine import build_context
+from ctxwarden.errors import BudgetError
+
+__all__ = ["main", "sweep"]
+
+
+def _one(
+    history: list[Any], budget: int, tally: Counter[str], examples: list[str], seed: int
+) -> None:
+    try:
+        cold = build_context(history, "gpt-4o", budget)
+    except BudgetError:
+        tally["budget_error_cold"] += 1
+        cold = None
+    if cold is not None:
+        tally["builds"] += 1
+        for p in check_build(history, cold, budget):
+            tally["violations"] += 1
+            examples.append(f"seed {seed} @{budget} cold: {p}")
+    built = None
+    for n in range(max(2, len(history) - 6), len(history) + 1):
+        try:
+            built = build_context(history[:n], "gpt-4o", budget, previous=built)
+        except BudgetError:
+            built = None
+            continue
+        tally["builds"] += 1
+        for p in check_build(history[:n], built, budget):
+            tally["violations"] += 1
+            examples.append(f"seed {seed} @{budget} chained n={n}: {p}")
+    try:
+        summed = build_context(history, "gpt-4o", budget, summarizer="offline")
+    except BudgetError:
+        if cold is not None:
+            tally["violations"] += 1
+            tally["budget_error_from_layers"] += 1
+            examples.append(f"seed {seed} @{budget}: BudgetError with the summariser only")
+        return
+    tally["builds"] += 1
+    for p in check_build(history, summed, budget):
+        tally["violations"] += 1
+        examples.append(f"seed {seed} @{budget} summariser: {p}")
+
+
+def sweep(histories: int, budgets: tuple[int, ...], first_seed: int = 0) -> dict[str, Any]:
+    tally: Counter[str] = Counter()
+    examples: list[str] = []
+    start = time.perf_counter()
+    for seed in range(first_seed, first_seed + histories):
+        history = random_history(seed)
+        for budget in budgets:
+            _one(history, budget, tally, examples, seed)
+    return {
+        "histories": histories,
+        "budgets": list(budgets),
+        "builds": tally["builds"],
+        "violations": tally["violations"],
+        "budget_error_cold": tally["budget_error_cold"],
+        "budget_error_from_layers": tally["budget_error_from_layers"],
+        "seconds": round(time.perf_counter() - start, 1),
+        "examples": examples[:20],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--histories", type=int, default=10_000)
+    parser.add_argument("--budgets", default="300,800,2000")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    budgets = tuple(int(b) for b in args.budgets.split(","))
+    result = sweep(args.histories, budgets, args.seed)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        for key in (
+            "histories",
+            "builds",
+            "violations",
+            "budget_error_cold",
+            "budget_error_from_layers",
+            "seconds",
+        ):
+            print(f"{key:>26}: {result[key]}")
+        for line in result["examples"]:
+            print("  ", line)
+    return 1 if result["violations"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
