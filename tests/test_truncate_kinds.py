@@ -213,6 +213,12 @@ def test_the_call_that_asked_decides_what_a_listing_keeps() -> None:
     assert COUNTER.count_message(out) <= 300 + 120
 
 
+def test_a_hostile_call_gives_terms_without_raising() -> None:
+    deep = '{"a": ' * 10_000 + '"helper_3"' + "}" * 10_000
+    request = Message.assistant("", (ToolCall("c1", "bash", deep),), id="a")
+    assert "helper_3" in request_terms(request, "c1")
+
+
 def test_the_memo_changes_no_output_and_is_shared_safely_by_threads() -> None:
     histories = [
         _listing_call(f"grep -n helper_{k}x src/a.py", python_module(40 + k)) for k in range(8)

@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from ctxwarden.messages import Message
+from ctxwarden.steps.kinds import load_json
 
 __all__ = ["request_terms"]
 
@@ -45,6 +46,12 @@ def _strings(value: Any) -> list[str]:
     return out
 
 
+def _arguments(arguments: str) -> list[str]:
+    """A call's argument values; its raw text when that is not JSON (or too deep)."""
+    ok, doc = load_json(arguments)
+    return _strings(doc) if ok else [arguments]
+
+
 def request_terms(request: Message | None, call_id: str | None = None) -> tuple[str, ...]:
     """The terms a result was asked for: the quoted words of the call's arguments, and
     the distinctive tokens (paths, dotted names, identifiers) of its arguments and of the
@@ -55,7 +62,7 @@ def request_terms(request: Message | None, call_id: str | None = None) -> tuple[
         value
         for c in request.tool_calls
         if call_id is None or c.id == call_id
-        for value in _strings(c.parsed_arguments())
+        for value in _arguments(c.arguments)
     ]
     found: dict[str, None] = {}
     for text in arguments:  # a quoted word of a call is searched for: grep -n "def run"
