@@ -173,6 +173,28 @@ def test_with_a_session_every_message_is_stored_once_and_built_from_the_store(
         check_audit(middleware.last_audit)
 
 
+def test_with_a_session_a_changed_system_prompt_replaces_the_stored_one(tmp_path: Any) -> None:
+    with ctxwarden.Session(f"sqlite:///{tmp_path / 'lc2.db'}", "lc-prompt") as session:
+        ctx = ContextMiddleware(model=MODEL, max_input_tokens=BUDGET, session=session)
+        replies = [AIMessage("first", id="a1"), AIMessage("second", id="a2")]
+        model = ScriptedChatModel(script=replies)
+        saver = InMemorySaver()
+        config: Any = {"configurable": {"thread_id": "p"}}
+        for prompt, text in (("You are terse.", "hi"), ("You are verbose.", "again")):
+            agent = create_agent(
+                model, [], system_prompt=prompt, middleware=[ctx], checkpointer=saver
+            )
+            agent.invoke({"messages": [HumanMessage(text)]}, config)
+        last = model.received[-1]
+        assert last[0].content == "You are verbose."
+        assert [type(m).__name__ for m in last] == [
+            "SystemMessage",
+            "HumanMessage",
+            "AIMessage",
+            "HumanMessage",
+        ]
+
+
 ROUND_TRIP = [
     SystemMessage("You are terse."),
     HumanMessage(

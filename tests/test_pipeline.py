@@ -304,12 +304,34 @@ def test_the_newest_call_block_is_kept() -> None:
         assert b.input_tokens <= budget
 
 
-def test_layers_that_do_not_fit_are_left_out_with_a_warning() -> None:
+def test_layers_that_do_not_fit_are_cut_or_left_out_with_a_warning() -> None:
     h = [Message.system("sys"), Message.user("hello there")]
     big = "fact: " + "value " * 400
     b = build_context(h, "gpt-4o", 120, facts=big, summary="summary " * 300)
     assert b.input_tokens <= 120
-    assert any("layer left out" in w for w in b.audit.warnings)
+    assert any("layer" in w and ("left out" in w or "cut" in w) for w in b.audit.warnings)
+    # many lines: the newest that fit are shown, within the layer's share
+    lines = "Summary:\n" + "\n".join(f"- event {i} on day {i}" for i in range(300))
+    history = [Message.system("sys"), *[Message.user(f"turn {i}") for i in range(30)]]
+    b = build_context(history, "gpt-4o", 1000, summary=lines)
+    shown = next(m.text for m in b.messages if m.id == "ctxwarden:summary")
+    assert shown.startswith("Summary:") and shown.endswith("- event 299 on day 299")
+    assert b.audit.layers["summary"] <= 0.35 * 1000
+    assert b.audit.layers["current"] > 0 and b.input_tokens <= 1000
+
+
+def test_hundreds_of_facts_leave_room_for_the_conversation() -> None:
+    h = [{"role": "system", "content": "You are an assistant."}]
+    for i in range(200):
+        h.append({"role": "user", "content": f"Update {i}: the shipment code is SHP-{1000 + i}."})
+        h.append({"role": "assistant", "content": f"Noted update {i}."})
+    b = build_context(h, max_input_tokens=2000, summarizer="offline")
+    assert b.input_tokens <= 2000
+    assert len(b.state.layers.facts) >= 100  # the record keeps every fact
+    assert 0 < b.audit.layers["facts"] <= 0.2 * 2000
+    assert b.audit.layers["window"] + b.audit.layers["current"] > 100
+    assert any("most recent of" in w for w in b.audit.warnings)
+    assert "SHP-1199" in json.dumps(b.to_openai())
 
 
 def test_a_budget_below_the_system_prompt_names_the_minimum() -> None:

@@ -612,7 +612,14 @@ def test_build_shows_the_summary_focused_on_the_question(url: str, sid: str) -> 
         # without a summariser that can focus, or without a share: as stored
         with Session(url, sid, policy=policy) as plain:
             assert _summary_layer(plain.build(max_input_tokens=1200)) == stored
-        assert _summary_layer(s.build(max_input_tokens=1200, policy=Policy())) == stored
+        # without a share, the summary as stored within summary.max_summary_share: when it
+        # is longer, its newest lines (the rest stays stored), and the audit says so
+        unshared = s.build(max_input_tokens=1200, policy=Policy())
+        shown_lines = (_summary_layer(unshared) or "").splitlines()
+        assert 0 < len(shown_lines) < len(stored.splitlines())
+        assert shown_lines == stored.splitlines()[-len(shown_lines) :]
+        assert unshared.audit.layers["summary"] <= 0.35 * 1200
+        assert any("summary layer cut" in w for w in unshared.audit.warnings)
         with Session(url, sid) as other:  # or given to one build
             given = other.build(max_input_tokens=1200, policy=policy, summarizer=summarizer)
         assert _summary_layer(given) == views["Oaxaca"]

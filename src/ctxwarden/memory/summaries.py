@@ -73,6 +73,11 @@ class SummaryTrigger:
     message. Long-memory chats (people, events, dates asked about much
     later) gain from a large share; tool-heavy agents, whose next step depends on the
     newest results, from a small one.
+
+    ``max_summary_share`` and ``max_facts_share`` bound what the layers may take of what
+    the system prompt leaves of the budget, whatever they hold (a summary written long,
+    hundreds of facts): the summary is cut to its newest lines, the facts ranked by how
+    recently they were stated, and the audit warns. The window always keeps the rest.
     """
 
     max_messages: int | None = 30
@@ -84,6 +89,8 @@ class SummaryTrigger:
     max_summaries: int = 4
     min_fold: int = 2
     summary_share: float | None = None
+    max_summary_share: float = 0.35
+    max_facts_share: float = 0.2
 
     def __post_init__(self) -> None:
         for name in ("max_messages", "max_tokens", "every_user_turns", "keep_recent_tokens"):
@@ -102,6 +109,9 @@ class SummaryTrigger:
             raise ConfigError(
                 f"SummaryTrigger.summary_share is a fraction in (0, 1), got {self.summary_share}"
             )
+        for name in ("max_summary_share", "max_facts_share"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ConfigError(f"SummaryTrigger.{name} is a fraction in (0, 1]")
         if self.max_summaries < 1 or self.min_fold < 1:
             raise ConfigError("SummaryTrigger.max_summaries and min_fold must be at least 1")
         if not any(

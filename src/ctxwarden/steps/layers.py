@@ -116,12 +116,81 @@ class LayersStep:
                 warnings.extend(left_out)
             floor = max(floor, state.cut)
             due = summary_due(draft.history, state, ctx)
+        room = max(ctx.budget - ctx.fixed, 0)
+        trigger = ctx.policy.summary
+        facts_cap = int(room * trigger.max_facts_share)
+        if facts and state is not None and len(state.facts):
+            facts = _facts_within(state.facts, draft.history, facts_cap, ctx, warnings)
+        elif facts:
+            facts = _text_within(facts, facts_cap, ctx, "facts", warnings)
+        if summary and not (state is not None and trigger.summary_share is not None):
+            # (a focused view is already held within the share you chose)
+            cap = int(room * trigger.max_summary_share)
+            summary = _text_within(summary, cap, ctx, "summary", warnings)
         if facts:
             layers.append(("facts", Message.system(facts, id="ctxwarden:facts")))
         if summary:
             layers.append(("summary", Message.system(summary, id="ctxwarden:summary")))
         new = draft.but(layers=(*draft.layers, *layers), floor=floor, summary_due=due)
         return StepResult(new, (), tuple(warnings))
+
+
+def _tokens(text: str, ctx: StepContext) -> int:
+    return ctx.count(Message.system(text))
+
+
+def _text_within(text: str, cap: int, ctx: StepContext, layer: str, warnings: list[str]) -> str:
+    """``text`` if it fits ``cap`` tokens as a layer, else its newest lines that do (the
+    first line, a heading, kept): a summary's latest part is its level-one summary."""
+    if _tokens(text, ctx) <= cap:
+        return text
+    lines = text.splitlines()
+    head, body = (lines[0], lines[1:]) if len(lines) > 1 else ("", lines)
+    lo, hi = 0, len(body)  # the largest tail of body that fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _tokens("\n".join([head, *body[-mid:]]), ctx) <= cap:
+            lo = mid
+        else:
+            hi = mid - 1
+    kept = body[len(body) - lo :] if lo else []
+    warnings.append(
+        f"{layer} layer cut to its newest {lo} of {len(body)} line(s) to stay within "
+        f"{cap:,} tokens (summary.max_{layer}_share)"
+    )
+    return "\n".join([head, *kept]) if kept else ""
+
+
+def _facts_within(
+    facts: Facts, history: Sequence[Message], cap: int, ctx: StepContext, warnings: list[str]
+) -> str:
+    """The facts layer within ``cap`` tokens: the most recently stated facts first (the
+    rest stay in the record)."""
+    text = facts_layer_text(facts, history)
+    if not text or _tokens(text, ctx) <= cap:
+        return text
+    where = {m.id: i for i, m in enumerate(history)}
+    keys = list(facts)
+    rank = sorted(
+        range(len(keys)),
+        key=lambda k: (where.get(facts.source(keys[k]) or "", -1), k),
+        reverse=True,
+    )
+    lo, hi = 0, len(keys)
+    best = ""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        shown = {keys[k] for k in rank[:mid]}
+        candidate = facts.render(leave_out=[k for k in keys if k not in shown])
+        if _tokens(candidate, ctx) <= cap:
+            lo, best = mid, candidate
+        else:
+            hi = mid - 1
+    warnings.append(
+        f"facts layer shows the {lo} most recent of {len(keys)} facts to stay within "
+        f"{cap:,} tokens (summary.max_facts_share; every fact stays in the record)"
+    )
+    return best
 
 
 def summary_due(history: Sequence[Message], state: LayerState, ctx: StepContext) -> Any:

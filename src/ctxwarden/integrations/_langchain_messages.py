@@ -1,0 +1,177 @@
+"""LangChain messages <-> :class:`~ctxwarden.messages.Message`, without loss.
+
+Tool calls (``args`` as JSON text), ids, multimodal content blocks (text and
+``image_url`` parts as ours, any other block kept verbatim as a raw part) and every
+other field (under ``meta["langchain"]``, JSON-safe so a session can store it). Within
+one model call, the built messages map back to the very objects the request held
+(:func:`message_back`); a masked or truncated tool result is a copy with its new content.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from ctxwarden.errors import InvalidMessageError, MissingDependencyError
+from ctxwarden.integrations._common import stable_id
+from ctxwarden.messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
+
+try:
+    from langchain_core.messages import (
+        AIMessage,
+        AIMessageChunk,
+        BaseMessage,
+        ChatMessage,
+        HumanMessage,
+        SystemMessage,
+        ToolMessage,
+    )
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
+    raise MissingDependencyError("ctxwarden.integrations.langchain", "langchain") from exc
+
+__all__ = ["convert_history", "message_back", "message_from_langchain", "message_to_langchain"]
+
+_ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
+_CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "human": "user"}
+_CHAT_ROLES |= {"assistant": "assistant", "ai": "assistant"}
+_CLASSES: dict[str, type[BaseMessage]] = {
+    "system": SystemMessage,
+    "human": HumanMessage,
+    "ai": AIMessage,
+    "AIMessageChunk": AIMessageChunk,
+    "tool": ToolMessage,
+    "chat": ChatMessage,
+}
+_BY_ROLE = {"system": "system", "user": "human", "assistant": "ai", "tool": "tool"}
+_MODELLED = {"content", "id", "name", "tool_calls", "tool_call_id", "type"}
+
+
+# -- conversion -----------------------------------------------------------------------------
+
+
+def _part(block: Any) -> Part:
+    if isinstance(block, str):
+        return TextPart(block)
+    if isinstance(block, Mapping):
+        kind, keys = block.get("type"), set(block)
+        if kind == "text" and keys == {"type", "text"} and isinstance(block["text"], str):
+            return TextPart(block["text"])
+        image = block.get("image_url")
+        if (
+            kind == "image_url"
+            and keys == {"type", "image_url"}
+            and isinstance(image, Mapping)
+            and set(image) <= {"url", "detail"}
+            and isinstance(image.get("url"), str)
+        ):
+            return ImagePart(url=image["url"], detail=image.get("detail"))
+        return RawPart(dict(block))
+    raise InvalidMessageError(f"content blocks must be strings or dicts, got {type(block)}")
+
+
+def _content_from(content: Any) -> str | tuple[Part, ...]:
+    if isinstance(content, str):
+        return content
+    return tuple(_part(b) for b in content)
+
+
+def _content_to(content: str | tuple[Part, ...] | None) -> str | list[str | dict[str, Any]]:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    out: list[str | dict[str, Any]] = []
+    for p in content:
+        if isinstance(p, TextPart):
+            out.append({"type": "text", "text": p.text})
+        elif isinstance(p, ImagePart):
+            url: dict[str, Any] = {"url": p.url}
+            if p.detail is not None:
+                url["detail"] = p.detail
+            out.append({"type": "image_url", "image_url": url})
+        else:
+            out.append(dict(p.data))
+    return out
+
+
+def message_from_langchain(message: BaseMessage, *, index: int = 0) -> Message:
+    """One LangChain message as ours; ``index`` names it in errors and in a made-up id
+    (a message without an id gets one from its position and content)."""
+    kind = message.type
+    role = _ROLES.get(kind)
+    if isinstance(message, ChatMessage):
+        role = _CHAT_ROLES.get(message.role)
+    if role is None:
+        raise InvalidMessageError(
+            f"{type(message).__name__} cannot be converted: use System/Human/AI/ToolMessage",
+            index=index,
+        )
+    fields = message.model_dump(mode="json", exclude_defaults=True, exclude=_MODELLED)
+    calls: tuple[ToolCall, ...] = ()
+    if isinstance(message, AIMessage):
+        calls = tuple(
+            ToolCall(id=c.get("id") or "", name=c["name"], arguments=json.dumps(c["args"]))
+            for c in message.tool_calls
+        )
+    try:
+        return Message(
+            role=role,  # type: ignore[arg-type]
+            content=_content_from(message.content),
+            id=message.id or stable_id("lc", index, message.model_dump(mode="json")),
+            name=message.name,
+            tool_calls=calls,
+            tool_call_id=getattr(message, "tool_call_id", None) if role == "tool" else None,
+            meta={"langchain": {"type": kind, "id": message.id, "fields": fields}},
+        )
+    except InvalidMessageError as exc:
+        raise InvalidMessageError(exc.reason, index=index, field=exc.field) from None
+
+
+def message_to_langchain(message: Message) -> BaseMessage:
+    """Ours as a LangChain message: the exact inverse of :func:`message_from_langchain`;
+    a message from elsewhere (a ctxwarden layer) becomes the class its role names."""
+    info = message.meta.get("langchain") or {}
+    kind = info.get("type") or _BY_ROLE[message.role]
+    data: dict[str, Any] = dict(info.get("fields") or {})
+    data["content"] = _content_to(message.content)
+    data["id"] = info["id"] if "langchain" in message.meta else message.id
+    if message.name is not None:
+        data["name"] = message.name
+    if kind in ("ai", "AIMessageChunk"):
+        data["tool_calls"] = [
+            {"name": c.name, "args": c.parsed_arguments(), "id": c.id, "type": "tool_call"}
+            for c in message.tool_calls
+        ]
+    if kind == "tool":
+        data["tool_call_id"] = message.tool_call_id
+    if kind == "chat" and "role" not in data:
+        data["role"] = message.role
+    return _CLASSES[kind](**data)
+
+
+def convert_history(
+    system: SystemMessage | None, messages: Sequence[BaseMessage]
+) -> tuple[list[Message], dict[str, tuple[BaseMessage, Message]]]:
+    """Ours for ``[system, *messages]``, and each id's original and first conversion."""
+    ours: list[Message] = []
+    originals: dict[str, tuple[BaseMessage, Message]] = {}
+    items: Iterable[BaseMessage] = [system, *messages] if system is not None else messages
+    for i, lc in enumerate(items):
+        m = message_from_langchain(lc, index=i)
+        if m.id in originals:  # the same id twice: keep both, apart
+            m = replace(m, id=stable_id("lc", i, m.id))
+        originals[m.id] = (lc, m)
+        ours.append(m)
+    return ours, originals
+
+
+def message_back(m: Message, originals: Mapping[str, tuple[BaseMessage, Message]]) -> BaseMessage:
+    found = originals.get(m.id)
+    if found is None:
+        return message_to_langchain(m)
+    lc, first = found
+    if m.content == first.content and m.tool_calls == first.tool_calls:
+        return lc
+    return lc.model_copy(update={"content": _content_to(m.content)})
