@@ -138,10 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     for kind, c in sorted(report["by_kind"].items()):
         share = c["kept"] / c["needed"] if c["needed"] else 0.0
-        print(
-            f"  {kind:<12} {c['results']:>4} results  "
-            f"{c['kept']:>5} of {c['needed']:>5} kept ({share:.1%})"
-        )
+        counts = f"{c['kept']:>5} of {c['needed']:>5} kept ({share:.1%})"
+        print(f"  {kind:<12} {c['results']:>4} results  {counts}")
     return 0
 
 

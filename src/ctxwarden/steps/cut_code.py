@@ -17,7 +17,7 @@ import re
 from collections.abc import Sequence
 
 from ctxwarden.steps.cut_lines import select_lines, shorten_line
-from ctxwarden.steps.cut_log import term_regex
+from ctxwarden.steps.cut_log import term_hits
 from ctxwarden.steps.cut_text import Count, fmt
 from ctxwarden.steps.kinds import LINE_NUMBER
 
@@ -44,8 +44,8 @@ def truncate_code(
     n = len(lines)
     bodies = [LINE_NUMBER.sub("", line, count=1) for line in lines]
     numbered = sum(1 for line in lines if LINE_NUMBER.match(line)) >= 0.5 * max(n, 1)
-    wanted = term_regex(terms)
-    hits = [i for i in range(n) if wanted is not None and wanted.search(bodies[i])]
+    strength = term_hits("\n".join(bodies), bodies, terms)
+    hits = [i for i in range(n) if strength[i] == 2]
     near = [9] * n  # distance to the nearest hit, capped
     for i in hits:
         for j in range(max(i - 8, 0), min(i + 9, n)):
@@ -55,19 +55,21 @@ def truncate_code(
     first, last = (nonempty[0], nonempty[-1]) if nonempty else (0, 0)
     for i, body in enumerate(bodies):
         if not body.strip():
-            tier = 7
+            tier = 8
         elif near[i] == 0 or i in (first, last):
             tier = 0
-        elif near[i] <= _CONTEXT or SIGNATURE.match(body):
+        elif near[i] <= _CONTEXT:
             tier = 1
-        elif near[i] <= 2 * _CONTEXT or _IMPORT.match(body):
+        elif SIGNATURE.match(body):
             tier = 2
-        elif near[i] <= 8:
+        elif strength[i] or near[i] <= 2 * _CONTEXT or _IMPORT.match(body):
             tier = 3
+        elif near[i] <= 8:
+            tier = 4
         elif _COMMENT.match(body):
-            tier = 6
+            tier = 7
         else:
-            tier = 4 if i > 0 and SIGNATURE.match(bodies[i - 1]) else 5
+            tier = 5 if i > 0 and SIGNATURE.match(bodies[i - 1]) else 6
         tiers.append(tier)
 
     def marker(start: int, end: int) -> str:

@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 
 from ctxwarden.steps.cut_lines import prefix_counts, select_lines, shorten_line
-from ctxwarden.steps.cut_log import term_regex
+from ctxwarden.steps.cut_log import term_hits
 from ctxwarden.steps.cut_text import Count, fmt
 
 __all__ = ["truncate_diff"]
@@ -44,18 +44,14 @@ def truncate_diff(
             added[i] = changed[i] = 1
         elif line.startswith("-"):
             removed[i] = changed[i] = 1
-    wanted = term_regex(terms)
+    strength = term_hits(text, text.split("\n"), terms)
     tiers = []
     for i, line in enumerate(lines):
         if header[i]:
             tier = 0 if _FILE_HEADER.match(line) else 1
         elif changed[i]:
             tier = 2
-        elif (
-            (i > 0 and changed[i - 1])
-            or (i + 1 < n and changed[i + 1])
-            or (wanted is not None and wanted.search(line))
-        ):
+        elif (i > 0 and changed[i - 1]) or (i + 1 < n and changed[i + 1]) or strength[i] == 2:
             tier = 3
         elif _INDEX.match(line):
             tier = 4

@@ -31,10 +31,10 @@ from ctxwarden.steps.cut_trace import DEFAULT_LIBRARY_PATTERNS, truncate_stack_t
 
 __all__ = ["JSON_CAP_FACTOR", "MAX_CHARS", "examined_part", "truncate_by_kind"]
 
-#: Default cap on the characters of one result that truncation examines (1 MB of text
-#: is about 250,000 tokens: hundreds of times any sensible target).
-MAX_CHARS = 1_000_000
-JSON_CAP_FACTOR = 8
+#: Default cap on the characters of one result that truncation examines (500,000
+#: characters are about 125,000 tokens: hundreds of times any sensible target).
+MAX_CHARS = 500_000
+JSON_CAP_FACTOR = 16
 
 
 def examined_part(text: str, max_chars: int) -> str:
@@ -78,6 +78,8 @@ def truncate_by_kind(
             text, target_tokens=target_tokens, count=count, keep_fields=keep_fields, total=total
         )
     total = estimate_tokens(text, count) if total is None else total
+    if total <= target_tokens:
+        return text
     part = examined_part(text, max_chars)
     cut: str | None = None
     if kind == "stack_trace":

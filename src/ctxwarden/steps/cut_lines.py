@@ -11,7 +11,10 @@ markers took more than estimated.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import re
+from bisect import bisect_right
+from collections.abc import Callable, Iterator, Sequence
+from itertools import accumulate
 
 from ctxwarden.steps.cut_text import Count, fmt, may_fit
 
@@ -19,6 +22,8 @@ __all__ = [
     "NOT_EXAMINED_PREFIX",
     "Marker",
     "cut_lines_marker",
+    "line_starts",
+    "matching_lines",
     "prefix_counts",
     "select_lines",
     "shorten_line",
@@ -48,6 +53,20 @@ def cut_lines_marker(start: int, end: int) -> str:
     """The plain marker: how many lines were cut."""
     n = end - start
     return f"[... {fmt(n)} line{'s' * (n > 1)} cut ...]"
+
+
+def line_starts(lines: Sequence[str]) -> list[int]:
+    """Where each of ``lines`` (``text.split("\\n")``) starts in the text."""
+    return [0, *accumulate(len(line) + 1 for line in lines[:-1])]
+
+
+def matching_lines(
+    pattern: re.Pattern[str], text: str, starts: Sequence[int]
+) -> Iterator[tuple[int, re.Match[str]]]:
+    """``(line index, match)`` for every match of ``pattern`` in ``text``: one regex pass
+    over the whole text (C speed) instead of one search per line."""
+    for match in pattern.finditer(text):
+        yield bisect_right(starts, match.start()) - 1, match
 
 
 def prefix_counts(flags: bytearray) -> list[int]:

@@ -29,6 +29,7 @@ from ctxwarden.memory.entities import (
 )
 from ctxwarden.memory.entity_ledger import listed
 from ctxwarden.messages import Message
+from ctxwarden.steps.cut_html import html_to_text
 from ctxwarden.steps.kinds import load_json
 
 __all__ = ["CUT_VALUES_KEY", "with_cut_values"]
@@ -39,12 +40,14 @@ _PREFIX = "values in the cut part: "
 
 #: Results longer than this are sampled (their first and last parts) for the values
 #: they lost: extraction is regex work per character, and the note lists a few dozen.
-SAMPLE_CHARS = 65_536
+SAMPLE_CHARS = 24_000
 #: Kinds whose names (paths, dotted names, identifiers) are what the agent reuses.
 _NAMED_KINDS = frozenset({"code", "log", "diff", "stack_trace"})
 _TOKEN = re.compile(r"[\w./-]+")
 _CAMEL = re.compile(r"[a-z][A-Z]")
 _DEFINED = re.compile(r"\b(?:def|class|function|func|fn|struct|interface|trait|enum)\s+(\w+)")
+_IMPORTED = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import|import\s+([\w.]+))", re.MULTILINE)
+_OWN = ("self.", "cls.", "this.")
 
 
 def _is_name(token: str) -> bool:
@@ -56,27 +59,61 @@ def _is_name(token: str) -> bool:
 
 
 def _names(text: str, source_id: str) -> list[Entity]:
-    """Paths, dotted names and identifiers of a code listing, log or diff: the names
-    defined there first, then by how often they occur (first seen breaks ties)."""
+    """Paths, dotted names and identifiers of a code listing, log or diff: the modules it
+    imports, then the names it defines, then by how often they occur (first seen breaks
+    ties); ``self.x`` counts as ``x``."""
     seen: dict[str, int] = {}
     for raw in _TOKEN.findall(text):
         token = raw.strip(".-/") if raw[-1:] in ".-/" or raw[:1] in ".-" else raw
+        if token.startswith(_OWN):  # self.rhs is the attribute rhs
+            token = token.split(".", 1)[1]
         if _is_name(token):
             seen[token] = seen.get(token, 0) + 1
+    modules = {m.group(1) or m.group(2) for m in _IMPORTED.finditer(text)}
     defined = {m.group(1) for m in _DEFINED.finditer(text)}
     order = list(seen)
     rank = {t: k for k, t in enumerate(order)}
-    order.sort(key=lambda t: (t not in defined, -seen[t], rank[t]))
+    order.sort(key=lambda t: (t not in modules, t not in defined, -seen[t], rank[t]))
     return [Entity(t, "name", source_id, "path" if "/" in t else "name") for t in order]
 
 
-def _entities(original: Message) -> list[Entity]:
+def _cut_sample(text: str, truncated_text: str) -> str:
+    """Lines of ``text`` that ``truncated_text`` does not show: the first and the last
+    ones, :data:`SAMPLE_CHARS` in all, read from both ends without splitting the rest."""
+    kept = set(truncated_text.split("\n"))
+    half = SAMPLE_CHARS // 2
+    head: list[str] = []
+    size, pos = 0, 0
+    while size < half and pos < len(text):
+        end = text.find("\n", pos)
+        end = len(text) if end < 0 else end
+        line = text[pos : min(end, pos + half)]
+        if line not in kept:
+            head.append(line)
+            size += len(line) + 1
+        pos = end + 1
+    tail: list[str] = []
+    size, stop = 0, len(text)
+    while size < half and stop > pos:
+        start = text.rfind("\n", pos, stop) + 1
+        line = text[max(start, stop - half) : stop]
+        if line not in kept:
+            tail.append(line)
+            size += len(line) + 1
+        stop = start - 1
+    return "\n".join(head + tail[::-1])
+
+
+def _entities(original: Message, truncated_text: str) -> list[Entity]:
     """The entities of ``original``, bounded and safe on any text: a long result is
-    sampled, and JSON too deep to parse safely is read as text."""
+    sampled (its cut lines), JSON too deep to parse safely is read as text, and a page
+    by its visible text and links."""
     text = original.text
+    if original.kind == "html":  # the page's text and links, not its markup
+        text = html_to_text(text[: SAMPLE_CHARS * 4])
+        return extract_from_text(text[:SAMPLE_CHARS], original.id)
     if len(text) > SAMPLE_CHARS:
-        half = SAMPLE_CHARS // 2
-        return extract_from_text(f"{text[:half]}\n{text[-half:]}", original.id)
+        return extract_from_text(_cut_sample(text, truncated_text), original.id)
     if original.tool_calls:
         return extract_entities(original)
     is_json, data = load_json(text)
@@ -88,17 +125,13 @@ def _entities(original: Message) -> list[Entity]:
 def _lost(original: Message, truncated_text: str) -> list[Entity]:
     """Entities of ``original`` that the truncated text no longer shows, best first
     (for code, logs, diffs and traces: the names defined or used most, first)."""
-    found = [e for e in _entities(original) if e.value not in truncated_text]
+    found = [e for e in _entities(original, truncated_text) if e.value not in truncated_text]
     order = sorted(range(len(found)), key=lambda i: (-CATEGORY_TIERS.get(found[i].category, 1), i))
     ranked = [found[i] for i in order]
     if original.kind not in _NAMED_KINDS:
         return ranked
     text = original.text
-    sample = (
-        text
-        if len(text) <= SAMPLE_CHARS
-        else text[: SAMPLE_CHARS // 2] + "\n" + text[-SAMPLE_CHARS // 2 :]
-    )
+    sample = text if len(text) <= SAMPLE_CHARS else _cut_sample(text, truncated_text)
     names = [e for e in _names(sample, original.id) if e.value not in truncated_text]
     taken = {e.value for e in names}
     return names + [e for e in ranked if e.value not in taken]

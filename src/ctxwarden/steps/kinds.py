@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-from itertools import accumulate
 from typing import Any, Literal, get_args
 
 __all__ = [
@@ -22,8 +21,8 @@ __all__ = [
     "RESULT_KINDS",
     "ResultKind",
     "detect_kind",
-    "json_depth",
     "load_json",
+    "nests_deeper",
 ]
 
 ResultKind = Literal["stack_trace", "json", "article", "code", "log", "diff", "html", "text"]
@@ -33,18 +32,31 @@ RESULT_KINDS: tuple[str, ...] = get_args(ResultKind)
 #: would recurse that deep (Python's own limit is about 1,000 frames).
 MAX_JSON_DEPTH = 128
 
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_BRACKETS = re.compile(r"[^\[\]{}]+")
-_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+_NOISE = {c: None for c in range(128) if chr(c) not in '[]{}"'}  # ASCII to drop
+_NOT_SYNTAX = re.compile(r'[^\[\]{}"]+')
+_STRING = re.compile(r'"[^"]*"')
+_LEAF = re.compile(r"\[\]|\{\}")
 
 
-def json_depth(text: str) -> int:
-    """How deep the brackets of ``text`` nest, outside strings (a linear scan)."""
-    brackets = _BRACKETS.sub("", _STRING.sub("", text))
-    opening = brackets.count("[") + brackets.count("{")
-    if opening <= 1:
-        return opening
-    return max(accumulate(_STEP[c] for c in brackets))
+def nests_deeper(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the brackets of ``text`` (outside strings) nest deeper than ``limit``
+    (or, past ``limit`` openers, do not pair up: not JSON). Linear, in C-speed string
+    operations: escapes are dropped, then all but brackets and quotes, then what is
+    between quotes; each pass of one regex removes the innermost pairs, so ``limit``
+    passes empty any bracket string at most that deep."""
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    unescaped = text.replace("\\\\", "").replace('\\"', "")
+    syntax = _NOT_SYNTAX.sub("", unescaped.translate(_NOISE))  # brackets and quotes
+    brackets = _STRING.sub("", syntax)  # what is not inside a string
+    for _ in range(limit):
+        if not brackets:
+            return False
+        shorter = _LEAF.sub("", brackets)
+        if len(shorter) == len(brackets):
+            return True  # brackets that do not pair up: not JSON
+        brackets = shorter
+    return bool(brackets)
 
 
 def load_json(text: str) -> tuple[bool, Any]:
@@ -53,7 +65,7 @@ def load_json(text: str) -> tuple[bool, Any]:
     stripped = text.strip()
     if not stripped or stripped[0] not in "[{" or stripped[-1] not in "]}":
         return False, None
-    if json_depth(stripped) > MAX_JSON_DEPTH:
+    if nests_deeper(stripped):
         return False, None
     try:
         return True, json.loads(stripped)
@@ -79,9 +91,11 @@ _HTML_TAG = re.compile(
     r"|footer|main|script|style|link|meta|form|input|button)\b[^<>]*>",
     re.IGNORECASE,
 )
+_RUN_LINE = re.compile(r"^(?:E\s{2,}|={3,}|_{3,}|-{3,} |\d{4}-\d\d-\d\d|\[?\d\d:\d\d:\d\d)")
 _SENTENCE = re.compile(r"[.!?。](\s|$)")
-#: A source line's number as ``nl``, ``cat -n``, ``grep -n`` or an editor prints it.
-LINE_NUMBER = re.compile(r"^\s*\d+(?:\t|: |:|\s\|\s?|\s{2,})")
+#: A source line's number as ``nl``, ``cat -n``, ``grep -n`` (``12:`` for a match,
+#: ``13-`` for context) or an editor prints it.
+LINE_NUMBER = re.compile(r"^\s*\d+(?:\t|: |:|-(?=\s)|\s\|\s?|\s{2,})")
 _SIGNATURE = re.compile(
     r"^\s*(?:(?:export\s+|pub(?:\(\w+\))?\s+|public\s+|private\s+|protected\s+|static\s+"
     r"|async\s+|abstract\s+|final\s+)*(?:def|class|function|func|fn|struct|enum|trait"
@@ -110,10 +124,15 @@ def _looks_like_code(lines: list[str]) -> bool:
     body = [line for line in body if line.strip()]
     if len(body) < 8:
         return False
+    n = len(body)
     signatures = sum(1 for line in body if _SIGNATURE.match(line))
     code = sum(1 for line in body if _SIGNATURE.match(line) or _CODE_LINE.search(line))
     indented = sum(1 for line in body if line[:1] in " \t")
-    return signatures >= 2 and code >= 0.35 * len(body) and indented >= 0.2 * len(body)
+    if signatures >= 2 and code >= 0.35 * n and indented >= 0.2 * n:
+        return True
+    # a fragment from inside a function (sed -n '251,350p'): mostly indented statements,
+    # and none of a test run's or a log's own lines
+    return code >= 0.5 * n and indented >= 0.5 * n and not any(_RUN_LINE.match(x) for x in body)
 
 
 def _is_prose(lines: list[str], stripped: str) -> bool:

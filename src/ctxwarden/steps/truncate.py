@@ -29,7 +29,6 @@ by ``id()`` — and caches that pure function only: without it every output is t
 
 from __future__ import annotations
 
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
@@ -41,6 +40,7 @@ from ctxwarden.messages import Message
 from ctxwarden.steps.base import Action, StrategyContext, StrategyResult
 from ctxwarden.steps.cut_json import truncate_json
 from ctxwarden.steps.cut_kinds import MAX_CHARS, truncate_by_kind
+from ctxwarden.steps.cut_terms import request_terms
 from ctxwarden.steps.cut_text import fmt, truncate_article, truncate_text
 from ctxwarden.steps.cut_trace import DEFAULT_LIBRARY_PATTERNS, library_regex, truncate_stack_trace
 from ctxwarden.steps.cut_values import with_cut_values
@@ -83,42 +83,6 @@ class _Memo:
 
 _MEMO = _Memo(4096)
 
-# -- what the agent was looking for ---------------------------------------------------------------
-
-_SPLIT = re.compile(r"[^\w./-]+")
-_QUOTED = re.compile(r"""["'`]([^"'`\n]{3,80})["'`]""")
-_CAMEL = re.compile(r"[a-z][A-Z]")
-_MAX_TERMS = 48
-
-
-def _distinctive(token: str) -> bool:
-    """A path, a dotted name or an identifier (``_``, a camelCase step, a digit)."""
-    return len(token) >= 4 and (
-        any(c in token for c in "/._") or bool(_CAMEL.search(token)) or token.isdigit()
-    )
-
-
-def request_terms(request: Message | None, call_id: str | None = None) -> tuple[str, ...]:
-    """The terms a result was asked for: distinctive tokens (paths, dotted names,
-    identifiers) and quoted words of the call's arguments and the assistant's text.
-    First seen first, at most 48."""
-    if request is None:
-        return ()
-    texts = [c.arguments for c in request.tool_calls if call_id is None or c.id == call_id]
-    texts.append(request.text)
-    found: dict[str, None] = {}
-    for text in texts:
-        for quoted in _QUOTED.findall(text):
-            for token in _SPLIT.split(quoted):
-                token = token.strip("./-")
-                if len(token) >= 3 and not token.isdigit():
-                    found.setdefault(token, None)
-        for token in _SPLIT.split(text):
-            token = token.strip(".-")
-            if _distinctive(token):
-                found.setdefault(token, None)
-    return tuple(found)[:_MAX_TERMS]
-
 
 def _counter_key(fn: Callable[..., Any] | None) -> Hashable | None:
     """What identifies a counting function for the memo: a :class:`TokenCounter`'s
@@ -146,7 +110,7 @@ class TruncateToolResults:
     takes them only once the result is masked or leaves.
 
     ``max_chars`` caps how much of one result is examined (the first and last parts of a
-    longer one; JSON is parsed whole up to 8 times that). ``count_text`` (a text
+    longer one; JSON is parsed whole up to 16 times that). ``count_text`` (a text
     counter, e.g. ``TokenCounter.count_text``) is used while searching for the cut;
     without it each candidate is counted as a whole message through ``ctx.count``.
     """
@@ -198,13 +162,23 @@ class TruncateToolResults:
         """``message`` cut to the target (the same object when nothing is cut);
         ``count_text`` counts the drafts (else ``self.count_text``, else ``count``);
         ``request`` is the assistant message that made the call (its terms are kept)."""
+        drafts = self.count_text or count_text
+        counter = _counter_key(drafts) if drafts is not None else _counter_key(count)
+        return self._truncate(message, count, drafts, counter, request)
+
+    def _truncate(
+        self,
+        message: Message,
+        count: Callable[[Message], int],
+        drafts: Callable[[str], int] | None,
+        counter: Hashable | None,
+        request: Message | None,
+    ) -> Message:
         if not self._cuttable(message):
             return message
         before = count(message)
         if before <= self.threshold_tokens:
             return message
-        drafts = self.count_text or count_text
-        counter = _counter_key(drafts) if drafts is not None else _counter_key(count)
         key: Hashable | None = None
         if counter is not None:
             # the cut message itself is memoised (per id: the fingerprint ignores ids),
@@ -271,12 +245,14 @@ class TruncateToolResults:
         out: list[Message] = []
         actions: list[Action] = []
         requests: dict[str, Message] = {}  # tool_call_id -> the assistant message
+        drafts = self.count_text or ctx.count_text
+        counter = _counter_key(drafts) if drafts is not None else _counter_key(ctx.count)
         for message in messages:
             if message.tool_calls:
                 for call in message.tool_calls:
                     requests[call.id] = message
             request = requests.get(message.tool_call_id or "") if message.role == "tool" else None
-            new = self.truncate(message, ctx.count, ctx.count_text, request)
+            new = self._truncate(message, ctx.count, drafts, counter, request)
             if new is not message:
                 before, after = ctx.count(message), ctx.count(new)
                 actions.append(

@@ -1,0 +1,79 @@
+"""What the agent was looking for when it called a tool: the terms a cut keeps.
+
+A code listing, a log or a diff is read for something: the function a ``grep -n`` looked
+for, the file a ``sed -n`` printed, the name the assistant said it would check. Those
+*terms* come from the request that produced the result — the call's arguments and the
+assistant's text around the call — never from later messages, so a result is cut the
+same way at every turn (the cached prefix holds) and the cut is a function of the
+result and its request only.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ctxwarden.messages import Message
+from ctxwarden.steps.kinds import load_json
+
+__all__ = ["request_terms"]
+
+_SPLIT = re.compile(r"[^\w./-]+")
+_QUOTED = re.compile(r"""["'`]([^"'`\n]{3,80})["'`]""")
+_CAMEL = re.compile(r"[a-z][A-Z]")
+_MAX_TERMS = 48
+
+
+def _distinctive(token: str) -> bool:
+    """A path, a dotted name or an identifier (``_``, a camelCase step, a digit)."""
+    return len(token) >= 4 and (
+        any(c in token for c in "/._") or bool(_CAMEL.search(token)) or token.isdigit()
+    )
+
+
+def _strings(value: Any) -> list[str]:
+    """The string leaves of a parsed JSON value (iteratively)."""
+    out: list[str] = []
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            out.append(node)
+        elif isinstance(node, dict):
+            stack.extend(reversed(list(node.values())))
+        elif isinstance(node, list):
+            stack.extend(reversed(node))
+    return out
+
+
+def _arguments(arguments: str) -> list[str]:
+    """A call's argument values; its raw text when that is not JSON (or too deep)."""
+    ok, doc = load_json(arguments)
+    return _strings(doc) if ok else [arguments]
+
+
+def request_terms(request: Message | None, call_id: str | None = None) -> tuple[str, ...]:
+    """The terms a result was asked for: the quoted words of the call's arguments, and
+    the distinctive tokens (paths, dotted names, identifiers) of its arguments and of the
+    assistant's text around the call. First seen first, at most 48."""
+    if request is None:
+        return ()
+    arguments = [
+        value
+        for c in request.tool_calls
+        if call_id is None or c.id == call_id
+        for value in _arguments(c.arguments)
+    ]
+    found: dict[str, None] = {}
+    for text in arguments:  # a quoted word of a call is searched for: grep -n "def run"
+        for quoted in _QUOTED.findall(text):
+            for token in _SPLIT.split(quoted):
+                token = token.strip("./-")
+                if len(token) >= 3 and not token.isdigit():
+                    found.setdefault(token, None)
+    for text in [*arguments, request.text]:
+        for token in _SPLIT.split(text):
+            token = token.strip(".-")
+            if _distinctive(token):
+                found.setdefault(token, None)
+    return tuple(found)[:_MAX_TERMS]
