@@ -62,6 +62,10 @@ class Recorded:
         return json.loads(self.body)
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # the default 5 drops connections under a load test
+
+
 class ScriptedServer:
     """A threaded HTTP server replaying a queue of :class:`Reply` objects; once the
     queue is empty, ``responder`` (if given) answers each request from its content."""
@@ -73,7 +77,7 @@ class ScriptedServer:
         self._replies: deque[Reply] = deque()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._httpd = _Server(("127.0.0.1", 0), self._handler())
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True

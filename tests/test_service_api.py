@@ -3,7 +3,9 @@ process), on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import pathlib
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -12,11 +14,11 @@ import httpx2
 import openai
 import pytest
 from llm_servers import Reply, ScriptedServer, openai_completion
-from service_harness import ProxyServer, add_tenant, cli, module_db, sid
+from service_harness import ProxyServer, add_tenant, cli, db_url, module_db, sid
 
 from ctxwarden.service.metrics import METRIC_NAMES
 
-__all__ = ["module_db"]
+__all__ = ["db_url", "module_db"]
 
 
 @dataclass
@@ -173,3 +175,52 @@ def test_openapi_schema_lists_the_routes(env: Env) -> None:
         "/v1/sessions/{session_id}/builds",
         "/v1/sessions/{session_id}/recall/{handle}",
     } <= paths
+
+
+def test_summaries_run_after_calls_and_reach_the_next_build(
+    db_url: str, tmp_path: pathlib.Path
+) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[summary]\nmax_messages = 6\nkeep_recent = 2\n")
+    upstream = ScriptedServer(lambda r: Reply(body=openai_completion("noted"))).start()
+    key = add_tenant(db_url, "acme")
+    proxy = ProxyServer(
+        db_url,
+        upstream=upstream.url + "/v1",
+        extra=("--summarizer", "offline", "--policy", str(policy)),
+    )
+    session = sid()
+    history: list[dict[str, Any]] = [{"role": "system", "content": "You help with orders."}]
+    for i in range(5):
+        history += [
+            {"role": "user", "content": f"Order ORD-{700 + i} costs {100 + i} EUR."},
+            {"role": "assistant", "content": f"Noted ORD-{700 + i}."},
+        ]
+    history.append({"role": "user", "content": "Summarise my orders."})
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0)
+    try:
+        with client:
+            headers = {"X-Ctxwarden-Session": session}
+            client.chat.completions.create(model="gpt-4o", messages=history, extra_headers=headers)
+            deadline = time.monotonic() + 20
+            detail: dict[str, Any] = {}
+            while time.monotonic() < deadline:
+                _, detail = proxy.get(f"/v1/sessions/{session}", key)
+                if detail["summary"]:
+                    break
+                time.sleep(0.1)
+            assert detail["summary"] and "ORD-700" in detail["summary"]
+            history += [
+                {"role": "assistant", "content": "noted"},
+                {"role": "user", "content": "ok"},
+            ]
+            client.chat.completions.create(model="gpt-4o", messages=history, extra_headers=headers)
+        sent = upstream.requests[-1].json["messages"]
+        assert any("ORD-700" in str(m["content"]) for m in sent if m["role"] == "system")
+        assert len(sent) < len(history)
+        _, text = proxy.get("/metrics")
+        assert re.search(r"ctxwarden_summaries_run_total [1-9]", text)
+        assert re.search(r"ctxwarden_summaries_failed_total 0", text)
+    finally:
+        proxy.stop()
+        upstream.stop()

@@ -52,6 +52,13 @@ def serve(
     upstream_timeout: Annotated[
         float, typer.Option("--upstream-timeout", help="Seconds before an upstream call is a 504.")
     ] = 600.0,
+    summarizer: Annotated[
+        str | None,
+        typer.Option(
+            "--summarizer",
+            help="Summarise after calls: 'offline' or a provider spec (openai:gpt-4o-mini).",
+        ),
+    ] = None,
     registry: RegistryOpt = None,
 ) -> None:
     """Run the context-managing proxy (OpenAI /v1/chat/completions, Anthropic /v1/messages),
@@ -69,6 +76,7 @@ def serve(
         registry=registry_from(registry) if registry else None,
         max_body_bytes=int(max_body_mb * 1024 * 1024),
         upstream_timeout=upstream_timeout,
+        summarizer=summarizer,
     )
     typer.echo(f"ctxwarden serving on http://{host}:{port} (store {db})", err=True)
     run(config, host=host, port=port)

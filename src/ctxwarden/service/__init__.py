@@ -35,6 +35,12 @@ def serve(
         import uvicorn as server
     except ImportError as exc:
         raise MissingDependencyError("ctxwarden serve", "server") from exc
-    options: dict[str, Any] = {"log_level": "warning", "access_log": False}
+    # keep-alive well above clients' pool expiry (httpx: 5 s, as uvicorn's default): a
+    # server closing an idle connection just as a client reuses it is a connection error
+    options: dict[str, Any] = {
+        "log_level": "warning",
+        "access_log": False,
+        "timeout_keep_alive": 75,
+    }
     options.update(uvicorn)
     server.run(create_app(config), host=host, port=port, **options)

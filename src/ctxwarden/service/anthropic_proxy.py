@@ -29,6 +29,7 @@ from ctxwarden.service.errors import ServiceError, from_library
 from ctxwarden.service.forward import forward
 from ctxwarden.service.history import message_key
 from ctxwarden.service.pipeline import Call, Prepared
+from ctxwarden.service.schema import ANTHROPIC_BODY, PROXY_ERRORS
 from ctxwarden.service.sse import AnthropicReply, parse_frame
 
 __all__ = ["AnthropicWire", "router"]
@@ -127,7 +128,7 @@ class AnthropicWire:
         return _Reader()
 
 
-@router.post("/v1/messages")
+@router.post("/v1/messages", responses=PROXY_ERRORS, openapi_extra=ANTHROPIC_BODY)
 async def messages(request: Request, tenant: CurrentTenant) -> Response:
     """Build the context from the stored session and forward it (see the module)."""
     hub = hub_of(request)

@@ -28,6 +28,7 @@ from ctxwarden.service.config import ServiceConfig
 from ctxwarden.service.errors import ServiceError, error_body
 from ctxwarden.service.hub import Hub
 from ctxwarden.service.metrics import Metrics
+from ctxwarden.service.schema import PROXY_ERRORS
 from ctxwarden.service.upstream import Upstream, UpstreamFailure
 
 __all__ = ["create_app"]
@@ -81,9 +82,15 @@ def create_app(config: ServiceConfig) -> FastAPI:
                 config.anthropic_upstream, config.anthropic_api_key, "anthropic", **timeouts
             )
         app.state.hub, app.state.upstreams, app.state.started = hub, upstreams, time.time()
+        if config.summarizer:
+            from ctxwarden.service.summaries import Summaries
+
+            hub.summaries = Summaries(hub, config.summarizer)
         try:
             yield
         finally:
+            if hub.summaries is not None:
+                await hub.summaries.aclose()
             for upstream in upstreams.values():
                 await upstream.aclose()
             hub.close()
@@ -121,12 +128,12 @@ def create_app(config: ServiceConfig) -> FastAPI:
         """The process is up."""
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["ops"])
+    @app.get("/readyz", tags=["ops"], responses={503: {"description": "The store does not answer"}})
     async def readyz(request: Request) -> Response:
         """The store answers (one short read); 503 when it does not."""
         hub = hub_of(request)
         try:
-            await anyio.to_thread.run_sync(hub.store.get_session, "_readyz", "_readyz")
+            await hub.run(hub.store.get_session, "_readyz", "_readyz")
         except Exception as exc:  # any failure means not ready
             return JSONResponse({"status": "unavailable", "error": str(exc)}, 503)
         return JSONResponse({"status": "ready", "upstreams": sorted(request.app.state.upstreams)})
@@ -137,7 +144,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
 
-    @app.get("/v1/models", tags=["proxy"])
+    @app.get("/v1/models", tags=["proxy"], responses=PROXY_ERRORS)
     async def models(request: Request, tenant: CurrentTenant) -> Response:
         """The upstream's model list when it answers, else the registry's models."""
         upstream = request.app.state.upstreams.get("openai")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import anyio.to_thread
 from fastapi import Depends
 from starlette.requests import Request
 
@@ -45,7 +44,7 @@ async def authenticate(request: Request) -> Tenant:
             401, "missing API key: send your ctxwarden tenant key as Authorization: Bearer KEY"
         )
     hub = hub_of(request)
-    record = await anyio.to_thread.run_sync(tenant_by_key_hash, hub.store, hash_key(key))
+    record = await hub.run(tenant_by_key_hash, hub.store, hash_key(key))
     if record is None:
         raise ServiceError(401, "invalid or revoked API key")
     return hub.tenant(record)

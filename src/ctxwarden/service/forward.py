@@ -21,7 +21,6 @@ from contextlib import AsyncExitStack
 from typing import Any, Protocol
 
 import anyio
-import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -69,7 +68,9 @@ class Wire(Protocol):
 async def _finish(
     hub: Hub, prepared: Prepared, reply: Message | None, usage: Usage | None, status: str
 ) -> None:
-    await anyio.to_thread.run_sync(finish, hub, prepared, reply, usage, status)
+    await hub.run(finish, hub, prepared, reply, usage, status)
+    if reply is not None and hub.summaries is not None:
+        hub.summaries.after_call(prepared.call.tenant, prepared.synced.session, prepared.call.model)
 
 
 async def forward(
@@ -83,7 +84,7 @@ async def forward(
     try:
         started = time.perf_counter()
         try:
-            prepared = await anyio.to_thread.run_sync(prepare, hub, call)
+            prepared = await hub.run(prepare, hub, call)
         except CtxwardenError as exc:
             raise from_library(exc) from exc
         hub.metrics.build_seconds.labels(wire.api).observe(time.perf_counter() - started)

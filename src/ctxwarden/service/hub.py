@@ -4,8 +4,11 @@ One :class:`Hub` per app. Sessions are kept open in a small LRU (a
 :class:`~ctxwarden.Session` caches decoded messages across builds, so the next turn's
 build decodes only what is new). Calls on one client session are serialised by an
 ``asyncio`` lock held for the whole call, so a reply is always stored right after the
-history it answers; calls on different sessions run concurrently. Store work runs in
-worker threads (SQLite and psycopg are blocking), never on the event loop.
+history it answers; calls on different sessions run concurrently. Store work and builds run in
+worker threads (SQLite and psycopg are blocking), never on the event loop, through
+:meth:`Hub.run`: at most one at a time on SQLite (one writer anyway; more threads only
+meet in SQLite's busy-wait, which sleeps up to 100 ms per retry, and fight for the GIL),
+a few on PostgreSQL (its pool).
 """
 
 from __future__ import annotations
@@ -13,11 +16,14 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+import anyio.to_thread
 
 from ctxwarden import Policy, Session
 from ctxwarden.service.config import ServiceConfig
@@ -30,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["Hub", "Tenant"]
 
 _OPEN_SESSIONS = 512
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,12 @@ class Hub:
         self._sessions: OrderedDict[tuple[str, str], Session] = OrderedDict()
         self._sessions_lock = threading.Lock()
         self._locks: dict[tuple[str, str], tuple[asyncio.Lock, int]] = {}
+        self.summaries: Any = None  # service.summaries.Summaries with --summarizer
+        self._workers = anyio.CapacityLimiter(1 if self.store.url.startswith("sqlite") else 4)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a worker thread, within the store's concurrency (see above)."""
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self._workers)
 
     def close(self) -> None:
         self.store.close()

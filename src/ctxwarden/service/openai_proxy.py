@@ -29,6 +29,7 @@ from ctxwarden.service.errors import ServiceError
 from ctxwarden.service.forward import forward
 from ctxwarden.service.history import content_text, wire_key
 from ctxwarden.service.pipeline import Call, Prepared
+from ctxwarden.service.schema import OPENAI_BODY, PROXY_ERRORS
 from ctxwarden.service.sse import OpenAIReply, parse_frame
 
 __all__ = ["OpenAIWire", "router"]
@@ -130,7 +131,7 @@ def _derived_parts(messages: list[Any]) -> tuple[str, str]:
     )
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", responses=PROXY_ERRORS, openapi_extra=OPENAI_BODY)
 async def chat_completions(request: Request, tenant: CurrentTenant) -> Response:
     """Build the context from the stored session and forward it (see the module)."""
     hub = hub_of(request)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import anyio.to_thread
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 from starlette.requests import Request
@@ -22,11 +21,12 @@ from ctxwarden.formats import message_to_openai
 from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.errors import ServiceError, from_library
 from ctxwarden.service.hub import Hub, Tenant
+from ctxwarden.service.schema import ERRORS
 from ctxwarden.store.service_tables import delete_session, list_builds
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"], responses=ERRORS)
 
 
 class SessionInfo(BaseModel):
@@ -93,9 +93,9 @@ class Recalled(BaseModel):
     message: dict[str, Any]
 
 
-async def _run(fn: Any, *args: Any) -> Any:
+async def _run(hub: Hub, fn: Any, *args: Any) -> Any:
     try:
-        return await anyio.to_thread.run_sync(fn, *args)
+        return await hub.run(fn, *args)
     except CtxwardenError as exc:
         raise from_library(exc) from exc
 
@@ -119,7 +119,7 @@ def _info(record: Any) -> dict[str, Any]:
 @router.get("", response_model=SessionList)
 async def list_all(request: Request, tenant: CurrentTenant) -> Any:
     hub = hub_of(request)
-    records = await _run(hub.store.list_sessions, tenant.name)
+    records = await _run(hub, hub.store.list_sessions, tenant.name)
     return {"sessions": [_info(r) for r in records]}
 
 
@@ -146,7 +146,7 @@ async def show(session_id: str, request: Request, tenant: CurrentTenant) -> Any:
             "cost_usd": record.dollars,
         }
 
-    return await _run(detail)
+    return await _run(hub, detail)
 
 
 @router.get("/{session_id}/messages", response_model=MessagePage)
@@ -171,7 +171,7 @@ async def messages(
         out = [message_to_openai(r.message, with_meta=meta) for r in rows]
         return {"messages": out, "next_offset": nxt}
 
-    return await _run(page)
+    return await _run(hub, page)
 
 
 @router.post("/{session_id}/messages", response_model=Appended)
@@ -179,7 +179,7 @@ async def append(session_id: str, body: AppendBody, request: Request, tenant: Cu
     """Append messages (creating the session when new); all or nothing."""
     hub = hub_of(request)
     async with hub.locked(tenant.name, session_id):
-        seqs = await _run(lambda: hub.session(tenant.name, session_id).append(body.messages))
+        seqs = await _run(hub, lambda: hub.session(tenant.name, session_id).append(body.messages))
     return {"seqs": seqs}
 
 
@@ -196,7 +196,7 @@ async def build(session_id: str, body: BuildBody, request: Request, tenant: Curr
         return {"messages": built.to_openai(), "audit": built.audit.to_dict()}
 
     async with hub.locked(tenant.name, session_id):
-        return await _run(run)
+        return await _run(hub, run)
 
 
 @router.get("/{session_id}/builds", response_model=BuildPage)
@@ -221,7 +221,7 @@ async def builds(
             "next_offset": offset + limit if more else None,
         }
 
-    return await _run(page)
+    return await _run(hub, page)
 
 
 @router.get("/{session_id}/recall/{handle}", response_model=Recalled)
@@ -241,7 +241,7 @@ async def recall(session_id: str, handle: str, request: Request, tenant: Current
             raise ServiceError(404, f"no message {handle!r} in session {session_id!r}")
         return {"handle": handle, "seq": seq, "message": message_to_openai(rows[0].message)}
 
-    return await _run(find)
+    return await _run(hub, find)
 
 
 @router.delete("/{session_id}", status_code=204, response_class=Response)
@@ -249,7 +249,7 @@ async def delete(session_id: str, request: Request, tenant: CurrentTenant) -> Re
     """Delete the session with its messages, ledger and builds."""
     hub = hub_of(request)
     async with hub.locked(tenant.name, session_id):
-        found = await _run(delete_session, hub.store, tenant.name, session_id)
+        found = await _run(hub, delete_session, hub.store, tenant.name, session_id)
     if not found:
         raise ServiceError(404, f"no session {session_id!r}")
     hub.forget(tenant.name, session_id)

@@ -48,9 +48,12 @@ class Upstream:
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.kind = kind
+        limits = httpx2.Limits(max_connections=512, max_keepalive_connections=128)
         self.client = httpx2.AsyncClient(
             timeout=httpx2.Timeout(timeout, connect=connect_timeout),
-            limits=httpx2.Limits(max_connections=512, max_keepalive_connections=128),
+            # a connection refused or reset while connecting never reached upstream:
+            # retrying it is safe (nothing is retried once the request was sent)
+            transport=httpx2.AsyncHTTPTransport(retries=2, limits=limits),
         )
 
     async def aclose(self) -> None:

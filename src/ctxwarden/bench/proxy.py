@@ -1,0 +1,360 @@
+"""What ``ctxwarden serve`` adds to a call: latency, CPU, throughput, errors (R14).
+
+Run: ``python -m ctxwarden.bench.proxy [--db URL] [--clients 1,64] [--steps 40,10]``.
+
+A local upstream that answers instantly (:mod:`ctxwarden.bench.proxy_upstream`, its own
+process) and ``ctxwarden serve`` (its own process, one worker, SQLite in a temporary
+file unless ``--db``) are started; then an agent conversation of 200 tool-using
+messages (~330 KB of JSON) is sent by 1 and by 64 concurrent clients, each its own
+session, each request echoing the previous reply and adding a user message (as an
+agent does), JSON and streamed, to the upstream directly and through the proxy. Two
+clients: the real ``openai`` SDK (which spends tens of ms preparing such a body
+itself), and pre-built bodies posted over ``httpx2``. Reported per case: p50/p99
+latency, the p50/p99 added over calling the upstream directly, requests per second,
+errors, and the proxy process's CPU per request (from ``/proc``). The first call of each
+session (it stores the 200 messages) is a warm-up, timed apart. At the end every stored
+session is read back: it must hold exactly the history sent plus each reply, once, in
+order, on the session id the client named (no branch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ctxwarden.bench.proxy_upstream import REPLY_TEXT
+from ctxwarden.store import open_store
+
+__all__ = ["Case", "conversation", "main"]
+
+MODEL = "gpt-4o"
+_WORDS = (
+    "order", "shipment", "customer", "refund", "invoice", "account", "status", "pending",
+    "delivered", "warehouse", "carrier", "tracking", "address", "payment", "card", "billing",
+    "support", "ticket", "priority", "escalation", "product", "quantity", "price", "discount",
+    "coupon", "return", "policy", "window", "business", "days", "label",
+)  # fmt: skip
+
+
+def conversation(messages: int = 200, seed: int = 7) -> list[dict[str, Any]]:
+    """A tool-using support agent: per turn a question, a lookup call, its JSON result
+    (~5.6 KB) and an answer; ``messages`` in all, system prompt first."""
+    rng = random.Random(seed)
+
+    def words(n: int) -> str:
+        return " ".join(rng.choice(_WORDS) for _ in range(n))
+
+    out: list[dict[str, Any]] = [{"role": "system", "content": "You are a support agent. " * 8}]
+    turn = 0
+    while len(out) < messages:
+        cid = f"call_{turn}"
+        rows = [{"id": f"ORD-{turn}-{i}", "note": words(60)} for i in range(12)]
+        out += [
+            {"role": "user", "content": f"Turn {turn}: " + words(25)},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": cid, "type": "function",
+                 "function": {"name": "lookup", "arguments": json.dumps({"q": turn})}}]},
+            {"role": "tool", "tool_call_id": cid, "content": json.dumps({"rows": rows})},
+            {"role": "assistant", "content": words(30)},
+        ]  # fmt: skip
+        turn += 1
+    return out[:messages]
+
+
+def history_at(base: list[dict[str, Any]], step: int) -> list[dict[str, Any]]:
+    """What a client sends at ``step``: the base, then per earlier step the reply it got
+    and a new user message."""
+    out = list(base)
+    for k in range(step):
+        out += [
+            {"role": "assistant", "content": REPLY_TEXT},
+            {"role": "user", "content": f"next {k}"},
+        ]
+    return out
+
+
+@dataclass
+class Case:
+    target: str  # direct | proxy
+    client: str  # sdk | httpx
+    mode: str  # json | stream
+    clients: int
+    latencies: list[float]
+    warmup: list[float]
+    errors: int
+    seconds: float
+    cpu_seconds: float | None = None
+    build_seconds: float | None = None  # the server's own sync + build time, per call
+
+    @property
+    def requests(self) -> int:
+        return len(self.latencies)
+
+    def pct(self, q: float) -> float:
+        data = sorted(self.latencies)
+        return data[min(len(data) - 1, int(q * len(data)))] * 1000 if data else float("nan")
+
+
+def _cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _build_seconds(base_url: str) -> tuple[float, float]:
+    """``(sum, count)`` of the proxy's ``ctxwarden_build_seconds`` histogram."""
+    import urllib.request
+
+    with urllib.request.urlopen(base_url.removesuffix("/v1") + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    found = {}
+    for line in text.splitlines():
+        for part in ("sum", "count"):
+            if line.startswith(f'ctxwarden_build_seconds_{part}{{api="openai"}}'):
+                found[part] = float(line.rsplit(" ", 1)[1])
+    return found.get("sum", 0.0), found.get("count", 0.0)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"ctxwarden serve exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"{url} did not answer in {timeout:.0f} s")
+
+
+async def _one(kind: str, mode: str, http: Any, sdk: Any, url: str, session: str,
+               body: bytes, messages: list[dict[str, Any]], key: str) -> None:  # fmt: skip
+    headers = {"authorization": f"Bearer {key}", "x-ctxwarden-session": session,
+               "content-type": "application/json"}  # fmt: skip
+    if kind == "sdk":
+        extra = {"X-Ctxwarden-Session": session}
+        if mode == "stream":
+            stream = await sdk.chat.completions.create(
+                model=MODEL, messages=messages, stream=True, extra_headers=extra
+            )
+            text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        else:
+            done = await sdk.chat.completions.create(
+                model=MODEL, messages=messages, extra_headers=extra
+            )
+            text = done.choices[0].message.content
+        if text != REPLY_TEXT:
+            raise AssertionError(f"unexpected reply {text!r}")
+        return
+    if mode == "stream":
+        async with http.stream("POST", url, content=body, headers=headers) as r:
+            raw = b"".join([c async for c in r.aiter_bytes()])
+            if r.status_code != 200 or b"[DONE]" not in raw:
+                raise AssertionError(f"status {r.status_code}")
+        return
+    r = await http.post(url, content=body, headers=headers)
+    if r.status_code != 200:
+        raise AssertionError(f"status {r.status_code}: {r.text[:200]}")
+
+
+async def _case(target: str, kind: str, mode: str, clients: int, steps: int, base_url: str,
+                key: str, bodies: dict[bool, list[bytes]], histories: list[list[dict[str, Any]]],
+                pid: int | None) -> tuple[Case, list[str]]:  # fmt: skip
+    import httpx2
+    import openai
+
+    http = httpx2.AsyncClient(limits=httpx2.Limits(max_connections=clients + 4), timeout=120)
+    sdk = openai.AsyncOpenAI(base_url=base_url, api_key=key, http_client=http, max_retries=0)
+    url = base_url + "/chat/completions"
+    sessions = [f"bench-{mode}-{kind}-{clients}-{uuid.uuid4().hex[:8]}" for _ in range(clients)]
+    stream = mode == "stream"
+    errors = 0
+    failed: set[str] = set()
+    seen: list[str] = []
+    warm: list[float] = []
+    lat: list[float] = []
+
+    async def call(session: str, step: int, into: list[float]) -> None:
+        nonlocal errors
+        t = time.perf_counter()
+        try:
+            await _one(kind, mode, http, sdk, url, session, bodies[stream][step],
+                       histories[step], key)  # fmt: skip
+            into.append(time.perf_counter() - t)
+        except Exception as exc:
+            errors += 1
+            failed.add(session)
+            if len(seen) < 3:
+                seen.append(f"{type(exc).__name__}: {str(exc)[:160]}")
+
+    try:
+        for s in sessions:  # warm-up: the first call of a session stores its 200 messages
+            await call(s, 0, warm)
+        cpu0 = _cpu(pid) if pid else None
+        built0 = _build_seconds(base_url) if pid else (0.0, 0.0)
+        start = time.perf_counter()
+
+        async def agent(session: str) -> None:
+            for step in range(1, steps + 1):
+                await call(session, step, lat)
+
+        await asyncio.gather(*(agent(s) for s in sessions))
+        seconds = time.perf_counter() - start
+        cpu = (_cpu(pid) - cpu0) if pid and cpu0 is not None else None
+        build = None
+        if pid:
+            built1 = _build_seconds(base_url)
+            build = (built1[0] - built0[0]) / max(built1[1] - built0[1], 1)
+    finally:
+        await http.aclose()
+    for line in seen:
+        print(f"    error: {line}", flush=True)
+    case = Case(target, kind, mode, clients, lat, warm, errors, seconds, cpu, build)
+    return case, [s for s in sessions if s not in failed]  # a failed call's session is not checked
+
+
+def _check_store(db: str, sessions: dict[str, int], base: list[dict[str, Any]]) -> list[str]:
+    """Every proxied session holds exactly what was sent plus each reply, once, in order."""
+    problems = []
+    with open_store(db) as store:
+        names = {s.session_id for s in store.list_sessions("bench")}
+        branches = sorted(n for n in names if "~b" in n)
+        if branches:
+            problems.append(f"{len(branches)} branch sessions: {branches[:3]}")
+        for session, steps in sessions.items():
+            want = [*history_at(base, steps), {"role": "assistant", "content": REPLY_TEXT}]
+            got = [m.message for m in store.iter_messages("bench", session)]
+            if len(got) != len(want):
+                problems.append(f"{session}: {len(got)} stored, {len(want)} expected")
+            elif any(
+                g.role != w["role"] or g.text != (w["content"] or "")
+                for g, w in zip(got, want, strict=True)
+            ):
+                problems.append(f"{session}: stored messages differ from the history sent")
+    return problems
+
+
+def _report(cases: Sequence[Case]) -> None:
+    direct = {(c.client, c.mode, c.clients): c for c in cases if c.target == "direct"}
+    print(f"{'case':<30} {'req':>5} {'err':>4} {'p50 ms':>8} {'p99 ms':>8} {'+p50':>7} "
+          f"{'+p99':>7} {'req/s':>7} {'cpu ms/req':>10} {'build ms':>8} "
+          f"{'warm-up p50':>11}")  # fmt: skip
+    for c in cases:
+        base = direct.get((c.client, c.mode, c.clients))
+        add50 = add99 = ""
+        if c.target == "proxy" and base is not None:
+            add50 = f"{c.pct(0.5) - base.pct(0.5):+.1f}"
+            add99 = f"{c.pct(0.99) - base.pct(0.99):+.1f}"
+        cpu = f"{c.cpu_seconds / c.requests * 1000:.2f}" if c.cpu_seconds and c.requests else ""
+        warm = f"{statistics.median(c.warmup) * 1000:.1f}" if c.warmup else ""
+        build = f"{c.build_seconds * 1000:.1f}" if c.build_seconds is not None else ""
+        name = f"{c.target} {c.client} {c.mode} x{c.clients}"
+        print(f"{name:<30} {c.requests:>5} {c.errors:>4} {c.pct(0.5):>8.1f} {c.pct(0.99):>8.1f} "
+              f"{add50:>7} {add99:>7} {c.requests / c.seconds:>7.0f} {cpu:>10} {build:>8} "
+              f"{warm:>11}")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ctxwarden.bench.proxy", description=__doc__)
+    ap.add_argument("--db", help="store URL (default: a temporary SQLite file)")
+    ap.add_argument("--clients", default="1,64", help="concurrent clients per case")
+    ap.add_argument("--steps", default="40,10", help="measured calls per client, per --clients")
+    ap.add_argument("--messages", type=int, default=200)
+    ap.add_argument("--modes", default="json,stream")
+    ap.add_argument("--kinds", default="httpx,sdk", help="httpx (pre-built bodies) and/or sdk")
+    ap.add_argument("--json", type=Path, help="write the figures here too")
+    args = ap.parse_args(argv)
+    counts = [int(x) for x in args.clients.split(",")]
+    steps = [int(x) for x in args.steps.split(",")]
+    if len(steps) != len(counts):
+        ap.error("give one --steps value per --clients value")
+    tmp = tempfile.TemporaryDirectory(prefix="ctxwarden-bench-proxy-")
+    db = args.db or f"sqlite:///{Path(tmp.name) / 'bench.db'}"
+    from ctxwarden.service.keys import hash_key, new_key, shown_prefix
+    from ctxwarden.store.service_tables import add_tenant
+
+    key = new_key()
+    with open_store(db) as store:
+        add_tenant(store, "bench", key_hash=hash_key(key), key_prefix=shown_prefix(key))
+    up_port, px_port = _free_port(), _free_port()
+    py = sys.executable
+    upstream = subprocess.Popen([py, "-m", "ctxwarden.bench.proxy_upstream", str(up_port)],
+                                stdout=subprocess.PIPE)  # fmt: skip
+    assert upstream.stdout is not None
+    upstream.stdout.readline()
+    proxy = subprocess.Popen(
+        [py, "-c", "from ctxwarden.cli.main import main; main()", "serve", "--db", db,
+         "--port", str(px_port), "--upstream", f"http://127.0.0.1:{up_port}/v1"],
+    )  # fmt: skip
+    try:
+        _wait(f"http://127.0.0.1:{px_port}/healthz", proxy)
+        base = conversation(args.messages)
+        top = max(steps) + 1
+        histories = [history_at(base, k) for k in range(top)]
+        bodies = {
+            s: [
+                json.dumps({"model": MODEL, "messages": h, "stream": s}).encode() for h in histories
+            ]
+            for s in (False, True)
+        }
+        print(f"conversation: {len(base)} messages, {len(bodies[False][0]) / 1024:.0f} KB body; "
+              f"store {db.split('?')[0]}", flush=True)  # fmt: skip
+        cases: list[Case] = []
+        stored: dict[str, int] = {}
+        for clients, n in zip(counts, steps, strict=True):
+            for mode in args.modes.split(","):
+                for kind in args.kinds.split(","):
+                    for target, port in (("direct", up_port), ("proxy", px_port)):
+                        url = f"http://127.0.0.1:{port}/v1"
+                        pid = proxy.pid if target == "proxy" else None
+                        case, sessions = asyncio.run(
+                            _case(target, kind, mode, clients, n, url, key, bodies, histories, pid)
+                        )
+                        cases.append(case)
+                        if target == "proxy":
+                            stored.update((s, n) for s in sessions)
+                        print(f"  {target} {kind} {mode} x{clients}: {case.requests} calls, "
+                              f"{case.errors} errors", flush=True)  # fmt: skip
+        _report(cases)
+        problems = _check_store(db, stored, base)
+        print(f"stored sessions checked: {len(stored)}; problems: {len(problems)}")
+        for problem in problems[:10]:
+            print("  " + problem)
+        if args.json:
+            rows = [{**{k: v for k, v in vars(c).items() if k not in ("latencies", "warmup")},
+                     "p50_ms": c.pct(0.5), "p99_ms": c.pct(0.99), "requests": c.requests}
+                    for c in cases]  # fmt: skip
+            args.json.write_text(json.dumps({"cases": rows, "problems": problems}, indent=2))
+        return 1 if problems or any(c.errors for c in cases) else 0
+    finally:
+        for p in (proxy, upstream):
+            p.terminate()
+            p.wait(timeout=10)
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

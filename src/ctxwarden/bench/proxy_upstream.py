@@ -1,0 +1,109 @@
+"""An upstream that answers instantly, for ``python -m ctxwarden.bench.proxy``.
+
+A bare asyncio HTTP/1.1 server (keep-alive, no framework) speaking just enough of the
+chat-completions wire format: a JSON completion, or a stream of SSE chunks (role, five
+text deltas, finish, usage, ``[DONE]``) in chunked encoding. It reads the whole body
+(the proxy's cost of sending it is real) but parses none of it, so what the benchmark
+measures is the proxy, not the upstream. It runs in its own process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+__all__ = ["REPLY_TEXT", "main", "serve"]
+
+REPLY_TEXT = "The order ships on Monday."
+
+_COMPLETION = json.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 1_700_000_000,
+        "model": "gpt-4o",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": REPLY_TEXT},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 1000, "completion_tokens": 7, "total_tokens": 1007},
+    }
+).encode()
+
+
+def _chunk(delta: dict[str, object], finish: str | None = None) -> dict[str, object]:
+    return {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion.chunk",
+        "created": 1_700_000_000,
+        "model": "gpt-4o",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+
+
+def _stream_frames(include_usage: bool) -> bytes:
+    words = REPLY_TEXT.split(" ")
+    pieces = [" ".join(words[:2]), *(" " + w for w in words[2:])]
+    frames = [_chunk({"role": "assistant", "content": ""})]
+    frames += [_chunk({"content": p}) for p in pieces]
+    frames.append(_chunk({}, "stop"))
+    if include_usage:
+        usage = {"prompt_tokens": 1000, "completion_tokens": 7, "total_tokens": 1007}
+        frames.append({**_chunk({}), "choices": [], "usage": usage})
+    text = "".join(f"data: {json.dumps(f)}\n\n" for f in frames) + "data: [DONE]\n\n"
+    return text.encode()
+
+
+_SSE = {True: _stream_frames(True), False: _stream_frames(False)}
+
+
+def _chunked(payload: bytes) -> bytes:
+    return b"%x\r\n%s\r\n0\r\n\r\n" % (len(payload), payload)
+
+
+async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            body = await reader.readexactly(length) if length else b""
+            if b'"stream": true' in body or b'"stream":true' in body:
+                usage = b'"include_usage": true' in body or b'"include_usage":true' in body
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                    b"transfer-encoding: chunked\r\n\r\n" + _chunked(_SSE[usage])
+                )
+            else:
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (len(_COMPLETION), _COMPLETION)
+                )
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+
+
+async def serve(port: int) -> None:
+    server = await asyncio.start_server(_handle, "127.0.0.1", port, backlog=1024)
+    print("ready", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> None:
+    port = int((argv or sys.argv[1:])[0])
+    asyncio.run(serve(port))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""``python -m ctxwarden.bench.proxy`` runs end to end on a tiny load (its figures are
+for the machine, not for a test) and checks its stored sessions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from ctxwarden.bench.proxy import conversation, history_at
+
+
+def test_conversation_is_the_documented_size() -> None:
+    base = conversation(200)
+    assert len(base) == 200 and base[0]["role"] == "system"
+    size = len(json.dumps({"model": "gpt-4o", "messages": base}))
+    assert 300_000 < size < 360_000
+    assert len(history_at(base, 3)) == 206
+
+
+def test_bench_runs_and_checks_the_store(tmp_path: Path) -> None:
+    out = tmp_path / "figures.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "ctxwarden.bench.proxy", "--clients", "3", "--steps", "2",
+         "--messages", "20", "--kinds", "httpx,sdk", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    figures = json.loads(out.read_text())
+    assert figures["problems"] == []
+    cases = {(c["target"], c["client"], c["mode"]) for c in figures["cases"]}
+    assert ("proxy", "sdk", "stream") in cases and ("direct", "httpx", "json") in cases
+    assert all(c["errors"] == 0 and c["requests"] == 6 for c in figures["cases"])
+    assert "stored sessions checked: 12; problems: 0" in done.stdout
