@@ -236,7 +236,10 @@ class EntityLedger:
             i = index.get(e.value)
             if i is not None:
                 old = entries[i]
-                entry = old._replace(last_seen=seq, hits=old.hits + 1, marks=old.marks | mark)
+                marks = old.marks | mark
+                if marks & USER:
+                    marks &= ~MATCH  # stated outright now: no longer only a match
+                entry = old._replace(last_seen=seq, hits=old.hits + 1, marks=marks)
             else:
                 i = index[e.value] = len(entries)
                 category = e.category or e.label
