@@ -417,3 +417,31 @@ def test_ledgers_stored_before_ranking_still_load() -> None:
     assert EntityLedger.from_dict(ledger.to_dict()) == ledger
     with pytest.raises(ValueError, match="6 or 8 fields"):
         EntityLedger.from_dict({"entries": [["x", "y"]], "seq": 1})
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["2024-05-27", "May 27", "Sofia Kim", "Sofia", "Kim", "JFK", "R0001X"]),
+            st.sampled_from(["tool", "user", "assistant", "call"]),
+        ),
+        max_size=14,
+    ),
+    st.integers(1, 5),
+)
+def test_a_ledger_does_not_depend_on_how_its_values_were_batched(
+    seen: list[tuple[str, str]], size: int
+) -> None:
+    """A session adds values message by message, a cold build range by range: the same
+    values in the same order must rank and render alike (matches to what the user said
+    included, whichever came first)."""
+    cats = {"2024-05-27": "date", "May 27": "date", "Sofia Kim": "name", "JFK": "code"}
+    ents = [Entity(v, "v", "m", cats.get(v, "value"), o) for v, o in seen]
+    whole = EntityLedger().add(ents)
+    batched = EntityLedger()
+    for at in range(0, len(ents), size):
+        batched = batched.add(ents[at : at + size])
+    assert batched.entries == whole.entries
+    for cap in (12, 25, 200):
+        assert batched.render(cap, count) == whole.render(cap, count)

@@ -34,6 +34,7 @@ after (identifier extraction included).
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ __all__ = [
     "AGENT",
     "CALL",
     "DEFAULT_HEADER",
+    "MATCH",
     "MAX_ENTRIES",
     "MAX_RANK",
     "MIN_RANKED_CHARS",
@@ -75,7 +77,8 @@ class LedgerEntry(NamedTuple):
     marks: int = 0
 
 
-USER = 1  # stated by the user (or matching a value the user stated)
+USER = 1  # stated by the user
+MATCH = 8  # matching a value the user stated, in other words (a date's month-day, a name word)
 AGENT = 2  # written by the agent in its own text
 CALL = 4  # passed by the agent in a tool call's arguments
 _MARKS = {"user": USER, "assistant": AGENT, "call": CALL}
@@ -95,7 +98,7 @@ def rank(category: str, hits: int, marks: int, size: int = MIN_RANKED_CHARS) -> 
     r = CATEGORY_TIERS.get(category, 1)
     if r == 0 or size < MIN_RANKED_CHARS:
         return 0
-    if marks & USER:
+    if marks & (USER | MATCH):
         r += USER_BONUS
     if marks & AGENT:
         r += AGENT_BONUS
@@ -106,6 +109,10 @@ def rank(category: str, hits: int, marks: int, size: int = MIN_RANKED_CHARS) -> 
     elif hits >= 2:
         r += REPEAT_BONUS
     return min(r, MAX_RANK)
+
+
+def _rank_of(e: LedgerEntry) -> int:
+    return rank(e.category, e.hits, e.marks, len(e.value))
 
 
 @lru_cache(maxsize=65_536)
@@ -188,6 +195,8 @@ class EntityLedger:
     _index: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
     # per tier: (last_seen, position), oldest first; stale pairs (refreshed since) skipped
     _tiers: tuple[tuple[tuple[int, int], ...], ...] = field(default=(), compare=False, repr=False)
+    # the match keys of the values the user stated (None: not computed yet)
+    _stated: frozenset[str] | None = field(default=None, compare=False, repr=False)
     _renders: dict[tuple[int, Callable[[str], int]], str] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -196,7 +205,7 @@ class EntityLedger:
         if not self._tiers:
             tiers: list[list[tuple[int, int]]] = [[] for _ in range(_TIERS)]
             for i, e in enumerate(self.entries):
-                tiers[rank(e.category, e.hits, e.marks, len(e.value))].append((e.last_seen, i))
+                tiers[_rank_of(e)].append((e.last_seen, i))
             for t in tiers:
                 t.sort()
             object.__setattr__(self, "_tiers", tuple(tuple(t) for t in tiers))
@@ -206,7 +215,10 @@ class EntityLedger:
 
     def add(self, entities: Iterable[Entity]) -> EntityLedger:
         """A new ledger with ``entities`` added (new values last, known ones refreshed:
-        seen once more, marked by who wrote them, ranked again)."""
+        seen once more, marked by who wrote them, ranked again). The result does not
+        depend on how the entities are split into calls: an entry matches the user's
+        words whenever its keys meet those of a value the user stated, whatever came
+        first."""
         entries = list(self.entries)
         # The value -> position index is shared with the ledger this one came from (it
         # only grows); if another ledger grew it since, it holds values we lack: rebuild.
@@ -215,27 +227,36 @@ class EntityLedger:
             index = {e.value: i for i, e in enumerate(entries)}
         tiers = [list(t) for t in self._tiers]
         seq = self.seq
-        stated: set[str] = set()  # keys of values the user states in this batch
+        stated = self._stated_keys()
+        grown: set[str] = set()  # keys the user states for the first time in this batch
+        touched: list[int] = []
         for e in entities:
             seq += 1
             mark = _MARKS.get(e.origin, 0)
             i = index.get(e.value)
             if i is not None:
                 old = entries[i]
-                entry = old._replace(last_seen=seq, hits=old.hits + 1, marks=old.marks | mark)
+                marks = old.marks | mark
+                if marks & USER:
+                    marks &= ~MATCH  # stated outright now: no longer only a match
+                entry = old._replace(last_seen=seq, hits=old.hits + 1, marks=marks)
             else:
                 i = index[e.value] = len(entries)
                 category = e.category or e.label
                 entry = LedgerEntry(e.value, e.label, category, e.source_id, seq, seq, 1, mark)
                 entries.append(entry)
             if mark & USER:
-                stated.update(match_keys(entry.value, entry.category))
+                grown.update(k for k in match_keys(entry.value, entry.category) if k not in stated)
             entries[i] = entry
-            tiers[rank(entry.category, entry.hits, entry.marks, len(entry.value))].append((seq, i))
+            touched.append(i)
+            tiers[_rank_of(entry)].append((seq, i))
         if seq == self.seq:
             return self
-        if stated:  # earlier values the user now states in other words: ranked up
-            seq = self._mark_stated(entries, tiers, stated, seq)
+        if grown:
+            stated = stated | grown
+        # entries that now match what the user stated: all of them when the user said
+        # something new, else only those this batch touched
+        self._mark_matches(entries, tiers, stated, range(len(entries)) if grown else touched)
         if len(entries) > MAX_ENTRIES:
             kept = set(self._keep_order(entries, tiers, MAX_ENTRIES // 2))
             entries = [e for i, e in enumerate(entries) if i in kept]
@@ -243,24 +264,38 @@ class EntityLedger:
         stale = sum(map(len, tiers)) - len(entries)
         if stale > len(entries):  # compact: refreshed values left old pairs behind
             return EntityLedger(tuple(entries), seq, self.header, index)
-        return EntityLedger(tuple(entries), seq, self.header, index, tuple(map(tuple, tiers)))
+        out = EntityLedger(tuple(entries), seq, self.header, index, tuple(map(tuple, tiers)))
+        object.__setattr__(out, "_stated", stated)
+        return out
+
+    def _stated_keys(self) -> frozenset[str]:
+        """The match keys of every value the user stated (computed once per ledger)."""
+        found = self._stated
+        if found is None:
+            found = frozenset(
+                k for e in self.entries if e.marks & USER for k in match_keys(e.value, e.category)
+            )
+            object.__setattr__(self, "_stated", found)
+        return found
 
     @staticmethod
-    def _mark_stated(
-        entries: list[LedgerEntry], tiers: list[list[tuple[int, int]]], stated: set[str], seq: int
-    ) -> int:
-        """Mark every entry matching a key in ``stated`` as the user's; returns the new
-        ``seq`` (a marked entry counts as seen now)."""
-        for i, entry in enumerate(entries):
-            if entry.marks & USER:
+    def _mark_matches(
+        entries: list[LedgerEntry],
+        tiers: list[list[tuple[int, int]]],
+        stated: frozenset[str],
+        positions: Iterable[int],
+    ) -> None:
+        """Mark the entries at ``positions`` whose keys meet ``stated`` (their recency
+        unchanged: a match ranks a value up, it does not make it seen again)."""
+        if not stated:
+            return
+        for i in positions:
+            entry = entries[i]
+            if entry.marks & (USER | MATCH):
                 continue
             if any(k in stated for k in match_keys(entry.value, entry.category)):
-                seq += 1
-                entries[i] = entry = entry._replace(last_seen=seq, marks=entry.marks | USER)
-                tiers[rank(entry.category, entry.hits, entry.marks, len(entry.value))].append(
-                    (seq, i)
-                )
-        return seq
+                entries[i] = entry = entry._replace(marks=entry.marks | MATCH)
+                bisect.insort(tiers[_rank_of(entry)], (entry.last_seen, i))
 
     @staticmethod
     def _keep_order(
@@ -270,10 +305,11 @@ class EntityLedger:
     ) -> Iterator[int]:
         """Positions, best first: highest rank, then most recently seen."""
         given = 0
-        for tier in reversed(tiers):
-            for last_seen, i in reversed(tier):
-                if entries[i].last_seen != last_seen:
-                    continue  # refreshed since: a newer pair stands for it
+        for r in range(len(tiers) - 1, -1, -1):
+            for last_seen, i in reversed(tiers[r]):
+                e = entries[i]
+                if e.last_seen != last_seen or _rank_of(e) != r:
+                    continue  # refreshed or ranked up since: another pair stands for it
                 if limit is not None and given >= limit:
                     return
                 given += 1
@@ -303,8 +339,8 @@ class EntityLedger:
             raise ValueError(f"not a stored entity ledger ({type(exc).__name__}: {exc})") from exc
 
     def stated(self) -> list[str]:
-        """The values marked as the user's, in first-seen order."""
-        return [e.value for e in self.entries if e.marks & USER]
+        """The values the user stated or that match them, in first-seen order."""
+        return [e.value for e in self.entries if e.marks & (USER | MATCH)]
 
     def _render(self, positions: Iterable[int]) -> str:
         """One line per label, values in first-seen order: space-separated (a comma
