@@ -240,7 +240,8 @@ def run_build(
         summary_text=summary,
         facts_text=facts,
     )
-    draft = Draft(history, sys_end, newest, protected=frozenset(protected))
+    anchors = frozenset(protected)
+    draft = Draft(history, sys_end, newest, protected=anchors, anchors=anchors)
     actions: list[Action] = list(pre[0])
     warnings: list[str] = list(pre[1])
     names: list[str] = []

@@ -39,6 +39,7 @@ from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ctxwarden.build.state import BuildState
 from ctxwarden.errors import (
     ConfigError,
     StoreError,
@@ -444,7 +445,7 @@ class Session:
             budget=budget,
             policy=policy,
             counter=TokenCounter.for_model(model, self.registry),
-            state=previous if previous is not None else _cold(),
+            state=previous if previous is not None else BuildState(),
             info=info,
             layer_state=session_state.layers_for(record, history, seqs),
             summarizer=summarizer if summarizer is not None else self.summarizer,
@@ -536,12 +537,6 @@ class Session:
     ) -> SummaryWrite | None:
         """:meth:`summarize` for callers without an event loop."""
         return asyncio.run(self.summarize(summarizer, extractor, **kw))
-
-
-def _cold() -> Any:
-    from ctxwarden.build.state import BuildState
-
-    return BuildState()
 
 
 def _due(ckpt: LedgerCheckpoint) -> bool:

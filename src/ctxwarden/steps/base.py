@@ -121,7 +121,8 @@ class Draft:
     ``floor`` where the summary's coverage ends (the window starts at or after it);
     ``edits`` what editing steps did, by message id; ``rejected`` ids a provider would
     refuse (an unanswered call, an orphan result); ``protected`` ids no step may drop
-    (the newest user message and the newest tool-call block). The layout step fills
+    (the newest user message and the newest tool-call block, which are ``anchors``: not
+    even eviction removes those, and pinned messages in the window). The layout step fills
     ``ordered``, ``layer_of`` and ``breakpoints``.
     """
 
@@ -138,6 +139,7 @@ class Draft:
     edits: Mapping[str, Edit] = field(default_factory=dict)
     rejected: frozenset[str] = frozenset()
     protected: frozenset[str] = frozenset()
+    anchors: frozenset[str] = frozenset()
     summary_due: SummaryDue | None = None
     ledger_memo: Any = None  # the LedgerMemo the ledger step left for the next build
     flagged: tuple[int, ...] = ()

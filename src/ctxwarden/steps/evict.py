@@ -29,7 +29,7 @@ from ctxwarden.steps.fit import ledger_cap, ledger_sources
 from ctxwarden.steps.ledger import LedgerBuilder
 from ctxwarden.steps.priority import eviction_order
 from ctxwarden.steps.truncate import TruncateToolResults
-from ctxwarden.steps.window import is_pinned, newest_call_block
+from ctxwarden.steps.window import is_pinned
 
 __all__ = ["EvictStep", "context_tokens"]
 
@@ -42,15 +42,6 @@ def context_tokens(draft: Draft, ctx: StepContext) -> int:
     parts.extend(draft.history[i] for i in draft.pinned)
     parts.extend(draft.window)
     return ctx.fixed + ctx.total(parts)
-
-
-def _anchors(draft: Draft) -> set[str]:
-    """The newest user message and the newest call block: never evicted."""
-    h, newest = draft.history, draft.newest
-    found = {h[newest].id} if newest is not None else set()
-    after = newest if newest is not None else draft.sys_end - 1
-    found.update(h[i].id for i in newest_call_block(h, after))
-    return found
 
 
 @dataclass(frozen=True)
@@ -114,7 +105,7 @@ class EvictStep:
         newest user message or call block, evicted whole by importance."""
         h = draft.history
         candidates: list[Message] = [h[i] for i in draft.pinned]
-        anchor = _anchors(draft)
+        anchor = draft.anchors
         in_window = [m for m in draft.window if is_pinned(m) and m.id not in anchor]
         candidates.extend(in_window)
         if not candidates:
@@ -151,7 +142,7 @@ class EvictStep:
         budget), the newest call block goes whole, loudly: the newest user message stays."""
         h = draft.history
         newest = {h[draft.newest].id} if draft.newest is not None else set()
-        block = _anchors(draft) - newest
+        block = draft.anchors - newest
         gone = [m for m in draft.window if m.id in block]
         if not gone:
             return draft, context_tokens(draft, ctx) - ctx.budget

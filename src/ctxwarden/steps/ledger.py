@@ -49,7 +49,6 @@ class LedgerBuilder:
         self.cap = cap
         self.earlier = earlier
         self.memo = memo
-        self.ledger = EntityLedger()
 
     def _dropped(
         self, history: Sequence[Message], first: int, start: int, pinned: frozenset[int]
@@ -95,7 +94,6 @@ class LedgerBuilder:
                 ledger_shown = ledger.branch().add([e for m in edited for e in extract_entities(m)])
             else:
                 ledger_shown = ledger
-            self.ledger = ledger_shown
             text = self._text(ledger_shown, self.cap - _FRAMING)
         self.memo = LedgerMemo(first, start, seed_tag(self.earlier), ledger, key, text)
         return Message.system(text, id=LEDGER_ID) if text else None

@@ -89,6 +89,21 @@ def _whole_blocks(history: Sequence[Message], indices: Sequence[int], limit: int
     return sorted(j for j in chosen if j < limit)
 
 
+def _first_messages(history: Sequence[Message], sys_end: int, n: int) -> list[int]:
+    """Positions of the first ``n`` conversation messages (``window.pin_first``), each
+    tool call with its results."""
+    out: list[int] = []
+    i, taken = sys_end, 0
+    while i < len(history) and taken < n:
+        out.append(i)
+        taken += 1
+        i += 1
+        while i < len(history) and history[i].role == "tool":  # a call with its results
+            out.append(i)
+            i += 1
+    return out
+
+
 @dataclass(frozen=True)
 class WindowStep:
     """Places the window start and collects the pinned messages before it."""
@@ -106,30 +121,12 @@ class WindowStep:
         if draft.newest is not None and start > draft.newest:
             start = draft.newest
         flagged, upto = self._flagged(h, sys_end, start, prev)
-        head: list[int] = []
-        i, taken = sys_end, 0
-        while i < start and taken < ctx.policy.window.pin_first:
-            head.append(i)
-            taken += 1
-            i += 1
-            while i < start and h[i].role == "tool":  # keep a call with its results
-                head.append(i)
-                i += 1
-        pinned = _whole_blocks(h, [*head, *(j for j in flagged if j >= i)], start)
+        first = _first_messages(h, sys_end, ctx.policy.window.pin_first)
+        pinned = _whole_blocks(h, [*(j for j in first if j < start), *flagged], start)
         window = tuple(h[start:])
         protected = set(draft.protected)
         protected.update(m.id for m in window if is_pinned(m))
-        if ctx.policy.window.pin_first:  # pin_first reaching into the window
-            k, count = sys_end, 0
-            while k < len(h) and count < ctx.policy.window.pin_first:
-                if k >= start:
-                    protected.add(h[k].id)
-                count += 1
-                k += 1
-                while k < len(h) and h[k].role == "tool":
-                    if k >= start:
-                        protected.add(h[k].id)
-                    k += 1
+        protected.update(h[j].id for j in first if j >= start)  # pin_first inside the window
         actions = (
             self._cold_prefix(draft, ctx, start, set(pinned)) if not prev.history_length else ()
         )
