@@ -23,7 +23,7 @@ from ctxwarden.errors import CtxwardenError
 from ctxwarden.formats import messages_from_anthropic
 from ctxwarden.messages import Message
 from ctxwarden.service.auth import CurrentTenant, hub_of
-from ctxwarden.service.body import max_input_tokens_header, read_json
+from ctxwarden.service.body import max_input_tokens_header, model_and_messages, read_json
 from ctxwarden.service.calls import client_session_id, upstream_for
 from ctxwarden.service.errors import ServiceError, from_library
 from ctxwarden.service.forward import forward
@@ -134,11 +134,7 @@ async def messages(request: Request, tenant: CurrentTenant) -> Response:
     hub = hub_of(request)
     upstream = upstream_for(request, "anthropic")
     data = await read_json(request, hub.config.max_body_bytes)
-    model, turns = data.get("model"), data.get("messages")
-    if not isinstance(model, str) or not model:
-        raise ServiceError(400, "model must be a non-empty string")
-    if not isinstance(turns, list) or not turns:
-        raise ServiceError(400, "messages must be a non-empty list")
+    model, turns = model_and_messages(data)
     system = data.get("system")
     try:
         parsed = messages_from_anthropic(system if isinstance(system, str | list) else None, turns)

@@ -9,7 +9,7 @@ from starlette.requests import Request
 
 from ctxwarden.service.errors import ServiceError
 
-__all__ = ["max_input_tokens_header", "read_json"]
+__all__ = ["max_input_tokens_header", "model_and_messages", "read_json"]
 
 
 async def read_json(request: Request, limit: int) -> dict[str, Any]:
@@ -32,6 +32,17 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ServiceError(400, "request body must be a JSON object")
     return data
+
+
+def model_and_messages(data: dict[str, Any]) -> tuple[str, list[Any]]:
+    """A chat request's ``model`` (a non-empty string) and ``messages`` (a non-empty
+    list): 400 otherwise. Both wire formats name them alike."""
+    model, messages = data.get("model"), data.get("messages")
+    if not isinstance(model, str) or not model:
+        raise ServiceError(400, "model must be a non-empty string")
+    if not isinstance(messages, list) or not messages:
+        raise ServiceError(400, "messages must be a non-empty list")
+    return model, messages
 
 
 def max_input_tokens_header(request: Request) -> int | None:

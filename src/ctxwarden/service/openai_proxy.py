@@ -23,7 +23,7 @@ from ctxwarden.errors import InvalidMessageError
 from ctxwarden.formats import message_from_openai
 from ctxwarden.messages import Message
 from ctxwarden.service.auth import CurrentTenant, hub_of
-from ctxwarden.service.body import max_input_tokens_header, read_json
+from ctxwarden.service.body import max_input_tokens_header, model_and_messages, read_json
 from ctxwarden.service.calls import client_session_id, upstream_for
 from ctxwarden.service.errors import ServiceError
 from ctxwarden.service.forward import forward
@@ -137,11 +137,7 @@ async def chat_completions(request: Request, tenant: CurrentTenant) -> Response:
     hub = hub_of(request)
     upstream = upstream_for(request, "openai")
     data = await read_json(request, hub.config.max_body_bytes)
-    messages, model = data.get("messages"), data.get("model")
-    if not isinstance(model, str) or not model:
-        raise ServiceError(400, "model must be a non-empty string")
-    if not isinstance(messages, list) or not messages:
-        raise ServiceError(400, "messages must be a non-empty list")
+    model, messages = model_and_messages(data)
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise ServiceError(400, str(InvalidMessageError("must be a JSON object", index=i)))
