@@ -151,6 +151,24 @@ MIGRATIONS: tuple[Migration, ...] = (
             )""",
         ),
     ),
+    Migration(
+        "005_summary_job_log",
+        (
+            # one row per attempt of a summary job (ctxwarden.jobs): started, then how it
+            # ended; a started row left without an end is an attempt whose worker died
+            """CREATE TABLE ctxwarden_summary_jobs (
+                tenant TEXT NOT NULL,
+                session_id TEXT NOT NULL,
+                job_id TEXT NOT NULL,
+                attempt BIGINT NOT NULL,
+                started_at DOUBLE PRECISION NOT NULL,
+                ended_at DOUBLE PRECISION,
+                outcome TEXT,
+                error TEXT,
+                PRIMARY KEY (tenant, session_id, job_id, attempt, started_at)
+            )""",
+        ),
+    ),
 )
 
 REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
@@ -223,6 +241,18 @@ REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
             "chain",
             "history_tokens",
             "updated_at",
+        ]
+    ),
+    "ctxwarden_summary_jobs": frozenset(
+        [
+            "tenant",
+            "session_id",
+            "job_id",
+            "attempt",
+            "started_at",
+            "ended_at",
+            "outcome",
+            "error",
         ]
     ),
 }
