@@ -37,7 +37,9 @@ class JobSettings:
 
     def __post_init__(self) -> None:
         if not self.broker.startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigError(f"--broker must be a Redis URL (redis://host:port/db), got {self.broker!r}")
+            raise ConfigError(
+                f"--broker must be a Redis URL (redis://host:port/db), got {self.broker!r}"
+            )
         if not self.queue:
             raise ConfigError("the job queue name must not be empty")
         if self.visibility < 1:

@@ -74,7 +74,7 @@ def resources() -> WorkerResources:
         return _RESOURCES
 
 
-@app.task(
+@app.task(  # type: ignore[untyped-decorator]
     name="ctxwarden.summarize",
     bind=True,
     acks_late=True,
@@ -115,7 +115,8 @@ def summarize(
     except (SummarizationError, StoreError) as exc:
         final = retries >= MAX_RETRIES
         log.warning("summary job %s of %s/%s failed: %s", job_id, tenant, session_id, exc)
-        _end(end_attempt, res, tenant, session_id, job_id, started, "failed" if final else "retry", exc)
+        outcome = "failed" if final else "retry"
+        _end(end_attempt, res, tenant, session_id, job_id, started, outcome, exc)
         if final:
             clear_pending(res.settings, tenant, session_id)
         raise
@@ -142,8 +143,7 @@ def _end(
 ) -> None:
     """Log the attempt's end; a store that fails here must not hide the job's own error."""
     try:
-        end_attempt(
-            res.store, tenant, session_id, job_id, started, outcome, None if exc is None else str(exc)
-        )
+        error = None if exc is None else str(exc)
+        end_attempt(res.store, tenant, session_id, job_id, started, outcome, error)
     except StoreError as failed:
         log.warning("could not log the end of job %s: %s", job_id, failed)

@@ -22,10 +22,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ctxwarden import Registry
 from ctxwarden._version import __version__
+from ctxwarden.errors import StoreUnavailable
 from ctxwarden.service import anthropic_proxy, openai_proxy, sessions_api
 from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.config import ServiceConfig
-from ctxwarden.service.errors import ServiceError, error_body
+from ctxwarden.service.errors import ServiceError, error_body, from_library
 from ctxwarden.service.hub import Hub
 from ctxwarden.service.metrics import Metrics
 from ctxwarden.service.schema import PROXY_ERRORS
@@ -82,7 +83,11 @@ def create_app(config: ServiceConfig) -> FastAPI:
                 config.anthropic_upstream, config.anthropic_api_key, "anthropic", **timeouts
             )
         app.state.hub, app.state.upstreams, app.state.started = hub, upstreams, time.time()
-        if config.summarizer:
+        if config.broker:  # summaries as Celery jobs (ctxwarden worker runs them)
+            from ctxwarden.service.summary_jobs import SummaryJobs
+
+            hub.summaries = SummaryJobs(hub, config.broker)
+        elif config.summarizer:
             from ctxwarden.service.summaries import Summaries
 
             hub.summaries = Summaries(hub, config.summarizer)
@@ -108,9 +113,15 @@ def create_app(config: ServiceConfig) -> FastAPI:
 
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> Response:
+        if exc.code == "store_unavailable":
+            metrics.store_unavailable.inc()
         return Response(
             error_body(exc, _api_of(request)), exc.status, media_type="application/json"
         )
+
+    @app.exception_handler(StoreUnavailable)
+    async def store_unavailable(request: Request, exc: StoreUnavailable) -> Response:
+        return await service_error(request, from_library(exc))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:

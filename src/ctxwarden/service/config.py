@@ -38,6 +38,7 @@ class ServiceConfig:
     upstream_timeout: float = 600.0
     connect_timeout: float = 10.0
     summarizer: str | None = None
+    broker: str | None = None  # Redis URL: summaries as Celery jobs (ctxwarden.jobs)
     models: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:

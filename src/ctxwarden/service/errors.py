@@ -15,6 +15,7 @@ from ctxwarden.errors import (
     ConfigError,
     CtxwardenError,
     InvalidMessageError,
+    StoreUnavailable,
     UnknownModelError,
     UsageError,
 )
@@ -28,6 +29,7 @@ _OPENAI_TYPES = {
     413: "request_too_large",
     429: "rate_limit_error",
     502: "api_error",
+    503: "service_unavailable",
     504: "timeout_error",
 }
 _ANTHROPIC_TYPES = {
@@ -37,6 +39,7 @@ _ANTHROPIC_TYPES = {
     413: "request_too_large",
     429: "rate_limit_error",
     502: "api_error",
+    503: "overloaded_error",
     504: "timeout_error",
 }
 
@@ -84,4 +87,10 @@ def from_library(exc: CtxwardenError) -> ServiceError:
         return ServiceError(400, str(exc), code="invalid_configuration")
     if isinstance(exc, UsageError):
         return ServiceError(400, str(exc))
+    if isinstance(exc, StoreUnavailable):
+        return ServiceError(
+            503,
+            f"the session store is unavailable; retry later ({exc})",
+            code="store_unavailable",
+        )
     return ServiceError(500, f"ctxwarden failed: {exc}", code="ctxwarden_error")

@@ -105,6 +105,11 @@ def prepare(hub: Hub, call: Call) -> Prepared:
     built = synced.session.build(
         model=call.model, policy=call.tenant.policy, tools=call.tools or None, **kw
     )
+    if hub.summaries is not None:  # with --broker: enqueue a due summary (or say why not)
+        deferred = hub.summaries.after_build(call.tenant, synced.session, call.model, built)
+        if deferred is not None:
+            warnings = (*built.audit.warnings, deferred)
+            built = replace(built, audit=replace(built.audit, warnings=warnings))
     prepared = Prepared(call, synced, built, uuid.uuid4().hex)
     record_build(
         hub.store,

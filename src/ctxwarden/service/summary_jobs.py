@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ctxwarden import Session, UnknownModelError, get_model
 from ctxwarden.jobs.settings import JobSettings
@@ -39,10 +39,12 @@ RETRY_AFTER = 5.0
 class SummaryJobs:
     """Enqueues due summaries for one app (see the module docstring)."""
 
-    def __init__(self, hub: Hub, settings: JobSettings) -> None:
-        from ctxwarden.jobs import app, summarize
+    def __init__(self, hub: Hub, broker: str) -> None:
+        from ctxwarden.jobs import summarize
+        from ctxwarden.jobs.app import configure
 
-        app.conf.update(broker_url=settings.broker, task_default_queue=settings.queue)
+        settings = dataclasses.replace(JobSettings.from_env(), broker=broker)
+        configure(settings)
         self.hub = hub
         self.settings = settings
         self._task = summarize
@@ -102,4 +104,7 @@ class SummaryJobs:
 
 
 def _deferred(why: str) -> str:
-    return f"summary due but deferred: the job broker is unreachable ({why}); the next due build retries"
+    return (
+        f"summary due but deferred: the job broker is unreachable ({why}); "
+        "the next due build retries"
+    )
