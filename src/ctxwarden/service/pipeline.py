@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ctxwarden import BuiltContext, TokenCounter, Usage, estimate_cost, get_model
-from ctxwarden.errors import UnknownModelError
+from ctxwarden.errors import UnknownModelError, VersionConflict
 from ctxwarden.messages import Message
 from ctxwarden.service.history import Synced, message_key, sync_history
 from ctxwarden.service.hub import Hub, Tenant
@@ -138,7 +138,11 @@ def finish(
     session, head = synced.session, synced.head
     moved = None
     if reply is not None:
-        session.append([reply])
+        try:  # right after the history it answers, or not at all
+            session.append([reply], expect_next=head.count)
+        except VersionConflict:  # another replica served a call of this session meanwhile
+            reply, status = None, "reply_not_stored"
+    if reply is not None:
         chain = synced.chain.copy()
         chain.update(message_key(reply))
         counter = TokenCounter.for_model(call.model, hub.config.registry)

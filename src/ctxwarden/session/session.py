@@ -149,6 +149,7 @@ class Session:
         self.registry = registry
         self.summarizer = summarizer
         self._cache: dict[int, Message] = {}  # seq -> decoded message, reused across builds
+        self._cache_of = 0.0  # the created_at of the session the cache holds messages of
         try:
             self.store.create_session(tenant, session_id)
         except BaseException:
@@ -233,7 +234,11 @@ class Session:
     # -- writing ----------------------------------------------------------------------------
 
     def append(
-        self, messages: Iterable[Mapping[str, Any] | Message], *, check_pairs: bool = True
+        self,
+        messages: Iterable[Mapping[str, Any] | Message],
+        *,
+        check_pairs: bool = True,
+        expect_next: int | None = None,
     ) -> list[int]:
         """Validate, count and store ``messages`` in one transaction; return their seqs.
 
@@ -244,7 +249,9 @@ class Session:
         conversation moves on from without its results (checked against the stored last
         block, so results may follow their call in a later ``append``). ``check_pairs=False``
         skips the pairing check for a store of raw items that are paired only when read
-        (the OpenAI Agents SDK session stores one call per item).
+        (the OpenAI Agents SDK session stores one call per item). ``expect_next``: append
+        only if the session still holds that many messages, else raise
+        :class:`~ctxwarden.errors.VersionConflict` (see :meth:`SessionStore.append`).
         """
         from ctxwarden.build.inputs import check_messages_argument, check_unique_ids
         from ctxwarden.build.pairing import validate_appended
@@ -259,7 +266,9 @@ class Session:
         counter = TokenCounter.for_model(self.model, self.registry)
         key = count_key(counter)
         counts = [{key: counter.count_message(m)} for m in parsed]
-        return self.store.append(self.tenant, self.session_id, parsed, counts)
+        return self.store.append(
+            self.tenant, self.session_id, parsed, counts, expect_next=expect_next
+        )
 
     def _last_block(self) -> list[Message]:
         """The stored messages from the last one that is not a tool result (a tool call
@@ -341,6 +350,9 @@ class Session:
         """:meth:`context_messages` and the seq its tail starts at (everything older
         that is not in the slice is what the entity ledger must cover)."""
         counter = TokenCounter.for_model(model or self.model, self.registry)
+        if record.created_at != self._cache_of:  # deleted and created again, maybe elsewhere
+            self._cache.clear()
+            self._cache_of = record.created_at
         merged: dict[int, StoredMessage] = {}
         if pin_first:
             head = self.store.range(self.tenant, self.session_id, 0, pin_first + _HEAD_SLACK)
