@@ -21,7 +21,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from ctxwarden import Session, UnknownModelError, get_model
+from ctxwarden import Session
 from ctxwarden.jobs.settings import JobSettings
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ class SummaryJobs:
             metrics.labels("deferred").inc()
             return _deferred("the job broker did not answer a moment ago")
         try:
-            outcome = self._enqueue(tenant, session.session_id, model)
+            outcome = self._enqueue(tenant, session.session_id, model, built.audit.budget)
         except Exception as exc:  # redis / kombu errors: the broker is down or refusing
             with self._lock:
                 self._down_until = time.monotonic() + RETRY_AFTER
@@ -75,15 +75,13 @@ class SummaryJobs:
         metrics.labels(outcome).inc()
         return None
 
-    def _enqueue(self, tenant: Tenant, session_id: str, model: str) -> str:
+    def _enqueue(self, tenant: Tenant, session_id: str, model: str, window: int) -> str:
+        """Publish the job; the trigger's fill ratio is measured against the budget the
+        build that found it due was made within (``window``), as the build measured it."""
         from ctxwarden.jobs.pending import clear_pending, set_pending
 
         if not set_pending(self.settings, tenant.name, session_id):
             return "pending"
-        try:
-            window: int | None = get_model(model, self.hub.config.registry).context_window
-        except UnknownModelError:
-            window = None
         trigger = dataclasses.asdict(tenant.policy.summary)
         try:
             self._task.apply_async(

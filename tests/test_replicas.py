@@ -1,0 +1,330 @@
+"""Stateless replicas on PostgreSQL, summaries as Celery jobs on Redis (issue 14).
+
+The topology runs as processes on this machine: ``ctxwarden serve`` on several ports
+against one PostgreSQL schema, a real ``ctxwarden worker`` (Celery) on the machine's
+Redis (its own queue name, so nothing else's worker takes our jobs), and a local
+upstream (:mod:`ctxwarden.bench.scale_upstream`: a tool-using agent, and a summariser
+whose summary answers take 2 s). The Redis-down test starts a Redis of its own on a free
+port, since it stops it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import openai
+import pytest
+from service_harness import (
+    CLI,
+    PG_DSN,
+    PG_SKIP,
+    ProxyServer,
+    add_tenant,
+    drop_schema,
+    free_port,
+    pg_url,
+)
+
+from ctxwarden import Session
+from ctxwarden.bench.scale_upstream import ScaleUpstream, first_turn, next_turn
+from ctxwarden.store import open_store
+from ctxwarden.store.job_log import job_attempts
+
+pytestmark = pytest.mark.postgres
+
+REDIS = os.environ.get("CTXWARDEN_TEST_REDIS")
+BUDGET = "2500"  # tokens per build: the window moves, the ledger and eviction work
+
+
+@pytest.fixture
+def pg() -> Iterator[str]:
+    if not PG_DSN:
+        pytest.skip(PG_SKIP)
+    schema = f"ctxw_rep_{uuid.uuid4().hex[:10]}"
+    yield pg_url(schema)
+    drop_schema(schema)
+
+
+@pytest.fixture
+def upstream() -> Iterator[ScaleUpstream]:
+    server = ScaleUpstream(summary_delay=2.0).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _policy(tmp_path: Path, max_messages: int, keep_recent: int) -> str:
+    path = tmp_path / "policy.toml"
+    path.write_text(f"[summary]\nmax_messages = {max_messages}\nkeep_recent = {keep_recent}\n")
+    return str(path)
+
+
+class Worker:
+    """``ctxwarden worker`` as a process; ready once Celery logs that it is."""
+
+    def __init__(
+        self, db: str, broker: str, queue: str, upstream: str, log: Path, **env: str
+    ) -> None:
+        self.log = log
+        self._out = log.open("ab")
+        self.proc = subprocess.Popen(
+            [CLI, "worker", "--db", db, "--broker", broker, "--queue", queue,
+             "--summarizer", "openai:gpt-4o-mini", "--concurrency", "2"],
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "OPENAI_BASE_URL": upstream, "OPENAI_API_KEY": "sk-local", **env},
+        )  # fmt: skip
+        start = self.log.stat().st_size if self.log.exists() else 0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited: {self.log.read_text()[-2000:]}")
+            if b" ready." in self.log.read_bytes()[start:]:
+                return
+            time.sleep(0.1)
+        self.stop()
+        raise AssertionError(f"worker not ready: {self.log.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self._out.close()
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        self._out.close()
+
+
+class Client:
+    """One agent session driven through the proxies with the real ``openai`` SDK: each
+    turn goes to the next URL in ``urls`` (a client alternating replicas)."""
+
+    def __init__(self, urls: list[str], key: str) -> None:
+        self.sdks = [openai.OpenAI(base_url=u + "/v1", api_key=key, max_retries=0) for u in urls]
+        self.session = f"agent-{uuid.uuid4().hex[:8]}"
+        self.history = first_turn()
+        self.sent: list[dict[str, Any]] = []
+        self.reply: dict[str, Any] = {}
+        self.latencies: list[float] = []
+        self.turns = 0
+
+    def turn(self) -> None:
+        sdk = self.sdks[self.turns % len(self.sdks)]
+        started = time.perf_counter()
+        done = sdk.chat.completions.create(
+            model="gpt-4o",
+            messages=self.history,  # type: ignore[arg-type]
+            extra_headers={
+                "X-Ctxwarden-Session": self.session,
+                "X-Ctxwarden-Max-Input-Tokens": BUDGET,
+            },
+        )
+        self.latencies.append(time.perf_counter() - started)
+        msg = done.choices[0].message
+        reply: dict[str, Any] = {"role": "assistant", "content": msg.content}
+        if msg.tool_calls:
+            reply["tool_calls"] = [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                for c in msg.tool_calls
+            ]  # fmt: skip
+        self.sent, self.reply = self.history, reply
+        self.history = next_turn(self.history, reply)
+        self.turns += 1
+
+    def close(self) -> None:
+        for sdk in self.sdks:
+            sdk.close()
+
+
+def _norm(m: dict[str, Any]) -> tuple[Any, ...]:
+    calls = tuple(
+        (c["id"], c["function"]["name"], c["function"]["arguments"])
+        for c in m.get("tool_calls") or ()
+    )
+    return (m["role"], m.get("content") or "", m.get("tool_call_id"), calls)
+
+
+def _check_stored(db: str, tenant: str, client: Client) -> Any:
+    """The stored session holds exactly what the client sent plus the last reply: no
+    message lost, none twice, none out of order, no branch."""
+    with open_store(db) as store:
+        sessions = [s.session_id for s in store.list_sessions(tenant)]
+        session = Session(store, client.session, tenant=tenant)
+        stored = [_norm(m) for m in session.export()]
+        record = session.record
+    assert not [s for s in sessions if s.startswith(client.session + "~")], sessions
+    expected = [_norm(m) for m in [*client.sent, client.reply]]
+    lost = len([m for m in expected if m not in stored])
+    assert (lost, len(stored)) == (0, len(expected))
+    assert stored == expected
+    return record
+
+
+def _p95(values: list[float]) -> float:
+    return statistics.quantiles(values, n=20)[18]
+
+
+def _wait_jobs(db: str, tenant: str, session_id: str, timeout: float = 40.0) -> list[Any]:
+    """The session's job attempts once none is running (or the timeout)."""
+    deadline = time.monotonic() + timeout
+    with open_store(db) as store:
+        while True:
+            attempts = job_attempts(store, tenant, session_id)
+            if (attempts and all(a.outcome for a in attempts)) or time.monotonic() > deadline:
+                return attempts
+            time.sleep(0.2)
+
+
+def test_two_replicas_and_a_worker_serve_300_turns_as_one_replica_does(
+    pg: str, upstream: ScaleUpstream, tmp_path: Path
+) -> None:
+    if not REDIS:
+        pytest.skip("set CTXWARDEN_TEST_REDIS to a Redis URL to run the summary jobs")
+    queue = f"ctxw-test-{uuid.uuid4().hex[:8]}"
+    policy = _policy(tmp_path, max_messages=60, keep_recent=16)
+    key = add_tenant(pg, "acme")
+    jobs = ("--policy", policy, "--broker", REDIS)
+    env = {"CTXWARDEN_JOB_QUEUE": queue}
+    plain = [ProxyServer(pg, upstream=upstream.url, extra=("--policy", policy)) for _ in "ab"]
+    queued = [ProxyServer(pg, upstream=upstream.url, extra=jobs, env=env) for _ in "cd"]
+    worker = Worker(pg, REDIS, queue, upstream.url, tmp_path / "worker.log")
+    # the same agent, turn by turn in lockstep: on two replicas without summaries, on
+    # one replica (the reference), and on two replicas with summaries as jobs
+    alternating = Client([p.url for p in plain], key)
+    single = Client([plain[0].url], key)
+    summarised = Client([p.url for p in queued], key)
+    clients = (alternating, single, summarised)
+    try:
+        for _ in range(300):
+            for client in clients:
+                client.turn()
+        attempts = _wait_jobs(pg, "acme", summarised.session)
+    finally:
+        for client in clients:
+            client.close()
+        worker.stop()
+        for proxy in (*plain, *queued):
+            proxy.stop()
+    contexts = upstream.contexts
+    assert len(contexts) == 900
+    differ = [t for t in range(300) if contexts[3 * t] != contexts[3 * t + 1]]
+    assert differ == [], f"contexts differ from the single replica's at turns {differ[:10]}"
+    for client in clients:
+        _check_stored(pg, "acme", client)
+    record = _check_stored(pg, "acme", summarised)
+    assert record.summary and "ORD-" in record.summary
+    # each job's summary lands once: one version per written attempt, never two per job
+    written = [a for a in attempts if a.outcome in ("landed", "facts")]
+    assert record.version == len(written) >= 1
+    per_job = [a.job_id for a in written]
+    assert len(per_job) == len(set(per_job))
+    # summaries never ran on the request path: at most 1.5x the p95 without them
+    p95_off, p95_on = _p95(alternating.latencies), _p95(summarised.latencies)
+    assert upstream.counts["summary"] >= 1
+    assert p95_on <= 1.5 * p95_off, (p95_on, p95_off)
+
+
+def test_a_worker_killed_mid_job_leaves_the_job_to_be_redelivered(
+    pg: str, upstream: ScaleUpstream, tmp_path: Path
+) -> None:
+    if not REDIS:
+        pytest.skip("set CTXWARDEN_TEST_REDIS to a Redis URL to run the summary jobs")
+    queue = f"ctxw-test-{uuid.uuid4().hex[:8]}"
+    policy = _policy(tmp_path, max_messages=12, keep_recent=4)
+    key = add_tenant(pg, "acme")
+    env = {"CTXWARDEN_JOB_QUEUE": queue}
+    proxy = ProxyServer(
+        pg, upstream=upstream.url, extra=("--policy", policy, "--broker", REDIS), env=env
+    )
+    log = tmp_path / "worker.log"
+    visibility = {"CTXWARDEN_JOB_VISIBILITY": "4"}
+    worker = Worker(pg, REDIS, queue, upstream.url, log, **visibility)
+    client = Client([proxy.url], key)
+    try:
+        deadline = time.monotonic() + 30
+        while upstream.counts["summary"] == 0:  # the job is now waiting on the 2 s answer
+            assert time.monotonic() < deadline, "no summary job started"
+            client.turn()
+            time.sleep(0.05)
+        worker.kill()
+        for _ in range(6):  # calls go on meanwhile; the pending job is not enqueued again
+            client.turn()
+        with open_store(pg) as store:
+            assert Session(store, client.session, tenant="acme").record.version == 0
+        worker = Worker(pg, REDIS, queue, upstream.url, log, **visibility)
+        attempts = _wait_jobs(pg, "acme", client.session, timeout=60)
+    finally:
+        client.close()
+        worker.stop()
+        proxy.stop()
+    record = _check_stored(pg, "acme", client)
+    first = attempts[0]
+    assert first.outcome is None  # its worker died mid-job
+    again = [a for a in attempts if a.job_id == first.job_id and a.outcome]
+    assert [a.outcome for a in again] == ["landed"], attempts
+    assert len({a.job_id for a in attempts}) == 1, attempts  # deduplicated while pending
+    assert record.version == 1 and record.summary and "ORD-" in record.summary
+
+
+def test_requests_keep_succeeding_when_redis_stops(
+    pg: str, upstream: ScaleUpstream, tmp_path: Path
+) -> None:
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed")
+    port = free_port()
+    redis_proc = subprocess.Popen(
+        [server, "--port", str(port), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    broker = f"redis://127.0.0.1:{port}/0"
+    policy = _policy(tmp_path, max_messages=8, keep_recent=4)
+    key = add_tenant(pg, "acme")
+    proxy = ProxyServer(pg, upstream=upstream.url, extra=("--policy", policy, "--broker", broker))
+    client = Client([proxy.url], key)
+    try:
+        for _ in range(10):
+            client.turn()
+        redis_proc.terminate()
+        redis_proc.wait(timeout=10)
+        for _ in range(20):
+            client.turn()  # raises on any error status
+        metrics = httpx2.get(proxy.url + "/metrics").text
+        builds = httpx2.get(
+            f"{proxy.url}/v1/sessions/{client.session}/builds?limit=100",
+            headers={"Authorization": f"Bearer {key}"},
+        ).json()
+    finally:
+        client.close()
+        proxy.stop()
+        if redis_proc.poll() is None:
+            redis_proc.kill()
+    _check_stored(pg, "acme", client)
+    found = re.search(r'ctxwarden_summary_jobs_total\{outcome="deferred"\} (\d+)', metrics)
+    assert found and int(float(found.group(1))) >= 1, metrics
+    assert re.search(r'ctxwarden_summary_jobs_total\{outcome="enqueued"\} 1\.0', metrics)
+    warned = [
+        w for b in builds["builds"] for w in b["audit"]["warnings"] if "deferred" in w
+    ]
+    assert warned and "job broker is unreachable" in warned[0], json.dumps(builds)[:2000]
