@@ -10,19 +10,23 @@ port, since it stops it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx2
 import pytest
@@ -353,3 +357,95 @@ def test_requests_keep_succeeding_when_redis_stops(
     assert re.search(r'ctxwarden_summary_jobs_total\{outcome="enqueued"\} 1\.0', metrics)
     warned = [w for b in builds["builds"] for w in b["audit"]["warnings"] if "deferred" in w]
     assert warned and "job broker is unreachable" in warned[0], json.dumps(builds)[:2000]
+
+
+class Relay:
+    """A TCP relay to PostgreSQL on a port of its own: stopping it is PostgreSQL going
+    away for the processes that connect through it (the shared server stays up)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.port = free_port()
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self.start()
+
+    def start(self) -> None:
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", self.port))
+        self._listener.listen(64)
+        threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            with self._lock:
+                self._socks += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):  # wakes the accept() blocked in its thread
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        with self._lock:
+            socks, self._socks = self._socks, []
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+
+def test_postgres_down_answers_503_and_loses_nothing(
+    pg: str, upstream: ScaleUpstream, tmp_path: Path
+) -> None:
+    parts = urlsplit(pg)
+    relay = Relay((parts.hostname or "127.0.0.1", parts.port or 5432))
+    via_relay = urlunsplit(parts._replace(netloc=f"{parts.username}@127.0.0.1:{relay.port}"))
+    key = add_tenant(pg, "acme")
+    proxy = ProxyServer(via_relay, upstream=upstream.url)
+    client = Client([proxy.url], key)
+    try:
+        for _ in range(6):
+            client.turn()
+        relay.stop()
+        body = json.dumps({"model": "gpt-4o", "messages": client.history})
+        headers = {"content-type": "application/json", "X-Ctxwarden-Session": client.session}
+        for _ in range(2):  # a broken pooled connection, then no connection at all
+            started = time.monotonic()
+            got = client.http.post(
+                proxy.url + "/v1/chat/completions", content=body, headers=headers
+            )
+            assert got.status_code == 503, got.text
+            error = got.json()["error"]
+            assert error["code"] == "store_unavailable"
+            assert "session store is unavailable" in error["message"]
+            assert time.monotonic() - started < 15
+        assert httpx2.get(proxy.url + "/readyz").status_code == 503
+        relay.start()
+        for _ in range(4):  # the same turn again, then on
+            client.turn()
+        metrics = httpx2.get(proxy.url + "/metrics").text
+    finally:
+        client.close()
+        proxy.stop()
+        relay.stop()
+    assert re.search(r"ctxwarden_store_unavailable_total [2-9]", metrics)
+    _check_stored(pg, "acme", client)
