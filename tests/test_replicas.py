@@ -80,13 +80,20 @@ class Worker:
     """``ctxwarden worker`` as a process; ready once Celery logs that it is."""
 
     def __init__(
-        self, db: str, broker: str, queue: str, upstream: str, log: Path, **env: str
+        self,
+        db: str,
+        broker: str,
+        queue: str,
+        upstream: str,
+        log: Path,
+        *args: str,
+        **env: str,
     ) -> None:
         self.log = log
         self._out = log.open("ab")
         self.proc = subprocess.Popen(
             [CLI, "worker", "--db", db, "--broker", broker, "--queue", queue,
-             "--summarizer", "openai:gpt-4o-mini", "--concurrency", "2"],
+             "--summarizer", "openai:gpt-4o-mini", "--concurrency", "2", *args],
             stdout=self._out,
             stderr=subprocess.STDOUT,
             env={**os.environ, "OPENAI_BASE_URL": upstream, "OPENAI_API_KEY": "sk-local", **env},
@@ -297,13 +304,17 @@ def test_a_worker_killed_mid_job_leaves_the_job_to_be_redelivered(
             client.turn()
         with open_store(pg) as store:
             assert Session(store, client.session, tenant="acme").record.version == 0
-        worker = Worker(pg, REDIS, queue, upstream.url, log, **visibility)
+        port = free_port()
+        worker = Worker(
+            pg, REDIS, queue, upstream.url, log, "--metrics-port", str(port), **visibility
+        )
         landed = _wait_jobs(
             pg, "acme", client.session, lambda found: any(a.outcome for a in found), timeout=60
         )
         time.sleep(1.0)  # a second landing, were there one, would be logged by now
         attempts = _wait_jobs(pg, "acme", client.session, lambda found: True)
         assert landed
+        metrics = httpx2.get(f"http://127.0.0.1:{port}/metrics").text
     finally:
         client.close()
         worker.stop()
@@ -315,6 +326,7 @@ def test_a_worker_killed_mid_job_leaves_the_job_to_be_redelivered(
     assert [a.outcome for a in again] == ["landed"], attempts
     assert len({a.job_id for a in attempts}) == 1, attempts  # deduplicated while pending
     assert record.version == 1 and record.summary and "ORD-" in record.summary
+    assert 'ctxwarden_summary_job_attempts_total{outcome="landed"} 1.0' in metrics
 
 
 def test_requests_keep_succeeding_when_redis_stops(

@@ -149,11 +149,14 @@ class ScaleUpstream:
                         upstream.contexts.append(json.dumps(body.get("messages"), sort_keys=True))
                 _, data = answer(body, upstream.summary_delay)
                 payload = json.dumps(data).encode()
-                self.send_response(200)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                try:
+                    self.send_response(200)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except OSError:  # the caller went away (a worker killed mid-call)
+                    self.close_connection = True
 
         class Server(ThreadingHTTPServer):
             daemon_threads = True

@@ -42,6 +42,10 @@ def worker(
         typer.Option("--queue", envvar="CTXWARDEN_JOB_QUEUE", help="Queue name (as serve's)."),
     ] = None,
     loglevel: Annotated[str, typer.Option("--loglevel")] = "INFO",
+    metrics_port: Annotated[
+        int | None,
+        typer.Option("--metrics-port", help="Serve Prometheus metrics on 127.0.0.1:PORT."),
+    ] = None,
 ) -> None:
     """Run summary jobs from the queue `ctxwarden serve --broker` fills: each one is the
     session's summary cycle, written once behind the session's version check."""
@@ -60,6 +64,10 @@ def worker(
     from ctxwarden.jobs.app import configure
 
     configure(settings)
+    if metrics_port is not None:
+        from ctxwarden.jobs.metrics import serve_metrics
+
+        serve_metrics(metrics_port)
     typer.echo(f"ctxwarden worker on {settings.queue} at {broker} (store {db})", err=True)
     app.worker_main(
         [

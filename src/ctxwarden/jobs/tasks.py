@@ -21,11 +21,13 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from ctxwarden.errors import ConfigError, StoreError, SummarizationError
 from ctxwarden.jobs.app import app
+from ctxwarden.jobs.metrics import observe
 from ctxwarden.jobs.pending import clear_pending
 from ctxwarden.jobs.settings import JobSettings
 
@@ -142,6 +144,7 @@ def _end(
     exc: BaseException | None,
 ) -> None:
     """Log the attempt's end; a store that fails here must not hide the job's own error."""
+    observe(outcome, time.time() - started)
     try:
         error = None if exc is None else str(exc)
         end_attempt(res.store, tenant, session_id, job_id, started, outcome, error)
