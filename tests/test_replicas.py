@@ -42,7 +42,7 @@ from service_harness import (
 )
 
 from ctxwarden import Session
-from ctxwarden.bench.scale_upstream import ScaleUpstream, first_turn, next_turn
+from ctxwarden.bench.scale_upstream import ScaleUpstream, first_turn, next_turn, what_it_says
 from ctxwarden.store import open_store
 from ctxwarden.store.job_log import job_attempts
 
@@ -164,24 +164,16 @@ class Client:
         self.http.close()
 
 
-def _norm(m: dict[str, Any]) -> tuple[Any, ...]:
-    calls = tuple(
-        (c["id"], c["function"]["name"], c["function"]["arguments"])
-        for c in m.get("tool_calls") or ()
-    )
-    return (m["role"], m.get("content") or "", m.get("tool_call_id"), calls)
-
-
 def _check_stored(db: str, tenant: str, client: Client) -> Any:
     """The stored session holds exactly what the client sent plus the last reply: no
     message lost, none twice, none out of order, no branch."""
     with open_store(db) as store:
         sessions = [s.session_id for s in store.list_sessions(tenant)]
         session = Session(store, client.session, tenant=tenant)
-        stored = [_norm(m) for m in session.export()]
+        stored = [what_it_says(m) for m in session.export()]
         record = session.record
     assert not [s for s in sessions if s.startswith(client.session + "~")], sessions
-    expected = [_norm(m) for m in [*client.sent, client.reply]]
+    expected = [what_it_says(m) for m in [*client.sent, client.reply]]
     lost = len([m for m in expected if m not in stored])
     assert (lost, len(stored)) == (0, len(expected))
     assert stored == expected

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ctxwarden.bench.scale_upstream import ScaleUpstream, first_turn, next_turn
+from ctxwarden.bench.scale_upstream import ScaleUpstream, first_turn, next_turn, what_it_says
 
 __all__ = ["main"]
 
@@ -142,21 +142,13 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def _norm(m: dict[str, Any]) -> tuple[Any, ...]:
-    calls = tuple(
-        (c["id"], c["function"]["name"], c["function"]["arguments"])
-        for c in m.get("tool_calls") or ()
-    )
-    return (m["role"], m.get("content") or "", m.get("tool_call_id"), calls)
-
-
 def _check(store: Any, tenant: str, agent: Agent) -> tuple[int, int, int]:
     """(lost, duplicated, summary version) of one agent's stored session."""
     from ctxwarden import Session
 
     session = Session(store, agent.session, tenant=tenant)
-    stored = [_norm(m) for m in session.export()]
-    expected = [_norm(m) for m in [*agent.sent, agent.reply]] if agent.sent else []
+    stored = [what_it_says(m) for m in session.export()]
+    expected = [what_it_says(m) for m in [*agent.sent, agent.reply]] if agent.sent else []
     lost = sum(1 for m in expected if m not in stored)
     dup = len(stored) - len(set(stored))
     return lost, dup, session.record.version

@@ -26,7 +26,7 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["SUMMARY_MODEL", "ScaleUpstream", "first_turn", "next_turn"]
+__all__ = ["SUMMARY_MODEL", "ScaleUpstream", "first_turn", "next_turn", "what_it_says"]
 
 SUMMARY_MODEL = "gpt-4o-mini"
 _TURN = re.compile(r"Turn (\d+):")
@@ -62,6 +62,16 @@ def next_turn(history: list[dict[str, Any]], reply: dict[str, Any]) -> list[dict
         turns = sum(1 for m in out if m["role"] == "user")
         out.append(_user(turns))
     return out
+
+
+def what_it_says(message: dict[str, Any]) -> tuple[Any, ...]:
+    """A message as the checks compare it: role, text, call id, tool calls (an SDK may
+    spell an empty text as ``None`` or ``""``)."""
+    calls = tuple(
+        (c["id"], c["function"]["name"], c["function"]["arguments"])
+        for c in message.get("tool_calls") or ()
+    )
+    return (message["role"], message.get("content") or "", message.get("tool_call_id"), calls)
 
 
 def _completion(message: dict[str, Any], model: str) -> dict[str, Any]:

@@ -25,6 +25,16 @@ ones the agent is working with.
 The store keeps the checkpoint that covers most (saves never move it back). A recent
 checkpoint is also kept in memory per process, so a build neither reads nor decodes the
 stored one while it is current.
+
+**Several replicas** (issue 14) each keep their own copy, which another replica's builds
+leave behind, never wrong: a checkpoint is a fold of stored messages, which never
+change, keyed by the session's ``created_at`` (a session deleted and created again is
+another key), and :meth:`EntityLedger.add` does not depend on how its entities are
+split into calls. So advancing this process's older copy, or the stored one, to the
+current slice gives the ledger the replica that made the last build would have had;
+``tests/test_replicas.py`` checks 300 alternating turns byte for byte against one
+replica. Nothing needs the stored version to validate the copy, and reading it to check
+would cost every build a query.
 """
 
 from __future__ import annotations
