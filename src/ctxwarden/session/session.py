@@ -385,7 +385,9 @@ class Session:
         that the slice does not hold (seeded from the last ``ledger_backfill`` when it
         lags further behind; see :mod:`ctxwarden.store.ledger_checkpoint`), and the
         warnings for the build's audit (a damaged stored ledger, skipped messages)."""
-        ckpt, damage = load_checkpoint(self.store, self.tenant, self.session_id, record.created_at)
+        ckpt, damage = load_checkpoint(
+            self.store, self.tenant, self.session_id, record.created_at, needed_upto=start - 1
+        )
         advanced = ckpt.advance(
             self.store,
             self.tenant,

@@ -34,7 +34,10 @@ split into calls. So advancing this process's older copy, or the stored one, to 
 current slice gives the ledger the replica that made the last build would have had;
 ``tests/test_replicas.py`` checks 300 alternating turns byte for byte against one
 replica. Nothing needs the stored version to validate the copy, and reading it to check
-would cost every build a query.
+would cost every build a query; only a copy that lags the build by more than a few
+turns is compared with the stored one (``needed_upto`` in :func:`load_checkpoint`), so
+a replica that did not serve a session for a while neither re-reads nor seeds past
+what the others saved.
 """
 
 from __future__ import annotations
@@ -156,7 +159,13 @@ def _key(
 
 
 def load_checkpoint(
-    store: SessionStore, tenant: str, session_id: str, created_at: float
+    store: SessionStore,
+    tenant: str,
+    session_id: str,
+    created_at: float,
+    *,
+    needed_upto: int | None = None,
+    slack: int = 64,
 ) -> tuple[LedgerCheckpoint, str | None]:
     """This process's checkpoint for the session, else the stored one; and, when the
     stored one cannot be read back, why (the checkpoint is then the empty one).
@@ -164,17 +173,26 @@ def load_checkpoint(
     ``created_at`` tells a session apart from an earlier one with the same id. A damaged
     ledger is derived data: the build rebuilds it from the stored messages (a seed, when
     the history is long), the next save replaces it, and the build's audit says so.
+    ``needed_upto`` is the seq the build must cover: when this process's copy lags it by
+    more than ``slack`` messages (other replicas built the session meanwhile), the
+    stored checkpoint is read too and the one covering more is used, so a copy left
+    behind never makes a build re-read, or seed past, what another replica saved.
     """
     key = _key(store, tenant, session_id, created_at)
     with _LOCK:
         hit = _MEMORY.get(key)
         if hit is not None:
             _MEMORY.move_to_end(key)
-            return hit, None
+    if hit is not None and (needed_upto is None or needed_upto - hit.upto <= slack):
+        return hit, None
     upto, text = store.load_ledger(tenant, session_id)
+    if hit is not None and hit.upto >= upto:
+        return hit, None
     try:
         return LedgerCheckpoint.decode(upto, text), None
     except StoreError as exc:
+        if hit is not None:
+            return hit, None
         return LedgerCheckpoint(), str(exc)
 
 
