@@ -55,6 +55,12 @@ class ServiceConfig:
             raise ConfigError(
                 f"max body size must be at least 1024 bytes, got {self.max_body_bytes}"
             )
+        if self.broker is not None and not self.broker.startswith(
+            ("redis://", "rediss://", "unix://")
+        ):
+            raise ConfigError(
+                f"--broker must be a Redis URL (redis://host:port/db), got {self.broker!r}"
+            )
         if self.upstream_timeout <= 0:
             raise ConfigError(f"upstream timeout must be > 0 seconds, got {self.upstream_timeout}")
 
