@@ -453,3 +453,56 @@ def test_postgres_down_answers_503_and_loses_nothing(
         relay.stop()
     assert re.search(r"ctxwarden_store_unavailable_total [2-9]", metrics)
     _check_stored(pg, "acme", client)
+
+
+def test_concurrent_turns_of_one_session_on_two_replicas_never_interleave(
+    pg: str, upstream: ScaleUpstream
+) -> None:
+    key = add_tenant(pg, "acme")
+    with ThreadPoolExecutor(2) as pool:
+        proxies = list(pool.map(lambda _: ProxyServer(pg, upstream=upstream.url), "ab"))
+    client = Client([p.url for p in proxies], key)
+    sent: list[list[dict[str, Any]]] = []
+    statuses: list[int] = []
+    try:
+        for _ in range(4):
+            client.turn()
+        for r in range(8):  # two different next turns of the same session, at once
+            forks = [
+                [*client.history, {"role": "user", "content": f"Also ORD-{r}{side}, please."}]
+                for side in "xy"
+            ]
+
+            def post(i: int, forks: list[list[dict[str, Any]]] = forks) -> int:
+                body = json.dumps({"model": "gpt-4o", "messages": forks[i]})
+                headers = {
+                    "content-type": "application/json",
+                    "X-Ctxwarden-Session": client.session,
+                }
+                url = proxies[i].url + "/v1/chat/completions"
+                return client.http.post(url, content=body, headers=headers).status_code
+
+            with ThreadPoolExecutor(2) as pool:
+                statuses += list(pool.map(post, (0, 1)))
+            sent += forks
+    finally:
+        client.close()
+        for proxy in proxies:
+            proxy.stop()
+    # each pair: both served (one on a branch), or one answered 409 after its retries
+    assert set(statuses) <= {200, 409} and statuses.count(200) >= 8, statuses
+    with open_store(pg) as store:
+        stored = {
+            s.session_id: [
+                what_it_says(m) for m in Session(store, s.session_id, tenant="acme").export()
+            ]
+            for s in store.list_sessions("acme")
+        }
+    asks = [what_it_says(f[-1]) for f in sent]
+    for session_id, messages in stored.items():
+        # a stored history is one client's history: at most one of each pair of asks
+        mine = [a for a in asks if a in messages]
+        pairs = {a[1].split()[1][:-1].rstrip("xy") for a in mine}
+        assert len(pairs) == len(mine), (session_id, mine)
+        for m in messages:  # and every message in it was sent or received in that order
+            assert messages.count(m) == 1 or m[0] == "assistant", (session_id, m)

@@ -18,6 +18,7 @@ from ctxwarden.errors import (
     StoreUnavailable,
     UnknownModelError,
     UsageError,
+    VersionConflict,
 )
 
 __all__ = ["ServiceError", "error_body", "from_library"]
@@ -26,6 +27,7 @@ _OPENAI_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
+    409: "conflict_error",
     413: "request_too_large",
     429: "rate_limit_error",
     502: "api_error",
@@ -87,6 +89,8 @@ def from_library(exc: CtxwardenError) -> ServiceError:
         return ServiceError(400, str(exc), code="invalid_configuration")
     if isinstance(exc, UsageError):
         return ServiceError(400, str(exc))
+    if isinstance(exc, VersionConflict):  # concurrent calls of one session kept colliding
+        return ServiceError(409, str(exc), code="session_conflict")
     if isinstance(exc, StoreUnavailable):
         return ServiceError(
             503,

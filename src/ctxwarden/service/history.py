@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ctxwarden import Session
-from ctxwarden.errors import InvalidMessageError, StoreError, VersionConflict
+from ctxwarden.errors import InvalidMessageError, VersionConflict
 from ctxwarden.messages import Message
 from ctxwarden.store import SessionStore
 from ctxwarden.store.service_tables import Head, get_head, put_head
@@ -168,7 +168,7 @@ def sync_history(
         synced = _try_sync(store, open_session, tenant, client_id, head, keys, parse, count)
         if synced is not None:
             return synced
-    raise StoreError(
+    raise VersionConflict(
         f"session {client_id!r} is being written by another caller at the same time; retry"
     )
 
