@@ -183,12 +183,28 @@ def _summarizer(spec: str) -> tuple[Any, Any]:
 
 @session_app.command("show")
 @handle_errors
-def show(db: Db, session: SessionId, tenant: Tenant = "default") -> None:
-    """Print the session's size, summary, facts, usage and cost."""
+def show(
+    db: Db,
+    session: SessionId,
+    tenant: Tenant = "default",
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html", help="Also write the session's page, every logged turn, to this file."
+        ),
+    ] = None,
+) -> None:
+    """Print the session's size, summary, facts, usage and cost; ``--html`` writes the
+    turn-by-turn page (the one ``ctxwarden serve`` shows at /ui/) as one offline file."""
     from ctxwarden.session.session import Session
 
     with Session(db, session, tenant=tenant) as s:
         record = s.record
+        if html is not None:
+            from ctxwarden.ui import render_report
+
+            html.write_text(render_report(s.store, tenant, record, s.registry), "utf-8")
+            typer.echo(f"wrote {html}", err=True)
         usage = record.total_usage
         typer.echo(
             f"session {session} (tenant {tenant}): {record.next_seq} messages, "

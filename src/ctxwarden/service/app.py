@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ctxwarden import Registry
 from ctxwarden._version import __version__
-from ctxwarden.service import anthropic_proxy, openai_proxy, sessions_api
+from ctxwarden.service import anthropic_proxy, openai_proxy, sessions_api, ui_routes
 from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.config import ServiceConfig
 from ctxwarden.service.errors import ServiceError, error_body
@@ -104,6 +104,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
     app.include_router(openai_proxy.router)
     app.include_router(anthropic_proxy.router)
     app.include_router(sessions_api.router)
+    app.include_router(ui_routes.router)  # /ui/: the session pages
     app.add_middleware(_CountRequests, metrics=metrics)
 
     @app.exception_handler(ServiceError)

@@ -39,6 +39,7 @@ __all__ = [
     "finish_build",
     "get_head",
     "last_build_mark",
+    "latest_builds",
     "list_builds",
     "list_tenants",
     "put_head",
@@ -111,6 +112,15 @@ def _sql(store: SessionStore) -> SqlStore:
             f"the service needs a SQL store (sqlite:/// or postgresql://), got {store.url!r}"
         )
     return store
+
+
+def _build(r: Any) -> BuildRecord:
+    """A builds row: the ten columns of ``list_builds`` (an eleventh: whether it has a context)."""
+    has_context = bool(r[10]) if len(r) > 10 else False
+    return BuildRecord(
+        r[0], r[1], float(r[2]), r[3], int(r[4]), int(r[5]), r[6], json.loads(r[7]), int(r[8]),
+        int(r[9]), has_context,
+    )  # fmt: skip
 
 
 def _tenant(row: Any) -> TenantRecord:
@@ -423,33 +433,39 @@ def finish_build(
 
 
 def list_builds(
-    store: SessionStore, tenant: str, session_id: str, *, limit: int = 50, offset: int = 0
+    store: SessionStore,
+    tenant: str,
+    session_id: str,
+    *,
+    limit: int = 50,
+    offset: int = 0,
+    since_turn: int = 0,
 ) -> list[BuildRecord]:
-    """The session's builds, oldest first (their built messages: :func:`build_context`)."""
+    """The session's builds from turn ``since_turn`` on, oldest first (their built
+    messages: :func:`build_context`)."""
     with _sql(store)._read() as tx:
         rows = tx.execute(
             "SELECT build_id, session_id, created_at, model, history_tokens, input_tokens, "
             "status, audit, turn, upto_seq, context IS NOT NULL FROM ctxwarden_builds "
-            "WHERE tenant = ? AND session_id = ? "
+            "WHERE tenant = ? AND session_id = ? AND turn >= ? "
             "ORDER BY turn, created_at, build_id LIMIT ? OFFSET ?",
-            (tenant, session_id, limit, offset),
+            (tenant, session_id, since_turn, limit, offset),
         )
-    return [
-        BuildRecord(
-            r[0],
-            r[1],
-            float(r[2]),
-            r[3],
-            int(r[4]),
-            int(r[5]),
-            r[6],
-            json.loads(r[7]),
-            int(r[8]),
-            int(r[9]),
-            bool(r[10]),
+    return [_build(r) for r in rows]
+
+
+def latest_builds(store: SessionStore, tenant: str) -> dict[str, BuildRecord]:
+    """The newest logged build of each of the tenant's sessions, by session id (one read)."""
+    with _sql(store)._read() as tx:
+        rows = tx.execute(
+            "SELECT b.build_id, b.session_id, b.created_at, b.model, b.history_tokens, "
+            "b.input_tokens, b.status, b.audit, b.turn, b.upto_seq FROM ctxwarden_builds b "
+            "JOIN (SELECT session_id, MAX(turn) AS turn FROM ctxwarden_builds WHERE tenant = ? "
+            "GROUP BY session_id) last ON b.session_id = last.session_id AND b.turn = last.turn "
+            "WHERE b.tenant = ?",
+            (tenant, tenant),
         )
-        for r in rows
-    ]
+    return {r[1]: _build(r) for r in rows}
 
 
 def build_context(
