@@ -12,6 +12,7 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -53,7 +54,7 @@ def lost_value(url: str, tenant: str, session_id: str) -> tuple[BuildRecord, str
     context holds nowhere, found from the store alone."""
     with Session(url, session_id, tenant=tenant) as s:
         builds = list_builds(s.store, tenant, session_id, limit=1000)
-        for prev, b in zip(builds, builds[1:], strict=False):
+        for prev, b in pairwise(builds):
             rows = build_context(s.store, tenant, session_id, b.build_id)
             if rows is None:
                 continue
