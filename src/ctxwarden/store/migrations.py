@@ -163,6 +163,10 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE ctxwarden_builds ADD COLUMN context TEXT",
             """CREATE INDEX ctxwarden_builds_turn
                 ON ctxwarden_builds (tenant, session_id, turn)""",
+            # the rows still holding their built messages: trimming them to the newest
+            # few reads only those, not every kept audit
+            """CREATE INDEX ctxwarden_builds_context
+                ON ctxwarden_builds (tenant, session_id, turn) WHERE context IS NOT NULL""",
         ),
     ),
 )
