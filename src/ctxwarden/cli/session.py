@@ -196,8 +196,17 @@ def show(
 ) -> None:
     """Print the session's size, summary, facts, usage and cost; ``--html`` writes the
     turn-by-turn page (the one ``ctxwarden serve`` shows at /ui/) as one offline file."""
+    from ctxwarden.errors import ConfigError
     from ctxwarden.session.session import Session
+    from ctxwarden.store import open_store
 
+    if html is not None:  # a report of a session that is not there is a typo, not a page
+        with open_store(db) as store:
+            if store.get_session(tenant, session) is None:
+                raise ConfigError(
+                    f"no session {session!r} of tenant {tenant!r} in {db} "
+                    "(see `ctxwarden session list`)"
+                )
     with Session(db, session, tenant=tenant) as s:
         record = s.record
         if html is not None:

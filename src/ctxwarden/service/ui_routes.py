@@ -131,12 +131,14 @@ async def logout(request: Request) -> Response:
     return answer
 
 
-def _page(hub: Hub, tenant: str, session_id: str, turn: int | None) -> str | None:
+def _page(hub: Hub, tenant: str, session_id: str, turn: int | None) -> tuple[str, int] | None:
+    """The page and its status: 404 (with the newest turn shown) for a turn not logged."""
     record = hub.store.get_session(tenant, session_id)
     if record is None:
         return None
     page = session_page(hub.store, tenant, record, turn=turn, registry=hub.config.registry)
-    return render_session(page, root=ROOT, tenant=tenant)
+    status = 404 if page.missing_turn is not None else 200
+    return render_session(page, root=ROOT, tenant=tenant), status
 
 
 def _turn(hub: Hub, tenant: str, session_id: str, turn: int) -> str | None:
@@ -173,5 +175,5 @@ async def session(
     if tenant is None:
         return _to_login()
     hub = hub_of(request)
-    body = await hub.run(_page, hub, tenant.tenant, session_id, turn)
-    return _not_found("no such session") if body is None else _html(body)
+    found = await hub.run(_page, hub, tenant.tenant, session_id, turn)
+    return _not_found("no such session") if found is None else _html(*found)

@@ -139,6 +139,7 @@ class SessionPage:
     summary_turn: int | None
     summary_cycles: int
     turns: Mapping[int, TurnView] = field(default_factory=dict)  # every turn (static file)
+    missing_turn: int | None = None  # asked for, but not in the log (the newest is shown)
 
 
 def _seq(message_id: str) -> int | None:
@@ -271,8 +272,9 @@ def session_page(
     index = {b.turn: i for i, b in enumerate(builds)}
     selected: TurnView | None = None
     turns: dict[int, TurnView] = {}
+    missing = turn if turn is not None and turn not in index else None
     if builds:
-        i = index.get(turn, len(builds) - 1) if turn is not None else len(builds) - 1
+        i = index[turn] if turn is not None and missing is None else len(builds) - 1
         pick = builds[i]
         if every_turn:
             for k, b in enumerate(builds):
@@ -306,6 +308,7 @@ def session_page(
         summary_turn=_turn_of(builds, record.summary_upto) if record.summary_upto >= 0 else None,
         summary_cycles=levels.cycles,
         turns=turns,
+        missing_turn=missing,
     )
 
 
