@@ -10,11 +10,13 @@ at once, in every replica, without a server secret to share. A session of anothe
 tenant is a 404, like one that does not exist.
 
 Pages are rendered by :mod:`ctxwarden.ui` in a worker thread (the store is blocking),
-with a Content-Security-Policy that lets them load nothing from anywhere.
+with a Content-Security-Policy that lets them load nothing from anywhere and run no
+script but the page's own (a per-response nonce).
 """
 
 from __future__ import annotations
 
+import secrets
 from html import escape
 from typing import Annotated
 from urllib.parse import parse_qs, urlsplit
@@ -42,12 +44,13 @@ __all__ = ["COOKIE", "router"]
 ROOT = "/ui"
 COOKIE = "ctxwarden_ui"
 _MAX_FORM = 4096
+_CSP = (
+    "default-src 'none'; style-src 'unsafe-inline'; script-src 'nonce-{nonce}'; "
+    "img-src data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+    "base-uri 'none'"
+)
 _HEADERS = {
-    "Content-Security-Policy": (
-        "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
-        "img-src data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; "
-        "base-uri 'none'"
-    ),
+    "Content-Security-Policy": _CSP.format(nonce="none"),
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
@@ -57,8 +60,10 @@ _HEADERS = {
 router = APIRouter(prefix=ROOT, include_in_schema=False)
 
 
-def _html(body: str, status: int = 200) -> HTMLResponse:
-    return HTMLResponse(body, status, headers=_HEADERS)
+def _html(body: str, status: int = 200, *, nonce: str = "none") -> HTMLResponse:
+    """A page that may load nothing from anywhere, nor run any script but its own."""
+    headers = {**_HEADERS, "Content-Security-Policy": _CSP.format(nonce=nonce)}
+    return HTMLResponse(body, status, headers=headers)
 
 
 def _not_found(what: str) -> HTMLResponse:
@@ -131,14 +136,16 @@ async def logout(request: Request) -> Response:
     return answer
 
 
-def _page(hub: Hub, tenant: str, session_id: str, turn: int | None) -> tuple[str, int] | None:
+def _page(
+    hub: Hub, tenant: str, session_id: str, turn: int | None, nonce: str
+) -> tuple[str, int] | None:
     """The page and its status: 404 (with the newest turn shown) for a turn not logged."""
     record = hub.store.get_session(tenant, session_id)
     if record is None:
         return None
     page = session_page(hub.store, tenant, record, turn=turn, registry=hub.config.registry)
     status = 404 if page.missing_turn is not None else 200
-    return render_session(page, root=ROOT, tenant=tenant), status
+    return render_session(page, root=ROOT, tenant=tenant, nonce=nonce), status
 
 
 def _turn(hub: Hub, tenant: str, session_id: str, turn: int) -> str | None:
@@ -175,5 +182,6 @@ async def session(
     if tenant is None:
         return _to_login()
     hub = hub_of(request)
-    found = await hub.run(_page, hub, tenant.tenant, session_id, turn)
-    return _not_found("no such session") if found is None else _html(*found)
+    nonce = secrets.token_urlsafe(16)
+    found = await hub.run(_page, hub, tenant.tenant, session_id, turn, nonce)
+    return _not_found("no such session") if found is None else _html(*found, nonce=nonce)

@@ -64,7 +64,9 @@ def _env() -> Environment:
         lstrip_blocks=True,
     )
     env.filters.update(num=_num, usd=_usd, when=_when, short=_short)
-    env.globals.update(colors=COLORS, static=False, script=False, tenant=None, turns_url=None)
+    env.globals.update(
+        colors=COLORS, static=False, script=False, tenant=None, turns_url=None, nonce=None
+    )
     return env
 
 
@@ -82,9 +84,15 @@ def render_sessions(rows: Sequence[Mapping[str, Any]], root: str, tenant: str) -
 
 
 def render_session(
-    page: SessionPage, *, root: str = "", tenant: str | None = None, static: bool = False
+    page: SessionPage,
+    *,
+    root: str = "",
+    tenant: str | None = None,
+    static: bool = False,
+    nonce: str | None = None,
 ) -> str:
-    """A session's page; ``static`` writes the self-contained file (every turn in it)."""
+    """A session's page; ``static`` writes the self-contained file (every turn in it,
+    no script); ``nonce`` marks the page's script for a Content-Security-Policy."""
     selected = page.turn.build.turn if page.turn is not None else None
     sid = page.record.session_id
 
@@ -106,6 +114,7 @@ def render_session(
             tenant=tenant,
             static=static,
             script=not static,
+            nonce=nonce,
             turns_url=None if static else f"{root}/sessions/{quote(sid, safe='')}/turns/",
         )
     )

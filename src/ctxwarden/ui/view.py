@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ctxwarden.errors import UnknownModelError
@@ -229,6 +229,12 @@ def turn_view(
             values=tuple(values),
         )
         grouped.setdefault(view.kind, []).append(view)
+    listed = {v.message_id for v in grouped.get("recalled", [])}
+    for m in context or ():  # brought back into the context by the recall layer
+        if m.layer == "recall" and m.message_id not in listed:
+            reason = "brought back: relevant to the newest user message"
+            view = ActionView("recalled", m.message_id, reason, 0, 0, "recall", True, m.role)
+            grouped.setdefault("recalled", []).append(replace(view, preview=m.text[:_PREVIEW]))
     ordered = {k: tuple(grouped[k]) for k in (*ACTION_ORDER, *sorted(grouped)) if k in grouped}
     ledger = next((m.text for m in context if m.layer == "ledger"), None) if context else None
     try:
