@@ -12,16 +12,18 @@ turn and shows the targeted one by CSS). The script only selects a turn in place
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
+from urllib.parse import quote
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup, escape
 
 from ctxwarden.registry.catalog import Registry
 from ctxwarden.store import SessionStore, StoredSession
-from ctxwarden.ui.chart import COLORS, chart
+from ctxwarden.ui.chart import COLORS, Chart, chart
 from ctxwarden.ui.view import SessionPage, TurnView, session_page
 
 __all__ = ["render_login", "render_report", "render_session", "render_sessions", "render_turn"]
@@ -52,6 +54,46 @@ def _short(value: int) -> str:
                 else f"{scaled:.1f}{unit}"
             )
     return str(value)
+
+
+def _bars(c: Chart, selected: int | None, href: Callable[[int], str]) -> Markup:
+    """The chart's bars as SVG, one f-string per element. Formatted here, not in the
+    template: at 2,000 turns the template's escaping of each of ~110,000 numbers was
+    most of the page's time (0.58 s of 0.73 s); what is text (layer names, the links)
+    is still escaped."""
+    out = []
+    top = f'y="12" height="{c.base - 12:.1f}"'
+    for b in c.bars:
+        parts = "; ".join(f"{s.layer} {s.tokens:,}" for s in b.segments)
+        warn = f"; {b.warnings} warning(s)" if b.warnings else ""
+        title = (
+            f"turn {b.turn}: {b.input_tokens:,} of {b.budget:,} tokens; {parts}; "
+            f"full history {b.history_tokens:,}{warn}"
+        )
+        cls = "bar selected" if selected == b.turn else "bar"
+        out.append(
+            f'<a class="{cls}" href="{escape(href(b.turn))}" data-turn="{b.turn}">'
+            f"<title>{escape(title)}</title>"
+            f'<rect class="hit" x="{b.x:.1f}" {top} width="{b.width * 1.6:.1f}"/>'
+        )
+        for s in b.segments:
+            out.append(
+                f'<rect class="seg" data-layer="{escape(s.layer)}" data-tokens="{s.tokens}" '
+                f'x="{b.x:.1f}" y="{s.y:.2f}" width="{b.width:.1f}" height="{s.height:.2f}" '
+                f'fill="{s.color}"/>'
+            )
+        hx, hw = b.x + b.width, b.width * 0.35 if b.width > 3 else 1.0
+        out.append(
+            f'<rect class="hist" data-tokens="{b.history_tokens}" x="{hx:.1f}" '
+            f'y="{b.history_y:.2f}" width="{hw:.1f}" height="{b.history_height:.2f}"/>'
+        )
+        if b.history_clipped:
+            out.append(f'<text class="cap" x="{hx:.1f}" y="10">▲</text>')
+        if b.warnings:
+            cx, cy = b.x + b.width / 2, c.base + 6
+            out.append(f'<circle class="warn" cx="{cx:.1f}" cy="{cy:.1f}" r="2"/>')
+        out.append("</a>\n")
+    return Markup("".join(out))
 
 
 @lru_cache(maxsize=1)
@@ -99,16 +141,14 @@ def render_session(
     def turn_href(turn: int) -> str:
         return f"#turn-{turn}" if static else f"?turn={turn}"
 
-    from urllib.parse import quote
-
+    laid_out = chart(page.builds, page.layers)
     return (
         _env()
         .get_template("session.html")
         .render(
             page=page,
-            chart=chart(page.builds, page.layers),
-            selected=selected,
-            turn_href=turn_href,
+            chart=laid_out,
+            bars=_bars(laid_out, selected, turn_href),
             root=root,
             home=root + "/" if not static else "#",
             tenant=tenant,
