@@ -10,8 +10,10 @@ builds are logged. Then what ``GET /ui/sessions/{id}`` does on the server is tim
 (median of ``--repeat``): read the session row and every logged build, lay out the
 chart, read the selected turn's originals and built messages, render the template.
 The target: under 1 s at 2,000 turns. Printed beside it: each part, the page's size,
-the turn fragment the page's script asks for, the ``session show --html`` file (every
-turn in it), and what logging a build costs inside ``Session.build``.
+the turn fragment the page's script asks for, the same page fetched from a running
+``ctxwarden serve`` (client wall time on loopback, with the server extra), the
+``session show --html`` file (every turn in it), and what logging a build costs inside
+``Session.build``.
 """
 
 from __future__ import annotations
@@ -136,6 +138,61 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _served(s: Session, repeat: int) -> float | None:
+    """The page through a real ``ctxwarden serve`` on loopback: the client's median wall
+    time (server time plus moving the page over loopback); ``None`` without the server
+    extra."""
+    import socket
+    import subprocess
+    import urllib.request
+
+    try:
+        import uvicorn  # noqa: F401
+    except ImportError:
+        return None
+    from ctxwarden.service.keys import hash_key, new_key, shown_prefix
+    from ctxwarden.store.service_tables import add_tenant
+
+    key = new_key()
+    add_tenant(s.store, s.tenant, key_hash=hash_key(key), key_prefix=shown_prefix(key))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    cmd = [sys.executable, "-c", "from ctxwarden.cli.main import main; main()"]
+    args = [
+        "serve",
+        "--db",
+        s.store.url,
+        "--port",
+        str(port),
+        "--upstream",
+        "http://127.0.0.1:9/v1",
+    ]
+    proc = subprocess.Popen([*cmd, *args], stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(base + "/readyz", timeout=1):
+                    break
+            except OSError:
+                time.sleep(0.1)
+        req = urllib.request.Request(f"{base}/ui/sessions/{s.session_id}")
+        req.add_header("Cookie", f"ctxwarden_ui={hash_key(key)}")
+
+        def get() -> int:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return len(r.read())
+
+        get()  # the first request opens the session and warms the templates
+        wall, _ = _median(get, repeat)
+        return wall
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 def _report(s: Session, repeat: int) -> None:
     store, tenant, sid = s.store, s.tenant, s.session_id
 
@@ -168,6 +225,10 @@ def _report(s: Session, repeat: int) -> None:
         f"selected turn {turn * 1e3:.0f} ms, template {render * 1e3:.0f} ms"
     )
     print(f"turn fragment (the script's request): {fragment * 1e3:.0f} ms")
+    wall = _served(s, repeat)
+    if wall is not None:
+        print(f"GET /ui/sessions/{{id}} from a running ctxwarden serve, client wall time on "
+              f"loopback: {wall * 1e3:.0f} ms")  # fmt: skip
     print(f"session show --html, every turn in one file: {report_s:.1f} s, "
           f"{len(report) / 1e6:.1f} MB")  # fmt: skip
 
