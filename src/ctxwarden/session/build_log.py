@@ -13,6 +13,10 @@ row's plus the stored counts of the messages after it: the build's own slice has
 them, so a warm build reads nothing more, and a first build over an imported history
 reads only the counts column.
 
+A library build's row is written without waiting for durability where the backend
+allows it (as the sticky decisions are); the proxy's rows, which record whether a
+forwarded call finished, are durable.
+
 A store that is not one of the SQL backends (a user's own :class:`SessionStore`) has no
 log table; its builds are not logged.
 """
@@ -108,5 +112,8 @@ def log_build(
         context=context_rows(built) if keep_contexts > 0 else None,
         keep=session.keep_builds,
         keep_contexts=keep_contexts,
+        # a library build's row is advisory (a crash may lose the newest); the proxy's
+        # ``forwarded`` row must survive one, to say the call never finished
+        durable=status != "built",
     )
     return build_id

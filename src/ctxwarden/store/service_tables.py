@@ -315,14 +315,20 @@ def record_build(
     context: Sequence[Mapping[str, Any]] | None = None,
     keep: int | None = None,
     keep_contexts: int | None = None,
+    durable: bool = True,
 ) -> int:
     """Store a build's audit as the session's next turn and return the turn's number.
 
     ``context`` (the built messages as JSON-ready dicts) is kept for the newest
     ``keep_contexts`` turns only, and only the newest ``keep`` rows are kept at all
     (``None``: no bound), in the same transaction, so the log of a long session stays
-    the size of its bounds."""
-    with _sql(store)._write() as tx:
+    the size of its bounds. ``durable=False`` lets the backend relax durability for
+    this write (PostgreSQL: no wait for the WAL flush, which was most of the write):
+    a crash may lose the newest rows, never a message."""
+    sql = _sql(store)
+    with sql._write() as tx:
+        if not durable and sql._advisory_write:
+            tx.execute(sql._advisory_write)
         where = "WHERE tenant = ? AND session_id = ?"
         found = tx.execute(f"SELECT MAX(turn) FROM ctxwarden_builds {where}", (tenant, session_id))
         turn = int(found[0][0] or 0) + 1 if found else 1
