@@ -54,7 +54,8 @@ LAYER_ORDER = ("system", "facts", "ledger", "summary", "recall", "pinned", "wind
 ACTION_ORDER = ("dropped", "evicted", "masked", "truncated", "summarized", "recalled", "rejected")
 _HANDLE = re.compile(r"^m(\d+)$")
 _PREVIEW = 600
-_READ_SPAN = 4000
+_GAP = 16  # read across gaps this small rather than split the read
+_SPAN = 500
 
 
 def message_text(message: Message) -> str:
@@ -148,13 +149,14 @@ def _seq(message_id: str) -> int | None:
 
 
 def _originals(store: SessionStore, tenant: str, sid: str, ids: Iterable[str]) -> dict[str, Any]:
-    """The stored messages behind ``ids`` (handles ``m<seq>``), read in bounded ranges."""
+    """The stored messages behind ``ids`` (handles ``m<seq>``; a message stored with an
+    id of its own is not looked up), read in ranges that skip the gaps between them."""
     seqs = sorted({s for s in map(_seq, ids) if s is not None})
     found: dict[str, Any] = {}
     i = 0
     while i < len(seqs):
         j = i
-        while j + 1 < len(seqs) and seqs[j + 1] - seqs[i] < _READ_SPAN:
+        while j + 1 < len(seqs) and seqs[j + 1] - seqs[j] <= _GAP and seqs[j + 1] - seqs[i] < _SPAN:
             j += 1
         for row in store.range(tenant, sid, seqs[i], seqs[j] + 1):
             found[row.message.id or f"m{row.seq}"] = row.message
