@@ -2,29 +2,14 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-from service_harness import PG_DSN, PG_SKIP, drop_schema, pg_url
+from service_harness import db_url
 
 from ctxwarden import Session
 from ctxwarden.session.session import count_key
 from ctxwarden.store.service_tables import build_context, list_builds
 from ctxwarden.tokens.counter import TokenCounter
 
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'log.db'}"
-        return
-    if not PG_DSN:
-        pytest.skip(PG_SKIP)
-    schema = f"ctxw_log_{uuid.uuid4().hex[:10]}"
-    yield pg_url(schema)
-    drop_schema(schema)
+__all__ = ["db_url"]  # the store fixture: SQLite, and PostgreSQL when configured
 
 
 def _turns(s: Session, n: int, *, start: int = 0, size: int = 40) -> None:
@@ -34,8 +19,8 @@ def _turns(s: Session, n: int, *, start: int = 0, size: int = 40) -> None:
         s.append([{"role": "assistant", "content": f"answer {i} ORD-{1000 + i}"}])
 
 
-def test_each_build_is_logged_with_the_full_history_size(url: str) -> None:
-    with Session(url, "log", model="gpt-4o") as s:
+def test_each_build_is_logged_with_the_full_history_size(db_url: str) -> None:
+    with Session(db_url, "log", model="gpt-4o") as s:
         s.append([{"role": "system", "content": "You help."}])
         _turns(s, 12)
         builds = list_builds(s.store, "default", "log", limit=100)
@@ -52,8 +37,8 @@ def test_each_build_is_logged_with_the_full_history_size(url: str) -> None:
         assert last.audit["actions"], "a history over budget drops something"
 
 
-def test_the_log_keeps_the_newest_builds_and_contexts_only(url: str) -> None:
-    with Session(url, "bounded") as s:
+def test_the_log_keeps_the_newest_builds_and_contexts_only(db_url: str) -> None:
+    with Session(db_url, "bounded") as s:
         s.keep_builds, s.keep_contexts = 5, 2
         _turns(s, 9)
         builds = list_builds(s.store, "default", "bounded", limit=100)
@@ -65,10 +50,10 @@ def test_the_log_keeps_the_newest_builds_and_contexts_only(url: str) -> None:
         assert rows[-1]["message"]["content"].startswith("question 8")
 
 
-def test_a_first_build_over_an_imported_history_counts_all_of_it(url: str) -> None:
+def test_a_first_build_over_an_imported_history_counts_all_of_it(db_url: str) -> None:
     history = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i} " * 30}
                for i in range(200)]  # fmt: skip
-    with Session.import_(url, "imported", history) as s:
+    with Session.import_(db_url, "imported", history) as s:
         built = s.build(max_input_tokens=400)
         [row] = list_builds(s.store, "default", "imported")
         counter = TokenCounter.for_model(s.model)
@@ -76,9 +61,9 @@ def test_a_first_build_over_an_imported_history_counts_all_of_it(url: str) -> No
         assert row.history_tokens > 10 * built.input_tokens
 
 
-def test_a_build_under_another_model_counts_what_has_no_stored_count(url: str) -> None:
+def test_a_build_under_another_model_counts_what_has_no_stored_count(db_url: str) -> None:
     history = [{"role": "user", "content": f"hello number {i}"} for i in range(50)]
-    with Session.import_(url, "models", history, model="gpt-4o") as s:
+    with Session.import_(db_url, "models", history, model="gpt-4o") as s:
         s.build(model="claude-sonnet-4-5", max_input_tokens=200)
         [row] = list_builds(s.store, "default", "models")
         counter = TokenCounter.for_model("claude-sonnet-4-5")

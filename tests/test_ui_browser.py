@@ -51,11 +51,11 @@ def fill_from_trace(url: str, tenant: str, session_id: str, trace: Path) -> None
 
 
 def lost_value(url: str, tenant: str, session_id: str) -> tuple[BuildRecord, str]:
-    """A turn and a value one of its newly dropped messages carried that its built
-    context holds nowhere, found from the store alone."""
+    """A turn before the newest and a value one of its newly dropped messages carried that
+    its built context holds nowhere, found from the store alone."""
     with Session(url, session_id, tenant=tenant) as s:
         builds = list_builds(s.store, tenant, session_id, limit=1000)
-        for prev, b in pairwise(builds):
+        for prev, b in pairwise(builds[:-1]):  # not the newest: the page shows that one
             rows = build_context(s.store, tenant, session_id, b.build_id)
             if rows is None:
                 continue
@@ -138,6 +138,18 @@ def served(tmp_path_factory: pytest.TempPathFactory, tau_bench_path: Path) -> It
         proxy.stop()
 
 
+def signed_in(browser: Any, served: Served, **options: Any) -> tuple[Any, Any, Requests]:
+    """A browser context signed in through the form, every request of it logged."""
+    requests = Requests({"127.0.0.1"})
+    context = browser.new_context(**options)
+    context.route("**/*", requests.handle)
+    page = context.new_page()
+    page.goto(served.proxy.url + "/ui/")
+    page.fill("#key", served.key)
+    page.click("button[type=submit]")
+    return context, page, requests
+
+
 def _bar_segments(page: Any, turn: int) -> list[tuple[str, int, float]]:
     rows = page.eval_on_selector_all(
         f'a.bar[data-turn="{turn}"] rect.seg',
@@ -156,15 +168,8 @@ def test_sign_in_select_a_turn_and_read_what_was_dropped(
     turn_build, value = lost_value(served.url, served.tenant, served.session_id)
     with Session(served.url, served.session_id, tenant=served.tenant) as s:
         builds = list_builds(s.store, served.tenant, served.session_id, limit=1000)
-    assert turn_build.turn != builds[-1].turn or len(builds) == 1
-    requests = Requests({"127.0.0.1"})
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    context.route("**/*", requests.handle)
-    page = context.new_page()
+    context, page, requests = signed_in(browser, served, viewport={"width": 1280, "height": 900})
     try:
-        page.goto(served.proxy.url + "/ui/")
-        page.fill("#key", served.key)
-        page.click("button[type=submit]")
         page.wait_for_selector("table.list")
         cookie = next(c for c in context.cookies() if c["name"] == "ctxwarden_ui")
         assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
@@ -174,6 +179,7 @@ def test_sign_in_select_a_turn_and_read_what_was_dropped(
         page.click(f'a[href$="/sessions/{served.session_id}"]')
         page.wait_for_selector("#chart svg")
         assert page.locator("a.bar").count() == len(builds)
+        assert f"Turn {builds[-1].turn} " in page.inner_text("#turn h2")  # the newest first
 
         # select the turn with the script (no reload), as a person would: click its bar
         page.locator(f'a.bar[data-turn="{turn_build.turn}"] rect.hit').click()
@@ -226,14 +232,8 @@ def test_sign_in_select_a_turn_and_read_what_was_dropped(
 
 
 def test_the_pages_read_and_select_turns_without_javascript(browser: Any, served: Served) -> None:
-    requests = Requests({"127.0.0.1"})
-    context = browser.new_context(java_script_enabled=False)
-    context.route("**/*", requests.handle)
-    page = context.new_page()
+    context, page, requests = signed_in(browser, served, java_script_enabled=False)
     try:
-        page.goto(served.proxy.url + "/ui/")
-        page.fill("#key", served.key)
-        page.click("button[type=submit]")
         page.goto(f"{served.proxy.url}/ui/sessions/{served.session_id}")
         bars = page.locator("a.bar")
         assert bars.count() > 3
