@@ -1,8 +1,8 @@
 """The app factory: ``create_app(config)`` wires the routers, the hub and the upstreams.
 
 Routers per concern: the OpenAI proxy, the Anthropic proxy, the session API, the session
-pages (``/ui/``, :mod:`.ui_routes`), and the
-operational routes here (``/healthz``, ``/readyz``, ``/metrics``, ``/v1/models``).
+pages (``/ui/``, :mod:`.ui_routes`), and the operational routes here (``/healthz``,
+``/readyz``, ``/metrics``, ``/v1/models``).
 Errors raised before a response starts become the provider's error shape: Anthropic's
 for ``/v1/messages``, OpenAI's everywhere else.
 """
