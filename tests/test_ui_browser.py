@@ -11,7 +11,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -262,6 +262,16 @@ def test_a_wrong_or_revoked_key_does_not_sign_in(browser: Any, served: Served) -
         )
         page.goto(f"{served.proxy.url}/ui/sessions/{served.session_id}")
         assert page.locator("#key").count() == 1
+    finally:
+        context.close()
+    name = f"brief-{uuid.uuid4().hex[:6]}"
+    key = add_tenant(served.url, name)
+    context, page, _ = signed_in(browser, replace(served, key=key))
+    try:
+        assert "Sessions" in page.inner_text("h1")
+        assert cli("tenant", "revoke", name, "--db", served.url).returncode == 0
+        page.reload()
+        assert page.locator("#key").count() == 1  # revoked: signed out at once
     finally:
         context.close()
 
