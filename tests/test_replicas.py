@@ -442,7 +442,7 @@ def test_postgres_down_answers_503_and_loses_nothing(
             assert error["code"] == "store_unavailable"
             assert "session store is unavailable" in error["message"]
             assert time.monotonic() - started < 15
-        assert httpx2.get(proxy.url + "/readyz").status_code == 503
+        assert httpx2.get(proxy.url + "/readyz", timeout=30).status_code == 503
         relay.start()
         for _ in range(4):  # the same turn again, then on
             client.turn()

@@ -1,7 +1,8 @@
 """The app factory: ``create_app(config)`` wires the routers, the hub and the upstreams.
 
-Routers per concern: the OpenAI proxy, the Anthropic proxy, the session API, and the
-operational routes here (``/healthz``, ``/readyz``, ``/metrics``, ``/v1/models``).
+Routers per concern: the OpenAI proxy, the Anthropic proxy, the session API, the session
+pages (``/ui/``, :mod:`.ui_routes`), and the operational routes here (``/healthz``,
+``/readyz``, ``/metrics``, ``/v1/models``).
 Errors raised before a response starts become the provider's error shape: Anthropic's
 for ``/v1/messages``, OpenAI's everywhere else.
 """
@@ -23,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ctxwarden import Registry
 from ctxwarden._version import __version__
 from ctxwarden.errors import StoreUnavailable
-from ctxwarden.service import anthropic_proxy, openai_proxy, sessions_api
+from ctxwarden.service import anthropic_proxy, openai_proxy, sessions_api, ui_routes
 from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.config import ServiceConfig
 from ctxwarden.service.errors import ServiceError, error_body, from_library
@@ -109,6 +110,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
     app.include_router(openai_proxy.router)
     app.include_router(anthropic_proxy.router)
     app.include_router(sessions_api.router)
+    app.include_router(ui_routes.router)  # /ui/: the session pages
     app.add_middleware(_CountRequests, metrics=metrics)
 
     @app.exception_handler(ServiceError)

@@ -35,7 +35,7 @@ the same model step, and both tiers are written together.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -50,6 +50,7 @@ from ctxwarden.messages import Message
 from ctxwarden.registry.catalog import Registry
 from ctxwarden.registry.usage import Usage
 from ctxwarden.session import state as session_state
+from ctxwarden.session.build_log import KEEP_BUILDS, KEEP_CONTEXTS, log_build
 from ctxwarden.session.cycle import SummaryWrite, summary_cycle
 from ctxwarden.store import SessionStore, StoredMessage, StoredSession, open_store
 from ctxwarden.store.ledger_checkpoint import (
@@ -125,6 +126,10 @@ class Session:
     further behind than that."""
 
     ledger_backfill: int = LEDGER_BACKFILL
+    keep_builds: int = KEEP_BUILDS
+    """Builds whose audits the store keeps for this session (see :mod:`.build_log`)."""
+    keep_contexts: int = KEEP_CONTEXTS
+    """Of those, how many newest also keep their built messages (0: none)."""
 
     def __init__(
         self,
@@ -405,10 +410,17 @@ class Session:
         policy: Policy | None = None,
         *,
         summarizer: _SummarizerLike | None = None,
+        build_id: str | None = None,
+        status: str = "built",
+        amend: Callable[[BuiltContext], BuiltContext] | None = None,
         **kw: Any,
     ) -> BuiltContext:
         """Build the context as :func:`ctxwarden.build_context` does, reading only what
-        can fit, and keep the build's sticky decisions for the next one.
+        can fit, and keep the build's sticky decisions for the next one. The build's
+        audit is logged in the store as the session's next turn, under ``build_id``
+        (default: a new one) with ``status`` (see :mod:`ctxwarden.session.build_log`);
+        ``amend``, when given, has the last word on the built context before it is logged
+        (the proxy adds the warning of a summary it could not enqueue).
 
         The engine's state counts positions in the list it was given; the session keeps
         them as sequence numbers (``window_start_seq``, ``last_seq``) and translates them
@@ -477,6 +489,10 @@ class Session:
         if ckpt is not None:
             kept = replace(ckpt, saved=ckpt.upto) if save else ckpt
             remember_checkpoint(self.store, self.tenant, self.session_id, record.created_at, kept)
+        if amend is not None:
+            built = amend(built)
+        counter = TokenCounter.for_model(model, self.registry)
+        log_build(self, built, read, start, counter=counter, build_id=build_id, status=status)
         return built
 
     # -- summarisation cycle ----------------------------------------------------------------

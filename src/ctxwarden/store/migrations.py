@@ -169,6 +169,24 @@ MIGRATIONS: tuple[Migration, ...] = (
             )""",
         ),
     ),
+    Migration(
+        "006_build_log",
+        (
+            # every Session.build is logged (not only the proxy's), bounded per session:
+            # ``turn`` numbers a session's builds, ``upto_seq`` is the newest message the
+            # build saw (the full-history size of the next one is this one's plus what
+            # came after), ``context`` the built messages, kept for the newest builds only
+            "ALTER TABLE ctxwarden_builds ADD COLUMN turn BIGINT NOT NULL DEFAULT 0",
+            "ALTER TABLE ctxwarden_builds ADD COLUMN upto_seq BIGINT NOT NULL DEFAULT -1",
+            "ALTER TABLE ctxwarden_builds ADD COLUMN context TEXT",
+            """CREATE INDEX ctxwarden_builds_turn
+                ON ctxwarden_builds (tenant, session_id, turn)""",
+            # the rows still holding their built messages: trimming them to the newest
+            # few reads only those, not every kept audit
+            """CREATE INDEX ctxwarden_builds_context
+                ON ctxwarden_builds (tenant, session_id, turn) WHERE context IS NOT NULL""",
+        ),
+    ),
 )
 
 REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
@@ -229,6 +247,9 @@ REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
             "input_tokens",
             "status",
             "audit",
+            "turn",
+            "upto_seq",
+            "context",
         ]
     ),
     "ctxwarden_heads": frozenset(
