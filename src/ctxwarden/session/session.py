@@ -51,6 +51,7 @@ from ctxwarden.registry.catalog import Registry
 from ctxwarden.registry.usage import Usage
 from ctxwarden.session import state as session_state
 from ctxwarden.session.cycle import SummaryWrite, summary_cycle
+from ctxwarden.session.ledger_memo import SeqMemo
 from ctxwarden.store import SessionStore, StoredMessage, StoredSession, open_store
 from ctxwarden.store.ledger_checkpoint import (
     LEDGER_BACKFILL,
@@ -149,6 +150,7 @@ class Session:
         self.registry = registry
         self.summarizer = summarizer
         self._cache: dict[int, Message] = {}  # seq -> decoded message, reused across builds
+        self._ledger_memo: SeqMemo | None = None  # the last build's, by seq (speed only)
         try:
             self.store.create_session(tenant, session_id)
         except BaseException:
@@ -439,6 +441,8 @@ class Session:
         if policy.ledger.enabled:
             ckpt, notes = self._ledger_before(record, start, frozenset(seqs))
         previous = session_state.state_for(record.sticky, seqs)
+        if previous is not None and self._ledger_memo is not None:
+            previous = self._ledger_memo.for_slice(previous, seqs)
         built = run_build(
             history,
             model=model,
@@ -453,6 +457,7 @@ class Session:
             tools=kw.get("tools"),
             pre=((), notes),
         )
+        self._ledger_memo = SeqMemo.of(built.state, seqs)
         save = ckpt is not None and _due(ckpt)
         self.store.save_sticky(
             self.tenant,
