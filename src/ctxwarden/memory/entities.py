@@ -80,6 +80,10 @@ _DIGIT = re.compile(r"\d")
 _LETTERS = re.compile(r"[^\W\d_]")
 _OPENERS = re.compile(r"[\s\"'“„«(\[]*")
 _WORD = re.compile(r"[^\W\d_][\w'’-]*")
+# The words of _WORD that do not open with a lowercase ASCII letter (group 1): a word is
+# a run of [\w'’-] from its first letter, so it starts a run of those characters or
+# follows digits, "_", "'", "’" or "-" that open one.
+_CAPITAL_WORD = re.compile(r"(?<![\w'’-])[\d_'’-]*([^\W\d_a-z][\w'’-]*)")
 # capitalised function words that open sentences; not names
 _NAME_SKIP_WORDS = (
     "I I'm I'll I've I'd The A An My Your Our His Her Their This That These Those Please Thank "
@@ -107,6 +111,11 @@ def _is_id(token: str) -> bool:
 
 _MONTH = re.compile(MONTHS, re.IGNORECASE)
 _LETTER_RUN = re.compile(r"[^\W\d_]{3,}")
+# What a code identifier needs besides "_": a dotted name ".x", a camelCase "aB". Each
+# is one character class and a literal, which the regex engine finds fast; the
+# identifier pattern itself tries four branches at every word (a third of extraction).
+_DOTTED = re.compile(r"\.[A-Za-z_]")
+_CAMEL = re.compile(r"[a-z][A-Z]")
 
 
 @lru_cache(maxsize=65_536)
@@ -132,8 +141,8 @@ def _may_match(
 ) -> bool:
     """Cheap tests that skip patterns on text that cannot match them: a written date
     needs a month name, a path a slash, a URL "://", an e-mail "@", a number a digit,
-    a UUID a hyphen, an id a digit and a code a capital, an identifier ``_``, ``.`` or a
-    capital."""
+    a UUID a hyphen, an id a digit and a code a capital, an identifier ``_``, a dot
+    before a letter (``np.linalg``) or a lower letter before a capital (``camelCase``)."""
     if category in _NEEDS_DIGIT:
         return digits
     if category == "date-written":
@@ -149,7 +158,7 @@ def _may_match(
     if category == "id":
         return digits or upper
     if category == "identifier":
-        return "_" in text or "." in text or upper
+        return "_" in text or _DOTTED.search(text) is not None or _CAMEL.search(text) is not None
     return True
 
 
@@ -242,25 +251,27 @@ def extract_from_text(text: str, source_id: str = "", origin: str = "") -> list[
                 if _is_id(local):
                     out.setdefault(local, Entity(local, "id", source_id, "id", origin))
             take(m.start(), m.end(), value, category_out)
-    # proper names: runs of capitalised words, not a lone word at a sentence start
-    run: list[re.Match[str]] = []
-    words: list[re.Match[str] | None] = [*_WORD.finditer(text), None] if upper else []
+    # proper names: runs of capitalised words, not a lone word at a sentence start. Only
+    # words that may be capitalised are visited (spans): any other word would only end a
+    # run, and the gap test ends it anyway (a word between two leaves more than a space).
+    run: list[tuple[int, int]] = []
+    words = [*(m.span(1) for m in _CAPITAL_WORD.finditer(text)), None] if upper else []
     for w in words:
-        title = w is not None and _is_title(w.group(0)) and claimed.find(1, w.start(), w.end()) < 0
-        joined = not run or (w is not None and text[run[-1].end() : w.start()] in (" ", "\u00a0"))
+        title = w is not None and _is_title(text[w[0] : w[1]]) and claimed.find(1, *w) < 0
+        joined = not run or (w is not None and text[run[-1][1] : w[0]] in (" ", "\u00a0"))
         if w is not None and title and joined:
             run.append(w)
             continue
         while run:
-            at_start = _at_sentence_start(text, run[0].start())
-            if run[0].group(0) in _NAME_SKIP or (at_start and len(run) == 1):
+            at_start = _at_sentence_start(text, run[0][0])
+            if text[run[0][0] : run[0][1]] in _NAME_SKIP or (at_start and len(run) == 1):
                 run = run[1:]
                 continue
             break
-        after = run[-1].end() if run else 0
+        after = run[-1][1] if run else 0
         heading = bool(run) and text[after : after + 16].lstrip(" *_0-9").startswith(":")
         if run and not heading:  # "Total Cost:" / "**Flight Option 1:**" label a field
-            take(run[0].start(), run[-1].end(), text[run[0].start() : run[-1].end()], "name")
+            take(run[0][0], run[-1][1], text[run[0][0] : run[-1][1]], "name")
         run = [w] if w is not None and title else []
     return list(out.values())
 

@@ -21,6 +21,7 @@ from starlette.responses import Response
 from ctxwarden import Usage
 from ctxwarden.errors import InvalidMessageError
 from ctxwarden.formats import message_from_openai
+from ctxwarden.formats.openai_json import messages_json, object_json
 from ctxwarden.messages import Message
 from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.body import max_input_tokens_header, model_and_messages, read_json
@@ -106,13 +107,16 @@ class OpenAIWire:
         self.client_usage = isinstance(options, dict) and bool(options.get("include_usage"))
 
     def body(self, prepared: Prepared) -> bytes:
+        """The client's request with the built context as its messages (each message's
+        JSON is written once across calls: :mod:`ctxwarden.formats.openai_json`)."""
         out = dict(self.data)
-        out["messages"] = prepared.built.to_openai()
+        out["messages"] = None  # written below, in its place
         if self.stream:
             options = self.data.get("stream_options")
             out["stream_options"] = {**(options if isinstance(options, dict) else {})}
             out["stream_options"]["include_usage"] = True
-        return json.dumps(out, ensure_ascii=False).encode()
+        messages = messages_json(prepared.built.messages)
+        return object_json(out, {"messages": messages}).encode()
 
     def from_json(self, data: Any) -> tuple[Message | None, Usage | None]:
         message = data["choices"][0]["message"]

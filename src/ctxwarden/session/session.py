@@ -52,6 +52,7 @@ from ctxwarden.registry.usage import Usage
 from ctxwarden.session import state as session_state
 from ctxwarden.session.build_log import KEEP_BUILDS, KEEP_CONTEXTS, log_build
 from ctxwarden.session.cycle import SummaryWrite, summary_cycle
+from ctxwarden.session.ledger_memo import SeqMemo
 from ctxwarden.store import SessionStore, StoredMessage, StoredSession, open_store
 from ctxwarden.store.ledger_checkpoint import (
     LEDGER_BACKFILL,
@@ -155,6 +156,7 @@ class Session:
         self.summarizer = summarizer
         self._cache: dict[int, Message] = {}  # seq -> decoded message, reused across builds
         self._cache_of = 0.0  # the created_at of the session the cache holds messages of
+        self._ledger_memo: SeqMemo | None = None  # the last build's, by seq (speed only)
         try:
             self.store.create_session(tenant, session_id)
         except BaseException:
@@ -357,6 +359,7 @@ class Session:
         counter = TokenCounter.for_model(model or self.model, self.registry)
         if record.created_at != self._cache_of:  # deleted and created again, maybe elsewhere
             self._cache.clear()
+            self._ledger_memo = None
             self._cache_of = record.created_at
         merged: dict[int, StoredMessage] = {}
         if pin_first:
@@ -465,6 +468,8 @@ class Session:
         if policy.ledger.enabled:
             ckpt, notes = self._ledger_before(record, start, frozenset(seqs))
         previous = session_state.state_for(record.sticky, seqs)
+        if previous is not None and self._ledger_memo is not None:
+            previous = self._ledger_memo.for_slice(previous, seqs)
         built = run_build(
             history,
             model=model,
@@ -479,6 +484,7 @@ class Session:
             tools=kw.get("tools"),
             pre=((), notes),
         )
+        self._ledger_memo = SeqMemo.of(built.state, seqs)
         save = ckpt is not None and _due(ckpt)
         self.store.save_sticky(
             self.tenant,

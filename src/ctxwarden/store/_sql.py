@@ -66,9 +66,25 @@ def _session(row: Sequence[Any]) -> StoredSession:
     )
 
 
+_COUNTS: dict[str, Mapping[str, int]] = {}
+_COUNTS_MAX = 8_192
+
+
+def _counts(text: str) -> Mapping[str, int]:
+    """A row's parsed ``token_counts``. The texts repeat (``{"o200k_base": 57}``) and a
+    build reads hundreds of rows, so each is parsed once: a bounded memo of a pure
+    function (the mapping it returns is shared: never mutated)."""
+    found = _COUNTS.get(text)
+    if found is None:
+        if len(_COUNTS) >= _COUNTS_MAX:
+            _COUNTS.clear()
+        found = _COUNTS[text] = json.loads(text)
+    return found
+
+
 def _message(row: Sequence[Any]) -> StoredMessage:
     seq = int(row[0])
-    return StoredMessage(seq, decode_message(row[1], seq), json.loads(row[2]))
+    return StoredMessage(seq, decode_message(row[1], seq), _counts(row[2]))
 
 
 class SqlStore(ABC):
@@ -229,7 +245,7 @@ class SqlStore(ABC):
         stored without a count for ``encoding`` is counted with ``count``.
         """
         cache = {} if cache is None else cache
-        chosen: list[tuple[int, dict[str, int]]] = []
+        chosen: list[tuple[int, Mapping[str, int]]] = []
         used, before, chunk = 0, _MAX_SEQ, 32
         with self._read() as tx:
             while True:
@@ -240,7 +256,7 @@ class SqlStore(ABC):
                 )
                 full = False
                 for row in rows:
-                    seq, counts = int(row[0]), json.loads(row[1])
+                    seq, counts = int(row[0]), _counts(row[1])
                     if encoding in counts:
                         size = int(counts[encoding])
                     elif count is not None:

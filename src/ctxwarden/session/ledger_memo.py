@@ -1,0 +1,52 @@
+"""The last build's ledger memo kept by an open session, by sequence number (speed only).
+
+A build's :class:`~ctxwarden.build.state.LedgerMemo` holds the entity ledger of the
+messages its window no longer shows and the block it rendered; the engine extends it on
+the next build instead of extracting and ranking those messages again. A session stores
+its sticky decisions without it (the ledger of what lies before the slice has its own
+checkpoint), so each :meth:`~ctxwarden.Session.build` used to re-extract and re-rank the
+masked and dropped part of its slice: in the proxy, about half of a steady-state build.
+
+:class:`SeqMemo` is that memo with its positions turned into the sequence numbers of the
+messages it covers, kept in memory by the open :class:`~ctxwarden.Session` (never stored:
+a replica that has not built the session builds the same context without it).
+:meth:`SeqMemo.for_slice` gives it back in positions of a new slice only when that slice
+holds exactly the same messages in the covered range; the engine's own checks (the
+ledger seed, where the sources begin, the rendered block's key) decide the rest, as for
+``build_context(previous=...)``. Without it every output is the same.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from ctxwarden.build.state import BuildState, LedgerMemo
+
+__all__ = ["SeqMemo"]
+
+
+@dataclass(frozen=True)
+class SeqMemo:
+    """A :class:`LedgerMemo` whose sources are the messages ``seqs`` (in order)."""
+
+    memo: LedgerMemo
+    seqs: tuple[int, ...]
+
+    @classmethod
+    def of(cls, state: BuildState, seqs: Sequence[int]) -> SeqMemo | None:
+        """The memo of a build over the slice ``seqs`` (None: it has none)."""
+        memo = state.ledger
+        if memo is None or not state.history_length or memo.upto > len(seqs):
+            return None
+        return cls(memo, tuple(seqs[memo.first : memo.upto]))
+
+    def for_slice(self, state: BuildState, seqs: Sequence[int]) -> BuildState:
+        """``state`` (the stored one, in positions of ``seqs``) with this memo, when
+        ``seqs`` holds the covered messages at consecutive positions; else unchanged."""
+        first = bisect.bisect_left(seqs, self.seqs[0]) if self.seqs else state.ledger_from
+        upto = first + len(self.seqs)
+        if tuple(seqs[first:upto]) != self.seqs:
+            return state
+        return replace(state, ledger=replace(self.memo, first=first, upto=upto))

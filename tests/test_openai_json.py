@@ -1,0 +1,64 @@
+"""The memoised OpenAI JSON of a context is byte for byte what json.dumps writes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ctxwarden.bench.proxy import conversation
+from ctxwarden.build.engine import build_context
+from ctxwarden.formats.openai import message_from_openai, messages_to_openai
+from ctxwarden.formats.openai_json import messages_json, object_json
+from ctxwarden.messages import Message
+
+
+def _plain(messages: list[Message]) -> str:
+    return json.dumps(messages_to_openai(messages), ensure_ascii=False)
+
+
+def test_messages_json_equals_json_dumps_twice_over() -> None:
+    history = [message_from_openai(m) for m in conversation(120)]
+    built = build_context(history, "gpt-4o", 3_000)
+    for messages in (history, built.messages, built.messages):  # the last: every memo hit
+        assert messages_json(messages) == _plain(messages)
+
+
+def test_messages_the_fingerprint_cannot_tell_apart_are_written_afresh() -> None:
+    # same fingerprint (sorted keys), different key order in content parts and extras
+    raw: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "x", "b": 1, "a": 2}]},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"a": 2, "b": 1, "type": "x"}]},
+        {"role": "assistant", "content": "hi", "refusal": None, "audio": {"id": "1", "b": 2}},
+        {"role": "assistant", "content": "hi", "audio": {"b": 2, "id": "1"}, "refusal": None},
+        {"role": "assistant", "content": "hi", "refusal": None, "x": "é\u2028"},
+        {"role": "assistant", "content": "hi", "x": "é\u2028", "refusal": None},
+        {"role": "developer", "content": "Be brief. ✓ 🙂"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function",
+             "function": {"name": "f", "arguments": "{\"q\": 1}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "{\"ok\": true}"},
+    ]  # fmt: skip
+    messages = [message_from_openai(m) for m in raw]
+    assert messages[0].fingerprint == messages[1].fingerprint
+    for _ in range(2):
+        assert messages_json(messages) == _plain(messages)
+        for m in messages:
+            assert messages_json([m]) == _plain([m])
+
+
+def test_object_json_equals_json_dumps() -> None:
+    body: dict[str, object] = {
+        "model": "gpt-4o",
+        "messages": None,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "tools": [{"type": "function", "function": {"name": "ü", "parameters": {}}}],
+        "temperature": 0.1,
+        "n": 1,
+        "stop": None,
+    }
+    history = [message_from_openai(m) for m in conversation(12)]
+    written = object_json(body, {"messages": messages_json(history)})
+    assert written == json.dumps(
+        {**body, "messages": messages_to_openai(history)}, ensure_ascii=False
+    )

@@ -1,0 +1,33 @@
+"""An open session reuses its last build's ledger memo (speed only): every context equals
+the one a session object that has never built (a new replica) gives from the store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ctxwarden.bench.proxy import conversation
+from ctxwarden.build.policy import Policy
+from ctxwarden.formats.openai import message_from_openai
+from ctxwarden.session.session import Session
+
+
+def test_a_kept_ledger_memo_changes_no_context(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    base = [message_from_openai(m) for m in conversation(120)]
+    policy = Policy()
+    kept = Session(url, "memo", tenant="t")
+    kept.append(base[:40])
+    reused = 0
+    for turn, at in enumerate(range(40, len(base), 4)):
+        kept.append(base[at : at + 4])
+        budget = 3_000 if turn % 3 else 6_000  # the window moves, the ledger grows
+        memo_before = kept._ledger_memo
+        ours = kept.build(model="gpt-4o", policy=policy, max_input_tokens=budget)
+        reused += memo_before is not None
+        # the store as a replica sees it: no memo; it must build the very same context
+        fresh = Session(url, "memo", tenant="t")
+        theirs = fresh.build(model="gpt-4o", policy=policy, max_input_tokens=budget)
+        assert ours.to_openai() == theirs.to_openai(), f"turn {turn}"
+        assert ours.state.to_dict() == theirs.state.to_dict(), f"turn {turn}"
+        kept.build(model="gpt-4o", policy=policy, max_input_tokens=budget)  # in step again
+    assert reused >= 10
