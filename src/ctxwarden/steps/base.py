@@ -40,7 +40,9 @@ __all__ = [
     "StrategyResult",
 ]
 
-ActionKind = Literal["truncated", "masked", "dropped", "evicted", "summarized", "rejected"]
+ActionKind = Literal[
+    "truncated", "masked", "dropped", "evicted", "summarized", "rejected", "recalled"
+]
 
 
 @dataclass(frozen=True)
