@@ -291,8 +291,10 @@ def record_build(
     history_tokens: int,
     input_tokens: int,
     audit: Mapping[str, Any],
+    status: str = "forwarded",
 ) -> None:
-    """Store a build's audit before its context is forwarded (status ``forwarded``)."""
+    """Store a build's audit before its context is forwarded (status ``forwarded``), or
+    another audited event of the session (a recall: status ``recalled``)."""
     with _sql(store)._write() as tx:
         tx.execute(
             "INSERT INTO ctxwarden_builds (tenant, session_id, build_id, created_at, model, "
@@ -305,7 +307,7 @@ def record_build(
                 model,
                 history_tokens,
                 input_tokens,
-                "forwarded",
+                status,
                 json.dumps(dict(audit), ensure_ascii=False),
             ),
         )

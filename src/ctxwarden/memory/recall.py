@@ -17,18 +17,23 @@ message that only called tools as its calls in JSON.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ctxwarden.errors import UnknownHandleError
 from ctxwarden.messages import Message
 from ctxwarden.steps.base import Action
 from ctxwarden.steps.handles import handle_for, message_id_of
 
+if TYPE_CHECKING:
+    from ctxwarden.store.base import SessionStore
+
 __all__ = [
     "RECALL_TOOL_NAME",
     "Recalled",
+    "find_stored",
     "original_content",
     "recall",
     "recall_arguments",
@@ -36,6 +41,7 @@ __all__ = [
 ]
 
 RECALL_TOOL_NAME = "ctxwarden_recall"
+_STORE_ID = re.compile(r"m[0-9]{1,18}")  # the id a store gives a message without one
 _DESCRIPTION = (
     "Get back, verbatim, an earlier message of this conversation that the context shows "
     "only in part (a masked or truncated tool result, a recalled passage, a message left "
@@ -160,3 +166,20 @@ def recall(
         if message.id == wanted:
             return recalled(message, model)
     raise UnknownHandleError(handle, f"no message with id {wanted!r} in this history")
+
+
+def find_stored(
+    store: SessionStore, tenant: str, session_id: str, handle: str
+) -> tuple[int, Message]:
+    """The ``(seq, message)`` a handle names in a stored session: a store-given id
+    (``m<seq>``) by one indexed read, any other id by reading the messages in batches."""
+    wanted = message_id_of(handle)
+    if _STORE_ID.fullmatch(wanted):
+        seq = int(wanted[1:])
+        rows = store.range(tenant, session_id, seq, seq + 1)
+        if rows and rows[0].message.id == wanted:
+            return rows[0].seq, rows[0].message
+    for stored in store.iter_messages(tenant, session_id):
+        if stored.message.id == wanted:
+            return stored.seq, stored.message
+    raise UnknownHandleError(handle, f"no message with id {wanted!r} in session {session_id!r}")
