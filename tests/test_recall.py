@@ -9,7 +9,9 @@ import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+
 import pytest
+from conftest import SHARED_DATA
 
 from ctxwarden import Message, Policy, Session, ToolCall, build_context, recall, recall_tool
 from ctxwarden.build.state import BuildState
@@ -19,8 +21,6 @@ from ctxwarden.memory.recall import RECALL_TOOL_NAME, recall_arguments
 from ctxwarden.steps.handles import handle_for, message_id_of
 from ctxwarden.steps.recall import RECALL_HEADING, RECALL_ID, RecallRelevant
 from ctxwarden.store.service_tables import list_builds
-
-from conftest import SHARED_DATA
 
 SWEBENCH = SHARED_DATA / "swebench-mini" / "swebench-verified-mini-gemini3-dev.json"
 PG_DSN = os.environ.get("CTXWARDEN_TEST_POSTGRES")

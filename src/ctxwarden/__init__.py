@@ -81,6 +81,7 @@ if TYPE_CHECKING:
     from ctxwarden.llm import AnthropicModel, OpenAICompatible
 
 __all__ = [
+    "RECALL_TOOL_NAME",
     "Action",
     "AnthropicModel",
     "Audit",
@@ -115,7 +116,6 @@ __all__ = [
     "ProviderError",
     "ProviderTimeout",
     "QueryAwareSummarizer",
-    "RECALL_TOOL_NAME",
     "RawPart",
     "RecallRelevant",
     "Recalled",

@@ -20,7 +20,8 @@ from starlette.responses import Response
 
 from ctxwarden import Usage
 from ctxwarden.errors import InvalidMessageError
-from ctxwarden.formats import message_from_openai
+from ctxwarden.formats import message_from_openai, messages_to_openai
+from ctxwarden.memory.recall import recall_tool
 from ctxwarden.messages import Message
 from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.body import max_input_tokens_header, model_and_messages, read_json
@@ -105,9 +106,19 @@ class OpenAIWire:
         options = data.get("stream_options")
         self.client_usage = isinstance(options, dict) and bool(options.get("include_usage"))
 
-    def body(self, prepared: Prepared) -> bytes:
+    def body(
+        self, prepared: Prepared, extra: tuple[Message, ...] = (), recall: bool = False
+    ) -> bytes:
+        """The request upstream gets: the client's, with the built context (and the
+        recall rounds' ``extra`` messages; the recall tool offered with ``recall``)."""
         out = dict(self.data)
-        out["messages"] = prepared.built.to_openai()
+        built = prepared.built
+        out["messages"] = (
+            messages_to_openai([*built.messages, *extra]) if extra else built.to_openai()
+        )
+        if recall:
+            tools = self.data.get("tools")
+            out["tools"] = [*(tools if isinstance(tools, list) else ()), recall_tool("openai")]
         if self.stream:
             options = self.data.get("stream_options")
             out["stream_options"] = {**(options if isinstance(options, dict) else {})}

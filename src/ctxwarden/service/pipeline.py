@@ -102,9 +102,12 @@ def prepare(hub: Hub, call: Call) -> Prepared:
         hub.metrics.branches.labels(call.api).inc()
     budget = _budget(hub, call)
     kw: dict[str, Any] = {"max_input_tokens": budget} if budget is not None else {}
-    built = synced.session.build(
-        model=call.model, policy=call.tenant.policy, tools=call.tools or None, **kw
-    )
+    tools = call.tools or None
+    if call.tenant.policy.recall_tool:  # offered upstream: counted in the budget
+        from ctxwarden.memory.recall import recall_tool
+
+        tools = [*(tools or ()), recall_tool()]
+    built = synced.session.build(model=call.model, policy=call.tenant.policy, tools=tools, **kw)
     prepared = Prepared(call, synced, built, uuid.uuid4().hex)
     record_build(
         hub.store,

@@ -88,7 +88,7 @@ class RecallRelevant:
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
         query = self._query(draft)
         cap = min(self.max_tokens, int(self.share * (ctx.budget - ctx.fixed)))
-        if not query or cap <= 0:
+        if not query or cap < self.passage_tokens:  # too small to hold one passage
             return StepResult(draft)
         lo, hi = self._span(draft, ctx)
         sources = self._sources(draft, lo, hi)
