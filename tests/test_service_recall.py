@@ -226,3 +226,21 @@ def test_a_text_reply_streams_through_without_a_round(env: Env) -> None:
     assert text == "no recall"
     sent = env.upstream.requests[first:]
     assert len(sent) == 1 and _offered(sent[0].json)
+
+
+def test_the_session_api_recalls_by_handle_and_audits(env: Env) -> None:
+    session = sid()
+    client = openai.OpenAI(base_url=env.proxy.url + "/v1", api_key=env.key, max_retries=0)
+    with client:
+        client.chat.completions.create(
+            model="gpt-4o", messages=_history(), extra_headers={"X-Ctxwarden-Session": session}
+        )  # type: ignore[call-overload]
+    status, body = env.proxy.get(f"/v1/sessions/{session}/recall/cw:msg:m3", env.key)
+    assert status == 200 and body["seq"] == 3 and body["message"]["content"] == SECRET_LOG
+    status, body = env.proxy.get(f"/v1/sessions/{session}/recall/m3", env.key)
+    assert status == 200 and body["message"]["content"] == SECRET_LOG
+    status, body = env.proxy.get(f"/v1/sessions/{session}/recall/cw:msg:m77", env.key)
+    assert status == 404 and "no message with id 'm77'" in json.dumps(body)
+    status, builds = env.proxy.get(f"/v1/sessions/{session}/builds", env.key)
+    statuses = [b["status"] for b in builds["builds"]]
+    assert statuses.count("recalled") == 3  # the model's recall through the proxy, and two here

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RECALL_TOOL_NAME",
     "Recalled",
+    "audit_recall",
     "find_stored",
     "original_content",
     "recall",
@@ -183,3 +184,27 @@ def find_stored(
         if stored.message.id == wanted:
             return stored.seq, stored.message
     raise UnknownHandleError(handle, f"no message with id {wanted!r} in session {session_id!r}")
+
+
+def audit_recall(store: SessionStore, tenant: str, session_id: str, found: Recalled) -> None:
+    """Record a recall with the session's builds (a ``recalled`` row, on the SQL stores;
+    another store has no builds table, and the caller has the :class:`Recalled`)."""
+    import uuid
+    from dataclasses import asdict
+
+    from ctxwarden.store._sql import SqlStore
+    from ctxwarden.store.service_tables import record_build
+
+    if not isinstance(store, SqlStore):
+        return
+    record_build(
+        store,
+        tenant,
+        session_id,
+        build_id="recall-" + uuid.uuid4().hex,
+        model="",
+        history_tokens=0,
+        input_tokens=found.tokens,
+        audit={"recalled": [found.to_dict()], "actions": [asdict(found.action)]},
+        status="recalled",
+    )

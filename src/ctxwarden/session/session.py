@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ctxwarden.build.state import BuildState
@@ -477,11 +477,11 @@ class Session:
         looked up by reading the messages in batches. An unknown handle raises
         :class:`~ctxwarden.errors.UnknownHandleError` and records nothing.
         """
-        from ctxwarden.memory.recall import find_stored, recalled
+        from ctxwarden.memory.recall import audit_recall, find_stored, recalled
 
         seq, message = find_stored(self.store, self.tenant, self.session_id, handle)
         found = recalled(message, self.model, seq)
-        _audit_recall(self.store, self.tenant, self.session_id, found)
+        audit_recall(self.store, self.tenant, self.session_id, found)
         return found
 
     # -- summarisation cycle ----------------------------------------------------------------
@@ -556,29 +556,6 @@ class Session:
     ) -> SummaryWrite | None:
         """:meth:`summarize` for callers without an event loop."""
         return asyncio.run(self.summarize(summarizer, extractor, **kw))
-
-
-def _audit_recall(store: SessionStore, tenant: str, session_id: str, found: Recalled) -> None:
-    """Record a recall with the session's builds (SQL stores; another store has no
-    builds table, and the caller has the :class:`Recalled` to log)."""
-    import uuid
-
-    from ctxwarden.store._sql import SqlStore
-    from ctxwarden.store.service_tables import record_build
-
-    if not isinstance(store, SqlStore):
-        return
-    record_build(
-        store,
-        tenant,
-        session_id,
-        build_id="recall-" + uuid.uuid4().hex,
-        model="",
-        history_tokens=0,
-        input_tokens=found.tokens,
-        audit={"recalled": [found.to_dict()], "actions": [asdict(found.action)]},
-        status="recalled",
-    )
 
 
 def _due(ckpt: LedgerCheckpoint) -> bool:
