@@ -214,9 +214,12 @@ def _chat(question: str) -> list[Message]:
     return out
 
 
+ALWAYS = Policy(recall=RecallRelevant(only_summarized=False))
+
+
 def test_the_recall_step_brings_back_the_relevant_dropped_message() -> None:
     history = _chat("What was my booking code for the Lisbon ferry?")
-    built = build_context(history, max_input_tokens=1200)
+    built = build_context(history, max_input_tokens=1200, policy=ALWAYS)
     assert "r4" not in {m.id for m in built.messages}
     block = next(m for m in built.messages if m.id == RECALL_ID)
     assert block.text.startswith(RECALL_HEADING)
@@ -232,18 +235,29 @@ def test_the_recall_step_brings_back_the_relevant_dropped_message() -> None:
 
 def test_the_recall_layer_is_stable_for_an_unchanged_query_and_pure() -> None:
     history = _chat("What was my booking code for the Lisbon ferry?")
-    first = build_context(history, max_input_tokens=1200)
+    first = build_context(history, max_input_tokens=1200, policy=ALWAYS)
     loop = [*history, Message.assistant("Let me look.", id="x1")]
-    second = build_context(loop, max_input_tokens=1200, previous=first)
+    second = build_context(loop, max_input_tokens=1200, previous=first, policy=ALWAYS)
     block = {m.id: m.text for m in first.messages}[RECALL_ID]
     assert {m.id: m.text for m in second.messages}[RECALL_ID] == block
     # the memo carried in the state gives what a cold recompute gives
     restored = BuildState.from_dict(json.loads(json.dumps(first.state.to_dict())))
     assert restored.recall == first.state.recall
-    cold = build_context(loop, max_input_tokens=1200, previous=None)
-    warm = build_context(loop, max_input_tokens=1200, previous=restored)
+    cold = build_context(loop, max_input_tokens=1200, previous=None, policy=ALWAYS)
+    warm = build_context(loop, max_input_tokens=1200, previous=restored, policy=ALWAYS)
     assert {m.id: m.text for m in cold.messages}[RECALL_ID] == block
     assert {m.id: m.text for m in warm.messages}[RECALL_ID] == block
+
+
+def test_by_default_the_step_runs_where_a_summary_is_kept() -> None:
+    history = _chat("What was my booking code for the Lisbon ferry?")
+    plain = build_context(history, max_input_tokens=1200)
+    assert RECALL_ID not in plain.layers and not plain.audit.by_action("recalled")
+    summarised = build_context(history, max_input_tokens=1500, summarizer="offline")
+    block = next(m.text for m in summarised.messages if m.id == RECALL_ID)
+    assert "[cw:msg:r4 assistant] Your booking code for the Lisbon ferry is FERRY-8812." in block
+    given = build_context(history, max_input_tokens=1500, summary="Earlier: travel chat.")
+    assert given.audit.by_action("recalled")
 
 
 def test_the_recall_step_is_configured_from_toml_and_checked() -> None:

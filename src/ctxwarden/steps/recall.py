@@ -11,6 +11,13 @@ the stable handle of its message (``cw:msg:<id>``: the recall tool returns it wh
     Recalled from earlier in this conversation (most relevant to the current request):
     [cw:msg:m12 tool search_flights] {"flight_number": "HAT170", "origin": "EWR", ...
 
+By default it runs in builds that keep a summary (a summariser in use, a stored or given
+summary): there history is meant to be remembered, and the recall costs a fraction of
+what the summary does. ``only_summarized=False`` runs it in every build; measured on the
+coding-agent traces it cost retention and reduction there, and in a plain agent loop of
+10,000 messages it is hundreds of times the build's own cost (indexing the left-out
+history whenever the query changes), so plain builds go without it.
+
 It runs before the window's fit, so the fit makes room for it. Its sources are the
 messages before the window that the fit will certainly leave out (everything the newest
 tail that the budget can hold does not reach, protected and pinned blocks aside) and the
@@ -68,6 +75,7 @@ class RecallRelevant:
     ``max_chars=20000`` characters of each, so a build's work is bounded whatever the
     history. ``query_calls`` adds the newest tool call's arguments to the query (the
     step an agent is in); off by default, so builds for one user message share the layer.
+    ``only_summarized`` (default on): only in builds that keep a summary (see above).
     """
 
     share: float = 0.1
@@ -76,6 +84,7 @@ class RecallRelevant:
     lookback: int = 2000
     max_chars: int = 20_000
     query_calls: bool = False
+    only_summarized: bool = True
     name: str = field(default="recall")
 
     def __post_init__(self) -> None:
@@ -86,6 +95,8 @@ class RecallRelevant:
                 raise ConfigError(f"recall.{key} must be >= 1, got {getattr(self, key)}")
 
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
+        if self.only_summarized and not _summarized(ctx):
+            return StepResult(draft)
         query = self._query(draft)
         cap = min(self.max_tokens, int(self.share * (ctx.budget - ctx.fixed)))
         if not query or cap < self.passage_tokens:  # too small to hold one passage
@@ -230,6 +241,13 @@ class RecallRelevant:
             if current.strip():
                 out.append(_Passage(pos, part, current))
         return [p for p in out if p.text.strip()]
+
+
+def _summarized(ctx: StepContext) -> bool:
+    """The build keeps a summary (a summariser is in use, or the state holds one)."""
+    layers = ctx.layer_state
+    kept = layers is not None and bool(layers.summary.summaries or layers.summary.meta_summary)
+    return ctx.summarizer is not None or bool(ctx.summary_text) or kept
 
 
 def _text_of(message: Message) -> str:
