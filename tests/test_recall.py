@@ -4,14 +4,12 @@ memory and from SQLite / PostgreSQL byte for byte, and the BM25 recall step."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from conftest import SHARED_DATA
+from service_harness import db_url
 
 from ctxwarden import Message, Policy, Session, ToolCall, build_context, recall, recall_tool
 from ctxwarden.build.state import BuildState
@@ -23,27 +21,8 @@ from ctxwarden.steps.recall import RECALL_HEADING, RECALL_ID, RecallRelevant
 from ctxwarden.store.service_tables import list_builds
 
 SWEBENCH = SHARED_DATA / "swebench-mini" / "swebench-verified-mini-gemini3-dev.json"
-PG_DSN = os.environ.get("CTXWARDEN_TEST_POSTGRES")
+__all__ = ["db_url"]  # the fixture (SQLite, or a fresh PostgreSQL schema), for pytest
 HANDLE = re.compile(r"cw:msg:[\w:.-]+")
-
-
-@pytest.fixture(scope="module")
-def pg_module_url() -> Iterator[str]:
-    if not PG_DSN:
-        pytest.skip("set CTXWARDEN_TEST_POSTGRES to a PostgreSQL DSN to run the PostgreSQL tests")
-    import psycopg
-
-    schema = f"ctxw_recall_{uuid.uuid4().hex[:10]}"
-    yield f"{PG_DSN}{'&' if '?' in PG_DSN else '?'}schema={schema}"
-    with psycopg.connect(PG_DSN, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'recall.db'}"
-    return str(request.getfixturevalue("pg_module_url"))
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +127,7 @@ def _later_commands(history: list[Message], after: int) -> str:
 
 
 def test_a_masked_result_needed_later_comes_back_byte_for_byte(
-    url: str, swebench_run: list[Message]
+    db_url: str, swebench_run: list[Message]
 ) -> None:
     """A recorded coding-agent trace, built turn by turn in a session: a result masked in
     the context holds a path a later command uses and the context lacks; the recall
@@ -156,7 +135,7 @@ def test_a_masked_result_needed_later_comes_back_byte_for_byte(
     sid = f"recall-{uuid.uuid4().hex[:8]}"
     run = swebench_run
     case: tuple[str, Message, str] | None = None
-    with Session(url, sid) as s:
+    with Session(db_url, sid) as s:
         appended = 0
         for i, m in enumerate(run):
             if not m.is_tool_call or i < 4:
@@ -192,9 +171,9 @@ def test_a_masked_result_needed_later_comes_back_byte_for_byte(
         assert len([b for b in list_builds(s.store, "default", sid) if b.status == "recalled"]) == 1
 
 
-def test_a_session_recalls_explicit_ids_too(url: str) -> None:
+def test_a_session_recalls_explicit_ids_too(db_url: str) -> None:
     text = "line one\r\nline two\ttabbed \u00e9\U0001f600 \\n not a newline\n"
-    with Session(url, f"ids-{uuid.uuid4().hex[:8]}") as s:
+    with Session(db_url, f"ids-{uuid.uuid4().hex[:8]}") as s:
         s.append([{"role": "user", "content": "hi"}, Message.assistant(text, id="note-7")])
         assert s.recall("cw:msg:note-7").content == text
         assert s.recall("cw:msg:m0").content == "hi"

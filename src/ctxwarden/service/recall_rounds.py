@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from ctxwarden.errors import CtxwardenError, UnknownHandleError
 from ctxwarden.memory.recall import RECALL_TOOL_NAME, recall_arguments
 from ctxwarden.messages import Message
 from ctxwarden.registry.usage import Usage
+from ctxwarden.service.forward import Wire
 from ctxwarden.service.pipeline import Prepared
 from ctxwarden.service.sse import FrameSplitter
 from ctxwarden.service.upstream import Upstream
@@ -33,19 +34,6 @@ __all__ = ["MAX_ROUNDS", "Held", "settle"]
 
 MAX_ROUNDS = 3
 Fetch = Callable[[str], Awaitable[str]]
-
-
-class RecallWire(Protocol):
-    api: str
-    path: str
-
-    def body(
-        self, prepared: Prepared, extra: tuple[Message, ...] = (), recall: bool = False
-    ) -> bytes: ...
-
-    def from_json(self, data: Any) -> tuple[Message | None, Any]: ...
-
-    def reader(self) -> Any: ...
 
 
 class Held:
@@ -89,7 +77,7 @@ def _decided(reply: Message | None) -> bool:
     return bool(reply.text.strip()) or any(c.name != RECALL_TOOL_NAME for c in reply.tool_calls)
 
 
-async def _read(response: Any, wire: RecallWire, stream: bool) -> tuple[Message | None, Any, Held]:
+async def _read(response: Any, wire: Wire, stream: bool) -> tuple[Message | None, Any, Held]:
     """The reply (as far as needed to decide) and the response to hand on."""
     if not stream:
         raw = await response.aread()
@@ -142,7 +130,7 @@ async def _answer(
 
 async def settle(
     upstream: Upstream,
-    wire: RecallWire,
+    wire: Wire,
     prepared: Prepared,
     headers: Mapping[str, str],
     *,
