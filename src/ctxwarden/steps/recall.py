@@ -28,7 +28,9 @@ from build to build and the cached prefix holds.
 The step is pure: the index is built from the history it is given, at most ``lookback``
 messages before the window (and ``max_chars`` of each), and the previous build's
 :class:`RecallMemo` (part of the explicit :class:`~ctxwarden.build.state.BuildState`)
-gives the same block back without re-indexing when none of its inputs changed.
+gives the same block back without re-indexing when none of its inputs changed. A
+session does not store the memo: its build reads a slice bounded by the budget, so the
+sources, and the work, are bounded there already.
 """
 
 from __future__ import annotations
