@@ -228,21 +228,29 @@ def test_the_recall_layer_is_stable_for_an_unchanged_query_and_pure() -> None:
     assert {m.id: m.text for m in warm.messages}[RECALL_ID] == block
 
 
-def test_by_default_the_step_runs_where_a_summary_is_kept() -> None:
+def test_the_step_is_off_by_default_and_can_wait_for_a_summary() -> None:
     history = _chat("What was my booking code for the Lisbon ferry?")
     plain = build_context(history, max_input_tokens=1200)
     assert RECALL_ID not in plain.layers and not plain.audit.by_action("recalled")
-    summarised = build_context(history, max_input_tokens=1500, summarizer="offline")
+    waiting = Policy(recall=RecallRelevant(only_summarized=True))
+    assert RECALL_ID not in build_context(history, max_input_tokens=1200, policy=waiting).layers
+    summarised = build_context(history, "gpt-4o", 1500, summarizer="offline", policy=waiting)
     block = next(m.text for m in summarised.messages if m.id == RECALL_ID)
     assert "[cw:msg:r4 assistant] Your booking code for the Lisbon ferry is FERRY-8812." in block
-    given = build_context(history, max_input_tokens=1500, summary="Earlier: travel chat.")
+    given = build_context(
+        history, max_input_tokens=1500, summary="Earlier: travel.", policy=waiting
+    )
     assert given.audit.by_action("recalled")
+    order = [given.layers[m.id] for m in given.messages]
+    assert order.index("recall") == order.index("current") - 1  # right before the question
 
 
 def test_the_recall_step_is_configured_from_toml_and_checked() -> None:
     policy = Policy.from_toml("[recall]\nshare = 0.2\nmax_tokens = 300\n")
     assert policy.recall == RecallRelevant(share=0.2, max_tokens=300)
     assert Policy.from_toml("recall = false\n").recall is None
+    assert Policy.from_toml("recall = true\n").recall == RecallRelevant()
+    assert Policy().recall is None
     assert Policy.from_toml("recall_tool = true\n").recall_tool is True
     with pytest.raises(ConfigError, match=r"recall.share must be in \(0, 0.5\]"):
         Policy.from_toml("[recall]\nshare = 0.9\n")

@@ -22,7 +22,7 @@ A :class:`Policy` is a frozen dataclass that loads from TOML::
     max_tokens = 600
     lookback = 1000                # a cold build reads values this many messages back
 
-    [recall]                       # relevance recall of left-out history (recall = false: off)
+    [recall]                       # relevance recall of left-out history (default: off)
     share = 0.1                    # of the budget, at most max_tokens
     max_tokens = 800
 
@@ -117,7 +117,7 @@ class Policy:
     window: WindowConfig = field(default_factory=WindowConfig)
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
     summary: SummaryTrigger = field(default_factory=SummaryTrigger)
-    recall: RecallRelevant | None = field(default_factory=RecallRelevant)
+    recall: RecallRelevant | None = None  # relevance recall (steps.recall), off by default
     recall_tool: bool = False  # the proxy offers the recall tool and answers its calls
     cache_breakpoints: bool = True
     steps: tuple[Any, ...] = ()  # your own steps (see ctxwarden.build.pipeline)
