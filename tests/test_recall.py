@@ -256,3 +256,14 @@ def test_the_recall_step_is_configured_from_toml_and_checked() -> None:
         Policy.from_toml("[recall]\nshare = 0.9\n")
     with pytest.raises(ConfigError, match="unknown key"):
         Policy.from_toml("[recall]\nsize = 3\n")
+
+
+def test_without_the_extra_the_step_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from ctxwarden.errors import MissingDependencyError
+
+    monkeypatch.setitem(sys.modules, "bm25s", None)  # as if not installed
+    history = _chat("What was my booking code for the Lisbon ferry?")
+    with pytest.raises(MissingDependencyError, match=r"ctxwarden\[recall\]"):
+        build_context(history, max_input_tokens=1200, policy=ALWAYS)

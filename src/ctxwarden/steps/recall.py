@@ -30,7 +30,9 @@ originals of the window's masked and truncated results. Both change only when th
 window moves or a batch is masked, so for an unchanged query the layer is byte-identical
 from build to build and the cached prefix holds.
 
-The step is pure: the index is built from the history it is given, at most ``lookback``
+It needs ``pip install "ctxwarden[recall]"`` (bm25s, numpy only); without it a build
+with the step on fails with a :class:`~ctxwarden.errors.MissingDependencyError` naming
+the extra. The step is pure: the index is built from the history it is given, at most ``lookback``
 messages before the window (and ``max_chars`` of each), and the previous build's
 :class:`RecallMemo` (part of the explicit :class:`~ctxwarden.build.state.BuildState`)
 gives the same block back without re-indexing when none of its inputs changed. A
@@ -306,8 +308,8 @@ def _rank(passages: Sequence[_Passage], query: str) -> list[_Passage]:
 def _bm25s() -> Any:
     try:
         import bm25s
-    except ImportError:  # pragma: no cover - a core dependency
-        raise MissingDependencyError("relevance recall (bm25s)", "recall") from None
+    except ImportError:
+        raise MissingDependencyError("the recall step (BM25, bm25s)", "recall") from None
     return bm25s
 
 
