@@ -28,7 +28,7 @@ from llm_servers import (
 )
 from service_harness import ProxyServer, add_tenant, anthropic_rich_stream, module_db, sid
 
-from ctxwarden import RECALL_TOOL_NAME
+from ctxwarden.memory.recall import RECALL_TOOL_NAME
 
 __all__ = ["module_db"]  # the fixture, re-exported for pytest
 

@@ -45,7 +45,7 @@ from ctxwarden.memory.cycle import summarize_history, summarize_history_sync
 from ctxwarden.memory.entities import Entity, extract_entities
 from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.memory.facts import Facts
-from ctxwarden.memory.recall import RECALL_TOOL_NAME, Recalled, recall, recall_tool
+from ctxwarden.memory.recall import Recalled, recall, recall_tool
 from ctxwarden.memory.summaries import (
     QueryAwareSummarizer,
     Summarizer,
@@ -81,7 +81,6 @@ if TYPE_CHECKING:
     from ctxwarden.llm import AnthropicModel, OpenAICompatible
 
 __all__ = [
-    "RECALL_TOOL_NAME",
     "Action",
     "AnthropicModel",
     "Audit",
