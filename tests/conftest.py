@@ -56,3 +56,24 @@ def locomo_path() -> Path:
     if not LOCOMO.exists():
         pytest.skip(f"LoCoMo data not found at {LOCOMO} (set CTXWARDEN_DATA)")
     return LOCOMO
+
+
+@pytest.fixture
+def pg_schema_url() -> Iterator[str | None]:
+    """A PostgreSQL URL on a fresh schema (dropped after), or None when no DSN is set.
+
+    Tests never share the database's public schema: another branch's migrations there would
+    make the store refuse to open it.
+    """
+    import uuid
+
+    dsn = os.environ.get("CTXWARDEN_TEST_POSTGRES")
+    if not dsn:
+        yield None
+        return
+    schema = f"ctxw_t_{uuid.uuid4().hex[:10]}"
+    yield f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

@@ -93,14 +93,17 @@ if os.environ.get("CTXWARDEN_TEST_POSTGRES"):
     DBS.append("postgres")
 
 
-def _db(kind: str, tmp_path: Any) -> str:
+def _db(kind: str, tmp_path: Any, pg_schema_url: str | None) -> str:
     if kind == "postgres":
-        return os.environ["CTXWARDEN_TEST_POSTGRES"]
+        assert pg_schema_url
+        return pg_schema_url
     return f"sqlite:///{tmp_path / 'agents.db'}"
 
 
 @pytest.mark.parametrize("db", DBS)
-async def test_tau_bench_replay_through_runner(db: str, tmp_path: Any) -> None:
+async def test_tau_bench_replay_through_runner(
+    db: str, tmp_path: Any, pg_schema_url: str | None
+) -> None:
     replay = load_replay()
     outputs, follows = _steps(replay)
     model = ScriptedModel(outputs)
@@ -108,7 +111,7 @@ async def test_tau_bench_replay_through_runner(db: str, tmp_path: Any) -> None:
     agent = Agent(name="airline", instructions=replay.system, model=model, tools=tools)
     ctx = context_filter(model=MODEL, max_input_tokens=BUDGET)
     config = RunConfig(call_model_input_filter=ctx, tracing_disabled=True)
-    session = CtxwardenSession(f"tau-{uuid.uuid4().hex}", db=_db(db, tmp_path))
+    session = CtxwardenSession(f"tau-{uuid.uuid4().hex}", db=_db(db, tmp_path, pg_schema_url))
     try:
         for user in replay.users:
             await Runner.run(agent, user, session=session, run_config=config, max_turns=100)
@@ -211,8 +214,10 @@ def test_items_convert_to_messages_and_back_as_given() -> None:
 
 
 @pytest.mark.parametrize("db", DBS)
-async def test_session_returns_exactly_the_items_it_was_given(db: str, tmp_path: Any) -> None:
-    session = CtxwardenSession(f"items-{uuid.uuid4().hex}", db=_db(db, tmp_path))
+async def test_session_returns_exactly_the_items_it_was_given(
+    db: str, tmp_path: Any, pg_schema_url: str | None
+) -> None:
+    session = CtxwardenSession(f"items-{uuid.uuid4().hex}", db=_db(db, tmp_path, pg_schema_url))
     try:
         assert isinstance(session, Session)  # the SDK's runtime-checkable protocol
         assert await session.get_items() == []

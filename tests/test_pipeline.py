@@ -104,22 +104,20 @@ def test_eight_threads_build_what_one_thread_builds(tau: list[list[Message]]) ->
 # -- one path ----------------------------------------------------------------------------------
 
 
-def _store_urls(tmp_path: Path) -> list[str]:
-    import os
-
+def _store_urls(tmp_path: Path, pg_schema_url: str | None) -> list[str]:
     urls = [f"sqlite:///{tmp_path / 'one.db'}"]
-    if os.environ.get("CTXWARDEN_TEST_POSTGRES"):
-        urls.append(os.environ["CTXWARDEN_TEST_POSTGRES"])
+    if pg_schema_url:
+        urls.append(pg_schema_url)
     return urls
 
 
 def test_session_and_build_context_give_the_same_context(
-    tau: list[list[Message]], locomo_path: Path, tmp_path: Path
+    tau: list[list[Message]], locomo_path: Path, tmp_path: Path, pg_schema_url: str | None
 ) -> None:
     from ctxwarden.bench.traces import load_locomo, locomo_transcript
 
     chats = [tau[3], tau[11], tau[27], locomo_transcript(load_locomo(locomo_path)[2])[:120]]
-    for url in _store_urls(tmp_path):
+    for url in _store_urls(tmp_path, pg_schema_url):
         for history in chats:
             sid = f"one-path-{uuid.uuid4().hex[:8]}"
             with ctxwarden.Session(url, sid) as s:
@@ -142,12 +140,12 @@ def _summarised_both_ways(history: list[Message], url: str, budget: int) -> tupl
 
 
 def test_with_a_summariser_the_session_equals_build_context(
-    locomo_path: Path, tmp_path: Path
+    locomo_path: Path, tmp_path: Path, pg_schema_url: str | None
 ) -> None:
     from ctxwarden.bench.traces import load_locomo, locomo_transcript
 
     chats = [locomo_transcript(c)[:160] for c in load_locomo(locomo_path)[:2]]
-    for url in _store_urls(tmp_path):
+    for url in _store_urls(tmp_path, pg_schema_url):
         for history in chats:
             for budget in (1500, 4000):
                 via_session, direct = _summarised_both_ways(history, url, budget)
@@ -155,9 +153,9 @@ def test_with_a_summariser_the_session_equals_build_context(
 
 
 def test_with_a_summariser_the_session_equals_build_context_on_tool_traces(
-    tau: list[list[Message]], tmp_path: Path
+    tau: list[list[Message]], tmp_path: Path, pg_schema_url: str | None
 ) -> None:
-    for url in _store_urls(tmp_path):
+    for url in _store_urls(tmp_path, pg_schema_url):
         for history in (tau[7], tau[19], tau[33]):
             for budget in (1500, 4000):
                 via_session, direct = _summarised_both_ways(history, url, budget)

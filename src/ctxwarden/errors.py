@@ -37,6 +37,7 @@ __all__ = [
     "ProviderTimeout",
     "RuntimeFailure",
     "StoreError",
+    "StoreUnavailable",
     "SummarizationError",
     "UnknownHandleError",
     "UnknownModelError",
@@ -151,6 +152,11 @@ class StoreError(RuntimeFailure):
 
 class VersionConflict(StoreError):
     """An optimistic write found the session changed since it was read."""
+
+
+class StoreUnavailable(StoreError):
+    """The store's server does not answer (down, unreachable, no free connection): nothing
+    of the operation was written; the service answers 503."""
 
 
 class SummarizationError(RuntimeFailure):

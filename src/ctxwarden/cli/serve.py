@@ -59,6 +59,15 @@ def serve(
             help="Summarise after calls: 'offline' or a provider spec (openai:gpt-4o-mini).",
         ),
     ] = None,
+    broker: Annotated[
+        str | None,
+        typer.Option(
+            "--broker",
+            envvar="CTXWARDEN_BROKER",
+            help="Redis URL: run summaries as Celery jobs (ctxwarden worker) instead of in "
+            "this process.",
+        ),
+    ] = None,
     registry: RegistryOpt = None,
 ) -> None:
     """Run the context-managing proxy (OpenAI /v1/chat/completions, Anthropic /v1/messages),
@@ -77,6 +86,7 @@ def serve(
         max_body_bytes=int(max_body_mb * 1024 * 1024),
         upstream_timeout=upstream_timeout,
         summarizer=summarizer,
+        broker=broker,
     )
     typer.echo(f"ctxwarden serving on http://{host}:{port} (store {db})", err=True)
     run(config, host=host, port=port)

@@ -183,12 +183,37 @@ def _summarizer(spec: str) -> tuple[Any, Any]:
 
 @session_app.command("show")
 @handle_errors
-def show(db: Db, session: SessionId, tenant: Tenant = "default") -> None:
-    """Print the session's size, summary, facts, usage and cost."""
+def show(
+    db: Db,
+    session: SessionId,
+    tenant: Tenant = "default",
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html", help="Also write the session's page, every logged turn, to this file."
+        ),
+    ] = None,
+) -> None:
+    """Print the session's size, summary, facts, usage and cost; ``--html`` writes the
+    turn-by-turn page (the one ``ctxwarden serve`` shows at /ui/) as one offline file."""
+    from ctxwarden.errors import ConfigError
     from ctxwarden.session.session import Session
+    from ctxwarden.store import open_store
 
+    if html is not None:  # a report of a session that is not there is a typo, not a page
+        with open_store(db) as store:
+            if store.get_session(tenant, session) is None:
+                raise ConfigError(
+                    f"no session {session!r} of tenant {tenant!r} in {db} "
+                    "(see `ctxwarden session list`)"
+                )
     with Session(db, session, tenant=tenant) as s:
         record = s.record
+        if html is not None:
+            from ctxwarden.ui import render_report
+
+            html.write_text(render_report(s.store, tenant, record, s.registry), "utf-8")
+            typer.echo(f"wrote {html}", err=True)
         usage = record.total_usage
         typer.echo(
             f"session {session} (tenant {tenant}): {record.next_seq} messages, "

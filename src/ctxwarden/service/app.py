@@ -1,7 +1,8 @@
 """The app factory: ``create_app(config)`` wires the routers, the hub and the upstreams.
 
-Routers per concern: the OpenAI proxy, the Anthropic proxy, the session API, and the
-operational routes here (``/healthz``, ``/readyz``, ``/metrics``, ``/v1/models``).
+Routers per concern: the OpenAI proxy, the Anthropic proxy, the session API, the session
+pages (``/ui/``, :mod:`.ui_routes`), and the operational routes here (``/healthz``,
+``/readyz``, ``/metrics``, ``/v1/models``).
 Errors raised before a response starts become the provider's error shape: Anthropic's
 for ``/v1/messages``, OpenAI's everywhere else.
 """
@@ -22,10 +23,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ctxwarden import Registry
 from ctxwarden._version import __version__
-from ctxwarden.service import anthropic_proxy, openai_proxy, sessions_api
+from ctxwarden.errors import StoreUnavailable
+from ctxwarden.service import anthropic_proxy, openai_proxy, sessions_api, ui_routes
 from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.config import ServiceConfig
-from ctxwarden.service.errors import ServiceError, error_body
+from ctxwarden.service.errors import ServiceError, error_body, from_library
 from ctxwarden.service.hub import Hub
 from ctxwarden.service.metrics import Metrics
 from ctxwarden.service.schema import PROXY_ERRORS
@@ -82,7 +84,11 @@ def create_app(config: ServiceConfig) -> FastAPI:
                 config.anthropic_upstream, config.anthropic_api_key, "anthropic", **timeouts
             )
         app.state.hub, app.state.upstreams, app.state.started = hub, upstreams, time.time()
-        if config.summarizer:
+        if config.broker:  # summaries as Celery jobs (ctxwarden worker runs them)
+            from ctxwarden.service.summary_jobs import SummaryJobs
+
+            hub.summaries = SummaryJobs(hub, config.broker)
+        elif config.summarizer:
             from ctxwarden.service.summaries import Summaries
 
             hub.summaries = Summaries(hub, config.summarizer)
@@ -104,13 +110,20 @@ def create_app(config: ServiceConfig) -> FastAPI:
     app.include_router(openai_proxy.router)
     app.include_router(anthropic_proxy.router)
     app.include_router(sessions_api.router)
+    app.include_router(ui_routes.router)  # /ui/: the session pages
     app.add_middleware(_CountRequests, metrics=metrics)
 
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> Response:
+        if exc.code == "store_unavailable":
+            metrics.store_unavailable.inc()
         return Response(
             error_body(exc, _api_of(request)), exc.status, media_type="application/json"
         )
+
+    @app.exception_handler(StoreUnavailable)
+    async def store_unavailable(request: Request, exc: StoreUnavailable) -> Response:
+        return await service_error(request, from_library(exc))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:

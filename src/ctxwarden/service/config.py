@@ -38,6 +38,7 @@ class ServiceConfig:
     upstream_timeout: float = 600.0
     connect_timeout: float = 10.0
     summarizer: str | None = None
+    broker: str | None = None  # Redis URL: summaries as Celery jobs (ctxwarden.jobs)
     models: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -53,6 +54,12 @@ class ServiceConfig:
         if self.max_body_bytes < 1024:
             raise ConfigError(
                 f"max body size must be at least 1024 bytes, got {self.max_body_bytes}"
+            )
+        if self.broker is not None and not self.broker.startswith(
+            ("redis://", "rediss://", "unix://")
+        ):
+            raise ConfigError(
+                f"--broker must be a Redis URL (redis://host:port/db), got {self.broker!r}"
             )
         if self.upstream_timeout <= 0:
             raise ConfigError(f"upstream timeout must be > 0 seconds, got {self.upstream_timeout}")

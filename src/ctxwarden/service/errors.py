@@ -15,8 +15,10 @@ from ctxwarden.errors import (
     ConfigError,
     CtxwardenError,
     InvalidMessageError,
+    StoreUnavailable,
     UnknownModelError,
     UsageError,
+    VersionConflict,
 )
 
 __all__ = ["ServiceError", "error_body", "from_library"]
@@ -25,9 +27,11 @@ _OPENAI_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
+    409: "conflict_error",
     413: "request_too_large",
     429: "rate_limit_error",
     502: "api_error",
+    503: "service_unavailable",
     504: "timeout_error",
 }
 _ANTHROPIC_TYPES = {
@@ -37,6 +41,7 @@ _ANTHROPIC_TYPES = {
     413: "request_too_large",
     429: "rate_limit_error",
     502: "api_error",
+    503: "overloaded_error",
     504: "timeout_error",
 }
 
@@ -84,4 +89,12 @@ def from_library(exc: CtxwardenError) -> ServiceError:
         return ServiceError(400, str(exc), code="invalid_configuration")
     if isinstance(exc, UsageError):
         return ServiceError(400, str(exc))
+    if isinstance(exc, VersionConflict):  # concurrent calls of one session kept colliding
+        return ServiceError(409, str(exc), code="session_conflict")
+    if isinstance(exc, StoreUnavailable):
+        return ServiceError(
+            503,
+            f"the session store is unavailable; retry later ({exc})",
+            code="store_unavailable",
+        )
     return ServiceError(500, f"ctxwarden failed: {exc}", code="ctxwarden_error")

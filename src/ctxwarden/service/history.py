@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ctxwarden import Session
-from ctxwarden.errors import InvalidMessageError, StoreError
+from ctxwarden.errors import InvalidMessageError, VersionConflict
 from ctxwarden.messages import Message
 from ctxwarden.store import SessionStore
 from ctxwarden.store.service_tables import Head, get_head, put_head
@@ -168,7 +168,7 @@ def sync_history(
         synced = _try_sync(store, open_session, tenant, client_id, head, keys, parse, count)
         if synced is not None:
             return synced
-    raise StoreError(
+    raise VersionConflict(
         f"session {client_id!r} is being written by another caller at the same time; retry"
     )
 
@@ -213,7 +213,10 @@ def _try_sync(
         new, tokens = parse(0), 0
     tokens += sum(count(m) for m in new)
     if new:
-        session.append(new)
+        try:  # only onto what was checked above: a concurrent call's messages never interleave
+            session.append(new, expect_next=head.count if head is not None and not forked else 0)
+        except VersionConflict:
+            return None
     moved = Head(
         tenant, client_id, session.session_id, branch, len(keys), running.hexdigest(), tokens
     )

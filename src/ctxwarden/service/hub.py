@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 __all__ = ["Hub", "Tenant"]
 
 _OPEN_SESSIONS = 512
+_POOL_WAIT = 5.0
+"""Seconds a call waits for a PostgreSQL connection before it is answered 503: a server
+that is down must not hold every call for the pool's default 30 s."""
 T = TypeVar("T")
 
 
@@ -60,7 +63,8 @@ class Hub:
     def __init__(self, config: ServiceConfig, metrics: Metrics) -> None:
         self.config = config
         self.metrics = metrics
-        self.store: SessionStore = open_store(config.db)
+        pg = config.db.startswith(("postgresql://", "postgres://"))
+        self.store: SessionStore = open_store(config.db, **({"timeout": _POOL_WAIT} if pg else {}))
         self.policy = config.policy or Policy()
         self._sessions: OrderedDict[tuple[str, str], Session] = OrderedDict()
         self._sessions_lock = threading.Lock()

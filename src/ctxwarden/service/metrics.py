@@ -28,6 +28,8 @@ METRIC_NAMES = (
     "ctxwarden_summaries_run_total",
     "ctxwarden_summaries_failed_total",
     "ctxwarden_summary_seconds",
+    "ctxwarden_summary_jobs_total",
+    "ctxwarden_store_unavailable_total",
 )
 """Every metric the service exports (the README lists them with their labels)."""
 
@@ -88,6 +90,16 @@ class Metrics:
         self.summaries_failed = Counter("summaries_failed", "Summary cycles that failed.", **ns)
         self.summary_seconds = Histogram(
             "summary_seconds", "Time of one summary cycle.", buckets=_LATENCY, **ns
+        )
+        self.summary_jobs = Counter(
+            "summary_jobs",
+            "Due summaries by what became of them: enqueued, pending (one already was), "
+            "deferred (the job broker did not answer).",
+            ["outcome"],
+            **ns,
+        )
+        self.store_unavailable = Counter(
+            "store_unavailable", "Requests answered 503 because the store did not answer.", **ns
         )
 
     def render(self) -> tuple[bytes, str]:

@@ -6,7 +6,7 @@ plain error response. It appends the client's new messages
 (:func:`~ctxwarden.service.history.sync_history`), builds with
 :meth:`ctxwarden.Session.build` — the build every caller uses — within the smallest of
 the client's ``X-Ctxwarden-Max-Input-Tokens``, the tenant's cap and the policy's
-budget, and stores the build's audit. :func:`finish` stores the reply (marked
+budget, which logs the build's audit (status ``forwarded``). :func:`finish` stores the reply (marked
 ``partial`` when the stream was cut), the usage and its price, moves the head past the
 reply and closes the build's row, in that order: a crash between two steps leaves the
 store consistent, and at worst makes the next call start a new branch.
@@ -20,11 +20,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ctxwarden import BuiltContext, TokenCounter, Usage, estimate_cost, get_model
-from ctxwarden.errors import UnknownModelError
+from ctxwarden.errors import UnknownModelError, VersionConflict
 from ctxwarden.messages import Message
 from ctxwarden.service.history import Synced, message_key, sync_history
 from ctxwarden.service.hub import Hub, Tenant
-from ctxwarden.store.service_tables import add_spend, finish_build, record_build
+from ctxwarden.store.service_tables import add_spend, finish_build
 
 __all__ = ["Call", "Prepared", "finish", "prepare"]
 
@@ -85,6 +85,25 @@ def _budget(hub: Hub, call: Call) -> int | None:
     return min(asks)
 
 
+def _with_summary_job(
+    hub: Hub, call: Call, session: Any
+) -> Callable[[BuiltContext], BuiltContext] | None:
+    """With ``--broker``: enqueue a summary the build found due; a deferral is a warning
+    in the build's audit (added before the build is logged)."""
+    jobs = hub.summaries
+    if jobs is None:
+        return None
+
+    def amend(built: BuiltContext) -> BuiltContext:
+        deferred = jobs.after_build(call.tenant, session, call.model, built)
+        if deferred is None:
+            return built
+        warnings = (*built.audit.warnings, deferred)
+        return replace(built, audit=replace(built.audit, warnings=warnings))
+
+    return amend
+
+
 def prepare(hub: Hub, call: Call) -> Prepared:
     """Sync the history, build the context, store the build's audit (see the module)."""
     tenant = call.tenant.name
@@ -107,18 +126,17 @@ def prepare(hub: Hub, call: Call) -> Prepared:
         from ctxwarden.memory.recall import recall_tool
 
         tools = [*(tools or ()), recall_tool()]
-    built = synced.session.build(model=call.model, policy=call.tenant.policy, tools=tools, **kw)
-    prepared = Prepared(call, synced, built, uuid.uuid4().hex)
-    record_build(
-        hub.store,
-        tenant,
-        synced.session.session_id,
-        build_id=prepared.build_id,
+    build_id = uuid.uuid4().hex
+    built = synced.session.build(
         model=call.model,
-        history_tokens=prepared.history_tokens,
-        input_tokens=built.input_tokens,
-        audit=built.audit.to_dict(),
+        policy=call.tenant.policy,
+        tools=tools,
+        build_id=build_id,
+        status="forwarded",
+        amend=_with_summary_job(hub, call, synced.session),
+        **kw,
     )
+    prepared = Prepared(call, synced, built, build_id)
     m, api = hub.metrics, call.api
     m.history_tokens.labels(api).inc(prepared.history_tokens)
     m.input_tokens.labels(api).inc(built.input_tokens)
@@ -136,7 +154,11 @@ def finish(
     session, head = synced.session, synced.head
     moved = None
     if reply is not None:
-        session.append([reply])
+        try:  # right after the history it answers, or not at all
+            session.append([reply], expect_next=head.count)
+        except VersionConflict:  # another replica served a call of this session meanwhile
+            reply, status = None, "reply_not_stored"
+    if reply is not None:
         chain = synced.chain.copy()
         chain.update(message_key(reply))
         counter = TokenCounter.for_model(call.model, hub.config.registry)

@@ -74,6 +74,7 @@ class BuildResult(BaseModel):
 
 class BuildRow(BaseModel):
     build_id: str
+    turn: int
     created_at: float
     model: str
     history_tokens: int
@@ -207,7 +208,8 @@ async def builds(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> Any:
-    """Each forwarded build's audit, oldest first."""
+    """Each logged build's audit, oldest first: the proxy's (``forwarded`` until the call
+    ends) and every other ``Session.build`` of the session (``built``), the newest ones."""
     hub = hub_of(request)
 
     def page() -> dict[str, Any]:

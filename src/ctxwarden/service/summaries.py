@@ -40,6 +40,9 @@ class Summaries:
         self._tasks: set[asyncio.Task[None]] = set()
         self._limiter = anyio.CapacityLimiter(2)
 
+    def after_build(self, tenant: Tenant, session: Session, model: str, built: Any) -> None:
+        """Nothing at build time: the cycle starts after the call (see the module)."""
+
     def after_call(self, tenant: Tenant, session: Session, model: str) -> None:
         """Start a cycle for ``session`` unless one is running for it."""
         key = (tenant.name, session.session_id)

@@ -35,7 +35,7 @@ the same model step, and both tiers are written together.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -50,6 +50,7 @@ from ctxwarden.messages import Message
 from ctxwarden.registry.catalog import Registry
 from ctxwarden.registry.usage import Usage
 from ctxwarden.session import state as session_state
+from ctxwarden.session.build_log import KEEP_BUILDS, KEEP_CONTEXTS, log_build
 from ctxwarden.session.cycle import SummaryWrite, summary_cycle
 from ctxwarden.store import SessionStore, StoredMessage, StoredSession, open_store
 from ctxwarden.store.ledger_checkpoint import (
@@ -126,6 +127,10 @@ class Session:
     further behind than that."""
 
     ledger_backfill: int = LEDGER_BACKFILL
+    keep_builds: int = KEEP_BUILDS
+    """Builds whose audits the store keeps for this session (see :mod:`.build_log`)."""
+    keep_contexts: int = KEEP_CONTEXTS
+    """Of those, how many newest also keep their built messages (0: none)."""
 
     def __init__(
         self,
@@ -150,6 +155,7 @@ class Session:
         self.registry = registry
         self.summarizer = summarizer
         self._cache: dict[int, Message] = {}  # seq -> decoded message, reused across builds
+        self._cache_of = 0.0  # the created_at of the session the cache holds messages of
         try:
             self.store.create_session(tenant, session_id)
         except BaseException:
@@ -234,7 +240,11 @@ class Session:
     # -- writing ----------------------------------------------------------------------------
 
     def append(
-        self, messages: Iterable[Mapping[str, Any] | Message], *, check_pairs: bool = True
+        self,
+        messages: Iterable[Mapping[str, Any] | Message],
+        *,
+        check_pairs: bool = True,
+        expect_next: int | None = None,
     ) -> list[int]:
         """Validate, count and store ``messages`` in one transaction; return their seqs.
 
@@ -245,7 +255,9 @@ class Session:
         conversation moves on from without its results (checked against the stored last
         block, so results may follow their call in a later ``append``). ``check_pairs=False``
         skips the pairing check for a store of raw items that are paired only when read
-        (the OpenAI Agents SDK session stores one call per item).
+        (the OpenAI Agents SDK session stores one call per item). ``expect_next``: append
+        only if the session still holds that many messages, else raise
+        :class:`~ctxwarden.errors.VersionConflict` (see :meth:`SessionStore.append`).
         """
         from ctxwarden.build.inputs import check_messages_argument, check_unique_ids
         from ctxwarden.build.pairing import validate_appended
@@ -260,7 +272,9 @@ class Session:
         counter = TokenCounter.for_model(self.model, self.registry)
         key = count_key(counter)
         counts = [{key: counter.count_message(m)} for m in parsed]
-        return self.store.append(self.tenant, self.session_id, parsed, counts)
+        return self.store.append(
+            self.tenant, self.session_id, parsed, counts, expect_next=expect_next
+        )
 
     def _last_block(self) -> list[Message]:
         """The stored messages from the last one that is not a tool result (a tool call
@@ -342,6 +356,9 @@ class Session:
         """:meth:`context_messages` and the seq its tail starts at (everything older
         that is not in the slice is what the entity ledger must cover)."""
         counter = TokenCounter.for_model(model or self.model, self.registry)
+        if record.created_at != self._cache_of:  # deleted and created again, maybe elsewhere
+            self._cache.clear()
+            self._cache_of = record.created_at
         merged: dict[int, StoredMessage] = {}
         if pin_first:
             head = self.store.range(self.tenant, self.session_id, 0, pin_first + _HEAD_SLACK)
@@ -374,7 +391,9 @@ class Session:
         that the slice does not hold (seeded from the last ``ledger_backfill`` when it
         lags further behind; see :mod:`ctxwarden.store.ledger_checkpoint`), and the
         warnings for the build's audit (a damaged stored ledger, skipped messages)."""
-        ckpt, damage = load_checkpoint(self.store, self.tenant, self.session_id, record.created_at)
+        ckpt, damage = load_checkpoint(
+            self.store, self.tenant, self.session_id, record.created_at, needed_upto=start - 1
+        )
         advanced = ckpt.advance(
             self.store,
             self.tenant,
@@ -392,10 +411,17 @@ class Session:
         policy: Policy | None = None,
         *,
         summarizer: _SummarizerLike | None = None,
+        build_id: str | None = None,
+        status: str = "built",
+        amend: Callable[[BuiltContext], BuiltContext] | None = None,
         **kw: Any,
     ) -> BuiltContext:
         """Build the context as :func:`ctxwarden.build_context` does, reading only what
-        can fit, and keep the build's sticky decisions for the next one.
+        can fit, and keep the build's sticky decisions for the next one. The build's
+        audit is logged in the store as the session's next turn, under ``build_id``
+        (default: a new one) with ``status`` (see :mod:`ctxwarden.session.build_log`);
+        ``amend``, when given, has the last word on the built context before it is logged
+        (the proxy adds the warning of a summary it could not enqueue).
 
         The engine's state counts positions in the list it was given; the session keeps
         them as sequence numbers (``window_start_seq``, ``last_seq``) and translates them
@@ -464,6 +490,10 @@ class Session:
         if ckpt is not None:
             kept = replace(ckpt, saved=ckpt.upto) if save else ckpt
             remember_checkpoint(self.store, self.tenant, self.session_id, record.created_at, kept)
+        if amend is not None:
+            built = amend(built)
+        counter = TokenCounter.for_model(model, self.registry)
+        log_build(self, built, read, start, counter=counter, build_id=build_id, status=status)
         return built
 
     # -- recall -------------------------------------------------------------------------------

@@ -93,14 +93,13 @@ def state_for(sticky: Mapping[str, Any], seqs: Sequence[int]) -> BuildState | No
 
 
 def layers_for(record: StoredSession, history: Sequence[Message], seqs: Sequence[int]) -> Any:
-    """The stored summary and facts as the engine's layer state for this slice (``None``
-    when the session has neither): the summary covers everything up to
-    ``record.summary_upto``, so its cut is the slice's first position after that."""
+    """The stored summary and facts as the engine's layer state for this slice (empty
+    when the session has neither, so the build still reports when a first summary is
+    due): the summary covers everything up to ``record.summary_upto``, so its cut is the
+    slice's first position after that."""
     from ctxwarden.memory.facts import Facts
     from ctxwarden.steps.layers import LayerState
 
-    if not record.summary and not record.facts:
-        return None
     cut = bisect.bisect_right(seqs, record.summary_upto)
     facts = Facts.from_json(record.facts) if record.facts else Facts()
     return LayerState(summary_state(record), facts, cut, len(history))

@@ -114,6 +114,9 @@ class SqlStore(ABC):
             )
         return _session(rows[0]) if rows else None
 
+    def _exists(self, tx: Tx, tenant: str, session_id: str) -> bool:
+        return bool(tx.execute(f"SELECT 1 FROM ctxwarden_sessions {_WHERE}", (tenant, session_id)))
+
     def _require(self, tx: Tx, tenant: str, session_id: str) -> StoredSession:
         rows = tx.execute(
             f"SELECT {_SESSION_COLS} FROM ctxwarden_sessions {_WHERE}", (tenant, session_id)
@@ -139,8 +142,15 @@ class SqlStore(ABC):
         session_id: str,
         messages: Sequence[Message],
         token_counts: Sequence[Mapping[str, int]],
+        *,
+        expect_next: int | None = None,
     ) -> list[int]:
         """Store ``messages`` atomically, in order; return their sequence numbers.
+
+        ``expect_next``: store them only if the session still holds exactly that many
+        messages, else raise :class:`VersionConflict` and store nothing (the proxy's
+        optimistic check: two replicas serving turns of one session at once never
+        interleave their messages into one history).
 
         A message whose id was derived from its content (no explicit id) is stored with
         id ``m<seq>``: unique in the session even for repeated texts, and the same id
@@ -154,12 +164,19 @@ class SqlStore(ABC):
         auto = [m.id == "h" + m.fingerprint[:12] for m in messages]
         now = time.time()
         n = len(messages)
+        guard = "" if expect_next is None else " AND next_seq = ?"
+        params = (n, now, tenant, session_id) + (() if expect_next is None else (expect_next,))
         with self._write() as tx:
             rows = tx.execute(
                 "UPDATE ctxwarden_sessions SET next_seq = next_seq + ?, updated_at = ? "
-                f"{_WHERE} RETURNING next_seq",
-                (n, now, tenant, session_id),
+                f"{_WHERE}{guard} RETURNING next_seq",
+                params,
             )
+            if not rows and expect_next is not None and self._exists(tx, tenant, session_id):
+                raise VersionConflict(
+                    f"session {session_id!r} no longer holds {expect_next} messages: "
+                    "another call appended meanwhile"
+                )
             if not rows:
                 raise StoreError(
                     f"no session {session_id!r} for tenant {tenant!r}; create it first"

@@ -115,6 +115,8 @@ class SessionStore(Protocol):
         session_id: str,
         messages: Sequence[Message],
         token_counts: Sequence[Mapping[str, int]],
+        *,
+        expect_next: int | None = None,
     ) -> list[int]: ...
 
     def tail(

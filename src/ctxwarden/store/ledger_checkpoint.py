@@ -25,6 +25,19 @@ ones the agent is working with.
 The store keeps the checkpoint that covers most (saves never move it back). A recent
 checkpoint is also kept in memory per process, so a build neither reads nor decodes the
 stored one while it is current.
+
+**Several replicas** (issue 14) each keep their own copy, which another replica's builds
+leave behind, never wrong: a checkpoint is a fold of stored messages, which never
+change, keyed by the session's ``created_at`` (a session deleted and created again is
+another key), and :meth:`EntityLedger.add` does not depend on how its entities are
+split into calls. So advancing this process's older copy, or the stored one, to the
+current slice gives the ledger the replica that made the last build would have had;
+``tests/test_replicas.py`` checks 300 alternating turns byte for byte against one
+replica. Nothing needs the stored version to validate the copy, and reading it to check
+would cost every build a query; only a copy that lags the build by more than a few
+turns is compared with the stored one (``needed_upto`` in :func:`load_checkpoint`), so
+a replica that did not serve a session for a while neither re-reads nor seeds past
+what the others saved.
 """
 
 from __future__ import annotations
@@ -146,7 +159,13 @@ def _key(
 
 
 def load_checkpoint(
-    store: SessionStore, tenant: str, session_id: str, created_at: float
+    store: SessionStore,
+    tenant: str,
+    session_id: str,
+    created_at: float,
+    *,
+    needed_upto: int | None = None,
+    slack: int = 64,
 ) -> tuple[LedgerCheckpoint, str | None]:
     """This process's checkpoint for the session, else the stored one; and, when the
     stored one cannot be read back, why (the checkpoint is then the empty one).
@@ -154,17 +173,26 @@ def load_checkpoint(
     ``created_at`` tells a session apart from an earlier one with the same id. A damaged
     ledger is derived data: the build rebuilds it from the stored messages (a seed, when
     the history is long), the next save replaces it, and the build's audit says so.
+    ``needed_upto`` is the seq the build must cover: when this process's copy lags it by
+    more than ``slack`` messages (other replicas built the session meanwhile), the
+    stored checkpoint is read too and the one covering more is used, so a copy left
+    behind never makes a build re-read, or seed past, what another replica saved.
     """
     key = _key(store, tenant, session_id, created_at)
     with _LOCK:
         hit = _MEMORY.get(key)
         if hit is not None:
             _MEMORY.move_to_end(key)
-            return hit, None
+    if hit is not None and (needed_upto is None or needed_upto - hit.upto <= slack):
+        return hit, None
     upto, text = store.load_ledger(tenant, session_id)
+    if hit is not None and hit.upto >= upto:
+        return hit, None
     try:
         return LedgerCheckpoint.decode(upto, text), None
     except StoreError as exc:
+        if hit is not None:
+            return hit, None
         return LedgerCheckpoint(), str(exc)
 
 

@@ -151,6 +151,42 @@ MIGRATIONS: tuple[Migration, ...] = (
             )""",
         ),
     ),
+    Migration(
+        "005_summary_job_log",
+        (
+            # one row per attempt of a summary job (ctxwarden.jobs): started, then how it
+            # ended; a started row left without an end is an attempt whose worker died
+            """CREATE TABLE ctxwarden_summary_jobs (
+                tenant TEXT NOT NULL,
+                session_id TEXT NOT NULL,
+                job_id TEXT NOT NULL,
+                attempt BIGINT NOT NULL,
+                started_at DOUBLE PRECISION NOT NULL,
+                ended_at DOUBLE PRECISION,
+                outcome TEXT,
+                error TEXT,
+                PRIMARY KEY (tenant, session_id, job_id, attempt, started_at)
+            )""",
+        ),
+    ),
+    Migration(
+        "006_build_log",
+        (
+            # every Session.build is logged (not only the proxy's), bounded per session:
+            # ``turn`` numbers a session's builds, ``upto_seq`` is the newest message the
+            # build saw (the full-history size of the next one is this one's plus what
+            # came after), ``context`` the built messages, kept for the newest builds only
+            "ALTER TABLE ctxwarden_builds ADD COLUMN turn BIGINT NOT NULL DEFAULT 0",
+            "ALTER TABLE ctxwarden_builds ADD COLUMN upto_seq BIGINT NOT NULL DEFAULT -1",
+            "ALTER TABLE ctxwarden_builds ADD COLUMN context TEXT",
+            """CREATE INDEX ctxwarden_builds_turn
+                ON ctxwarden_builds (tenant, session_id, turn)""",
+            # the rows still holding their built messages: trimming them to the newest
+            # few reads only those, not every kept audit
+            """CREATE INDEX ctxwarden_builds_context
+                ON ctxwarden_builds (tenant, session_id, turn) WHERE context IS NOT NULL""",
+        ),
+    ),
 )
 
 REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
@@ -211,6 +247,9 @@ REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
             "input_tokens",
             "status",
             "audit",
+            "turn",
+            "upto_seq",
+            "context",
         ]
     ),
     "ctxwarden_heads": frozenset(
@@ -223,6 +262,18 @@ REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
             "chain",
             "history_tokens",
             "updated_at",
+        ]
+    ),
+    "ctxwarden_summary_jobs": frozenset(
+        [
+            "tenant",
+            "session_id",
+            "job_id",
+            "attempt",
+            "started_at",
+            "ended_at",
+            "outcome",
+            "error",
         ]
     ),
 }

@@ -25,7 +25,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from ctxwarden.errors import MissingDependencyError, StoreError
+from ctxwarden.errors import MissingDependencyError, StoreError, StoreUnavailable
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.migrations import Tx, check_schema, migrate
 
@@ -80,6 +80,7 @@ class PostgresStore(SqlStore):
         except ImportError as exc:
             raise MissingDependencyError("the PostgreSQL session store", "postgres") from exc
         self._psycopg_error: type[Exception] = psycopg.Error
+        self._unavailable: type[Exception] = psycopg.OperationalError  # PoolTimeout is one
         self.url = url
         dsn, schema = split_schema(url)
         self.schema = schema or "public"
@@ -129,6 +130,8 @@ class PostgresStore(SqlStore):
                     cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.schema,))
                     cur.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
                 yield _PgTx(cur)
+        except self._unavailable as exc:  # the server went away, or no connection came
+            raise StoreUnavailable(f"PostgreSQL is unavailable: {exc}") from exc
         except self._psycopg_error as exc:
             raise StoreError(f"PostgreSQL error: {exc}") from exc
 

@@ -6,8 +6,11 @@ transactions of the SQL backends (SQLite and PostgreSQL share the statements).
 
 - **tenants**: a tenant's API key is stored as its SHA-256 only (keys are 256-bit random
   strings, so a fast hash cannot be reversed or brute-forced), with its caps.
-- **builds**: one row per build the proxy forwarded, with the build's audit as JSON and
-  how the call ended (``forwarded`` until it does: a row left so by a crash says so).
+- **builds**: one row per :meth:`ctxwarden.Session.build` (whoever called it), with the
+  build's audit as JSON, its turn number in the session, the newest message it saw, its
+  built messages (kept for the newest builds only) and its status: ``built`` for a
+  library build; the proxy's say how the call ended (``forwarded`` until it does: a row
+  left so by a crash says so). The log is bounded per session (:func:`record_build`).
 - **heads**: which stored session a client's session id writes to, how many messages of
   it the client has already sent or received, and a chained hash of them, so the proxy
   recognises the stored prefix in a full history without reading it back.
@@ -17,13 +20,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ctxwarden.errors import ConfigError
 from ctxwarden.store._sql import SqlStore
-from ctxwarden.store.base import SessionStore
+from ctxwarden.store.base import SessionStore, json_text
 
 __all__ = [
     "BuildRecord",
@@ -31,15 +34,19 @@ __all__ = [
     "TenantRecord",
     "add_spend",
     "add_tenant",
+    "build_context",
     "delete_session",
     "finish_build",
     "get_head",
+    "last_build_mark",
+    "latest_builds",
     "list_builds",
     "list_tenants",
     "put_head",
     "record_build",
     "revoke_tenant",
     "set_caps",
+    "stored_tokens",
     "tenant_by_key_hash",
 ]
 
@@ -94,6 +101,9 @@ class BuildRecord:
     input_tokens: int
     status: str
     audit: Mapping[str, Any]
+    turn: int = 0
+    upto_seq: int = -1
+    has_context: bool = False
 
 
 def _sql(store: SessionStore) -> SqlStore:
@@ -102,6 +112,15 @@ def _sql(store: SessionStore) -> SqlStore:
             f"the service needs a SQL store (sqlite:/// or postgresql://), got {store.url!r}"
         )
     return store
+
+
+def _build(r: Any) -> BuildRecord:
+    """A builds row: the ten columns of ``list_builds`` (an eleventh: whether it has a context)."""
+    has_context = bool(r[10]) if len(r) > 10 else False
+    return BuildRecord(
+        r[0], r[1], float(r[2]), r[3], int(r[4]), int(r[5]), r[6], json.loads(r[7]), int(r[8]),
+        int(r[9]), has_context,
+    )  # fmt: skip
 
 
 def _tenant(row: Any) -> TenantRecord:
@@ -292,13 +311,31 @@ def record_build(
     input_tokens: int,
     audit: Mapping[str, Any],
     status: str = "forwarded",
-) -> None:
-    """Store a build's audit before its context is forwarded (status ``forwarded``), or
-    another audited event of the session (a recall: status ``recalled``)."""
-    with _sql(store)._write() as tx:
+    upto_seq: int = -1,
+    context: Sequence[Mapping[str, Any]] | None = None,
+    keep: int | None = None,
+    keep_contexts: int | None = None,
+    durable: bool = True,
+) -> int:
+    """Store a build's audit as the session's next turn and return the turn's number.
+
+    ``context`` (the built messages as JSON-ready dicts) is kept for the newest
+    ``keep_contexts`` turns only, and only the newest ``keep`` rows are kept at all
+    (``None``: no bound), in the same transaction, so the log of a long session stays
+    the size of its bounds. ``durable=False`` lets the backend relax durability for
+    this write (PostgreSQL: no wait for the WAL flush, which was most of the write):
+    a crash may lose the newest rows, never a message."""
+    sql = _sql(store)
+    with sql._write() as tx:
+        if not durable and sql._advisory_write:
+            tx.execute(sql._advisory_write)
+        where = "WHERE tenant = ? AND session_id = ?"
+        found = tx.execute(f"SELECT MAX(turn) FROM ctxwarden_builds {where}", (tenant, session_id))
+        turn = int(found[0][0] or 0) + 1 if found else 1
         tx.execute(
             "INSERT INTO ctxwarden_builds (tenant, session_id, build_id, created_at, model, "
-            "history_tokens, input_tokens, status, audit) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "history_tokens, input_tokens, status, audit, turn, upto_seq, context) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 tenant,
                 session_id,
@@ -308,9 +345,58 @@ def record_build(
                 history_tokens,
                 input_tokens,
                 status,
-                json.dumps(dict(audit), ensure_ascii=False),
+                json_text(dict(audit)),
+                turn,
+                upto_seq,
+                None if context is None else json_text(list(context)),
             ),
         )
+        if keep is not None:
+            tx.execute(
+                f"DELETE FROM ctxwarden_builds {where} AND turn <= ?",
+                (tenant, session_id, turn - max(1, keep)),
+            )
+        if keep_contexts is not None:
+            tx.execute(
+                f"UPDATE ctxwarden_builds SET context = NULL {where} AND turn <= ? "
+                "AND context IS NOT NULL",
+                (tenant, session_id, turn - max(0, keep_contexts)),
+            )
+    return turn
+
+
+def last_build_mark(store: SessionStore, tenant: str, session_id: str) -> tuple[int, int] | None:
+    """``(history_tokens, upto_seq)`` of the session's newest logged build (``None``: none),
+    so the next build adds only the tokens of what came after to the full-history size."""
+    with _sql(store)._read() as tx:
+        rows = tx.execute(
+            "SELECT history_tokens, upto_seq FROM ctxwarden_builds "
+            "WHERE tenant = ? AND session_id = ? ORDER BY turn DESC LIMIT 1",
+            (tenant, session_id),
+        )
+    return (int(rows[0][0]), int(rows[0][1])) if rows else None
+
+
+def stored_tokens(
+    store: SessionStore, tenant: str, session_id: str, after_seq: int, upto_seq: int, key: str
+) -> tuple[int, list[int]]:
+    """The stored token counts under ``key`` of the messages ``after_seq < seq <= upto_seq``
+    summed, and the seqs that have none under that key (counted by the caller), read from
+    the counts column alone (no message is decoded)."""
+    total, missing = 0, []
+    with _sql(store)._read() as tx:
+        rows = tx.execute(
+            "SELECT seq, token_counts FROM ctxwarden_messages "
+            "WHERE tenant = ? AND session_id = ? AND seq > ? AND seq <= ?",
+            (tenant, session_id, after_seq, upto_seq),
+        )
+    for seq, counts in rows:
+        value = json.loads(counts).get(key)
+        if isinstance(value, int):
+            total += value
+        else:
+            missing.append(int(seq))
+    return total, missing
 
 
 def finish_build(
@@ -353,20 +439,55 @@ def finish_build(
 
 
 def list_builds(
-    store: SessionStore, tenant: str, session_id: str, *, limit: int = 50, offset: int = 0
+    store: SessionStore,
+    tenant: str,
+    session_id: str,
+    *,
+    limit: int = 50,
+    offset: int = 0,
+    since_turn: int = 0,
 ) -> list[BuildRecord]:
-    """The session's builds, oldest first."""
+    """The session's builds from turn ``since_turn`` on, oldest first (their built
+    messages: :func:`build_context`)."""
     with _sql(store)._read() as tx:
         rows = tx.execute(
             "SELECT build_id, session_id, created_at, model, history_tokens, input_tokens, "
-            "status, audit FROM ctxwarden_builds WHERE tenant = ? AND session_id = ? "
-            "ORDER BY created_at, build_id LIMIT ? OFFSET ?",
-            (tenant, session_id, limit, offset),
+            "status, audit, turn, upto_seq, context IS NOT NULL FROM ctxwarden_builds "
+            "WHERE tenant = ? AND session_id = ? AND turn >= ? "
+            "ORDER BY turn, created_at, build_id LIMIT ? OFFSET ?",
+            (tenant, session_id, since_turn, limit, offset),
         )
-    return [
-        BuildRecord(r[0], r[1], float(r[2]), r[3], int(r[4]), int(r[5]), r[6], json.loads(r[7]))
-        for r in rows
-    ]
+    return [_build(r) for r in rows]
+
+
+def latest_builds(store: SessionStore, tenant: str) -> dict[str, BuildRecord]:
+    """The newest logged build of each of the tenant's sessions, by session id (one read)."""
+    with _sql(store)._read() as tx:
+        rows = tx.execute(
+            "SELECT b.build_id, b.session_id, b.created_at, b.model, b.history_tokens, "
+            "b.input_tokens, b.status, b.audit, b.turn, b.upto_seq FROM ctxwarden_builds b "
+            "JOIN (SELECT session_id, MAX(turn) AS turn FROM ctxwarden_builds WHERE tenant = ? "
+            "GROUP BY session_id) last ON b.session_id = last.session_id AND b.turn = last.turn "
+            "WHERE b.tenant = ?",
+            (tenant, tenant),
+        )
+    return {r[1]: _build(r) for r in rows}
+
+
+def build_context(
+    store: SessionStore, tenant: str, session_id: str, build_id: str
+) -> list[dict[str, Any]] | None:
+    """The built messages stored with a build (``None`` when it is too old to keep them)."""
+    with _sql(store)._read() as tx:
+        rows = tx.execute(
+            "SELECT context FROM ctxwarden_builds "
+            "WHERE tenant = ? AND session_id = ? AND build_id = ?",
+            (tenant, session_id, build_id),
+        )
+    if not rows or rows[0][0] is None:
+        return None
+    found: list[dict[str, Any]] = json.loads(rows[0][0])
+    return found
 
 
 def delete_session(store: SessionStore, tenant: str, session_id: str) -> bool:

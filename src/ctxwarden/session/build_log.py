@@ -1,0 +1,119 @@
+"""Every :meth:`ctxwarden.Session.build` leaves its audit in the store (R15, R11).
+
+The audit is what the session page (:mod:`ctxwarden.ui`) and ``GET
+/v1/sessions/{id}/builds`` show turn by turn, so it is written by the build itself, not
+by one of its callers: the proxy, the session API, an adapter and a user's own loop all
+leave the same row in ``ctxwarden_builds`` (:func:`~ctxwarden.store.service_tables.record_build`).
+
+A row holds the audit, the newest message the build saw (``upto_seq``), the size of the
+full history at that point (what sending everything would have cost) and, for the
+newest ``keep_contexts`` builds only, the built messages with their layers; only the
+newest ``keep_builds`` rows of a session are kept. The full-history size is the previous
+row's plus the stored counts of the messages after it: the build's own slice has most of
+them, so a warm build reads nothing more, and a first build over an imported history
+reads only the counts column.
+
+A library build's row is written without waiting for durability where the backend
+allows it (as the sticky decisions are); the proxy's rows, which record whether a
+forwarded call finished, are durable.
+
+A store that is not one of the SQL backends (a user's own :class:`SessionStore`) has no
+log table; its builds are not logged.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ctxwarden.formats.openai import message_to_openai
+from ctxwarden.store import StoredMessage
+from ctxwarden.store._sql import SqlStore
+from ctxwarden.store.service_tables import last_build_mark, record_build, stored_tokens
+from ctxwarden.tokens.counter import TokenCounter
+
+if TYPE_CHECKING:
+    from ctxwarden.build.engine import BuiltContext
+    from ctxwarden.session.session import Session
+
+__all__ = ["KEEP_BUILDS", "KEEP_CONTEXTS", "context_rows", "log_build"]
+
+KEEP_BUILDS = 2000
+"""Builds (audits) kept per session: a few kilobytes each."""
+KEEP_CONTEXTS = 50
+"""Of those, how many newest keep their built messages (up to a budget of text each)."""
+_RANGE = 500
+
+
+def context_rows(built: BuiltContext) -> list[dict[str, Any]]:
+    """The built messages as stored: each with its layer and as its OpenAI dict."""
+    return [
+        {"layer": built.layers.get(m.id, "window"), "message": message_to_openai(m, with_meta=True)}
+        for m in built.messages
+    ]
+
+
+def _history_tokens(
+    session: Session, read: Sequence[StoredMessage], start: int, upto: int, counter: TokenCounter
+) -> int:
+    """The tokens of every stored message up to ``upto`` (see the module docstring)."""
+    from ctxwarden.session.session import count_key
+
+    store, tenant, sid = session.store, session.tenant, session.session_id
+    previous, after = last_build_mark(store, tenant, sid) or (0, -1)
+    if after > upto:  # the log is ahead of this build's view (a concurrent build)
+        previous, after = 0, -1
+    key = count_key(counter)
+    total = previous
+    if after < start - 1:  # messages between the last logged build and this slice's tail
+        summed, missing = stored_tokens(store, tenant, sid, after, start - 1, key)
+        total += summed
+        for i in range(0, len(missing), _RANGE):
+            chunk = missing[i : i + _RANGE]
+            rows = store.range(tenant, sid, chunk[0], chunk[-1] + 1)
+            wanted = set(chunk)
+            total += sum(counter.count_message(r.message) for r in rows if r.seq in wanted)
+    for m in read:
+        if m.seq >= start and m.seq > after:
+            stored = m.token_counts.get(key)
+            total += stored if isinstance(stored, int) else counter.count_message(m.message)
+    return total
+
+
+def log_build(
+    session: Session,
+    built: BuiltContext,
+    read: Sequence[StoredMessage],
+    start: int,
+    *,
+    counter: TokenCounter,
+    build_id: str | None,
+    status: str,
+) -> str | None:
+    """Record ``built`` as the session's next turn; return its build id (``None`` when the
+    store keeps no log). ``read`` is the build's slice, ``start`` where its tail begins."""
+    if not isinstance(session.store, SqlStore):
+        return None
+    build_id = build_id or uuid.uuid4().hex
+    upto = read[-1].seq if read else -1
+    keep_contexts = session.keep_contexts
+    record_build(
+        session.store,
+        session.tenant,
+        session.session_id,
+        build_id=build_id,
+        model=built.model,
+        history_tokens=_history_tokens(session, read, start, upto, counter),
+        input_tokens=built.input_tokens,
+        audit=built.audit.to_dict(),
+        status=status,
+        upto_seq=upto,
+        context=context_rows(built) if keep_contexts > 0 else None,
+        keep=session.keep_builds,
+        keep_contexts=keep_contexts,
+        # a library build's row is advisory (a crash may lose the newest); the proxy's
+        # ``forwarded`` row must survive one, to say the call never finished
+        durable=status != "built",
+    )
+    return build_id
