@@ -56,7 +56,8 @@ def test_old_results_become_placeholders_and_calls_stay() -> None:
     placeholder = result.messages[3]
     tokens = COUNTER.count_message(session[3])
     assert placeholder.text == (
-        f"[tool result masked to save context: get_reservation_details, {tokens:,} tokens]"
+        "[tool result masked to save context: get_reservation_details, "
+        f"{tokens:,} tokens; cw:msg:{session[3].id}]"
     )
     assert placeholder.tool_call_id == "c0" and placeholder.role == "tool"
     assert [a.message_id for a in result.actions] == ["t0", "t1", "t2"]

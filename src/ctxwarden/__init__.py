@@ -26,6 +26,7 @@ from ctxwarden.errors import (
     RuntimeFailure,
     StoreError,
     SummarizationError,
+    UnknownHandleError,
     UnknownModelError,
     UsageError,
     VersionConflict,
@@ -44,6 +45,7 @@ from ctxwarden.memory.cycle import summarize_history, summarize_history_sync
 from ctxwarden.memory.entities import Entity, extract_entities
 from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.memory.facts import Facts
+from ctxwarden.memory.recall import Recalled, recall, recall_tool
 from ctxwarden.memory.summaries import (
     QueryAwareSummarizer,
     Summarizer,
@@ -70,6 +72,7 @@ from ctxwarden.steps.base import (
 from ctxwarden.steps.edit import EditStep
 from ctxwarden.steps.layers import LayerState
 from ctxwarden.steps.mask import MaskObservations
+from ctxwarden.steps.recall import RecallRelevant
 from ctxwarden.steps.truncate import TruncateToolResults
 from ctxwarden.store import SessionStore, open_store
 from ctxwarden.tokens.counter import TokenCount, TokenCounter, count_tokens
@@ -113,6 +116,8 @@ __all__ = [
     "ProviderTimeout",
     "QueryAwareSummarizer",
     "RawPart",
+    "RecallRelevant",
+    "Recalled",
     "Registry",
     "RetryPolicy",
     "RuleBasedFactExtractor",
@@ -139,6 +144,7 @@ __all__ = [
     "ToolCall",
     "Transcript",
     "TruncateToolResults",
+    "UnknownHandleError",
     "UnknownModelError",
     "Usage",
     "UsageError",
@@ -164,6 +170,8 @@ __all__ = [
     "parse_spec",
     "parse_transcript",
     "read_transcript",
+    "recall",
+    "recall_tool",
     "summarize_history",
     "summarize_history_sync",
     "summary_view",

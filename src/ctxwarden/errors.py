@@ -8,6 +8,7 @@ your call" from "try again later"::
     ├── UsageError                  the caller must change something
     │   ├── InvalidMessageError     a message (or transcript) is malformed
     │   ├── UnknownModelError       a model name not in the registry
+    │   ├── UnknownHandleError      a recall handle that names no message
     │   ├── ConfigError             a policy / registry / spec file is wrong
     │   ├── BudgetError             the budget cannot hold what must be kept
     │   └── MissingDependencyError  an optional extra is not installed
@@ -38,6 +39,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "SummarizationError",
+    "UnknownHandleError",
     "UnknownModelError",
     "UsageError",
     "VersionConflict",
@@ -95,6 +97,14 @@ class UnknownModelError(UsageError, KeyError):
             f"unknown model {self.model!r}.{hint} Add it with a registry TOML file "
             "(see `ctxwarden models --help`)."
         )
+
+
+class UnknownHandleError(UsageError, LookupError):
+    """A recall handle (``cw:msg:<id>``) that is malformed or names no message."""
+
+    def __init__(self, handle: str, reason: str):
+        self.handle = handle
+        super().__init__(f"cannot recall {handle!r}: {reason}")
 
 
 class ConfigError(UsageError, ValueError):

@@ -268,7 +268,7 @@ def run_build(
 
 
 # Built-in steps that keep calls and results together by construction.
-_KEEPS_PAIRS = frozenset({"truncate", "mask", "fit", "priority", "layout", "layers"})
+_KEEPS_PAIRS = frozenset({"truncate", "mask", "recall", "fit", "priority", "layout", "layers"})
 
 
 @lru_cache(maxsize=256)
@@ -357,5 +357,6 @@ def _finish(
         flagged_upto=draft.flagged_upto,
         layers=layer_state,
         summary_due=draft.summary_due,
+        recall=draft.recall_memo,
     )
     return BuiltContext(ordered, audit, state, model, layer_of)

@@ -1,6 +1,7 @@
 """The cascade as data: the steps a policy runs, in order (seed 000: cheapest first).
 
-    layers → window → truncate → mask → (your steps) → fit (+ entity ledger) → priority → layout
+    layers → window → truncate → mask → (your steps) → recall → fit (+ entity ledger)
+    → priority → layout
 
 ``Policy(steps=[...])`` adds your own steps after the built-in editing steps and before
 the window is fitted, so what they drop frees budget for the rest. A step is an object
@@ -81,5 +82,7 @@ def steps_for(policy: Policy) -> tuple[Step, ...]:
     if policy.mask is not None:
         steps.append(EditStep(policy.mask))
     steps.extend(as_step(s) for s in policy.steps)
+    if policy.recall is not None:
+        steps.append(policy.recall)
     steps.extend((FitStep(), EvictStep(), LayoutStep()))
     return tuple(steps)

@@ -22,6 +22,12 @@ A :class:`Policy` is a frozen dataclass that loads from TOML::
     max_tokens = 600
     lookback = 1000                # a cold build reads values this many messages back
 
+    [recall]                       # relevance recall of left-out history (default: off)
+    share = 0.1                    # of the budget, at most max_tokens
+    max_tokens = 800
+
+    recall_tool = true             # ctxwarden serve offers the recall tool and answers it
+
     [[steps]]                      # your own step, after masking (ctxwarden.build.pipeline)
     use = "mypackage.steps:DropTagged"
     tag = "debug"
@@ -47,6 +53,7 @@ from typing import Any
 from ctxwarden.errors import ConfigError
 from ctxwarden.memory.summaries import SummaryTrigger
 from ctxwarden.steps.mask import MaskObservations
+from ctxwarden.steps.recall import RecallRelevant
 from ctxwarden.steps.truncate import TruncateToolResults
 
 __all__ = ["LedgerConfig", "Policy", "WindowConfig"]
@@ -110,6 +117,8 @@ class Policy:
     window: WindowConfig = field(default_factory=WindowConfig)
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
     summary: SummaryTrigger = field(default_factory=SummaryTrigger)
+    recall: RecallRelevant | None = None  # relevance recall (steps.recall), off by default
+    recall_tool: bool = False  # the proxy offers the recall tool and answers its calls
     cache_breakpoints: bool = True
     steps: tuple[Any, ...] = ()  # your own steps (see ctxwarden.build.pipeline)
 
@@ -147,6 +156,7 @@ class Policy:
             "window": WindowConfig,
             "ledger": LedgerConfig,
             "summary": SummaryTrigger,
+            "recall": RecallRelevant,
         }
         top = {f.name for f in fields(cls)} - set(sections)
         kwargs: dict[str, Any] = {}
@@ -192,7 +202,7 @@ class Policy:
 
 def _section(kind: type[Any], key: str, value: Any, source: str) -> Any:
     if value is False:
-        if kind in (TruncateToolResults, MaskObservations):
+        if kind in (TruncateToolResults, MaskObservations, RecallRelevant):
             return None
         raise ConfigError(f"{source}: [{key}] cannot be disabled")
     if value is True:

@@ -28,7 +28,7 @@ from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.steps.base import ActionKind
 from ctxwarden.steps.layers import LayerState
 
-__all__ = ["BuildState", "LedgerMemo", "SummaryDue"]
+__all__ = ["BuildState", "LedgerMemo", "RecallMemo", "SummaryDue"]
 
 STATE_VERSION = 2
 
@@ -100,6 +100,26 @@ class LedgerMemo:
 
 
 @dataclass(frozen=True)
+class RecallMemo:
+    """The recall block last rendered (``text``; ``None``: nothing relevant), the ids it
+    shows with their tokens, and what it was rendered for (``key``): the next build
+    reuses it without re-indexing when the query and the sources are unchanged."""
+
+    key: str
+    text: str | None = None
+    shown: tuple[tuple[str, int], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "text": self.text, "shown": [list(s) for s in self.shown]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RecallMemo:
+        text = data.get("text")
+        shown = tuple((str(i), int(t)) for i, t in data.get("shown", ()))
+        return cls(str(data["key"]), None if text is None else str(text), shown)
+
+
+@dataclass(frozen=True)
 class BuildState:
     """Decisions carried to the next build; see the module docstring."""
 
@@ -114,6 +134,7 @@ class BuildState:
     flagged_upto: int = 0
     layers: LayerState | None = None  # summary and facts
     summary_due: SummaryDue | None = None
+    recall: RecallMemo | None = None  # the recall step's last block
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-ready; :meth:`from_dict` gives back an equal state."""
@@ -130,6 +151,7 @@ class BuildState:
             "flagged_upto": self.flagged_upto,
             "layers": None if self.layers is None else self.layers.to_dict(),
             "summary_due": None if self.summary_due is None else self.summary_due.to_dict(),
+            "recall": None if self.recall is None else self.recall.to_dict(),
         }
 
     @classmethod
@@ -138,6 +160,7 @@ class BuildState:
         :class:`~ctxwarden.errors.ConfigError` names what is malformed."""
         try:
             ledger, layers, due = data.get("ledger"), data.get("layers"), data.get("summary_due")
+            recall = data.get("recall")
             return cls(
                 history_length=int(data.get("history_length", 0)),
                 last_id=str(data.get("last_id", "")),
@@ -150,6 +173,7 @@ class BuildState:
                 flagged_upto=int(data.get("flagged_upto", 0)),
                 layers=None if layers is None else LayerState.from_dict(layers),
                 summary_due=None if due is None else SummaryDue.from_dict(due),
+                recall=None if recall is None else RecallMemo.from_dict(recall),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ConfigError(f"not a stored build state ({type(exc).__name__}: {exc})") from None

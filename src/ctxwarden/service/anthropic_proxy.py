@@ -20,7 +20,8 @@ from starlette.responses import Response
 
 from ctxwarden import Usage
 from ctxwarden.errors import CtxwardenError
-from ctxwarden.formats import messages_from_anthropic
+from ctxwarden.formats import messages_from_anthropic, messages_to_anthropic
+from ctxwarden.memory.recall import recall_tool
 from ctxwarden.messages import Message
 from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.body import max_input_tokens_header, model_and_messages, read_json
@@ -111,9 +112,19 @@ class AnthropicWire:
     def __init__(self, data: dict[str, Any]) -> None:
         self.data = data
 
-    def body(self, prepared: Prepared) -> bytes:
-        system, turns = prepared.built.to_anthropic()
+    def body(
+        self, prepared: Prepared, extra: tuple[Message, ...] = (), recall: bool = False
+    ) -> bytes:
+        """The request upstream gets: the client's, with the built context (and the
+        recall rounds' ``extra`` messages; the recall tool offered with ``recall``)."""
+        built = prepared.built
+        system, turns = messages_to_anthropic(
+            [*built.messages, *extra], cache_breakpoints=built.audit.cache_breakpoints
+        )
         out = dict(self.data)
+        if recall:
+            tools = self.data.get("tools")
+            out["tools"] = [*(tools if isinstance(tools, list) else ()), recall_tool("anthropic")]
         out["messages"] = turns
         if system:
             out["system"] = system

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack
 from typing import Any, Protocol
 
@@ -58,7 +58,9 @@ class Wire(Protocol):
     api: str
     path: str
 
-    def body(self, prepared: Prepared) -> bytes: ...
+    def body(
+        self, prepared: Prepared, extra: tuple[Message, ...] = (), recall: bool = False
+    ) -> bytes: ...
 
     def from_json(self, data: Any) -> tuple[Message | None, Usage | None]: ...
 
@@ -93,7 +95,10 @@ async def forward(
         headers = upstream.headers(key, request.headers)
         sent = time.perf_counter()
         try:
-            response = await upstream.open(wire.path, wire.body(prepared), headers)
+            if call.tenant.policy.recall_tool:
+                response = await _with_recall(hub, upstream, wire, prepared, headers, stream)
+            else:
+                response = await upstream.open(wire.path, wire.body(prepared), headers)
         except UpstreamFailure as failure:
             await _finish(hub, prepared, None, None, f"upstream_{failure.status}")
             raise ServiceError(failure.status, failure.message) from failure
@@ -107,6 +112,31 @@ async def forward(
     finally:
         if not handed_over:
             await stack.aclose()
+
+
+async def _with_recall(
+    hub: Hub,
+    upstream: Upstream,
+    wire: Wire,
+    prepared: Prepared,
+    headers: Mapping[str, str],
+    stream: bool,
+) -> Any:
+    """Upstream's response after the recall rounds (:mod:`~ctxwarden.service.recall_rounds`)."""
+    from ctxwarden.service.recall_rounds import settle
+
+    session, model = prepared.synced.session, prepared.call.model
+
+    async def fetch(handle: str) -> str:
+        found = await hub.run(session.recall, handle)
+        return str(found.content)
+
+    async def account(usage: Usage) -> None:
+        await hub.run(session.record_usage, usage, model)
+
+    return await settle(
+        upstream, wire, prepared, headers, stream=stream, fetch=fetch, account=account
+    )
 
 
 async def _whole(

@@ -22,6 +22,7 @@ from ctxwarden import Usage
 from ctxwarden.errors import InvalidMessageError
 from ctxwarden.formats import message_from_openai
 from ctxwarden.formats.openai_json import messages_json, object_json
+from ctxwarden.memory.recall import recall_tool
 from ctxwarden.messages import Message
 from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.body import max_input_tokens_header, model_and_messages, read_json
@@ -106,16 +107,23 @@ class OpenAIWire:
         options = data.get("stream_options")
         self.client_usage = isinstance(options, dict) and bool(options.get("include_usage"))
 
-    def body(self, prepared: Prepared) -> bytes:
-        """The client's request with the built context as its messages (each message's
-        JSON is written once across calls: :mod:`ctxwarden.formats.openai_json`)."""
+    def body(
+        self, prepared: Prepared, extra: tuple[Message, ...] = (), recall: bool = False
+    ) -> bytes:
+        """The request upstream gets: the client's, with the built context (and the
+        recall rounds' ``extra`` messages; the recall tool offered with ``recall``) as its
+        messages, each message's JSON written once across calls
+        (:mod:`ctxwarden.formats.openai_json`)."""
         out = dict(self.data)
         out["messages"] = None  # written below, in its place
+        if recall:
+            tools = self.data.get("tools")
+            out["tools"] = [*(tools if isinstance(tools, list) else ()), recall_tool("openai")]
         if self.stream:
             options = self.data.get("stream_options")
             out["stream_options"] = {**(options if isinstance(options, dict) else {})}
             out["stream_options"]["include_usage"] = True
-        messages = messages_json(prepared.built.messages)
+        messages = messages_json([*prepared.built.messages, *extra])
         return object_json(out, {"messages": messages}).encode()
 
     def from_json(self, data: Any) -> tuple[Message | None, Usage | None]:

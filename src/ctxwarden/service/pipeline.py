@@ -121,11 +121,16 @@ def prepare(hub: Hub, call: Call) -> Prepared:
         hub.metrics.branches.labels(call.api).inc()
     budget = _budget(hub, call)
     kw: dict[str, Any] = {"max_input_tokens": budget} if budget is not None else {}
+    tools = call.tools or None
+    if call.tenant.policy.recall_tool:  # offered upstream: counted in the budget
+        from ctxwarden.memory.recall import recall_tool
+
+        tools = [*(tools or ()), recall_tool()]
     build_id = uuid.uuid4().hex
     built = synced.session.build(
         model=call.model,
         policy=call.tenant.policy,
-        tools=call.tools or None,
+        tools=tools,
         build_id=build_id,
         status="forwarded",
         amend=_with_summary_job(hub, call, synced.session),

@@ -228,20 +228,24 @@ async def builds(
 
 @router.get("/{session_id}/recall/{handle}", response_model=Recalled)
 async def recall(session_id: str, handle: str, request: Request, tenant: CurrentTenant) -> Any:
-    """The original of a stored message by its handle: ``m<seq>`` (the id the store gives
-    a message without one of its own) or the bare sequence number."""
+    """The original of a stored message by its handle: ``cw:msg:<id>`` as the context
+    shows it, ``m<seq>`` (the id the store gives a message without one of its own) or
+    the bare sequence number; the recall is audited (a ``recalled`` row of ``/builds``)."""
+    from ctxwarden.errors import UnknownHandleError
+    from ctxwarden.memory.recall import audit_recall, find_stored, recalled
+
     hub = hub_of(request)
-    digits = handle[1:] if handle.startswith("m") else handle
-    if not digits.isdigit():
-        raise ServiceError(404, f"no message {handle!r}: handles look like m12 or 12")
-    seq = int(digits)
+    full = handle if handle.startswith("cw:msg:") else f"cw:msg:m{handle.removeprefix('m')}"
 
     def find() -> dict[str, Any]:
         _existing(hub, tenant, session_id)
-        rows = hub.store.range(tenant.name, session_id, seq, seq + 1)
-        if not rows:
-            raise ServiceError(404, f"no message {handle!r} in session {session_id!r}")
-        return {"handle": handle, "seq": seq, "message": message_to_openai(rows[0].message)}
+        try:
+            seq, message = find_stored(hub.store, tenant.name, session_id, full)
+        except UnknownHandleError as exc:
+            raise ServiceError(404, str(exc)) from None
+        found = recalled(message, "gpt-4o", seq)  # its tokens, for the audit row
+        audit_recall(hub.store, tenant.name, session_id, found)
+        return {"handle": handle, "seq": seq, "message": message_to_openai(message)}
 
     return await _run(hub, find)
 

@@ -68,6 +68,7 @@ if TYPE_CHECKING:
     from ctxwarden.build.engine import BuiltContext
     from ctxwarden.build.policy import Policy
     from ctxwarden.memory.facts import Facts, FactSchema
+    from ctxwarden.memory.recall import Recalled
     from ctxwarden.memory.summaries import SummaryState, SummaryTrigger
 
 __all__ = ["Session", "SummaryWrite", "count_key"]
@@ -500,6 +501,24 @@ class Session:
         counter = TokenCounter.for_model(model, self.registry)
         log_build(self, built, read, start, counter=counter, build_id=build_id, status=status)
         return built
+
+    # -- recall -------------------------------------------------------------------------------
+
+    def recall(self, handle: str) -> Recalled:
+        """The stored message a handle (``cw:msg:<id>``) names, with its original content
+        byte for byte (:mod:`ctxwarden.memory.recall`), and the recall recorded in the session's
+        audit trail (a ``recalled`` row of the builds listing, on the SQL stores).
+
+        A store-given id (``m<seq>``) is one indexed read; an explicit id of your own is
+        looked up by reading the messages in batches. An unknown handle raises
+        :class:`~ctxwarden.errors.UnknownHandleError` and records nothing.
+        """
+        from ctxwarden.memory.recall import audit_recall, find_stored, recalled
+
+        seq, message = find_stored(self.store, self.tenant, self.session_id, handle)
+        found = recalled(message, self.model, seq)
+        audit_recall(self.store, self.tenant, self.session_id, found)
+        return found
 
     # -- summarisation cycle ----------------------------------------------------------------
 

@@ -40,7 +40,9 @@ __all__ = [
     "StrategyResult",
 ]
 
-ActionKind = Literal["truncated", "masked", "dropped", "evicted", "summarized", "rejected"]
+ActionKind = Literal[
+    "truncated", "masked", "dropped", "evicted", "summarized", "rejected", "recalled"
+]
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ class Draft:
     anchors: frozenset[str] = frozenset()
     summary_due: SummaryDue | None = None
     ledger_memo: Any = None  # the LedgerMemo the ledger step left for the next build
+    recall_memo: Any = None  # the RecallMemo the recall step left for the next build
     flagged: tuple[int, ...] = ()
     flagged_upto: int = 0
     ordered: tuple[Message, ...] = ()

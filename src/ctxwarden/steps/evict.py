@@ -7,8 +7,8 @@ warning (drift is silent; the audit makes it visible):
 1. the entity ledger is rendered smaller;
 2. pinned and critical blocks are evicted by importance, lowest first
    (:func:`~ctxwarden.steps.priority.eviction_order`), a tool call with all its results;
-3. the summary layer, then the facts layer, are left out (a build that fits without
-   its layers never fails because of them);
+3. the recall layer, the summary layer, then the facts layer, are left out (a build
+   that fits without its layers never fails because of them);
 4. the tool results of the newest call block are cut harder, to what is left;
 5. if the call itself still does not fit (its own arguments outgrow the budget), the
    newest call block is dropped whole.
@@ -61,7 +61,7 @@ class EvictStep:
             draft, over = self._shrink_ledger(draft, ctx, over, warnings)
         if over > 0:
             draft, over = self._evict_pinned(draft, ctx, over, actions, warnings)
-        for layer in ("summary", "facts"):
+        for layer in ("recall", "summary", "facts"):
             if over <= 0:
                 break
             kept = [(n, m) for n, m in draft.layers if n != layer]

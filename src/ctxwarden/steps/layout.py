@@ -1,6 +1,11 @@
 """The layout (R10): stable parts first, so provider caches reuse the prefix::
 
-    [system prompt][facts][ledger][summary][other layers][pinned][window ... newest message]
+    [system prompt][facts][ledger][summary][other layers][pinned][window ...]
+        [recall][newest user message ...]
+
+The recall layer (:mod:`~ctxwarden.steps.recall`) follows the query it answers: it sits
+right before the newest user message, so a new question changes only the tail and the
+window before it stays cached.
 
 and the Anthropic cache breakpoints (at most four): the end of the system prompt, of the
 layers, of the pinned messages, and the newest message.
@@ -17,7 +22,7 @@ from ctxwarden.steps.base import Draft, StepContext, StepResult
 
 __all__ = ["STABLE_LAYERS", "LayoutStep"]
 
-STABLE_LAYERS = frozenset({"system", "facts", "ledger", "summary", "recall", "pinned"})
+STABLE_LAYERS = frozenset({"system", "facts", "ledger", "summary", "pinned"})
 # Anthropic cache breakpoints go at the end of each of these groups of stable layers.
 _BREAKPOINT_GROUP = {"system": 0, "facts": 1, "ledger": 1, "summary": 1, "pinned": 2}
 
@@ -32,7 +37,8 @@ class LayoutStep:
         layer_of: dict[str, str] = {m.id: "system" for m in draft.system}
         ordered: list[Message] = list(draft.system)
         facts = [(n, m) for n, m in draft.layers if n == "facts"]
-        others = [(n, m) for n, m in draft.layers if n != "facts"]
+        recall = [m for n, m in draft.layers if n == "recall"]
+        others = [(n, m) for n, m in draft.layers if n not in ("facts", "recall")]
         ledger = [("ledger", draft.ledger)] if draft.ledger is not None else []
         for name, m in [*facts, *ledger, *others]:
             ordered.append(m)
@@ -43,6 +49,10 @@ class LayoutStep:
         newest = draft.history[draft.newest].id if draft.newest is not None else None
         current = False
         for m in draft.window:
+            if not current and m.id == newest:
+                for r in recall:
+                    ordered.append(r)
+                    layer_of[r.id] = "recall"
             current = current or m.id == newest
             ordered.append(m)
             layer_of[m.id] = "current" if current else "window"

@@ -27,11 +27,13 @@ from dataclasses import dataclass, field
 from ctxwarden.errors import ConfigError
 from ctxwarden.messages import Message
 from ctxwarden.steps.base import Action, StrategyContext, StrategyResult
+from ctxwarden.steps.handles import handle_for
 
 __all__ = ["DEFAULT_PLACEHOLDER", "MaskObservations"]
 
-#: Fields: ``name`` (the tool), ``tokens`` (of the original result), ``id``, ``call_id``.
-DEFAULT_PLACEHOLDER = "[tool result masked to save context: {name}, {tokens} tokens]"
+#: Fields: ``name`` (the tool), ``tokens`` (of the original result), ``id``, ``call_id``,
+#: ``handle`` (``cw:msg:<id>``: the recall tool gives the original back by it).
+DEFAULT_PLACEHOLDER = "[tool result masked to save context: {name}, {tokens} tokens; {handle}]"
 
 
 # Placeholders already made, so every build sends the same object (its fingerprint and
@@ -49,7 +51,13 @@ def _masked(
     if found is None:
         before = count(message)
         call_id = message.tool_call_id or ""
-        text = placeholder.format(name=name, tokens=f"{before:,}", id=message.id, call_id=call_id)
+        text = placeholder.format(
+            name=name,
+            tokens=f"{before:,}",
+            id=message.id,
+            call_id=call_id,
+            handle=handle_for(message.id),
+        )
         found = _MASKED[key] = (message.with_content(text, masked_from=before), before)
         if len(_MASKED) > _MASKED_MAX:
             _MASKED.popitem(last=False)
@@ -85,11 +93,11 @@ class MaskObservations:
         if self.batch_tokens < 0:
             raise ConfigError(f"batch_tokens must be >= 0, got {self.batch_tokens}")
         try:
-            self.placeholder.format(name="t", tokens=1, id="m", call_id="c")
+            self.placeholder.format(name="t", tokens=1, id="m", call_id="c", handle="h")
         except (KeyError, IndexError, ValueError) as exc:
             raise ConfigError(
                 f"placeholder {self.placeholder!r} is not a valid template: {exc!r}; "
-                "use the fields {name}, {tokens}, {id}, {call_id}"
+                "use the fields {name}, {tokens}, {id}, {call_id}, {handle}"
             ) from exc
 
     def _eligible(self, message: Message, ctx: StrategyContext) -> bool:

@@ -29,6 +29,7 @@ by ``id()`` — and caches that pure function only: without it every output is t
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
@@ -44,6 +45,8 @@ from ctxwarden.steps.cut_terms import request_terms
 from ctxwarden.steps.cut_text import fmt, truncate_article, truncate_text
 from ctxwarden.steps.cut_trace import DEFAULT_LIBRARY_PATTERNS, library_regex, truncate_stack_trace
 from ctxwarden.steps.cut_values import with_cut_values
+from ctxwarden.steps.handles import handle_for
+from ctxwarden.steps.kinds import load_json
 from ctxwarden.tokens.counter import TokenCounter
 
 __all__ = [
@@ -82,6 +85,30 @@ class _Memo:
 
 
 _MEMO = _Memo(4096)
+
+
+FULL_RESULT_KEY = "…full result"
+
+
+def _full_result_mark(message: Message) -> str:
+    """The line after a cut that names the whole result's handle (the recall tool gives
+    it back); the same at every turn, as the message id is."""
+    return f"\n[cut; the full result: {handle_for(message.id)}]"
+
+
+def _with_mark(text: str, message: Message) -> str:
+    """``text`` (a cut) with the whole result's handle: a ``"…full result"`` key of a
+    JSON object or a last item of a JSON array (the cut stays valid JSON), else a line."""
+    doc = load_json(text)[1]
+    if isinstance(doc, dict):
+        pretty = "\n" in text.strip()
+        doc = {**doc, FULL_RESULT_KEY: handle_for(message.id)}
+        return json.dumps(doc, ensure_ascii=False, indent=1 if pretty else None)
+    if isinstance(doc, list):
+        pretty = "\n" in text.strip()
+        doc = [*doc, _full_result_mark(message).strip()]
+        return json.dumps(doc, ensure_ascii=False, indent=1 if pretty else None)
+    return text + _full_result_mark(message)
 
 
 def _counter_key(fn: Callable[..., Any] | None) -> Hashable | None:
@@ -203,10 +230,11 @@ class TruncateToolResults:
     ) -> Message:
         overhead = max(count(message.with_content("")), 0)
         count_text = drafts or (lambda s: count(message.with_content(s)) - overhead)
+        mark = _full_result_mark(message)
         text = truncate_by_kind(
             message.text,  # the content itself: _cuttable admits string content only
             message.kind,
-            target_tokens=max(self.target_tokens - overhead, 1),
+            target_tokens=max(self.target_tokens - overhead - count_text(mark), 1),
             count=count_text,
             library_patterns=self.library_patterns,
             keep_fields=self.keep_fields,
@@ -221,6 +249,7 @@ class TruncateToolResults:
             )
         if text == message.content:
             return message
+        text = _with_mark(text, message)
         if listed:
             return message.with_content(text, truncated_from=before, values_listed=listed)
         return message.with_content(text, truncated_from=before)

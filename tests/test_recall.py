@@ -1,0 +1,269 @@
+"""Reversible compression and relevance recall: handles, the recall tool, recall from
+memory and from SQLite / PostgreSQL byte for byte, and the BM25 recall step."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+import pytest
+from conftest import SHARED_DATA
+from service_harness import db_url
+
+from ctxwarden import Message, Policy, Session, ToolCall, build_context, recall, recall_tool
+from ctxwarden.build.state import BuildState
+from ctxwarden.errors import ConfigError, UnknownHandleError
+from ctxwarden.formats.openai import message_to_openai
+from ctxwarden.memory.recall import RECALL_TOOL_NAME, recall_arguments
+from ctxwarden.steps.handles import handle_for, message_id_of
+from ctxwarden.steps.recall import RECALL_HEADING, RECALL_ID, RecallRelevant
+from ctxwarden.store.service_tables import list_builds
+
+SWEBENCH = SHARED_DATA / "swebench-mini" / "swebench-verified-mini-gemini3-dev.json"
+__all__ = ["db_url"]  # the fixture (SQLite, or a fresh PostgreSQL schema), for pytest
+HANDLE = re.compile(r"cw:msg:[\w:.-]+")
+
+
+@pytest.fixture(scope="module")
+def swebench_run() -> list[Message]:
+    if not SWEBENCH.exists():
+        pytest.skip(f"swebench-mini data not found at {SWEBENCH} (set CTXWARDEN_DATA)")
+    from ctxwarden.bench.swebench import load_swebench
+
+    return load_swebench(SWEBENCH)[5]  # a run where a masked result is needed later
+
+
+# -- handles and the tool definition ---------------------------------------------------------
+
+
+def test_handles_round_trip_and_malformed_ones_are_named() -> None:
+    assert handle_for("m12") == "cw:msg:m12"
+    assert message_id_of(" 'cw:msg:m12' ") == "m12"
+    for bad in ("m12", "cw:msg:", "", "msg:12"):
+        with pytest.raises(UnknownHandleError, match="cw:msg:<message id>"):
+            message_id_of(bad)
+
+
+def test_recall_tool_in_both_shapes() -> None:
+    openai = recall_tool()
+    assert openai["type"] == "function" and openai["function"]["name"] == RECALL_TOOL_NAME
+    assert openai["function"]["parameters"]["required"] == ["handle"]
+    anthropic = recall_tool("anthropic")
+    assert anthropic["name"] == RECALL_TOOL_NAME
+    assert anthropic["input_schema"] == openai["function"]["parameters"]
+    openai["function"]["parameters"]["required"].append("x")  # a copy: the next is intact
+    assert recall_tool()["function"]["parameters"]["required"] == ["handle"]
+    with pytest.raises(ValueError, match="shape"):
+        recall_tool("gemini")  # type: ignore[arg-type]
+    assert recall_arguments('{"handle": "cw:msg:m3"}') == "cw:msg:m3"
+    with pytest.raises(UnknownHandleError):
+        recall_arguments('{"id": 3}')
+
+
+# -- placeholders and markers carry handles, the same at every turn ----------------------------
+
+
+def _agent(n: int, size: int = 400) -> list[Message]:
+    out = [Message.system("You are a coding agent."), Message.user("Fix the failing test.")]
+    for i in range(n):
+        cmd = json.dumps({"command": f"cat src/module_{i}.py"})
+        out.append(Message.assistant(tool_calls=(ToolCall(f"c{i}", "bash", cmd),), id=f"a{i}"))
+        body = "\n".join(
+            f"def function_{i}_{j}(value): return value + {j}" for j in range(size // 12)
+        )
+        out.append(Message.tool(body, f"c{i}", name="bash", id=f"t{i}"))
+    return out
+
+
+def test_masked_and_truncated_results_name_their_handle_stably() -> None:
+    history = _agent(12, size=900)
+    first = build_context(history, max_input_tokens=6000)
+    more = [*history, Message.assistant("next", id="x2")]
+    second = build_context(more, max_input_tokens=6000, previous=first)
+    shown = {m.id: m.text for m in first.messages if HANDLE.search(m.text)}
+    assert shown, "some result was masked or truncated"
+    for mid, text in shown.items():
+        if first.layers[mid] != "recall":
+            assert handle_for(mid) in text
+    again = {m.id: m.text for m in second.messages}
+    assert all(again[mid] == text for mid, text in shown.items() if mid in again)
+
+
+def test_a_cut_json_result_stays_json_with_its_handle() -> None:
+    rows = {"files": [{"id": f"r-{i}", "path": f"src/f_{i}.py", "n": i} for i in range(300)]}
+    history = [
+        Message.system("agent"),
+        Message.user("list the files"),
+        Message.assistant(tool_calls=(ToolCall("c1", "list_files", "{}"),)),
+        Message.tool(json.dumps(rows), "c1", id="big"),
+    ]
+    built = build_context(history, max_input_tokens=3000, policy=Policy(recall=None))
+    cut = next(m for m in built.messages if m.id == "big")
+    doc = json.loads(cut.text)
+    assert doc["…full result"] == "cw:msg:big"
+
+
+# -- recall: from the history in memory, and from a store ---------------------------------------
+
+
+def test_recall_from_memory_returns_the_original_and_its_audit_entry() -> None:
+    history = _agent(10, size=300)
+    built = build_context(history, max_input_tokens=3000)
+    masked = next(m for m in built.messages if m.meta.get("masked_from"))
+    handle = HANDLE.search(masked.text).group(0)  # type: ignore[union-attr]
+    got = recall(history, handle)
+    original = next(m for m in history if m.id == masked.id)
+    assert got.content.encode() == original.text.encode()
+    assert got.action.action == "recalled" and got.action.tokens_after == got.tokens > 0
+    dicts = [message_to_openai(m, with_meta=True) for m in history]  # OpenAI dicts too
+    assert recall(dicts, handle).content == original.text
+    with pytest.raises(UnknownHandleError, match="no message with id 'nope'"):
+        recall(history, "cw:msg:nope")
+
+
+def _later_commands(history: list[Message], after: int) -> str:
+    return " ".join(c.arguments for m in history[after:] for c in m.tool_calls)
+
+
+def test_a_masked_result_needed_later_comes_back_byte_for_byte(
+    db_url: str, swebench_run: list[Message]
+) -> None:
+    """A recorded coding-agent trace, built turn by turn in a session: a result masked in
+    the context holds a path a later command uses and the context lacks; the recall
+    tool's handle gives it back byte for byte, and the recall is audited."""
+    sid = f"recall-{uuid.uuid4().hex[:8]}"
+    run = swebench_run
+    case: tuple[str, Message, str] | None = None
+    with Session(db_url, sid) as s:
+        appended = 0
+        for i, m in enumerate(run):
+            if not m.is_tool_call or i < 4:
+                continue
+            s.append(run[appended:i])
+            appended = i
+            built = s.build(max_input_tokens=4000)
+            context = "\n".join(x.text for x in built.messages)
+            for x in built.messages:
+                if not x.meta.get("masked_from"):
+                    continue
+                original = run[int(x.id[1:])]
+                later = _later_commands(run, i)
+                needed = [
+                    t
+                    for t in set(re.findall(r"[\w./-]{8,}", original.text))
+                    if t in later and t not in context
+                ]
+                if needed:
+                    case = (HANDLE.search(x.text).group(0), original, needed[0])  # type: ignore[union-attr]
+                    break
+            if case:
+                break
+        assert case is not None, "the trace has a masked result needed later"
+        handle, original, token = case
+        got = s.recall(handle)
+        assert got.content.encode("utf-8") == original.text.encode("utf-8")
+        assert token in got.content and got.seq == int(original.id[1:])
+        audits = [b for b in list_builds(s.store, "default", sid) if b.status == "recalled"]
+        assert [a.audit["recalled"][0]["handle"] for a in audits] == [handle]
+        with pytest.raises(UnknownHandleError):
+            s.recall("cw:msg:m999999")
+        assert len([b for b in list_builds(s.store, "default", sid) if b.status == "recalled"]) == 1
+
+
+def test_a_session_recalls_explicit_ids_too(db_url: str) -> None:
+    text = "line one\r\nline two\ttabbed \u00e9\U0001f600 \\n not a newline\n"
+    with Session(db_url, f"ids-{uuid.uuid4().hex[:8]}") as s:
+        s.append([{"role": "user", "content": "hi"}, Message.assistant(text, id="note-7")])
+        assert s.recall("cw:msg:note-7").content == text
+        assert s.recall("cw:msg:m0").content == "hi"
+
+
+# -- the recall step --------------------------------------------------------------------------
+
+
+def _chat(question: str) -> list[Message]:
+    out = [Message.system("You are a travel assistant.")]
+    topics = ["the weather", "a museum", "dinner plans", "a train strike", "a concert"]
+    for i in range(60):
+        out.append(Message.user(f"Tell me about {topics[i % 5]} on day {i}.", id=f"u{i}"))
+        out.append(Message.assistant(f"On day {i} {topics[i % 5]} was fine. " * 6, id=f"r{i}"))
+    out[10] = Message.assistant("Your booking code for the Lisbon ferry is FERRY-8812.", id="r4")
+    out.append(Message.user(question, id="q"))
+    return out
+
+
+ALWAYS = Policy(recall=RecallRelevant(only_summarized=False))
+
+
+def test_the_recall_step_brings_back_the_relevant_dropped_message() -> None:
+    history = _chat("What was my booking code for the Lisbon ferry?")
+    built = build_context(history, max_input_tokens=1200, policy=ALWAYS)
+    assert "r4" not in {m.id for m in built.messages}
+    block = next(m for m in built.messages if m.id == RECALL_ID)
+    assert block.text.startswith(RECALL_HEADING)
+    assert (
+        "[cw:msg:r4 assistant] Your booking code for the Lisbon ferry is FERRY-8812." in block.text
+    )
+    assert built.layers[RECALL_ID] == "recall"
+    assert [a.message_id for a in built.audit.by_action("recalled")][:1] == ["r4"]
+    assert built.audit.input_tokens <= 1200
+    off = build_context(history, max_input_tokens=1200, policy=Policy(recall=None))
+    assert "Lisbon ferry is FERRY-8812" not in "\n".join(m.text for m in off.messages)
+
+
+def test_the_recall_layer_is_stable_for_an_unchanged_query_and_pure() -> None:
+    history = _chat("What was my booking code for the Lisbon ferry?")
+    first = build_context(history, max_input_tokens=1200, policy=ALWAYS)
+    loop = [*history, Message.assistant("Let me look.", id="x1")]
+    second = build_context(loop, max_input_tokens=1200, previous=first, policy=ALWAYS)
+    block = {m.id: m.text for m in first.messages}[RECALL_ID]
+    assert {m.id: m.text for m in second.messages}[RECALL_ID] == block
+    # the memo carried in the state gives what a cold recompute gives
+    restored = BuildState.from_dict(json.loads(json.dumps(first.state.to_dict())))
+    assert restored.recall == first.state.recall
+    cold = build_context(loop, max_input_tokens=1200, previous=None, policy=ALWAYS)
+    warm = build_context(loop, max_input_tokens=1200, previous=restored, policy=ALWAYS)
+    assert {m.id: m.text for m in cold.messages}[RECALL_ID] == block
+    assert {m.id: m.text for m in warm.messages}[RECALL_ID] == block
+
+
+def test_the_step_is_off_by_default_and_can_wait_for_a_summary() -> None:
+    history = _chat("What was my booking code for the Lisbon ferry?")
+    plain = build_context(history, max_input_tokens=1200)
+    assert RECALL_ID not in plain.layers and not plain.audit.by_action("recalled")
+    waiting = Policy(recall=RecallRelevant(only_summarized=True))
+    assert RECALL_ID not in build_context(history, max_input_tokens=1200, policy=waiting).layers
+    summarised = build_context(history, "gpt-4o", 1500, summarizer="offline", policy=waiting)
+    block = next(m.text for m in summarised.messages if m.id == RECALL_ID)
+    assert "[cw:msg:r4 assistant] Your booking code for the Lisbon ferry is FERRY-8812." in block
+    given = build_context(
+        history, max_input_tokens=1500, summary="Earlier: travel.", policy=waiting
+    )
+    assert given.audit.by_action("recalled")
+    order = [given.layers[m.id] for m in given.messages]
+    assert order.index("recall") == order.index("current") - 1  # right before the question
+
+
+def test_the_recall_step_is_configured_from_toml_and_checked() -> None:
+    policy = Policy.from_toml("[recall]\nshare = 0.2\nmax_tokens = 300\n")
+    assert policy.recall == RecallRelevant(share=0.2, max_tokens=300)
+    assert Policy.from_toml("recall = false\n").recall is None
+    assert Policy.from_toml("recall = true\n").recall == RecallRelevant()
+    assert Policy().recall is None
+    assert Policy.from_toml("recall_tool = true\n").recall_tool is True
+    with pytest.raises(ConfigError, match=r"recall.share must be in \(0, 0.5\]"):
+        Policy.from_toml("[recall]\nshare = 0.9\n")
+    with pytest.raises(ConfigError, match="unknown key"):
+        Policy.from_toml("[recall]\nsize = 3\n")
+
+
+def test_without_the_extra_the_step_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from ctxwarden.errors import MissingDependencyError
+
+    monkeypatch.setitem(sys.modules, "bm25s", None)  # as if not installed
+    history = _chat("What was my booking code for the Lisbon ferry?")
+    with pytest.raises(MissingDependencyError, match=r"ctxwarden\[recall\]"):
+        build_context(history, max_input_tokens=1200, policy=ALWAYS)
