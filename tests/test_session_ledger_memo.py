@@ -3,6 +3,7 @@ the one a session object that has never built (a new replica) gives from the sto
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 from ctxwarden.bench.proxy import conversation
@@ -21,13 +22,17 @@ def test_a_kept_ledger_memo_changes_no_context(tmp_path: Path) -> None:
     for turn, at in enumerate(range(40, len(base), 4)):
         kept.append(base[at : at + 4])
         budget = 3_000 if turn % 3 else 6_000  # the window moves, the ledger grows
+        # the store as a replica sees it, copied before this turn's build: no memo; it
+        # must build the very same context and state from the same stored decisions
+        copy = tmp_path / f"replica-{turn}.db"
+        with sqlite3.connect(tmp_path / "s.db") as src, sqlite3.connect(copy) as dst:
+            src.backup(dst)
         memo_before = kept._ledger_memo
         ours = kept.build(model="gpt-4o", policy=policy, max_input_tokens=budget)
         reused += memo_before is not None
-        # the store as a replica sees it: no memo; it must build the very same context
-        fresh = Session(url, "memo", tenant="t")
+        fresh = Session(f"sqlite:///{copy}", "memo", tenant="t")
         theirs = fresh.build(model="gpt-4o", policy=policy, max_input_tokens=budget)
+        fresh.close()
         assert ours.to_openai() == theirs.to_openai(), f"turn {turn}"
         assert ours.state.to_dict() == theirs.state.to_dict(), f"turn {turn}"
-        kept.build(model="gpt-4o", policy=policy, max_input_tokens=budget)  # in step again
     assert reused >= 10
