@@ -210,7 +210,7 @@ def fill_room(draft: Draft, ctx: StepContext, cut: int, facts: int) -> int:
     from ctxwarden.steps.fit import ledger_cap
 
     tail = ctx.total(draft.history[max(cut, draft.sys_end) :])
-    rest = ctx.budget - ctx.fixed - facts - tail - ledger_cap(draft, ctx)
+    rest = ctx.budget - ctx.fixed - facts - tail - ledger_cap(draft, ctx, grows=False)
     return max(rest, 0)
 
 
