@@ -85,9 +85,10 @@ class LedgerConfig:
     needed-later tokens, 4,000 / 8,000 tokens: 94.4% / 97.7% with a fixed 600, 95.1% /
     98.5% with a quarter of what is free).
 
-    A cold build (no ``previous``) of a long history reads the values of at most ``lookback`` messages before its window (``None``: all of them), so
-    restarting on 10,000 messages does not extract entities from all 10,000; a build with
-    ``previous`` keeps where its ledger began, so an agent loop loses nothing.
+    A cold build (no ``previous``) of a long history reads the values of at most
+    ``lookback`` messages before its window (``None``: all of them), so restarting on
+    10,000 messages does not extract entities from all 10,000; a build with ``previous``
+    keeps where its ledger began, so an agent loop loses nothing.
     """
 
     enabled: bool = True
