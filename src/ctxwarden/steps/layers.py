@@ -206,12 +206,15 @@ def fill_room(draft: Draft, ctx: StepContext, cut: int, facts: int) -> int:
     messages the summary does not cover (the window shows them) and the ledger's cap.
     The layers then fill the budget whatever its size, with no split to tune: a short
     unsummarised tail leaves the summary most of it, a long one (heavy tool results)
-    leaves it little."""
+    leaves it less, but never less than ``summary.max_summary_share`` of what the system
+    prompt leaves (what a summary as written may take): under a tight budget the window
+    gives way (its oldest messages go to the ledger), not the whole summary."""
     from ctxwarden.steps.fit import ledger_cap
 
+    room = max(ctx.budget - ctx.fixed, 0)
     tail = ctx.total(draft.history[max(cut, draft.sys_end) :])
-    rest = ctx.budget - ctx.fixed - facts - tail - ledger_cap(draft, ctx, grows=False)
-    return max(rest, 0)
+    rest = room - facts - tail - ledger_cap(draft, ctx, grows=False)
+    return max(rest, int(room * ctx.policy.summary.max_summary_share))
 
 
 def summary_due(history: Sequence[Message], state: LayerState, ctx: StepContext) -> Any:
