@@ -1,6 +1,7 @@
 """LoCoMo answer recall (summaries issue): the baselines reproduce, window + offline
-summary + facts reaches the issue's 0.50 at 4,000 tokens through the public
-``build_context(..., summarizer="offline")``, and its layers read as statements."""
+summary + facts reaches the fidelity issue's 0.56 at 4,000 tokens through the public
+``build_context(..., summarizer="offline")`` with the default policy, above the same builds
+without a summariser, and its layers read as statements."""
 
 from __future__ import annotations
 
@@ -13,14 +14,15 @@ import pytest
 from ctxwarden.bench.metrics import EngineStrategy
 from ctxwarden.bench.traces import (
     load_locomo,
-    locomo_policy,
     locomo_recall,
     locomo_transcript,
     locomo_trigger,
 )
 from ctxwarden.build.engine import build_context
+from ctxwarden.build.policy import Policy
 from ctxwarden.errors import ConfigError
 from ctxwarden.llm.offline import OfflineSummarizer
+from ctxwarden.memory.cycle import STORE_BUDGETS
 from ctxwarden.messages import Message
 from ctxwarden.tokens.counter import TokenCounter
 
@@ -43,15 +45,22 @@ def test_baselines_reproduce_the_issue(recall: dict[str, dict[str, Any]]) -> Non
     assert recall["ctxwarden"]["questions"] == recall["window only"]["questions"] == 885
 
 
-def test_window_summary_and_facts_reach_half_recall_within_budget(
+def test_window_summary_and_facts_reach_the_target_within_budget_on_defaults(
     recall: dict[str, dict[str, Any]],
 ) -> None:
     ours = recall["ctxwarden"]
-    assert ours["answer_recall"] >= 0.50
+    assert ours["answer_recall"] >= 0.56
+    assert ours["answer_recall"] > recall["ctxwarden, no summariser"]["answer_recall"]
+    assert sum(ours["input_tokens_per_turn"]) / ours["questions"] >= 0.85 * BUDGET  # fills
     assert max(ours["input_tokens_per_turn"]) <= BUDGET
     assert ours["reduction"] >= recall["window only"]["reduction"] - 0.05
     assert ours["summarizer"].startswith('offline, build_context(summarizer="offline")')
-    assert ours["policy"] == {
+    assert ours["policy"] == "default"
+
+
+def test_the_tuned_split_is_reported_with_its_knobs(convs: list[dict[str, Any]]) -> None:
+    tuned = locomo_recall(convs[:1], BUDGET, summary_share=0.5)["ctxwarden"]
+    assert tuned["policy"] == {
         "summary": {
             "max_messages": None,
             "keep_recent": 60,
@@ -61,11 +70,12 @@ def test_window_summary_and_facts_reach_half_recall_within_budget(
             "summary_share": 0.5,
         }
     }
+    assert max(tuned["input_tokens_per_turn"]) <= BUDGET
 
 
-def fed(conv: dict[str, Any], share: float = 0.5) -> tuple[EngineStrategy, list[Message]]:
+def fed(conv: dict[str, Any]) -> tuple[EngineStrategy, list[Message]]:
     transcript = locomo_transcript(conv)
-    ours = EngineStrategy("gpt-4o", BUDGET, policy=locomo_policy(BUDGET, share))
+    ours = EngineStrategy("gpt-4o", BUDGET, policy=Policy())
     for i, m in enumerate(transcript):
         if m.id.endswith("-date") and i > 1:
             ours(transcript[:i])
@@ -92,10 +102,10 @@ def test_layers_are_statements_and_the_split_holds(convs: list[dict[str, Any]]) 
     stored = built.state.layers.summary.text
     counter = TokenCounter.for_model("gpt-4o")
     assert counter.count_text(stored) > BUDGET // 2  # more stored than shown ...
-    assert counter.count_text(stored) <= BUDGET + 5  # ... but one budget at most
+    assert counter.count_text(stored) <= STORE_BUDGETS * BUDGET + 5  # ... a bounded store
     unfocused = OfflineSummarizer().focus(stored, None, BUDGET // 2).text
     assert said not in unfocused
-    assert built.audit.layers["summary"] <= BUDGET // 2  # heading and framing included
+    assert BUDGET // 2 <= built.audit.layers["summary"] <= BUDGET  # the view fills
     facts = by_id["ctxwarden:facts"].splitlines()
     assert all(re.match(r"^[a-z_]+: \S", line) for line in facts[1:])
     assert built.messages[-1] is question
@@ -113,7 +123,7 @@ def test_the_bench_row_is_the_public_call(convs: list[dict[str, Any]]) -> None:
                 model="gpt-4o",
                 max_input_tokens=BUDGET,
                 summarizer="offline",
-                policy=locomo_policy(BUDGET),
+                policy=Policy(),
                 previous=previous,
             )
     previous = build_context(
@@ -121,7 +131,7 @@ def test_the_bench_row_is_the_public_call(convs: list[dict[str, Any]]) -> None:
         model="gpt-4o",
         max_input_tokens=BUDGET,
         summarizer="offline",
-        policy=locomo_policy(BUDGET),
+        policy=Policy(),
         previous=previous,
     )
     question = Message.user("What did Caroline research?", id="q")
@@ -130,7 +140,7 @@ def test_the_bench_row_is_the_public_call(convs: list[dict[str, Any]]) -> None:
         model="gpt-4o",
         max_input_tokens=BUDGET,
         summarizer="offline",
-        policy=locomo_policy(BUDGET),
+        policy=Policy(),
         previous=previous,
     )
     assert [m.fingerprint for m in ours.build([*transcript, question])] == [

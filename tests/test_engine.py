@@ -329,3 +329,25 @@ def test_a_cold_build_reads_ledger_values_a_bounded_way_back() -> None:
     assert loop is not None and loop.state.ledger_from == 1
     with pytest.raises(ConfigError, match="lookback"):
         LedgerConfig(lookback=-1)
+
+
+def test_the_ledger_grows_with_what_the_budget_leaves_free() -> None:
+    """With much free budget the ledger may take ``free_share`` of it, more than
+    ``max_tokens``: a long session's dropped ids stay at 8,000 tokens that a fixed 600
+    cannot hold; at a small budget the cap is the same as before."""
+    from ctxwarden.build.policy import LedgerConfig
+
+    history = _agent_session(600)
+    fixed = Policy(ledger=LedgerConfig(free_share=0.0))
+    for budget in (1500, 8000):
+        grown = build_context(history, "gpt-4o", budget)
+        flat = build_context(history, "gpt-4o", budget, policy=fixed)
+        assert grown.input_tokens <= budget and flat.input_tokens <= budget
+        if budget == 1500:
+            assert grown.to_openai() == flat.to_openai()
+        else:
+            assert flat.audit.layers["ledger"] <= 600
+            assert grown.audit.layers["ledger"] > 1000
+            assert grown.audit.layers["ledger"] <= 0.25 * (budget - 20) + 5
+    with pytest.raises(ConfigError, match="free_share"):
+        LedgerConfig(free_share=1.5)

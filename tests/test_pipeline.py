@@ -132,9 +132,9 @@ def test_session_and_build_context_give_the_same_context(
 def _summarised_both_ways(history: list[Message], url: str, budget: int) -> tuple[Any, Any]:
     direct = build_context(history, "gpt-4o", budget, summarizer="offline")
     sid = f"one-path-sum-{uuid.uuid4().hex[:8]}"
-    with ctxwarden.Session(url, sid) as s:
+    with ctxwarden.Session(url, sid, summarizer="offline") as s:
         s.append(history)
-        s.summarize_sync("offline", max_input_tokens=budget)
+        s.summarize_sync(max_input_tokens=budget)
         via_session = s.build(max_input_tokens=budget)
     return via_session.to_openai(), direct.to_openai()
 

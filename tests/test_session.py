@@ -612,14 +612,23 @@ def test_build_shows_the_summary_focused_on_the_question(url: str, sid: str) -> 
         # without a summariser that can focus, or without a share: as stored
         with Session(url, sid, policy=policy) as plain:
             assert _summary_layer(plain.build(max_input_tokens=1200)) == stored
-        # without a share, the summary as stored within summary.max_summary_share: when it
-        # is longer, its newest lines (the rest stays stored), and the audit says so
+        # without a share, a summariser that can focus fills what the rest leaves: more
+        # of the stored lines than the 25 % share shows, the budget held
         unshared = s.build(max_input_tokens=1200, policy=Policy())
         shown_lines = (_summary_layer(unshared) or "").splitlines()
-        assert 0 < len(shown_lines) < len(stored.splitlines())
-        assert shown_lines == stored.splitlines()[-len(shown_lines) :]
-        assert unshared.audit.layers["summary"] <= 0.35 * 1200
-        assert any("summary layer cut" in w for w in unshared.audit.warnings)
+        assert len(views["Oaxaca"].splitlines()) < len(shown_lines) < len(stored.splitlines())
+        assert set(shown_lines) <= set(stored.splitlines())
+        assert unshared.input_tokens <= 1200
+        # a summariser that cannot focus: the summary as stored within
+        # summary.max_summary_share, its newest lines (the rest stays stored), and the
+        # audit says so
+        with Session(url, sid) as plain:
+            written = plain.build(max_input_tokens=1200, policy=Policy())
+        written_lines = (_summary_layer(written) or "").splitlines()
+        assert 0 < len(written_lines) < len(stored.splitlines())
+        assert written_lines == stored.splitlines()[-len(written_lines) :]
+        assert written.audit.layers["summary"] <= 0.35 * 1200
+        assert any("summary layer cut" in w for w in written.audit.warnings)
         with Session(url, sid) as other:  # or given to one build
             given = other.build(max_input_tokens=1200, policy=policy, summarizer=summarizer)
         assert _summary_layer(given) == views["Oaxaca"]

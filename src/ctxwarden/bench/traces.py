@@ -35,21 +35,21 @@ window only 0.355 (issue: 0.79 / 0.35); a longer stop list (articles, pronouns,
 auxiliaries) gives 0.786 / 0.337.
 
 ctxwarden (window + offline summary + facts) runs through the public path, as a user
-calls it: ``build_context(history, model, budget, summarizer="offline",
-policy=locomo_policy(budget), previous=<last build>)``, fed the transcript session by
-session, then one build per question (the question is the newest user message). The
-only knobs the bench sets are the policy's summary trigger (:func:`locomo_trigger`):
-``summary_share`` 0.5 (:data:`LOCOMO_SUMMARY_SHARE`), fold when the unsummarised
-messages pass the window's room, keep the newest 3/5 of it verbatim, no count or fill
-trigger. With a share the engine's offline summariser stores up to one budget of
-extracted sentences (a third level-one, two thirds meta-summary) and each build shows
-the 2,000 tokens (heading included) most relevant to the question, with their session
-dates; the entity ledger of what left the window is the default policy's. Measured:
-0.554 (the bench-only path before it, summary handed in by the bench, no ledger of
-summarised messages: 0.538). Ablations, same metric: the view without the question
-0.521; ledger off 0.529; share 0.4 / 0.6: 0.544 / 0.552; a larger store, 4,000
-level-one + 8,000 meta tokens: 0.619 (it tends to retrieval over the whole history;
-we keep the store at one budget). With ``--summarizer`` a real model writes the
+calls it, with the default policy: ``build_context(history, model, budget,
+summarizer="offline", previous=<last build>)``, fed the transcript session by session,
+then one build per question (the question is the newest user message). With no
+``summary_share`` set the summary view fills what the system line, facts, the
+unsummarised tail and the ledger's cap leave (:func:`~ctxwarden.steps.layers.fill_room`),
+out of a store of two budgets of sentences
+(:data:`~ctxwarden.memory.cycle.STORE_BUDGETS`). Measured at 4,000 tokens: 0.592, mean
+input 3,769 tokens (the defaults before: 0.434 on 2,269 tokens, the summary as written
+cut to 35 % of the budget; the fill with a one-budget store 0.550); the same builds
+without a summariser (row ``ctxwarden, no summariser``) 0.446. At 2,000 tokens 0.470
+(no summariser 0.363). The tuned split of the bench before, ``summary_share=0.5`` with
+:func:`locomo_trigger` (fold when the unsummarised messages pass the window's room,
+keep the newest 3/5 of it), stays available as ``locomo_recall(...,
+summary_share=0.5)``: it measured 0.554 with a one-budget store.
+With ``--summarizer`` a real model writes the
 summaries (shown as written, a model's summary cannot be focused) through the bench's
 own loop (:class:`~.metrics.OursStrategy`), which counts and prices its calls.
 """
@@ -235,6 +235,9 @@ def _vocabulary(messages: Iterable[Message]) -> tuple[set[str], set[tuple[str, s
     return set(stream), set(pairwise(stream))
 
 
+NO_SUMMARY = "ctxwarden, no summariser"
+"""The row of the same builds without a summariser: window, ledger (what a summary adds)."""
+
 LOCOMO_SUMMARY_SHARE = 0.5
 """The budget split the LoCoMo bench uses: half for the summary, half for the window.
 Its questions ask about any session of a long chat, so memory weighs as much as the
@@ -276,29 +279,40 @@ def locomo_recall(
     model: str = "gpt-4o",
     progress: Progress = None,
     *,
-    summary_share: float = LOCOMO_SUMMARY_SHARE,
+    summary_share: float | None = None,
     summarizer: Any = None,
+    peers: Sequence[str] = (),
 ) -> dict[str, dict[str, Any]]:
-    """Answer recall and reduction for full history, window only, and ctxwarden (window
-    + offline summary + facts).
+    """Answer recall and reduction for full history, window only, ctxwarden (window
+    + offline summary + facts) and the same builds without a summariser.
 
     ctxwarden is fed the transcript session by session, as a live agent would be, then
     builds one context per question (the question is the newest user message). With the
     default offline summariser every build is ``build_context(..., summarizer="offline",
-    policy=locomo_policy(budget, summary_share))`` (the row's ``policy`` says which
-    knobs it sets); a ``summarizer`` callable (``(messages, previous) -> text``), a
+    previous=...)`` with the default policy; a ``summary_share`` uses
+    ``policy=locomo_policy(budget, summary_share)`` instead (the row's ``policy`` says
+    which knobs it sets); a ``summarizer`` callable (``(messages, previous) -> text``), a
     provider spec or a :class:`~.summarizers.BenchSummarizer` (e.g. a real model) is
-    shown as it writes; its calls, failures and usage are added to the ctxwarden row."""
+    shown as it writes; its calls, failures and usage are added to the ctxwarden row.
+    ``peers`` (names of :data:`~.peers.PEERS`) adds their rows, each given the transcript
+    and the question as OpenAI dicts and the budget (``over_budget`` and ``errors`` say
+    where one did not hold it)."""
     account = Account()
     if summarizer is None:
-        result = _locomo_recall(convs, budget, model, progress, summary_share, None, account)
+        result = _locomo_recall(convs, budget, model, progress, summary_share, None, account, peers)
         ours = result["ctxwarden"]
         ours["summarizer"] = 'offline, build_context(summarizer="offline") (query-aware view)'
-        ours["policy"] = {"summary": _knobs(locomo_trigger(budget, summary_share))}
+        ours["policy"] = (
+            "default"
+            if summary_share is None
+            else {"summary": _knobs(locomo_trigger(budget, summary_share))}
+        )
         ours.update(account.to_json())
         return result
     with summarizer_for(summarizer) as given:
-        result = _locomo_recall(convs, budget, model, progress, summary_share, given, account)
+        result = _locomo_recall(
+            convs, budget, model, progress, summary_share, given, account, peers
+        )
         cost = given.cost(account.usage, model)
     ours = result["ctxwarden"]
     ours["summarizer"] = given.label
@@ -315,14 +329,29 @@ def _locomo_recall(
     budget: int,
     model: str,
     progress: Progress,
-    summary_share: float,
+    summary_share: float | None,
     summarizer: Any,
     account: Account,
+    peers: Sequence[str] = (),
 ) -> dict[str, dict[str, Any]]:
     from ctxwarden.bench.metrics import EngineStrategy, OursStrategy
+    from ctxwarden.build.policy import Policy
+
+    others: dict[str, Any] = {}
+    if peers:
+        from ctxwarden.bench.peers import peer_builders
+
+        others = peer_builders(model, peers)
+    over = dict.fromkeys(others, 0)
 
     counter = TokenCounter.for_model(model)
-    scores: dict[str, list[float]] = {"full history": [], "window only": [], "ctxwarden": []}
+    scores: dict[str, list[float]] = {
+        "full history": [],
+        "window only": [],
+        "ctxwarden": [],
+        NO_SUMMARY: [],
+        **{name: [] for name in others},
+    }
     tokens: dict[str, list[int]] = {name: [] for name in scores}
     for n, conv in enumerate(convs):
         transcript = locomo_transcript(conv)
@@ -330,16 +359,19 @@ def _locomo_recall(
         qas = [q for q in conv["qa"] if q.get("category") in (1, 2, 3, 4) and "answer" in q]
         if not qas:
             continue
-        trigger = locomo_trigger(budget, summary_share)
+        policy = Policy() if summary_share is None else locomo_policy(budget, summary_share)
         ours: EngineStrategy | OursStrategy = (
-            OursStrategy(model, budget, trigger=trigger, summarizer=summarizer)
+            OursStrategy(model, budget, trigger=policy.summary, summarizer=summarizer)
             if summarizer
-            else EngineStrategy(model, budget, policy=locomo_policy(budget, summary_share))
+            else EngineStrategy(model, budget, policy=policy)
         )
+        bare = EngineStrategy(model, budget, policy=policy, summarizer=None)
         for i, m in enumerate(transcript):  # feed session by session, as a live agent would
             if m.id.endswith("-date") and i > 1:
                 ours(transcript[:i])
+                bare(transcript[:i])
         ours(transcript)
+        bare(transcript)
         account.add(ours.account.usage)
         account.errors += ours.account.errors
         full = _vocabulary(transcript)
@@ -350,11 +382,12 @@ def _locomo_recall(
             kept, used = plain_window([*transcript, question], [*counts, q_tokens], budget)
             window = _vocabulary(transcript[i] for i in kept if i < len(transcript))
             built = ours.build([*transcript, question])
-            mine = _vocabulary(m for m in built if m.id != question.id)
+            plain = bare.build([*transcript, question])
             for name, (words, pairs) in (
                 ("full history", full),
                 ("window only", window),
-                ("ctxwarden", mine),
+                ("ctxwarden", _vocabulary(m for m in built if m.id != question.id)),
+                (NO_SUMMARY, _vocabulary(m for m in plain if m.id != question.id)),
             ):
                 r = answer_recall(str(qa["answer"]), words, pairs)
                 if r is not None:
@@ -362,10 +395,21 @@ def _locomo_recall(
             tokens["full history"].append(full_tokens + q_tokens)
             tokens["window only"].append(used)
             tokens["ctxwarden"].append(counter.count_messages(built).tokens)
+            tokens[NO_SUMMARY].append(counter.count_messages(plain).tokens)
+            asked = [*transcript, question]
+            for name, peer in others.items():
+                sent = peer(asked, [*counts, q_tokens], budget)
+                r = answer_recall(
+                    str(qa["answer"]), *_vocabulary(m for m in sent if m.text != question.text)
+                )
+                if r is not None:
+                    scores[name].append(r)
+                tokens[name].append(counter.count_messages(sent).tokens)
+                over[name] += tokens[name][-1] > budget
         if progress:
             progress(f"LoCoMo conversation {n + 1}/{len(convs)}")
     full_sum = sum(tokens["full history"]) or 1
-    return {
+    rows = {
         name: {
             "answer_recall": round(sum(v) / len(v), 4) if v else 0.0,
             "questions": len(v),
@@ -375,6 +419,9 @@ def _locomo_recall(
         }
         for name, v in scores.items()
     }
+    for name, peer in others.items():
+        rows[name] |= {"over_budget": over[name], "errors": peer.errors}
+    return rows
 
 
 def _knobs(trigger: Any) -> dict[str, Any]:
@@ -412,7 +459,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.tau or args.swebench:
         return _retention_rows(args.tau, args.swebench, args.peers, args.json)
     spec = None if args.summarizer == "offline" else args.summarizer
-    result = locomo_recall(load_locomo(args.locomo), args.budget, summarizer=spec)
+    peers: Sequence[str] = ()
+    if args.peers:
+        from ctxwarden.bench.peers import PEERS
+
+        peers = PEERS
+    result = locomo_recall(load_locomo(args.locomo), args.budget, summarizer=spec, peers=peers)
     if args.json:
         rows = {
             k: {f: v for f, v in r.items() if f != "input_tokens_per_turn"}
@@ -421,11 +473,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     print(f"LoCoMo answer recall at {args.budget:,} tokens (gpt-4o counts), {args.locomo}")
-    for name in ("window only", "ctxwarden", "full history"):
-        r = result[name]
+    for name, r in result.items():
+        extra = f"  over budget {r['over_budget']}  errors {r['errors']}" if "errors" in r else ""
         print(
-            f"{name:13} recall {r['answer_recall']:.4f}  reduction {r['reduction']:6.1%}  "
-            f"max input {max(r['input_tokens_per_turn'], default=0):,}  questions {r['questions']}"
+            f"{name:26} recall {r['answer_recall']:.4f}  reduction {r['reduction']:6.1%}  "
+            f"max input {max(r['input_tokens_per_turn'], default=0):,}  questions "
+            f"{r['questions']}{extra}"
         )
     ours = result["ctxwarden"]
     print(f"ctxwarden: {ours['summarizer']}; policy {ours.get('policy', 'bench loop')}")

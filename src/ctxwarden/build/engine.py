@@ -152,7 +152,7 @@ def build_context(
     if summarizer is not None:
         from ctxwarden.memory.cycle import resolve_summarizer, summarize_history_sync
 
-        store = budget if policy.summary.summary_share is not None else None
+        store = budget  # the offline summariser keeps one budget; builds show a view
         resolved = resolve_summarizer(summarizer, facts_schema, store_tokens=store)
         update = summarize_history_sync(
             history,

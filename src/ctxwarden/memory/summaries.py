@@ -55,6 +55,7 @@ __all__ = [
     "plan_summary",
     "summarize_cycle",
     "summary_view",
+    "view_fills",
 ]
 
 
@@ -199,16 +200,18 @@ def _fill_fixed(
     count: Callable[[Message], int],
     window: int,
     previous: SummaryState,
+    fills: bool = False,
 ) -> int:
     """Tokens the fill ratio counts that folding cannot reduce: the system prompt, pinned
-    messages, and the summary as shown (a focused view takes at most its share)."""
+    messages, and the summary as shown (a focused view takes at most its share; a view
+    that ``fills`` what the rest leaves yields to the messages and is not counted)."""
     live_set = set(live)
     fixed = sum(
         count(m)
         for i, m in enumerate(messages)
         if i not in live_set and m.id not in previous.covered_ids
     )
-    if previous.text:
+    if previous.text and not fills:
         shown = count(Message.system(previous.text))
         if trigger.summary_share is not None:
             shown = min(shown, int(window * trigger.summary_share))
@@ -223,6 +226,7 @@ def _fired(
     count: Callable[[Message], int],
     window: int | None,
     previous: SummaryState,
+    fills: bool = False,
 ) -> list[str]:
     reasons: list[str] = []
     if trigger.max_messages is not None and len(live) > trigger.max_messages:
@@ -232,7 +236,7 @@ def _fired(
         if tokens > trigger.max_tokens:
             reasons.append(f"unsummarised messages hold {tokens} tokens > {trigger.max_tokens}")
     if trigger.fill_ratio is not None and window:
-        fixed = _fill_fixed(trigger, messages, live, count, window, previous)
+        fixed = _fill_fixed(trigger, messages, live, count, window, previous, fills)
         foldable = sum(count(messages[i]) for i in live)
         used = fixed + foldable
         # Fire only with at least half the threshold to fold: otherwise a summary and a
@@ -260,13 +264,17 @@ def plan_summary(
     count: Callable[[Message], int],
     window: int | None = None,
     previous: SummaryState | None = None,
+    *,
+    fills: bool = False,
 ) -> SummaryPlan | None:
     """The messages to fold and the ones to keep, or ``None`` when no trigger fires
     (or firing would fold fewer than ``trigger.min_fold`` messages).
 
     ``messages`` is the whole conversation, including what earlier cycles covered;
     ``count`` gives one message's tokens; ``window`` is the model's context window
-    (or the input budget) the fill ratio is measured against.
+    (or the input budget) the fill ratio is measured against. ``fills``: builds show a
+    view of the summary that fills what the messages leave (:func:`view_fills`), so the
+    fill ratio does not count it.
     """
     if (
         window is None
@@ -285,7 +293,7 @@ def plan_summary(
     ]
     if not live:
         return None
-    reasons = _fired(trigger, msgs, live, count, window, prev)
+    reasons = _fired(trigger, msgs, live, count, window, prev, fills)
     if not reasons:
         return None
 
@@ -296,7 +304,7 @@ def plan_summary(
         # The fill ratio fired: fold down to half of it, so the tail must grow by half the
         # threshold before it fires again (a summary per batch, not per call).
         half = int(trigger.fill_ratio * window / 2)
-        room = max(half - _fill_fixed(trigger, msgs, live, count, window, prev), 0)
+        room = max(half - _fill_fixed(trigger, msgs, live, count, window, prev, fills), 0)
         tail_cap = room if tail_cap is None else min(tail_cap, room)
     if tail_cap is not None:  # cap the verbatim tail by tokens
         tail = 0
@@ -363,6 +371,13 @@ class QueryAwareSummarizer(Summarizer, Protocol):
         ...
 
 
+def view_fills(trigger: SummaryTrigger, summarizer: object) -> bool:
+    """Whether builds show the summary as a view that fills what the rest of the context
+    leaves: no ``summary_share`` set and a summariser that can focus (the offline one).
+    Then the budget is used whatever its size, with no split to choose."""
+    return trigger.summary_share is None and isinstance(summarizer, QueryAwareSummarizer)
+
+
 def summary_view(
     summarizer: Summarizer | None, summary: str, query: str | None, max_tokens: int | None
 ) -> str:
@@ -411,7 +426,9 @@ async def summarize_cycle(
     the old state and facts with ``error`` set: every message stays, and the next
     trigger tries again.
     """
-    plan = plan_summary(messages, trigger, count, window, state)
+    plan = plan_summary(
+        messages, trigger, count, window, state, fills=view_fills(trigger, summarizer)
+    )
     if plan is None:
         return CycleResult(state, facts)
     usage = Usage(calls=0)

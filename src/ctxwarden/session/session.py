@@ -436,10 +436,11 @@ class Session:
         ``ledger_backfill`` messages before the slice, and its audit warns what it
         skipped; a stored ledger that cannot be read back is rebuilt, with a warning.
 
-        The stored summary is shown as ``build_context`` shows its own: with
-        ``policy.summary.summary_share`` set and a ``summarizer`` (this one, else the
-        session's) that can focus, such as the offline one, the part most relevant to
-        the newest user message, within that share; otherwise as written. Nothing is
+        The stored summary is shown as ``build_context`` shows its own: with a
+        ``summarizer`` (this one, else the session's) that can focus, such as the
+        offline one (or its spec ``"offline"``), the part most relevant to the newest
+        user message, within ``policy.summary.summary_share`` of the budget or, without
+        a share, in what the rest of the context leaves; otherwise as written. Nothing is
         summarised here: :meth:`summarize` writes the summary.
         """
         from ctxwarden.build.engine import model_info, run_build
@@ -480,7 +481,7 @@ class Session:
             state=previous if previous is not None else BuildState(),
             info=info,
             layer_state=session_state.layers_for(record, history, seqs),
-            summarizer=summarizer if summarizer is not None else self.summarizer,
+            summarizer=_focusing(summarizer if summarizer is not None else self.summarizer),
             earlier=ckpt.ledger if ckpt is not None and len(ckpt.ledger) else None,
             tools=kw.get("tools"),
             pre=((), notes),
@@ -569,7 +570,7 @@ class Session:
             info = model_info(self.model, self.registry)
             window = policy.budget_for(info.context_window if info else None, max_input_tokens)
         counter = TokenCounter.for_model(self.model, self.registry)
-        store = window if trigger.summary_share is not None else None
+        store = window  # the offline summariser keeps one budget; builds show a view
         chosen, extract_with, free = resolve_summarizer(
             summarizer,
             schema,
@@ -598,3 +599,14 @@ def _due(ckpt: LedgerCheckpoint) -> bool:
     """Whether a build should store ``ckpt`` (see ``LEDGER_SAVE_EVERY``)."""
     ahead = ckpt.upto - ckpt.saved
     return ahead > 0 and (ckpt.saved < 0 or ahead >= LEDGER_SAVE_EVERY)
+
+
+def _focusing(summarizer: Any) -> Any:
+    """The summariser a build focuses the stored summary with: the spec ``"offline"``
+    as the offline summariser (focusing reads the stored text, whatever store size
+    wrote it); a provider spec cannot focus and is not resolved (no client is made)."""
+    if summarizer == "offline":
+        from ctxwarden.llm.offline import OfflineSummarizer
+
+        return OfflineSummarizer()
+    return summarizer

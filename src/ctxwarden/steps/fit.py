@@ -60,12 +60,20 @@ def ledger_from(draft: Draft, ctx: StepContext) -> int:
     return max(draft.sys_end, draft.start - lookback)
 
 
-def ledger_cap(draft: Draft, ctx: StepContext) -> int:
+def ledger_cap(draft: Draft, ctx: StepContext, *, grows: bool = True) -> int:
+    """The ledger's token cap: ``ledger.max_tokens``, or ``ledger.free_share`` of what the
+    system prompt and layers leave when that is more (``grows``), never over
+    ``ledger.max_share`` of it. A larger budget holds more of the values that left the
+    window (a coding agent's paths and names); a summary that fills the budget (see
+    :func:`~ctxwarden.steps.layers.fill_room`, which reserves the cap without growth)
+    leaves it ``max_tokens``."""
     cfg = ctx.policy.ledger
     if not cfg.enabled:
         return 0
     layers = ctx.total([m for _, m in draft.layers])
-    return max(min(cfg.max_tokens, int((ctx.budget - ctx.fixed - layers) * cfg.max_share)), 0)
+    free = ctx.budget - ctx.fixed - layers
+    cap = max(cfg.max_tokens, int(free * cfg.free_share)) if grows else cfg.max_tokens
+    return max(min(cap, int(free * cfg.max_share)), 0)
 
 
 @dataclass(frozen=True)

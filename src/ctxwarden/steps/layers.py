@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxwarden.memory.facts import Facts
-from ctxwarden.memory.summaries import SummaryState, plan_summary, summary_view
+from ctxwarden.memory.summaries import SummaryState, plan_summary, summary_view, view_fills
 from ctxwarden.messages import Message
 from ctxwarden.steps.base import Draft, StepContext, StepResult
 
@@ -101,29 +101,36 @@ class LayersStep:
         summary = ctx.summary_text
         floor = draft.floor
         due = None
+        room = max(ctx.budget - ctx.fixed, 0)
+        trigger = ctx.policy.summary
+        facts_cap = int(room * trigger.max_facts_share)
         if state is not None:
             facts = facts_layer_text(state.facts, draft.history) or facts
+        if facts and state is not None and len(state.facts):
+            facts = _facts_within(state.facts, draft.history, facts_cap, ctx, warnings)
+        elif facts:
+            facts = _text_within(facts, facts_cap, ctx, "facts", warnings)
+        focused = False
+        if state is not None:
             if state.summary.text:
+                fill = None
+                if view_fills(trigger, ctx.summarizer):
+                    fill = fill_room(draft, ctx, state.cut, _tokens(facts, ctx) if facts else 0)
                 view, left_out = summary_in_share(
                     ctx.summarizer,
                     state.summary.text,
                     draft.history,
                     budget=ctx.budget,
-                    share=ctx.policy.summary.summary_share,
+                    share=trigger.summary_share,
                     count=ctx.count,
+                    fill=fill,
                 )
+                focused = trigger.summary_share is not None or fill is not None
                 summary = SUMMARY_HEADING + view if view else summary
                 warnings.extend(left_out)
             floor = max(floor, state.cut)
             due = summary_due(draft.history, state, ctx)
-        room = max(ctx.budget - ctx.fixed, 0)
-        trigger = ctx.policy.summary
-        facts_cap = int(room * trigger.max_facts_share)
-        if facts and state is not None and len(state.facts):
-            facts = _facts_within(state.facts, draft.history, facts_cap, ctx, warnings)
-        elif facts:
-            facts = _text_within(facts, facts_cap, ctx, "facts", warnings)
-        if summary and not (state is not None and trigger.summary_share is not None):
+        if summary and not focused:
             # (a focused view is already held within the share you chose)
             cap = int(room * trigger.max_summary_share)
             summary = _text_within(summary, cap, ctx, "summary", warnings)
@@ -193,13 +200,31 @@ def _facts_within(
     return best
 
 
+def fill_room(draft: Draft, ctx: StepContext, cut: int, facts: int) -> int:
+    """The summary layer's room when no ``summary_share`` is set and the summariser can
+    focus: what the budget leaves after the system prompt, the facts layer, the
+    messages the summary does not cover (the window shows them) and the ledger's cap.
+    The layers then fill the budget whatever its size, with no split to tune: a short
+    unsummarised tail leaves the summary most of it, a long one (heavy tool results)
+    leaves it less, but never less than ``summary.max_summary_share`` of what the system
+    prompt leaves (what a summary as written may take): under a tight budget the window
+    gives way (its oldest messages go to the ledger), not the whole summary."""
+    from ctxwarden.steps.fit import ledger_cap
+
+    room = max(ctx.budget - ctx.fixed, 0)
+    tail = ctx.total(draft.history[max(cut, draft.sys_end) :])
+    rest = room - facts - tail - ledger_cap(draft, ctx, grows=False)
+    return max(rest, int(room * ctx.policy.summary.max_summary_share))
+
+
 def summary_due(history: Sequence[Message], state: LayerState, ctx: StepContext) -> Any:
     """What a summary cycle would fold now (``None``: no trigger fires): the trigger's plan,
     a pure function of the messages (see :func:`~ctxwarden.memory.summaries.plan_summary`)."""
     from ctxwarden.build.state import SummaryDue
 
     trigger = ctx.policy.summary
-    plan = plan_summary(history, trigger, ctx.count, ctx.budget, state.summary)
+    fills = view_fills(trigger, ctx.summarizer)
+    plan = plan_summary(history, trigger, ctx.count, ctx.budget, state.summary, fills=fills)
     if plan is None:
         return None
     return SummaryDue(plan.reasons, plan.fold[0].id, plan.fold[-1].id, len(plan.fold))
@@ -213,16 +238,20 @@ def summary_in_share(
     budget: int,
     share: float | None,
     count: Callable[[Message], int],
+    fill: int | None = None,
 ) -> tuple[str, tuple[str, ...]]:
     """``(view, warnings)``: the stored ``summary`` as a build shows it (no heading).
 
     With a ``share`` of the budget and a summariser that can focus, the view for the
     newest user message in ``history`` within that share, less the heading message; a
     share too small for any sentence gives ``""`` and a warning (the summary stays
-    stored). Otherwise the summary as stored."""
+    stored). Without a share, ``fill`` (tokens, see :func:`fill_room`) is the layer's
+    room instead. Otherwise the summary as stored."""
     room = None
     if share is not None:  # the layer (heading and message framing too) within the share
         room = int(budget * share) - count(Message.system(SUMMARY_HEADING))
+    elif fill is not None:  # what the rest of the context leaves (see fill_room)
+        room = fill - count(Message.system(SUMMARY_HEADING))
     view = summary_view(summarizer, summary, _newest_user_text(history), room)
     if view:
         return view, ()
