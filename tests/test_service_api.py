@@ -224,3 +224,43 @@ def test_summaries_run_after_calls_and_reach_the_next_build(
     finally:
         proxy.stop()
         upstream.stop()
+
+
+def test_the_summary_cycle_measures_the_fill_against_the_calls_budget(
+    db_url: str, tmp_path: pathlib.Path
+) -> None:
+    # only a fill-ratio trigger: 60% of a 1,000-token budget is due, 60% of gpt-4o's window is not
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[summary]\nmax_messages = 1000\nfill_ratio = 0.6\nkeep_recent = 2\n")
+    upstream = ScriptedServer(lambda r: Reply(body=openai_completion("noted"))).start()
+    key = add_tenant(db_url, "acme")
+    proxy = ProxyServer(
+        db_url,
+        upstream=upstream.url + "/v1",
+        extra=("--summarizer", "offline", "--policy", str(policy)),
+    )
+    session = sid()
+    history: list[dict[str, Any]] = [{"role": "system", "content": "You help with orders."}]
+    for i in range(12):
+        note = " ".join(f"line {j} of the order notes." for j in range(12))
+        history += [
+            {"role": "user", "content": f"Order ORD-{800 + i} costs {100 + i} EUR. {note}"},
+            {"role": "assistant", "content": f"Noted ORD-{800 + i}."},
+        ]
+    history.append({"role": "user", "content": "Summarise my orders."})
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0)
+    try:
+        with client:
+            headers = {"X-Ctxwarden-Session": session, "X-Ctxwarden-Max-Input-Tokens": "1000"}
+            client.chat.completions.create(model="gpt-4o", messages=history, extra_headers=headers)
+            deadline = time.monotonic() + 20
+            detail: dict[str, Any] = {}
+            while time.monotonic() < deadline:
+                _, detail = proxy.get(f"/v1/sessions/{session}", key)
+                if detail["summary"]:
+                    break
+                time.sleep(0.1)
+            assert detail["summary"] and "ORD-800" in detail["summary"]
+    finally:
+        proxy.stop()
+        upstream.stop()

@@ -1,7 +1,8 @@
 """Summary cycles after a call, off the request path (``ctxwarden serve --summarizer``).
 
 When a reply is stored, the session's summary cycle (:meth:`ctxwarden.Session.summarize`,
-with the tenant policy's ``[summary]`` trigger) is started in the background, at most one
+with the tenant policy's ``[summary]`` trigger, its fill measured against the budget of
+the call's build, as the build and a ``--broker`` job measure it) is started in the background, at most one
 per session at a time; the response never waits for it. It runs in its own worker thread
 (its own event loop for the model call), outside the store limiter, so a slow
 summarising model never holds up calls; the cycle itself holds no transaction while the
@@ -37,30 +38,41 @@ class Summaries:
         self.hub = hub
         self.summarizer, self.extractor, _ = resolve_summarizer(spec)
         self._running: set[tuple[str, str]] = set()
+        self._budgets: dict[tuple[str, str], int] = {}  # the last build's, until its call ends
         self._tasks: set[asyncio.Task[None]] = set()
         self._limiter = anyio.CapacityLimiter(2)
 
     def after_build(self, tenant: Tenant, session: Session, model: str, built: Any) -> None:
-        """Nothing at build time: the cycle starts after the call (see the module)."""
+        """Remember the budget the build was made within: the cycle after the call measures
+        the trigger's fill against it, as the build (and a ``--broker`` job) does."""
+        self._budgets[(tenant.name, session.session_id)] = built.audit.budget
 
     def after_call(self, tenant: Tenant, session: Session, model: str) -> None:
         """Start a cycle for ``session`` unless one is running for it."""
         key = (tenant.name, session.session_id)
+        budget = self._budgets.pop(key, None)
         if key in self._running:
             return
         self._running.add(key)
-        task = asyncio.get_running_loop().create_task(self._cycle(key, tenant, session, model))
+        task = asyncio.get_running_loop().create_task(
+            self._cycle(key, tenant, session, model, budget)
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _cycle(
-        self, key: tuple[str, str], tenant: Tenant, session: Session, model: str
+        self,
+        key: tuple[str, str],
+        tenant: Tenant,
+        session: Session,
+        model: str,
+        budget: int | None,
     ) -> None:
         metrics = self.hub.metrics
         started = time.perf_counter()
         try:
             written = await anyio.to_thread.run_sync(
-                self._run, session, tenant, model, limiter=self._limiter
+                self._run, session, tenant, model, budget, limiter=self._limiter
             )
             if written is not None:
                 metrics.summaries_due.inc()
@@ -73,11 +85,13 @@ class Summaries:
         finally:
             self._running.discard(key)
 
-    def _run(self, session: Session, tenant: Tenant, model: str) -> Any:
-        try:
-            window: int | None = get_model(model, self.hub.config.registry).context_window
-        except UnknownModelError:
-            window = None
+    def _run(self, session: Session, tenant: Tenant, model: str, budget: int | None) -> Any:
+        window: int | None = budget
+        if window is None:  # no build seen (a reply stored without one): the model's window
+            try:
+                window = get_model(model, self.hub.config.registry).context_window
+            except UnknownModelError:
+                window = None
         return asyncio.run(
             session.summarize(
                 self.summarizer,
