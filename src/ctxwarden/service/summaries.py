@@ -2,12 +2,13 @@
 
 When a reply is stored, the session's summary cycle (:meth:`ctxwarden.Session.summarize`,
 with the tenant policy's ``[summary]`` trigger, its fill measured against the budget of
-the call's build, as the build and a ``--broker`` job measure it) is started in the background, at most one
-per session at a time; the response never waits for it. It runs in its own worker thread
-(its own event loop for the model call), outside the store limiter, so a slow
-summarising model never holds up calls; the cycle itself holds no transaction while the
-model thinks. The next build uses what it wrote. Metrics: ``ctxwarden_summaries_due_total``
-(the trigger fired), ``_run_total`` (written), ``_failed_total``, ``ctxwarden_summary_seconds``.
+the call's build, as the build and a ``--broker`` job measure it) is started in the
+background, at most one per session at a time; the response never waits for it. It runs
+in its own worker thread (its own event loop for the model call), outside the store
+limiter, so a slow summarising model never holds up calls; the cycle itself holds no
+transaction while the model thinks. The next build uses what it wrote. Metrics:
+``ctxwarden_summaries_due_total`` (the trigger fired), ``_run_total`` (written),
+``_failed_total``, ``ctxwarden_summary_seconds``.
 """
 
 from __future__ import annotations
