@@ -177,17 +177,39 @@ def test_openapi_schema_lists_the_routes(env: Env) -> None:
     } <= paths
 
 
-def test_summaries_run_after_calls_and_reach_the_next_build(
-    db_url: str, tmp_path: pathlib.Path
-) -> None:
+def _summarising_proxy(
+    db_url: str, tmp_path: pathlib.Path, summary_toml: str
+) -> tuple[ScriptedServer, ProxyServer, str]:
+    """A proxy with the offline summariser and a ``[summary]`` policy, its upstream, a key."""
     policy = tmp_path / "policy.toml"
-    policy.write_text("[summary]\nmax_messages = 6\nkeep_recent = 2\n")
+    policy.write_text("[summary]\n" + summary_toml)
     upstream = ScriptedServer(lambda r: Reply(body=openai_completion("noted"))).start()
     key = add_tenant(db_url, "acme")
     proxy = ProxyServer(
         db_url,
         upstream=upstream.url + "/v1",
         extra=("--summarizer", "offline", "--policy", str(policy)),
+    )
+    return upstream, proxy, key
+
+
+def _stored_summary(proxy: ProxyServer, session: str, key: str) -> str | None:
+    """The session's summary once the background cycle wrote it (waits up to 20 s)."""
+    deadline = time.monotonic() + 20
+    detail: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        _, detail = proxy.get(f"/v1/sessions/{session}", key)
+        if detail["summary"]:
+            break
+        time.sleep(0.1)
+    return detail["summary"]  # type: ignore[no-any-return]
+
+
+def test_summaries_run_after_calls_and_reach_the_next_build(
+    db_url: str, tmp_path: pathlib.Path
+) -> None:
+    upstream, proxy, key = _summarising_proxy(
+        db_url, tmp_path, "max_messages = 6\nkeep_recent = 2\n"
     )
     session = sid()
     history: list[dict[str, Any]] = [{"role": "system", "content": "You help with orders."}]
@@ -202,14 +224,8 @@ def test_summaries_run_after_calls_and_reach_the_next_build(
         with client:
             headers = {"X-Ctxwarden-Session": session}
             client.chat.completions.create(model="gpt-4o", messages=history, extra_headers=headers)
-            deadline = time.monotonic() + 20
-            detail: dict[str, Any] = {}
-            while time.monotonic() < deadline:
-                _, detail = proxy.get(f"/v1/sessions/{session}", key)
-                if detail["summary"]:
-                    break
-                time.sleep(0.1)
-            assert detail["summary"] and "ORD-700" in detail["summary"]
+            summary = _stored_summary(proxy, session, key)
+            assert summary and "ORD-700" in summary
             history += [
                 {"role": "assistant", "content": "noted"},
                 {"role": "user", "content": "ok"},
@@ -230,14 +246,8 @@ def test_the_summary_cycle_measures_the_fill_against_the_calls_budget(
     db_url: str, tmp_path: pathlib.Path
 ) -> None:
     # only a fill-ratio trigger: 60% of a 1,000-token budget is due, 60% of gpt-4o's window is not
-    policy = tmp_path / "policy.toml"
-    policy.write_text("[summary]\nmax_messages = 1000\nfill_ratio = 0.6\nkeep_recent = 2\n")
-    upstream = ScriptedServer(lambda r: Reply(body=openai_completion("noted"))).start()
-    key = add_tenant(db_url, "acme")
-    proxy = ProxyServer(
-        db_url,
-        upstream=upstream.url + "/v1",
-        extra=("--summarizer", "offline", "--policy", str(policy)),
+    upstream, proxy, key = _summarising_proxy(
+        db_url, tmp_path, "max_messages = 1000\nfill_ratio = 0.6\nkeep_recent = 2\n"
     )
     session = sid()
     history: list[dict[str, Any]] = [{"role": "system", "content": "You help with orders."}]
@@ -253,14 +263,8 @@ def test_the_summary_cycle_measures_the_fill_against_the_calls_budget(
         with client:
             headers = {"X-Ctxwarden-Session": session, "X-Ctxwarden-Max-Input-Tokens": "1000"}
             client.chat.completions.create(model="gpt-4o", messages=history, extra_headers=headers)
-            deadline = time.monotonic() + 20
-            detail: dict[str, Any] = {}
-            while time.monotonic() < deadline:
-                _, detail = proxy.get(f"/v1/sessions/{session}", key)
-                if detail["summary"]:
-                    break
-                time.sleep(0.1)
-            assert detail["summary"] and "ORD-800" in detail["summary"]
+            summary = _stored_summary(proxy, session, key)
+            assert summary and "ORD-800" in summary
     finally:
         proxy.stop()
         upstream.stop()
