@@ -444,6 +444,11 @@ def test_postgres_down_answers_503_and_loses_nothing(
             assert time.monotonic() - started < 15
         assert httpx2.get(proxy.url + "/readyz", timeout=30).status_code == 503
         relay.start()
+        # the pool reconnects in the background (with backoff): a client retries on 503
+        deadline = time.monotonic() + 60
+        while httpx2.get(proxy.url + "/readyz", timeout=30).status_code != 200:
+            assert time.monotonic() < deadline, "the store did not come back within 60 s"
+            time.sleep(0.5)
         for _ in range(4):  # the same turn again, then on
             client.turn()
         metrics = httpx2.get(proxy.url + "/metrics").text
