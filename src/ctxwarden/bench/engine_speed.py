@@ -492,16 +492,16 @@ def print_report(report: dict[str, Any], *, per_call: bool = True) -> None:
         f"{_verdict(ok['cold_ms'])}"
     )
     console.print(
-        f"  cold build, fresh process {_f(big['cold_fresh_ms'])} ms <= {t['fresh_cold_ms']} ms  "
+        f"  cold build, fresh process {_f(big['cold_fresh_ms'])} <= {t['fresh_cold_ms']} ms  "
         f"{_verdict(ok.get('fresh_cold_ms'))}  (from a stored state in a fresh process: "
-        f"{_f(big.get('fresh_state_ms'))} ms, of which loading the state "
-        f"{_f(big.get('fresh_state_load_ms'))} ms)"
+        f"{_f(big.get('fresh_state_ms'))}, of which loading the state "
+        f"{_f(big.get('fresh_state_load_ms'))})"
     )
     small = min(report["sizes"], key=lambda r: r["messages"])
     if "fresh_cold_small" in ok:
         console.print(
             f"  cold build, fresh process at {small['messages']:,} messages "
-            f"{_f(small['cold_fresh_ms'])} ms < trim_messages {_f(small.get('trim_ms'))} ms  "
+            f"{_f(small['cold_fresh_ms'])} < trim_messages {_f(small.get('trim_ms'))}  "
             f"{_verdict(ok['fresh_cold_small'])}"
         )
     if "loop_speedup" in ok:
