@@ -67,13 +67,11 @@ def pg_schema_url() -> Iterator[str | None]:
     """
     import uuid
 
-    dsn = os.environ.get("CTXWARDEN_TEST_POSTGRES")
-    if not dsn:
+    from service_harness import PG_DSN, drop_schema, pg_url
+
+    if not PG_DSN:
         yield None
         return
     schema = f"ctxw_t_{uuid.uuid4().hex[:10]}"
-    yield f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
-    import psycopg
-
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    yield pg_url(schema)
+    drop_schema(schema)

@@ -32,13 +32,10 @@ import httpx2
 import pytest
 from service_harness import (
     CLI,
-    PG_DSN,
     PG_SKIP,
     ProxyServer,
     add_tenant,
-    drop_schema,
     free_port,
-    pg_url,
 )
 
 from ctxwarden import Session
@@ -53,12 +50,10 @@ BUDGET = "2500"  # tokens per build: the window moves, the ledger and eviction w
 
 
 @pytest.fixture
-def pg() -> Iterator[str]:
-    if not PG_DSN:
+def pg(pg_schema_url: str | None) -> str:
+    if not pg_schema_url:
         pytest.skip(PG_SKIP)
-    schema = f"ctxw_rep_{uuid.uuid4().hex[:10]}"
-    yield pg_url(schema)
-    drop_schema(schema)
+    return pg_schema_url
 
 
 @pytest.fixture

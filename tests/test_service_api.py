@@ -193,6 +193,20 @@ def _summarising_proxy(
     return upstream, proxy, key
 
 
+def _orders(count: int, *, first: int, note: str = "") -> list[dict[str, Any]]:
+    """A chat stating ``count`` orders (ORD-<first>..., each with ``note``), then asking
+    for a summary."""
+    history: list[dict[str, Any]] = [{"role": "system", "content": "You help with orders."}]
+    for i in range(count):
+        said = f"Order ORD-{first + i} costs {100 + i} EUR." + (f" {note}" if note else "")
+        history += [
+            {"role": "user", "content": said},
+            {"role": "assistant", "content": f"Noted ORD-{first + i}."},
+        ]
+    history.append({"role": "user", "content": "Summarise my orders."})
+    return history
+
+
 def _stored_summary(proxy: ProxyServer, session: str, key: str) -> str | None:
     """The session's summary once the background cycle wrote it (waits up to 20 s)."""
     deadline = time.monotonic() + 20
@@ -212,13 +226,7 @@ def test_summaries_run_after_calls_and_reach_the_next_build(
         db_url, tmp_path, "max_messages = 6\nkeep_recent = 2\n"
     )
     session = sid()
-    history: list[dict[str, Any]] = [{"role": "system", "content": "You help with orders."}]
-    for i in range(5):
-        history += [
-            {"role": "user", "content": f"Order ORD-{700 + i} costs {100 + i} EUR."},
-            {"role": "assistant", "content": f"Noted ORD-{700 + i}."},
-        ]
-    history.append({"role": "user", "content": "Summarise my orders."})
+    history = _orders(5, first=700)
     client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0)
     try:
         with client:
@@ -250,14 +258,8 @@ def test_the_summary_cycle_measures_the_fill_against_the_calls_budget(
         db_url, tmp_path, "max_messages = 1000\nfill_ratio = 0.6\nkeep_recent = 2\n"
     )
     session = sid()
-    history: list[dict[str, Any]] = [{"role": "system", "content": "You help with orders."}]
-    for i in range(12):
-        note = " ".join(f"line {j} of the order notes." for j in range(12))
-        history += [
-            {"role": "user", "content": f"Order ORD-{800 + i} costs {100 + i} EUR. {note}"},
-            {"role": "assistant", "content": f"Noted ORD-{800 + i}."},
-        ]
-    history.append({"role": "user", "content": "Summarise my orders."})
+    note = " ".join(f"line {j} of the order notes." for j in range(12))
+    history = _orders(12, first=800, note=note)
     client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0)
     try:
         with client:
