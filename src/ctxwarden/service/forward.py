@@ -72,7 +72,8 @@ async def _finish(
 ) -> None:
     await hub.run(finish, hub, prepared, reply, usage, status)
     if reply is not None and hub.summaries is not None:
-        hub.summaries.after_call(prepared.call.tenant, prepared.synced.session, prepared.call.model)
+        call = prepared.call
+        hub.summaries.after_call(call.tenant, prepared.synced.session, call.model, prepared.built)
 
 
 async def forward(

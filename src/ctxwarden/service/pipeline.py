@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ctxwarden import BuiltContext, TokenCounter, Usage, estimate_cost, get_model
+from ctxwarden import BuiltContext, Session, TokenCounter, Usage, estimate_cost, get_model
 from ctxwarden.errors import UnknownModelError, VersionConflict
 from ctxwarden.messages import Message
 from ctxwarden.service.history import Synced, message_key, sync_history
@@ -86,7 +86,7 @@ def _budget(hub: Hub, call: Call) -> int | None:
 
 
 def _with_summary_job(
-    hub: Hub, call: Call, session: Any
+    hub: Hub, call: Call, session: Session
 ) -> Callable[[BuiltContext], BuiltContext] | None:
     """With ``--broker``: enqueue a summary the build found due; a deferral is a warning
     in the build's audit (added before the build is logged)."""

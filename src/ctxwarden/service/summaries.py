@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from ctxwarden import Session, UnknownModelError, get_model
+from ctxwarden import Session
 from ctxwarden.errors import CtxwardenError
 from ctxwarden.service.hub import Hub, Tenant
 
@@ -39,25 +39,22 @@ class Summaries:
         self.hub = hub
         self.summarizer, self.extractor, _ = resolve_summarizer(spec)
         self._running: set[tuple[str, str]] = set()
-        self._budgets: dict[tuple[str, str], int] = {}  # the last build's, until its call ends
         self._tasks: set[asyncio.Task[None]] = set()
         self._limiter = anyio.CapacityLimiter(2)
 
     def after_build(self, tenant: Tenant, session: Session, model: str, built: Any) -> None:
-        """Remember the budget the build was made within: the cycle after the call measures
-        the trigger's fill against it, as the build (and a ``--broker`` job) does."""
-        self._budgets[(tenant.name, session.session_id)] = built.audit.budget
+        """Nothing at build time: the cycle starts after the call (see the module)."""
 
-    def after_call(self, tenant: Tenant, session: Session, model: str) -> None:
-        """Start a cycle for ``session`` unless one is running for it."""
+    def after_call(self, tenant: Tenant, session: Session, model: str, built: Any) -> None:
+        """Start a cycle for ``session`` unless one is running for it; it measures the
+        trigger's fill against the budget ``built`` was made within, as the build (and a
+        ``--broker`` job) does."""
         key = (tenant.name, session.session_id)
-        budget = self._budgets.pop(key, None)
+        budget: int = built.audit.budget
         if key in self._running:
             return
         self._running.add(key)
-        task = asyncio.get_running_loop().create_task(
-            self._cycle(key, tenant, session, model, budget)
-        )
+        task = asyncio.get_running_loop().create_task(self._cycle(key, tenant, session, budget))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -66,14 +63,13 @@ class Summaries:
         key: tuple[str, str],
         tenant: Tenant,
         session: Session,
-        model: str,
-        budget: int | None,
+        budget: int,
     ) -> None:
         metrics = self.hub.metrics
         started = time.perf_counter()
         try:
             written = await anyio.to_thread.run_sync(
-                self._run, session, tenant, model, budget, limiter=self._limiter
+                self._run, session, tenant, budget, limiter=self._limiter
             )
             if written is not None:
                 metrics.summaries_due.inc()
@@ -86,19 +82,13 @@ class Summaries:
         finally:
             self._running.discard(key)
 
-    def _run(self, session: Session, tenant: Tenant, model: str, budget: int | None) -> Any:
-        window: int | None = budget
-        if window is None:  # no build seen (a reply stored without one): the model's window
-            try:
-                window = get_model(model, self.hub.config.registry).context_window
-            except UnknownModelError:
-                window = None
+    def _run(self, session: Session, tenant: Tenant, budget: int) -> Any:
         return asyncio.run(
             session.summarize(
                 self.summarizer,
                 self.extractor,
                 trigger=tenant.policy.summary,
-                window=window,
+                window=budget,
             )
         )
 

@@ -94,7 +94,7 @@ class SummaryJobs:
             raise
         return "enqueued"
 
-    def after_call(self, tenant: Tenant, session: Session, model: str) -> None:
+    def after_call(self, tenant: Tenant, session: Session, model: str, built: BuiltContext) -> None:
         """Nothing after the call: jobs are enqueued from the build (see above)."""
 
     async def aclose(self) -> None:
