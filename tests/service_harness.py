@@ -194,12 +194,14 @@ def anthropic_rich_stream(
     text: str,
     tool: tuple[str, str, dict[str, Any]] | None,
     thinking: str = "",
+    redacted: str = "",
     error: bool = False,
 ) -> list[str]:
-    """An Anthropic stream with a thinking block (thinking and signature deltas), a
-    ``ping``, a text block, optionally a ``tool_use`` block streamed as
-    ``input_json_delta`` pieces, usage split over ``message_start`` and
-    ``message_delta``; or cut by ``event: error`` after the first text delta."""
+    """An Anthropic stream with a thinking block (thinking and signature deltas) and a
+    ``redacted_thinking`` block (whole in its start event) if asked, a ``ping``, a text
+    block, optionally a ``tool_use`` block streamed as ``input_json_delta`` pieces, usage
+    split over ``message_start`` and ``message_delta``; or cut by ``event: error`` after
+    the first text delta."""
     usage = {"input_tokens": 120, "output_tokens": 1, "cache_read_input_tokens": 40,
              "cache_creation_input_tokens": 10}  # fmt: skip
     start = {"id": "msg_rich", "type": "message", "role": "assistant", "model": "claude",
@@ -212,6 +214,10 @@ def anthropic_rich_stream(
         out.append(_delta(0, {"type": "signature_delta", "signature": "sig-abc"}))
         out.append(_stop(0))
         index = 1
+    if redacted:
+        out.append(_block(index, {"type": "redacted_thinking", "data": redacted}))
+        out.append(_stop(index))
+        index += 1
     out.append(sse("ping", {"type": "ping"}))
     out.append(_block(index, {"type": "text", "text": ""}))
     half = len(text) // 2

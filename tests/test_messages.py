@@ -89,6 +89,38 @@ def test_parallel_results_merge_into_one_user_turn() -> None:
     assert [b["type"] for b in turns[2]["content"]] == ["tool_result", "tool_result", "text"]
 
 
+def test_thinking_blocks_go_back_byte_for_byte_in_their_place() -> None:
+    """Anthropic checks a thinking block's signature and its place in the turn: both
+    survive the round trip, through the stored (OpenAI-shaped) form too, and count."""
+    thinking = {"type": "thinking", "thinking": "Plan: look it up.", "signature": "c2ln+/=="}
+    redacted = {"type": "redacted_thinking", "data": "RU5DUllQVEVE"}
+    use_a = {"type": "tool_use", "id": "tu_a", "name": "lookup", "input": {"q": "a"}}
+    use_b = {"type": "tool_use", "id": "tu_b", "name": "lookup", "input": {"q": "b"}}
+    result = {"type": "tool_result", "tool_use_id": "tu_a", "content": "A"}
+    result_b = {"type": "tool_result", "tool_use_id": "tu_b", "content": "B"}
+    turns = [
+        {"role": "user", "content": "find a and b"},
+        {"role": "assistant", "content": [thinking, redacted, {"type": "text", "text": "On it."},
+                                          use_a]},
+        {"role": "user", "content": [result]},
+        # interleaved thinking: a block after a call keeps its place
+        {"role": "assistant", "content": [use_b, dict(thinking, signature="c2ln2")]},
+        {"role": "user", "content": [result_b]},
+    ]  # fmt: skip
+    parsed = messages_from_anthropic(None, turns)
+    assert parsed[1].text == "On it." and [c.id for c in parsed[1].tool_calls] == ["tu_a"]
+    stored = messages_from_openai(messages_to_openai(parsed, with_meta=True))
+    for messages in (parsed, stored):
+        _, back = messages_to_anthropic(messages)
+        assert json.dumps([back[1], back[3]]) == json.dumps([turns[1], turns[3]])
+    counter = ctxwarden.TokenCounter.for_model("claude-sonnet-4-5")
+    bare = Message.assistant("On it.", parsed[1].tool_calls)
+    assert counter.count_message(parsed[1]) > counter.count_message(bare) + 10
+    # a cache breakpoint never lands on a thinking block (the API refuses it)
+    _, marked = messages_to_anthropic(parsed[3:4], cache_breakpoints={parsed[3].id})
+    assert [("cache_control" in b) for b in marked[0]["content"]] == [True, False]
+
+
 def test_parts_images_and_unknown_keys_survive() -> None:
     raw = [
         {"role": "developer", "content": "be brief"},

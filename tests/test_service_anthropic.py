@@ -212,3 +212,69 @@ def test_openai_routes_without_an_openai_upstream_say_so(env: Env) -> None:
     assert r.status_code == 404 and "--upstream" in r.json()["error"]["message"]
     models = httpx2.get(env.proxy.url + "/v1/models", headers={"x-api-key": env.key}).json()
     assert MODEL in {m["id"] for m in models["data"]}
+
+
+THOUGHT = "The user wants record 9; the lookup tool has it. " * 40
+SIGNATURE = "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds"
+
+
+def _thinking_reply(stream: bool) -> Reply:
+    """A reply that thinks (a signed block and a redacted one), says a word and calls a tool."""
+    tool = ("tu_think", "lookup", {"id": 9})
+    if stream:
+        events = anthropic_rich_stream(
+            text="Looking.", tool=tool, thinking=THOUGHT, redacted="ENCRYPTED=="
+        )
+        return Reply(events=[e.replace("sig-abc", SIGNATURE) for e in events])
+    body = anthropic_message("", stop_reason="tool_use")
+    body["content"] = [
+        {"type": "thinking", "thinking": THOUGHT, "signature": SIGNATURE},
+        {"type": "redacted_thinking", "data": "ENCRYPTED=="},
+        {"type": "text", "text": "Looking."},
+        {"type": "tool_use", "id": tool[0], "name": tool[1], "input": tool[2]},
+    ]
+    return Reply(body=body)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_thinking_blocks_go_back_upstream_unchanged_in_a_tool_loop(env: Env, stream: bool) -> None:
+    """Anthropic requires the assistant turn before a tool_result to carry its thinking
+    blocks exactly as received: the proxy stores them and sends them back, in place,
+    signature intact, counted in the input tokens."""
+    session = sid()
+    tools = [{"name": "lookup", "input_schema": {"type": "object"}}]
+    history: list[dict[str, Any]] = [{"role": "user", "content": "find 9"}]
+    env.upstream.reply(_thinking_reply(stream))
+    kw: dict[str, Any] = dict(
+        model=MODEL, max_tokens=2048, messages=history, tools=tools, extra_headers=hdr(session),
+        thinking={"type": "enabled", "budget_tokens": 1024},
+    )  # fmt: skip
+    if stream:
+        with env.client().messages.stream(**kw) as events:
+            final = events.get_final_message()
+    else:
+        final = env.client().messages.create(**kw)
+    assert [b.type for b in final.content] == ["thinking", "redacted_thinking", "text", "tool_use"]
+    assert final.content[0].signature == SIGNATURE  # type: ignore[union-attr]
+
+    # the agent loop: the reply as the SDK gave it, then the tool's result
+    history += [
+        {"role": "assistant", "content": final.content},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "tu_think", "content": "record 9: ok"}]},
+    ]  # fmt: skip
+    raw = env.client().messages.with_raw_response.create(**{**kw, "messages": history})
+    assert raw.headers["x-ctxwarden-session"] == session  # no branch: the echo matched
+    sent = env.upstream.requests[-1].json
+    assert sent["thinking"] == {"type": "enabled", "budget_tokens": 1024}
+    turn = sent["messages"][1]
+    assert turn["role"] == "assistant"
+    assert turn["content"] == [
+        {"type": "thinking", "thinking": THOUGHT, "signature": SIGNATURE},
+        {"type": "redacted_thinking", "data": "ENCRYPTED=="},
+        {"type": "text", "text": "Looking."},
+        {"type": "tool_use", "id": "tu_think", "name": "lookup", "input": {"id": 9}},
+    ]
+    assert sent["messages"][2]["content"][0]["tool_use_id"] == "tu_think"
+    # counted: the thinking alone is several hundred tokens of what was sent
+    assert int(raw.headers["x-ctxwarden-input-tokens"]) > len(THOUGHT.split())

@@ -1,6 +1,6 @@
 """Anthropic Messages wire format <-> :class:`~ctxwarden.messages.Message`.
 
-Anthropic differs from OpenAI in four ways that matter here:
+Anthropic differs from OpenAI in five ways that matter here:
 
 * the system prompt is a separate parameter (we send it as a list of text blocks, one
   per system message, so cache breakpoints can sit between them);
@@ -10,7 +10,15 @@ Anthropic differs from OpenAI in four ways that matter here:
 * ``tool_use`` ids must be unique in a request, while recorded traces reuse them: a
   reused id is sent with a ``__dupN`` suffix on both the call and its result, and the
   suffix is removed on the way back;
-* ``cache_control`` marks the end of a cacheable prefix (at most 4 breakpoints).
+* ``cache_control`` marks the end of a cacheable prefix (at most 4 breakpoints);
+* an assistant turn may carry ``thinking`` / ``redacted_thinking`` blocks (and server
+  tool blocks) that must go back exactly as received, in their place, with their
+  ``signature`` (Anthropic requires it in a tool-use loop). They are
+  :class:`~ctxwarden.messages.RawPart` s of the assistant message, so they are counted
+  in the budget and stay with the ``tool_use`` they precede; nothing rewrites them.
+  OpenAI's chat wire has no such blocks: :func:`~ctxwarden.formats.messages_to_openai`
+  writes the parts verbatim (its round trip is the identity), so a history holding
+  them is for an Anthropic model.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ MAX_CACHE_BREAKPOINTS = 4
 _DUP = re.compile(r"__dup\d+$")
 _DATA_URI = re.compile(r"^data:(?P<media>[\w/+.-]+);base64,(?P<data>.*)$", re.DOTALL)
 _CACHE = {"type": "ephemeral"}
+_UNMARKED = ("thinking", "redacted_thinking")  # the API refuses cache_control on these
+_ORDER = "anthropic_order"  # meta key: an assistant turn's block order, "c" content, "t" call
 
 
 def _image_block(part: ImagePart) -> dict[str, Any]:
@@ -67,6 +77,22 @@ def _tool_input(call: ToolCall) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"_value": value}
 
 
+def _in_order(
+    content: list[dict[str, Any]], uses: list[dict[str, Any]], message: Message
+) -> list[dict[str, Any]]:
+    """Content blocks then ``tool_use`` blocks, or the order the turn came in (a block
+    after a call, as interleaved thinking writes) when ``meta`` kept it and it still fits."""
+    order = message.meta.get(_ORDER)
+    if (
+        not isinstance(order, str)
+        or order.count("c") != len(content)
+        or order.count("t") != len(uses)
+    ):
+        return content + uses
+    blocks, calls = iter(content), iter(uses)
+    return [next(blocks) if kind == "c" else next(calls) for kind in order]
+
+
 def messages_to_anthropic(
     messages: Sequence[Message], *, cache_breakpoints: Collection[str] = ()
 ) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]]]:
@@ -89,8 +115,10 @@ def messages_to_anthropic(
         return call_id if count == 1 else f"{call_id}__dup{count}"
 
     def add(role: str, blocks: list[dict[str, Any]], msg: Message) -> None:
-        if msg.id in cache_breakpoints and blocks:
-            blocks[-1] = {**blocks[-1], "cache_control": dict(_CACHE)}
+        if msg.id in cache_breakpoints:  # on the last block that takes one (not thinking)
+            marked = [i for i, b in enumerate(blocks) if b.get("type") not in _UNMARKED]
+            if marked:
+                blocks[marked[-1]] = {**blocks[marked[-1]], "cache_control": dict(_CACHE)}
         if turns and turns[-1]["role"] == role:
             turns[-1]["content"].extend(blocks)
         else:
@@ -125,7 +153,7 @@ def messages_to_anthropic(
                         "input": _tool_input(call),
                     }
                 )
-            add("assistant", _content_blocks(head.content) + uses, head)
+            add("assistant", _in_order(_content_blocks(head.content), uses, head), head)
             for result in block.messages[1:]:
                 ids = renamed[result.tool_call_id or ""]
                 tool_use_id = ids.pop(0)
@@ -167,6 +195,24 @@ def _simplify(parts: tuple[Part, ...]) -> str | tuple[Part, ...]:
     if not parts:
         return ""
     return parts
+
+
+def _assistant(blocks: Sequence[Mapping[str, Any]], calls: tuple[ToolCall, ...]) -> Message:
+    """An assistant turn: ``tool_use`` blocks become calls; text alone is a string; any
+    other block (``thinking``, ``redacted_thinking``, server tool blocks) stays a
+    :class:`RawPart` in its place among the text parts, sent back byte for byte. Blocks
+    that came after a ``tool_use`` have their order kept in ``meta`` (:data:`_ORDER`)."""
+    rest = [b for b in blocks if b.get("type") != "tool_use"]
+    if all(b.get("type") == "text" for b in rest):
+        text = "".join(str(b.get("text", "")) for b in rest)
+        return Message.assistant(text or None, calls)
+    parts = tuple(
+        TextPart(str(b.get("text", ""))) if b.get("type") == "text" else RawPart(dict(b))
+        for b in rest
+    )
+    order = "".join("t" if b.get("type") == "tool_use" else "c" for b in blocks)
+    meta = {} if "tc" not in order else {_ORDER: order}
+    return Message(role="assistant", content=parts, tool_calls=calls, meta=meta)
 
 
 def messages_from_anthropic(
@@ -235,11 +281,7 @@ def messages_from_anthropic(
                         raw["_raw_arguments"] if set(raw) == {"_raw_arguments"} else json.dumps(raw)
                     )
                     calls.append(ToolCall(id=call_id, name=str(b["name"]), arguments=args))
-            text_blocks = [b for b in blocks if b.get("type") != "tool_use"]
-            text = "".join(str(b.get("text", "")) for b in text_blocks if b.get("type") == "text")
-            others = [b for b in text_blocks if b.get("type") != "text"]
-            extra = {"anthropic_blocks": others} if others else {}
-            out.append(Message.assistant(text or None, tuple(calls), meta=extra))
+            out.append(_assistant(blocks, tuple(calls)))
             continue
         pending: list[Mapping[str, Any]] = []
         for b in blocks:
