@@ -122,6 +122,29 @@ def test_recall_from_memory_returns_the_original_and_its_audit_entry() -> None:
         recall(history, "cw:msg:nope")
 
 
+def test_a_recall_result_is_sent_whole_when_it_fits_and_cut_only_to_fit() -> None:
+    """Truncating the original the model recalled would send it back to recall it again:
+    the result of a recall call is not truncated; only the budget cuts it."""
+    log = "\n".join(f"line {i}: step {i} ok, artifact-{i * 7}.tar" for i in range(300))
+    call = ToolCall("r1", RECALL_TOOL_NAME, json.dumps({"handle": "cw:msg:m3"}))
+    other = ToolCall("r2", "build_log", "{}")
+    history = [
+        Message.user("Which artifact did step 211 make?"),
+        Message.assistant(None, (call,)),
+        Message.tool(log, "r1"),  # a client's answer: no name, its call says what it is
+        Message.assistant(None, (other,)),
+        Message.tool(log, "r2"),
+    ]
+    built = build_context(history, max_input_tokens=20_000)
+    sent = {m.tool_call_id: m.text for m in built.messages if m.role == "tool"}
+    assert sent["r1"] == log and sent["r2"] != log  # the plain result is cut as always
+    assert [a.message_id for a in built.audit.actions if a.action == "truncated"] == [
+        history[4].id
+    ]
+    tight = build_context(history[:3], max_input_tokens=800)
+    assert tight.input_tokens <= 800 and "artifact-7.tar" in tight.messages[-1].text
+
+
 def _later_commands(history: list[Message], after: int) -> str:
     return " ".join(c.arguments for m in history[after:] for c in m.tool_calls)
 

@@ -20,6 +20,11 @@ how much, and the values of the cut part are listed after it
 (:mod:`~ctxwarden.steps.cut_values`). Work is bounded: at most ``max_chars`` of a result
 are examined, and no draft longer than the target can hold is ever counted.
 
+A **recall result** (the answer to a ``ctxwarden_recall`` call: the original the model
+asked for by its handle) is not cut here: cutting it again would send the model back to
+recall it. The budget still binds it — the newest block is cut to fit when it must
+(:mod:`~ctxwarden.steps.evict`) — and an older one is masked or dropped like any result.
+
 Output is a function of the message, its request and the configuration only, so a result
 truncated at turn *t* is byte-identical at turn *t+1* and the prompt prefix stays
 cacheable. The memo that makes repeated builds cheap (:class:`_Memo`) is bounded,
@@ -37,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxwarden.errors import ConfigError
+from ctxwarden.memory.recall import RECALL_TOOL_NAME
 from ctxwarden.messages import Message
 from ctxwarden.steps.base import Action, StrategyContext, StrategyResult
 from ctxwarden.steps.cut_json import truncate_json
@@ -118,6 +124,16 @@ def _counter_key(fn: Callable[..., Any] | None) -> Hashable | None:
     if not isinstance(owner, TokenCounter):
         return None
     return (getattr(fn, "__name__", ""), owner.encoding_name, owner.family, repr(owner.scripts))
+
+
+def _recall_result(message: Message, request: Message | None = None) -> bool:
+    """The result of a ``ctxwarden_recall`` call: named so, or its call is."""
+    if message.role != "tool":
+        return False
+    if message.name == RECALL_TOOL_NAME:
+        return True
+    calls = request.tool_calls if request is not None else ()
+    return any(c.id == message.tool_call_id and c.name == RECALL_TOOL_NAME for c in calls)
 
 
 @dataclass(frozen=True)
@@ -266,7 +282,11 @@ class TruncateToolResults:
     def sent_tokens(self, message: Message, tokens: int) -> int:
         """At most how many tokens ``message`` (``tokens`` long) is sent as once this
         strategy has run, without cutting it: what the summary triggers count."""
-        if tokens > self.threshold_tokens and self._cuttable(message):
+        if (
+            tokens > self.threshold_tokens
+            and self._cuttable(message)
+            and not _recall_result(message)
+        ):
             return min(tokens, self.target_tokens + self.cut_values_tokens)
         return tokens
 
@@ -281,6 +301,9 @@ class TruncateToolResults:
                 for call in message.tool_calls:
                     requests[call.id] = message
             request = requests.get(message.tool_call_id or "") if message.role == "tool" else None
+            if _recall_result(message, request):
+                out.append(message)
+                continue
             new = self._truncate(message, ctx.count, drafts, counter, request)
             if new is not message:
                 before, after = ctx.count(message), ctx.count(new)
