@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import httpx2
 import openai
 import pytest
 from llm_servers import (
@@ -28,7 +29,8 @@ from llm_servers import (
 )
 from service_harness import ProxyServer, add_tenant, anthropic_rich_stream, module_db, sid
 
-from ctxwarden.memory.recall import RECALL_TOOL_NAME
+from ctxwarden.memory.recall import RECALL_TOOL_NAME, recall_tool
+from ctxwarden.service.recall_rounds import MAX_ROUNDS
 
 __all__ = ["module_db"]  # the fixture, re-exported for pytest
 
@@ -244,3 +246,140 @@ def test_the_session_api_recalls_by_handle_and_audits(env: Env) -> None:
     status, builds = env.proxy.get(f"/v1/sessions/{session}/builds", env.key)
     statuses = [b["status"] for b in builds["builds"]]
     assert statuses.count("recalled") == 3  # the model's recall through the proxy, and two here
+
+
+def _metric(env: Env, name: str, **labels: str) -> float:
+    text = httpx2.get(env.proxy.url + "/metrics").text
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    found = re.search(rf"^{name}\{{{re.escape(want)}\}} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def _recall_call(handle: str, **usage: int) -> Reply:
+    return Reply(
+        body=openai_tool_calls([("call_r1", RECALL_TOOL_NAME, {"handle": handle})], **usage)
+    )
+
+
+def test_rounds_count_in_the_session_usage_the_spend_cap_and_the_metrics(env: Env) -> None:
+    """The proxy's own rounds are billed upstream: their usage is the session's and the
+    tenant's (a spend cap answers 429 on the next call), and each is metered."""
+    name = f"capped-{sid()}"
+    key = add_tenant(env.proxy.db, name, "--spend-cap", "0.01")
+    session = sid()
+    before = {o: _metric(env, "ctxwarden_recall_rounds_total", api="openai", outcome=o)
+              for o in ("answered", "unknown_handle", "limit")}  # fmt: skip
+    tokens = _metric(env, "ctxwarden_recalled_tokens_total", api="openai")
+    # a pricey round (gpt-4o: ~$1), a cheap final answer ($0.0001)
+    env.upstream.reply(
+        _recall_call("cw:msg:m3", prompt=200_000, completion=50_000),
+        Reply(body=openai_completion("done")),
+    )
+    client = openai.OpenAI(base_url=env.proxy.url + "/v1", api_key=key, max_retries=0)
+    headers = {"X-Ctxwarden-Session": session, "X-Ctxwarden-Max-Input-Tokens": "9000"}
+    with client:
+        reply = client.chat.completions.create(
+            model="gpt-4o", messages=_history(), extra_headers=headers
+        )  # type: ignore[call-overload]
+        assert reply.choices[0].message.content == "done"
+        _, detail = env.proxy.get(f"/v1/sessions/{session}", key)
+        assert detail["usage"]["calls"] == 2
+        assert detail["usage"]["input_tokens"] == 200_010
+        assert detail["usage"]["output_tokens"] == 50_005
+        with pytest.raises(openai.RateLimitError) as err:
+            client.chat.completions.create(
+                model="gpt-4o", messages=[{"role": "user", "content": "again"}]
+            )
+        assert err.value.body["code"] == "spend_cap_reached"  # type: ignore[index]
+    assert _metric(env, "ctxwarden_recall_rounds_total", api="openai", outcome="answered") == (
+        before["answered"] + 1
+    )
+    assert _metric(env, "ctxwarden_recalled_tokens_total", api="openai") > tokens + 1000
+
+    # a handle the store does not have, then rounds until they run out
+    env.upstream.reply(
+        _recall_call("cw:msg:m99"),
+        *[_recall_call("cw:msg:m3") for _ in range(MAX_ROUNDS - 1)],
+        Reply(body=openai_completion("gave up")),
+    )
+    first = len(env.upstream.requests)
+    with openai.OpenAI(base_url=env.proxy.url + "/v1", api_key=env.key, max_retries=0) as ok:
+        reply = ok.chat.completions.create(
+            model="gpt-4o", messages=_history(), extra_headers={"X-Ctxwarden-Session": sid()}
+        )  # type: ignore[call-overload]
+    assert reply.choices[0].message.content == "gave up"
+    sent = env.upstream.requests[first:]
+    assert [_offered(r.json) for r in sent] == [True] * MAX_ROUNDS + [False]
+    assert "no message with id 'm99'" in json.dumps(sent[1].json["messages"])
+    for outcome, grew in (("unknown_handle", 1), ("answered", 1 + MAX_ROUNDS - 1), ("limit", 1)):
+        now = _metric(env, "ctxwarden_recall_rounds_total", api="openai", outcome=outcome)
+        assert now == before[outcome] + grew, outcome
+
+
+def _client_tools(shape: str) -> list[dict[str, Any]]:
+    """The client's own recall tool: a framework on the library, through the proxy."""
+    return [recall_tool(shape)]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_offered_recall_tool_is_the_clients(env: Env, stream: bool) -> None:
+    """The client offers ctxwarden_recall itself: upstream gets one definition, not
+    two, and the model's call reaches the client, which answers it (here through the
+    session API) in its next request."""
+    session = sid()
+    client = openai.OpenAI(base_url=env.proxy.url + "/v1", api_key=env.key, max_retries=0)
+    headers = {"X-Ctxwarden-Session": session, "X-Ctxwarden-Max-Input-Tokens": "9000"}
+    history = _history()
+    first = len(env.upstream.requests)
+    kw: dict[str, Any] = dict(
+        model="gpt-4o", tools=_client_tools("openai"), extra_headers=headers
+    )  # fmt: skip
+    with client:
+        if stream:
+            chunks = client.chat.completions.create(messages=history, stream=True, **kw)
+            deltas = [c.choices[0].delta for c in chunks if c.choices]
+            calls = [tc for d in deltas for tc in d.tool_calls or ()]
+            assert calls[0].function and calls[0].function.name == RECALL_TOOL_NAME
+            call_id = str(calls[0].id)
+            args = "".join((tc.function.arguments or "") for tc in calls if tc.function)
+        else:
+            reply = client.chat.completions.create(messages=history, **kw)
+            [tool_call] = reply.choices[0].message.tool_calls or []
+            assert tool_call.function.name == RECALL_TOOL_NAME  # type: ignore[union-attr]
+            call_id, args = tool_call.id, tool_call.function.arguments  # type: ignore[union-attr]
+        sent = env.upstream.requests[first:]
+        assert len(sent) == 1  # the proxy did not answer it
+        names = [t["function"]["name"] for t in sent[0].json["tools"]]
+        assert names == [RECALL_TOOL_NAME]
+        handle = json.loads(args)["handle"]
+        status, found = env.proxy.get(f"/v1/sessions/{session}/recall/{handle}", env.key)
+        assert status == 200 and found["message"]["content"] == SECRET_LOG
+        call = {"id": call_id, "type": "function",
+                "function": {"name": RECALL_TOOL_NAME, "arguments": args}}  # fmt: skip
+        history += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call_id, "name": RECALL_TOOL_NAME,
+             "content": found["message"]["content"]},
+        ]  # fmt: skip
+        raw = client.chat.completions.with_raw_response.create(messages=history, **kw)
+    assert raw.headers["x-ctxwarden-session"] == session  # the echo matched: no branch
+    assert raw.parse().choices[0].message.content == f"recalled {len(SECRET_LOG)} chars"
+    stored = env.proxy.get(f"/v1/sessions/{session}/messages?limit=100", env.key)[1]["messages"]
+    assert [m["role"] for m in stored[-3:]] == ["assistant", "tool", "assistant"]
+    assert stored[-3]["tool_calls"][0]["function"]["name"] == RECALL_TOOL_NAME
+
+
+def test_a_client_offered_recall_tool_passes_through_anthropic(env: Env) -> None:
+    session = sid()
+    system, turns = _anthropic_history()
+    first = len(env.upstream.requests)
+    with anthropic.Anthropic(base_url=env.proxy.url, api_key=env.key, max_retries=0) as client:
+        final = client.messages.create(
+            model="claude-haiku-4-5", max_tokens=64, system=system, messages=turns,
+            tools=_client_tools("anthropic"),
+            extra_headers={"X-Ctxwarden-Session": session, "X-Ctxwarden-Max-Input-Tokens": "9000"},
+        )  # type: ignore[arg-type]  # fmt: skip
+    assert [b.type for b in final.content] == ["tool_use"]
+    assert final.content[0].name == RECALL_TOOL_NAME  # type: ignore[union-attr]
+    sent = env.upstream.requests[first:]
+    assert len(sent) == 1 and [t["name"] for t in sent[0].json["tools"]] == [RECALL_TOOL_NAME]

@@ -31,7 +31,8 @@ from ctxwarden.messages import Message
 from ctxwarden.service.calls import check_spend
 from ctxwarden.service.errors import ServiceError, from_library
 from ctxwarden.service.hub import Hub
-from ctxwarden.service.pipeline import Call, Prepared, finish, prepare
+from ctxwarden.service.pipeline import Call, Prepared, charge, finish, prepare
+from ctxwarden.service.recall_rounds import proxy_recall, settle
 from ctxwarden.service.sse import FrameSplitter
 from ctxwarden.service.upstream import Upstream, UpstreamFailure
 
@@ -96,7 +97,7 @@ async def forward(
         headers = upstream.headers(key, request.headers)
         sent = time.perf_counter()
         try:
-            if call.tenant.policy.recall_tool:
+            if proxy_recall(call.tenant.policy, call.tools):
                 response = await _with_recall(hub, upstream, wire, prepared, headers, stream)
             else:
                 response = await upstream.open(wire.path, wire.body(prepared), headers)
@@ -124,19 +125,24 @@ async def _with_recall(
     stream: bool,
 ) -> Any:
     """Upstream's response after the recall rounds (:mod:`~ctxwarden.service.recall_rounds`)."""
-    from ctxwarden.service.recall_rounds import settle
-
-    session, model = prepared.synced.session, prepared.call.model
+    session = prepared.synced.session
 
     async def fetch(handle: str) -> str:
         found = await hub.run(session.recall, handle)
         return str(found.content)
 
     async def account(usage: Usage) -> None:
-        await hub.run(session.record_usage, usage, model)
+        await hub.run(charge, hub, prepared.call, session, usage)
 
     return await settle(
-        upstream, wire, prepared, headers, stream=stream, fetch=fetch, account=account
+        upstream,
+        wire,
+        prepared,
+        headers,
+        stream=stream,
+        fetch=fetch,
+        account=account,
+        metrics=hub.metrics,
     )
 
 

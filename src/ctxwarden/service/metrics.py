@@ -30,6 +30,8 @@ METRIC_NAMES = (
     "ctxwarden_summary_seconds",
     "ctxwarden_summary_jobs_total",
     "ctxwarden_store_unavailable_total",
+    "ctxwarden_recall_rounds_total",
+    "ctxwarden_recalled_tokens_total",
 )
 """Every metric the service exports (the README lists them with their labels)."""
 
@@ -100,6 +102,18 @@ class Metrics:
         )
         self.store_unavailable = Counter(
             "store_unavailable", "Requests answered 503 because the store did not answer.", **ns
+        )
+
+        self.recall_rounds = Counter(
+            "recall_rounds",
+            "Recall rounds the proxy answered, by outcome: answered, unknown_handle (a call "
+            "named a handle the store lacks), cut (a recalled original cut to the budget "
+            "left); limit: calls whose rounds ran out (the last request went without the tool).",
+            ["api", "outcome"],
+            **ns,
+        )
+        self.recalled_tokens = Counter(
+            "recalled_tokens", "Tokens of recalled originals the proxy sent upstream.", api, **ns
         )
 
     def render(self) -> tuple[bytes, str]:

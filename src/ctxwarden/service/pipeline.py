@@ -24,9 +24,10 @@ from ctxwarden.errors import UnknownModelError, VersionConflict
 from ctxwarden.messages import Message
 from ctxwarden.service.history import Synced, message_key, sync_history
 from ctxwarden.service.hub import Hub, Tenant
+from ctxwarden.service.recall_rounds import proxy_recall
 from ctxwarden.store.service_tables import add_spend, finish_build
 
-__all__ = ["Call", "Prepared", "finish", "prepare"]
+__all__ = ["Call", "Prepared", "charge", "finish", "prepare"]
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def prepare(hub: Hub, call: Call) -> Prepared:
     budget = _budget(hub, call)
     kw: dict[str, Any] = {"max_input_tokens": budget} if budget is not None else {}
     tools = call.tools or None
-    if call.tenant.policy.recall_tool:  # offered upstream: counted in the budget
+    if proxy_recall(call.tenant.policy, call.tools):  # offered upstream: counted in the budget
         from ctxwarden.memory.recall import recall_tool
 
         tools = [*(tools or ()), recall_tool()]
@@ -144,6 +145,19 @@ def prepare(hub: Hub, call: Call) -> Prepared:
     if built.audit.fill_ratio is not None:
         m.fill_ratio.labels(api).observe(built.audit.fill_ratio)
     return prepared
+
+
+def charge(hub: Hub, call: Call, session: Session, usage: Usage) -> None:
+    """Upstream's usage on the session, its price on the tenant's spend, in the metrics
+    (each upstream request of a call: the reply's, and the proxy's recall rounds)."""
+    session.record_usage(usage, call.model)
+    try:
+        dollars = estimate_cost(usage, call.model, hub.config.registry)
+    except UnknownModelError:
+        dollars = 0.0  # a model without prices: tokens still count
+    add_spend(hub.store, call.tenant.name, dollars)
+    hub.metrics.cached_tokens.labels(call.api).inc(usage.cached_input_tokens)
+    hub.metrics.output_tokens.labels(call.api).inc(usage.output_tokens)
 
 
 def finish(
@@ -169,14 +183,7 @@ def finish(
             history_tokens=head.history_tokens + counter.count_message(reply),
         )
     if usage is not None:
-        session.record_usage(usage, call.model)
-        try:
-            dollars = estimate_cost(usage, call.model, hub.config.registry)
-        except UnknownModelError:
-            dollars = 0.0  # a model without prices: tokens still count
-        add_spend(hub.store, call.tenant.name, dollars)
-        hub.metrics.cached_tokens.labels(call.api).inc(usage.cached_input_tokens)
-        hub.metrics.output_tokens.labels(call.api).inc(usage.output_tokens)
+        charge(hub, call, session, usage)
     finish_build(
         hub.store,
         call.tenant.name,
