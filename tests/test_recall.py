@@ -138,9 +138,7 @@ def test_a_recall_result_is_sent_whole_when_it_fits_and_cut_only_to_fit() -> Non
     built = build_context(history, max_input_tokens=20_000)
     sent = {m.tool_call_id: m.text for m in built.messages if m.role == "tool"}
     assert sent["r1"] == log and sent["r2"] != log  # the plain result is cut as always
-    assert [a.message_id for a in built.audit.actions if a.action == "truncated"] == [
-        history[4].id
-    ]
+    assert [a.message_id for a in built.audit.actions if a.action == "truncated"] == [history[4].id]
     tight = build_context(history[:3], max_input_tokens=800)
     assert tight.input_tokens <= 800 and "artifact-7.tar" in tight.messages[-1].text
 
