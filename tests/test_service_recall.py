@@ -383,3 +383,40 @@ def test_a_client_offered_recall_tool_passes_through_anthropic(env: Env) -> None
     assert final.content[0].name == RECALL_TOOL_NAME  # type: ignore[union-attr]
     sent = env.upstream.requests[first:]
     assert len(sent) == 1 and [t["name"] for t in sent[0].json["tools"]] == [RECALL_TOOL_NAME]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_round_sends_the_models_thinking_back_with_its_recall_call(
+    env: Env, stream: bool
+) -> None:
+    """With extended thinking, the assistant turn before the recall result the proxy
+    adds must carry its thinking block unchanged, as in any tool-use loop."""
+    thinking = {"type": "thinking", "thinking": "I need the whole log.", "signature": "sig-abc"}
+    call = ("call_r1", RECALL_TOOL_NAME, {"handle": "cw:msg:m3"})
+    if stream:
+        events = anthropic_rich_stream(text="", tool=call, thinking=thinking["thinking"])
+        first_reply = Reply(events=[e for e in events if '"text"' not in e])  # no text block
+    else:
+        use = {"type": "tool_use", "id": call[0], "name": call[1], "input": call[2]}
+        body = anthropic_message("", stop_reason="tool_use")
+        body["content"] = [thinking, use]
+        first_reply = Reply(body=body)
+    env.upstream.reply(first_reply)
+    system, turns = _anthropic_history()
+    first = len(env.upstream.requests)
+    headers = {"X-Ctxwarden-Session": sid(), "X-Ctxwarden-Max-Input-Tokens": "9000"}
+    kw: dict[str, Any] = dict(
+        model="claude-haiku-4-5", max_tokens=2048, system=system, messages=turns,
+        thinking={"type": "enabled", "budget_tokens": 1024}, extra_headers=headers,
+    )  # fmt: skip
+    with anthropic.Anthropic(base_url=env.proxy.url, api_key=env.key, max_retries=0) as client:
+        if stream:
+            with client.messages.stream(**kw) as events:
+                final = events.get_final_message()
+        else:
+            final = client.messages.create(**kw)
+    assert final.content[-1].text == f"recalled {len(SECRET_LOG)} chars"  # type: ignore[union-attr]
+    again = env.upstream.requests[first:][1].json["messages"]
+    turn = next(t for t in reversed(again) if t["role"] == "assistant")
+    assert turn["content"][0] == thinking
+    assert [b["type"] for b in turn["content"]] == ["thinking", "tool_use"]
