@@ -122,7 +122,7 @@ class ScriptedServer:
                 length = int(self.headers.get("content-length") or 0)
                 body = self.rfile.read(length)
                 headers = {k.lower(): v for k, v in self.headers.items()}
-                recorded = Recorded("POST", self.path, headers, body)
+                recorded = Recorded(self.command, self.path, headers, body)
                 reply = server._next(recorded)
                 if reply.delay and server._stopping.wait(reply.delay):
                     return

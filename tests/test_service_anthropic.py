@@ -278,3 +278,21 @@ def test_thinking_blocks_go_back_upstream_unchanged_in_a_tool_loop(env: Env, str
     assert sent["messages"][2]["content"][0]["tool_use_id"] == "tu_think"
     # counted: the thinking alone is several hundred tokens of what was sent
     assert int(raw.headers["x-ctxwarden-input-tokens"]) > len(THOUGHT.split())
+
+
+def test_the_anthropic_sdk_lists_models_in_its_own_shape(env: Env) -> None:
+    """``client.models.list()``: the Anthropic upstream's list when it answers (passed
+    as sent, with the server's key), else the registry's Claude models in that shape."""
+    listed = {"data": [{"type": "model", "id": "claude-x", "display_name": "Claude X",
+                        "created_at": "2026-01-01T00:00:00Z"}],
+              "has_more": False, "first_id": "claude-x", "last_id": "claude-x"}  # fmt: skip
+    env.upstream.reply(Reply(body=listed), Reply(404, anthropic_error("no", "not_found_error")))
+    page = env.client().models.list()
+    assert [(m.id, m.display_name) for m in page.data] == [("claude-x", "Claude X")]
+    asked = env.upstream.requests[-1]
+    assert asked.method == "GET" and asked.path == "/v1/models"
+    assert asked.headers["x-api-key"] == "sk-upstream-anthropic"
+    fallback = env.client().models.list()
+    assert MODEL in {m.id for m in fallback.data}
+    assert {m.type for m in fallback.data} == {"model"}
+    assert not any(m.id.startswith("gpt") for m in fallback.data)

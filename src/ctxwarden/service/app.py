@@ -159,16 +159,23 @@ def create_app(config: ServiceConfig) -> FastAPI:
 
     @app.get("/v1/models", tags=["proxy"], responses=PROXY_ERRORS)
     async def models(request: Request, tenant: CurrentTenant) -> Response:
-        """The upstream's model list when it answers, else the registry's models."""
-        upstream = request.app.state.upstreams.get("openai")
+        """The model list in the asking SDK's shape (Anthropic's when the request carries
+        ``anthropic-version``, as the anthropic SDK's always does): that upstream's list
+        when it answers, else the registry's models."""
+        api = "anthropic" if "anthropic-version" in request.headers else "openai"
+        upstream = request.app.state.upstreams.get(api)
         if upstream is not None:
-            key = tenant.record.upstream_api_key
+            record = tenant.record
+            key = record.anthropic_api_key if api == "anthropic" else record.upstream_api_key
+            path = "/v1/models" if api == "anthropic" else "/models"
             try:
-                got = await upstream.get("/models", upstream.headers(key, request.headers))
+                got = await upstream.get(path, upstream.headers(key, request.headers))
                 if got.status_code == 200:
                     return Response(got.content, 200, media_type="application/json")
             except UpstreamFailure:
                 pass
+        if api == "anthropic":
+            return JSONResponse(_anthropic_models(config.registry))
         return JSONResponse(_registry_models(config.registry))
 
     return app
@@ -181,3 +188,16 @@ def _registry_models(registry: Registry | None) -> dict[str, Any]:
         for info in registry
     ]
     return {"object": "list", "data": data}
+
+
+def _anthropic_models(registry: Registry | None) -> dict[str, Any]:
+    """The registry's Anthropic models as ``GET /v1/models`` of the Messages API lists them."""
+    registry = registry or Registry.default()
+    data = [
+        {"type": "model", "id": m.name, "display_name": m.name,
+         "created_at": "1970-01-01T00:00:00Z"}
+        for m in registry
+        if m.provider == "anthropic"
+    ]  # fmt: skip
+    first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+    return {"data": data, "has_more": False, "first_id": first, "last_id": last}
