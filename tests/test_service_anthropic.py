@@ -13,7 +13,7 @@ import anthropic
 import httpx2
 import pytest
 from llm_servers import Recorded, Reply, ScriptedServer, anthropic_error, anthropic_message
-from service_harness import ProxyServer, add_tenant, anthropic_rich_stream, module_db, sid
+from service_harness import ProxyServer, add_tenant, anthropic_rich_stream, cli, module_db, sid
 
 __all__ = ["module_db"]
 
@@ -296,3 +296,16 @@ def test_the_anthropic_sdk_lists_models_in_its_own_shape(env: Env) -> None:
     assert MODEL in {m.id for m in fallback.data}
     assert {m.type for m in fallback.data} == {"model"}
     assert not any(m.id.startswith("gpt") for m in fallback.data)
+
+
+def test_a_tenants_own_upstream_key_is_sent_instead_of_the_servers(env: Env) -> None:
+    name = f"own-key-{sid()}"
+    done = cli("tenant", "add", name, "--db", env.proxy.db,
+               env={"CTXWARDEN_TENANT_ANTHROPIC_API_KEY": "sk-tenant-own"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    key = done.stdout.strip().splitlines()[-1]
+    assert "sk-tenant-own" not in done.stdout
+    env.client(key).messages.create(
+        model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "x"}]
+    )
+    assert env.upstream.requests[-1].headers["x-api-key"] == "sk-tenant-own"

@@ -111,9 +111,26 @@ def add(
     policy: Annotated[
         Path | None, typer.Option("--policy", help="This tenant's policy TOML (stored).")
     ] = None,
+    upstream_key: Annotated[
+        str | None,
+        typer.Option(
+            "--upstream-key",
+            envvar="CTXWARDEN_TENANT_UPSTREAM_API_KEY",
+            help="This tenant's key for the OpenAI-compatible upstream (else the server's).",
+        ),
+    ] = None,
+    anthropic_key: Annotated[
+        str | None,
+        typer.Option(
+            "--anthropic-key",
+            envvar="CTXWARDEN_TENANT_ANTHROPIC_API_KEY",
+            help="This tenant's key for the Anthropic upstream (else the server's).",
+        ),
+    ] = None,
 ) -> None:
     """Create a tenant (or re-key a revoked one) and print its new API key, once, alone on
-    the last line."""
+    the last line. Upstream keys given here (better through their environment variables,
+    kept out of the shell's history) are stored as given: the proxy sends them."""
     from ctxwarden import Policy
     from ctxwarden.service.keys import hash_key, new_key, shown_prefix
 
@@ -130,6 +147,8 @@ def add(
             max_input_tokens=max_input_tokens,
             spend_cap_usd=spend_cap,
             policy=text,
+            upstream_api_key=upstream_key,
+            anthropic_api_key=anthropic_key,
         )
     typer.echo(f"tenant {name!r} added; its API key (shown once, stored hashed):")
     typer.echo(key)
