@@ -279,6 +279,24 @@ def test_thinking_blocks_go_back_upstream_unchanged_in_a_tool_loop(env: Env, str
     # counted: the thinking alone is several hundred tokens of what was sent
     assert int(raw.headers["x-ctxwarden-input-tokens"]) > len(THOUGHT.split())
 
+    # a client that drops the thinking of its earlier turns still extends the session
+    answer = raw.parse()
+    history[1] = {
+        "role": "assistant",
+        "content": [b for b in final.content if "thinking" not in b.type],
+    }
+    history += [
+        {"role": "assistant", "content": answer.content},
+        {"role": "user", "content": "thanks"},
+    ]
+    again = env.client().messages.with_raw_response.create(**{**kw, "messages": history})
+    assert again.headers["x-ctxwarden-session"] == session
+    assert [m["role"] for m in env.stored(session)] == [
+        "user", "assistant", "tool", "assistant", "user", "assistant"
+    ]  # fmt: skip
+    # what the store holds goes upstream: the turn as Anthropic sent it
+    assert env.upstream.requests[-1].json["messages"][1]["content"][0]["signature"] == SIGNATURE
+
 
 def test_the_anthropic_sdk_lists_models_in_its_own_shape(env: Env) -> None:
     """``client.models.list()``: the Anthropic upstream's list when it answers (passed

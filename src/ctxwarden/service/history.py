@@ -29,7 +29,7 @@ from typing import Any
 
 from ctxwarden import Session
 from ctxwarden.errors import InvalidMessageError, VersionConflict
-from ctxwarden.messages import Message
+from ctxwarden.messages import Message, RawPart, TextPart
 from ctxwarden.store import SessionStore
 from ctxwarden.store.service_tables import Head, get_head, put_head
 
@@ -112,9 +112,20 @@ def _utf8(text: str) -> bytes:
 
 
 def message_key(message: Message) -> bytes:
-    """:func:`wire_key` of one of our messages (the Anthropic side and stored replies)."""
+    """:func:`wire_key` of one of our messages (the Anthropic side and stored replies).
+    An assistant turn's raw parts (Anthropic ``thinking``, server tool blocks) are left
+    out: they are the provider's, not what the turn says, so a client whose SDK spells
+    them otherwise, or that drops them from earlier turns, still matches."""
     from ctxwarden.formats import message_to_openai
 
+    content = message.content
+    if (
+        message.role == "assistant"
+        and isinstance(content, tuple)
+        and any(isinstance(p, RawPart) for p in content)
+    ):
+        text = "".join(p.text for p in content if isinstance(p, TextPart))
+        message = Message.assistant(text or None, message.tool_calls)
     return wire_key(message_to_openai(message))
 
 
