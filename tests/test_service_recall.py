@@ -286,6 +286,7 @@ def test_rounds_count_in_the_session_usage_the_spend_cap_and_the_metrics(env: En
         assert detail["usage"]["calls"] == 2
         assert detail["usage"]["input_tokens"] == 200_010
         assert detail["usage"]["output_tokens"] == 50_005
+        assert detail["cost_usd"] > 0.9  # gpt-4o: $2.50/M in, $10/M out
         with pytest.raises(openai.RateLimitError) as err:
             client.chat.completions.create(
                 model="gpt-4o", messages=[{"role": "user", "content": "again"}]
