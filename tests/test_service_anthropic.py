@@ -327,3 +327,29 @@ def test_a_tenants_own_upstream_key_is_sent_instead_of_the_servers(env: Env) -> 
         model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "x"}]
     )
     assert env.upstream.requests[-1].headers["x-api-key"] == "sk-tenant-own"
+
+
+def test_count_tokens_asks_the_anthropic_upstream_for_the_request_as_sent(env: Env) -> None:
+    """Claude Code calls ``/v1/messages/count_tokens`` often: the proxy answers it from
+    the Anthropic upstream (the client's request as sent, the server's key), storing nothing."""
+    env.upstream.reply(Reply(body={"input_tokens": 1234}), Reply(body={"input_tokens": 99}))
+    turns = [{"role": "user", "content": "how long is this?"}]
+    counted = env.client().messages.count_tokens(model=MODEL, system="Be brief.", messages=turns)
+    assert counted.input_tokens == 1234
+    asked = env.upstream.requests[-1]
+    assert asked.path == "/v1/messages/count_tokens"
+    assert asked.headers["x-api-key"] == "sk-upstream-anthropic"
+    assert asked.json == {"model": MODEL, "system": "Be brief.", "messages": turns}
+    beta = env.client().beta.messages.count_tokens(model=MODEL, messages=turns)
+    assert beta.input_tokens == 99
+    env.upstream.reply(Reply(body={"input_tokens": 7}))
+    raw = httpx2.post(
+        env.proxy.url + "/v1/messages/count_tokens?beta=true",
+        json={"model": MODEL, "messages": turns},
+        headers={"x-api-key": env.key},
+    )
+    assert raw.json() == {"input_tokens": 7}  # fmt: skip
+    assert env.upstream.requests[-1].path == "/v1/messages/count_tokens?beta=true"
+    env.upstream.reply(Reply(400, anthropic_error("model: unknown", "invalid_request_error")))
+    with pytest.raises(anthropic.BadRequestError, match="model: unknown"):
+        env.client().messages.count_tokens(model="nope", messages=turns)

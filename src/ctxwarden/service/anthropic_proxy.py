@@ -27,11 +27,12 @@ from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.body import max_input_tokens_header, model_and_messages, read_json
 from ctxwarden.service.calls import client_session_id, upstream_for
 from ctxwarden.service.errors import ServiceError, from_library
-from ctxwarden.service.forward import forward
+from ctxwarden.service.forward import forward, read_whole
 from ctxwarden.service.history import message_key
 from ctxwarden.service.pipeline import Call, Prepared
-from ctxwarden.service.schema import ANTHROPIC_BODY, PROXY_ERRORS
+from ctxwarden.service.schema import ANTHROPIC_BODY, COUNT_BODY, PROXY_ERRORS
 from ctxwarden.service.sse import AnthropicReply, parse_frame
+from ctxwarden.service.upstream import UpstreamFailure
 
 __all__ = ["AnthropicWire", "router"]
 
@@ -168,3 +169,23 @@ async def messages(request: Request, tenant: CurrentTenant) -> Response:
     )
     stream = bool(data.get("stream"))
     return await forward(request, hub, upstream, AnthropicWire(data), call, stream=stream)
+
+
+@router.post("/v1/messages/count_tokens", responses=PROXY_ERRORS, openapi_extra=COUNT_BODY)
+async def count_tokens(request: Request, tenant: CurrentTenant) -> Response:
+    """Anthropic's count of the request as the client sent it — its whole history, not the
+    context the proxy would build (that is ``X-Ctxwarden-Input-Tokens`` of each call) —
+    from the Anthropic upstream with the server's key. Claude Code asks it often."""
+    hub = hub_of(request)
+    upstream = upstream_for(request, "anthropic")
+    data = await read_json(request, hub.config.max_body_bytes)
+    query = f"?{request.url.query}" if request.url.query else ""  # the SDK's ?beta=true
+    headers = upstream.headers(tenant.record.anthropic_api_key, request.headers)
+    body = json.dumps(data, ensure_ascii=False).encode()
+    try:
+        response = await upstream.open(f"/v1/messages/count_tokens{query}", body, headers)
+    except UpstreamFailure as failure:
+        raise ServiceError(failure.status, failure.message) from failure
+    raw = await read_whole(upstream, response)
+    media = response.headers.get("content-type", "application/json")
+    return Response(raw, response.status_code, media_type=media)

@@ -36,7 +36,7 @@ from ctxwarden.service.recall_rounds import proxy_recall, settle
 from ctxwarden.service.sse import FrameSplitter
 from ctxwarden.service.upstream import Upstream, UpstreamFailure
 
-__all__ = ["ProxyStream", "StreamReader", "Wire", "forward"]
+__all__ = ["ProxyStream", "StreamReader", "Wire", "forward", "read_whole"]
 
 
 class StreamReader(Protocol):
@@ -157,15 +157,10 @@ async def _whole(
 ) -> Response:
     """A JSON reply (or an upstream error, passed with its status and body)."""
     try:
-        raw = await response.aread()
-    except Exception as exc:
-        if not upstream.is_transport_error(exc):
-            raise
-        code = 504 if upstream.is_timeout(exc) else 502
-        await _finish(hub, prepared, None, None, f"upstream_{code}")
-        raise ServiceError(code, f"upstream failed mid-response: {exc}") from exc
-    finally:
-        await response.aclose()
+        raw = await read_whole(upstream, response)
+    except ServiceError as failed:
+        await _finish(hub, prepared, None, None, f"upstream_{failed.status}")
+        raise
     hub.metrics.upstream_seconds.labels(wire.api).observe(time.perf_counter() - sent)
     media = response.headers.get("content-type", "application/json")
     if response.status_code >= 400:
@@ -178,6 +173,21 @@ async def _whole(
         reply, usage, status = None, None, "unreadable_reply"
     await _finish(hub, prepared, reply, usage, status)
     return Response(raw, response.status_code, headers=headers, media_type=media)
+
+
+async def read_whole(upstream: Upstream, response: Any) -> bytes:
+    """The body of an upstream response, which is closed after; a transport failure
+    mid-body is a 504 (a timeout) or 502 :class:`ServiceError`."""
+    try:
+        data: bytes = await response.aread()
+    except Exception as exc:
+        if not upstream.is_transport_error(exc):
+            raise
+        code = 504 if upstream.is_timeout(exc) else 502
+        raise ServiceError(code, f"upstream failed mid-response: {exc}") from exc
+    finally:
+        await response.aclose()
+    return data
 
 
 class _Relay:

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-__all__ = ["ANTHROPIC_BODY", "ERRORS", "OPENAI_BODY", "PROXY_ERRORS", "ErrorBody"]
+__all__ = ["ANTHROPIC_BODY", "COUNT_BODY", "ERRORS", "OPENAI_BODY", "PROXY_ERRORS", "ErrorBody"]
 
 
 class ErrorDetail(BaseModel):
@@ -42,14 +42,16 @@ PROXY_ERRORS = _errors(400, 401, 404, 413, 429, 502, 504)
 _MESSAGE = {"type": "object", "required": ["role"], "properties": {"role": {"type": "string"}}}
 
 
-def _body(system: bool) -> dict[str, Any]:
+def _body(system: bool, *, count: bool = False) -> dict[str, Any]:
     properties: dict[str, Any] = {
         "model": {"type": "string", "minLength": 1},
         "messages": {"type": "array", "minItems": 1, "items": _MESSAGE},
-        "stream": {"type": "boolean"},
     }
+    if not count:
+        properties["stream"] = {"type": "boolean"}
     if system:
         properties["system"] = {"type": "string"}
+    if system and not count:
         properties["max_tokens"] = {"type": "integer", "minimum": 1}
     return {
         "requestBody": {
@@ -70,3 +72,4 @@ def _body(system: bool) -> dict[str, Any]:
 
 OPENAI_BODY = _body(system=False)
 ANTHROPIC_BODY = _body(system=True)
+COUNT_BODY = _body(system=True, count=True)
