@@ -94,7 +94,7 @@ class Worker:
             env={**os.environ, "OPENAI_BASE_URL": upstream, "OPENAI_API_KEY": "sk-local", **env},
         )  # fmt: skip
         start = self.log.stat().st_size if self.log.exists() else 0
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"worker exited: {self.log.read_text()[-2000:]}")
@@ -310,7 +310,10 @@ def test_a_worker_killed_mid_job_leaves_the_job_to_be_redelivered(
     first = attempts[0]
     assert first.outcome is None  # its worker died mid-job
     again = [a for a in attempts if a.job_id == first.job_id and a.outcome]
-    assert [a.outcome for a in again] == ["landed"], attempts
+    # it lands once; under load the 4 s visibility may hand it out again, and that late
+    # attempt finds the summary already written
+    outcomes = [a.outcome for a in again]
+    assert outcomes[0] == "landed" and set(outcomes[1:]) <= {"unchanged"}, attempts
     assert len({a.job_id for a in attempts}) == 1, attempts  # deduplicated while pending
     assert record.version == 1 and record.summary and "ORD-" in record.summary
     assert 'ctxwarden_summary_job_attempts_total{outcome="landed"} 1.0' in metrics
