@@ -274,14 +274,36 @@ class Session:
         counter = TokenCounter.for_model(self.model, self.registry)
         key = count_key(counter)
         counts = [{key: counter.count_message(m)} for m in parsed]
-        return self.store.append(
+        seqs = self.store.append(
             self.tenant, self.session_id, parsed, counts, expect_next=expect_next
         )
+        for seq, m in list(zip(seqs, parsed, strict=True))[-_CACHE_SIZE:]:  # as stored
+            auto = m.id == "h" + m.fingerprint[:12]
+            self._cache[seq] = replace(m, id=f"m{seq}") if auto else m
+        self._trim_cache()
+        return seqs
+
+    def _trim_cache(self) -> None:
+        if len(self._cache) > _CACHE_SIZE:  # stored messages never change; keep the newest
+            for seq in sorted(self._cache)[: len(self._cache) - _CACHE_SIZE]:
+                del self._cache[seq]
 
     def _last_block(self) -> list[Message]:
         """The stored messages from the last one that is not a tool result (a tool call
-        and the results it has so far), read back in pages from the end."""
-        end = len(self)
+        and the results it has so far): from the decoded messages of this session when
+        it holds them (an agent's loop appends right after its last append or build),
+        else read back in pages from the end."""
+        record = self.store.get_session(self.tenant, self.session_id)
+        end = record.next_seq if record is not None else 0
+        if record is not None and record.created_at == self._cache_of:
+            block: list[Message] = []
+            for seq in range(end - 1, -1, -1):
+                found = self._cache.get(seq)
+                if found is None:
+                    break
+                block.append(found)
+                if found.role != "tool":
+                    return block[::-1]
         start, page = end, 16
         while start > 0:
             start = max(0, start - page)
@@ -378,9 +400,7 @@ class Session:
             count=counter.count_message,
             cache=self._cache,
         )
-        if len(self._cache) > _CACHE_SIZE:  # stored messages never change; keep the newest
-            for seq in sorted(self._cache)[: len(self._cache) - _CACHE_SIZE]:
-                del self._cache[seq]
+        self._trim_cache()
         while len(tail) > 1 and tail[0].message.role == "tool":
             tail = tail[1:]  # its call is older than the tail: never send an orphan result
         merged.update((m.seq, m) for m in tail)

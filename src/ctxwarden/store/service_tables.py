@@ -312,14 +312,15 @@ def record_build(
     audit: Mapping[str, Any],
     status: str = "forwarded",
     upto_seq: int = -1,
-    context: Sequence[Mapping[str, Any]] | None = None,
+    context: Sequence[Mapping[str, Any]] | str | None = None,
     keep: int | None = None,
     keep_contexts: int | None = None,
     durable: bool = True,
 ) -> int:
     """Store a build's audit as the session's next turn and return the turn's number.
 
-    ``context`` (the built messages as JSON-ready dicts) is kept for the newest
+    ``context`` (the built messages as JSON-ready dicts, or their JSON text as
+    :func:`~ctxwarden.store.base.json_text` writes it) is kept for the newest
     ``keep_contexts`` turns only, and only the newest ``keep`` rows are kept at all
     (``None``: no bound), in the same transaction, so the log of a long session stays
     the size of its bounds. ``durable=False`` lets the backend relax durability for
@@ -348,7 +349,7 @@ def record_build(
                 json_text(dict(audit)),
                 turn,
                 upto_seq,
-                None if context is None else json_text(list(context)),
+                context if context is None or isinstance(context, str) else json_text([*context]),
             ),
         )
         if keep is not None:
