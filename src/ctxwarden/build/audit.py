@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from ctxwarden.steps.base import Action, ActionKind
@@ -29,9 +28,14 @@ LAYERS = ("system", "facts", "ledger", "summary", "pinned", "window", "current")
 _SCALARS = (str, int, float, bool, type(None))
 
 
-@cache
-def _field_names(kind: type) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(kind))
+_FIELDS: dict[type[Any], tuple[str, ...]] = {}  # per Action class (a handful)
+
+
+def _field_names(kind: type[Any]) -> tuple[str, ...]:
+    found = _FIELDS.get(kind)
+    if found is None:
+        found = _FIELDS[kind] = tuple(f.name for f in fields(kind))
+    return found
 
 
 def _action_dict(action: Action) -> dict[str, Any]:

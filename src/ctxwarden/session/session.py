@@ -298,11 +298,11 @@ class Session:
         if record is not None and record.created_at == self._cache_of:
             block: list[Message] = []
             for seq in range(end - 1, -1, -1):
-                found = self._cache.get(seq)
-                if found is None:
+                cached = self._cache.get(seq)
+                if cached is None:
                     break
-                block.append(found)
-                if found.role != "tool":
+                block.append(cached)
+                if cached.role != "tool":
                     return block[::-1]
         start, page = end, 16
         while start > 0:
