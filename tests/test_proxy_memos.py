@@ -146,3 +146,18 @@ def test_a_call_served_warm_equals_one_served_cold(tmp_path: Path) -> None:
         got_warm, got_cold = warm.call(history_at(base, step)), cold.call(history_at(base, step))
         assert got_warm == got_cold
         assert warm.log() == cold.log()
+
+
+@pytest.mark.parametrize("budget", [400, 100_000])  # the tail cut by the budget, or whole
+def test_the_remembered_tail_is_the_stored_one(tmp_path: Path, budget: int) -> None:
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    history = history_at(conversation(30), 0)
+    with Session(url, "t") as warm, Session(url, "t") as other:
+        warm.append(history)
+        for turn in range(12):
+            if turn % 5 == 4:  # another writer: the memo cannot know what it wrote
+                other.append([{"role": "user", "content": f"from elsewhere {turn}"}])
+            warm.append([{"role": "user", "content": f"question {turn} " * (turn % 3 * 40)}])
+            with Session(url, "t") as cold:
+                assert warm.context_messages(budget) == cold.context_messages(budget)
+            warm.append([{"role": "assistant", "content": f"answer {turn}"}])

@@ -60,9 +60,12 @@ def _key(message: Message) -> Hashable | None:
     """What fixes ``message``'s JSON text, or None when the fingerprint does not."""
     if not isinstance(message.content, str | None):
         return None
-    if not all(isinstance(v, _SCALARS) for v in message.extra.values()):
+    extra = message.extra
+    if not extra:
+        return (message.fingerprint, ())
+    if not all(isinstance(v, _SCALARS) for v in extra.values()):
         return None
-    return (message.fingerprint, tuple(message.extra))
+    return (message.fingerprint, tuple(extra))
 
 
 def message_json(message: Message) -> str:
@@ -83,9 +86,11 @@ def _meta_key(message: Message) -> Hashable | None:
     key = _key(message)
     if key is None or META_KEY in message.extra:
         return None
-    meta = tuple((k, type(v), v) for k, v in message.meta.items())  # True and 1 differ
-    if not all(isinstance(v, _SCALARS) for _, _, v in meta):
-        return None
+    meta: tuple[tuple[str, type, object], ...] = ()
+    if message.meta:
+        meta = tuple((k, type(v), v) for k, v in message.meta.items())  # True and 1 differ
+        if not all(isinstance(v, _SCALARS) for _, _, v in meta):
+            return None
     m = message
     return (key, m.id, m.kind, m.pinned, m.priority, type(m.created_at), m.created_at, meta)
 

@@ -53,6 +53,7 @@ from ctxwarden.session import state as session_state
 from ctxwarden.session.build_log import KEEP_BUILDS, KEEP_CONTEXTS, log_build
 from ctxwarden.session.cycle import SummaryWrite, summary_cycle
 from ctxwarden.session.ledger_memo import SeqMemo
+from ctxwarden.session.tail_memo import TailMemo
 from ctxwarden.store import SessionStore, StoredMessage, StoredSession, open_store
 from ctxwarden.store.ledger_checkpoint import (
     LEDGER_BACKFILL,
@@ -158,6 +159,7 @@ class Session:
         self._cache: dict[int, Message] = {}  # seq -> decoded message, reused across builds
         self._cache_of = 0.0  # the created_at of the session the cache holds messages of
         self._ledger_memo: SeqMemo | None = None  # the last build's, by seq (speed only)
+        self._tails = TailMemo()  # the last build's tail and what came after (speed only)
         try:
             self.store.create_session(tenant, session_id)
         except BaseException:
@@ -277,9 +279,10 @@ class Session:
         seqs = self.store.append(
             self.tenant, self.session_id, parsed, counts, expect_next=expect_next
         )
-        for seq, m in list(zip(seqs, parsed, strict=True))[-_CACHE_SIZE:]:  # as stored
-            auto = m.id == "h" + m.fingerprint[:12]
-            self._cache[seq] = replace(m, id=f"m{seq}") if auto else m
+        for seq, m, c in list(zip(seqs, parsed, counts, strict=True))[-_CACHE_SIZE:]:
+            stored = replace(m, id=f"m{seq}") if m.id == "h" + m.fingerprint[:12] else m
+            self._cache[seq] = stored  # as the store reads it back
+            self._tails.appended(seq, stored, c)
         self._trim_cache()
         return seqs
 
@@ -383,6 +386,7 @@ class Session:
         if record.created_at != self._cache_of:  # deleted and created again, maybe elsewhere
             self._cache.clear()
             self._ledger_memo = None
+            self._tails.clear()
             self._cache_of = record.created_at
         merged: dict[int, StoredMessage] = {}
         if pin_first:
@@ -391,15 +395,20 @@ class Session:
             merged = dict(sorted(merged.items())[:pin_first])
         merged.update((m.seq, m) for m in self.store.pinned(self.tenant, self.session_id))
         after = record.summary_upto if from_seq is None else max(record.summary_upto, from_seq - 1)
-        tail = self.store.tail(
-            self.tenant,
-            self.session_id,
-            budget * TAIL_SLACK,
-            count_key(counter),
-            after_seq=after,
-            count=counter.count_message,
-            cache=self._cache,
-        )
+        key, most = count_key(counter), budget * TAIL_SLACK
+        scope = (record.created_at, after, most, key)
+        tail = self._tails.tail(scope, record.next_seq, after, most, key, counter.count_message)
+        if tail is None:
+            tail = self.store.tail(
+                self.tenant,
+                self.session_id,
+                most,
+                key,
+                after_seq=after,
+                count=counter.count_message,
+                cache=self._cache,
+            )
+        self._tails.remember(scope, record.next_seq, tail)
         self._trim_cache()
         while len(tail) > 1 and tail[0].message.role == "tool":
             tail = tail[1:]  # its call is older than the tail: never send an orphan result
