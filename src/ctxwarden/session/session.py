@@ -53,7 +53,7 @@ from ctxwarden.session import state as session_state
 from ctxwarden.session.build_log import KEEP_BUILDS, KEEP_CONTEXTS, log_build
 from ctxwarden.session.cycle import SummaryWrite, summary_cycle
 from ctxwarden.session.ledger_memo import SeqMemo
-from ctxwarden.session.tail_memo import TailMemo
+from ctxwarden.session.tail_memo import TailMemo, count_key, last_block
 from ctxwarden.store import SessionStore, StoredMessage, StoredSession, open_store
 from ctxwarden.store.ledger_checkpoint import (
     LEDGER_BACKFILL,
@@ -98,23 +98,6 @@ class _ExtractorLike(Protocol):
     async def extract(
         self, messages: Sequence[Message], existing: Any, schema: Any = None
     ) -> Any: ...
-
-
-def count_key(counter: TokenCounter) -> str:
-    """The key under which a counter's per-message counts are stored: the encoding for
-    exact counts, plus the family and its Latin / Cyrillic / CJK / Latin-with-diacritics
-    factors for estimates (they differ per model; counts stored under another key are
-    counted again)."""
-    scripts = counter.scripts
-    per_script = () if scripts is None else tuple(vars(scripts).values())
-    if scripts is None or set(per_script) == {1.0}:
-        return counter.encoding_name
-    factors = (
-        f"{scripts.latin:g}"
-        if len(set(per_script)) == 1
-        else "/".join(map("{:g}".format, per_script))
-    )
-    return f"{counter.encoding_name}~{counter.family}x{factors}"
 
 
 class Session:
@@ -272,7 +255,10 @@ class Session:
         ]
         check_unique_ids(parsed)
         if check_pairs:
-            validate_appended(self._last_block(), parsed)
+            validate_appended(
+                last_block(self.store, self.tenant, self.session_id, self._cache, self._cache_of),
+                parsed,
+            )
         counter = TokenCounter.for_model(self.model, self.registry)
         key = count_key(counter)
         counts = [{key: counter.count_message(m)} for m in parsed]
@@ -290,33 +276,6 @@ class Session:
         if len(self._cache) > _CACHE_SIZE:  # stored messages never change; keep the newest
             for seq in sorted(self._cache)[: len(self._cache) - _CACHE_SIZE]:
                 del self._cache[seq]
-
-    def _last_block(self) -> list[Message]:
-        """The stored messages from the last one that is not a tool result (a tool call
-        and the results it has so far): from the decoded messages of this session when
-        it holds them (an agent's loop appends right after its last append or build),
-        else read back in pages from the end."""
-        record = self.store.get_session(self.tenant, self.session_id)
-        end = record.next_seq if record is not None else 0
-        if record is not None and record.created_at == self._cache_of:
-            block: list[Message] = []
-            for seq in range(end - 1, -1, -1):
-                cached = self._cache.get(seq)
-                if cached is None:
-                    break
-                block.append(cached)
-                if cached.role != "tool":
-                    return block[::-1]
-        start, page = end, 16
-        while start > 0:
-            start = max(0, start - page)
-            found = self.store.range(self.tenant, self.session_id, start, end)
-            roles = [m.message.role for m in found]
-            if any(r != "tool" for r in roles):
-                last = max(i for i, r in enumerate(roles) if r != "tool")
-                return [m.message for m in found[last:]]
-            page *= 2
-        return [m.message for m in self.store.range(self.tenant, self.session_id, 0, end)]
 
     def import_messages(self, messages: Iterable[Mapping[str, Any] | Message]) -> list[int]:
         """Add a whole transcript (OpenAI dicts, ours with metadata too) atomically."""

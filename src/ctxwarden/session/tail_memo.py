@@ -1,4 +1,4 @@
-"""The last build's tail, carried to the next build of the same open session (speed only).
+"""What an open session knows of its newest stored messages, so it reads less (speed only).
 
 :meth:`SessionStore.tail` walks the stored counts back from the newest message until
 the budget is full: in an agent's loop the next build's tail is that tail plus what
@@ -18,11 +18,29 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping, Sequence
 
 from ctxwarden.messages import Message
-from ctxwarden.store import StoredMessage
+from ctxwarden.store import SessionStore, StoredMessage
+from ctxwarden.tokens.counter import TokenCounter
 
-__all__ = ["TailMemo"]
+__all__ = ["TailMemo", "count_key", "last_block"]
 
 _APPENDED = 1024  # appended messages remembered (an agent's turn appends a few)
+
+
+def count_key(counter: TokenCounter) -> str:
+    """The key under which a counter's per-message counts are stored: the encoding for
+    exact counts, plus the family and its Latin / Cyrillic / CJK / Latin-with-diacritics
+    factors for estimates (they differ per model; counts stored under another key are
+    counted again)."""
+    scripts = counter.scripts
+    per_script = () if scripts is None else tuple(vars(scripts).values())
+    if scripts is None or set(per_script) == {1.0}:
+        return counter.encoding_name
+    factors = (
+        f"{scripts.latin:g}"
+        if len(set(per_script)) == 1
+        else "/".join(map("{:g}".format, per_script))
+    )
+    return f"{counter.encoding_name}~{counter.family}x{factors}"
 
 
 def _walk(
@@ -91,3 +109,38 @@ class TailMemo:
         (the tail may hold newer messages, read after ``next_seq`` was)."""
         upto = max(next_seq, rows[-1].seq + 1) if rows else next_seq
         self._last = (scope, upto, tuple(rows))
+
+
+def last_block(
+    store: SessionStore,
+    tenant: str,
+    session_id: str,
+    cache: Mapping[int, Message],
+    cache_of: float,
+) -> list[Message]:
+    """The stored messages from the last one that is not a tool result (a tool call and
+    the results it has so far), for :meth:`Session.append`'s pairing check: from the
+    session's decoded messages (``cache``, of the session created at ``cache_of``) when
+    they hold them (an agent's loop appends right after its last append or build), else
+    read back in pages from the end."""
+    record = store.get_session(tenant, session_id)
+    end = record.next_seq if record is not None else 0
+    if record is not None and record.created_at == cache_of:
+        block: list[Message] = []
+        for seq in range(end - 1, -1, -1):
+            cached = cache.get(seq)
+            if cached is None:
+                break
+            block.append(cached)
+            if cached.role != "tool":
+                return block[::-1]
+    start, page = end, 16
+    while start > 0:
+        start = max(0, start - page)
+        found = store.range(tenant, session_id, start, end)
+        roles = [m.message.role for m in found]
+        if any(r != "tool" for r in roles):
+            last = max(i for i, r in enumerate(roles) if r != "tool")
+            return [m.message for m in found[last:]]
+        page *= 2
+    return [m.message for m in store.range(tenant, session_id, 0, end)]
