@@ -52,7 +52,7 @@ class _Memo:
                 self._size -= len(self._texts.popitem(last=False)[1])
 
 
-_MEMO = _Memo(8_192, 64 * 1024 * 1024)
+_MEMO = _Memo(32_768, 64 * 1024 * 1024)  # 64 agents of 200 messages, two forms each
 _META_MEMO = _Memo(32_768, 64 * 1024 * 1024)
 
 
