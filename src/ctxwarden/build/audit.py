@@ -14,7 +14,7 @@ names the pipeline's steps in the order they ran, a user's own included.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from ctxwarden.steps.base import Action, ActionKind
@@ -25,6 +25,27 @@ if TYPE_CHECKING:
 __all__ = ["LAYERS", "Audit"]
 
 LAYERS = ("system", "facts", "ledger", "summary", "pinned", "window", "current")
+_SCALARS = (str, int, float, bool, type(None))
+
+
+_FIELDS: dict[type[Any], tuple[str, ...]] = {}  # per Action class (a handful)
+
+
+def _field_names(kind: type[Any]) -> tuple[str, ...]:
+    found = _FIELDS.get(kind)
+    if found is None:
+        found = _FIELDS[kind] = tuple(f.name for f in fields(kind))
+    return found
+
+
+def _action_dict(action: Action) -> dict[str, Any]:
+    """``dataclasses.asdict(action)``: read field by field when every value is a scalar
+    (the built-in actions; a build logs one per masked or cut message, and ``asdict``'s
+    recursive copy was most of the proxy's audit write), ``asdict`` otherwise."""
+    out = {name: getattr(action, name) for name in _field_names(type(action))}
+    if all(isinstance(v, _SCALARS) for v in out.values()):
+        return out
+    return asdict(action)
 
 
 @dataclass(frozen=True)
@@ -79,7 +100,7 @@ class Audit:
             "history_messages": self.history_messages,
             "kept_messages": self.kept_messages,
             "tokens_saved": self.tokens_saved,
-            "actions": [asdict(a) for a in self.actions],
+            "actions": [_action_dict(a) for a in self.actions],
             "warnings": list(self.warnings),
             "prefix_shared_tokens": self.prefix_shared_tokens,
             "cacheable_prefix_tokens": self.cacheable_prefix_tokens,

@@ -20,41 +20,91 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
-from ctxwarden.formats.openai import message_to_openai
+from ctxwarden.formats.openai import META_KEY, message_to_openai
 from ctxwarden.messages import Message
 
-__all__ = ["message_json", "messages_json", "object_json"]
+__all__ = ["message_json", "messages_json", "meta_message_json", "object_json"]
 
-_MEMO: OrderedDict[Hashable, str] = OrderedDict()
-_MEMO_MAX = 8_192
-_LOCK = threading.Lock()
 _SCALARS = (str, int, float, bool, type(None))
+
+
+class _Memo:
+    """A bounded, locked LRU of JSON texts (bounded in entries and in characters)."""
+
+    def __init__(self, entries: int, chars: int) -> None:
+        self._texts: OrderedDict[Hashable, str] = OrderedDict()
+        self._entries, self._chars, self._size = entries, chars, 0
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> str | None:
+        with self._lock:
+            found = self._texts.get(key)
+            if found is not None:
+                self._texts.move_to_end(key)
+            return found
+
+    def put(self, key: Hashable, text: str) -> None:
+        with self._lock:
+            old = self._texts.pop(key, None)
+            self._size += len(text) - (len(old) if old is not None else 0)
+            self._texts[key] = text
+            while self._texts and (len(self._texts) > self._entries or self._size > self._chars):
+                self._size -= len(self._texts.popitem(last=False)[1])
+
+
+_MEMO = _Memo(32_768, 64 * 1024 * 1024)  # 64 agents of 200 messages, two forms each
+_META_MEMO = _Memo(32_768, 64 * 1024 * 1024)
 
 
 def _key(message: Message) -> Hashable | None:
     """What fixes ``message``'s JSON text, or None when the fingerprint does not."""
     if not isinstance(message.content, str | None):
         return None
-    if not all(isinstance(v, _SCALARS) for v in message.extra.values()):
+    extra = message.extra
+    if not extra:
+        return (message.fingerprint, ())
+    if not all(isinstance(v, _SCALARS) for v in extra.values()):
         return None
-    return (message.fingerprint, tuple(message.extra))
+    return (message.fingerprint, tuple(extra))
 
 
 def message_json(message: Message) -> str:
     """``json.dumps(message_to_openai(message), ensure_ascii=False)``, memoised."""
     key = _key(message)
-    if key is not None:
-        with _LOCK:
-            found = _MEMO.get(key)
-            if found is not None:
-                _MEMO.move_to_end(key)
-                return found
+    found = _MEMO.get(key) if key is not None else None
+    if found is not None:
+        return found
     text = json.dumps(message_to_openai(message), ensure_ascii=False)
     if key is not None:
-        with _LOCK:
-            _MEMO[key] = text
-            while len(_MEMO) > _MEMO_MAX:
-                _MEMO.popitem(last=False)
+        _MEMO.put(key, text)
+    return text
+
+
+def _meta_key(message: Message) -> Hashable | None:
+    """:func:`_key` plus our metadata, or None when they do not fix the text (a nested
+    ``meta`` value, an extra key named like ours)."""
+    key = _key(message)
+    if key is None or META_KEY in message.extra:
+        return None
+    meta: tuple[tuple[str, type, object], ...] = ()
+    if message.meta:
+        meta = tuple((k, type(v), v) for k, v in message.meta.items())  # True and 1 differ
+        if not all(isinstance(v, _SCALARS) for _, _, v in meta):
+            return None
+    m = message
+    return (key, m.id, m.kind, m.pinned, m.priority, type(m.created_at), m.created_at, meta)
+
+
+def meta_message_json(message: Message) -> str:
+    """``json.dumps(message_to_openai(message, with_meta=True), ensure_ascii=False)``,
+    memoised (the build log writes every built message this way on every build)."""
+    key = _meta_key(message)
+    found = _META_MEMO.get(key) if key is not None else None
+    if found is not None:
+        return found
+    text = json.dumps(message_to_openai(message, with_meta=True), ensure_ascii=False)
+    if key is not None:
+        _META_MEMO.put(key, text)
     return text
 
 

@@ -1,10 +1,17 @@
-"""Reading a request body within the configured size, as JSON."""
+"""Reading a request body within the configured size, as JSON.
+
+An agent's body is its whole history (hundreds of kilobytes each call), so it is parsed
+with ``orjson`` (a few times faster than :mod:`json`); what orjson refuses and
+:mod:`json` takes (a lone surrogate escape, ``NaN``, an integer beyond 64 bits, UTF-16)
+is parsed by :mod:`json`, so the result and every error are the stdlib's.
+"""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 
 from ctxwarden.service.errors import ServiceError
@@ -25,8 +32,14 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
         if size > limit:
             raise ServiceError(413, f"request body is over {limit:,} bytes")
         chunks.append(chunk)
+    raw = b"".join(chunks)
     try:
-        data = json.loads(b"".join(chunks))
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        data = None
+    try:
+        if data is None:
+            data = json.loads(raw)
     except ValueError as exc:
         raise ServiceError(400, f"request body is not JSON: {exc}") from None
     if not isinstance(data, dict):

@@ -27,6 +27,7 @@ import anyio.to_thread
 
 from ctxwarden import Policy, Session
 from ctxwarden.service.config import ServiceConfig
+from ctxwarden.service.key_memo import KeyMemo
 from ctxwarden.store import SessionStore, open_store
 from ctxwarden.store.service_tables import TenantRecord
 
@@ -69,6 +70,7 @@ class Hub:
         self._sessions: OrderedDict[tuple[str, str], Session] = OrderedDict()
         self._sessions_lock = threading.Lock()
         self._locks: dict[tuple[str, str], tuple[asyncio.Lock, int]] = {}
+        self.keys = KeyMemo()  # the client messages' keys, per client session (speed only)
         self.summaries: Any = None  # service.summaries.Summaries with --summarizer
         self._workers = anyio.CapacityLimiter(1 if self.store.url.startswith("sqlite") else 4)
 

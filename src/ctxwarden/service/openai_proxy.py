@@ -29,7 +29,7 @@ from ctxwarden.service.body import max_input_tokens_header, model_and_messages, 
 from ctxwarden.service.calls import client_session_id, upstream_for
 from ctxwarden.service.errors import ServiceError
 from ctxwarden.service.forward import forward
-from ctxwarden.service.history import content_text, wire_key
+from ctxwarden.service.history import content_text
 from ctxwarden.service.pipeline import Call, Prepared
 from ctxwarden.service.schema import OPENAI_BODY, PROXY_ERRORS
 from ctxwarden.service.sse import OpenAIReply, parse_frame
@@ -153,18 +153,18 @@ async def chat_completions(request: Request, tenant: CurrentTenant) -> Response:
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise ServiceError(400, str(InvalidMessageError("must be a JSON object", index=i)))
-    keys = [wire_key(m) for m in messages]
 
     def parse(start: int) -> list[Message]:
         return [message_from_openai(m, index=i) for i, m in enumerate(messages[start:], start)]
 
     tools = data.get("tools")
+    client_id = client_session_id(request, tenant, *_derived_parts(messages))
     call = Call(
         api="openai",
         tenant=tenant,
-        client_id=client_session_id(request, tenant, *_derived_parts(messages)),
+        client_id=client_id,
         model=model,
-        keys=keys,
+        keys=hub.keys.keys((tenant.name, client_id), messages),
         parse=parse,
         max_input_tokens=max_input_tokens_header(request),
         tools=tools if isinstance(tools, list) else None,

@@ -23,13 +23,16 @@ log table; its builds are not logged.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ctxwarden.formats.openai import message_to_openai
+from ctxwarden.formats.openai_json import meta_message_json
 from ctxwarden.store import StoredMessage
 from ctxwarden.store._sql import SqlStore
+from ctxwarden.store.base import json_text, unstorable
 from ctxwarden.store.service_tables import last_build_mark, record_build, stored_tokens
 from ctxwarden.tokens.counter import TokenCounter
 
@@ -37,7 +40,7 @@ if TYPE_CHECKING:
     from ctxwarden.build.engine import BuiltContext
     from ctxwarden.session.session import Session
 
-__all__ = ["KEEP_BUILDS", "KEEP_CONTEXTS", "context_rows", "log_build"]
+__all__ = ["KEEP_BUILDS", "KEEP_CONTEXTS", "context_json", "context_rows", "log_build"]
 
 KEEP_BUILDS = 2000
 """Builds (audits) kept per session: a few kilobytes each."""
@@ -52,6 +55,24 @@ def context_rows(built: BuiltContext) -> list[dict[str, Any]]:
         {"layer": built.layers.get(m.id, "window"), "message": message_to_openai(m, with_meta=True)}
         for m in built.messages
     ]
+
+
+def context_json(built: BuiltContext) -> str:
+    """``json_text(context_rows(built))``, each message's text memoised
+    (:func:`~ctxwarden.formats.openai_json.meta_message_json`): from one build to the next
+    a session's context is mostly the same messages."""
+    layers: dict[str, str] = {}
+    rows = []
+    for m in built.messages:
+        layer = built.layers.get(m.id, "window")
+        head = layers.get(layer)
+        if head is None:
+            head = layers[layer] = '{"layer": ' + json.dumps(layer, ensure_ascii=False)
+        rows.append(head + ', "message": ' + meta_message_json(m) + "}")
+    text = "[" + ", ".join(rows) + "]"
+    if not text.isascii() and unstorable(text):
+        return json_text(context_rows(built))
+    return text
 
 
 def _history_tokens(
@@ -109,7 +130,7 @@ def log_build(
         audit=built.audit.to_dict(),
         status=status,
         upto_seq=upto,
-        context=context_rows(built) if keep_contexts > 0 else None,
+        context=context_json(built) if keep_contexts > 0 else None,
         keep=session.keep_builds,
         keep_contexts=keep_contexts,
         # a library build's row is advisory (a crash may lose the newest); the proxy's

@@ -53,6 +53,7 @@ from ctxwarden.session import state as session_state
 from ctxwarden.session.build_log import KEEP_BUILDS, KEEP_CONTEXTS, log_build
 from ctxwarden.session.cycle import SummaryWrite, summary_cycle
 from ctxwarden.session.ledger_memo import SeqMemo
+from ctxwarden.session.tail_memo import TailMemo, count_key, last_block
 from ctxwarden.store import SessionStore, StoredMessage, StoredSession, open_store
 from ctxwarden.store.ledger_checkpoint import (
     LEDGER_BACKFILL,
@@ -99,23 +100,6 @@ class _ExtractorLike(Protocol):
     ) -> Any: ...
 
 
-def count_key(counter: TokenCounter) -> str:
-    """The key under which a counter's per-message counts are stored: the encoding for
-    exact counts, plus the family and its Latin / Cyrillic / CJK / Latin-with-diacritics
-    factors for estimates (they differ per model; counts stored under another key are
-    counted again)."""
-    scripts = counter.scripts
-    per_script = () if scripts is None else tuple(vars(scripts).values())
-    if scripts is None or set(per_script) == {1.0}:
-        return counter.encoding_name
-    factors = (
-        f"{scripts.latin:g}"
-        if len(set(per_script)) == 1
-        else "/".join(map("{:g}".format, per_script))
-    )
-    return f"{counter.encoding_name}~{counter.family}x{factors}"
-
-
 class Session:
     """A stored conversation; see the module docstring. Close it (or use ``with``).
 
@@ -158,6 +142,7 @@ class Session:
         self._cache: dict[int, Message] = {}  # seq -> decoded message, reused across builds
         self._cache_of = 0.0  # the created_at of the session the cache holds messages of
         self._ledger_memo: SeqMemo | None = None  # the last build's, by seq (speed only)
+        self._tails = TailMemo()  # the last build's tail and what came after (speed only)
         try:
             self.store.create_session(tenant, session_id)
         except BaseException:
@@ -270,28 +255,27 @@ class Session:
         ]
         check_unique_ids(parsed)
         if check_pairs:
-            validate_appended(self._last_block(), parsed)
+            validate_appended(
+                last_block(self.store, self.tenant, self.session_id, self._cache, self._cache_of),
+                parsed,
+            )
         counter = TokenCounter.for_model(self.model, self.registry)
         key = count_key(counter)
         counts = [{key: counter.count_message(m)} for m in parsed]
-        return self.store.append(
+        seqs = self.store.append(
             self.tenant, self.session_id, parsed, counts, expect_next=expect_next
         )
+        for seq, m, c in list(zip(seqs, parsed, counts, strict=True))[-_CACHE_SIZE:]:
+            stored = replace(m, id=f"m{seq}") if m.id == "h" + m.fingerprint[:12] else m
+            self._cache[seq] = stored  # as the store reads it back
+            self._tails.appended(seq, stored, c)
+        self._trim_cache()
+        return seqs
 
-    def _last_block(self) -> list[Message]:
-        """The stored messages from the last one that is not a tool result (a tool call
-        and the results it has so far), read back in pages from the end."""
-        end = len(self)
-        start, page = end, 16
-        while start > 0:
-            start = max(0, start - page)
-            found = self.store.range(self.tenant, self.session_id, start, end)
-            roles = [m.message.role for m in found]
-            if any(r != "tool" for r in roles):
-                last = max(i for i, r in enumerate(roles) if r != "tool")
-                return [m.message for m in found[last:]]
-            page *= 2
-        return [m.message for m in self.store.range(self.tenant, self.session_id, 0, end)]
+    def _trim_cache(self) -> None:
+        if len(self._cache) > _CACHE_SIZE:  # stored messages never change; keep the newest
+            for seq in sorted(self._cache)[: len(self._cache) - _CACHE_SIZE]:
+                del self._cache[seq]
 
     def import_messages(self, messages: Iterable[Mapping[str, Any] | Message]) -> list[int]:
         """Add a whole transcript (OpenAI dicts, ours with metadata too) atomically."""
@@ -361,6 +345,7 @@ class Session:
         if record.created_at != self._cache_of:  # deleted and created again, maybe elsewhere
             self._cache.clear()
             self._ledger_memo = None
+            self._tails.clear()
             self._cache_of = record.created_at
         merged: dict[int, StoredMessage] = {}
         if pin_first:
@@ -369,18 +354,21 @@ class Session:
             merged = dict(sorted(merged.items())[:pin_first])
         merged.update((m.seq, m) for m in self.store.pinned(self.tenant, self.session_id))
         after = record.summary_upto if from_seq is None else max(record.summary_upto, from_seq - 1)
-        tail = self.store.tail(
-            self.tenant,
-            self.session_id,
-            budget * TAIL_SLACK,
-            count_key(counter),
-            after_seq=after,
-            count=counter.count_message,
-            cache=self._cache,
-        )
-        if len(self._cache) > _CACHE_SIZE:  # stored messages never change; keep the newest
-            for seq in sorted(self._cache)[: len(self._cache) - _CACHE_SIZE]:
-                del self._cache[seq]
+        key, most = count_key(counter), budget * TAIL_SLACK
+        scope = (record.created_at, after, most, key)
+        tail = self._tails.tail(scope, record.next_seq, after, most, key, counter.count_message)
+        if tail is None:
+            tail = self.store.tail(
+                self.tenant,
+                self.session_id,
+                most,
+                key,
+                after_seq=after,
+                count=counter.count_message,
+                cache=self._cache,
+            )
+        self._tails.remember(scope, record.next_seq, tail)
+        self._trim_cache()
         while len(tail) > 1 and tail[0].message.role == "tool":
             tail = tail[1:]  # its call is older than the tail: never send an orphan result
         merged.update((m.seq, m) for m in tail)

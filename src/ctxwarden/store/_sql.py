@@ -105,6 +105,11 @@ class SqlStore(ABC):
     def _write(self) -> AbstractContextManager[Tx]:
         """A short write transaction (holding the write lock from its first statement)."""
 
+    def _read_one(self) -> AbstractContextManager[Tx]:
+        """For a read of one statement (a statement sees one snapshot by itself): a
+        backend may skip the transaction around it (SQLite: two statements fewer)."""
+        return self._read()
+
     # -- sessions -------------------------------------------------------------------------
 
     def create_session(self, tenant: str, session_id: str) -> StoredSession:
@@ -124,7 +129,7 @@ class SqlStore(ABC):
         return _session(rows[0])
 
     def get_session(self, tenant: str, session_id: str) -> StoredSession | None:
-        with self._read() as tx:
+        with self._read_one() as tx:
             rows = tx.execute(
                 f"SELECT {_SESSION_COLS} FROM ctxwarden_sessions {_WHERE}", (tenant, session_id)
             )
@@ -304,7 +309,7 @@ class SqlStore(ABC):
 
     def pinned(self, tenant: str, session_id: str) -> list[StoredMessage]:
         """Pinned messages and system prompts, in order (by the partial index)."""
-        with self._read() as tx:
+        with self._read_one() as tx:
             rows = tx.execute(
                 "SELECT seq, message, token_counts FROM ctxwarden_messages "
                 f"{_WHERE} AND pinned = 1 ORDER BY seq",
@@ -321,7 +326,7 @@ class SqlStore(ABC):
         self, tenant: str, session_id: str, seq_from: int, seq_to: int
     ) -> list[StoredMessage]:
         """Messages with ``seq_from <= seq < seq_to``, in order."""
-        with self._read() as tx:
+        with self._read_one() as tx:
             rows = tx.execute(
                 "SELECT seq, message, token_counts FROM ctxwarden_messages "
                 f"{_WHERE} AND seq >= ? AND seq < ? ORDER BY seq",

@@ -232,7 +232,7 @@ def set_caps(
 
 def tenant_by_key_hash(store: SessionStore, key_hash: str) -> TenantRecord | None:
     """The active tenant whose key hashes to ``key_hash`` (revoked ones are not found)."""
-    with _sql(store)._read() as tx:
+    with _sql(store)._read_one() as tx:
         rows = tx.execute(
             f"SELECT {_TENANT_COLS} FROM ctxwarden_tenants "
             "WHERE key_hash = ? AND revoked_at IS NULL",
@@ -255,7 +255,7 @@ def add_spend(store: SessionStore, tenant: str, dollars: float) -> None:
 
 
 def get_head(store: SessionStore, tenant: str, client_id: str) -> Head | None:
-    with _sql(store)._read() as tx:
+    with _sql(store)._read_one() as tx:
         rows = tx.execute(
             "SELECT session_id, branch, count, chain, history_tokens FROM ctxwarden_heads "
             "WHERE tenant = ? AND client_id = ?",
@@ -312,14 +312,15 @@ def record_build(
     audit: Mapping[str, Any],
     status: str = "forwarded",
     upto_seq: int = -1,
-    context: Sequence[Mapping[str, Any]] | None = None,
+    context: Sequence[Mapping[str, Any]] | str | None = None,
     keep: int | None = None,
     keep_contexts: int | None = None,
     durable: bool = True,
 ) -> int:
     """Store a build's audit as the session's next turn and return the turn's number.
 
-    ``context`` (the built messages as JSON-ready dicts) is kept for the newest
+    ``context`` (the built messages as JSON-ready dicts, or their JSON text as
+    :func:`~ctxwarden.store.base.json_text` writes it) is kept for the newest
     ``keep_contexts`` turns only, and only the newest ``keep`` rows are kept at all
     (``None``: no bound), in the same transaction, so the log of a long session stays
     the size of its bounds. ``durable=False`` lets the backend relax durability for
@@ -348,7 +349,7 @@ def record_build(
                 json_text(dict(audit)),
                 turn,
                 upto_seq,
-                None if context is None else json_text(list(context)),
+                context if context is None or isinstance(context, str) else json_text([*context]),
             ),
         )
         if keep is not None:
@@ -368,7 +369,7 @@ def record_build(
 def last_build_mark(store: SessionStore, tenant: str, session_id: str) -> tuple[int, int] | None:
     """``(history_tokens, upto_seq)`` of the session's newest logged build (``None``: none),
     so the next build adds only the tokens of what came after to the full-history size."""
-    with _sql(store)._read() as tx:
+    with _sql(store)._read_one() as tx:
         rows = tx.execute(
             "SELECT history_tokens, upto_seq FROM ctxwarden_builds "
             "WHERE tenant = ? AND session_id = ? ORDER BY turn DESC LIMIT 1",

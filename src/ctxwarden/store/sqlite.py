@@ -147,6 +147,15 @@ class SQLiteStore(SqlStore):
     def _read(self) -> Any:
         return self._transaction("BEGIN")
 
+    @contextmanager
+    def _read_one(self) -> Iterator[Tx]:
+        with self._lock if self._memory else _nolock():
+            conn = self._connection()
+            try:
+                yield _SqliteTx(conn)
+            except sqlite3.Error as exc:
+                raise StoreError(f"SQLite error on {self.path}: {exc}") from exc
+
     def _write(self) -> Any:
         return self._transaction("BEGIN IMMEDIATE")
 

@@ -1,0 +1,146 @@
+"""What an open session knows of its newest stored messages, so it reads less (speed only).
+
+:meth:`SessionStore.tail` walks the stored counts back from the newest message until
+the budget is full: in an agent's loop the next build's tail is that tail plus what
+was appended since, shortened at the front. :class:`TailMemo` keeps the last tail and
+the messages this session appended after it (as stored: message, seq and counts), and
+gives the next tail without reading when the store holds exactly those messages after
+it (its ``next_seq`` says so; stored messages never change, and a session deleted and
+created again has a new ``created_at``). The walk is the store's, message for message:
+the newest messages whose counts fit, at least one. When the walk would need messages
+older than the memo holds, or anything else differs, it answers ``None`` and the store
+is read. It belongs to one :class:`~ctxwarden.Session`, which is not shared between
+threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping, Sequence
+
+from ctxwarden.messages import Message
+from ctxwarden.store import SessionStore, StoredMessage
+from ctxwarden.tokens.counter import TokenCounter
+
+__all__ = ["TailMemo", "count_key", "last_block"]
+
+_APPENDED = 1024  # appended messages remembered (an agent's turn appends a few)
+
+
+def count_key(counter: TokenCounter) -> str:
+    """The key under which a counter's per-message counts are stored: the encoding for
+    exact counts, plus the family and its Latin / Cyrillic / CJK / Latin-with-diacritics
+    factors for estimates (they differ per model; counts stored under another key are
+    counted again)."""
+    scripts = counter.scripts
+    per_script = () if scripts is None else tuple(vars(scripts).values())
+    if scripts is None or set(per_script) == {1.0}:
+        return counter.encoding_name
+    factors = (
+        f"{scripts.latin:g}"
+        if len(set(per_script)) == 1
+        else "/".join(map("{:g}".format, per_script))
+    )
+    return f"{counter.encoding_name}~{counter.family}x{factors}"
+
+
+def _walk(
+    rows: Sequence[StoredMessage], max_tokens: int, key: str, count: Callable[[Message], int]
+) -> list[StoredMessage]:
+    """:meth:`SessionStore.tail` over ``rows`` (oldest first): the newest that fit."""
+    chosen: list[StoredMessage] = []
+    used = 0
+    for row in reversed(rows):
+        counts = row.token_counts
+        size = int(counts[key]) if key in counts else count(row.message)
+        if used + size > max_tokens and chosen:
+            break
+        used += size
+        chosen.append(row)
+    chosen.reverse()
+    return chosen
+
+
+class TailMemo:
+    def __init__(self) -> None:
+        self._appended: dict[int, StoredMessage] = {}
+        self._last: tuple[Hashable, int, tuple[StoredMessage, ...]] | None = None
+
+    def clear(self) -> None:
+        self._appended.clear()
+        self._last = None
+
+    def appended(self, seq: int, message: Message, counts: Mapping[str, int]) -> None:
+        """A message this session stored at ``seq`` (as the store reads it back)."""
+        self._appended[seq] = StoredMessage(seq, message, dict(counts))
+        if len(self._appended) > _APPENDED:
+            for old in sorted(self._appended)[: len(self._appended) - _APPENDED]:
+                del self._appended[old]
+
+    def tail(
+        self,
+        scope: Hashable,
+        next_seq: int,
+        after_seq: int,
+        max_tokens: int,
+        key: str,
+        count: Callable[[Message], int],
+    ) -> list[StoredMessage] | None:
+        """The store's tail for these arguments, or ``None`` when the memo cannot tell.
+        ``scope`` names everything else the tail depends on (the session's
+        ``created_at``, ``after_seq``, ``max_tokens``, ``key``)."""
+        if self._last is None:
+            return None
+        was, upto, rows = self._last
+        if was != scope or next_seq < upto:
+            return None
+        new = [self._appended.get(seq) for seq in range(upto, next_seq)]
+        if any(row is None for row in new):
+            return None  # another writer appended: read
+        rows = (*rows, *(row for row in new if row is not None))
+        chosen = _walk(rows, max_tokens, key, count)
+        if len(chosen) == len(rows) and rows and rows[0].seq != after_seq + 1:
+            return None  # everything fits: older messages than the memo holds might too
+        if not rows and next_seq > after_seq + 1:
+            return None
+        return chosen
+
+    def remember(self, scope: Hashable, next_seq: int, rows: Sequence[StoredMessage]) -> None:
+        """The tail just read (or given) for ``scope`` while the session held ``next_seq``
+        (the tail may hold newer messages, read after ``next_seq`` was)."""
+        upto = max(next_seq, rows[-1].seq + 1) if rows else next_seq
+        self._last = (scope, upto, tuple(rows))
+
+
+def last_block(
+    store: SessionStore,
+    tenant: str,
+    session_id: str,
+    cache: Mapping[int, Message],
+    cache_of: float,
+) -> list[Message]:
+    """The stored messages from the last one that is not a tool result (a tool call and
+    the results it has so far), for :meth:`Session.append`'s pairing check: from the
+    session's decoded messages (``cache``, of the session created at ``cache_of``) when
+    they hold them (an agent's loop appends right after its last append or build), else
+    read back in pages from the end."""
+    record = store.get_session(tenant, session_id)
+    end = record.next_seq if record is not None else 0
+    if record is not None and record.created_at == cache_of:
+        block: list[Message] = []
+        for seq in range(end - 1, -1, -1):
+            cached = cache.get(seq)
+            if cached is None:
+                break
+            block.append(cached)
+            if cached.role != "tool":
+                return block[::-1]
+    start, page = end, 16
+    while start > 0:
+        start = max(0, start - page)
+        found = store.range(tenant, session_id, start, end)
+        roles = [m.message.role for m in found]
+        if any(r != "tool" for r in roles):
+            last = max(i for i, r in enumerate(roles) if r != "tool")
+            return [m.message for m in found[last:]]
+        page *= 2
+    return [m.message for m in store.range(tenant, session_id, 0, end)]
