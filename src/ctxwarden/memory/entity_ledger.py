@@ -175,6 +175,31 @@ def _joined(values: Sequence[str]) -> str:
     return " ".join(values)
 
 
+class _Keys:
+    """Match key -> positions of the entries carrying it, for a ledger's first
+    ``covered`` entries: shared with the ledgers grown from it (it only grows), so an
+    ``add`` in which the user states something new checks only the entries that carry
+    one of the new keys, not the whole ledger."""
+
+    __slots__ = ("covered", "positions")
+
+    def __init__(self) -> None:
+        self.covered = 0
+        self.positions: dict[str, list[int]] = {}
+
+    def extend(self, entries: Sequence[LedgerEntry]) -> None:
+        positions = self.positions
+        for i in range(self.covered, len(entries)):
+            e = entries[i]
+            for k in match_keys(e.value, e.category):
+                found = positions.get(k)
+                if found is None:
+                    positions[k] = [i]
+                else:
+                    found.append(i)
+        self.covered = len(entries)
+
+
 @dataclass(frozen=True)
 class EntityLedger:
     """Values seen so far, deduplicated by value, in first-seen order (newest last).
@@ -200,6 +225,8 @@ class EntityLedger:
     _renders: dict[tuple[int, Callable[[str], int]], str] = field(
         default_factory=dict, compare=False, repr=False
     )
+    # match key -> positions (see _Keys); shared like _index, None: not built
+    _keys: _Keys | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self._tiers:
@@ -220,6 +247,7 @@ class EntityLedger:
         words whenever its keys meet those of a value the user stated, whatever came
         first."""
         entries = list(self.entries)
+        n = len(entries)
         # The value -> position index is shared with the ledger this one came from (it
         # only grows); if another ledger grew it since, it holds values we lack: rebuild.
         index = self._index
@@ -254,17 +282,31 @@ class EntityLedger:
             return self
         if grown:
             stated = stated | grown
-        # entries that now match what the user stated: all of them when the user said
-        # something new, else only those this batch touched
-        self._mark_matches(entries, tiers, stated, range(len(entries)) if grown else touched)
-        if len(entries) > MAX_ENTRIES:
-            kept = set(self._keep_order(entries, tiers, MAX_ENTRIES // 2))
-            entries = [e for i, e in enumerate(entries) if i in kept]
-            return EntityLedger(tuple(entries), seq, self.header)
+        # entries that now match what the user stated: those this batch touched, and
+        # when the user said something new, those carrying one of the new keys (the rest
+        # were checked against the older keys when added: the match-key index finds
+        # them; without one, every entry is checked and the index built on the way)
+        keys = self._keys if self._keys is not None and self._keys.covered == n else None
+        pruning = len(entries) > MAX_ENTRIES
+        if keys is not None:
+            keys.extend(entries)
+        elif grown and not pruning:
+            keys = _Keys()
+            keys.extend(entries)
+            touched = list(range(len(entries)))
+        elif grown:
+            touched = list(range(len(entries)))
+        if grown and keys is not None:
+            touched = sorted({*touched, *(i for k in grown for i in keys.positions.get(k, ()))})
+        self._mark_matches(entries, tiers, stated, touched)
+        if pruning:
+            return _pruned(entries, tiers, seq, self.header)
         stale = sum(map(len, tiers)) - len(entries)
         if stale > len(entries):  # compact: refreshed values left old pairs behind
-            return EntityLedger(tuple(entries), seq, self.header, index)
-        out = EntityLedger(tuple(entries), seq, self.header, index, tuple(map(tuple, tiers)))
+            return EntityLedger(tuple(entries), seq, self.header, index, _keys=keys)
+        out = EntityLedger(
+            tuple(entries), seq, self.header, index, tuple(map(tuple, tiers)), _keys=keys
+        )
         object.__setattr__(out, "_stated", stated)
         return out
 
@@ -304,6 +346,15 @@ class EntityLedger:
         limit: int | None = None,
     ) -> Iterator[int]:
         """Positions, best first: highest rank, then most recently seen."""
+        return (i for _, i in EntityLedger._ranked_order(entries, tiers, limit))
+
+    @staticmethod
+    def _ranked_order(
+        entries: Sequence[LedgerEntry],
+        tiers: Sequence[Sequence[tuple[int, int]]],
+        limit: int | None = None,
+    ) -> Iterator[tuple[int, int]]:
+        """``(rank, position)`` pairs in :meth:`_keep_order`'s order."""
         given = 0
         for r in range(len(tiers) - 1, -1, -1):
             for last_seen, i in reversed(tiers[r]):
@@ -313,7 +364,7 @@ class EntityLedger:
                 if limit is not None and given >= limit:
                     return
                 given += 1
-                yield i
+                yield r, i
 
     def branch(self) -> EntityLedger:
         """The same ledger with an index of its own: grow it without making the ledger
@@ -406,6 +457,25 @@ class EntityLedger:
             else:
                 hi = mid - 1
         return best
+
+
+def _pruned(
+    entries: Sequence[LedgerEntry],
+    tiers: Sequence[Sequence[tuple[int, int]]],
+    seq: int,
+    header: str,
+) -> EntityLedger:
+    """The ledger of the best ``MAX_ENTRIES // 2`` of ``entries`` (first-seen order kept),
+    its tiers carried over from the ranking already done instead of ranking them again."""
+    ranked: dict[int, int] = {}  # position -> tier, best first (a position may recur)
+    for r, i in EntityLedger._ranked_order(entries, tiers, MAX_ENTRIES // 2):
+        ranked.setdefault(i, r)
+    order = sorted(ranked)
+    moved = {i: j for j, i in enumerate(order)}
+    kept: list[list[tuple[int, int]]] = [[] for _ in range(_TIERS)]
+    for i, r in reversed(ranked.items()):  # each tier oldest first
+        kept[r].append((entries[i].last_seen, moved[i]))
+    return EntityLedger(tuple(entries[i] for i in order), seq, header, {}, tuple(map(tuple, kept)))
 
 
 def _entry(row: Sequence[Any]) -> LedgerEntry:
