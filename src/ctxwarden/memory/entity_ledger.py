@@ -283,9 +283,10 @@ class EntityLedger:
         if grown:
             stated = stated | grown
         # entries that now match what the user stated: those this batch touched, and
-        # when the user said something new, those carrying one of the new keys (the rest
-        # were checked against the older keys when added: the match-key index finds
-        # them; without one, every entry is checked and the index built on the way)
+        # when the user said something new, those carrying one of the new keys (the
+        # others were checked against the older keys when added). The match-key index
+        # finds them; without one, it is built (when no pruning follows) and looked up
+        # for every stated key, which is what checking every entry found.
         keys = self._keys if self._keys is not None and self._keys.covered == n else None
         pruning = len(entries) > MAX_ENTRIES
         if keys is not None:
@@ -293,11 +294,12 @@ class EntityLedger:
         elif grown and not pruning:
             keys = _Keys()
             keys.extend(entries)
-            touched = list(range(len(entries)))
+            grown = set(stated)
         elif grown:
             touched = list(range(len(entries)))
         if grown and keys is not None:
-            touched = sorted({*touched, *(i for k in grown for i in keys.positions.get(k, ()))})
+            found = keys.positions
+            touched = sorted({*touched, *(i for k in grown for i in found.get(k, ()))})
         self._mark_matches(entries, tiers, stated, touched)
         if pruning:
             return _pruned(entries, tiers, seq, self.header)
@@ -368,8 +370,10 @@ class EntityLedger:
 
     def branch(self) -> EntityLedger:
         """The same ledger with an index of its own: grow it without making the ledger
-        it came from rebuild its index on its next ``add`` (a side branch)."""
-        return EntityLedger(self.entries, self.seq, self.header, dict(self._index), self._tiers)
+        it came from rebuild its index on its next ``add`` (a side branch). Its renders
+        are the same texts, so the render memo is shared."""
+        index, tiers, renders = dict(self._index), self._tiers, self._renders
+        return EntityLedger(self.entries, self.seq, self.header, index, tiers, _renders=renders)
 
     def values(self) -> list[str]:
         return [e.value for e in self.entries]
