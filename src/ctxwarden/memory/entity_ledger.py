@@ -111,8 +111,20 @@ def rank(category: str, hits: int, marks: int, size: int = MIN_RANKED_CHARS) -> 
     return min(r, MAX_RANK)
 
 
+_RANKS: dict[tuple[str, int, int, int], int] = {}  # rank()'s arguments -> rank
+
+
 def _rank_of(e: LedgerEntry) -> int:
-    return rank(e.category, e.hits, e.marks, len(e.value))
+    """``rank`` of an entry, memoised by its arguments (renders and adds rank every entry
+    they visit); the size only matters below :data:`MIN_RANKED_CHARS`, so it is capped
+    there."""
+    key = (e.category, e.hits, e.marks, min(len(e.value), MIN_RANKED_CHARS))
+    found = _RANKS.get(key)
+    if found is None:
+        if len(_RANKS) > 4096:
+            _RANKS.clear()
+        found = _RANKS[key] = rank(*key)
+    return found
 
 
 @lru_cache(maxsize=65_536)
@@ -267,7 +279,10 @@ class EntityLedger:
                 marks = old.marks | mark
                 if marks & USER:
                     marks &= ~MATCH  # stated outright now: no longer only a match
-                entry = old._replace(last_seen=seq, hits=old.hits + 1, marks=marks)
+                entry = LedgerEntry(
+                    old.value, old.label, old.category, old.source_id, old.first_seen, seq,
+                    old.hits + 1, marks,
+                )  # fmt: skip
             else:
                 i = index[e.value] = len(entries)
                 category = e.category or e.label
@@ -338,7 +353,7 @@ class EntityLedger:
             if entry.marks & (USER | MATCH):
                 continue
             if any(k in stated for k in match_keys(entry.value, entry.category)):
-                entries[i] = entry = entry._replace(marks=entry.marks | MATCH)
+                entries[i] = entry = LedgerEntry(*entry[:7], entry.marks | MATCH)
                 bisect.insort(tiers[_rank_of(entry)], (entry.last_seen, i))
 
     @staticmethod
@@ -433,7 +448,7 @@ class EntityLedger:
         used = _cost(table, count, self.header)
         entries = self.entries
         skipped = 0
-        for i in self._keep_order(entries, self._tiers):
+        for _, i in self._ranked_order(entries, self._tiers):
             e = entries[i]
             step = table.get(e.value)
             if step is None:
