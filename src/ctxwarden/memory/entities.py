@@ -99,14 +99,16 @@ _CODE_SKIP = frozenset(_CODE_SKIP_WORDS.split())
 
 
 def _is_title(word: str) -> bool:
-    return word[0].isupper() and any(c.islower() for c in word[1:])
+    return word[0].isupper() and any(map(str.islower, word[1:]))
 
 
 def _is_id(token: str) -> bool:
     """Letters (or underscores) mixed with digits, and not an ordinal like 20th."""
-    has_digit = any(c.isdigit() for c in token)
-    has_other = any(c.isalpha() or c == "_" for c in token)
-    return has_digit and has_other and not _ORDINAL.match(token)
+    return (
+        any(map(str.isdigit, token))
+        and ("_" in token or any(map(str.isalpha, token)))
+        and not _ORDINAL.match(token)
+    )
 
 
 _MONTH = re.compile(MONTHS, re.IGNORECASE)
@@ -232,7 +234,7 @@ def extract_from_text(text: str, source_id: str = "", origin: str = "") -> list[
                 if _is_id(value.lstrip("#")):
                     category_out = "id"
                 elif (
-                    not any(c.isdigit() for c in value)
+                    not any(map(str.isdigit, value))
                     and len(value) >= 3
                     and value.isupper()
                     and value not in _CODE_SKIP
