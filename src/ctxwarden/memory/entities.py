@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from ctxwarden.memory.entity_patterns import MONTHS, PATTERNS, date_key
+from ctxwarden.memory.entity_patterns import MONTHS, NEEDS, PATTERNS, date_key
 from ctxwarden.messages import Message
 
 __all__ = [
@@ -144,9 +144,11 @@ def _may_match(
     """Cheap tests that skip patterns on text that cannot match them: a written date
     needs a month name, a path a slash, a URL "://", an e-mail "@", a number a digit,
     a UUID a hyphen, an id a digit and a code a capital, an identifier ``_``, a dot
-    before a letter (``np.linalg``) or a lower letter before a capital (``camelCase``)."""
+    before a letter (``np.linalg``) or a lower letter before a capital (``camelCase``);
+    some need what :data:`~ctxwarden.memory.entity_patterns.NEEDS` finds as well."""
     if category in _NEEDS_DIGIT:
-        return digits
+        need = NEEDS.get(category)
+        return digits and (need is None or need.search(text) is not None)
     if category == "date-written":
         return digits and any(_is_month(w) for w in _LETTER_RUN.findall(text))
     if category == "path":
@@ -156,7 +158,7 @@ def _may_match(
     if category == "email":
         return "@" in text
     if pattern is _UUID:
-        return "-" in text
+        return "-" in text and NEEDS["uuid"].search(text) is not None
     if category == "id":
         return digits or upper
     if category == "identifier":
