@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from ctxwarden.memory.entity_patterns import MONTHS, PATTERNS, date_key
+from ctxwarden.memory.entity_patterns import MONTHS, NEEDS, PATTERNS, date_key
 from ctxwarden.messages import Message
 
 __all__ = [
@@ -84,6 +84,30 @@ _WORD = re.compile(r"[^\W\d_][\w'’-]*")
 # a run of [\w'’-] from its first letter, so it starts a run of those characters or
 # follows digits, "_", "'", "’" or "-" that open one.
 _CAPITAL_WORD = re.compile(r"(?<![\w'’-])[\d_'’-]*([^\W\d_a-z][\w'’-]*)")
+# The same spans found faster: the regex engine skips to a capital (a pattern opening
+# with a look-behind is tried at every position), then the characters before it are
+# checked: only digits, "_", "'", "’" or "-" back to the start of the run.
+_CAPITAL_RUN = re.compile(r"[^\W\d_a-z][\w'’-]*")
+_RUN_CHAR = re.compile(r"[\w'’-]")
+_LEAD_CHAR = re.compile(r"[\d_'’-]")
+_SEPARATORS = frozenset(' \n\t"(),.:;/[]{}')  # neither word characters nor ' ’ -
+
+
+def _capital_words(text: str) -> list[tuple[int, int]]:
+    """The spans of group 1 of :data:`_CAPITAL_WORD` over ``text``, in order."""
+    out = []
+    for m in _CAPITAL_RUN.finditer(text):
+        p = m.start()
+        if p == 0 or text[p - 1] in _SEPARATORS:
+            out.append(m.span())
+            continue
+        while p > 0 and _LEAD_CHAR.match(text, p - 1):
+            p -= 1
+        if p == 0 or _RUN_CHAR.match(text, p - 1) is None:
+            out.append(m.span())
+    return out
+
+
 # capitalised function words that open sentences; not names
 _NAME_SKIP_WORDS = (
     "I I'm I'll I've I'd The A An My Your Our His Her Their This That These Those Please Thank "
@@ -99,14 +123,16 @@ _CODE_SKIP = frozenset(_CODE_SKIP_WORDS.split())
 
 
 def _is_title(word: str) -> bool:
-    return word[0].isupper() and any(c.islower() for c in word[1:])
+    return word[0].isupper() and any(map(str.islower, word[1:]))
 
 
 def _is_id(token: str) -> bool:
     """Letters (or underscores) mixed with digits, and not an ordinal like 20th."""
-    has_digit = any(c.isdigit() for c in token)
-    has_other = any(c.isalpha() or c == "_" for c in token)
-    return has_digit and has_other and not _ORDINAL.match(token)
+    return (
+        any(map(str.isdigit, token))
+        and ("_" in token or any(map(str.isalpha, token)))
+        and not _ORDINAL.match(token)
+    )
 
 
 _MONTH = re.compile(MONTHS, re.IGNORECASE)
@@ -142,9 +168,11 @@ def _may_match(
     """Cheap tests that skip patterns on text that cannot match them: a written date
     needs a month name, a path a slash, a URL "://", an e-mail "@", a number a digit,
     a UUID a hyphen, an id a digit and a code a capital, an identifier ``_``, a dot
-    before a letter (``np.linalg``) or a lower letter before a capital (``camelCase``)."""
+    before a letter (``np.linalg``) or a lower letter before a capital (``camelCase``);
+    some need what :data:`~ctxwarden.memory.entity_patterns.NEEDS` finds as well."""
     if category in _NEEDS_DIGIT:
-        return digits
+        need = NEEDS.get(category)
+        return digits and (need is None or need.search(text) is not None)
     if category == "date-written":
         return digits and any(_is_month(w) for w in _LETTER_RUN.findall(text))
     if category == "path":
@@ -154,7 +182,7 @@ def _may_match(
     if category == "email":
         return "@" in text
     if pattern is _UUID:
-        return "-" in text
+        return "-" in text and NEEDS["uuid"].search(text) is not None
     if category == "id":
         return digits or upper
     if category == "identifier":
@@ -232,7 +260,7 @@ def extract_from_text(text: str, source_id: str = "", origin: str = "") -> list[
                 if _is_id(value.lstrip("#")):
                     category_out = "id"
                 elif (
-                    not any(c.isdigit() for c in value)
+                    not any(map(str.isdigit, value))
                     and len(value) >= 3
                     and value.isupper()
                     and value not in _CODE_SKIP
@@ -255,7 +283,7 @@ def extract_from_text(text: str, source_id: str = "", origin: str = "") -> list[
     # words that may be capitalised are visited (spans): any other word would only end a
     # run, and the gap test ends it anyway (a word between two leaves more than a space).
     run: list[tuple[int, int]] = []
-    words = [*(m.span(1) for m in _CAPITAL_WORD.finditer(text)), None] if upper else []
+    words = [*_capital_words(text), None] if upper else []
     for w in words:
         title = w is not None and _is_title(text[w[0] : w[1]]) and claimed.find(1, *w) < 0
         joined = not run or (w is not None and text[run[-1][1] : w[0]] in (" ", "\u00a0"))

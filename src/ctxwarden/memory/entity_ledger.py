@@ -111,8 +111,20 @@ def rank(category: str, hits: int, marks: int, size: int = MIN_RANKED_CHARS) -> 
     return min(r, MAX_RANK)
 
 
+_RANKS: dict[tuple[str, int, int, int], int] = {}  # rank()'s arguments -> rank
+
+
 def _rank_of(e: LedgerEntry) -> int:
-    return rank(e.category, e.hits, e.marks, len(e.value))
+    """``rank`` of an entry, memoised by its arguments (renders and adds rank every entry
+    they visit); the size only matters below :data:`MIN_RANKED_CHARS`, so it is capped
+    there."""
+    key = (e.category, e.hits, e.marks, min(len(e.value), MIN_RANKED_CHARS))
+    found = _RANKS.get(key)
+    if found is None:
+        if len(_RANKS) > 4096:
+            _RANKS.clear()
+        found = _RANKS[key] = rank(*key)
+    return found
 
 
 @lru_cache(maxsize=65_536)
@@ -175,6 +187,31 @@ def _joined(values: Sequence[str]) -> str:
     return " ".join(values)
 
 
+class _Keys:
+    """Match key -> positions of the entries carrying it, for a ledger's first
+    ``covered`` entries: shared with the ledgers grown from it (it only grows), so an
+    ``add`` in which the user states something new checks only the entries that carry
+    one of the new keys, not the whole ledger."""
+
+    __slots__ = ("covered", "positions")
+
+    def __init__(self) -> None:
+        self.covered = 0
+        self.positions: dict[str, list[int]] = {}
+
+    def extend(self, entries: Sequence[LedgerEntry]) -> None:
+        positions = self.positions
+        for i in range(self.covered, len(entries)):
+            e = entries[i]
+            for k in match_keys(e.value, e.category):
+                found = positions.get(k)
+                if found is None:
+                    positions[k] = [i]
+                else:
+                    found.append(i)
+        self.covered = len(entries)
+
+
 @dataclass(frozen=True)
 class EntityLedger:
     """Values seen so far, deduplicated by value, in first-seen order (newest last).
@@ -200,6 +237,8 @@ class EntityLedger:
     _renders: dict[tuple[int, Callable[[str], int]], str] = field(
         default_factory=dict, compare=False, repr=False
     )
+    # match key -> positions (see _Keys); shared like _index, None: not built
+    _keys: _Keys | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self._tiers:
@@ -220,6 +259,7 @@ class EntityLedger:
         words whenever its keys meet those of a value the user stated, whatever came
         first."""
         entries = list(self.entries)
+        n = len(entries)
         # The value -> position index is shared with the ledger this one came from (it
         # only grows); if another ledger grew it since, it holds values we lack: rebuild.
         index = self._index
@@ -239,7 +279,10 @@ class EntityLedger:
                 marks = old.marks | mark
                 if marks & USER:
                     marks &= ~MATCH  # stated outright now: no longer only a match
-                entry = old._replace(last_seen=seq, hits=old.hits + 1, marks=marks)
+                entry = LedgerEntry(
+                    old.value, old.label, old.category, old.source_id, old.first_seen, seq,
+                    old.hits + 1, marks,
+                )  # fmt: skip
             else:
                 i = index[e.value] = len(entries)
                 category = e.category or e.label
@@ -254,17 +297,33 @@ class EntityLedger:
             return self
         if grown:
             stated = stated | grown
-        # entries that now match what the user stated: all of them when the user said
-        # something new, else only those this batch touched
-        self._mark_matches(entries, tiers, stated, range(len(entries)) if grown else touched)
-        if len(entries) > MAX_ENTRIES:
-            kept = set(self._keep_order(entries, tiers, MAX_ENTRIES // 2))
-            entries = [e for i, e in enumerate(entries) if i in kept]
-            return EntityLedger(tuple(entries), seq, self.header)
+        # entries that now match what the user stated: those this batch touched, and
+        # when the user said something new, those carrying one of the new keys (the
+        # others were checked against the older keys when added). The match-key index
+        # finds them; without one, it is built (when no pruning follows) and looked up
+        # for every stated key, which is what checking every entry found.
+        keys = self._keys if self._keys is not None and self._keys.covered == n else None
+        pruning = len(entries) > MAX_ENTRIES
+        if keys is not None:
+            keys.extend(entries)
+        elif grown and not pruning:
+            keys = _Keys()
+            keys.extend(entries)
+            grown = set(stated)
+        elif grown:
+            touched = list(range(len(entries)))
+        if grown and keys is not None:
+            found = keys.positions
+            touched = sorted({*touched, *(i for k in grown for i in found.get(k, ()))})
+        self._mark_matches(entries, tiers, stated, touched)
+        if pruning:
+            return _pruned(entries, tiers, seq, self.header)
         stale = sum(map(len, tiers)) - len(entries)
         if stale > len(entries):  # compact: refreshed values left old pairs behind
-            return EntityLedger(tuple(entries), seq, self.header, index)
-        out = EntityLedger(tuple(entries), seq, self.header, index, tuple(map(tuple, tiers)))
+            return EntityLedger(tuple(entries), seq, self.header, index, _keys=keys)
+        out = EntityLedger(
+            tuple(entries), seq, self.header, index, tuple(map(tuple, tiers)), _keys=keys
+        )
         object.__setattr__(out, "_stated", stated)
         return out
 
@@ -294,7 +353,7 @@ class EntityLedger:
             if entry.marks & (USER | MATCH):
                 continue
             if any(k in stated for k in match_keys(entry.value, entry.category)):
-                entries[i] = entry = entry._replace(marks=entry.marks | MATCH)
+                entries[i] = entry = LedgerEntry(*entry[:7], entry.marks | MATCH)
                 bisect.insort(tiers[_rank_of(entry)], (entry.last_seen, i))
 
     @staticmethod
@@ -304,6 +363,15 @@ class EntityLedger:
         limit: int | None = None,
     ) -> Iterator[int]:
         """Positions, best first: highest rank, then most recently seen."""
+        return (i for _, i in EntityLedger._ranked_order(entries, tiers, limit))
+
+    @staticmethod
+    def _ranked_order(
+        entries: Sequence[LedgerEntry],
+        tiers: Sequence[Sequence[tuple[int, int]]],
+        limit: int | None = None,
+    ) -> Iterator[tuple[int, int]]:
+        """``(rank, position)`` pairs in :meth:`_keep_order`'s order."""
         given = 0
         for r in range(len(tiers) - 1, -1, -1):
             for last_seen, i in reversed(tiers[r]):
@@ -313,12 +381,14 @@ class EntityLedger:
                 if limit is not None and given >= limit:
                     return
                 given += 1
-                yield i
+                yield r, i
 
     def branch(self) -> EntityLedger:
         """The same ledger with an index of its own: grow it without making the ledger
-        it came from rebuild its index on its next ``add`` (a side branch)."""
-        return EntityLedger(self.entries, self.seq, self.header, dict(self._index), self._tiers)
+        it came from rebuild its index on its next ``add`` (a side branch). Its renders
+        are the same texts, so the render memo is shared."""
+        index, tiers, renders = dict(self._index), self._tiers, self._renders
+        return EntityLedger(self.entries, self.seq, self.header, index, tiers, _renders=renders)
 
     def values(self) -> list[str]:
         return [e.value for e in self.entries]
@@ -378,7 +448,7 @@ class EntityLedger:
         used = _cost(table, count, self.header)
         entries = self.entries
         skipped = 0
-        for i in self._keep_order(entries, self._tiers):
+        for _, i in self._ranked_order(entries, self._tiers):
             e = entries[i]
             step = table.get(e.value)
             if step is None:
@@ -406,6 +476,25 @@ class EntityLedger:
             else:
                 hi = mid - 1
         return best
+
+
+def _pruned(
+    entries: Sequence[LedgerEntry],
+    tiers: Sequence[Sequence[tuple[int, int]]],
+    seq: int,
+    header: str,
+) -> EntityLedger:
+    """The ledger of the best ``MAX_ENTRIES // 2`` of ``entries`` (first-seen order kept),
+    its tiers carried over from the ranking already done instead of ranking them again."""
+    ranked: dict[int, int] = {}  # position -> tier, best first (a position may recur)
+    for r, i in EntityLedger._ranked_order(entries, tiers, MAX_ENTRIES // 2):
+        ranked.setdefault(i, r)
+    order = sorted(ranked)
+    moved = {i: j for j, i in enumerate(order)}
+    kept: list[list[tuple[int, int]]] = [[] for _ in range(_TIERS)]
+    for i, r in reversed(ranked.items()):  # each tier oldest first
+        kept[r].append((entries[i].last_seen, moved[i]))
+    return EntityLedger(tuple(entries[i] for i in order), seq, header, {}, tuple(map(tuple, kept)))
 
 
 def _entry(row: Sequence[Any]) -> LedgerEntry:

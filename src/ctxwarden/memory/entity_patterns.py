@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-__all__ = ["PATTERNS", "date_key"]
+__all__ = ["NEEDS", "PATTERNS", "date_key"]
 
 MONTHS = (
     # English, German, French, Spanish, Italian, Portuguese (stems; inflected forms follow)
@@ -108,6 +108,21 @@ PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("number", rf"(?<![\w.,-])-?(?:{_NUM})(?![\w])"),
     )
 )
+
+#: For some patterns, a piece every match of it contains, found much faster: a text
+#: without it holds no match, so the pattern is not run (same result, less scanning).
+#: The patterns open with a look-behind or ``\b``, which the regex engine tries at every
+#: position; these open with a character class or a literal, which it skips to. Each is
+#: read off its pattern: a currency sign, code or word; a digit, a date separator, a
+#: digit; a digit then ":" or (a space and) a.m./p.m.; a digit, maybe a space, then
+#: "%" or a unit (a letter or "°"); a UUID's "-XXXX-".
+NEEDS: dict[str, re.Pattern[str]] = {
+    "amount": re.compile(rf"{_CUR_SYM}|{_CUR_CODE}|{_CUR_WORD}"),
+    "date": re.compile(r"\d[-/.]\d"),
+    "time": re.compile(r"\d(?::\d|\s?[AaPp])"),
+    "quantity": re.compile(r"\d\s?(?:%|°|[^\W\d_])"),
+    "uuid": re.compile(r"-[0-9a-fA-F]{4}-"),
+}
 
 _MONTH_NUMBER = {
     **dict.fromkeys(("jan", "janv", "ene", "gen", "sty", "січ", "янв"), 1),

@@ -114,7 +114,9 @@ def _entities(original: Message, truncated_text: str) -> list[Entity]:
         return extract_from_text(text[:SAMPLE_CHARS], original.id)
     if len(text) > SAMPLE_CHARS:
         return extract_from_text(_cut_sample(text, truncated_text), original.id)
-    if original.tool_calls:
+    if original.tool_calls or original.role == "tool":
+        # what the ledger reads of it when it leaves the window (the same values; the
+        # origin aside, unused here): cached, so it is extracted once
         return extract_entities(original)
     is_json, data = load_json(text)
     if is_json:

@@ -10,11 +10,18 @@ ledger is extended, never rebuilt: the previous build's
 :class:`~ctxwarden.build.state.LedgerMemo` (part of its explicit state) holds the ledger
 up to its window start and the block it rendered, so a build costs the messages that left
 the window since, and re-renders only when the window moved or a batch was masked.
+
+A cold build (no previous state) of a history this process has built before — a
+restarted session in a long-lived worker — finds the ledger of its look-back in
+:func:`ledger_of`, a bounded, locked memo of a pure function (the ledger of some
+messages, from empty); without it every output is the same.
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 
 from ctxwarden.build.state import LedgerMemo
@@ -23,7 +30,7 @@ from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.messages import Message
 from ctxwarden.tokens.counter import TokenCounter
 
-__all__ = ["LEDGER_ID", "LedgerBuilder", "seed_tag"]
+__all__ = ["LEDGER_ID", "LedgerBuilder", "ledger_of", "seed_tag"]
 
 LEDGER_ID = "ctxwarden:ledger"
 _FRAMING = 5  # message framing + role tokens around the ledger text
@@ -32,6 +39,37 @@ _FRAMING = 5  # message framing + role tokens around the ledger text
 def seed_tag(earlier: EntityLedger | None) -> str:
     """What tells ledgers grown from different ``earlier`` seeds apart."""
     return "" if earlier is None else f"{earlier.seq}:{len(earlier)}"
+
+
+_MEMO: OrderedDict[str, EntityLedger] = OrderedDict()
+_MEMO_MAX = 32  # ledgers of up to MAX_ENTRIES entries each
+_MEMO_MIN = 32  # fewer source messages cost less than the digest is worth keeping
+_LOCK = threading.Lock()
+
+
+def ledger_of(sources: Sequence[Message]) -> EntityLedger:
+    """The ledger of ``sources`` (in order) grown from an empty one, in one ``add``.
+
+    Memoised by the ids and fingerprints of the messages (what their entities depend
+    on); what is returned is a :meth:`~EntityLedger.branch` of the kept ledger, so no
+    two callers (threads) ever grow the same index."""
+    if len(sources) < _MEMO_MIN:
+        return EntityLedger().add([e for m in sources for e in extract_entities(m)])
+    h = hashlib.sha1(usedforsecurity=False)
+    for m in sources:
+        h.update(f"{m.id}\x00{m.fingerprint}\x00".encode("utf-8", "surrogatepass"))
+    key = h.hexdigest()
+    with _LOCK:
+        found = _MEMO.get(key)
+        if found is not None:
+            _MEMO.move_to_end(key)
+    if found is None:
+        found = EntityLedger().add([e for m in sources for e in extract_entities(m)])
+        with _LOCK:
+            _MEMO[key] = found
+            if len(_MEMO) > _MEMO_MAX:
+                _MEMO.popitem(last=False)
+    return found.branch()
 
 
 class LedgerBuilder:
@@ -60,9 +98,11 @@ class LedgerBuilder:
             if memo.upto == start:
                 return memo.ledger
             base, base_start = memo.ledger, memo.upto
+        elif self.earlier is None:  # a cold build: the whole range, memoised
+            self.memo = None
+            return ledger_of([history[i] for i in range(first, start) if i not in pinned])
         else:
-            base = self.earlier if self.earlier is not None else EntityLedger()
-            base_start = first
+            base, base_start = self.earlier, first
             self.memo = None
         found = [
             e

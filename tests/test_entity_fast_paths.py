@@ -1,0 +1,129 @@
+"""The shortcuts extraction and the ledger take for speed give what the plain way gives.
+
+Each shortcut (a prefilter that skips a pattern, capitalised words found without a
+look-behind scan, a ledger that checks only the entries a new statement can match, a
+pruned ledger that keeps its ranking, the look-back ledger memo of cold builds) is
+checked against the plain computation it replaces.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ctxwarden.build.engine import build_context
+from ctxwarden.memory import entities, entity_ledger
+from ctxwarden.memory.entities import Entity
+from ctxwarden.memory.entity_ledger import EntityLedger
+from ctxwarden.memory.entity_patterns import NEEDS, PATTERNS
+from ctxwarden.messages import Message
+from ctxwarden.steps.ledger import ledger_of
+from ctxwarden.tokens.counter import TokenCounter
+
+count = TokenCounter.for_model("gpt-4o").count_text
+
+_PIECES = [
+    *"0123456789-/.:,% \u00a0\u202f\n\t_#@$€£¥₴₽₹°aApPmMkKgBhdxF'’ÉßΣЖ²",
+    *("USD", "usd", "dollars", "euro", "zł", "грн", "гривня", "кг", "May", "12:30", "5 pm"),
+    *("3 p.m.", "1,000", "1 000", "€5", "50%", "5 kg", "20°C", "2024-05-20", "05/20/2024"),
+    *("-abcd-", "123e4567-e89b-12d3-a456-426614174000", "Sofia Kim", "iPhone", "O'Neil", "12Ab"),
+]
+texts = st.lists(st.sampled_from(_PIECES), max_size=30).map("".join)
+_BY_NAME = {"amount": 7, "date": 3, "time": 6, "quantity": 8, "uuid": 2}
+
+
+@settings(max_examples=600, deadline=None)
+@given(texts)
+def test_a_pattern_matches_only_where_its_prefilter_finds_something(text: str) -> None:
+    for name, at in _BY_NAME.items():
+        if PATTERNS[at][1].search(text) is not None:
+            assert NEEDS[name].search(text) is not None, (name, text)
+
+
+@settings(max_examples=600, deadline=None)
+@given(texts)
+def test_capitalised_words_are_those_of_the_look_behind_pattern(text: str) -> None:
+    plain = [m.span(1) for m in entities._CAPITAL_WORD.finditer(text)]
+    assert entities._capital_words(text) == plain
+
+
+_VALUES = ["2024-05-27", "May 27", "Sofia Kim", "Sofia", "Kim", "JFK", "R0001X", "12", "ab"]
+_CATS = {"2024-05-27": "date", "May 27": "date", "Sofia Kim": "name", "JFK": "code", "12": "number"}
+batches = st.lists(
+    st.lists(
+        st.tuples(st.sampled_from(_VALUES), st.sampled_from(["tool", "user", "assistant", "call"])),
+        max_size=8,
+    ),
+    max_size=10,
+)
+
+
+def _entities(batch: list[tuple[str, str]], i: int) -> list[Entity]:
+    return [Entity(v, "v", f"m{i}", _CATS.get(v, "value"), o) for v, o in batch]
+
+
+def _alike(a: EntityLedger, b: EntityLedger) -> None:
+    assert a.to_dict() == b.to_dict()
+    assert list(a._keep_order(a.entries, a._tiers)) == list(b._keep_order(b.entries, b._tiers))
+    for cap in (10, 30, 300):
+        assert a.render(cap, count) == b.render(cap, count)
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches, st.lists(st.integers(0, 9), max_size=10))
+def test_a_ledger_grown_from_shared_indexes_equals_one_grown_from_a_copy(
+    seen: list[list[tuple[str, str]]], forks: list[int]
+) -> None:
+    """Ledgers share their value and match-key indexes with those grown from them; a
+    side branch grown from an older ledger must equal a fresh copy grown alike, and the
+    ledger of all its values in one add (matches to what the user stated included)."""
+    kept: list[tuple[EntityLedger, list[Entity]]] = [(EntityLedger(), [])]
+    for i, batch in enumerate(seen):
+        base, values = kept[forks[i] % len(kept)] if i < len(forks) else kept[-1]
+        grown = base.add(_entities(batch, i))
+        _alike(grown, EntityLedger.from_dict(base.to_dict()).add(_entities(batch, i)))
+        values = values + _entities(batch, i)
+        _alike(grown, EntityLedger().add(values))
+        kept.append((grown, values))
+
+
+@settings(max_examples=100, deadline=None)
+@given(batches)
+def test_a_pruned_ledger_ranks_as_one_built_from_its_entries(
+    seen: list[list[tuple[str, str]]],
+) -> None:
+    saved = entity_ledger.MAX_ENTRIES
+    entity_ledger.MAX_ENTRIES = 4
+    try:
+        ledger = EntityLedger()
+        for i, batch in enumerate(seen):
+            ledger = ledger.add(_entities(batch, i))
+            _alike(ledger, EntityLedger(ledger.entries, ledger.seq))
+            if sum(map(len, ledger._tiers)) == len(ledger):  # no stale pairs: as if ranked anew
+                assert ledger._tiers == EntityLedger(ledger.entries, ledger.seq)._tiers
+    finally:
+        entity_ledger.MAX_ENTRIES = saved
+
+
+def _chat(n: int) -> list[Message]:
+    out = [Message.system("You book flights.")]
+    for i in range(n):
+        out.append(Message.user(f"Change reservation R{i:04d}X to May {i % 28 + 1}, 2024."))
+        out.append(Message.assistant(f"Done: R{i:04d}X now flies on 2024-05-{i % 28 + 1:02d}."))
+    return out
+
+
+def test_the_look_back_ledger_memo_changes_no_output_and_shares_no_index() -> None:
+    history = _chat(80)
+    first = build_context(history, "gpt-4o", 400)
+    again = build_context(history, "gpt-4o", 400)  # the memo's ledger this time
+    assert again.to_openai() == first.to_openai()
+    assert again.state.to_dict() == first.state.to_dict()
+    a, b = ledger_of(history[1:60]), ledger_of(history[1:60])
+    assert a is not b and a.to_dict() == b.to_dict()
+    grown = a.add([Entity("ZZ9999", "id", "x", "id", "user")])
+    other = b.add([Entity("QQ1234", "id", "y", "id", "tool")])
+    assert grown.values()[-1] == "ZZ9999" and "ZZ9999" not in other.values()
+    assert other.values()[-1] == "QQ1234" and "QQ1234" not in grown.values()
+    plain = EntityLedger().add([e for m in history[1:60] for e in entities.extract_entities(m)])
+    _alike(ledger_of(history[1:60]), plain)
