@@ -25,7 +25,7 @@ from ctxwarden.build.pairing import group_blocks
 from ctxwarden.errors import BudgetError
 from ctxwarden.messages import Message
 from ctxwarden.steps.base import Action, Draft, Edit, StepContext, StepResult
-from ctxwarden.steps.fit import ledger_cap, ledger_sources
+from ctxwarden.steps.fit import ledger_cap, ledger_sources, shown_blocks
 from ctxwarden.steps.ledger import LedgerBuilder
 from ctxwarden.steps.priority import eviction_order
 from ctxwarden.steps.truncate import TruncateToolResults
@@ -98,8 +98,12 @@ class EvictStep:
         before = ctx.count(draft.ledger)
         cap = ledger_cap(draft, ctx)
         room = min(before - over, cap)
-        builder = LedgerBuilder(ctx.counter, cap, ctx.earlier, draft.ledger_memo)
-        refilled = builder.shrink(draft.history, ledger_sources(draft, draft.window), room)
+        builder = LedgerBuilder(
+            ctx.counter, cap, ctx.earlier, draft.ledger_memo, shown_blocks(draft)
+        )
+        refilled = builder.shrink(
+            draft.history, ledger_sources(draft, draft.window), room, draft.pinned_messages
+        )
         draft = draft.but(ledger=refilled)
         return draft, context_tokens(draft, ctx) - ctx.budget
 
@@ -110,8 +114,16 @@ class EvictStep:
         if draft.ledger is None:
             return draft, over
         before = ctx.count(draft.ledger)
-        builder = LedgerBuilder(ctx.counter, ledger_cap(draft, ctx), ctx.earlier, draft.ledger_memo)
-        smaller = builder.shrink(draft.history, ledger_sources(draft, draft.window), before - over)
+        cap = ledger_cap(draft, ctx)
+        builder = LedgerBuilder(
+            ctx.counter, cap, ctx.earlier, draft.ledger_memo, shown_blocks(draft)
+        )
+        smaller = builder.shrink(
+            draft.history,
+            ledger_sources(draft, draft.window),
+            before - over,
+            draft.pinned_messages,
+        )
         after = ctx.count(smaller) if smaller else 0
         warnings.append(f"entity ledger cut from {before:,} to {after:,} tokens to fit the budget")
         draft = draft.but(ledger=smaller)
