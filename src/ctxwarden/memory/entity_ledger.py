@@ -433,12 +433,15 @@ class EntityLedger:
         a name or a date, so under a tight budget the block costs what it did, and the
         model can recall a dropped message.
 
-        ``skip``: values left out (the context shows them elsewhere).
+        ``skip``: values left out (the context shows them elsewhere). Values of rank
+        :data:`LOW_RANK` or less from a message in ``placed`` are left out too: that
+        message shows its handle, and a plain number (a year, a count an article
+        mentions) is not worth a place in the block when its message is one recall away.
         """
         memo = (max_tokens, count, placed, skip)
         if memo in self._renders:
             return self._renders[memo]
-        order = self._fit(max_tokens, count, skip)
+        order = self._fit(max_tokens, count, skip, placed or frozenset())
         text = self._render(order) if order else ""
         if text and placed is not None:
             text = self._with_handles(order, text, max_tokens, count, placed)
@@ -446,7 +449,11 @@ class EntityLedger:
         return text
 
     def _fit(
-        self, max_tokens: int, count: Callable[[str], int], skip: frozenset[str] = frozenset()
+        self,
+        max_tokens: int,
+        count: Callable[[str], int],
+        skip: frozenset[str] = frozenset(),
+        placed: frozenset[str] = frozenset(),
     ) -> list[int]:
         """The positions of the entries the block shows, best first."""
         if not self.entries or max_tokens <= 0:
@@ -459,8 +466,8 @@ class EntityLedger:
         skipped = 0
         for i in self._keep_order(entries, self._tiers):
             e = entries[i]
-            if e.value in skip:
-                continue
+            if e.value in skip or (e.source_id in placed and _rank_of(e) <= LOW_RANK):
+                continue  # shown elsewhere; or a plain number of a message one recall away
             step = table.get(e.value)
             if step is None:
                 spaced = _SPACED.search(e.value) is not None
