@@ -51,8 +51,11 @@ def ledger_sources(draft: Draft, window: Sequence[Message]) -> list[Message]:
 
 def shown_blocks(draft: Draft) -> list[Message]:
     """The blocks sent with the ledger whose values it need not repeat: the system
-    prompt and the layers (the pinned messages are added by the ledger's builder)."""
-    return [*draft.system, *(m for _, m in draft.layers)]
+    prompt and the facts layer (the pinned messages are added by the ledger's builder).
+    Not the summary or recall layers: with a summariser that focuses, their text follows
+    the newest user message, and a ledger that left out what they show would change
+    with every question (and lose what the next view no longer shows)."""
+    return [*draft.system, *(m for name, m in draft.layers if name == "facts")]
 
 
 def ledger_from(draft: Draft, ctx: StepContext) -> int:
