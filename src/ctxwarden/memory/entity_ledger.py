@@ -175,7 +175,7 @@ _SPACED = re.compile(r"[\s,]")
 _SKIPS = 32  # entries that do not fit a render tries past before it stops
 
 
-_RenderKey = tuple[int, Callable[[str], int], frozenset[str] | None, frozenset[str]]
+_RenderKey = tuple[int, Callable[[str], int], frozenset[str] | None, Callable[[str], bool] | None]
 
 
 @dataclass(frozen=True)
@@ -360,13 +360,13 @@ class EntityLedger:
         self,
         order: Sequence[int],
         text: str,
-        max_tokens: int,
+        tokens: int,
         count: Callable[[str], int],
         placed: frozenset[str],
     ) -> str:
-        """``text`` with the handles of the messages its values came from (sources in
-        ``placed`` show their handle themselves: masked or truncated messages still in
-        the context). A handle may displace the lowest-ranked values (rank
+        """``text`` (``tokens`` long) with the handles of the messages its values came
+        from (sources in ``placed`` show their handle themselves: masked or truncated
+        messages still in the context). A handle may displace the lowest-ranked values (rank
         :data:`LOW_RANK` or less, last kept first): a whole message to recall is worth
         more than a plain number from it, but not more than an id, a name or a date the
         model would otherwise lose. It never makes the block bigger: the ledger is
@@ -397,7 +397,7 @@ class EntityLedger:
                 chosen.append(source)
                 slack -= step
         gone: set[int] = set()
-        limit = min(count(text), max_tokens)  # never a bigger block
+        limit = tokens  # never a bigger block
         while chosen:
             kept = [i for i in order if i not in gone]
             candidate = self._render(kept, frozenset(chosen))
@@ -417,7 +417,7 @@ class EntityLedger:
         max_tokens: int,
         count: Callable[[str], int],
         placed: frozenset[str] | None = None,
-        skip: frozenset[str] = frozenset(),
+        skip: Callable[[str], bool] | None = None,
     ) -> str:
         """The ledger as a system-block text of at most ``max_tokens`` ("" when empty).
 
@@ -433,7 +433,8 @@ class EntityLedger:
         a name or a date, so under a tight budget the block costs what it did, and the
         model can recall a dropped message.
 
-        ``skip``: values left out (the context shows them elsewhere). Values of rank
+        ``skip``: which values to leave out (the context shows them elsewhere); a
+        hashable predicate (the render is memoised on it). Values of rank
         :data:`LOW_RANK` or less from a message in ``placed`` are left out too: that
         message shows its handle, and a plain number (a year, a count an article
         mentions) is not worth a place in the block when its message is one recall away.
@@ -441,10 +442,9 @@ class EntityLedger:
         memo = (max_tokens, count, placed, skip)
         if memo in self._renders:
             return self._renders[memo]
-        order = self._fit(max_tokens, count, skip, placed or frozenset())
-        text = self._render(order) if order else ""
+        order, text, tokens = self._fit(max_tokens, count, skip, placed or frozenset())
         if text and placed is not None:
-            text = self._with_handles(order, text, max_tokens, count, placed)
+            text = self._with_handles(order, text, tokens, count, placed)
         self._renders[memo] = text
         return text
 
@@ -452,12 +452,13 @@ class EntityLedger:
         self,
         max_tokens: int,
         count: Callable[[str], int],
-        skip: frozenset[str] = frozenset(),
+        skip: Callable[[str], bool] | None = None,
         placed: frozenset[str] = frozenset(),
-    ) -> list[int]:
-        """The positions of the entries the block shows, best first."""
+    ) -> tuple[list[int], str, int]:
+        """The positions of the entries the block shows (best first), its text and
+        its tokens."""
         if not self.entries or max_tokens <= 0:
-            return []
+            return [], "", 0
         order: list[int] = []
         labels: set[str] = set()
         table = _costs(count)
@@ -466,7 +467,7 @@ class EntityLedger:
         skipped = 0
         for i in self._keep_order(entries, self._tiers):
             e = entries[i]
-            if e.value in skip or (e.source_id in placed and _rank_of(e) <= LOW_RANK):
+            if (e.source_id in placed and _rank_of(e) <= LOW_RANK) or (skip and skip(e.value)):
                 continue  # shown elsewhere; or a plain number of a message one recall away
             step = table.get(e.value)
             if step is None:
@@ -482,16 +483,22 @@ class EntityLedger:
             used += step
             labels.add(e.label)
             order.append(i)
-        if not order or count(self._render(order)) <= max_tokens:
-            return order
-        lo, hi, best = 1, len(order) - 1, 0
+        if not order:
+            return [], "", 0
+        text = self._render(order)
+        tokens = count(text)
+        if tokens <= max_tokens:
+            return order, text, tokens
+        lo, hi, best, text, tokens = 1, len(order) - 1, 0, "", 0
         while lo <= hi:  # the estimate was short: the most entries that fit, counted
             mid = (lo + hi) // 2
-            if count(self._render(order[:mid])) <= max_tokens:
-                best, lo = mid, mid + 1
+            candidate = self._render(order[:mid])
+            n = count(candidate)
+            if n <= max_tokens:
+                best, lo, text, tokens = mid, mid + 1, candidate, n
             else:
                 hi = mid - 1
-        return order[:best]
+        return order[:best], text, tokens
 
 
 def _line(group: Sequence[LedgerEntry], marked: frozenset[str]) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -25,7 +26,7 @@ from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.messages import Message
 from ctxwarden.tokens.counter import TokenCounter
 
-__all__ = ["LEDGER_ID", "LedgerBuilder", "seed_tag", "shown_values"]
+__all__ = ["LEDGER_ID", "LedgerBuilder", "Shown", "seed_tag", "shown_values"]
 
 LEDGER_ID = "ctxwarden:ledger"
 _FRAMING = 5  # message framing + role tokens around the ledger text
@@ -139,7 +140,7 @@ class LedgerBuilder:
         if max_tokens <= 0:
             return None
         placed = frozenset(m.id for m in edited)
-        skip = shown_values(ledger, above)
+        skip = Shown(above) if above else None
         return ledger.render(max_tokens, self.counter.count_text, placed, skip) or None
 
 
@@ -167,24 +168,60 @@ def _render_key(
 _WORD = re.compile(r"\w+")
 
 
+class Shown:
+    """Whether a value shows as a whole token in some messages (content, and the names
+    and arguments of their tool calls): a set lookup for a one-word value, a substring
+    test for the rest, asked only for the values a render visits. Equal (and hashed) by
+    the messages' fingerprints, so a ledger's render memo can key on it."""
+
+    def __init__(self, messages: Sequence[Message]) -> None:
+        self.key = tuple(m.fingerprint for m in messages)
+        self.text, self.tokens = _words(self.key, messages)
+
+    def __call__(self, value: str) -> bool:
+        if value in self.tokens:
+            return True
+        if value.replace("_", "a").isalnum() or value not in self.text:
+            return False
+        return _whole(value).search(self.text) is not None
+
+    def __bool__(self) -> bool:
+        return bool(self.key)
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Shown) and other.key == self.key
+
+
 def shown_values(ledger: EntityLedger, messages: Sequence[Message]) -> frozenset[str]:
-    """The ledger's values that ``messages`` show as whole tokens (content, and the
-    names and arguments of their tool calls)."""
-    if not messages or not len(ledger):
-        return frozenset()
-    text = "\n".join(
-        [m.text for m in messages]
-        + [f"{c.name} {c.arguments}" for m in messages for c in m.tool_calls]
-    )
-    tokens = set(_WORD.findall(text))
-    found: set[str] = set()
-    for value in ledger.values():
-        if _WORD.fullmatch(value):
-            if value in tokens:
-                found.add(value)
-        elif value in text and _whole(value).search(text):
-            found.add(value)
-    return frozenset(found)
+    """The ledger's values that ``messages`` show as whole tokens."""
+    shown = Shown(messages)
+    return frozenset(e.value for e in ledger.entries if shown(e.value))
+
+
+_WORDS: dict[tuple[str, ...], tuple[str, frozenset[str]]] = {}
+_WORDS_MAX = 64
+_WORDS_LOCK = threading.Lock()
+
+
+def _words(key: tuple[str, ...], messages: Sequence[Message]) -> tuple[str, frozenset[str]]:
+    """The text of ``messages`` and its word tokens, memoised by their fingerprints (the
+    system prompt and facts of a conversation recur at every build; bounded, locked)."""
+    with _WORDS_LOCK:
+        found = _WORDS.get(key)
+    if found is None:
+        text = "\n".join(
+            [m.text for m in messages]
+            + [f"{c.name} {c.arguments}" for m in messages for c in m.tool_calls]
+        )
+        found = (text, frozenset(_WORD.findall(text)))
+        with _WORDS_LOCK:
+            if len(_WORDS) >= _WORDS_MAX:
+                _WORDS.clear()
+            _WORDS[key] = found
+    return found
 
 
 @lru_cache(maxsize=4096)
