@@ -30,6 +30,10 @@ tau-bench argument value 97.3% / 78.9% at 2,000 / 1,600 tokens before (ranked by
 category and recency, one comma-separated value after another), 99.3% / 82.5% after;
 swebench-mini needed-later tokens 73.3% / 91.6% at 4,000 / 8,000 before, 94.4% / 97.6%
 after (identifier extraction included).
+
+A render leaves out what the context shows elsewhere (the system prompt, the facts layer,
+pinned messages: ``skip``) and names the messages that left the context by their handle,
+after their values and in place of plain numbers (``placed``; see :meth:`render`).
 """
 
 from __future__ import annotations
