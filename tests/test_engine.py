@@ -351,3 +351,46 @@ def test_the_ledger_grows_with_what_the_budget_leaves_free() -> None:
             assert grown.audit.layers["ledger"] <= 0.25 * (budget - 20) + 5
     with pytest.raises(ConfigError, match="free_share"):
         LedgerConfig(free_share=1.5)
+
+
+def test_the_ledger_does_not_repeat_what_the_system_prompt_or_facts_show() -> None:
+    """A value the system prompt (or the facts layer) shows needs no second mention in
+    the ledger; the values only dropped messages held are still there."""
+    note = " ".join(["the parcel left the depot"] * 30)
+    history = [Message.system("You are a support agent for account acct_5521.")]
+    history.append(Message.user("Check my orders please, account acct_5521.", id="u0"))
+    for i in range(20):
+        args = json.dumps({"order_id": f"ORD-{700 + i}", "account": "acct_5521"})
+        history.append(Message.assistant(tool_calls=(ToolCall(f"c{i}", "get_order", args),)))
+        body = {"order_id": f"ORD-{700 + i}", "account": "acct_5521", "note": note}
+        history.append(Message.tool(json.dumps(body), f"c{i}", id=f"t{i}"))
+    history.append(Message.user("Which was the first?", id="u1"))
+    built = build_context(history, "gpt-4o", 1200)
+    ledger = next(m.text for m in built.messages if m.id == "ctxwarden:ledger")
+    assert "ORD-700" in ledger and "acct_5521" not in ledger
+    plain = [m for m in history if m.role != "system"]
+    again = build_context([Message.system("You are a support agent."), *plain], "gpt-4o", 1200)
+    assert "acct_5521" in next(m.text for m in again.messages if m.id == "ctxwarden:ledger")
+
+
+def test_a_newest_result_cut_to_fit_gives_its_values_to_the_ledger() -> None:
+    """Under a budget that cannot hold the newest result whole, its cut values go to the
+    ledger (ranked with the rest, each once) instead of a list inside the result."""
+    rules = " ".join(f"Rule {i}: be careful and precise with every booking." for i in range(60))
+    rows = [{"booking_id": f"BK-{9900 + i}", "city": "Lisbon", "seat": f"{i}A"} for i in range(40)]
+    history = [
+        Message.system(rules),
+        Message.user("My user id is ana_reis_77. List my bookings.", id="u0"),
+        Message.assistant("Looking them up.", id="a0"),
+        Message.user("Thanks.", id="u1"),
+        Message.assistant(tool_calls=(ToolCall("c1", "list_bookings", "{}"),), id="a1"),
+        Message.tool(json.dumps(rows), "c1", id="t1"),
+    ]
+    counter = TokenCounter.for_model("gpt-4o")
+    budget = counter.count_message(history[0]) + 300
+    built = build_context(history, "gpt-4o", budget)
+    cut = next(m for m in built.messages if m.id == "t1")
+    assert counter.count_message(cut) < counter.count_message(history[-1])
+    assert "values cut" not in cut.text and "cw:msg:t1" in cut.text
+    ledger = next(m.text for m in built.messages if m.id == "ctxwarden:ledger")
+    assert "BK-99" in ledger and built.audit.input_tokens <= budget

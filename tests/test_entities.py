@@ -179,9 +179,7 @@ def test_ledger_dedupes_keeps_first_seen_order_and_renders_statements() -> None:
     ledger2 = ledger.add([e("3JA7XV", "reservation_id", "id"), e("ZFA04Y", "reservation_id", "id")])
     assert len(ledger) == 2 and ledger2.values() == ["ZFA04Y", "mia_li_3668", "3JA7XV"]
     assert ledger2.render(1000, count) == (
-        "Known values from earlier messages (may have been removed from the context):\n"
-        "reservation_id: ZFA04Y 3JA7XV\n"
-        "user_id: mia_li_3668"
+        "Values from earlier messages:\nreservation_id: ZFA04Y 3JA7XV\nuser_id: mia_li_3668"
     )
     spaced = ledger2.add([e("New York", "city", "name"), e("Paris", "city", "name")])
     assert spaced.render(1000, count).endswith("city: New York, Paris")
@@ -213,7 +211,7 @@ def test_ledger_trims_low_value_and_old_entries_first() -> None:
     assert count(text) <= 120
     assert "price" not in text  # plain numbers go first
     assert "NEW029X" in text and "OLD000X" not in text  # then the oldest ids
-    assert text.startswith("Known values")
+    assert text.startswith("Values from earlier messages:")
 
 
 # -- the data test: identifiers used in tool calls are extracted where they were mentioned -------

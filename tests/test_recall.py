@@ -15,10 +15,11 @@ from ctxwarden import Message, Policy, Session, ToolCall, build_context, recall,
 from ctxwarden.build.state import BuildState
 from ctxwarden.errors import ConfigError, UnknownHandleError
 from ctxwarden.formats.openai import message_to_openai
-from ctxwarden.memory.recall import RECALL_TOOL_NAME, recall_arguments
+from ctxwarden.memory.recall import RECALL_TOOL_NAME, original_content, recall_arguments
 from ctxwarden.steps.handles import handle_for, message_id_of
 from ctxwarden.steps.recall import RECALL_HEADING, RECALL_ID, RecallRelevant
 from ctxwarden.store.service_tables import list_builds
+from ctxwarden.tokens.counter import TokenCounter
 
 SWEBENCH = SHARED_DATA / "swebench-mini" / "swebench-verified-mini-gemini3-dev.json"
 __all__ = ["db_url"]  # the fixture (SQLite, or a fresh PostgreSQL schema), for pytest
@@ -288,3 +289,82 @@ def test_without_the_extra_the_step_names_it(monkeypatch: pytest.MonkeyPatch) ->
     history = _chat("What was my booking code for the Lisbon ferry?")
     with pytest.raises(MissingDependencyError, match=r"ctxwarden\[recall\]"):
         build_context(history, max_input_tokens=1200, policy=ALWAYS)
+
+
+# -- the ledger names the messages that left the context ---------------------------------------
+
+
+def _orders(n: int) -> list[Message]:
+    """A support agent that looked up ``n`` orders for a user who gave an account id."""
+    note = " ".join(["the parcel left the depot"] * 30)
+    out = [
+        Message.system("You are a support agent."),
+        Message.user("Where are my orders? My account is acct_7731.", id="u0"),
+    ]
+    for i in range(n):
+        call = ToolCall(f"c{i}", "get_order", json.dumps({"order_id": f"ORD-{1000 + i}"}))
+        out.append(Message.assistant(tool_calls=(call,), id=f"a{i}"))
+        body = {"order_id": f"ORD-{1000 + i}", "weight_g": 1200 + 37 * i, "note": note}
+        out.append(Message.tool(json.dumps(body), f"c{i}", id=f"t{i}"))
+    out.append(Message.user("Thanks. When did the first one ship?", id="u1"))
+    return out
+
+
+def _ledger_of(built: object) -> str:
+    return next(m.text for m in built.messages if m.id == "ctxwarden:ledger")  # type: ignore[attr-defined]
+
+
+def test_a_dropped_message_is_named_in_the_ledger_and_comes_back_byte_for_byte() -> None:
+    history = _orders(30)
+    built = build_context(history, max_input_tokens=1000)
+    sent = {m.id for m in built.messages}
+    assert "u0" not in sent, "the user's first message left"
+    ledger = _ledger_of(built)
+    # values are followed by the handle of the message they came from, in place of the
+    # plain numbers ("weight_g": 1237) the block would show last
+    named = re.findall(r"(ORD-\d+|acct_7731) \((cw:msg:[\w-]+)\)", ledger)
+    ids = {m.id for m in history}
+    assert named and all(message_id_of(h) in ids - sent for _, h in named), ledger
+    for value, handle in named:
+        got = recall(history, handle)
+        original = next(m for m in history if m.id == message_id_of(handle))
+        assert got.content.encode() == original_content(original).encode()
+        assert value in got.content  # a tool call's arguments, or the user's words
+    # a masked result still in the context shows its own handle, not a second one here
+    edited = {m.id for m in built.messages if HANDLE.search(m.text) and m.role == "tool"}
+    assert not edited & {message_id_of(h) for _, h in named}
+
+
+def test_a_session_recalls_a_message_the_ledger_names(db_url: str) -> None:
+    history = _orders(30)
+    with Session(db_url, f"ledger-{uuid.uuid4().hex[:8]}") as s:
+        s.append(history)
+        ledger = _ledger_of(s.build(max_input_tokens=1000))
+        found = re.search(r"(ORD-\d+|acct_7731) \((cw:msg:([\w-]+))\)", ledger)
+        assert found is not None, ledger
+        got = s.recall(found.group(2))
+        original = next(m for m in history if m.id == found.group(3))
+        assert got.content.encode("utf-8") == original_content(original).encode("utf-8")
+        assert found.group(1) in got.content
+
+
+def test_under_a_tight_budget_no_handle_displaces_a_value() -> None:
+    """Handles only take the place of plain numbers: a block cut for room shows the
+    same ids with or without them, and no more tokens."""
+    from ctxwarden.memory.entities import Entity
+    from ctxwarden.memory.entity_ledger import EntityLedger
+
+    count = TokenCounter.for_model("gpt-4o").count_text
+    ledger = EntityLedger().add(
+        [Entity(f"ORD-{i}", "order_id", f"t{i}", "id") for i in range(40)]
+        + [Entity(str(1990 + i), "year", f"t{i}", "number") for i in range(6)]
+    )
+    plain = ledger.render(60, count)
+    named = ledger.render(60, count, placed=frozenset())
+    ids = re.compile(r"ORD-\d+")
+    assert ids.findall(named) == ids.findall(plain) and count(named) <= 60
+    roomy = ledger.render(2000, count, placed=frozenset({"t3"}))
+    assert "ORD-0 (cw:msg:t0)" in roomy and "cw:msg:t3" not in roomy  # t3 shows its own
+    assert "1990" not in roomy  # a year gave its place to a handle
+    assert count(roomy) <= count(ledger.render(2000, count))  # a handle never adds tokens
+    assert "ORD-5" not in ledger.render(2000, count, skip={"ORD-5"}.__contains__)

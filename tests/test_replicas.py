@@ -247,7 +247,7 @@ def test_two_replicas_and_a_worker_serve_300_turns_as_one_replica_does(
     assert differ == [], f"contexts differ from the single replica's at turns {differ[:10]}"
     last = json.loads(contexts[alternating.tag][-1])
     assert len(last) < len(alternating.sent) / 4  # the builds did cut: windows, ledger
-    assert any("Known values" in str(m.get("content")) for m in last)
+    assert any("Values from earlier messages" in str(m.get("content")) for m in last)
     for client in clients:
         _check_stored(pg, "acme", client)
     record = _check_stored(pg, "acme", summarised)

@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 from ctxwarden.build.pairing import group_blocks
 from ctxwarden.errors import BudgetError
 from ctxwarden.messages import Message
-from ctxwarden.steps.base import Action, Draft, StepContext, StepResult
-from ctxwarden.steps.fit import ledger_cap, ledger_sources
+from ctxwarden.steps.base import Action, Draft, Edit, StepContext, StepResult
+from ctxwarden.steps.fit import ledger_cap, ledger_sources, shown_blocks
 from ctxwarden.steps.ledger import LedgerBuilder
 from ctxwarden.steps.priority import eviction_order
 from ctxwarden.steps.truncate import TruncateToolResults
@@ -56,7 +56,11 @@ class EvictStep:
             return StepResult(draft)
         actions: list[Action] = []
         warnings: list[str] = []
-        draft, over = self._shrink_newest(draft, ctx, over, actions, warnings, listed=True)
+        draft, over = self._shrink_newest(
+            draft, ctx, over, actions, warnings, listed=draft.ledger is None
+        )
+        if draft.ledger is not None and any(a.strategy == "priority" for a in actions):
+            draft, over = self._refill_ledger(draft, ctx, over)
         if over > 0:
             draft, over = self._shrink_ledger(draft, ctx, over, warnings)
         if over > 0:
@@ -84,14 +88,42 @@ class EvictStep:
         return StepResult(draft, tuple(actions), tuple(warnings))
 
     @staticmethod
+    def _refill_ledger(draft: Draft, ctx: StepContext, over: int) -> tuple[Draft, int]:
+        """The ledger again, now with the values cut from the newest results, within the
+        tokens it had plus what the cut freed (at most its cap). Listed inside the
+        result, those values would sit beside a ledger that may already show them (the
+        user id, the dates) and could not be ranked against it; in the ledger each
+        costs one mention, and the one the next call needs competes on rank."""
+        assert draft.ledger is not None
+        before = ctx.count(draft.ledger)
+        cap = ledger_cap(draft, ctx)
+        room = min(before - over, cap)
+        builder = LedgerBuilder(
+            ctx.counter, cap, ctx.earlier, draft.ledger_memo, shown_blocks(draft)
+        )
+        refilled = builder.shrink(
+            draft.history, ledger_sources(draft, draft.window), room, draft.pinned_messages
+        )
+        draft = draft.but(ledger=refilled)
+        return draft, context_tokens(draft, ctx) - ctx.budget
+
+    @staticmethod
     def _shrink_ledger(
         draft: Draft, ctx: StepContext, over: int, warnings: list[str]
     ) -> tuple[Draft, int]:
         if draft.ledger is None:
             return draft, over
         before = ctx.count(draft.ledger)
-        builder = LedgerBuilder(ctx.counter, ledger_cap(draft, ctx), ctx.earlier, draft.ledger_memo)
-        smaller = builder.shrink(draft.history, ledger_sources(draft, draft.window), before - over)
+        cap = ledger_cap(draft, ctx)
+        builder = LedgerBuilder(
+            ctx.counter, cap, ctx.earlier, draft.ledger_memo, shown_blocks(draft)
+        )
+        smaller = builder.shrink(
+            draft.history,
+            ledger_sources(draft, draft.window),
+            before - over,
+            draft.pinned_messages,
+        )
         after = ctx.count(smaller) if smaller else 0
         warnings.append(f"entity ledger cut from {before:,} to {after:,} tokens to fit the budget")
         draft = draft.but(ledger=smaller)
@@ -175,6 +207,7 @@ class EvictStep:
         room = max(total - over, 0)
         base = ctx.policy.truncate or TruncateToolResults()
         window = list(draft.window)
+        edits = dict(draft.edits)
         for i, m in enumerate(window):
             if m.id not in sizes:
                 continue
@@ -195,10 +228,12 @@ class EvictStep:
                 continue
             cut = replace(cut, pinned=m.pinned, priority=m.priority)
             window[i] = cut
+            if not listed:  # its cut values go to the ledger (ledger_sources reads edits)
+                edits[m.id] = Edit("truncated")
             after = ctx.count(cut)
             reason = "newest tool result cut harder: the budget cannot hold it whole"
             actions.append(Action(m.id, "truncated", reason, sizes[m.id], after, "priority"))
         if window != list(draft.window):
             warnings.append("the newest tool-call block was cut to fit the budget")
-        draft = draft.but(window=tuple(window))
+        draft = draft.but(window=tuple(window), edits=edits)
         return draft, context_tokens(draft, ctx) - ctx.budget

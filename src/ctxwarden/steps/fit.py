@@ -22,7 +22,7 @@ from ctxwarden.steps.base import Action, Draft, StepContext, StepResult
 from ctxwarden.steps.ledger import LedgerBuilder
 from ctxwarden.steps.window import is_pinned
 
-__all__ = ["FitStep", "ledger_sources", "window_positions"]
+__all__ = ["FitStep", "ledger_sources", "shown_blocks", "window_positions"]
 
 
 def window_positions(draft: Draft) -> dict[str, int]:
@@ -47,6 +47,15 @@ def ledger_sources(draft: Draft, window: Sequence[Message]) -> list[Message]:
         for m in draft.history[draft.start :]
         if m.id not in shown and m.id not in draft.rejected and m.id not in pinned_ids
     ]
+
+
+def shown_blocks(draft: Draft) -> list[Message]:
+    """The blocks sent with the ledger whose values it need not repeat: the system
+    prompt and the facts layer (the pinned messages are added by the ledger's builder).
+    Not the summary or recall layers: with a summariser that focuses, their text follows
+    the newest user message, and a ledger that left out what they show would change
+    with every question (and lose what the next view no longer shows)."""
+    return [*draft.system, *(m for name, m in draft.layers if name == "facts")]
 
 
 def ledger_from(draft: Draft, ctx: StepContext) -> int:
@@ -88,7 +97,9 @@ class FitStep:
         blocks = group_blocks(draft.window)
         first = ledger_from(draft, ctx)
         memo = ctx.previous.ledger if ctx.previous.history_length else None
-        builder = LedgerBuilder(ctx.counter, ledger_cap(draft, ctx), ctx.earlier, memo)
+        builder = LedgerBuilder(
+            ctx.counter, ledger_cap(draft, ctx), ctx.earlier, memo, shown_blocks(draft)
+        )
         fixed = ctx.fixed + ctx.total([m for _, m in draft.layers])
         limit = ctx.policy.window.max_messages
         actions: list[Action] = []

@@ -20,9 +20,11 @@ messages, from empty); without it every output is the same.
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from functools import lru_cache
 
 from ctxwarden.build.state import LedgerMemo
 from ctxwarden.memory.entities import extract_entities
@@ -30,7 +32,7 @@ from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.messages import Message
 from ctxwarden.tokens.counter import TokenCounter
 
-__all__ = ["LEDGER_ID", "LedgerBuilder", "ledger_of", "seed_tag"]
+__all__ = ["LEDGER_ID", "LedgerBuilder", "Shown", "ledger_of", "seed_tag", "shown_values"]
 
 LEDGER_ID = "ctxwarden:ledger"
 _FRAMING = 5  # message framing + role tokens around the ledger text
@@ -74,7 +76,13 @@ def ledger_of(sources: Sequence[Message]) -> EntityLedger:
 
 class LedgerBuilder:
     """Renders the ledger block for one build within ``cap`` tokens, extending the
-    previous build's :class:`LedgerMemo`; :attr:`memo` is the one to carry forward."""
+    previous build's :class:`LedgerMemo`; :attr:`memo` is the one to carry forward.
+
+    ``shown``: blocks every build sends besides the window (the system prompt, the
+    summary and facts layers); with the pinned messages, the block leaves out the values
+    they show. A value the context shows needs no second mention, and those blocks
+    change less often than the ledger, so leaving their values out never makes the
+    ledger change more often than it does (the cached prefix holds)."""
 
     def __init__(
         self,
@@ -82,11 +90,13 @@ class LedgerBuilder:
         cap: int,
         earlier: EntityLedger | None = None,
         memo: LedgerMemo | None = None,
+        shown: Sequence[Message] = (),
     ):
         self.counter = counter
         self.cap = cap
         self.earlier = earlier
         self.memo = memo
+        self.shown = tuple(shown)
 
     def _dropped(
         self, history: Sequence[Message], first: int, start: int, pinned: frozenset[int]
@@ -125,7 +135,8 @@ class LedgerBuilder:
         if self.cap <= 0:
             return None
         ledger = self._dropped(history, first, start, frozenset(pinned))
-        key = _render_key(history, start, pinned, edited, self.cap, self.counter.model)
+        above = [*self.shown, *(history[i] for i in pinned)]
+        key = _render_key(history, start, pinned, edited, self.cap, self.counter.model, self.shown)
         memo = self.memo
         if memo is not None and memo.key == key and memo.ledger is ledger:
             text = memo.text
@@ -134,12 +145,16 @@ class LedgerBuilder:
                 ledger_shown = ledger.branch().add([e for m in edited for e in extract_entities(m)])
             else:
                 ledger_shown = ledger
-            text = self._text(ledger_shown, self.cap - _FRAMING)
+            text = self._text(ledger_shown, self.cap - _FRAMING, edited, above)
         self.memo = LedgerMemo(first, start, seed_tag(self.earlier), ledger, key, text)
         return Message.system(text, id=LEDGER_ID) if text else None
 
     def shrink(
-        self, history: Sequence[Message], edited: Sequence[Message], max_tokens: int
+        self,
+        history: Sequence[Message],
+        edited: Sequence[Message],
+        max_tokens: int,
+        pinned: Sequence[Message] = (),
     ) -> Message | None:
         """The same ledger rendered within ``max_tokens`` (priority eviction)."""
         memo = self.memo
@@ -148,13 +163,24 @@ class LedgerBuilder:
         shown = memo.ledger
         if edited:
             shown = shown.branch().add([e for m in edited for e in extract_entities(m)])
-        text = self._text(shown, max_tokens - _FRAMING)
+        text = self._text(shown, max_tokens - _FRAMING, edited, [*self.shown, *pinned])
         return Message.system(text, id=LEDGER_ID) if text else None
 
-    def _text(self, ledger: EntityLedger, max_tokens: int) -> str | None:
+    def _text(
+        self,
+        ledger: EntityLedger,
+        max_tokens: int,
+        edited: Sequence[Message],
+        above: Sequence[Message],
+    ) -> str | None:
+        """The block's text, less the values ``above`` shows; values from a message that
+        left the context carry its handle where room allows (an edited message shows
+        its own handle)."""
         if max_tokens <= 0:
             return None
-        return ledger.render(max_tokens, self.counter.count_text) or None
+        placed = frozenset(m.id for m in edited)
+        skip = Shown(above) if above else None
+        return ledger.render(max_tokens, self.counter.count_text, placed, skip) or None
 
 
 def _render_key(
@@ -164,12 +190,79 @@ def _render_key(
     edited: Sequence[Message],
     cap: int,
     model: str,
+    shown: Sequence[Message] = (),
 ) -> str:
     """What a rendered block depends on, besides the ledger: a short digest."""
     h = hashlib.sha1(usedforsecurity=False)
+    for m in shown:
+        h.update(f"{m.fingerprint}|".encode())
     h.update(f"{start}|{cap}|{model}|{','.join(map(str, pinned))}|".encode())
     if start > 0:
         h.update(history[start - 1].fingerprint.encode())
     for m in edited:
         h.update(f"|{m.id}:{m.fingerprint}".encode("utf-8", "surrogatepass"))
     return h.hexdigest()
+
+
+_WORD = re.compile(r"\w+")
+
+
+class Shown:
+    """Whether a value shows as a whole token in some messages (content, and the names
+    and arguments of their tool calls): a set lookup for a one-word value, a substring
+    test for the rest, asked only for the values a render visits. Equal (and hashed) by
+    the messages' fingerprints, so a ledger's render memo can key on it."""
+
+    def __init__(self, messages: Sequence[Message]) -> None:
+        self.key = tuple(m.fingerprint for m in messages)
+        self.text, self.tokens = _words(self.key, messages)
+
+    def __call__(self, value: str) -> bool:
+        if value in self.tokens:
+            return True
+        if value.replace("_", "a").isalnum() or value not in self.text:
+            return False
+        return _whole(value).search(self.text) is not None
+
+    def __bool__(self) -> bool:
+        return bool(self.key)
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Shown) and other.key == self.key
+
+
+def shown_values(ledger: EntityLedger, messages: Sequence[Message]) -> frozenset[str]:
+    """The ledger's values that ``messages`` show as whole tokens."""
+    shown = Shown(messages)
+    return frozenset(e.value for e in ledger.entries if shown(e.value))
+
+
+_WORDS: dict[tuple[str, ...], tuple[str, frozenset[str]]] = {}
+_WORDS_MAX = 64
+_WORDS_LOCK = threading.Lock()
+
+
+def _words(key: tuple[str, ...], messages: Sequence[Message]) -> tuple[str, frozenset[str]]:
+    """The text of ``messages`` and its word tokens, memoised by their fingerprints (the
+    system prompt and facts of a conversation recur at every build; bounded, locked)."""
+    with _WORDS_LOCK:
+        found = _WORDS.get(key)
+    if found is None:
+        text = "\n".join(
+            [m.text for m in messages]
+            + [f"{c.name} {c.arguments}" for m in messages for c in m.tool_calls]
+        )
+        found = (text, frozenset(_WORD.findall(text)))
+        with _WORDS_LOCK:
+            if len(_WORDS) >= _WORDS_MAX:
+                _WORDS.clear()
+            _WORDS[key] = found
+    return found
+
+
+@lru_cache(maxsize=4096)
+def _whole(value: str) -> re.Pattern[str]:
+    return re.compile(r"(?<!\w)" + re.escape(value) + r"(?!\w)")
