@@ -95,16 +95,9 @@ class EvictStep:
         user id, the dates) and could not be ranked against it; in the ledger each
         costs one mention, and the one the next call needs competes on rank."""
         assert draft.ledger is not None
-        before = ctx.count(draft.ledger)
         cap = ledger_cap(draft, ctx)
-        room = min(before - over, cap)
-        builder = LedgerBuilder(
-            ctx.counter, cap, ctx.earlier, draft.ledger_memo, shown_blocks(draft)
-        )
-        refilled = builder.shrink(
-            draft.history, ledger_sources(draft, draft.window), room, draft.pinned_messages
-        )
-        draft = draft.but(ledger=refilled)
+        room = min(ctx.count(draft.ledger) - over, cap)
+        draft = draft.but(ledger=_ledger_within(draft, ctx, cap, room))
         return draft, context_tokens(draft, ctx) - ctx.budget
 
     @staticmethod
@@ -114,16 +107,7 @@ class EvictStep:
         if draft.ledger is None:
             return draft, over
         before = ctx.count(draft.ledger)
-        cap = ledger_cap(draft, ctx)
-        builder = LedgerBuilder(
-            ctx.counter, cap, ctx.earlier, draft.ledger_memo, shown_blocks(draft)
-        )
-        smaller = builder.shrink(
-            draft.history,
-            ledger_sources(draft, draft.window),
-            before - over,
-            draft.pinned_messages,
-        )
+        smaller = _ledger_within(draft, ctx, ledger_cap(draft, ctx), before - over)
         after = ctx.count(smaller) if smaller else 0
         warnings.append(f"entity ledger cut from {before:,} to {after:,} tokens to fit the budget")
         draft = draft.but(ledger=smaller)
@@ -237,3 +221,13 @@ class EvictStep:
             warnings.append("the newest tool-call block was cut to fit the budget")
         draft = draft.but(window=tuple(window), edits=edits)
         return draft, context_tokens(draft, ctx) - ctx.budget
+
+
+def _ledger_within(draft: Draft, ctx: StepContext, cap: int, max_tokens: int) -> Message | None:
+    """The draft's ledger rendered again within ``max_tokens``, with the values of the
+    window's edited messages (a cut newest result among them), leaving out what the
+    shown blocks and the pinned messages hold."""
+    builder = LedgerBuilder(ctx.counter, cap, ctx.earlier, draft.ledger_memo, shown_blocks(draft))
+    return builder.shrink(
+        draft.history, ledger_sources(draft, draft.window), max_tokens, draft.pinned_messages
+    )

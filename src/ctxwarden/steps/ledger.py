@@ -135,17 +135,13 @@ class LedgerBuilder:
         if self.cap <= 0:
             return None
         ledger = self._dropped(history, first, start, frozenset(pinned))
-        above = [*self.shown, *(history[i] for i in pinned)]
         key = _render_key(history, start, pinned, edited, self.cap, self.counter.model, self.shown)
         memo = self.memo
         if memo is not None and memo.key == key and memo.ledger is ledger:
             text = memo.text
         else:
-            if edited:
-                ledger_shown = ledger.branch().add([e for m in edited for e in extract_entities(m)])
-            else:
-                ledger_shown = ledger
-            text = self._text(ledger_shown, self.cap - _FRAMING, edited, above)
+            above = [*self.shown, *(history[i] for i in pinned)]
+            text = self._text(ledger, self.cap - _FRAMING, edited, above)
         self.memo = LedgerMemo(first, start, seed_tag(self.earlier), ledger, key, text)
         return Message.system(text, id=LEDGER_ID) if text else None
 
@@ -160,10 +156,7 @@ class LedgerBuilder:
         memo = self.memo
         if memo is None:
             return None
-        shown = memo.ledger
-        if edited:
-            shown = shown.branch().add([e for m in edited for e in extract_entities(m)])
-        text = self._text(shown, max_tokens - _FRAMING, edited, [*self.shown, *pinned])
+        text = self._text(memo.ledger, max_tokens - _FRAMING, edited, [*self.shown, *pinned])
         return Message.system(text, id=LEDGER_ID) if text else None
 
     def _text(
@@ -173,11 +166,13 @@ class LedgerBuilder:
         edited: Sequence[Message],
         above: Sequence[Message],
     ) -> str | None:
-        """The block's text, less the values ``above`` shows; values from a message that
-        left the context carry its handle where room allows (an edited message shows
-        its own handle)."""
+        """The block's text: ``ledger`` with the values of the ``edited`` messages, less
+        the values ``above`` shows; values from a message that left the context carry
+        its handle where room allows (an edited message shows its own handle)."""
         if max_tokens <= 0:
             return None
+        if edited:
+            ledger = ledger.branch().add([e for m in edited for e in extract_entities(m)])
         placed = frozenset(m.id for m in edited)
         skip = Shown(above) if above else None
         return ledger.render(max_tokens, self.counter.count_text, placed, skip) or None
