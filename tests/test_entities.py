@@ -443,3 +443,22 @@ def test_a_ledger_does_not_depend_on_how_its_values_were_batched(
     assert batched.entries == whole.entries
     for cap in (12, 25, 200):
         assert batched.render(cap, count) == whole.render(cap, count)
+
+
+def test_a_match_that_leaves_the_rank_unchanged_lists_the_value_once() -> None:
+    """A value too short for a bonus ("Al", rank 0) or already at the top rank that
+    matches what the user stated keeps one place in the ranking: it was listed twice."""
+    ledger = EntityLedger().add(
+        [Entity("Al", "first_name", "m1", "name", "tool"), Entity("R0001X", "id", "m1", "id")]
+    )
+    top = EntityLedger().add([Entity("Sofia Lee", "name", "m1", "name", o) for o in ("call",) * 5])
+    top = top.add([Entity("Sofia Lee", "name", "m1", "name", "assistant")])
+    for grown in (
+        ledger.add([Entity("Al Smith", "name", "m2", "name", "user")]),
+        top.add([Entity("Sofia", "first_name", "m2", "name", "user")]),
+    ):
+        order = list(grown._keep_order(grown.entries, grown._tiers))
+        assert sorted(order) == list(range(len(grown.entries)))
+        lines = grown.render(200, count).splitlines()[1:]
+        values = [v for line in lines for v in line.split(": ", 1)[1].split(", ")]
+        assert sorted(values) == sorted(e.value for e in grown.entries)

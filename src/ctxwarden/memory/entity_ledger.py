@@ -358,8 +358,12 @@ class EntityLedger:
             if entry.marks & (USER | MATCH):
                 continue
             if any(k in stated for k in match_keys(entry.value, entry.category)):
+                before = _rank_of(entry)
                 entries[i] = entry = LedgerEntry(*entry[:7], entry.marks | MATCH)
-                bisect.insort(tiers[_rank_of(entry)], (entry.last_seen, i))
+                # a rank unchanged (too short for a bonus, or at the top) keeps its pair:
+                # a second one with the same recency would list the value twice
+                if _rank_of(entry) != before:
+                    bisect.insort(tiers[_rank_of(entry)], (entry.last_seen, i))
 
     @staticmethod
     def _keep_order(
