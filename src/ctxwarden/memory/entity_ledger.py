@@ -90,13 +90,15 @@ USER = 1  # stated by the user
 MATCH = 8  # matching a value the user stated, in other words (a date's month-day, a name word)
 AGENT = 2  # written by the agent in its own text
 CALL = 4  # passed by the agent in a tool call's arguments
-_MARKS = {"user": USER, "assistant": AGENT, "call": CALL}
+TOOL = 16  # returned by a tool
+_MARKS = {"user": USER, "assistant": AGENT, "call": CALL, "tool": TOOL}
 MAX_RANK = max(CATEGORY_TIERS.values()) + 7
 
 
 #: Rank bonuses (see the module docstring): stated by the user, written by the agent,
 #: passed in a tool call, seen in 2-3 messages, seen in 4 or more.
 USER_BONUS, AGENT_BONUS, CALL_BONUS, REPEAT_BONUS, FREQUENT_BONUS = 2, 1, 2, 1, 2
+_PROSE = frozenset({"name", "amount", "code", "date", "value", "time", "quantity"})
 MIN_RANKED_CHARS = 3  # shorter values ("1", "no") take no bonus and go first
 LOW_RANK = 1  # plain numbers, one-off times, quantities, values: a handle may displace them
 
@@ -108,6 +110,8 @@ def rank(category: str, hits: int, marks: int, size: int = MIN_RANKED_CHARS) -> 
     r = CATEGORY_TIERS.get(category, 1)
     if r == 0 or size < MIN_RANKED_CHARS:
         return 0
+    if marks & (USER | MATCH | CALL | TOOL) == 0 and marks & AGENT and category in _PROSE:
+        return max(r - 1, 0)  # only in the agent's own prose: its wording, not data
     if marks & (USER | MATCH):
         r += USER_BONUS
     if marks & AGENT:
@@ -278,6 +282,8 @@ class EntityLedger:
         for e in entities:
             seq += 1
             mark = _MARKS.get(e.origin, 0)
+            if mark & (AGENT | CALL) and e.category == "number":
+                mark = 0  # a number in the agent's arithmetic or prose is not one it reuses
             i = index.get(e.value)
             if i is not None:
                 old = entries[i]
