@@ -187,11 +187,13 @@ def _cost(table: dict[str, int], count: Callable[[str], int], text: str) -> int:
 
 
 def listed(value: str) -> str:
-    """A value as a comma-separated list shows it: quoted when it holds a comma."""
-    return f'"{value}"' if "," in value else value
+    """A value as a ", "-separated list shows it: quoted when it holds a comma and a
+    space after it (only then could it be read as two; "$1,625" needs no quotes)."""
+    return f'"{value}"' if _LIST_SEPARATOR.search(value) else value
 
 
-_SPACED = re.compile(r"[\s,]")
+_LIST_SEPARATOR = re.compile(r",\s")
+_SPACED = re.compile(r"\s")  # a value with a space: its line is ", "-separated
 _SKIPS = 32  # entries that do not fit a render tries past before it stops
 
 
