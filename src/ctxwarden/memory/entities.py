@@ -118,6 +118,12 @@ _NAME_SKIP_WORDS = (
     "September October November December Error Traceback None True False Note"
 )
 _NAME_SKIP = frozenset(_NAME_SKIP_WORDS.split())
+_PLURAL_ACRONYM = re.compile(r"[A-Z]{2,}s")  # IDs, URLs, APIs: capitals, not a name
+
+
+def _skipped_name_word(word: str) -> bool:
+    """A function word that opens sentences ("I’m" as "I'm"), or a plural acronym."""
+    return word.replace("’", "'") in _NAME_SKIP or _PLURAL_ACRONYM.fullmatch(word) is not None
 _CODE_SKIP_WORDS = "OK ID AM PM TV FYI ASAP PS NB EST UTC GMT JSON HTTP API URL"
 _CODE_SKIP = frozenset(_CODE_SKIP_WORDS.split())
 
@@ -292,7 +298,7 @@ def extract_from_text(text: str, source_id: str = "", origin: str = "") -> list[
             continue
         while run:
             at_start = _at_sentence_start(text, run[0][0])
-            if text[run[0][0] : run[0][1]] in _NAME_SKIP or (at_start and len(run) == 1):
+            if _skipped_name_word(text[run[0][0] : run[0][1]]) or (at_start and len(run) == 1):
                 run = run[1:]
                 continue
             break

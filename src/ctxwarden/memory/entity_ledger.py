@@ -99,6 +99,7 @@ MAX_RANK = max(CATEGORY_TIERS.values()) + 7
 #: passed in a tool call, seen in 2-3 messages, seen in 4 or more.
 USER_BONUS, AGENT_BONUS, CALL_BONUS, REPEAT_BONUS, FREQUENT_BONUS = 2, 1, 2, 1, 2
 _PROSE = frozenset({"name", "amount", "code", "date", "value", "time", "quantity"})
+_COINCIDENT = frozenset({"time", "quantity", "amount"})
 MIN_RANKED_CHARS = 3  # shorter values ("1", "no") take no bonus and go first
 LOW_RANK = 1  # plain numbers, one-off times, quantities, values: a handle may displace them
 
@@ -118,7 +119,9 @@ def rank(category: str, hits: int, marks: int, size: int = MIN_RANKED_CHARS) -> 
         r += AGENT_BONUS
     if marks & CALL:
         r += CALL_BONUS
-    if hits >= 4:
+    if category in _COINCIDENT:
+        pass
+    elif hits >= 4:
         r += FREQUENT_BONUS
     elif hits >= 2:
         r += REPEAT_BONUS
