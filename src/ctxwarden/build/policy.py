@@ -104,7 +104,7 @@ class LedgerConfig:
 
     enabled: bool = True
     max_tokens: int = 600
-    max_share: float = 0.8
+    max_share: float = 0.9
     free_share: float = 0.25
     lookback: int | None = 1000
 
