@@ -462,3 +462,57 @@ def test_a_match_that_leaves_the_rank_unchanged_lists_the_value_once() -> None:
         lines = grown.render(200, count).splitlines()[1:]
         values = [v for line in lines for v in line.split(": ", 1)[1].split(", ")]
         assert sorted(values) == sorted(e.value for e in grown.entries)
+
+
+def test_json_field_names_are_schema_and_name_keys_hold_names() -> None:
+    """A key shaped like a field name (``address1``) is schema, not a value; an id used
+    as a key still is one; a capitalised word under a ``*name`` key is a name."""
+    doc = {
+        "name": {"first_name": "Mia", "last_name": "Kim"},
+        "address": {"address1": "681 Cedar Street", "line_2": "Suite 847"},
+        "payment_methods": {"gift_card_7359776": {"amount": 39}},
+        "username": "mia_kim_4397",
+    }
+    found = {e.value: e for e in extract_from_json(doc)}
+    assert "address1" not in found and "line_2" not in found
+    assert found["gift_card_7359776"].category == "id"
+    assert found["Mia"].category == "name" and found["Kim"].category == "name"
+    assert found["mia_kim_4397"].category == "id"
+    text = "I’m not sure about the reservation IDs. I’m Sofia Kim, see the URLs."
+    assert [e.value for e in extract_from_text(text)] == ["Sofia Kim"]
+
+
+def test_what_only_the_agent_wrote_or_what_recurs_by_chance_ranks_lower() -> None:
+    """Once tools are used, values only in the agent's prose (a label it wrote, a sum it
+    computed) rank below the same kind of value a tool returned; numbers in its arithmetic mark
+    nothing; a time or price seen in many records takes no repeat bonus. Paths and code
+    identifiers the agent names are its plan and keep their rank."""
+
+    def ent(value: str, category: str, origin: str) -> Entity:
+        return Entity(value, category, "m", category, origin)
+
+    chat = EntityLedger().add([ent("Total Cost", "name", "assistant"), ent("Oslo", "name", "user")])
+    chat = chat.add([ent("Sofia Kim", "name", "user")])
+    # no tool in the conversation: the assistant's words are first-hand (a chat partner's)
+    assert rank("name", 1, chat.entries[0].marks) == rank("name", 1, 0) + 1
+    ledger = EntityLedger().add(
+        [ent("Sofia Kim", "name", "tool"), ent("Total Cost", "name", "assistant")]
+        + [ent("$1,625", "amount", "assistant"), ent("$189", "amount", "tool")]
+        + [ent("src/app.py", "path", "assistant"), ent("src/db.py", "path", "tool")]
+        + [ent("1859", "amount", "tool"), ent("1860", "amount", "tool")]
+    )
+    ledger = ledger.add([ent("1859", "number", "call"), ent("1859", "number", "assistant")])
+    for _ in range(4):
+        ledger = ledger.add([ent("13:00:00", "time", "tool"), ent("$189", "amount", "tool")])
+    by = {e.value: e for e in ledger.entries}
+
+    def rank_of(value: str) -> int:
+        e = by[value]
+        return rank(e.category, e.hits, e.marks, len(e.value))
+
+    assert rank_of("Total Cost") < rank_of("Sofia Kim")
+    assert rank_of("$1,625") < rank_of("1860")
+    assert rank_of("src/app.py") == rank_of("src/db.py") + 1  # the agent's own: a bonus
+    assert rank_of("1859") == rank_of("1860")  # its arithmetic passed no value on
+    assert rank_of("13:00:00") == rank(by["13:00:00"].category, 1, by["13:00:00"].marks)
+    assert rank_of("$189") == rank_of("1860")

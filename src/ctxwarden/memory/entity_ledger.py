@@ -91,6 +91,7 @@ MATCH = 8  # matching a value the user stated, in other words (a date's month-da
 AGENT = 2  # written by the agent in its own text
 CALL = 4  # passed by the agent in a tool call's arguments
 TOOL = 16  # returned by a tool
+PROSE = 32  # written by the agent in its own text once tools were used (see add)
 _MARKS = {"user": USER, "assistant": AGENT, "call": CALL, "tool": TOOL}
 MAX_RANK = max(CATEGORY_TIERS.values()) + 7
 
@@ -98,7 +99,7 @@ MAX_RANK = max(CATEGORY_TIERS.values()) + 7
 #: Rank bonuses (see the module docstring): stated by the user, written by the agent,
 #: passed in a tool call, seen in 2-3 messages, seen in 4 or more.
 USER_BONUS, AGENT_BONUS, CALL_BONUS, REPEAT_BONUS, FREQUENT_BONUS = 2, 1, 2, 1, 2
-_PROSE = frozenset({"name", "amount", "code", "date", "value", "time", "quantity"})
+_RESTATED = frozenset({"name", "amount", "code", "date", "value", "time", "quantity"})
 _COINCIDENT = frozenset({"time", "quantity", "amount"})
 MIN_RANKED_CHARS = 3  # shorter values ("1", "no") take no bonus and go first
 LOW_RANK = 1  # plain numbers, one-off times, quantities, values: a handle may displace them
@@ -111,8 +112,8 @@ def rank(category: str, hits: int, marks: int, size: int = MIN_RANKED_CHARS) -> 
     r = CATEGORY_TIERS.get(category, 1)
     if r == 0 or size < MIN_RANKED_CHARS:
         return 0
-    if marks & (USER | MATCH | CALL | TOOL) == 0 and marks & AGENT and category in _PROSE:
-        return max(r - 1, 0)  # only in the agent's own prose: its wording, not data
+    if marks & (USER | MATCH | CALL | TOOL) == 0 and marks & PROSE and category in _RESTATED:
+        return max(r - 1, 0)  # only in a tool-using agent's prose: its wording, not data
     if marks & (USER | MATCH):
         r += USER_BONUS
     if marks & AGENT:
@@ -284,9 +285,17 @@ class EntityLedger:
         stated = self._stated_keys()
         grown: set[str] = set()  # keys the user states for the first time in this batch
         touched: list[int] = []
+        tooled: bool | None = None  # a tool used so far (found when first needed)
         for e in entities:
             seq += 1
             mark = _MARKS.get(e.origin, 0)
+            if mark & (TOOL | CALL):
+                tooled = True
+            elif mark & AGENT:
+                if tooled is None:
+                    tooled = self._tooled()
+                if tooled:  # an agent that calls tools restates and sums their results
+                    mark |= PROSE
             if mark & (AGENT | CALL) and e.category == "number":
                 mark = 0  # a number in the agent's arithmetic or prose is not one it reuses
             i = index.get(e.value)
@@ -342,6 +351,10 @@ class EntityLedger:
         )
         object.__setattr__(out, "_stated", stated)
         return out
+
+    def _tooled(self) -> bool:
+        """Whether a tool was called or returned a value among the values so far."""
+        return any(e.marks & (TOOL | CALL) for e in reversed(self.entries))
 
     def _stated_keys(self) -> frozenset[str]:
         """The match keys of every value the user stated (computed once per ledger)."""
