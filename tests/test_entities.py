@@ -495,12 +495,17 @@ def test_what_only_the_agent_wrote_or_what_recurs_by_chance_ranks_lower() -> Non
     chat = chat.add([ent("Sofia Kim", "name", "user")])
     # no tool in the conversation: the assistant's words are first-hand (a chat partner's)
     assert rank("name", 1, chat.entries[0].marks) == rank("name", 1, 0) + 1
-    ledger = EntityLedger().add(
-        [ent("Sofia Kim", "name", "tool"), ent("Total Cost", "name", "assistant")]
-        + [ent("$1,625", "amount", "assistant"), ent("$189", "amount", "tool")]
-        + [ent("src/app.py", "path", "assistant"), ent("src/db.py", "path", "tool")]
-        + [ent("1859", "amount", "tool"), ent("1860", "amount", "tool")]
-    )
+    seen = [
+        ("Sofia Kim", "name", "tool"),
+        ("Total Cost", "name", "assistant"),
+        ("$1,625", "amount", "assistant"),
+        ("$189", "amount", "tool"),
+        ("src/app.py", "path", "assistant"),
+        ("src/db.py", "path", "tool"),
+        ("1859", "amount", "tool"),
+        ("1860", "amount", "tool"),
+    ]
+    ledger = EntityLedger().add(ent(*x) for x in seen)
     ledger = ledger.add([ent("1859", "number", "call"), ent("1859", "number", "assistant")])
     for _ in range(4):
         ledger = ledger.add([ent("13:00:00", "time", "tool"), ent("$189", "amount", "tool")])

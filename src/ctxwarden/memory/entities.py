@@ -124,6 +124,8 @@ _PLURAL_ACRONYM = re.compile(r"[A-Z]{2,}s")  # IDs, URLs, APIs: capitals, not a 
 def _skipped_name_word(word: str) -> bool:
     """A function word that opens sentences ("I’m" as "I'm"), or a plural acronym."""
     return word.replace("’", "'") in _NAME_SKIP or _PLURAL_ACRONYM.fullmatch(word) is not None
+
+
 _CODE_SKIP_WORDS = "OK ID AM PM TV FYI ASAP PS NB EST UTC GMT JSON HTTP API URL"
 _CODE_SKIP = frozenset(_CODE_SKIP_WORDS.split())
 
