@@ -5,31 +5,11 @@ them (first-seen order, so its rendering grows at the end and stays cacheable) a
 renders a compact system block, dropping the least useful entries to fit a token
 budget. :mod:`ctxwarden.steps.ledger` decides which messages feed it in a build.
 
-**What survives pressure** (issue 12, item 2) is ranked by signals that hold in any
-domain, not by one data set's keys. An entry's *rank* is its category's tier
-(:data:`~ctxwarden.memory.entities.CATEGORY_TIERS`: ids, e-mails; then dates, codes,
-names, paths, identifiers, amounts; then times, quantities, plain values; numbers
-last) plus:
-
-* **+2 stated by the user**: the value occurs in a user message, or matches one there
-  by a key: the same month-day in another date format ("May 27" and "2024-05-27"),
-  a word of a name the user gave ("Sofia Kim" and ``first_name: Sofia``), case aside;
-* **+1 written by the agent** in its own text, **+2 passed by it** in a tool call's
-  arguments (what an agent named or passed once it tends to pass again: the file a
-  coding agent keeps editing, the reservation a support agent works on);
-* **+1 repeated**: seen in two or three messages, **+2** in four or more (what the
-  conversation keeps returning to: the airports of every reservation).
-
-Values under three characters and plain numbers take no bonus. Entries are kept
-highest rank first, most recently seen first within a rank. The block lists one line
-per label, values separated by spaces (a comma costs a token per value; values with a
-space are comma-separated), so a cap holds about a fifth more values.
-
-Measured (``python -m ctxwarden.bench.traces --tau --swebench``, default policy): every
-tau-bench argument value 97.3% / 78.9% at 2,000 / 1,600 tokens before (ranked by
-category and recency, one comma-separated value after another), 99.3% / 82.5% after;
-swebench-mini needed-later tokens 73.3% / 91.6% at 4,000 / 8,000 before, 94.4% / 97.6%
-after (identifier extraction included).
+**What survives pressure** is ranked by :mod:`ctxwarden.memory.entity_rank`: by signals
+that hold in any domain, not by one data set's keys. The block lists one line per
+label, values separated by spaces (a comma costs a token per value); a line with a
+value that holds a space is comma-separated, and a value is quoted only when it holds
+", " itself ("$1,625" is not), so a cap holds about a fifth more values.
 
 A render leaves out what the context shows elsewhere (the system prompt, the facts layer,
 pinned messages: ``skip``) and names the messages that left the context by their handle,
@@ -43,10 +23,24 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, NamedTuple
 
-from ctxwarden.memory.entities import CATEGORY_TIERS, Entity, date_key
+from ctxwarden.memory.entities import Entity
+from ctxwarden.memory.entity_rank import (
+    AGENT,
+    CALL,
+    LOW_RANK,
+    MATCH,
+    MAX_RANK,
+    MIN_RANKED_CHARS,
+    PROSE,
+    TOOL,
+    USER,
+    match_keys,
+    rank,
+)
+from ctxwarden.memory.entity_rank import MARKS as _MARKS
+from ctxwarden.memory.entity_rank import rank_of as _rank_of
 from ctxwarden.steps.handles import handle_for
 
 __all__ = [
@@ -84,79 +78,6 @@ class LedgerEntry(NamedTuple):
     last_seen: int
     hits: int = 1
     marks: int = 0
-
-
-USER = 1  # stated by the user
-MATCH = 8  # matching a value the user stated, in other words (a date's month-day, a name word)
-AGENT = 2  # written by the agent in its own text
-CALL = 4  # passed by the agent in a tool call's arguments
-TOOL = 16  # returned by a tool
-PROSE = 32  # written by the agent in its own text once tools were used (see add)
-_MARKS = {"user": USER, "assistant": AGENT, "call": CALL, "tool": TOOL}
-MAX_RANK = max(CATEGORY_TIERS.values()) + 7
-
-
-#: Rank bonuses (see the module docstring): stated by the user, written by the agent,
-#: passed in a tool call, seen in 2-3 messages, seen in 4 or more.
-USER_BONUS, AGENT_BONUS, CALL_BONUS, REPEAT_BONUS, FREQUENT_BONUS = 2, 1, 2, 1, 2
-_RESTATED = frozenset({"name", "amount", "code", "date", "value", "time", "quantity"})
-_COINCIDENT = frozenset({"time", "quantity", "amount"})
-MIN_RANKED_CHARS = 3  # shorter values ("1", "no") take no bonus and go first
-LOW_RANK = 1  # plain numbers, one-off times, quantities, values: a handle may displace them
-
-
-def rank(category: str, hits: int, marks: int, size: int = MIN_RANKED_CHARS) -> int:
-    """An entry's rank (higher survives longer); see the module docstring. Plain
-    numbers and values under :data:`MIN_RANKED_CHARS` characters take no bonus: "1",
-    "no" and "100" recur in every conversation and say nothing by being repeated."""
-    r = CATEGORY_TIERS.get(category, 1)
-    if r == 0 or size < MIN_RANKED_CHARS:
-        return 0
-    if marks & (USER | MATCH | CALL | TOOL) == 0 and marks & PROSE and category in _RESTATED:
-        return max(r - 1, 0)  # only in a tool-using agent's prose: its wording, not data
-    if marks & (USER | MATCH):
-        r += USER_BONUS
-    if marks & AGENT:
-        r += AGENT_BONUS
-    if marks & CALL:
-        r += CALL_BONUS
-    if category in _COINCIDENT:
-        pass
-    elif hits >= 4:
-        r += FREQUENT_BONUS
-    elif hits >= 2:
-        r += REPEAT_BONUS
-    return min(r, MAX_RANK)
-
-
-_RANKS: dict[tuple[str, int, int, int], int] = {}  # rank()'s arguments -> rank
-
-
-def _rank_of(e: LedgerEntry) -> int:
-    """``rank`` of an entry, memoised by its arguments (renders and adds rank every entry
-    they visit); the size only matters below :data:`MIN_RANKED_CHARS`, so it is capped
-    there."""
-    key = (e.category, e.hits, e.marks, min(len(e.value), MIN_RANKED_CHARS))
-    found = _RANKS.get(key)
-    if found is None:
-        if len(_RANKS) > 4096:
-            _RANKS.clear()
-        found = _RANKS[key] = rank(*key)
-    return found
-
-
-@lru_cache(maxsize=65_536)
-def match_keys(value: str, category: str) -> tuple[str, ...]:
-    """The keys a value matches a user-stated one by: itself (case aside), its month-day
-    when it is a date, each word when it is a name of several words."""
-    keys = [value.casefold()]
-    if category == "date":
-        day = date_key(value)
-        if day:
-            keys.append("date:" + day)
-    elif category == "name" and " " in value:
-        keys += [w.casefold() for w in value.split() if len(w) > 1]
-    return tuple(keys)
 
 
 #: Entries a ledger keeps at most; beyond, the lowest tier and least recently seen go
@@ -289,6 +210,8 @@ class EntityLedger:
         for e in entities:
             seq += 1
             mark = _MARKS.get(e.origin, 0)
+            if mark & (AGENT | CALL) and e.category == "number":
+                mark = 0  # a number in the agent's arithmetic or prose is not one it reuses
             if mark & (TOOL | CALL):
                 tooled = True
             elif mark & AGENT:
@@ -296,8 +219,6 @@ class EntityLedger:
                     tooled = self._tooled()
                 if tooled:  # an agent that calls tools restates and sums their results
                     mark |= PROSE
-            if mark & (AGENT | CALL) and e.category == "number":
-                mark = 0  # a number in the agent's arithmetic or prose is not one it reuses
             i = index.get(e.value)
             if i is not None:
                 old = entries[i]
