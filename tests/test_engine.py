@@ -394,3 +394,30 @@ def test_a_newest_result_cut_to_fit_gives_its_values_to_the_ledger() -> None:
     assert "values cut" not in cut.text and "cw:msg:t1" in cut.text
     ledger = next(m.text for m in built.messages if m.id == "ctxwarden:ledger")
     assert "BK-99" in ledger and built.audit.input_tokens <= budget
+
+
+def test_a_ledger_cut_to_fit_leaves_out_what_the_window_shows() -> None:
+    """When the newest results are cut to fit, the ledger is rendered for this build
+    alone (its size follows the newest turn): a value the newest call passes shows in
+    the window, so the block spends its tokens on values the context would lose."""
+    history = [Message.system("You are a support agent. " + "Be brief. " * 300)]
+    history.append(Message.user("Check my orders please.", id="u0"))
+    for i in range(12):
+        args = json.dumps({"order_id": f"ORD-{700 + i}"})
+        history.append(Message.assistant(tool_calls=(ToolCall(f"c{i}", "get_order", args),)))
+        body = {"order_id": f"ORD-{700 + i}", "sku": f"SKU-{400 + i}X", "note": "left depot " * 20}
+        history.append(Message.tool(json.dumps(body), f"c{i}", id=f"t{i}"))
+    history.append(Message.user("Refund the first one, ORD-700.", id="u1"))
+    args = json.dumps({"order_id": "ORD-700", "sku": "SKU-400X", "reason": "late"})
+    history.append(Message.assistant(tool_calls=(ToolCall("cr", "refund", args),), id="a1"))
+    history.append(Message.tool(json.dumps({"log": ["step ok " * 40] * 20}), "cr", id="tr"))
+    built = build_context(history, "gpt-4o", 1100)
+    assert built.input_tokens <= 1100
+    assert "the newest tool-call block was cut to fit the budget" in built.audit.warnings
+    ledger = next(m.text for m in built.messages if m.id == "ctxwarden:ledger")
+    assert "SKU-400X" not in ledger and "ORD-700" not in ledger  # the window's call shows them
+    assert "SKU-411X" in ledger and "ORD-711" in ledger
+    # with room, the block is the cacheable one: it does not follow the window
+    roomy = build_context(history, "gpt-4o", 1300)
+    assert not roomy.audit.warnings
+    assert "ORD-700" in next(m.text for m in roomy.messages if m.id == "ctxwarden:ledger")

@@ -443,3 +443,81 @@ def test_a_ledger_does_not_depend_on_how_its_values_were_batched(
     assert batched.entries == whole.entries
     for cap in (12, 25, 200):
         assert batched.render(cap, count) == whole.render(cap, count)
+
+
+def test_a_match_that_leaves_the_rank_unchanged_lists_the_value_once() -> None:
+    """A value too short for a bonus ("Al", rank 0) or already at the top rank that
+    matches what the user stated keeps one place in the ranking: it was listed twice."""
+    ledger = EntityLedger().add(
+        [Entity("Al", "first_name", "m1", "name", "tool"), Entity("R0001X", "id", "m1", "id")]
+    )
+    top = EntityLedger().add([Entity("Sofia Lee", "name", "m1", "name", o) for o in ("call",) * 5])
+    top = top.add([Entity("Sofia Lee", "name", "m1", "name", "assistant")])
+    for grown in (
+        ledger.add([Entity("Al Smith", "name", "m2", "name", "user")]),
+        top.add([Entity("Sofia", "first_name", "m2", "name", "user")]),
+    ):
+        order = list(grown._keep_order(grown.entries, grown._tiers))
+        assert sorted(order) == list(range(len(grown.entries)))
+        lines = grown.render(200, count).splitlines()[1:]
+        values = [v for line in lines for v in line.split(": ", 1)[1].split(", ")]
+        assert sorted(values) == sorted(e.value for e in grown.entries)
+
+
+def test_json_field_names_are_schema_and_name_keys_hold_names() -> None:
+    """A key shaped like a field name (``address1``) is schema, not a value; an id used
+    as a key still is one; a capitalised word under a ``*name`` key is a name."""
+    doc = {
+        "name": {"first_name": "Mia", "last_name": "Kim"},
+        "address": {"address1": "681 Cedar Street", "line_2": "Suite 847"},
+        "payment_methods": {"gift_card_7359776": {"amount": 39}},
+        "username": "mia_kim_4397",
+    }
+    found = {e.value: e for e in extract_from_json(doc)}
+    assert "address1" not in found and "line_2" not in found
+    assert found["gift_card_7359776"].category == "id"
+    assert found["Mia"].category == "name" and found["Kim"].category == "name"
+    assert found["mia_kim_4397"].category == "id"
+    text = "I’m not sure about the reservation IDs. I’m Sofia Kim, see the URLs."
+    assert [e.value for e in extract_from_text(text)] == ["Sofia Kim"]
+
+
+def test_what_only_the_agent_wrote_or_what_recurs_by_chance_ranks_lower() -> None:
+    """Once tools are used, values only in the agent's prose (a label it wrote, a sum it
+    computed) rank below the same kind of value a tool returned; numbers in its arithmetic mark
+    nothing; a time or price seen in many records takes no repeat bonus. Paths and code
+    identifiers the agent names are its plan and keep their rank."""
+
+    def ent(value: str, category: str, origin: str) -> Entity:
+        return Entity(value, category, "m", category, origin)
+
+    chat = EntityLedger().add([ent("Total Cost", "name", "assistant"), ent("Oslo", "name", "user")])
+    chat = chat.add([ent("Sofia Kim", "name", "user")])
+    # no tool in the conversation: the assistant's words are first-hand (a chat partner's)
+    assert rank("name", 1, chat.entries[0].marks) == rank("name", 1, 0) + 1
+    seen = [
+        ("Sofia Kim", "name", "tool"),
+        ("Total Cost", "name", "assistant"),
+        ("$1,625", "amount", "assistant"),
+        ("$189", "amount", "tool"),
+        ("src/app.py", "path", "assistant"),
+        ("src/db.py", "path", "tool"),
+        ("1859", "amount", "tool"),
+        ("1860", "amount", "tool"),
+    ]
+    ledger = EntityLedger().add(ent(*x) for x in seen)
+    ledger = ledger.add([ent("1859", "number", "call"), ent("1859", "number", "assistant")])
+    for _ in range(4):
+        ledger = ledger.add([ent("13:00:00", "time", "tool"), ent("$189", "amount", "tool")])
+    by = {e.value: e for e in ledger.entries}
+
+    def rank_of(value: str) -> int:
+        e = by[value]
+        return rank(e.category, e.hits, e.marks, len(e.value))
+
+    assert rank_of("Total Cost") < rank_of("Sofia Kim")
+    assert rank_of("$1,625") < rank_of("1860")
+    assert rank_of("src/app.py") == rank_of("src/db.py") + 1  # the agent's own: a bonus
+    assert rank_of("1859") == rank_of("1860")  # its arithmetic passed no value on
+    assert rank_of("13:00:00") == rank(by["13:00:00"].category, 1, by["13:00:00"].marks)
+    assert rank_of("$189") == rank_of("1860")

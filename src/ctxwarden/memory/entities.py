@@ -118,6 +118,14 @@ _NAME_SKIP_WORDS = (
     "September October November December Error Traceback None True False Note"
 )
 _NAME_SKIP = frozenset(_NAME_SKIP_WORDS.split())
+_PLURAL_ACRONYM = re.compile(r"[A-Z]{2,}s")  # IDs, URLs, APIs: capitals, not a name
+
+
+def _skipped_name_word(word: str) -> bool:
+    """A function word that opens sentences ("I’m" as "I'm"), or a plural acronym."""
+    return word.replace("’", "'") in _NAME_SKIP or _PLURAL_ACRONYM.fullmatch(word) is not None
+
+
 _CODE_SKIP_WORDS = "OK ID AM PM TV FYI ASAP PS NB EST UTC GMT JSON HTTP API URL"
 _CODE_SKIP = frozenset(_CODE_SKIP_WORDS.split())
 
@@ -292,7 +300,7 @@ def extract_from_text(text: str, source_id: str = "", origin: str = "") -> list[
             continue
         while run:
             at_start = _at_sentence_start(text, run[0][0])
-            if text[run[0][0] : run[0][1]] in _NAME_SKIP or (at_start and len(run) == 1):
+            if _skipped_name_word(text[run[0][0] : run[0][1]]) or (at_start and len(run) == 1):
                 run = run[1:]
                 continue
             break
@@ -308,6 +316,9 @@ def extract_from_text(text: str, source_id: str = "", origin: str = "") -> list[
 
 _ID_KEY = re.compile(r"(?:^|_)(?:id|ids|number|code|no|ref|key|sku|iban|account)$", re.IGNORECASE)
 _AMOUNT_KEY = re.compile(r"amount|price|cost|total|balance|fee|paid|refund", re.IGNORECASE)
+# A key shaped like a field name: lower-case words, at most a short numeric suffix
+# ("address1", "line_2"); an id used as a key has more digits ("credit_card_7815826").
+_FIELD_NAME = re.compile(r"[a-z]+(?:_[a-z]+)*_?\d{1,2}")
 _GENERIC_KEYS = frozenset({"id", "name", "value", "code", "type", "key", "number", "date", "text"})
 
 
@@ -324,6 +335,12 @@ def _key_kind(key: str) -> str:
 def _key_traits(key: str) -> tuple[bool, bool]:
     """Whether a JSON key names an identifier, and whether it names an amount."""
     return _ID_KEY.search(key) is not None, _AMOUNT_KEY.search(key) is not None
+
+
+def _names_a_person(key: str, value: str) -> bool:
+    """A capitalised word or two under a key that ends in "name" (``first_name``,
+    ``lastName``, ``name``): a name, though one word alone has no name's shape."""
+    return key[-4:].lower() == "name" and all(w[:1].isupper() for w in value.split())
 
 
 def _category_of(value: str) -> str:
@@ -372,6 +389,8 @@ def extract_from_json(data: Any, source_id: str = "", origin: str = "") -> list[
             label = f"{context}.{key}" if context and key in _GENERIC_KEYS else key
             if len(node) <= 60 and "\n" not in node and len(node.split()) <= 4 and label:
                 category = "id" if _key_traits(key)[0] else _category_of(node)
+                if category == "value" and _names_a_person(key, node):
+                    category = "name"  # "first_name": "Mia" (one word: no name by shape)
                 add(node, label, category)
             elif text_left > 0 and texts_left > 0:
                 piece = node[:text_left]
@@ -384,6 +403,8 @@ def extract_from_json(data: Any, source_id: str = "", origin: str = "") -> list[
             for k, v in node.items():
                 k = str(k)
                 kind = _key_kind(k)
+                if _FIELD_NAME.fullmatch(k):
+                    kind = "field"  # schema (address1, line2), not data
                 if kind == "id" or (kind == "code" and not isinstance(v, (dict, list))):
                     add(k, key or "key", kind)  # a key that is data: {"credit_card_1": …}
                     items.append((v, k, context))

@@ -5,31 +5,11 @@ them (first-seen order, so its rendering grows at the end and stays cacheable) a
 renders a compact system block, dropping the least useful entries to fit a token
 budget. :mod:`ctxwarden.steps.ledger` decides which messages feed it in a build.
 
-**What survives pressure** (issue 12, item 2) is ranked by signals that hold in any
-domain, not by one data set's keys. An entry's *rank* is its category's tier
-(:data:`~ctxwarden.memory.entities.CATEGORY_TIERS`: ids, e-mails; then dates, codes,
-names, paths, identifiers, amounts; then times, quantities, plain values; numbers
-last) plus:
-
-* **+2 stated by the user**: the value occurs in a user message, or matches one there
-  by a key: the same month-day in another date format ("May 27" and "2024-05-27"),
-  a word of a name the user gave ("Sofia Kim" and ``first_name: Sofia``), case aside;
-* **+1 written by the agent** in its own text, **+2 passed by it** in a tool call's
-  arguments (what an agent named or passed once it tends to pass again: the file a
-  coding agent keeps editing, the reservation a support agent works on);
-* **+1 repeated**: seen in two or three messages, **+2** in four or more (what the
-  conversation keeps returning to: the airports of every reservation).
-
-Values under three characters and plain numbers take no bonus. Entries are kept
-highest rank first, most recently seen first within a rank. The block lists one line
-per label, values separated by spaces (a comma costs a token per value; values with a
-space are comma-separated), so a cap holds about a fifth more values.
-
-Measured (``python -m ctxwarden.bench.traces --tau --swebench``, default policy): every
-tau-bench argument value 97.3% / 78.9% at 2,000 / 1,600 tokens before (ranked by
-category and recency, one comma-separated value after another), 99.3% / 82.5% after;
-swebench-mini needed-later tokens 73.3% / 91.6% at 4,000 / 8,000 before, 94.4% / 97.6%
-after (identifier extraction included).
+**What survives pressure** is ranked by :mod:`ctxwarden.memory.entity_rank`: by signals
+that hold in any domain, not by one data set's keys. The block lists one line per
+label, values separated by spaces (a comma costs a token per value); a line with a
+value that holds a space is comma-separated, and a value is quoted only when it holds
+", " itself ("$1,625" is not), so a cap holds about a fifth more values.
 
 A render leaves out what the context shows elsewhere (the system prompt, the facts layer,
 pinned messages: ``skip``) and names the messages that left the context by their handle,
@@ -43,10 +23,24 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, NamedTuple
 
-from ctxwarden.memory.entities import CATEGORY_TIERS, Entity, date_key
+from ctxwarden.memory.entities import Entity
+from ctxwarden.memory.entity_rank import (
+    AGENT,
+    CALL,
+    LOW_RANK,
+    MATCH,
+    MAX_RANK,
+    MIN_RANKED_CHARS,
+    PROSE,
+    TOOL,
+    USER,
+    match_keys,
+    rank,
+)
+from ctxwarden.memory.entity_rank import MARKS as _MARKS
+from ctxwarden.memory.entity_rank import rank_of as _rank_of
 from ctxwarden.steps.handles import handle_for
 
 __all__ = [
@@ -86,71 +80,6 @@ class LedgerEntry(NamedTuple):
     marks: int = 0
 
 
-USER = 1  # stated by the user
-MATCH = 8  # matching a value the user stated, in other words (a date's month-day, a name word)
-AGENT = 2  # written by the agent in its own text
-CALL = 4  # passed by the agent in a tool call's arguments
-_MARKS = {"user": USER, "assistant": AGENT, "call": CALL}
-MAX_RANK = max(CATEGORY_TIERS.values()) + 7
-
-
-#: Rank bonuses (see the module docstring): stated by the user, written by the agent,
-#: passed in a tool call, seen in 2-3 messages, seen in 4 or more.
-USER_BONUS, AGENT_BONUS, CALL_BONUS, REPEAT_BONUS, FREQUENT_BONUS = 2, 1, 2, 1, 2
-MIN_RANKED_CHARS = 3  # shorter values ("1", "no") take no bonus and go first
-LOW_RANK = 1  # plain numbers, one-off times, quantities, values: a handle may displace them
-
-
-def rank(category: str, hits: int, marks: int, size: int = MIN_RANKED_CHARS) -> int:
-    """An entry's rank (higher survives longer); see the module docstring. Plain
-    numbers and values under :data:`MIN_RANKED_CHARS` characters take no bonus: "1",
-    "no" and "100" recur in every conversation and say nothing by being repeated."""
-    r = CATEGORY_TIERS.get(category, 1)
-    if r == 0 or size < MIN_RANKED_CHARS:
-        return 0
-    if marks & (USER | MATCH):
-        r += USER_BONUS
-    if marks & AGENT:
-        r += AGENT_BONUS
-    if marks & CALL:
-        r += CALL_BONUS
-    if hits >= 4:
-        r += FREQUENT_BONUS
-    elif hits >= 2:
-        r += REPEAT_BONUS
-    return min(r, MAX_RANK)
-
-
-_RANKS: dict[tuple[str, int, int, int], int] = {}  # rank()'s arguments -> rank
-
-
-def _rank_of(e: LedgerEntry) -> int:
-    """``rank`` of an entry, memoised by its arguments (renders and adds rank every entry
-    they visit); the size only matters below :data:`MIN_RANKED_CHARS`, so it is capped
-    there."""
-    key = (e.category, e.hits, e.marks, min(len(e.value), MIN_RANKED_CHARS))
-    found = _RANKS.get(key)
-    if found is None:
-        if len(_RANKS) > 4096:
-            _RANKS.clear()
-        found = _RANKS[key] = rank(*key)
-    return found
-
-
-@lru_cache(maxsize=65_536)
-def match_keys(value: str, category: str) -> tuple[str, ...]:
-    """The keys a value matches a user-stated one by: itself (case aside), its month-day
-    when it is a date, each word when it is a name of several words."""
-    keys = [value.casefold()]
-    if category == "date":
-        day = date_key(value)
-        if day:
-            keys.append("date:" + day)
-    elif category == "name" and " " in value:
-        keys += [w.casefold() for w in value.split() if len(w) > 1]
-    return tuple(keys)
-
-
 #: Entries a ledger keeps at most; beyond, the lowest tier and least recently seen go
 #: (down to half, so pruning is rare). A rendered block holds far fewer (one token each
 #: at least, and the ledger's cap is hundreds of tokens), so pruning never changes what
@@ -183,11 +112,13 @@ def _cost(table: dict[str, int], count: Callable[[str], int], text: str) -> int:
 
 
 def listed(value: str) -> str:
-    """A value as a comma-separated list shows it: quoted when it holds a comma."""
-    return f'"{value}"' if "," in value else value
+    """A value as a ", "-separated list shows it: quoted when it holds a comma and a
+    space after it (only then could it be read as two; "$1,625" needs no quotes)."""
+    return f'"{value}"' if _LIST_SEPARATOR.search(value) else value
 
 
-_SPACED = re.compile(r"[\s,]")
+_LIST_SEPARATOR = re.compile(r",\s")
+_SPACED = re.compile(r"\s")  # a value with a space: its line is ", "-separated
 _SKIPS = 32  # entries that do not fit a render tries past before it stops
 
 
@@ -275,9 +206,19 @@ class EntityLedger:
         stated = self._stated_keys()
         grown: set[str] = set()  # keys the user states for the first time in this batch
         touched: list[int] = []
+        tooled: bool | None = None  # a tool used so far (found when first needed)
         for e in entities:
             seq += 1
             mark = _MARKS.get(e.origin, 0)
+            if mark & (AGENT | CALL) and e.category == "number":
+                mark = 0  # a number in the agent's arithmetic or prose is not one it reuses
+            if mark & (TOOL | CALL):
+                tooled = True
+            elif mark & AGENT:
+                if tooled is None:
+                    tooled = self._tooled()
+                if tooled:  # an agent that calls tools restates and sums their results
+                    mark |= PROSE
             i = index.get(e.value)
             if i is not None:
                 old = entries[i]
@@ -332,6 +273,10 @@ class EntityLedger:
         object.__setattr__(out, "_stated", stated)
         return out
 
+    def _tooled(self) -> bool:
+        """Whether a tool was called or returned a value among the values so far."""
+        return any(e.marks & (TOOL | CALL) for e in reversed(self.entries))
+
     def _stated_keys(self) -> frozenset[str]:
         """The match keys of every value the user stated (computed once per ledger)."""
         found = self._stated
@@ -358,8 +303,12 @@ class EntityLedger:
             if entry.marks & (USER | MATCH):
                 continue
             if any(k in stated for k in match_keys(entry.value, entry.category)):
+                before = _rank_of(entry)
                 entries[i] = entry = LedgerEntry(*entry[:7], entry.marks | MATCH)
-                bisect.insort(tiers[_rank_of(entry)], (entry.last_seen, i))
+                # a rank unchanged (too short for a bonus, or at the top) keeps its pair:
+                # a second one with the same recency would list the value twice
+                if _rank_of(entry) != before:
+                    bisect.insort(tiers[_rank_of(entry)], (entry.last_seen, i))
 
     @staticmethod
     def _keep_order(

@@ -226,8 +226,14 @@ class EvictStep:
 def _ledger_within(draft: Draft, ctx: StepContext, cap: int, max_tokens: int) -> Message | None:
     """The draft's ledger rendered again within ``max_tokens``, with the values of the
     window's edited messages (a cut newest result among them), leaving out what the
-    shown blocks and the pinned messages hold."""
+    shown blocks, the pinned messages and the window hold. A block rendered here fits
+    this build's newest turn, so it changes with it anyway: leaving out what the window
+    shows (the arguments of the newest call) costs no cached prefix, and under this
+    pressure every token of the block is worth a value the context does not show."""
     builder = LedgerBuilder(ctx.counter, cap, ctx.earlier, draft.ledger_memo, shown_blocks(draft))
     return builder.shrink(
-        draft.history, ledger_sources(draft, draft.window), max_tokens, draft.pinned_messages
+        draft.history,
+        ledger_sources(draft, draft.window),
+        max_tokens,
+        [*draft.pinned_messages, *draft.window],
     )
