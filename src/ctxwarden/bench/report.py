@@ -17,6 +17,14 @@ from typing import Any
 
 from ctxwarden.bench.metrics import StrategyRun
 from ctxwarden.bench.summarizers import BenchSummarizer, SummarizerSpec, summarizer_for
+from ctxwarden.bench.traces import (
+    engine_builder,
+    load_locomo,
+    load_tau_bench,
+    locomo_recall,
+    plain_builder,
+    tau_retention,
+)
 
 __all__ = ["default_trace_paths", "render_markdown", "run_bench", "write_plots"]
 
@@ -56,7 +64,6 @@ def _priced(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def _tau(path: Path, progress: Progress, peers: bool) -> dict[str, Any]:
-    from ctxwarden.bench.traces import engine_builder, load_tau_bench, plain_builder, tau_retention
 
     runs = load_tau_bench(path)
     strategies: dict[str, Any] = {}
@@ -82,7 +89,6 @@ def _tau(path: Path, progress: Progress, peers: bool) -> dict[str, Any]:
 
 def _swebench(path: Path, progress: Progress, peers: bool) -> dict[str, Any]:
     from ctxwarden.bench.swebench import load_swebench, swebench_retention
-    from ctxwarden.bench.traces import engine_builder, plain_builder
 
     runs = load_swebench(path)
     strategies: dict[str, Any] = {}
@@ -123,7 +129,6 @@ def _with_errors(row: dict[str, Any], builder: Any) -> dict[str, Any]:
 
 
 def _locomo(path: Path, progress: Progress, summarizer: BenchSummarizer) -> dict[str, Any]:
-    from ctxwarden.bench.traces import load_locomo, locomo_recall
     from ctxwarden.registry.cost import estimate_cost
     from ctxwarden.registry.usage import Usage
 
