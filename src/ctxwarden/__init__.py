@@ -45,6 +45,7 @@ from ctxwarden.memory.cycle import summarize_history, summarize_history_sync
 from ctxwarden.memory.entities import Entity, extract_entities
 from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.memory.facts import Facts
+from ctxwarden.memory.layer_state import LayerState
 from ctxwarden.memory.recall import Recalled, recall, recall_tool
 from ctxwarden.memory.summaries import (
     QueryAwareSummarizer,
@@ -70,7 +71,6 @@ from ctxwarden.steps.base import (
     StrategyResult,
 )
 from ctxwarden.steps.edit import EditStep
-from ctxwarden.steps.layers import LayerState
 from ctxwarden.steps.mask import MaskObservations
 from ctxwarden.steps.recall import RecallRelevant
 from ctxwarden.steps.truncate import TruncateToolResults

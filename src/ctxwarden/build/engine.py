@@ -31,11 +31,11 @@ from ctxwarden.formats.anthropic import messages_to_anthropic
 from ctxwarden.formats.openai import messages_from_openai, messages_to_openai
 from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.memory.facts import FactSchema
+from ctxwarden.memory.layer_state import LayerState
 from ctxwarden.memory.summaries import Summarizer
 from ctxwarden.messages import Message
 from ctxwarden.registry.catalog import ModelInfo, Registry
 from ctxwarden.steps.base import Action, ActionKind, Draft, StepContext
-from ctxwarden.steps.layers import LayerState
 from ctxwarden.steps.layout import STABLE_LAYERS, LayoutStep
 from ctxwarden.steps.pairing import keep_pairs_whole
 from ctxwarden.steps.window import leading_system, newest_call_block, newest_user

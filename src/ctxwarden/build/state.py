@@ -25,8 +25,8 @@ from typing import Any
 
 from ctxwarden.errors import ConfigError
 from ctxwarden.memory.entity_ledger import EntityLedger
+from ctxwarden.memory.layer_state import LayerState
 from ctxwarden.steps.base import ActionKind
-from ctxwarden.steps.layers import LayerState
 
 __all__ = ["BuildState", "LedgerMemo", "RecallMemo", "SummaryDue"]
 

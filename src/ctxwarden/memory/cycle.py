@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 
 from ctxwarden.errors import ConfigError
 from ctxwarden.memory.facts import FactExtractor, FactSchema
+from ctxwarden.memory.layer_state import LayerState
 from ctxwarden.memory.summaries import Summarizer, SummaryTrigger, summarize_cycle
 from ctxwarden.messages import Message
 from ctxwarden.registry.usage import Usage
 from ctxwarden.steps.base import Action
-from ctxwarden.steps.layers import LayerState
 
 __all__ = ["LayerUpdate", "resolve_summarizer", "summarize_history", "summarize_history_sync"]
 

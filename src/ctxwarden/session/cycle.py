@@ -57,8 +57,8 @@ async def summary_cycle(
     """One cycle for ``session`` (see the module docstring); ``None`` when nothing
     changed."""
     from ctxwarden.memory.cycle import summarize_history
+    from ctxwarden.memory.layer_state import LayerState
     from ctxwarden.session import state as session_state
-    from ctxwarden.steps.layers import LayerState
 
     chosen = resolved[0]
     usage = Usage(calls=0)

@@ -98,7 +98,7 @@ def layers_for(record: StoredSession, history: Sequence[Message], seqs: Sequence
     due): the summary covers everything up to ``record.summary_upto``, so its cut is the
     slice's first position after that."""
     from ctxwarden.memory.facts import Facts
-    from ctxwarden.steps.layers import LayerState
+    from ctxwarden.memory.layer_state import LayerState
 
     cut = bisect.bisect_right(seqs, record.summary_upto)
     facts = Facts.from_json(record.facts) if record.facts else Facts()

@@ -24,7 +24,7 @@ from ctxwarden.messages import Message
 if TYPE_CHECKING:
     from ctxwarden.build.policy import Policy
     from ctxwarden.build.state import BuildState, SummaryDue
-    from ctxwarden.steps.layers import LayerState
+    from ctxwarden.memory.layer_state import LayerState
     from ctxwarden.tokens.counter import TokenCounter
 
 __all__ = [

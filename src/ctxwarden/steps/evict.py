@@ -25,8 +25,8 @@ from ctxwarden.build.pairing import group_blocks
 from ctxwarden.errors import BudgetError
 from ctxwarden.messages import Message
 from ctxwarden.steps.base import Action, Draft, Edit, StepContext, StepResult
-from ctxwarden.steps.fit import ledger_cap, ledger_sources, shown_blocks
-from ctxwarden.steps.ledger import LedgerBuilder
+from ctxwarden.steps.fit import ledger_sources, shown_blocks
+from ctxwarden.steps.ledger import LedgerBuilder, ledger_cap
 from ctxwarden.steps.priority import eviction_order
 from ctxwarden.steps.truncate import TruncateToolResults
 from ctxwarden.steps.window import is_pinned

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ctxwarden.build.pairing import Block, group_blocks
 from ctxwarden.messages import Message
 from ctxwarden.steps.base import Action, Draft, StepContext, StepResult
-from ctxwarden.steps.ledger import LedgerBuilder
+from ctxwarden.steps.ledger import LedgerBuilder, ledger_cap, ledger_from
 from ctxwarden.steps.window import is_pinned
 
 __all__ = ["FitStep", "ledger_sources", "shown_blocks", "window_positions"]
@@ -56,33 +56,6 @@ def shown_blocks(draft: Draft) -> list[Message]:
     the newest user message, and a ledger that left out what they show would change
     with every question (and lose what the next view no longer shows)."""
     return [*draft.system, *(m for name, m in draft.layers if name == "facts")]
-
-
-def ledger_from(draft: Draft, ctx: StepContext) -> int:
-    """Where the ledger's sources begin: kept from the previous build, or on a cold
-    build at most ``policy.ledger.lookback`` messages before the window."""
-    lookback = ctx.policy.ledger.lookback
-    if ctx.previous.history_length:
-        return max(draft.sys_end, min(ctx.previous.ledger_from, draft.start))
-    if lookback is None:
-        return draft.sys_end
-    return max(draft.sys_end, draft.start - lookback)
-
-
-def ledger_cap(draft: Draft, ctx: StepContext, *, grows: bool = True) -> int:
-    """The ledger's token cap: ``ledger.max_tokens``, or ``ledger.free_share`` of what the
-    system prompt and layers leave when that is more (``grows``), never over
-    ``ledger.max_share`` of it. A larger budget holds more of the values that left the
-    window (a coding agent's paths and names); a summary that fills the budget (see
-    :func:`~ctxwarden.steps.layers.fill_room`, which reserves the cap without growth)
-    leaves it ``max_tokens``."""
-    cfg = ctx.policy.ledger
-    if not cfg.enabled:
-        return 0
-    layers = ctx.total([m for _, m in draft.layers])
-    free = ctx.budget - ctx.fixed - layers
-    cap = max(cfg.max_tokens, int(free * cfg.free_share)) if grows else cfg.max_tokens
-    return max(min(cap, int(free * cfg.max_share)), 0)
 
 
 @dataclass(frozen=True)

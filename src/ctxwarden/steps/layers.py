@@ -22,14 +22,16 @@ message that does not replace it. The record keeps every value either way.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ctxwarden.memory.facts import Facts
-from ctxwarden.memory.summaries import SummaryState, plan_summary, summary_view, view_fills
+from ctxwarden.memory.layer_state import LayerState
+from ctxwarden.memory.summaries import plan_summary, summary_view, view_fills
 from ctxwarden.messages import Message
 from ctxwarden.steps.base import Draft, StepContext, StepResult
+from ctxwarden.steps.ledger import ledger_cap
 
 __all__ = [
     "SUMMARY_HEADING",
@@ -41,50 +43,6 @@ __all__ = [
 
 SUMMARY_HEADING = "Summary of the earlier conversation:\n"
 _RESTATED_TURNS = 2  # a fact new at each of this many latest user messages is held back
-
-
-@dataclass(frozen=True)
-class LayerState:
-    """Summary and facts as of a cycle; ``cut`` is where the summary's coverage ends
-    (a position in the history), ``seen`` how many messages the free fact extractor
-    has read."""
-
-    summary: SummaryState = field(default_factory=SummaryState)
-    facts: Facts = field(default_factory=Facts)
-    cut: int = 0
-    seen: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        s = self.summary
-        return {
-            "summary": {
-                "summaries": list(s.summaries),
-                "meta_summary": s.meta_summary,
-                "covered_ids": sorted(s.covered_ids),
-                "covered_count": s.covered_count,
-                "as_of_id": s.as_of_id,
-                "version": s.version,
-                "cycles": s.cycles,
-            },
-            "facts": self.facts.to_json(),
-            "cut": self.cut,
-            "seen": self.seen,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> LayerState:
-        s = data["summary"]
-        summary = SummaryState(
-            summaries=tuple(str(t) for t in s["summaries"]),
-            meta_summary=s.get("meta_summary"),
-            covered_ids=frozenset(str(i) for i in s.get("covered_ids", ())),
-            covered_count=int(s.get("covered_count", 0)),
-            as_of_id=s.get("as_of_id"),
-            version=int(s.get("version", 0)),
-            cycles=int(s.get("cycles", 0)),
-        )
-        facts = Facts.from_json(data["facts"])
-        return cls(summary, facts, int(data.get("cut", 0)), int(data.get("seen", 0)))
 
 
 @dataclass(frozen=True)
@@ -209,8 +167,6 @@ def fill_room(draft: Draft, ctx: StepContext, cut: int, facts: int) -> int:
     leaves it less, but never less than ``summary.max_summary_share`` of what the system
     prompt leaves (what a summary as written may take): under a tight budget the window
     gives way (its oldest messages go to the ledger), not the whole summary."""
-    from ctxwarden.steps.fit import ledger_cap
-
     room = max(ctx.budget - ctx.fixed, 0)
     tail = ctx.total(draft.history[max(cut, draft.sys_end) :])
     rest = room - facts - tail - ledger_cap(draft, ctx, grows=False)

@@ -30,6 +30,7 @@ from ctxwarden.build.state import LedgerMemo
 from ctxwarden.memory.entities import extract_entities
 from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.messages import Message
+from ctxwarden.steps.base import Draft, StepContext
 from ctxwarden.tokens.counter import TokenCounter
 
 __all__ = ["LEDGER_ID", "LedgerBuilder", "Shown", "ledger_of", "seed_tag", "shown_values"]
@@ -261,3 +262,30 @@ def _words(key: tuple[str, ...], messages: Sequence[Message]) -> tuple[str, froz
 @lru_cache(maxsize=4096)
 def _whole(value: str) -> re.Pattern[str]:
     return re.compile(r"(?<!\w)" + re.escape(value) + r"(?!\w)")
+
+
+def ledger_from(draft: Draft, ctx: StepContext) -> int:
+    """Where the ledger's sources begin: kept from the previous build, or on a cold
+    build at most ``policy.ledger.lookback`` messages before the window."""
+    lookback = ctx.policy.ledger.lookback
+    if ctx.previous.history_length:
+        return max(draft.sys_end, min(ctx.previous.ledger_from, draft.start))
+    if lookback is None:
+        return draft.sys_end
+    return max(draft.sys_end, draft.start - lookback)
+
+
+def ledger_cap(draft: Draft, ctx: StepContext, *, grows: bool = True) -> int:
+    """The ledger's token cap: ``ledger.max_tokens``, or ``ledger.free_share`` of what the
+    system prompt and layers leave when that is more (``grows``), never over
+    ``ledger.max_share`` of it. A larger budget holds more of the values that left the
+    window (a coding agent's paths and names); a summary that fills the budget (see
+    :func:`~ctxwarden.steps.layers.fill_room`, which reserves the cap without growth)
+    leaves it ``max_tokens``."""
+    cfg = ctx.policy.ledger
+    if not cfg.enabled:
+        return 0
+    layers = ctx.total([m for _, m in draft.layers])
+    free = ctx.budget - ctx.fixed - layers
+    cap = max(cfg.max_tokens, int(free * cfg.free_share)) if grows else cfg.max_tokens
+    return max(min(cap, int(free * cfg.max_share)), 0)
