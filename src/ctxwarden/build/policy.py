@@ -22,6 +22,7 @@ A :class:`Policy` is a frozen dataclass that loads from TOML::
     max_tokens = 600               # or free_share of what is free, when more
     free_share = 0.25
     lookback = 1000                # a cold build reads values this many messages back
+    lookback_budgets = 3.0         # and at most 3 budgets' worth of their text
 
     [recall]                       # relevance recall of left-out history (default: off)
     share = 0.1                    # of the budget, at most max_tokens
@@ -97,9 +98,14 @@ class LedgerConfig:
     less reduction than the plain window at 1,600).
 
     A cold build (no ``previous``) of a long history reads the values of at most
-    ``lookback`` messages before its window (``None``: all of them), so restarting on
-    10,000 messages does not extract entities from all 10,000; a build with ``previous``
-    keeps where its ledger began, so an agent loop loses nothing.
+    ``lookback`` messages before its window (``None``: all of them), and, newest first,
+    of no more text than ``lookback_budgets`` budgets would hold at four characters a
+    token (3.0: 24,000 characters at a 2,000-token budget; the message that crosses it
+    is read whole; ``None``: no bound). Extraction costs about its text's length, so this
+    keeps a cold build O(budget) on a history of long tool results (a stateless
+    replica's first build of a session it has not seen), and a larger budget, whose
+    ledger holds more, reads further back. A build with ``previous`` keeps where its
+    ledger began, so an agent loop loses nothing.
     """
 
     enabled: bool = True
@@ -107,10 +113,16 @@ class LedgerConfig:
     max_share: float = 0.8
     free_share: float = 0.25
     lookback: int | None = 1000
+    lookback_budgets: float | None = 3.0
 
     def __post_init__(self) -> None:
         if self.lookback is not None and self.lookback < 0:
             raise ConfigError(f"ledger.lookback must be >= 0 (None: no bound), got {self.lookback}")
+        if self.lookback_budgets is not None and not self.lookback_budgets >= 0:
+            raise ConfigError(
+                "ledger.lookback_budgets must be >= 0 (None: no bound), "
+                f"got {self.lookback_budgets}"
+            )
         if self.max_tokens < 0:
             raise ConfigError(f"ledger.max_tokens must be >= 0, got {self.max_tokens}")
         if not 0.0 <= self.max_share <= 1.0:

@@ -22,7 +22,17 @@ from ctxwarden.steps.base import Action, Draft, StepContext, StepResult
 from ctxwarden.steps.ledger import LedgerBuilder
 from ctxwarden.steps.window import is_pinned
 
-__all__ = ["FitStep", "ledger_sources", "shown_blocks", "window_positions"]
+__all__ = [
+    "LOOKBACK_CHARS_PER_TOKEN",
+    "FitStep",
+    "ledger_sources",
+    "shown_blocks",
+    "window_positions",
+]
+
+#: Characters a budget token stands for in ``ledger.lookback_budgets`` (English text
+#: and JSON run about four a token).
+LOOKBACK_CHARS_PER_TOKEN = 4
 
 
 def window_positions(draft: Draft) -> dict[str, int]:
@@ -60,13 +70,30 @@ def shown_blocks(draft: Draft) -> list[Message]:
 
 def ledger_from(draft: Draft, ctx: StepContext) -> int:
     """Where the ledger's sources begin: kept from the previous build, or on a cold
-    build at most ``policy.ledger.lookback`` messages before the window."""
-    lookback = ctx.policy.ledger.lookback
+    build at most ``policy.ledger.lookback`` messages before the window, and no
+    further back than ``ledger.lookback_budgets`` budgets of their text reach."""
+    cfg = ctx.policy.ledger
     if ctx.previous.history_length:
         return max(draft.sys_end, min(ctx.previous.ledger_from, draft.start))
-    if lookback is None:
-        return draft.sys_end
-    return max(draft.sys_end, draft.start - lookback)
+    first = draft.sys_end
+    if cfg.lookback is not None:
+        first = max(first, draft.start - cfg.lookback)
+    if cfg.lookback_budgets is None:
+        return first
+    chars = int(cfg.lookback_budgets * ctx.budget * LOOKBACK_CHARS_PER_TOKEN)
+    return _within_chars(draft.history, first, draft.start, chars)
+
+
+def _within_chars(history: Sequence[Message], first: int, start: int, chars: int) -> int:
+    """The earliest position from which ``history[pos:start]`` holds at most ``chars``
+    characters of text and tool-call arguments, read newest first (never before
+    ``first``); the message that crosses the bound is read whole."""
+    used, pos = 0, start
+    while pos > first and used < chars:
+        pos -= 1
+        m = history[pos]
+        used += len(m.text) + sum(len(c.arguments) for c in m.tool_calls)
+    return pos
 
 
 def ledger_cap(draft: Draft, ctx: StepContext, *, grows: bool = True) -> int:
