@@ -308,6 +308,7 @@ def test_a_cold_build_reads_ledger_values_a_bounded_way_back() -> None:
     than ``lookback_chars`` of their text (it was placed); with ``previous`` an agent
     loop keeps where its ledger began, so it loses nothing."""
     from ctxwarden.build.policy import LedgerConfig
+    from ctxwarden.steps.fit import MIN_LOOKBACK
 
     history = _agent_session(400)  # 1,601 messages
     cold = build_context(history, "gpt-4o", 1500)
@@ -321,7 +322,7 @@ def test_a_cold_build_reads_ledger_values_a_bounded_way_back() -> None:
     window_region = build_context(history, "gpt-4o", 1500, policy=none).state.ledger_from
     read = history[cold.state.ledger_from : window_region]  # before the cold build's window
     size = [len(m.text) + sum(len(c.arguments) for c in m.tool_calls) for m in read]
-    bound = 3.0 * 1500 * 4  # the default lookback_budgets of the budget, 4 characters a token
+    bound = max(3.0 * 1500 * 4, MIN_LOOKBACK)  # default lookback_budgets, 4 characters a token
     assert sum(size[1:]) < bound <= sum(size)  # newest first; the crossing message whole
     start = cold.state.window_start
     recent = f"R{(start - 2) // 4:04d}X"  # the turn just before the window

@@ -100,8 +100,9 @@ class LedgerConfig:
     A cold build (no ``previous``) of a long history reads the values of at most
     ``lookback`` messages before its window (``None``: all of them), and, newest first,
     of no more text than ``lookback_budgets`` budgets would hold at four characters a
-    token (3.0: 24,000 characters at a 2,000-token budget; the message that crosses it
-    is read whole; ``None``: no bound). Extraction costs about its text's length, so this
+    token, and never fewer than 24,000 characters (3.0: 24,000 at a 2,000-token budget,
+    96,000 at 8,000; the message that crosses it is read whole; 0: none; ``None``: no
+    bound). Extraction costs about its text's length, so this
     keeps a cold build O(budget) on a history of long tool results (a stateless
     replica's first build of a session it has not seen), and a larger budget, whose
     ledger holds more, reads further back. A build with ``previous`` keeps where its
