@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import islice
 
 from ctxwarden.build.state import BuildState
 from ctxwarden.messages import Message
@@ -175,7 +174,8 @@ class WindowStep:
             found, scanned = (), sys_end
         extra = tuple(  # is_pinned, inlined: a cold build asks it of every message
             j
-            for j, m in enumerate(islice(history, scanned, limit), scanned)
-            if (m.pinned or m.priority == "critical") and m.role != "system"
+            for j in range(scanned, limit)
+            if (history[j].pinned or history[j].priority == "critical")
+            and history[j].role != "system"
         )
         return tuple(j for j in found + extra if j < limit), max(limit, scanned)
