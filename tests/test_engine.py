@@ -329,6 +329,8 @@ def test_a_cold_build_reads_ledger_values_a_bounded_way_back() -> None:
     assert loop is not None and loop.state.ledger_from == 1
     with pytest.raises(ConfigError, match="lookback"):
         LedgerConfig(lookback=-1)
+    with pytest.raises(ConfigError, match="lookback_budgets"):
+        LedgerConfig(lookback_budgets=-1.0)
 
 
 def test_the_ledger_grows_with_what_the_budget_leaves_free() -> None:

@@ -23,6 +23,7 @@ from functools import lru_cache
 from typing import Any
 
 from ctxwarden.build.audit import LAYERS, Audit
+from ctxwarden.build.inputs import all_messages, check_build_arguments
 from ctxwarden.build.pipeline import steps_for
 from ctxwarden.build.policy import Policy
 from ctxwarden.build.state import BuildState
@@ -74,10 +75,10 @@ def _as_messages(messages: Iterable[Message | Mapping[str, Any]], known: int = 0
     if (
         0 < known <= len(items)
         and isinstance(items[known - 1], Message)
-        and all(isinstance(m, Message) for m in items[known:])
+        and all_messages(items, known)
     ):
         return items  # type: ignore[return-value]
-    if all(isinstance(m, Message) for m in items):
+    if all_messages(items):
         return items  # type: ignore[return-value]
     return messages_from_openai(items)
 
@@ -136,8 +137,6 @@ def build_context(
     passes the values of the history it did not read). ``registry`` is where ``model`` is
     looked up (default: the built-in registry plus ``CTXWARDEN_MODELS``).
     """
-    from ctxwarden.build.inputs import check_build_arguments
-
     messages = check_build_arguments(messages, model, max_input_tokens, locals())
     policy = policy or Policy()
     prior = previous.state if isinstance(previous, BuiltContext) else previous

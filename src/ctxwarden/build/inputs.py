@@ -23,7 +23,8 @@ import math
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import repeat
 from typing import Any
 
 from ctxwarden.errors import ConfigError, InvalidMessageError
@@ -31,6 +32,7 @@ from ctxwarden.messages import Message
 
 __all__ = [
     "MAX_BUDGET",
+    "all_messages",
     "check_budget_argument",
     "check_build_arguments",
     "check_build_options",
@@ -135,6 +137,12 @@ def check_messages_argument(messages: Any) -> list[Any]:
         ) from None
 
 
+def all_messages(items: Sequence[Any], start: int = 0) -> bool:
+    """Whether every item from ``start`` on is a :class:`Message` (one C-level pass: a
+    cold build of 10,000 messages checks them all)."""
+    return all(map(isinstance, items[start:] if start else items, repeat(Message)))
+
+
 def _explicit(message_id: str) -> bool:
     return not (len(message_id) == 13 and _AUTO_ID.fullmatch(message_id))
 
@@ -146,7 +154,7 @@ def check_unique_ids(messages: list[Any], known: int = 0) -> None:
     parsed). ``known`` leading messages were checked by the previous call on this history."""
     n = len(messages)
     known = known if 0 < known <= n and isinstance(messages[known - 1], Message) else 0
-    if not n or not all(isinstance(m, Message) for m in messages[known:]):
+    if not n or not all_messages(messages, known):
         return  # dicts among them: messages_from_openai checks while parsing
     with _SEEN_LOCK:
         seen = _SEEN.pop((known, messages[known - 1].id), None) if 0 < known <= n else None
@@ -164,14 +172,17 @@ def check_unique_ids(messages: list[Any], known: int = 0) -> None:
             _remember(messages, seen)
             return
     ids = [m.id for m in messages]
-    if len(set(ids)) < n:
+    explicit = dict(zip(ids, range(n), strict=True))  # id -> its last position
+    if len(explicit) < n:
         seen = {}
         for pos, message_id in enumerate(ids):
             if _explicit(message_id):
                 if message_id in seen:
                     _duplicate(message_id, seen[message_id], pos)
                 seen[message_id] = pos
-    _remember(messages, {i: p for p, i in enumerate(ids) if _explicit(i)})
+    for auto in [i for i in explicit if len(i) == 13 and not _explicit(i)]:
+        del explicit[auto]  # only ids of the auto shape are tested (the regex is the cost)
+    _remember(messages, explicit)
 
 
 def _duplicate(message_id: str, first: int, pos: int) -> None:

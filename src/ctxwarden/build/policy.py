@@ -22,6 +22,7 @@ A :class:`Policy` is a frozen dataclass that loads from TOML::
     max_tokens = 600               # or free_share of what is free, when more
     free_share = 0.25
     lookback = 1000                # a cold build reads values this many messages back
+    lookback_budgets = 3.0         # and at most 3 budgets' worth of text (default: no bound)
 
     [recall]                       # relevance recall of left-out history (default: off)
     share = 0.1                    # of the budget, at most max_tokens
@@ -101,6 +102,16 @@ class LedgerConfig:
     ``lookback`` messages before its window (``None``: all of them), so restarting on
     10,000 messages does not extract entities from all 10,000; a build with ``previous``
     keeps where its ledger began, so an agent loop loses nothing.
+
+    ``lookback_budgets`` (default ``None``: no bound) also bounds that read by its text,
+    newest first: no more than that many budgets hold at four characters a token, never
+    under 24,000 characters (3.0: 24,000 at a 2,000-token budget; the message crossing it
+    is read whole). Extraction costs about its text's length, so it makes a cold build
+    O(budget) on a history of long tool results — a stateless replica's first build of
+    a session it has not seen: 10,000 messages of agent traffic ~137 -> ~30 ms — but the
+    ledger then holds fewer of the values the user stated long ago (that traffic, 1,000
+    messages: 43 of 185 in the context instead of 118), so it is a choice, not the
+    default. The recorded dev traces (tau-bench, swebench-mini) build the same either way.
     """
 
     enabled: bool = True
@@ -108,10 +119,16 @@ class LedgerConfig:
     max_share: float = 0.9
     free_share: float = 0.25
     lookback: int | None = 1000
+    lookback_budgets: float | None = None
 
     def __post_init__(self) -> None:
         if self.lookback is not None and self.lookback < 0:
             raise ConfigError(f"ledger.lookback must be >= 0 (None: no bound), got {self.lookback}")
+        if self.lookback_budgets is not None and not self.lookback_budgets >= 0:
+            raise ConfigError(
+                "ledger.lookback_budgets must be >= 0 (None: no bound), "
+                f"got {self.lookback_budgets}"
+            )
         if self.max_tokens < 0:
             raise ConfigError(f"ledger.max_tokens must be >= 0, got {self.max_tokens}")
         if not 0.0 <= self.max_share <= 1.0:

@@ -264,15 +264,45 @@ def _whole(value: str) -> re.Pattern[str]:
     return re.compile(r"(?<!\w)" + re.escape(value) + r"(?!\w)")
 
 
+#: Characters a budget token stands for in ``ledger.lookback_budgets`` (English text
+#: and JSON run about four a token).
+LOOKBACK_CHARS_PER_TOKEN = 4
+#: Characters a cold look-back always may read (unless ``lookback_budgets`` is 0): their
+#: values cost about 3 ms to extract, no more than the rest of a cold build, so a bound
+#: below it would lose values to save nothing a caller notices.
+MIN_LOOKBACK = 24_000
+
+
 def ledger_from(draft: Draft, ctx: StepContext) -> int:
     """Where the ledger's sources begin: kept from the previous build, or on a cold
-    build at most ``policy.ledger.lookback`` messages before the window."""
-    lookback = ctx.policy.ledger.lookback
+    build at most ``policy.ledger.lookback`` messages before the window, and no
+    further back than ``ledger.lookback_budgets`` budgets of their text reach (not on
+    a slice given the ledger of the messages before it: the slice is what the caller
+    read, and values between its start and a bound would be in neither)."""
+    cfg = ctx.policy.ledger
     if ctx.previous.history_length:
         return max(draft.sys_end, min(ctx.previous.ledger_from, draft.start))
-    if lookback is None:
-        return draft.sys_end
-    return max(draft.sys_end, draft.start - lookback)
+    first = draft.sys_end
+    if cfg.lookback is not None:
+        first = max(first, draft.start - cfg.lookback)
+    if cfg.lookback_budgets is None or ctx.earlier is not None:
+        return first  # a session's slice, whose earlier ledger holds what came before
+    chars = int(cfg.lookback_budgets * ctx.budget * LOOKBACK_CHARS_PER_TOKEN)
+    if cfg.lookback_budgets > 0:
+        chars = max(chars, MIN_LOOKBACK)
+    return _within_chars(draft.history, first, draft.start, chars)
+
+
+def _within_chars(history: Sequence[Message], first: int, start: int, chars: int) -> int:
+    """The earliest position from which ``history[pos:start]`` holds at most ``chars``
+    characters of text and tool-call arguments, read newest first (never before
+    ``first``); the message that crosses the bound is read whole."""
+    used, pos = 0, start
+    while pos > first and used < chars:
+        pos -= 1
+        m = history[pos]
+        used += len(m.text) + sum(len(c.arguments) for c in m.tool_calls)
+    return pos
 
 
 def ledger_cap(draft: Draft, ctx: StepContext, *, grows: bool = True) -> int:

@@ -147,12 +147,20 @@ class WindowStep:
         """One action for everything before a cold build's window (counted when small);
         what the summary folded (before the floor) is reported by the summary cycle."""
         h = draft.history
-        gone = [i for i in range(max(draft.sys_end, draft.floor), start) if i not in pinned]
-        if not gone:
+        lo = max(draft.sys_end, draft.floor)
+        while lo < start and lo in pinned:
+            lo += 1
+        hi = start - 1
+        while hi >= lo and hi in pinned:
+            hi -= 1
+        if hi < lo:
             return ()
-        tokens = ctx.total([h[i] for i in gone]) if len(gone) <= 2000 else 0
-        span = h[gone[0]].id if len(gone) == 1 else f"{h[gone[0]].id}..{h[gone[-1]].id}"
-        reason = f"{len(gone)} older message(s) before the window"
+        count = hi - lo + 1 - sum(1 for i in pinned if lo < i < hi)
+        tokens = (
+            ctx.total([h[i] for i in range(lo, hi + 1) if i not in pinned]) if count <= 2000 else 0
+        )
+        span = h[lo].id if count == 1 else f"{h[lo].id}..{h[hi].id}"
+        reason = f"{count} older message(s) before the window"
         return (Action(span, "dropped", reason, tokens, 0, "window"),)
 
     @staticmethod
@@ -164,5 +172,10 @@ class WindowStep:
         found, scanned = prev.flagged, prev.flagged_upto
         if not sys_end <= scanned <= limit:
             found, scanned = (), sys_end
-        extra = tuple(j for j in range(scanned, limit) if is_pinned(history[j]))
+        extra = tuple(  # is_pinned, inlined: a cold build asks it of every message
+            j
+            for j in range(scanned, limit)
+            if (history[j].pinned or history[j].priority == "critical")
+            and history[j].role != "system"
+        )
         return tuple(j for j in found + extra if j < limit), max(limit, scanned)

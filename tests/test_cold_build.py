@@ -1,0 +1,92 @@
+"""``ledger.lookback_budgets`` (off by default): a cold build (no ``previous``) that
+costs O(budget), not O(history), since the ledger's look-back is bounded by its text;
+the bound changes no context an agent loop builds, nor the cold contexts of chat-sized
+recorded traces."""
+
+from __future__ import annotations
+
+from itertools import islice
+from pathlib import Path
+
+import pytest
+
+from ctxwarden import Message, Policy, build_context
+from ctxwarden.bench.traces import load_tau_bench
+from ctxwarden.bench.traffic import agent_traffic
+from ctxwarden.build.policy import LedgerConfig
+from ctxwarden.errors import ConfigError
+from ctxwarden.memory.entity_ledger import EntityLedger
+from ctxwarden.steps.ledger import LOOKBACK_CHARS_PER_TOKEN, MIN_LOOKBACK
+
+UNBOUNDED = Policy()
+BOUNDED = Policy(ledger=LedgerConfig(lookback_budgets=3.0))
+
+
+def _size(m: Message) -> int:
+    return len(m.text) + sum(len(c.arguments) for c in m.tool_calls)
+
+
+@pytest.fixture(scope="module")
+def tau(tau_bench_path: Path) -> list[list[Message]]:
+    return load_tau_bench(tau_bench_path)
+
+
+def test_cold_builds_of_recorded_traces_are_those_of_an_unbounded_look_back(
+    tau: list[list[Message]],
+) -> None:
+    """Every turn of some tau-bench dev trajectories, built cold at both bench budgets:
+    byte for byte the context the default (unbounded) look-back builds."""
+    for history in (tau[3], tau[11], tau[27]):
+        for budget in (1600, 2000):
+            for n in range(5, len(history) + 1, 3):
+                bounded = build_context(history[:n], "gpt-4o", budget, policy=BOUNDED)
+                unbounded = build_context(history[:n], "gpt-4o", budget, policy=UNBOUNDED)
+                assert bounded.to_openai() == unbounded.to_openai()
+                assert bounded.audit.layers == unbounded.audit.layers
+
+
+def test_a_long_history_of_tool_results_is_read_a_bounded_way_back() -> None:
+    """On 3,000 messages of agent traffic (JSON pages of up to 3,000 tokens), a cold
+    build reads values from at most the bound's characters before its window (the one
+    crossing it whole), and a larger budget reads further back."""
+    history = list(islice(agent_traffic(0), 3000))
+    reach = {}
+    for budget in (2000, 8000):
+        cold = build_context(history, "gpt-4o", budget, policy=BOUNDED)
+        region = build_context(  # where a look-back of nothing begins: the window's region
+            history, "gpt-4o", budget, policy=Policy(ledger=LedgerConfig(lookback_budgets=0))
+        ).state.ledger_from
+        read = [_size(m) for m in history[cold.state.ledger_from : region]]
+        bound = max(3 * budget * LOOKBACK_CHARS_PER_TOKEN, MIN_LOOKBACK)
+        assert sum(read[1:]) < bound <= sum(read)
+        reach[budget] = region - cold.state.ledger_from
+        assert cold.input_tokens <= budget
+    assert reach[8000] > reach[2000]
+
+
+def test_the_bound_changes_no_agent_loop() -> None:
+    """With ``previous`` the ledger keeps where it began: an agent loop over a long
+    history builds the same contexts with the bound as without it."""
+    history = list(islice(agent_traffic(1), 700))
+    bounded = unbounded = None
+    for n in range(20, len(history) + 1, 17):
+        bounded = build_context(history[:n], "gpt-4o", 2000, previous=bounded, policy=BOUNDED)
+        unbounded = build_context(history[:n], "gpt-4o", 2000, previous=unbounded, policy=UNBOUNDED)
+        assert bounded.to_openai() == unbounded.to_openai()
+    assert bounded is not None and bounded.state.ledger_from <= 1
+
+
+def test_a_slice_given_its_earlier_ledger_is_read_whole() -> None:
+    """A caller that passes the ledger of what lies before its messages (a session's
+    slice) gets no bound: values between the slice start and a bound would be in
+    neither ledger."""
+    history = list(islice(agent_traffic(2), 400))
+    earlier = EntityLedger()
+    bounded = build_context(history, "gpt-4o", 2000, policy=BOUNDED, earlier_entities=earlier)
+    unbounded = build_context(history, "gpt-4o", 2000, earlier_entities=earlier)
+    assert build_context(history, "gpt-4o", 2000, policy=BOUNDED).state.ledger_from > 1
+    assert bounded.state.ledger_from == unbounded.state.ledger_from == 1
+    with pytest.raises(ConfigError, match="lookback_budgets"):
+        LedgerConfig(lookback_budgets=-1.0)
+    with pytest.raises(ConfigError, match="lookback_budgets"):
+        LedgerConfig(lookback_budgets=float("nan"))
