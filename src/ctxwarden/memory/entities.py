@@ -327,7 +327,10 @@ _TO_NINE = str.maketrans("0123456789", "9999999999")
 
 @lru_cache(maxsize=4096)
 def _key_kind(key: str) -> str:
-    """The category of a JSON object key (keys repeat across records: cached)."""
+    """The category of a JSON object key (keys repeat across records: cached); "field"
+    for a key shaped like a field name (``address1``, ``line2``): schema, not data."""
+    if _FIELD_NAME.fullmatch(key):
+        return "field"
     return _category_of(key[:200])
 
 
@@ -403,8 +406,6 @@ def extract_from_json(data: Any, source_id: str = "", origin: str = "") -> list[
             for k, v in node.items():
                 k = str(k)
                 kind = _key_kind(k)
-                if _FIELD_NAME.fullmatch(k):
-                    kind = "field"  # schema (address1, line2), not data
                 if kind == "id" or (kind == "code" and not isinstance(v, (dict, list))):
                     add(k, key or "key", kind)  # a key that is data: {"credit_card_1": …}
                     items.append((v, k, context))
