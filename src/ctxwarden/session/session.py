@@ -232,6 +232,7 @@ class Session:
         *,
         check_pairs: bool = True,
         expect_next: int | None = None,
+        also: Callable[[Any, list[int]], object] | None = None,
     ) -> list[int]:
         """Validate, count and store ``messages`` in one transaction; return their seqs.
 
@@ -245,6 +246,7 @@ class Session:
         (the OpenAI Agents SDK session stores one call per item). ``expect_next``: append
         only if the session still holds that many messages, else raise
         :class:`~ctxwarden.errors.VersionConflict` (see :meth:`SessionStore.append`).
+        ``also(tx, seqs)`` (the SQL stores only) writes more in the same transaction.
         """
         from ctxwarden.build.inputs import check_messages_argument, check_unique_ids
         from ctxwarden.build.pairing import validate_appended
@@ -262,8 +264,9 @@ class Session:
         counter = TokenCounter.for_model(self.model, self.registry)
         key = count_key(counter)
         counts = [{key: counter.count_message(m)} for m in parsed]
+        more: dict[str, Any] = {} if also is None else {"also": also}
         seqs = self.store.append(
-            self.tenant, self.session_id, parsed, counts, expect_next=expect_next
+            self.tenant, self.session_id, parsed, counts, expect_next=expect_next, **more
         )
         for seq, m, c in list(zip(seqs, parsed, counts, strict=True))[-_CACHE_SIZE:]:
             stored = replace(m, id=f"m{seq}") if m.id == "h" + m.fingerprint[:12] else m

@@ -165,6 +165,7 @@ class SqlStore(ABC):
         token_counts: Sequence[Mapping[str, int]],
         *,
         expect_next: int | None = None,
+        also: Callable[[Tx, list[int]], object] | None = None,
     ) -> list[int]:
         """Store ``messages`` atomically, in order; return their sequence numbers.
 
@@ -176,6 +177,10 @@ class SqlStore(ABC):
         A message whose id was derived from its content (no explicit id) is stored with
         id ``m<seq>``: unique in the session even for repeated texts, and the same id
         :func:`~ctxwarden.formats.messages_from_openai` gives the exported transcript.
+
+        ``also(tx, seqs)`` runs in the same transaction after the insert (the proxy closes
+        its call there: usage, spend, build status, head): if it raises, nothing of the
+        call is stored.
         """
         if len(token_counts) != len(messages):
             raise ValueError("give one token_counts mapping per message")
@@ -226,7 +231,10 @@ class SqlStore(ABC):
                     for i, m in enumerate(messages)
                 ],
             )
-        return list(range(first, first + n))
+            seqs = list(range(first, first + n))
+            if also is not None:
+                also(tx, seqs)
+        return seqs
 
     def tail(
         self,
@@ -473,21 +481,32 @@ class SqlStore(ABC):
         self, tenant: str, session_id: str, usage: Usage, *, model: str, dollars: float = 0.0
     ) -> StoredSession:
         """Add one call's usage (and its price) to the session's totals, atomically."""
-        lock = " FOR UPDATE" if self._select_for_update else ""
         with self._write() as tx:
-            rows = tx.execute(
-                f"SELECT usage FROM ctxwarden_sessions {_WHERE}{lock}", (tenant, session_id)
-            )
-            if not rows:
-                raise StoreError(
-                    f"no session {session_id!r} for tenant {tenant!r}; create it first"
-                )
-            by_model, total = decode_usage(rows[0][0])
-            by_model[model] = by_model[model] + usage if model in by_model else usage
-            rows = tx.execute(
-                f"UPDATE ctxwarden_sessions SET usage = ? {_WHERE} RETURNING {_SESSION_COLS}",
-                (encode_usage(by_model, total + dollars), tenant, session_id),
-            )
+            return self.record_usage_in(tx, tenant, session_id, usage, model=model, dollars=dollars)
+
+    def record_usage_in(
+        self,
+        tx: Tx,
+        tenant: str,
+        session_id: str,
+        usage: Usage,
+        *,
+        model: str,
+        dollars: float = 0.0,
+    ) -> StoredSession:
+        """:meth:`record_usage` inside an open write transaction ``tx``."""
+        lock = " FOR UPDATE" if self._select_for_update else ""
+        rows = tx.execute(
+            f"SELECT usage FROM ctxwarden_sessions {_WHERE}{lock}", (tenant, session_id)
+        )
+        if not rows:
+            raise StoreError(f"no session {session_id!r} for tenant {tenant!r}; create it first")
+        by_model, total = decode_usage(rows[0][0])
+        by_model[model] = by_model[model] + usage if model in by_model else usage
+        rows = tx.execute(
+            f"UPDATE ctxwarden_sessions SET usage = ? {_WHERE} RETURNING {_SESSION_COLS}",
+            (encode_usage(by_model, total + dollars), tenant, session_id),
+        )
         return _session(rows[0])
 
     _select_for_update = False
