@@ -136,3 +136,37 @@ def test_contexts_are_rows_of_their_own_and_the_migration_moves_old_ones(
         assert rows["new"].status == "complete" and rows["new"].has_context
         context = build_context(s.store, "t", "s", "new")
         assert context is not None and context[-1]["message"]["content"] == "next"
+
+
+def test_new_messages_and_the_head_move_are_one_write(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ctxwarden.formats import message_from_openai
+    from ctxwarden.service import history
+    from ctxwarden.service.history import sync_history, wire_key
+
+    sent = [{"role": "system", "content": "You help."}, {"role": "user", "content": "hi"}]
+    with open_store(db_url) as store:
+        sessions: dict[str, Session] = {}
+
+        def open_session(sid: str) -> Session:
+            return sessions.setdefault(sid, Session(store, sid, tenant="acme"))
+
+        def sync(messages: list[dict[str, Any]]) -> Any:
+            return sync_history(
+                store, open_session, "acme", "chat", [wire_key(m) for m in messages],
+                lambda start: [message_from_openai(m) for m in messages[start:]], lambda m: 1,
+            )  # fmt: skip
+
+        first = sync(sent)
+        assert first.head.count == 2 and not first.forked
+        more = [*sent, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "x"}]
+        real = history.put_head
+        monkeypatch.setattr(history, "put_head", lambda *a, **kw: False)  # always loses the race
+        with pytest.raises(VersionConflict):
+            sync(more)
+        assert [m.text for m in open_session("chat").messages()] == ["You help.", "hi"]
+        monkeypatch.setattr(history, "put_head", real)
+        again = sync(more)  # nothing half-written: the same session, no branch
+        assert again.session.session_id == "chat" and not again.forked
+        assert [m.text for m in again.session.messages()] == ["You help.", "hi", "hello", "x"]

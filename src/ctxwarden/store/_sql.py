@@ -54,7 +54,7 @@ def _session(row: Sequence[Any]) -> StoredSession:
         session_id=row[1],
         summary=row[2],
         facts=json.loads(row[3]),
-        sticky=json.loads(row[4]),
+        sticky=_sticky(row[4]),
         version=int(row[5]),
         created_at=float(row[6]),
         updated_at=float(row[7]),
@@ -79,6 +79,23 @@ def _counts(text: str) -> Mapping[str, int]:
         if len(_COUNTS) >= _COUNTS_MAX:
             _COUNTS.clear()
         found = _COUNTS[text] = json.loads(text)
+    return found
+
+
+_STICKY: dict[str, Mapping[str, Any]] = {}
+_STICKY_MAX = 512
+
+
+def _sticky(text: str) -> Mapping[str, Any]:
+    """A session row's parsed ``sticky`` (the last build's state, ~10 KB for a 200-message
+    context). A proxied call reads the row several times between two builds, so each
+    text is parsed once: a bounded memo of a pure function (the mapping it returns is
+    shared: never mutated)."""
+    found = _STICKY.get(text)
+    if found is None:
+        if len(_STICKY) >= _STICKY_MAX:
+            _STICKY.clear()
+        found = _STICKY[text] = json.loads(text)
     return found
 
 

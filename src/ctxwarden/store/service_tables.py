@@ -270,33 +270,38 @@ def get_head(store: SessionStore, tenant: str, client_id: str) -> Head | None:
     return Head(tenant, client_id, r[0], int(r[1]), int(r[2]), r[3], int(r[4]))
 
 
-def put_head(store: SessionStore, head: Head, *, expected: Head | None) -> bool:
-    """Move the head to ``head`` if it is still ``expected`` (``None``: none stored yet).
-    Returns False when another writer moved it first (the caller re-reads)."""
+def put_head(
+    store: SessionStore, head: Head, *, expected: Head | None, tx: Tx | None = None
+) -> bool:
+    """Move the head to ``head`` if it is still ``expected`` (``None``: none stored yet),
+    in ``tx`` when given (e.g. the append of the messages it counts). Returns False when
+    another writer moved it first (the caller re-reads)."""
+    if tx is None:
+        with _sql(store)._write() as own:
+            return put_head(store, head, expected=expected, tx=own)
     now = time.time()
     new = (head.session_id, head.branch, head.count, head.chain, head.history_tokens, now)
-    with _sql(store)._write() as tx:
-        if expected is None:
-            rows = tx.execute(
-                "INSERT INTO ctxwarden_heads (session_id, branch, count, chain, history_tokens, "
-                "updated_at, tenant, client_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (tenant, client_id) DO NOTHING RETURNING count",
-                (*new, head.tenant, head.client_id),
-            )
-        else:
-            rows = tx.execute(
-                "UPDATE ctxwarden_heads SET session_id = ?, branch = ?, count = ?, chain = ?, "
-                "history_tokens = ?, updated_at = ? WHERE tenant = ? AND client_id = ? "
-                "AND session_id = ? AND count = ? AND chain = ? RETURNING count",
-                (
-                    *new,
-                    head.tenant,
-                    head.client_id,
-                    expected.session_id,
-                    expected.count,
-                    expected.chain,
-                ),
-            )
+    if expected is None:
+        rows = tx.execute(
+            "INSERT INTO ctxwarden_heads (session_id, branch, count, chain, history_tokens, "
+            "updated_at, tenant, client_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (tenant, client_id) DO NOTHING RETURNING count",
+            (*new, head.tenant, head.client_id),
+        )
+    else:
+        rows = tx.execute(
+            "UPDATE ctxwarden_heads SET session_id = ?, branch = ?, count = ?, chain = ?, "
+            "history_tokens = ?, updated_at = ? WHERE tenant = ? AND client_id = ? "
+            "AND session_id = ? AND count = ? AND chain = ? RETURNING count",
+            (
+                *new,
+                head.tenant,
+                head.client_id,
+                expected.session_id,
+                expected.count,
+                expected.chain,
+            ),
+        )
     return bool(rows)
 
 
@@ -445,36 +450,37 @@ def end_call(store: SessionStore, end: CallEnd, tx: Tx | None = None) -> bool:
         _sql(store).record_usage_in(
             tx, end.tenant, end.session_id, end.usage, model=end.model, dollars=end.dollars
         )
-        if end.dollars > 0:
-            tx.execute(
-                "UPDATE ctxwarden_tenants SET spent_usd = spent_usd + ? WHERE tenant = ?",
-                (end.dollars, end.tenant),
-            )
     tx.execute(
         "UPDATE ctxwarden_builds SET status = ? "
         "WHERE tenant = ? AND session_id = ? AND build_id = ?",
         (end.status, end.tenant, end.session_id, end.build_id),
     )
     head, expected = end.head, end.expected
-    if head is None or expected is None:
-        return True
-    rows = tx.execute(
-        "UPDATE ctxwarden_heads SET count = ?, chain = ?, history_tokens = ?, updated_at = ? "
-        "WHERE tenant = ? AND client_id = ? AND session_id = ? AND count = ? AND chain = ? "
-        "RETURNING count",
-        (
-            head.count,
-            head.chain,
-            head.history_tokens,
-            time.time(),
-            end.tenant,
-            head.client_id,
-            expected.session_id,
-            expected.count,
-            expected.chain,
-        ),
-    )
-    return bool(rows)
+    rows: list[Any] = [(True,)]
+    if head is not None and expected is not None:
+        rows = tx.execute(
+            "UPDATE ctxwarden_heads SET count = ?, chain = ?, history_tokens = ?, updated_at = ? "
+            "WHERE tenant = ? AND client_id = ? AND session_id = ? AND count = ? AND chain = ? "
+            "RETURNING count",
+            (
+                head.count,
+                head.chain,
+                head.history_tokens,
+                time.time(),
+                end.tenant,
+                head.client_id,
+                expected.session_id,
+                expected.count,
+                expected.chain,
+            ),
+        )
+    moved = bool(rows)
+    if end.usage is not None and end.dollars > 0:  # last: the tenant's row is shared
+        tx.execute(
+            "UPDATE ctxwarden_tenants SET spent_usd = spent_usd + ? WHERE tenant = ?",
+            (end.dollars, end.tenant),
+        )
+    return moved
 
 
 def list_builds(
