@@ -170,3 +170,27 @@ def test_new_messages_and_the_head_move_are_one_write(
         again = sync(more)  # nothing half-written: the same session, no branch
         assert again.session.session_id == "chat" and not again.forked
         assert [m.text for m in again.session.messages()] == ["You help.", "hi", "hello", "x"]
+
+
+def test_a_build_log_write_that_fails_keeps_the_previous_sticky_state(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ctxwarden.store import service_tables
+
+    with Session(db_url, "sticky", tenant="acme") as s:
+        s.append([{"role": "system", "content": "You help."}, {"role": "user", "content": "hi"}])
+        s.build(status="forwarded")
+        before = dict(s.record.sticky)
+        s.append([{"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}])
+
+        def fails(value: Any) -> str:
+            raise StoreError("disk full")
+
+        monkeypatch.setattr(service_tables, "json_text", fails)
+        with pytest.raises(StoreError, match="disk full"):
+            s.build(status="forwarded")
+        monkeypatch.undo()
+        assert dict(s.record.sticky) == before  # the log row and the sticky state: both or none
+        assert len(list_builds(s.store, "acme", "sticky")) == 1
+        s.build(status="forwarded")
+        assert dict(s.record.sticky)["last_seq"] == 3

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ctxwarden.formats.openai import message_to_openai
@@ -33,6 +33,7 @@ from ctxwarden.formats.openai_json import meta_message_json
 from ctxwarden.store import StoredMessage
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.base import json_text, unstorable
+from ctxwarden.store.migrations import Tx
 from ctxwarden.store.service_tables import last_build_mark, record_build, stored_tokens
 from ctxwarden.tokens.counter import TokenCounter
 
@@ -111,11 +112,23 @@ def log_build(
     counter: TokenCounter,
     build_id: str | None,
     status: str,
+    sticky: Mapping[str, Any] | None = None,
+    ledger: tuple[int, str] | None = None,
 ) -> str | None:
-    """Record ``built`` as the session's next turn; return its build id (``None`` when the
-    store keeps no log). ``read`` is the build's slice, ``start`` where its tail begins."""
-    if not isinstance(session.store, SqlStore):
+    """Record ``built`` as the session's next turn, with the build's ``sticky`` decisions
+    and ``ledger`` checkpoint when given (one transaction); return its build id (``None``
+    when the store keeps no log). ``read`` is the build's slice, ``start`` where its tail
+    begins."""
+    store = session.store
+    if not isinstance(store, SqlStore):
+        if sticky is not None:
+            store.save_sticky(session.tenant, session.session_id, sticky, ledger=ledger)
         return None
+
+    def save_sticky(tx: Tx) -> None:
+        if sticky is not None:
+            store.save_sticky_in(tx, session.tenant, session.session_id, sticky, ledger=ledger)
+
     build_id = build_id or uuid.uuid4().hex
     upto = read[-1].seq if read else -1
     keep_contexts = session.keep_contexts
@@ -136,5 +149,6 @@ def log_build(
         # a library build's row is advisory (a crash may lose the newest); the proxy's
         # ``forwarded`` row must survive one, to say the call never finished
         durable=status != "built",
+        also=save_sticky,
     )
     return build_id

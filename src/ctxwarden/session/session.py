@@ -479,19 +479,16 @@ class Session:
         )
         self._ledger_memo = SeqMemo.of(built.state, seqs)
         save = ckpt is not None and _due(ckpt)
-        self.store.save_sticky(
-            self.tenant,
-            self.session_id,
-            session_state.sticky_from(built.state, seqs),
-            ledger=ckpt.encode() if save and ckpt is not None else None,
-        )
-        if ckpt is not None:
-            kept = replace(ckpt, saved=ckpt.upto) if save else ckpt
-            remember_checkpoint(self.store, self.tenant, self.session_id, record.created_at, kept)
+        sticky = session_state.sticky_from(built.state, seqs)
+        ledger = ckpt.encode() if save and ckpt is not None else None
         if amend is not None:
             built = amend(built)
         counter = TokenCounter.for_model(model, self.registry)
-        log_build(self, built, read, start, counter=counter, build_id=build_id, status=status)
+        log_build(self, built, read, start, counter=counter, build_id=build_id, status=status,
+                  sticky=sticky, ledger=ledger)  # fmt: skip
+        if ckpt is not None:
+            kept = replace(ckpt, saved=ckpt.upto) if save else ckpt
+            remember_checkpoint(self.store, self.tenant, self.session_id, record.created_at, kept)
         return built
 
     # -- recall -------------------------------------------------------------------------------

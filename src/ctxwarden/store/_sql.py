@@ -444,18 +444,30 @@ class SqlStore(ABC):
         with self._write() as tx:
             if self._advisory_write:  # a lost write only costs the next build its warm start
                 tx.execute(self._advisory_write)
+            self.save_sticky_in(tx, tenant, session_id, sticky, ledger=ledger)
+
+    def save_sticky_in(
+        self,
+        tx: Tx,
+        tenant: str,
+        session_id: str,
+        sticky: Mapping[str, Any],
+        *,
+        ledger: tuple[int, str] | None = None,
+    ) -> None:
+        """:meth:`save_sticky` inside an open write transaction ``tx`` (the build log's)."""
+        tx.execute(
+            f"UPDATE ctxwarden_sessions SET sticky = ? {_WHERE}",
+            (json.dumps(dict(sticky)), tenant, session_id),
+        )
+        if ledger is not None:
             tx.execute(
-                f"UPDATE ctxwarden_sessions SET sticky = ? {_WHERE}",
-                (json.dumps(dict(sticky)), tenant, session_id),
+                "INSERT INTO ctxwarden_ledgers (tenant, session_id, upto, ledger, updated_at) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, session_id) DO UPDATE SET "
+                "upto = excluded.upto, ledger = excluded.ledger, updated_at = "
+                "excluded.updated_at WHERE ctxwarden_ledgers.upto <= excluded.upto",
+                (tenant, session_id, ledger[0], ledger[1], time.time()),
             )
-            if ledger is not None:
-                tx.execute(
-                    "INSERT INTO ctxwarden_ledgers (tenant, session_id, upto, ledger, updated_at) "
-                    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, session_id) DO UPDATE SET "
-                    "upto = excluded.upto, ledger = excluded.ledger, updated_at = "
-                    "excluded.updated_at WHERE ctxwarden_ledgers.upto <= excluded.upto",
-                    (tenant, session_id, ledger[0], ledger[1], time.time()),
-                )
 
     def load_ledger(self, tenant: str, session_id: str) -> tuple[int, str | None]:
         """The stored entity-ledger checkpoint: ``(upto, json)``, or ``(-1, None)``."""

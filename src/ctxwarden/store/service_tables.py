@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -324,6 +324,7 @@ def record_build(
     keep: int | None = None,
     keep_contexts: int | None = None,
     durable: bool = True,
+    also: Callable[[Tx], object] | None = None,
 ) -> int:
     """Store a build's audit as the session's next turn and return the turn's number.
 
@@ -333,11 +334,14 @@ def record_build(
     (``None``: no bound), in the same transaction, so the log of a long session stays
     the size of its bounds. ``durable=False`` lets the backend relax durability for
     this write (PostgreSQL: no wait for the WAL flush, which was most of the write):
-    a crash may lose the newest rows, never a message."""
+    a crash may lose the newest rows, never a message. ``also(tx)`` writes more in the
+    same transaction (the build's sticky decisions)."""
     sql = _sql(store)
     with sql._write() as tx:
         if not durable and sql._advisory_write:
             tx.execute(sql._advisory_write)
+        if also is not None:
+            also(tx)
         where = "WHERE tenant = ? AND session_id = ?"
         found = tx.execute(f"SELECT MAX(turn) FROM ctxwarden_builds {where}", (tenant, session_id))
         turn = int(found[0][0] or 0) + 1 if found else 1
