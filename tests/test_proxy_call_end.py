@@ -175,18 +175,18 @@ def test_new_messages_and_the_head_move_are_one_write(
 def test_a_build_log_write_that_fails_keeps_the_previous_sticky_state(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ctxwarden.store import service_tables
-
     with Session(db_url, "sticky", tenant="acme") as s:
         s.append([{"role": "system", "content": "You help."}, {"role": "user", "content": "hi"}])
         s.build(status="forwarded")
         before = dict(s.record.sticky)
         s.append([{"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}])
+        real = SqlStore.save_sticky_in
 
-        def fails(value: Any) -> str:
+        def fails_after_writing(self: SqlStore, *a: Any, **kw: Any) -> None:
+            real(self, *a, **kw)  # the sticky state is written, then the store fails
             raise StoreError("disk full")
 
-        monkeypatch.setattr(service_tables, "json_text", fails)
+        monkeypatch.setattr(SqlStore, "save_sticky_in", fails_after_writing)
         with pytest.raises(StoreError, match="disk full"):
             s.build(status="forwarded")
         monkeypatch.undo()
@@ -194,3 +194,4 @@ def test_a_build_log_write_that_fails_keeps_the_previous_sticky_state(
         assert len(list_builds(s.store, "acme", "sticky")) == 1
         s.build(status="forwarded")
         assert dict(s.record.sticky)["last_seq"] == 3
+        assert len(list_builds(s.store, "acme", "sticky")) == 2
