@@ -14,8 +14,9 @@ disconnect) does not match. Nothing stored is changed then: the proxy starts a n
 *branch*, a new stored session ``<id>~b<n>`` holding the client's history as sent, and
 moves the head there; the old branch stays readable through the session API. The
 response header ``X-Ctxwarden-Session`` names the branch used. The same happens when
-the head and the store disagree (a crash between the append and the head's move, or
-another process writing the same session id at once): the proxy never guesses.
+the head and the store disagree (the session written without the proxy, or by another
+process under the same session id at once): the proxy never guesses. New messages and
+the head's move are one transaction, so a lost race on the head stores nothing.
 """
 
 from __future__ import annotations
