@@ -87,8 +87,9 @@ class Audit:
     def by_action(self, kind: ActionKind) -> list[Action]:
         return [a for a in self.actions if a.action == kind]
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (``ctxwarden build --report``)."""
+    def to_dict(self, *, actions: bool = True) -> dict[str, Any]:
+        """A JSON-ready dict (``ctxwarden build --report``); ``actions=False`` leaves
+        ``"actions"`` as ``None`` in its place (for a writer that writes them itself)."""
         return {
             "model": self.model,
             "budget": self.budget,
@@ -100,7 +101,7 @@ class Audit:
             "history_messages": self.history_messages,
             "kept_messages": self.kept_messages,
             "tokens_saved": self.tokens_saved,
-            "actions": [_action_dict(a) for a in self.actions],
+            "actions": [_action_dict(a) for a in self.actions] if actions else None,
             "warnings": list(self.warnings),
             "prefix_shared_tokens": self.prefix_shared_tokens,
             "cacheable_prefix_tokens": self.cacheable_prefix_tokens,

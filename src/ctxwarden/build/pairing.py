@@ -23,6 +23,7 @@ from ctxwarden.messages import Message
 __all__ = [
     "Block",
     "PairingProblem",
+    "all_sendable",
     "group_blocks",
     "pairing_problems",
     "validate_appended",
@@ -95,6 +96,34 @@ def group_blocks(messages: Sequence[Message], offset: int = 0) -> list[Block]:
             blocks.append(Block(offset + i, (msg,), orphan=msg.role == "tool"))
             i += 1
     return blocks
+
+
+def all_sendable(messages: Sequence[Message]) -> bool:
+    """``all(b.sendable for b in group_blocks(messages))`` without making the blocks: every
+    build asks it of its window twice, and the answer is nearly always yes."""
+    i, n = 0, len(messages)
+    while i < n:
+        msg = messages[i]
+        if msg.role == "tool":
+            return False  # a result no call right before it claimed
+        if msg.tool_calls and msg.role == "assistant":
+            pending: dict[str, int] = {}
+            for c in msg.tool_calls:
+                pending[c.id] = pending.get(c.id, 0) + 1
+            owed = len(msg.tool_calls)
+            i += 1
+            while i < n and messages[i].role == "tool":
+                call_id = messages[i].tool_call_id or ""
+                if not pending.get(call_id):
+                    break
+                pending[call_id] -= 1
+                owed -= 1
+                i += 1
+            if owed:
+                return False  # a call missing results
+        else:
+            i += 1
+    return True
 
 
 def pairing_problems(messages: Sequence[Message]) -> list[PairingProblem]:

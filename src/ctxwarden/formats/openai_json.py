@@ -68,15 +68,30 @@ def _key(message: Message) -> Hashable | None:
     return (message.fingerprint, tuple(extra))
 
 
+_TEXT_ATTR, _META_ATTR = "_cw_openai_json", "_cw_openai_meta_json"
+
+
+def _remember(message: Message, attr: str, text: str) -> str:
+    """Keep ``text`` on the message itself, next to its cached ``fingerprint``: a
+    :class:`Message` never changes, and the same objects (the session's decoded messages,
+    the memoised cuts) come back build after build, so the next lookup is one dict read."""
+    message.__dict__[attr] = text
+    return text
+
+
 def message_json(message: Message) -> str:
     """``json.dumps(message_to_openai(message), ensure_ascii=False)``, memoised."""
+    found: str | None = message.__dict__.get(_TEXT_ATTR)
+    if found is not None:
+        return found
     key = _key(message)
     found = _MEMO.get(key) if key is not None else None
     if found is not None:
-        return found
+        return _remember(message, _TEXT_ATTR, found)
     text = json.dumps(message_to_openai(message), ensure_ascii=False)
     if key is not None:
         _MEMO.put(key, text)
+        _remember(message, _TEXT_ATTR, text)
     return text
 
 
@@ -98,13 +113,17 @@ def _meta_key(message: Message) -> Hashable | None:
 def meta_message_json(message: Message) -> str:
     """``json.dumps(message_to_openai(message, with_meta=True), ensure_ascii=False)``,
     memoised (the build log writes every built message this way on every build)."""
+    found: str | None = message.__dict__.get(_META_ATTR)
+    if found is not None:
+        return found
     key = _meta_key(message)
     found = _META_MEMO.get(key) if key is not None else None
     if found is not None:
-        return found
+        return _remember(message, _META_ATTR, found)
     text = json.dumps(message_to_openai(message, with_meta=True), ensure_ascii=False)
     if key is not None:
         _META_MEMO.put(key, text)
+        _remember(message, _META_ATTR, text)
     return text
 
 

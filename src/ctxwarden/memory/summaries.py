@@ -52,6 +52,7 @@ __all__ = [
     "SummaryResult",
     "SummaryState",
     "SummaryTrigger",
+    "block_start_at",
     "plan_summary",
     "summarize_cycle",
     "summary_view",
@@ -258,6 +259,19 @@ def _fired(
     return reasons
 
 
+def block_start_at(messages: Sequence[Message], cut: int) -> int:
+    """The last block start at or before ``cut`` (``0`` if none): what grouping the
+    whole list gives, from the nearest message before ``cut`` that is not a tool result
+    (such a message always starts a block, so the blocks from there on are the same)."""
+    first = min(cut, len(messages) - 1)
+    while first > 0 and messages[first].role == "tool":
+        first -= 1
+    if first < 0:
+        return 0
+    starts = [b.start for b in group_blocks(messages[first : cut + 1], first) if b.start <= cut]
+    return max(starts, default=0)
+
+
 def plan_summary(
     messages: Sequence[Message],
     trigger: SummaryTrigger,
@@ -316,7 +330,7 @@ def plan_summary(
     users = [i for i, m in enumerate(msgs) if m.role == "user"]
     if users:
         cut = min(cut, users[-1])  # the newest user message is never folded
-    cut = max((b.start for b in group_blocks(msgs) if b.start <= cut), default=0)
+    cut = block_start_at(msgs, cut)
 
     fold = tuple(msgs[i] for i in live if i < cut)
     if len(fold) < trigger.min_fold:

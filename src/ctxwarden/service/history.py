@@ -14,8 +14,9 @@ disconnect) does not match. Nothing stored is changed then: the proxy starts a n
 *branch*, a new stored session ``<id>~b<n>`` holding the client's history as sent, and
 moves the head there; the old branch stays readable through the session API. The
 response header ``X-Ctxwarden-Session`` names the branch used. The same happens when
-the head and the store disagree (a crash between the append and the head's move, or
-another process writing the same session id at once): the proxy never guesses.
+the head and the store disagree (the session written without the proxy, or by another
+process under the same session id at once): the proxy never guesses. New messages and
+the head's move are one transaction, so a lost race on the head stores nothing.
 """
 
 from __future__ import annotations
@@ -223,14 +224,29 @@ def _try_sync(
             branch += 1
         new, tokens = parse(0), 0
     tokens += sum(count(m) for m in new)
-    if new:
-        try:  # only onto what was checked above: a concurrent call's messages never interleave
-            session.append(new, expect_next=head.count if head is not None and not forked else 0)
-        except VersionConflict:
-            return None
     moved = Head(
         tenant, client_id, session.session_id, branch, len(keys), running.hexdigest(), tokens
     )
-    if not put_head(store, moved, expected=head):
+    if new:
+        # the messages and the head's move in one transaction, onto what was checked
+        # above: a concurrent call's messages never interleave, and a lost race on the
+        # head stores nothing (the caller re-reads)
+        def move_head(tx: Any, _seqs: list[int]) -> None:
+            if not put_head(store, moved, expected=head, tx=tx):
+                raise _HeadMoved
+
+        try:
+            session.append(
+                new,
+                expect_next=head.count if head is not None and not forked else 0,
+                also=move_head,
+            )
+        except (VersionConflict, _HeadMoved):
+            return None
+    elif not put_head(store, moved, expected=head):
         return None
     return Synced(session, moved, running, len(new), forked)
+
+
+class _HeadMoved(Exception):
+    """Another call moved the head between the read and the write."""

@@ -7,15 +7,16 @@ plain error response. It appends the client's new messages
 :meth:`ctxwarden.Session.build` — the build every caller uses — within the smallest of
 the client's ``X-Ctxwarden-Max-Input-Tokens``, the tenant's cap and the policy's
 budget, which logs the build's audit (status ``forwarded``). :func:`finish` stores the reply (marked
-``partial`` when the stream was cut), the usage and its price, moves the head past the
-reply and closes the build's row, in that order: a crash between two steps leaves the
-store consistent, and at worst makes the next call start a new branch.
+``partial`` when the stream was cut), the usage and its price, closes the build's row
+and moves the head past the reply in one transaction: a crash leaves all of it or none
+(then the row still says ``forwarded`` and the next call extends the head as before).
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -25,7 +26,7 @@ from ctxwarden.messages import Message
 from ctxwarden.service.history import Synced, message_key, sync_history
 from ctxwarden.service.hub import Hub, Tenant
 from ctxwarden.service.recall_rounds import proxy_recall
-from ctxwarden.store.service_tables import add_spend, finish_build
+from ctxwarden.store.service_tables import CallEnd, add_spend, end_call
 
 __all__ = ["Call", "Prepared", "charge", "finish", "prepare"]
 
@@ -163,15 +164,23 @@ def charge(hub: Hub, call: Call, session: Session, usage: Usage) -> None:
 def finish(
     hub: Hub, prepared: Prepared, reply: Message | None, usage: Usage | None, status: str
 ) -> None:
-    """Store the reply and usage and close the build (see the module docstring)."""
+    """Store the reply, the usage and its price, close the build and move the head past
+    the reply: one transaction (the reply's append), so a failure leaves none of it."""
     call, synced = prepared.call, prepared.synced
     session, head = synced.session, synced.head
-    moved = None
-    if reply is not None:
-        try:  # right after the history it answers, or not at all
-            session.append([reply], expect_next=head.count)
-        except VersionConflict:  # another replica served a call of this session meanwhile
-            reply, status = None, "reply_not_stored"
+    dollars = 0.0
+    if usage is not None:
+        with suppress(UnknownModelError):  # a model without prices: tokens still count
+            dollars = estimate_cost(usage, call.model, hub.config.registry)
+    end = CallEnd(
+        call.tenant.name,
+        session.session_id,
+        prepared.build_id,
+        status,
+        usage=usage,
+        model=call.model,
+        dollars=dollars,
+    )
     if reply is not None:
         chain = synced.chain.copy()
         chain.update(message_key(reply))
@@ -182,14 +191,17 @@ def finish(
             chain=chain.hexdigest(),
             history_tokens=head.history_tokens + counter.count_message(reply),
         )
+        with_reply = replace(end, head=moved, expected=head)
+        try:  # right after the history it answers, or not at all
+            session.append(
+                [reply],
+                expect_next=head.count,
+                also=lambda tx, _seqs: end_call(hub.store, with_reply, tx),
+            )
+        except VersionConflict:  # another replica served a call of this session meanwhile
+            reply, end = None, replace(end, status="reply_not_stored")
+    if reply is None:
+        end_call(hub.store, end)
     if usage is not None:
-        charge(hub, call, session, usage)
-    finish_build(
-        hub.store,
-        call.tenant.name,
-        session.session_id,
-        prepared.build_id,
-        status,
-        head=moved,
-        expected=head if moved is not None else None,
-    )
+        hub.metrics.cached_tokens.labels(call.api).inc(usage.cached_input_tokens)
+        hub.metrics.output_tokens.labels(call.api).inc(usage.output_tokens)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ctxwarden.errors import MissingDependencyError
+from ctxwarden.service.upstream_pool import fast_liveness
 
 __all__ = ["Upstream", "UpstreamFailure"]
 
@@ -49,11 +50,12 @@ class Upstream:
         self.api_key = api_key
         self.kind = kind
         limits = httpx2.Limits(max_connections=512, max_keepalive_connections=128)
+        # a connection refused or reset while connecting never reached upstream:
+        # retrying it is safe (nothing is retried once the request was sent)
+        transport = httpx2.AsyncHTTPTransport(retries=2, limits=limits)
+        fast_liveness(transport)  # the pool's per-request socket checks, cheaper
         self.client = httpx2.AsyncClient(
-            timeout=httpx2.Timeout(timeout, connect=connect_timeout),
-            # a connection refused or reset while connecting never reached upstream:
-            # retrying it is safe (nothing is retried once the request was sent)
-            transport=httpx2.AsyncHTTPTransport(retries=2, limits=limits),
+            timeout=httpx2.Timeout(timeout, connect=connect_timeout), transport=transport
         )
 
     async def aclose(self) -> None:

@@ -25,22 +25,32 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import asdict, fields
 from typing import TYPE_CHECKING, Any
 
 from ctxwarden.formats.openai import message_to_openai
-from ctxwarden.formats.openai_json import meta_message_json
+from ctxwarden.formats.openai_json import meta_message_json, object_json
 from ctxwarden.store import StoredMessage
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.base import json_text, unstorable
+from ctxwarden.store.migrations import Tx
 from ctxwarden.store.service_tables import last_build_mark, record_build, stored_tokens
 from ctxwarden.tokens.counter import TokenCounter
 
 if TYPE_CHECKING:
+    from ctxwarden.build.audit import Audit
     from ctxwarden.build.engine import BuiltContext
     from ctxwarden.session.session import Session
 
-__all__ = ["KEEP_BUILDS", "KEEP_CONTEXTS", "context_json", "context_rows", "log_build"]
+__all__ = [
+    "KEEP_BUILDS",
+    "KEEP_CONTEXTS",
+    "audit_json",
+    "context_json",
+    "context_rows",
+    "log_build",
+]
 
 KEEP_BUILDS = 2000
 """Builds (audits) kept per session: a few kilobytes each."""
@@ -72,6 +82,43 @@ def context_json(built: BuiltContext) -> str:
     text = "[" + ", ".join(rows) + "]"
     if not text.isascii() and unstorable(text):
         return json_text(context_rows(built))
+    return text
+
+
+_ACTION_TEXTS: dict[Hashable, str] = {}
+_ACTION_TEXTS_MAX = 65_536
+_SCALARS = (str, int, float, bool, type(None))
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _action_text(action: Any) -> str:
+    """One action's JSON as ``json.dumps(asdict(action))`` writes it, memoised by its
+    values and their types (``1`` and ``True`` are written apart): a proxied session's
+    build cuts and masks the same messages for the same reasons turn after turn."""
+    names = _FIELD_NAMES.get(type(action))
+    if names is None:
+        names = _FIELD_NAMES[type(action)] = tuple(f.name for f in fields(action))
+    values = tuple(getattr(action, n) for n in names)
+    if not all(isinstance(v, _SCALARS) for v in values):
+        return json.dumps(asdict(action), ensure_ascii=False)
+    key = (type(action), values, tuple(map(type, values)))
+    found = _ACTION_TEXTS.get(key)
+    if found is None:
+        if len(_ACTION_TEXTS) >= _ACTION_TEXTS_MAX:
+            _ACTION_TEXTS.clear()
+        found = _ACTION_TEXTS[key] = json.dumps(
+            dict(zip(names, values, strict=True)), ensure_ascii=False
+        )
+    return found
+
+
+def audit_json(audit: Audit) -> str:
+    """``json_text(audit.to_dict())``, byte for byte, each action's text memoised
+    (:func:`_action_text`): a build logs one action per cut or masked message."""
+    actions = "[" + ", ".join(map(_action_text, audit.actions)) + "]"
+    text = object_json(audit.to_dict(actions=False), {"actions": actions})
+    if not text.isascii() and unstorable(text):
+        return json_text(audit.to_dict())
     return text
 
 
@@ -111,11 +158,23 @@ def log_build(
     counter: TokenCounter,
     build_id: str | None,
     status: str,
+    sticky: Mapping[str, Any] | None = None,
+    ledger: tuple[int, str] | None = None,
 ) -> str | None:
-    """Record ``built`` as the session's next turn; return its build id (``None`` when the
-    store keeps no log). ``read`` is the build's slice, ``start`` where its tail begins."""
-    if not isinstance(session.store, SqlStore):
+    """Record ``built`` as the session's next turn, with the build's ``sticky`` decisions
+    and ``ledger`` checkpoint when given (one transaction); return its build id (``None``
+    when the store keeps no log). ``read`` is the build's slice, ``start`` where its tail
+    begins."""
+    store = session.store
+    if not isinstance(store, SqlStore):
+        if sticky is not None:
+            store.save_sticky(session.tenant, session.session_id, sticky, ledger=ledger)
         return None
+
+    def save_sticky(tx: Tx) -> None:
+        if sticky is not None:
+            store.save_sticky_in(tx, session.tenant, session.session_id, sticky, ledger=ledger)
+
     build_id = build_id or uuid.uuid4().hex
     upto = read[-1].seq if read else -1
     keep_contexts = session.keep_contexts
@@ -127,7 +186,7 @@ def log_build(
         model=built.model,
         history_tokens=_history_tokens(session, read, start, upto, counter),
         input_tokens=built.input_tokens,
-        audit=built.audit.to_dict(),
+        audit=audit_json(built.audit),
         status=status,
         upto_seq=upto,
         context=context_json(built) if keep_contexts > 0 else None,
@@ -136,5 +195,6 @@ def log_build(
         # a library build's row is advisory (a crash may lose the newest); the proxy's
         # ``forwarded`` row must survive one, to say the call never finished
         durable=status != "built",
+        also=save_sticky,
     )
     return build_id

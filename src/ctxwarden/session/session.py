@@ -232,6 +232,7 @@ class Session:
         *,
         check_pairs: bool = True,
         expect_next: int | None = None,
+        also: Callable[[Any, list[int]], object] | None = None,
     ) -> list[int]:
         """Validate, count and store ``messages`` in one transaction; return their seqs.
 
@@ -245,6 +246,7 @@ class Session:
         (the OpenAI Agents SDK session stores one call per item). ``expect_next``: append
         only if the session still holds that many messages, else raise
         :class:`~ctxwarden.errors.VersionConflict` (see :meth:`SessionStore.append`).
+        ``also(tx, seqs)`` (the SQL stores only) writes more in the same transaction.
         """
         from ctxwarden.build.inputs import check_messages_argument, check_unique_ids
         from ctxwarden.build.pairing import validate_appended
@@ -262,8 +264,9 @@ class Session:
         counter = TokenCounter.for_model(self.model, self.registry)
         key = count_key(counter)
         counts = [{key: counter.count_message(m)} for m in parsed]
+        more: dict[str, Any] = {} if also is None else {"also": also}
         seqs = self.store.append(
-            self.tenant, self.session_id, parsed, counts, expect_next=expect_next
+            self.tenant, self.session_id, parsed, counts, expect_next=expect_next, **more
         )
         for seq, m, c in list(zip(seqs, parsed, counts, strict=True))[-_CACHE_SIZE:]:
             stored = replace(m, id=f"m{seq}") if m.id == "h" + m.fingerprint[:12] else m
@@ -476,19 +479,16 @@ class Session:
         )
         self._ledger_memo = SeqMemo.of(built.state, seqs)
         save = ckpt is not None and _due(ckpt)
-        self.store.save_sticky(
-            self.tenant,
-            self.session_id,
-            session_state.sticky_from(built.state, seqs),
-            ledger=ckpt.encode() if save and ckpt is not None else None,
-        )
-        if ckpt is not None:
-            kept = replace(ckpt, saved=ckpt.upto) if save else ckpt
-            remember_checkpoint(self.store, self.tenant, self.session_id, record.created_at, kept)
+        sticky = session_state.sticky_from(built.state, seqs)
+        ledger = ckpt.encode() if save and ckpt is not None else None
         if amend is not None:
             built = amend(built)
         counter = TokenCounter.for_model(model, self.registry)
-        log_build(self, built, read, start, counter=counter, build_id=build_id, status=status)
+        log_build(self, built, read, start, counter=counter, build_id=build_id, status=status,
+                  sticky=sticky, ledger=ledger)  # fmt: skip
+        if ckpt is not None:
+            kept = replace(ckpt, saved=ckpt.upto) if save else ckpt
+            remember_checkpoint(self.store, self.tenant, self.session_id, record.created_at, kept)
         return built
 
     # -- recall -------------------------------------------------------------------------------

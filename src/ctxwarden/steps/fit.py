@@ -89,7 +89,7 @@ class FitStep:
                 - ctx.total([h[i] for i in pinned])
                 - (ctx.count(ledger) if ledger else 0)
             )
-            used = sum(ctx.total(b.messages) for b in blocks)
+            used = ctx.total(window)  # the blocks' messages, in order
             over_count = limit is not None and len(window) > limit
             if used <= room and not over_count:
                 break

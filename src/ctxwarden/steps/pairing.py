@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ctxwarden.build.pairing import group_blocks
+from ctxwarden.build.pairing import all_sendable, group_blocks
 from ctxwarden.messages import Message
 from ctxwarden.steps.base import Action, Draft, StepContext, StepResult
 
@@ -20,9 +20,9 @@ __all__ = ["PairingStep", "keep_pairs_whole"]
 
 def keep_pairs_whole(draft: Draft, ctx: StepContext, after: str) -> StepResult:
     """``draft`` with every block a provider would refuse taken out of the window."""
-    blocks = group_blocks(draft.window)
-    if all(b.sendable for b in blocks):
+    if all_sendable(draft.window):
         return StepResult(draft)
+    blocks = group_blocks(draft.window)
     kept: list[Message] = []
     actions: list[Action] = []
     rejected = set(draft.rejected)

@@ -54,7 +54,7 @@ def _session(row: Sequence[Any]) -> StoredSession:
         session_id=row[1],
         summary=row[2],
         facts=json.loads(row[3]),
-        sticky=json.loads(row[4]),
+        sticky=_sticky(row[4]),
         version=int(row[5]),
         created_at=float(row[6]),
         updated_at=float(row[7]),
@@ -79,6 +79,23 @@ def _counts(text: str) -> Mapping[str, int]:
         if len(_COUNTS) >= _COUNTS_MAX:
             _COUNTS.clear()
         found = _COUNTS[text] = json.loads(text)
+    return found
+
+
+_STICKY: dict[str, Mapping[str, Any]] = {}
+_STICKY_MAX = 512
+
+
+def _sticky(text: str) -> Mapping[str, Any]:
+    """A session row's parsed ``sticky`` (the last build's state, ~10 KB for a 200-message
+    context). A proxied call reads the row several times between two builds, so each
+    text is parsed once: a bounded memo of a pure function (the mapping it returns is
+    shared: never mutated)."""
+    found = _STICKY.get(text)
+    if found is None:
+        if len(_STICKY) >= _STICKY_MAX:
+            _STICKY.clear()
+        found = _STICKY[text] = json.loads(text)
     return found
 
 
@@ -165,6 +182,7 @@ class SqlStore(ABC):
         token_counts: Sequence[Mapping[str, int]],
         *,
         expect_next: int | None = None,
+        also: Callable[[Tx, list[int]], object] | None = None,
     ) -> list[int]:
         """Store ``messages`` atomically, in order; return their sequence numbers.
 
@@ -176,6 +194,10 @@ class SqlStore(ABC):
         A message whose id was derived from its content (no explicit id) is stored with
         id ``m<seq>``: unique in the session even for repeated texts, and the same id
         :func:`~ctxwarden.formats.messages_from_openai` gives the exported transcript.
+
+        ``also(tx, seqs)`` runs in the same transaction after the insert (the proxy closes
+        its call there: usage, spend, build status, head): if it raises, nothing of the
+        call is stored.
         """
         if len(token_counts) != len(messages):
             raise ValueError("give one token_counts mapping per message")
@@ -226,7 +248,10 @@ class SqlStore(ABC):
                     for i, m in enumerate(messages)
                 ],
             )
-        return list(range(first, first + n))
+            seqs = list(range(first, first + n))
+            if also is not None:
+                also(tx, seqs)
+        return seqs
 
     def tail(
         self,
@@ -419,18 +444,30 @@ class SqlStore(ABC):
         with self._write() as tx:
             if self._advisory_write:  # a lost write only costs the next build its warm start
                 tx.execute(self._advisory_write)
+            self.save_sticky_in(tx, tenant, session_id, sticky, ledger=ledger)
+
+    def save_sticky_in(
+        self,
+        tx: Tx,
+        tenant: str,
+        session_id: str,
+        sticky: Mapping[str, Any],
+        *,
+        ledger: tuple[int, str] | None = None,
+    ) -> None:
+        """:meth:`save_sticky` inside an open write transaction ``tx`` (the build log's)."""
+        tx.execute(
+            f"UPDATE ctxwarden_sessions SET sticky = ? {_WHERE}",
+            (json.dumps(dict(sticky)), tenant, session_id),
+        )
+        if ledger is not None:
             tx.execute(
-                f"UPDATE ctxwarden_sessions SET sticky = ? {_WHERE}",
-                (json.dumps(dict(sticky)), tenant, session_id),
+                "INSERT INTO ctxwarden_ledgers (tenant, session_id, upto, ledger, updated_at) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, session_id) DO UPDATE SET "
+                "upto = excluded.upto, ledger = excluded.ledger, updated_at = "
+                "excluded.updated_at WHERE ctxwarden_ledgers.upto <= excluded.upto",
+                (tenant, session_id, ledger[0], ledger[1], time.time()),
             )
-            if ledger is not None:
-                tx.execute(
-                    "INSERT INTO ctxwarden_ledgers (tenant, session_id, upto, ledger, updated_at) "
-                    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, session_id) DO UPDATE SET "
-                    "upto = excluded.upto, ledger = excluded.ledger, updated_at = "
-                    "excluded.updated_at WHERE ctxwarden_ledgers.upto <= excluded.upto",
-                    (tenant, session_id, ledger[0], ledger[1], time.time()),
-                )
 
     def load_ledger(self, tenant: str, session_id: str) -> tuple[int, str | None]:
         """The stored entity-ledger checkpoint: ``(upto, json)``, or ``(-1, None)``."""
@@ -473,21 +510,32 @@ class SqlStore(ABC):
         self, tenant: str, session_id: str, usage: Usage, *, model: str, dollars: float = 0.0
     ) -> StoredSession:
         """Add one call's usage (and its price) to the session's totals, atomically."""
-        lock = " FOR UPDATE" if self._select_for_update else ""
         with self._write() as tx:
-            rows = tx.execute(
-                f"SELECT usage FROM ctxwarden_sessions {_WHERE}{lock}", (tenant, session_id)
-            )
-            if not rows:
-                raise StoreError(
-                    f"no session {session_id!r} for tenant {tenant!r}; create it first"
-                )
-            by_model, total = decode_usage(rows[0][0])
-            by_model[model] = by_model[model] + usage if model in by_model else usage
-            rows = tx.execute(
-                f"UPDATE ctxwarden_sessions SET usage = ? {_WHERE} RETURNING {_SESSION_COLS}",
-                (encode_usage(by_model, total + dollars), tenant, session_id),
-            )
+            return self.record_usage_in(tx, tenant, session_id, usage, model=model, dollars=dollars)
+
+    def record_usage_in(
+        self,
+        tx: Tx,
+        tenant: str,
+        session_id: str,
+        usage: Usage,
+        *,
+        model: str,
+        dollars: float = 0.0,
+    ) -> StoredSession:
+        """:meth:`record_usage` inside an open write transaction ``tx``."""
+        lock = " FOR UPDATE" if self._select_for_update else ""
+        rows = tx.execute(
+            f"SELECT usage FROM ctxwarden_sessions {_WHERE}{lock}", (tenant, session_id)
+        )
+        if not rows:
+            raise StoreError(f"no session {session_id!r} for tenant {tenant!r}; create it first")
+        by_model, total = decode_usage(rows[0][0])
+        by_model[model] = by_model[model] + usage if model in by_model else usage
+        rows = tx.execute(
+            f"UPDATE ctxwarden_sessions SET usage = ? {_WHERE} RETURNING {_SESSION_COLS}",
+            (encode_usage(by_model, total + dollars), tenant, session_id),
+        )
         return _session(rows[0])
 
     _select_for_update = False

@@ -187,6 +187,28 @@ MIGRATIONS: tuple[Migration, ...] = (
                 ON ctxwarden_builds (tenant, session_id, turn) WHERE context IS NOT NULL""",
         ),
     ),
+    Migration(
+        "007_build_contexts",
+        (
+            # the built messages (tens to hundreds of KB) move to their own rows, written
+            # once: closing a proxied call rewrites its small build row (the status), and a
+            # database rewrites a whole row on update, context included
+            """CREATE TABLE ctxwarden_build_contexts (
+                tenant TEXT NOT NULL,
+                session_id TEXT NOT NULL,
+                build_id TEXT NOT NULL,
+                turn BIGINT NOT NULL,
+                context TEXT NOT NULL,
+                PRIMARY KEY (tenant, session_id, build_id)
+            )""",
+            """CREATE INDEX ctxwarden_build_contexts_turn
+                ON ctxwarden_build_contexts (tenant, session_id, turn)""",
+            """INSERT INTO ctxwarden_build_contexts (tenant, session_id, build_id, turn, context)
+                SELECT tenant, session_id, build_id, turn, context FROM ctxwarden_builds
+                WHERE context IS NOT NULL""",
+            "UPDATE ctxwarden_builds SET context = NULL WHERE context IS NOT NULL",
+        ),
+    ),
 )
 
 REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
@@ -252,6 +274,7 @@ REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
             "context",
         ]
     ),
+    "ctxwarden_build_contexts": frozenset(["tenant", "session_id", "build_id", "turn", "context"]),
     "ctxwarden_heads": frozenset(
         [
             "tenant",

@@ -20,23 +20,26 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ctxwarden.errors import ConfigError
+from ctxwarden.registry.usage import Usage
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.base import SessionStore, json_text
+from ctxwarden.store.migrations import Tx
 
 __all__ = [
     "BuildRecord",
+    "CallEnd",
     "Head",
     "TenantRecord",
     "add_spend",
     "add_tenant",
     "build_context",
     "delete_session",
-    "finish_build",
+    "end_call",
     "get_head",
     "last_build_mark",
     "latest_builds",
@@ -267,33 +270,38 @@ def get_head(store: SessionStore, tenant: str, client_id: str) -> Head | None:
     return Head(tenant, client_id, r[0], int(r[1]), int(r[2]), r[3], int(r[4]))
 
 
-def put_head(store: SessionStore, head: Head, *, expected: Head | None) -> bool:
-    """Move the head to ``head`` if it is still ``expected`` (``None``: none stored yet).
-    Returns False when another writer moved it first (the caller re-reads)."""
+def put_head(
+    store: SessionStore, head: Head, *, expected: Head | None, tx: Tx | None = None
+) -> bool:
+    """Move the head to ``head`` if it is still ``expected`` (``None``: none stored yet),
+    in ``tx`` when given (e.g. the append of the messages it counts). Returns False when
+    another writer moved it first (the caller re-reads)."""
+    if tx is None:
+        with _sql(store)._write() as own:
+            return put_head(store, head, expected=expected, tx=own)
     now = time.time()
     new = (head.session_id, head.branch, head.count, head.chain, head.history_tokens, now)
-    with _sql(store)._write() as tx:
-        if expected is None:
-            rows = tx.execute(
-                "INSERT INTO ctxwarden_heads (session_id, branch, count, chain, history_tokens, "
-                "updated_at, tenant, client_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (tenant, client_id) DO NOTHING RETURNING count",
-                (*new, head.tenant, head.client_id),
-            )
-        else:
-            rows = tx.execute(
-                "UPDATE ctxwarden_heads SET session_id = ?, branch = ?, count = ?, chain = ?, "
-                "history_tokens = ?, updated_at = ? WHERE tenant = ? AND client_id = ? "
-                "AND session_id = ? AND count = ? AND chain = ? RETURNING count",
-                (
-                    *new,
-                    head.tenant,
-                    head.client_id,
-                    expected.session_id,
-                    expected.count,
-                    expected.chain,
-                ),
-            )
+    if expected is None:
+        rows = tx.execute(
+            "INSERT INTO ctxwarden_heads (session_id, branch, count, chain, history_tokens, "
+            "updated_at, tenant, client_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (tenant, client_id) DO NOTHING RETURNING count",
+            (*new, head.tenant, head.client_id),
+        )
+    else:
+        rows = tx.execute(
+            "UPDATE ctxwarden_heads SET session_id = ?, branch = ?, count = ?, chain = ?, "
+            "history_tokens = ?, updated_at = ? WHERE tenant = ? AND client_id = ? "
+            "AND session_id = ? AND count = ? AND chain = ? RETURNING count",
+            (
+                *new,
+                head.tenant,
+                head.client_id,
+                expected.session_id,
+                expected.count,
+                expected.chain,
+            ),
+        )
     return bool(rows)
 
 
@@ -309,13 +317,14 @@ def record_build(
     model: str,
     history_tokens: int,
     input_tokens: int,
-    audit: Mapping[str, Any],
+    audit: Mapping[str, Any] | str,
     status: str = "forwarded",
     upto_seq: int = -1,
     context: Sequence[Mapping[str, Any]] | str | None = None,
     keep: int | None = None,
     keep_contexts: int | None = None,
     durable: bool = True,
+    also: Callable[[Tx], object] | None = None,
 ) -> int:
     """Store a build's audit as the session's next turn and return the turn's number.
 
@@ -325,18 +334,21 @@ def record_build(
     (``None``: no bound), in the same transaction, so the log of a long session stays
     the size of its bounds. ``durable=False`` lets the backend relax durability for
     this write (PostgreSQL: no wait for the WAL flush, which was most of the write):
-    a crash may lose the newest rows, never a message."""
+    a crash may lose the newest rows, never a message. ``also(tx)`` writes more in the
+    same transaction (the build's sticky decisions)."""
     sql = _sql(store)
     with sql._write() as tx:
         if not durable and sql._advisory_write:
             tx.execute(sql._advisory_write)
+        if also is not None:
+            also(tx)
         where = "WHERE tenant = ? AND session_id = ?"
         found = tx.execute(f"SELECT MAX(turn) FROM ctxwarden_builds {where}", (tenant, session_id))
         turn = int(found[0][0] or 0) + 1 if found else 1
         tx.execute(
             "INSERT INTO ctxwarden_builds (tenant, session_id, build_id, created_at, model, "
-            "history_tokens, input_tokens, status, audit, turn, upto_seq, context) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "history_tokens, input_tokens, status, audit, turn, upto_seq) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 tenant,
                 session_id,
@@ -346,22 +358,35 @@ def record_build(
                 history_tokens,
                 input_tokens,
                 status,
-                json_text(dict(audit)),
+                audit if isinstance(audit, str) else json_text(dict(audit)),
                 turn,
                 upto_seq,
-                context if context is None or isinstance(context, str) else json_text([*context]),
             ),
         )
+        if context is not None:
+            tx.execute(
+                "INSERT INTO ctxwarden_build_contexts (tenant, session_id, build_id, turn, "
+                "context) VALUES (?, ?, ?, ?, ?)",
+                (
+                    tenant,
+                    session_id,
+                    build_id,
+                    turn,
+                    context if isinstance(context, str) else json_text([*context]),
+                ),
+            )
         if keep is not None:
             tx.execute(
                 f"DELETE FROM ctxwarden_builds {where} AND turn <= ?",
                 (tenant, session_id, turn - max(1, keep)),
             )
+        bounds = [max(1, keep)] if keep is not None else []
         if keep_contexts is not None:
+            bounds.append(max(0, keep_contexts))
+        if bounds:  # the newest contexts only, and none outlives its build row
             tx.execute(
-                f"UPDATE ctxwarden_builds SET context = NULL {where} AND turn <= ? "
-                "AND context IS NOT NULL",
-                (tenant, session_id, turn - max(0, keep_contexts)),
+                f"DELETE FROM ctxwarden_build_contexts {where} AND turn <= ?",
+                (tenant, session_id, turn - min(bounds)),
             )
     return turn
 
@@ -400,26 +425,43 @@ def stored_tokens(
     return total, missing
 
 
-def finish_build(
-    store: SessionStore,
-    tenant: str,
-    session_id: str,
-    build_id: str,
-    status: str,
-    *,
-    head: Head | None = None,
-    expected: Head | None = None,
-) -> bool:
-    """Mark how the forwarded call ended and, in the same transaction, move the head past
-    the stored reply (compare-and-set as :func:`put_head`); False if the head had moved."""
-    with _sql(store)._write() as tx:
-        tx.execute(
-            "UPDATE ctxwarden_builds SET status = ? "
-            "WHERE tenant = ? AND session_id = ? AND build_id = ?",
-            (status, tenant, session_id, build_id),
+@dataclass(frozen=True)
+class CallEnd:
+    """How a forwarded call ended, for :func:`end_call`: the build's final ``status``, the
+    upstream ``usage`` (``None``: none reported) priced at ``dollars`` for ``model``, and
+    the head to move past the stored reply (``head``, if it is still ``expected``)."""
+
+    tenant: str
+    session_id: str
+    build_id: str
+    status: str
+    usage: Usage | None = None
+    model: str = ""
+    dollars: float = 0.0
+    head: Head | None = None
+    expected: Head | None = None
+
+
+def end_call(store: SessionStore, end: CallEnd, tx: Tx | None = None) -> bool:
+    """Write how a call ended in one transaction (``tx`` when given, e.g. the reply's
+    append): the usage on the session, its price on the tenant's spend, the build's
+    status, and the head's move (compare-and-set as :func:`put_head`). Returns False when
+    the head had moved (everything else is written)."""
+    if tx is None:
+        with _sql(store)._write() as own:
+            return end_call(store, end, own)
+    if end.usage is not None:
+        _sql(store).record_usage_in(
+            tx, end.tenant, end.session_id, end.usage, model=end.model, dollars=end.dollars
         )
-        if head is None or expected is None:
-            return True
+    tx.execute(
+        "UPDATE ctxwarden_builds SET status = ? "
+        "WHERE tenant = ? AND session_id = ? AND build_id = ?",
+        (end.status, end.tenant, end.session_id, end.build_id),
+    )
+    head, expected = end.head, end.expected
+    rows: list[Any] = [(True,)]
+    if head is not None and expected is not None:
         rows = tx.execute(
             "UPDATE ctxwarden_heads SET count = ?, chain = ?, history_tokens = ?, updated_at = ? "
             "WHERE tenant = ? AND client_id = ? AND session_id = ? AND count = ? AND chain = ? "
@@ -429,14 +471,20 @@ def finish_build(
                 head.chain,
                 head.history_tokens,
                 time.time(),
-                tenant,
+                end.tenant,
                 head.client_id,
                 expected.session_id,
                 expected.count,
                 expected.chain,
             ),
         )
-    return bool(rows)
+    moved = bool(rows)
+    if end.usage is not None and end.dollars > 0:  # last: the tenant's row is shared
+        tx.execute(
+            "UPDATE ctxwarden_tenants SET spent_usd = spent_usd + ? WHERE tenant = ?",
+            (end.dollars, end.tenant),
+        )
+    return moved
 
 
 def list_builds(
@@ -453,8 +501,10 @@ def list_builds(
     with _sql(store)._read() as tx:
         rows = tx.execute(
             "SELECT build_id, session_id, created_at, model, history_tokens, input_tokens, "
-            "status, audit, turn, upto_seq, context IS NOT NULL FROM ctxwarden_builds "
-            "WHERE tenant = ? AND session_id = ? AND turn >= ? "
+            "status, audit, turn, upto_seq, EXISTS (SELECT 1 FROM ctxwarden_build_contexts c "
+            "WHERE c.tenant = b.tenant AND c.session_id = b.session_id "
+            "AND c.build_id = b.build_id) "
+            "FROM ctxwarden_builds b WHERE tenant = ? AND session_id = ? AND turn >= ? "
             "ORDER BY turn, created_at, build_id LIMIT ? OFFSET ?",
             (tenant, session_id, since_turn, limit, offset),
         )
@@ -481,7 +531,7 @@ def build_context(
     """The built messages stored with a build (``None`` when it is too old to keep them)."""
     with _sql(store)._read() as tx:
         rows = tx.execute(
-            "SELECT context FROM ctxwarden_builds "
+            "SELECT context FROM ctxwarden_build_contexts "
             "WHERE tenant = ? AND session_id = ? AND build_id = ?",
             (tenant, session_id, build_id),
         )
@@ -499,7 +549,8 @@ def delete_session(store: SessionStore, tenant: str, session_id: str) -> bool:
         found = tx.execute(f"SELECT 1 FROM ctxwarden_sessions {where}", params)
         if not found:
             return False
-        for table in ("ctxwarden_heads", "ctxwarden_builds", "ctxwarden_ledgers"):
+        tables = ("ctxwarden_heads", "ctxwarden_build_contexts", "ctxwarden_builds")
+        for table in (*tables, "ctxwarden_ledgers"):
             tx.execute(f"DELETE FROM {table} {where}", params)
         tx.execute(f"DELETE FROM ctxwarden_messages {where}", params)
         tx.execute(f"DELETE FROM ctxwarden_sessions {where}", params)

@@ -1,0 +1,76 @@
+"""The build's shortcuts (the pairing check, the summary cut, the logged audit) give exactly
+what the long way gives: they only skip work."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ctxwarden.build.pairing import all_sendable, group_blocks
+from ctxwarden.memory.summaries import block_start_at
+from ctxwarden.messages import Message, ToolCall
+
+
+@st.composite
+def shuffled_turns(draw: st.DrawFn) -> list[Message]:
+    """Any mix of user, plain assistant, tool-calling assistant and tool messages, with
+    call ids that repeat, results missing, extra or out of place."""
+    out: list[Message] = []
+    for n in range(draw(st.integers(0, 25))):
+        kind = draw(st.sampled_from(["user", "assistant", "call", "tool"]))
+        if kind == "user":
+            out.append(Message.user(f"u{n}"))
+        elif kind == "assistant":
+            out.append(Message.assistant(f"a{n}"))
+        elif kind == "call":
+            ids = draw(st.lists(st.sampled_from(["c0", "c1", "c2"]), min_size=1, max_size=3))
+            out.append(Message.assistant(None, [ToolCall(i, "f", "{}") for i in ids]))
+        else:
+            out.append(Message.tool(f"r{n}", draw(st.sampled_from(["c0", "c1", "c2", "c9"]))))
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(messages=shuffled_turns())
+def test_all_sendable_is_every_block_sendable(messages: list[Message]) -> None:
+    assert all_sendable(messages) == all(b.sendable for b in group_blocks(messages))
+
+
+@settings(max_examples=400, deadline=None)
+@given(messages=shuffled_turns(), at=st.integers(0, 30))
+def test_block_start_at_is_the_last_block_start_up_to_a_position(
+    messages: list[Message], at: int
+) -> None:
+    cut = min(at, len(messages))
+    want = max((b.start for b in group_blocks(messages) if b.start <= cut), default=0)
+    assert block_start_at(messages, cut) == want
+
+
+def test_the_logged_audit_is_the_audit_as_json() -> None:
+    from dataclasses import dataclass, replace
+
+    from ctxwarden import build_context
+    from ctxwarden.session.build_log import audit_json
+    from ctxwarden.steps.base import Action
+    from ctxwarden.store.base import json_text
+
+    history = [Message.system("Sé breve.")]
+    for n in range(12):
+        call = ToolCall(f"c{n}", "lookup", "{}")
+        result = Message.tool("row " * 700 + f"ORD-{n}", f"c{n}")
+        history += [Message.user(f"ask {n} ünïcode"), Message.assistant(None, [call]), result,
+                    Message.assistant("ok")]  # fmt: skip
+    history.append(Message.user("and now?"))
+    audit = build_context(history, "gpt-4o", 3000).audit
+    assert audit.actions  # cuts, masks and drops, with their reasons
+
+    @dataclass(frozen=True)
+    class Tagged(Action):
+        tags: tuple[str, ...] = ("a",)  # not a scalar: written by asdict
+
+    odd = (Action("m1", "masked", "x", True, 0), Action("m1", "masked", "x", 1, 0),
+           Tagged("m2", "truncated", "ü", 3, 1),
+           Action("m3", "dropped", "\ud800", 2, 0))  # fmt: skip
+    for a in (audit, replace(audit, actions=audit.actions + odd)):
+        assert audit_json(a) == json_text(a.to_dict())
+        assert audit_json(a) == json_text(a.to_dict())  # memoised: the same again

@@ -1,0 +1,197 @@
+"""How a proxied call ends is one write: the reply, the usage, the spend, the build's
+status and the head move together or not at all; built contexts live in their own rows."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from service_harness import db_url
+
+from ctxwarden import Session, Usage
+from ctxwarden.errors import StoreError, VersionConflict
+from ctxwarden.messages import Message
+from ctxwarden.store import open_store
+from ctxwarden.store._sql import SqlStore
+from ctxwarden.store.service_tables import (
+    CallEnd,
+    Head,
+    add_tenant,
+    build_context,
+    end_call,
+    get_head,
+    list_builds,
+    put_head,
+    tenant_by_key_hash,
+)
+
+__all__ = ["db_url"]  # the store fixture: SQLite, and PostgreSQL when configured
+
+
+def _forwarded(url: str) -> tuple[Session, Head, str]:
+    """A session with one built, forwarded call and the head the proxy left for it."""
+    s = Session(url, "chat", tenant="acme")
+    add_tenant(s.store, "acme", key_hash="h" * 64, key_prefix="cw-x")
+    s.append([{"role": "system", "content": "You help."}, {"role": "user", "content": "hi"}])
+    s.build(build_id="b1", status="forwarded")
+    head = Head("acme", "chat", "chat", 0, 2, hashlib.sha256(b"two").hexdigest(), 20)
+    assert put_head(s.store, head, expected=None)
+    return s, head, "b1"
+
+
+def _state(s: Session) -> tuple[Any, ...]:
+    record = s.record
+    [build] = list_builds(s.store, "acme", "chat")
+    spent = tenant_by_key_hash(s.store, "h" * 64)
+    assert spent is not None
+    head = get_head(s.store, "acme", "chat")
+    texts = [m.text for m in s.messages()]
+    return texts, record.total_usage, record.dollars, spent.spent_usd, build.status, head
+
+
+def _end(head: Head) -> CallEnd:
+    moved = replace(head, count=3, chain=hashlib.sha256(b"three").hexdigest(), history_tokens=27)
+    usage = Usage(input_tokens=120, output_tokens=7)
+    return CallEnd(
+        "acme", "chat", "b1", "complete", usage=usage, model="gpt-4o", dollars=0.25,
+        head=moved, expected=head,
+    )  # fmt: skip
+
+
+def test_the_reply_and_the_call_end_are_stored_together(db_url: str) -> None:
+    s, head, _ = _forwarded(db_url)
+    end = _end(head)
+    with s:
+        s.append([Message.assistant("hello")], expect_next=2,
+                 also=lambda tx, _: end_call(s.store, end, tx))  # fmt: skip
+        texts, usage, dollars, spent, status, now = _state(s)
+        assert texts == ["You help.", "hi", "hello"]
+        assert (usage.input_tokens, usage.output_tokens, usage.calls) == (120, 7, 1)
+        assert dollars == pytest.approx(0.25) and spent == pytest.approx(0.25)
+        assert status == "complete" and now == end.head
+
+
+def test_a_failure_mid_write_leaves_the_session_as_before(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s, head, _ = _forwarded(db_url)
+    with s:
+        before = _state(s)
+        real = SqlStore.record_usage_in
+
+        def fails_after_writing(self: SqlStore, *a: Any, **kw: Any) -> Any:
+            real(self, *a, **kw)  # the usage is written, then the store fails
+            raise StoreError("disk full")
+
+        monkeypatch.setattr(SqlStore, "record_usage_in", fails_after_writing)
+        end = _end(head)
+        with pytest.raises(StoreError, match="disk full"):
+            s.append([Message.assistant("hello")], expect_next=2,
+                     also=lambda tx, _: end_call(s.store, end, tx))  # fmt: skip
+        monkeypatch.undo()
+        assert _state(s) == before  # no reply, usage, spend, status or head move
+        assert s.append([Message.assistant("again")], expect_next=2) == [2]  # still at 2
+
+
+def test_a_reply_that_lost_the_race_still_closes_the_build(db_url: str) -> None:
+    s, head, _ = _forwarded(db_url)
+    with s:
+        s.append([Message.assistant("another replica's reply")])
+        end = _end(head)
+        with pytest.raises(VersionConflict):
+            s.append([Message.assistant("hello")], expect_next=2,
+                     also=lambda tx, _: end_call(s.store, end, tx))  # fmt: skip
+        assert end_call(s.store, replace(end, status="reply_not_stored", head=None))
+        texts, usage, _, spent, status, now = _state(s)
+        assert texts[-1] == "another replica's reply" and "hello" not in texts
+        assert usage.calls == 1 and spent == pytest.approx(0.25)
+        assert status == "reply_not_stored" and now == head
+
+
+def test_contexts_are_rows_of_their_own_and_the_migration_moves_old_ones(
+    tmp_path: Any,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    with open_store(url, migrate_upto="006_build_log") as old:  # type: ignore[call-arg]
+        assert isinstance(old, SqlStore)
+        old.create_session("t", "s")
+        with old._write() as tx:  # a build row with its context, as 006 wrote it
+            tx.execute(
+                "INSERT INTO ctxwarden_builds (tenant, session_id, build_id, created_at, model, "
+                "history_tokens, input_tokens, status, audit, turn, upto_seq, context) VALUES "
+                "('t', 's', 'old', 1.0, 'gpt-4o', 5, 5, 'built', '{}', 1, 0, ?)",
+                ('[{"layer": "current", "message": {"role": "user", "content": "hi"}}]',),
+            )
+    with Session(url, "s", tenant="t") as s:
+        [row] = list_builds(s.store, "t", "s")
+        assert row.has_context
+        moved = build_context(s.store, "t", "s", "old")
+        assert moved == [{"layer": "current", "message": {"role": "user", "content": "hi"}}]
+        s.append([{"role": "user", "content": "next"}])
+        s.build(build_id="new", status="forwarded")
+        assert end_call(s.store, CallEnd("t", "s", "new", "complete"))
+        rows = {b.build_id: b for b in list_builds(s.store, "t", "s")}
+        assert rows["new"].status == "complete" and rows["new"].has_context
+        context = build_context(s.store, "t", "s", "new")
+        assert context is not None and context[-1]["message"]["content"] == "next"
+
+
+def test_new_messages_and_the_head_move_are_one_write(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ctxwarden.formats import message_from_openai
+    from ctxwarden.service import history
+    from ctxwarden.service.history import sync_history, wire_key
+
+    sent = [{"role": "system", "content": "You help."}, {"role": "user", "content": "hi"}]
+    with open_store(db_url) as store:
+        sessions: dict[str, Session] = {}
+
+        def open_session(sid: str) -> Session:
+            return sessions.setdefault(sid, Session(store, sid, tenant="acme"))
+
+        def sync(messages: list[dict[str, Any]]) -> Any:
+            return sync_history(
+                store, open_session, "acme", "chat", [wire_key(m) for m in messages],
+                lambda start: [message_from_openai(m) for m in messages[start:]], lambda m: 1,
+            )  # fmt: skip
+
+        first = sync(sent)
+        assert first.head.count == 2 and not first.forked
+        more = [*sent, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "x"}]
+        real = history.put_head
+        monkeypatch.setattr(history, "put_head", lambda *a, **kw: False)  # always loses the race
+        with pytest.raises(VersionConflict):
+            sync(more)
+        assert [m.text for m in open_session("chat").messages()] == ["You help.", "hi"]
+        monkeypatch.setattr(history, "put_head", real)
+        again = sync(more)  # nothing half-written: the same session, no branch
+        assert again.session.session_id == "chat" and not again.forked
+        assert [m.text for m in again.session.messages()] == ["You help.", "hi", "hello", "x"]
+
+
+def test_a_build_log_write_that_fails_keeps_the_previous_sticky_state(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Session(db_url, "sticky", tenant="acme") as s:
+        s.append([{"role": "system", "content": "You help."}, {"role": "user", "content": "hi"}])
+        s.build(status="forwarded")
+        before = dict(s.record.sticky)
+        s.append([{"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}])
+        real = SqlStore.save_sticky_in
+
+        def fails_after_writing(self: SqlStore, *a: Any, **kw: Any) -> None:
+            real(self, *a, **kw)  # the sticky state is written, then the store fails
+            raise StoreError("disk full")
+
+        monkeypatch.setattr(SqlStore, "save_sticky_in", fails_after_writing)
+        with pytest.raises(StoreError, match="disk full"):
+            s.build(status="forwarded")
+        monkeypatch.undo()
+        assert dict(s.record.sticky) == before  # the log row and the sticky state: both or none
+        assert len(list_builds(s.store, "acme", "sticky")) == 1
+        s.build(status="forwarded")
+        assert dict(s.record.sticky)["last_seq"] == 3
+        assert len(list_builds(s.store, "acme", "sticky")) == 2
