@@ -232,13 +232,14 @@ def _fired(
     reasons: list[str] = []
     if trigger.max_messages is not None and len(live) > trigger.max_messages:
         reasons.append(f"{len(live)} unsummarised messages > {trigger.max_messages}")
+    tokens: int | None = None  # the live messages' tokens, summed once for both tests
     if trigger.max_tokens is not None:
         tokens = sum(count(messages[i]) for i in live)
         if tokens > trigger.max_tokens:
             reasons.append(f"unsummarised messages hold {tokens} tokens > {trigger.max_tokens}")
     if trigger.fill_ratio is not None and window:
         fixed = _fill_fixed(trigger, messages, live, count, window, previous, fills)
-        foldable = sum(count(messages[i]) for i in live)
+        foldable = tokens if tokens is not None else sum(count(messages[i]) for i in live)
         used = fixed + foldable
         # Fire only with at least half the threshold to fold: otherwise a summary and a
         # system prompt that fill the context by themselves would fire it on every call.

@@ -195,8 +195,7 @@ class StepContext:
         return self.counter.count_message(message)
 
     def total(self, messages: Sequence[Message]) -> int:
-        count = self.counter.count_message
-        return sum(count(m) for m in messages)
+        return sum(map(self.counter.count_message, messages))
 
 
 @dataclass(frozen=True)

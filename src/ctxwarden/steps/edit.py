@@ -43,8 +43,9 @@ class EditStep:
         for action in result.actions:
             if action.action in ("masked", "truncated"):
                 edits[action.message_id] = Edit(action.action)
-        for m in result.messages:  # a truncation that lists its cut values says so
-            if m.id in edits and "values_listed" in m.meta and "masked_from" not in m.meta:
-                edits[m.id] = Edit(edits[m.id].action, listed=True)
+        if edits:  # a truncation that lists its cut values says so
+            for m in result.messages:
+                if m.id in edits and "values_listed" in m.meta and "masked_from" not in m.meta:
+                    edits[m.id] = Edit(edits[m.id].action, listed=True)
         new = draft.but(window=tuple(result.messages), edits=edits)
         return StepResult(new, tuple(result.actions))

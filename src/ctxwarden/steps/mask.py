@@ -132,7 +132,8 @@ class MaskObservations:
             rest = [i for i in maskable if i not in to_mask]
             if rest and self.flush_over_budget:
                 if over_budget is None:
-                    over_budget = ctx.total(self._apply(messages, to_mask, ctx)[0]) > ctx.budget
+                    masked = self._apply(messages, to_mask, ctx, record=False)[0]
+                    over_budget = ctx.total(masked) > ctx.budget
                 if over_budget:
                     to_mask.update(rest)
 
@@ -140,12 +141,23 @@ class MaskObservations:
         return StrategyResult(out, actions)
 
     def _apply(
-        self, messages: Sequence[Message], to_mask: set[int], ctx: StrategyContext
+        self,
+        messages: Sequence[Message],
+        to_mask: set[int],
+        ctx: StrategyContext,
+        record: bool = True,
     ) -> tuple[list[Message], list[Action]]:
+        """``messages`` with ``to_mask`` masked, and (with ``record``) the actions saying
+        so; the flush test needs only the messages."""
         out = list(messages)
         actions: list[Action] = []
+        if not to_mask:
+            return out, actions
         names: dict[str, str] = {}
+        last = max(to_mask)
         for i, message in enumerate(messages):
+            if i > last:
+                break
             for call in message.tool_calls:
                 names[call.id] = call.name
             if i not in to_mask:
@@ -156,6 +168,8 @@ class MaskObservations:
             if after >= before:
                 continue
             out[i] = new
+            if not record:
+                continue
             sticky = ctx.sticky.get(message.id) == "masked"
             reason = (
                 "masked in an earlier build (kept masked for a stable prefix)"

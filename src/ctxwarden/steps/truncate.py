@@ -297,10 +297,12 @@ class TruncateToolResults:
         drafts = self.count_text or ctx.count_text
         counter = _counter_key(drafts) if drafts is not None else _counter_key(ctx.count)
         for message in messages:
-            if message.tool_calls:
+            if message.role != "tool":  # only tool results are cut (see _cuttable)
                 for call in message.tool_calls:
                     requests[call.id] = message
-            request = requests.get(message.tool_call_id or "") if message.role == "tool" else None
+                out.append(message)
+                continue
+            request = requests.get(message.tool_call_id or "")
             if _recall_result(message, request):
                 out.append(message)
                 continue

@@ -404,11 +404,13 @@ class TokenCounter:
 
     def measure(self, message: Message) -> tuple[int, bool]:
         """``(tokens, exact)`` of one message, cached: what :meth:`count_messages` adds up."""
-        return self._cached(message)
+        hit = self._cache.get(message.fingerprint)  # _cached's hit, inline: builds count
+        return hit if hit is not None else self._cached(message)  # each message many times
 
     def count_message(self, message: Message) -> int:
         """Tokens one message adds to a request (framing included), cached."""
-        return self._cached(message)[0]
+        hit = self._cache.get(message.fingerprint)  # as in measure
+        return (hit if hit is not None else self._cached(message))[0]
 
     def count_tools(self, tools: Sequence[Mapping[str, Any]] | None) -> int:
         """Tokens of the ``tools=`` definitions of a request (documented method)."""

@@ -1,0 +1,81 @@
+"""The editing steps' fast paths give what the plain per-message rules give.
+
+Truncation skips everything but tool results without calling its per-message rule, and
+masking's over-budget test builds the masked window without its actions: on random agent
+histories both must match the plain computation exactly.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ctxwarden.bench.random_histories import random_history
+from ctxwarden.messages import Message
+from ctxwarden.steps.base import StrategyContext
+from ctxwarden.steps.mask import MaskObservations
+from ctxwarden.steps.truncate import TruncateToolResults
+from ctxwarden.tokens.counter import TokenCounter
+
+COUNTER = TokenCounter.for_model("gpt-4o")
+
+
+def _ctx(budget: int = 1_000_000) -> StrategyContext:
+    return StrategyContext(
+        count=COUNTER.count_message,
+        budget=budget,
+        total=lambda ms: COUNTER.count_messages(ms).tokens,
+        count_text=COUNTER.count_text,
+    )
+
+
+def _requests(history: list[Message]) -> dict[str, Message]:
+    return {c.id: m for m in history for c in m.tool_calls}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_truncation_equals_the_per_message_rule(seed: int) -> None:
+    history = random_history(seed)
+    strategy = TruncateToolResults(threshold_tokens=60, target_tokens=40)
+    out = strategy(history, _ctx()).messages
+    requests = _requests(history)
+    assert len(out) == len(history)
+    for before, after in zip(history, out, strict=True):
+        if before.role != "tool":
+            assert after is before
+            continue
+        request = requests.get(before.tool_call_id or "")
+        expected = strategy.truncate(before, COUNTER.count_message, COUNTER.count_text, request)
+        assert after.content == expected.content
+        assert after.meta == expected.meta
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_mask_without_actions_masks_alike(seed: int) -> None:
+    history = random_history(seed)
+    strategy = MaskObservations(keep_last=1, min_tokens=1)
+    rng = random.Random(seed)
+    results = [i for i, m in enumerate(history) if m.role == "tool"]
+    chosen = {i for i in results if rng.random() < 0.6}
+    recorded, actions = strategy._apply(history, chosen, _ctx())
+    bare, none = strategy._apply(history, chosen, _ctx(), record=False)
+    assert [m.content for m in bare] == [m.content for m in recorded]
+    assert none == []
+    assert {a.message_id for a in actions} <= {history[i].id for i in chosen}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_flush_over_budget_masks_every_maskable_result(seed: int) -> None:
+    history = random_history(seed)
+    strategy = MaskObservations(keep_last=1, min_tokens=1, batch_tokens=10_000)
+    total = COUNTER.count_messages(history).tokens
+    tight = strategy(history, _ctx(budget=max(total // 4, 1)))
+    results = [i for i, m in enumerate(history) if m.role == "tool"][:-1]
+    eligible = [i for i in results if not history[i].pinned and history[i].priority != "critical"]
+    smaller = {
+        history[i].id
+        for i in eligible
+        if strategy._apply(history, {i}, _ctx(), record=False)[0][i] is not history[i]
+    }
+    assert {a.message_id for a in tight.actions} == smaller
