@@ -68,9 +68,14 @@ def test_the_logged_audit_is_the_audit_as_json() -> None:
     class Tagged(Action):
         tags: tuple[str, ...] = ("a",)  # not a scalar: written by asdict
 
+    class Reason(str):  # a str subclass: not an exact scalar type, written by asdict
+        pass
+
     odd = (Action("m1", "masked", "x", True, 0), Action("m1", "masked", "x", 1, 0),
            Tagged("m2", "truncated", "ü", 3, 1),
-           Action("m3", "dropped", "\ud800", 2, 0))  # fmt: skip
+           Action("m3", "dropped", "\ud800", 2, 0),
+           Action("m4", "masked", Reason("y"), 2, 0),
+           Action("m4", "masked", "y", 2.0, 0))  # fmt: skip
     for a in (audit, replace(audit, actions=audit.actions + odd)):
         assert audit_json(a) == json_text(a.to_dict())
         assert audit_json(a) == json_text(a.to_dict())  # memoised: the same again

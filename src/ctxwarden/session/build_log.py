@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import asdict, fields
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from ctxwarden.formats.openai import message_to_openai
@@ -87,29 +88,39 @@ def context_json(built: BuiltContext) -> str:
 
 _ACTION_TEXTS: dict[Hashable, str] = {}
 _ACTION_TEXTS_MAX = 65_536
-_SCALARS = (str, int, float, bool, type(None))
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_SCALARS = frozenset((str, int, float, bool, type(None)))  # exact types: a subclass is dumped
+_FIELDS: dict[type, tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]] = {}
+
+
+def _field_reader(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """A C-level reader of ``names`` as a tuple (``attrgetter`` of one name is no tuple)."""
+    if len(names) > 1:
+        return attrgetter(*names)
+    return lambda obj: tuple(getattr(obj, n) for n in names)
 
 
 def _action_text(action: Any) -> str:
     """One action's JSON as ``json.dumps(asdict(action))`` writes it, memoised by its
     values and their types (``1`` and ``True`` are written apart): a proxied session's
     build cuts and masks the same messages for the same reasons turn after turn."""
-    names = _FIELD_NAMES.get(type(action))
-    if names is None:
-        names = _FIELD_NAMES[type(action)] = tuple(f.name for f in fields(action))
-    values = tuple(getattr(action, n) for n in names)
-    if not all(isinstance(v, _SCALARS) for v in values):
-        return json.dumps(asdict(action), ensure_ascii=False)
-    key = (type(action), values, tuple(map(type, values)))
-    found = _ACTION_TEXTS.get(key)
+    found = _FIELDS.get(type(action))
     if found is None:
+        names = tuple(f.name for f in fields(action))
+        found = _FIELDS[type(action)] = (names, _field_reader(names))
+    names, read = found
+    values = read(action)
+    types = tuple(map(type, values))
+    if not _SCALARS.issuperset(types):
+        return json.dumps(asdict(action), ensure_ascii=False)
+    key = (type(action), values, types)
+    text = _ACTION_TEXTS.get(key)
+    if text is None:
         if len(_ACTION_TEXTS) >= _ACTION_TEXTS_MAX:
             _ACTION_TEXTS.clear()
-        found = _ACTION_TEXTS[key] = json.dumps(
+        text = _ACTION_TEXTS[key] = json.dumps(
             dict(zip(names, values, strict=True)), ensure_ascii=False
         )
-    return found
+    return text
 
 
 def audit_json(audit: Audit) -> str:
