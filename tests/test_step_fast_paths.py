@@ -79,3 +79,20 @@ def test_flush_over_budget_masks_every_maskable_result(seed: int) -> None:
         if strategy._apply(history, {i}, _ctx(), record=False)[0][i] is not history[i]
     }
     assert {a.message_id for a in tight.actions} == smaller
+
+
+def test_a_reused_action_is_the_action_and_logs_alike() -> None:
+    import json
+    from dataclasses import asdict
+
+    from ctxwarden.session.build_log import _action_text
+    from ctxwarden.steps.base import Action, same_action
+
+    first = same_action("m1", "masked", "old result", 30, 9, "mask")
+    assert first == Action("m1", "masked", "old result", 30, 9, "mask")
+    assert same_action("m1", "masked", "old result", 30, 9, "mask") is first
+    as_float = same_action("m1", "masked", "old result", 30.0, 9, "mask")  # type: ignore[arg-type]
+    assert as_float is not first
+    for action in (first, as_float, first, as_float):  # the second time from the action
+        assert _action_text(action) == json.dumps(asdict(action), ensure_ascii=False)
+    assert '"tokens_before": 30.0' in _action_text(as_float)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxwarden.formats.openai import message_to_openai
 from ctxwarden.formats.openai_json import meta_message_json, object_json
+from ctxwarden.steps.base import Action
 from ctxwarden.store import StoredMessage
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.base import json_text, unstorable
@@ -89,6 +90,7 @@ def context_json(built: BuiltContext) -> str:
 _ACTION_TEXTS: dict[Hashable, str] = {}
 _ACTION_TEXTS_MAX = 65_536
 _SCALARS = frozenset((str, int, float, bool, type(None)))  # exact types: a subclass is dumped
+_TEXT_ATTR = "_ctxwarden_json"  # an action's logged JSON, kept on the (frozen) action
 _FIELDS: dict[type, tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]] = {}
 
 
@@ -102,7 +104,20 @@ def _field_reader(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
 def _action_text(action: Any) -> str:
     """One action's JSON as ``json.dumps(asdict(action))`` writes it, memoised by its
     values and their types (``1`` and ``True`` are written apart): a proxied session's
-    build cuts and masks the same messages for the same reasons turn after turn."""
+    build cuts and masks the same messages for the same reasons turn after turn, with
+    the same action objects (:func:`~ctxwarden.steps.base.same_action`), on which the
+    text is kept."""
+    own = getattr(action, "__dict__", None)
+    kept: str | None = own.get(_TEXT_ATTR) if own is not None else None
+    if kept is not None:
+        return kept
+    text = _action_json(action)
+    if own is not None and type(action) is Action:
+        own[_TEXT_ATTR] = text
+    return text
+
+
+def _action_json(action: Any) -> str:
     found = _FIELDS.get(type(action))
     if found is None:
         names = tuple(f.name for f in fields(action))

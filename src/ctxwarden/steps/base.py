@@ -61,6 +61,27 @@ class Action:
         return self.tokens_before - self.tokens_after
 
 
+_ACTIONS: dict[tuple[Any, ...], Action] = {}
+_ACTIONS_MAX = 65_536
+
+
+def same_action(
+    message_id: str, action: ActionKind, reason: str, before: int, after: int, strategy: str
+) -> Action:
+    """``Action(message_id, action, reason, before, after, strategy)``, the same object
+    as the last build's when the values are the same: a session's builds cut and mask
+    the same messages for the same reasons call after call, and a reused action keeps
+    its logged JSON (the build log caches it on the action). Bounded; values of another
+    type (``1.0`` for ``1``) make another action."""
+    key = (message_id, action, reason, before, after, strategy, type(before), type(after))
+    found = _ACTIONS.get(key)
+    if found is None:
+        if len(_ACTIONS) >= _ACTIONS_MAX:
+            _ACTIONS.clear()
+        found = _ACTIONS[key] = Action(message_id, action, reason, before, after, strategy)
+    return found
+
+
 @dataclass(frozen=True)
 class StrategyContext:
     """What a strategy may read: counting, the budget, and earlier decisions.
@@ -109,6 +130,18 @@ class Edit:
 
     action: ActionKind
     listed: bool = False
+
+
+_EDITS: dict[tuple[str, bool], Edit] = {}
+
+
+def edit_marker(action: ActionKind, listed: bool = False) -> Edit:
+    """``Edit(action, listed)``, one shared object per value (a build marks one per cut
+    or masked message, and the markers are immutable)."""
+    found = _EDITS.get((action, listed))
+    if found is None:
+        found = _EDITS[(action, listed)] = Edit(action, listed)
+    return found
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ctxwarden.steps.base import Draft, Edit, StepContext, StepResult, Strategy, StrategyContext
+from ctxwarden.steps.base import (
+    Draft,
+    StepContext,
+    StepResult,
+    Strategy,
+    StrategyContext,
+    edit_marker,
+)
 
 __all__ = ["EditStep"]
 
@@ -42,10 +49,10 @@ class EditStep:
         edits = dict(draft.edits)
         for action in result.actions:
             if action.action in ("masked", "truncated"):
-                edits[action.message_id] = Edit(action.action)
+                edits[action.message_id] = edit_marker(action.action)
         if edits:  # a truncation that lists its cut values says so
             for m in result.messages:
                 if m.id in edits and "values_listed" in m.meta and "masked_from" not in m.meta:
-                    edits[m.id] = Edit(edits[m.id].action, listed=True)
+                    edits[m.id] = edit_marker(edits[m.id].action, listed=True)
         new = draft.but(window=tuple(result.messages), edits=edits)
         return StepResult(new, tuple(result.actions))

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from ctxwarden.errors import ConfigError
 from ctxwarden.messages import Message
-from ctxwarden.steps.base import Action, StrategyContext, StrategyResult
+from ctxwarden.steps.base import Action, StrategyContext, StrategyResult, same_action
 from ctxwarden.steps.handles import handle_for
 
 __all__ = ["DEFAULT_PLACEHOLDER", "MaskObservations"]
@@ -176,5 +176,5 @@ class MaskObservations:
                 if sticky
                 else f"tool result older than the last {self.keep_last}"
             )
-            actions.append(Action(message.id, "masked", reason, before, after, self.name))
+            actions.append(same_action(message.id, "masked", reason, before, after, self.name))
         return out, actions

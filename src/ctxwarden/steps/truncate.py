@@ -44,7 +44,7 @@ from typing import Any
 from ctxwarden.errors import ConfigError
 from ctxwarden.memory.recall import RECALL_TOOL_NAME
 from ctxwarden.messages import Message
-from ctxwarden.steps.base import Action, StrategyContext, StrategyResult
+from ctxwarden.steps.base import Action, StrategyContext, StrategyResult, same_action
 from ctxwarden.steps.cut_json import truncate_json
 from ctxwarden.steps.cut_kinds import MAX_CHARS, truncate_by_kind
 from ctxwarden.steps.cut_terms import request_terms
@@ -309,15 +309,9 @@ class TruncateToolResults:
             new = self._truncate(message, ctx.count, drafts, counter, request)
             if new is not message:
                 before, after = ctx.count(message), ctx.count(new)
+                reason = f"{message.kind} tool result over {fmt(self.threshold_tokens)} tokens"
                 actions.append(
-                    Action(
-                        message.id,
-                        "truncated",
-                        f"{message.kind} tool result over {fmt(self.threshold_tokens)} tokens",
-                        before,
-                        after,
-                        strategy=self.name,
-                    )
+                    same_action(message.id, "truncated", reason, before, after, self.name)
                 )
             out.append(new)
         return StrategyResult(out, actions)
