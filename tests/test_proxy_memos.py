@@ -68,6 +68,8 @@ def test_context_json_is_the_context_rows_as_stored(tmp_path: Path) -> None:
     built = replace(built, messages=[*built.messages, odd])
     assert context_json(built) == json_text(context_rows(built))
     assert context_json(built).isascii()  # written as the store can hold it
+    assert context_json(replace(built, messages=[])) == "[]"
+    assert len({built.layers.get(m.id, "window") for m in built.messages}) > 1  # rows per layer
 
 
 def test_the_cached_last_block_checks_pairs_as_the_store_does(tmp_path: Path) -> None:

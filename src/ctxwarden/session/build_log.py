@@ -73,15 +73,18 @@ def context_json(built: BuiltContext) -> str:
     """``json_text(context_rows(built))``, each message's text memoised
     (:func:`~ctxwarden.formats.openai_json.meta_message_json`): from one build to the next
     a session's context is mostly the same messages."""
-    layers: dict[str, str] = {}
-    rows = []
+    layer_of = built.layers.get
+    heads: dict[str, str] = {}
+    parts: list[str] = []  # joined once: no row string is made and copied again
     for m in built.messages:
-        layer = built.layers.get(m.id, "window")
-        head = layers.get(layer)
+        layer = layer_of(m.id, "window")
+        head = heads.get(layer)
         if head is None:
-            head = layers[layer] = '{"layer": ' + json.dumps(layer, ensure_ascii=False)
-        rows.append(head + ', "message": ' + meta_message_json(m) + "}")
-    text = "[" + ", ".join(rows) + "]"
+            head = heads[layer] = f'{{"layer": {json.dumps(layer, ensure_ascii=False)}, "message": '
+        parts += (head, meta_message_json(m), "}, ")
+    if parts:
+        parts[-1] = "}"
+    text = "[" + "".join(parts) + "]"
     if not text.isascii() and unstorable(text):
         return json_text(context_rows(built))
     return text
