@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from ctxwarden.formats.openai import message_to_openai
 from ctxwarden.formats.openai_json import meta_message_json, object_json
+from ctxwarden.session.handle import SessionHandle
+from ctxwarden.session.tail_memo import count_key
 from ctxwarden.store import StoredMessage
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.base import json_text, unstorable
@@ -41,7 +43,6 @@ from ctxwarden.tokens.counter import TokenCounter
 if TYPE_CHECKING:
     from ctxwarden.build.audit import Audit
     from ctxwarden.build.engine import BuiltContext
-    from ctxwarden.session.session import Session
 
 __all__ = [
     "KEEP_BUILDS",
@@ -123,11 +124,13 @@ def audit_json(audit: Audit) -> str:
 
 
 def _history_tokens(
-    session: Session, read: Sequence[StoredMessage], start: int, upto: int, counter: TokenCounter
+    session: SessionHandle,
+    read: Sequence[StoredMessage],
+    start: int,
+    upto: int,
+    counter: TokenCounter,
 ) -> int:
     """The tokens of every stored message up to ``upto`` (see the module docstring)."""
-    from ctxwarden.session.session import count_key
-
     store, tenant, sid = session.store, session.tenant, session.session_id
     previous, after = last_build_mark(store, tenant, sid) or (0, -1)
     if after > upto:  # the log is ahead of this build's view (a concurrent build)
@@ -150,7 +153,7 @@ def _history_tokens(
 
 
 def log_build(
-    session: Session,
+    session: SessionHandle,
     built: BuiltContext,
     read: Sequence[StoredMessage],
     start: int,
