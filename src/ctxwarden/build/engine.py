@@ -18,18 +18,17 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 from ctxwarden.build.audit import LAYERS, Audit
+from ctxwarden.build.built import BuiltContext
 from ctxwarden.build.inputs import all_messages, check_build_arguments
 from ctxwarden.build.pipeline import steps_for
 from ctxwarden.build.policy import Policy
 from ctxwarden.build.state import BuildState
 from ctxwarden.errors import BudgetError
-from ctxwarden.formats.anthropic import messages_to_anthropic
-from ctxwarden.formats.openai import messages_from_openai, messages_to_openai
+from ctxwarden.formats.openai import messages_from_openai
 from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.memory.facts import FactSchema
 from ctxwarden.memory.layer_state import LayerState
@@ -43,29 +42,6 @@ from ctxwarden.steps.window import leading_system, newest_call_block, newest_use
 from ctxwarden.tokens.counter import REPLY_PRIMING, TokenCounter
 
 __all__ = ["BuiltContext", "build_context", "run_build"]
-
-
-@dataclass(frozen=True)
-class BuiltContext:
-    """The context to send, what was done to build it, and what the next build needs."""
-
-    messages: tuple[Message, ...]
-    audit: Audit
-    state: BuildState
-    model: str
-    layers: Mapping[str, str]  # message id -> layer name
-
-    @property
-    def input_tokens(self) -> int:
-        return self.audit.input_tokens
-
-    def to_openai(self) -> list[dict[str, Any]]:
-        """OpenAI chat messages, ready to send."""
-        return messages_to_openai(self.messages)
-
-    def to_anthropic(self) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]]]:
-        """``(system, messages)`` for the Anthropic API, ``cache_control`` placed."""
-        return messages_to_anthropic(self.messages, cache_breakpoints=self.audit.cache_breakpoints)
 
 
 def _as_messages(messages: Iterable[Message | Mapping[str, Any]], known: int = 0) -> list[Message]:

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
 from typing import Any
 
+from ctxwarden.build.built import BuiltContext
 from ctxwarden.errors import ConfigError, InvalidMessageError
 from ctxwarden.messages import Message
 
@@ -110,14 +111,10 @@ def check_build_options(
     _check_optional(options.get("facts"), "facts", str, "a str")
     _check_tools(options.get("tools"))
     previous = options.get("previous")
-    if previous is not None and not isinstance(previous, BuildState):
-        from ctxwarden.build.engine import BuiltContext
-
-        if not isinstance(previous, BuiltContext):
-            raise ConfigError(
-                "previous must be the last BuiltContext (or its state), "
-                f"got {type(previous).__name__}"
-            )
+    if previous is not None and not isinstance(previous, BuildState | BuiltContext):
+        raise ConfigError(
+            f"previous must be the last BuiltContext (or its state), got {type(previous).__name__}"
+        )
 
 
 def check_messages_argument(messages: Any) -> list[Any]:

@@ -29,7 +29,7 @@ from ctxwarden.service.calls import client_session_id, upstream_for
 from ctxwarden.service.errors import ServiceError, from_library
 from ctxwarden.service.forward import forward, read_whole
 from ctxwarden.service.history import message_key
-from ctxwarden.service.pipeline import Call, Prepared
+from ctxwarden.service.prepared import Call, Prepared
 from ctxwarden.service.schema import ANTHROPIC_BODY, COUNT_BODY, PROXY_ERRORS
 from ctxwarden.service.sse import AnthropicReply, parse_frame
 from ctxwarden.service.upstream import UpstreamFailure

@@ -18,7 +18,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 from starlette.requests import Request
@@ -31,41 +31,14 @@ from ctxwarden.messages import Message
 from ctxwarden.service.calls import check_spend
 from ctxwarden.service.errors import ServiceError, from_library
 from ctxwarden.service.hub import Hub
-from ctxwarden.service.pipeline import Call, Prepared, charge, finish, prepare
+from ctxwarden.service.pipeline import charge, finish, prepare
+from ctxwarden.service.prepared import Call, Prepared
 from ctxwarden.service.recall_rounds import proxy_recall, settle
 from ctxwarden.service.sse import FrameSplitter
 from ctxwarden.service.upstream import Upstream, UpstreamFailure
+from ctxwarden.service.wire import StreamReader, Wire
 
 __all__ = ["ProxyStream", "StreamReader", "Wire", "forward", "read_whole"]
-
-
-class StreamReader(Protocol):
-    @property
-    def tokens_seen(self) -> bool:
-        """A text or tool delta arrived (time to first token)."""
-
-    @property
-    def finished(self) -> bool:
-        """The stream's own end marker arrived (``[DONE]``, ``message_stop``)."""
-
-    def frame(self, frame: bytes) -> bytes | None:
-        """Account for one frame; return what the client gets (``None``: drop it)."""
-
-    def result(self, complete: bool) -> tuple[Message | None, Usage | None, str]:
-        """The reply to store, the usage, and the build's final status."""
-
-
-class Wire(Protocol):
-    api: str
-    path: str
-
-    def body(
-        self, prepared: Prepared, extra: tuple[Message, ...] = (), recall: bool = False
-    ) -> bytes: ...
-
-    def from_json(self, data: Any) -> tuple[Message | None, Usage | None]: ...
-
-    def reader(self) -> StreamReader: ...
 
 
 async def _finish(

@@ -30,7 +30,7 @@ from ctxwarden.service.calls import client_session_id, upstream_for
 from ctxwarden.service.errors import ServiceError
 from ctxwarden.service.forward import forward
 from ctxwarden.service.history import content_text
-from ctxwarden.service.pipeline import Call, Prepared
+from ctxwarden.service.prepared import Call, Prepared
 from ctxwarden.service.schema import OPENAI_BODY, PROXY_ERRORS
 from ctxwarden.service.sse import OpenAIReply, parse_frame
 

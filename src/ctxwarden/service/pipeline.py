@@ -15,61 +15,21 @@ and moves the head past the reply in one transaction: a crash leaves all of it o
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from ctxwarden import BuiltContext, Session, TokenCounter, Usage, estimate_cost, get_model
 from ctxwarden.errors import UnknownModelError, VersionConflict
 from ctxwarden.messages import Message
-from ctxwarden.service.history import Synced, message_key, sync_history
-from ctxwarden.service.hub import Hub, Tenant
+from ctxwarden.service.history import message_key, sync_history
+from ctxwarden.service.hub import Hub
+from ctxwarden.service.prepared import Call, Prepared
 from ctxwarden.service.recall_rounds import proxy_recall
 from ctxwarden.store.service_tables import CallEnd, add_spend, end_call
 
 __all__ = ["Call", "Prepared", "charge", "finish", "prepare"]
-
-
-@dataclass(frozen=True)
-class Call:
-    """What a route parsed from the request: ``keys`` are the client's messages as
-    :func:`~ctxwarden.service.history.wire_key` s, ``parse(start)`` parses them from
-    ``start`` on, ``tools`` are the request's tools in OpenAI shape (counted in the
-    budget)."""
-
-    api: str
-    tenant: Tenant
-    client_id: str
-    model: str
-    keys: Sequence[bytes]
-    parse: Callable[[int], list[Message]]
-    max_input_tokens: int | None = None
-    tools: Sequence[Mapping[str, Any]] | None = None
-
-
-@dataclass(frozen=True)
-class Prepared:
-    call: Call
-    synced: Synced
-    built: BuiltContext
-    build_id: str
-
-    @property
-    def history_tokens(self) -> int:
-        return self.synced.head.history_tokens
-
-    @property
-    def saved_tokens(self) -> int:
-        return max(0, self.history_tokens - self.built.input_tokens)
-
-    def headers(self) -> dict[str, str]:
-        return {
-            "x-ctxwarden-input-tokens": str(self.built.input_tokens),
-            "x-ctxwarden-saved-tokens": str(self.saved_tokens),
-            "x-ctxwarden-build-id": self.build_id,
-            "x-ctxwarden-session": self.synced.session.session_id,
-        }
 
 
 def _budget(hub: Hub, call: Call) -> int | None:

@@ -39,13 +39,13 @@ from ctxwarden.errors import CtxwardenError, UnknownHandleError
 from ctxwarden.memory.recall import RECALL_TOOL_NAME, recall_arguments
 from ctxwarden.messages import Message
 from ctxwarden.registry.usage import Usage
+from ctxwarden.service.prepared import Prepared
 from ctxwarden.service.sse import FrameSplitter
+from ctxwarden.service.wire import Wire
 
-if TYPE_CHECKING:  # the pipeline and forward import this module
+if TYPE_CHECKING:
     from ctxwarden.build.policy import Policy
-    from ctxwarden.service.forward import Wire
     from ctxwarden.service.metrics import Metrics
-    from ctxwarden.service.pipeline import Prepared
     from ctxwarden.service.upstream import Upstream
 
 __all__ = ["MAX_ROUNDS", "Held", "client_offers_recall", "proxy_recall", "settle"]

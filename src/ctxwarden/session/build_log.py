@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from ctxwarden.formats.openai import message_to_openai
 from ctxwarden.formats.openai_json import meta_message_json, object_json
+from ctxwarden.session.handle import SessionHandle
+from ctxwarden.session.tail_memo import count_key
 from ctxwarden.steps.base import Action
 from ctxwarden.store import StoredMessage
 from ctxwarden.store._sql import SqlStore
@@ -43,7 +45,6 @@ from ctxwarden.tokens.counter import TokenCounter
 if TYPE_CHECKING:
     from ctxwarden.build.audit import Audit
     from ctxwarden.build.engine import BuiltContext
-    from ctxwarden.session.session import Session
 
 __all__ = [
     "KEEP_BUILDS",
@@ -152,11 +153,13 @@ def audit_json(audit: Audit) -> str:
 
 
 def _history_tokens(
-    session: Session, read: Sequence[StoredMessage], start: int, upto: int, counter: TokenCounter
+    session: SessionHandle,
+    read: Sequence[StoredMessage],
+    start: int,
+    upto: int,
+    counter: TokenCounter,
 ) -> int:
     """The tokens of every stored message up to ``upto`` (see the module docstring)."""
-    from ctxwarden.session.session import count_key
-
     store, tenant, sid = session.store, session.tenant, session.session_id
     previous, after = last_build_mark(store, tenant, sid) or (0, -1)
     if after > upto:  # the log is ahead of this build's view (a concurrent build)
@@ -179,7 +182,7 @@ def _history_tokens(
 
 
 def log_build(
-    session: Session,
+    session: SessionHandle,
     built: BuiltContext,
     read: Sequence[StoredMessage],
     start: int,

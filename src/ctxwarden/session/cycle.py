@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 from ctxwarden.errors import SummarizationError, VersionConflict
 from ctxwarden.messages import Message
 from ctxwarden.registry.usage import Usage
+from ctxwarden.session.handle import SessionHandle
 from ctxwarden.store import StoredSession
 
 if TYPE_CHECKING:
     from ctxwarden.memory.facts import FactSchema
     from ctxwarden.memory.summaries import SummaryTrigger
-    from ctxwarden.session.session import Session
 
 __all__ = ["SummaryWrite", "summary_cycle"]
 
@@ -45,7 +45,7 @@ class SummaryWrite:
 
 
 async def summary_cycle(
-    session: Session,
+    session: SessionHandle,
     resolved: tuple[Any, Any, bool],
     trigger: SummaryTrigger,
     count: Callable[[Message], int],
@@ -57,6 +57,7 @@ async def summary_cycle(
     """One cycle for ``session`` (see the module docstring); ``None`` when nothing
     changed."""
     from ctxwarden.memory.cycle import summarize_history
+    from ctxwarden.memory.facts import Facts
     from ctxwarden.memory.layer_state import LayerState
     from ctxwarden.session import state as session_state
 
@@ -72,7 +73,7 @@ async def summary_cycle(
         record = batch.session
         seen_seq = int(record.summary_levels.get("seen_seq", -1)) if record.summary_levels else -1
         seen = sum(1 for s in batch.messages if s.seq <= seen_seq)
-        facts = session._facts(record)
+        facts = Facts.from_json(record.facts)
         previous = LayerState(session_state.summary_state(record), facts, 0, seen)
         # 2. the model: no transaction, and no connection held while it thinks
         session.store.release()

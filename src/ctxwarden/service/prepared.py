@@ -1,0 +1,57 @@
+"""One proxied call's values: what a route parsed (:class:`Call`) and what the build made
+of it (:class:`Prepared`). Their own module, so the wire formats, the pipeline and the
+recall rounds all use them without importing each other."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ctxwarden import BuiltContext
+from ctxwarden.messages import Message
+from ctxwarden.service.history import Synced
+from ctxwarden.service.hub import Tenant
+
+__all__ = ["Call", "Prepared"]
+
+
+@dataclass(frozen=True)
+class Call:
+    """What a route parsed from the request: ``keys`` are the client's messages as
+    :func:`~ctxwarden.service.history.wire_key` s, ``parse(start)`` parses them from
+    ``start`` on, ``tools`` are the request's tools in OpenAI shape (counted in the
+    budget)."""
+
+    api: str
+    tenant: Tenant
+    client_id: str
+    model: str
+    keys: Sequence[bytes]
+    parse: Callable[[int], list[Message]]
+    max_input_tokens: int | None = None
+    tools: Sequence[Mapping[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    call: Call
+    synced: Synced
+    built: BuiltContext
+    build_id: str
+
+    @property
+    def history_tokens(self) -> int:
+        return self.synced.head.history_tokens
+
+    @property
+    def saved_tokens(self) -> int:
+        return max(0, self.history_tokens - self.built.input_tokens)
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "x-ctxwarden-input-tokens": str(self.built.input_tokens),
+            "x-ctxwarden-saved-tokens": str(self.saved_tokens),
+            "x-ctxwarden-build-id": self.build_id,
+            "x-ctxwarden-session": self.synced.session.session_id,
+        }
