@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, fields
+from functools import lru_cache
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -91,11 +92,8 @@ def context_json(built: BuiltContext) -> str:
     return text
 
 
-_ACTION_TEXTS: dict[Hashable, str] = {}
-_ACTION_TEXTS_MAX = 65_536
 _SCALARS = frozenset((str, int, float, bool, type(None)))  # exact types: a subclass is dumped
 _TEXT_ATTR = "_ctxwarden_json"  # an action's logged JSON, kept on the (frozen) action
-_FIELDS: dict[type, tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]] = {}
 
 
 def _field_reader(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
@@ -121,25 +119,27 @@ def _action_text(action: Any) -> str:
     return text
 
 
+@lru_cache(maxsize=64)
+def _fields_of(cls: type) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]:
+    names = tuple(f.name for f in fields(cls))
+    return names, _field_reader(names)
+
+
+@lru_cache(maxsize=65_536)
+def _scalars_json(names: tuple[str, ...], values: tuple[Any, ...], types: tuple[type, ...]) -> str:
+    """The JSON object of ``names`` and scalar ``values``; ``types`` is only part of the
+    memo's key (``1`` and ``True`` are equal, and are written apart)."""
+    return json.dumps(dict(zip(names, values, strict=True)), ensure_ascii=False)
+
+
 def _action_json(action: Any) -> str:
-    found = _FIELDS.get(type(action))
-    if found is None:
-        names = tuple(f.name for f in fields(action))
-        found = _FIELDS[type(action)] = (names, _field_reader(names))
-    names, read = found
+    cls: type = type(action)
+    names, read = _fields_of(cls)
     values = read(action)
     types = tuple(map(type, values))
     if not _SCALARS.issuperset(types):
         return json.dumps(asdict(action), ensure_ascii=False)
-    key = (type(action), values, types)
-    text = _ACTION_TEXTS.get(key)
-    if text is None:
-        if len(_ACTION_TEXTS) >= _ACTION_TEXTS_MAX:
-            _ACTION_TEXTS.clear()
-        text = _ACTION_TEXTS[key] = json.dumps(
-            dict(zip(names, values, strict=True)), ensure_ascii=False
-        )
-    return text
+    return _scalars_json(names, values, types)
 
 
 def audit_json(audit: Audit) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from ctxwarden.messages import Message
@@ -61,10 +62,7 @@ class Action:
         return self.tokens_before - self.tokens_after
 
 
-_ACTIONS: dict[tuple[Any, ...], Action] = {}
-_ACTIONS_MAX = 65_536
-
-
+@lru_cache(maxsize=65_536, typed=True)
 def same_action(
     message_id: str, action: ActionKind, reason: str, before: int, after: int, strategy: str
 ) -> Action:
@@ -73,13 +71,7 @@ def same_action(
     the same messages for the same reasons call after call, and a reused action keeps
     its logged JSON (the build log caches it on the action). Bounded; values of another
     type (``1.0`` for ``1``) make another action."""
-    key = (message_id, action, reason, before, after, strategy, type(before), type(after))
-    found = _ACTIONS.get(key)
-    if found is None:
-        if len(_ACTIONS) >= _ACTIONS_MAX:
-            _ACTIONS.clear()
-        found = _ACTIONS[key] = Action(message_id, action, reason, before, after, strategy)
-    return found
+    return Action(message_id, action, reason, before, after, strategy)
 
 
 @dataclass(frozen=True)
@@ -132,16 +124,11 @@ class Edit:
     listed: bool = False
 
 
-_EDITS: dict[tuple[str, bool], Edit] = {}
-
-
+@lru_cache(maxsize=64)
 def edit_marker(action: ActionKind, listed: bool = False) -> Edit:
     """``Edit(action, listed)``, one shared object per value (a build marks one per cut
     or masked message, and the markers are immutable)."""
-    found = _EDITS.get((action, listed))
-    if found is None:
-        found = _EDITS[(action, listed)] = Edit(action, listed)
-    return found
+    return Edit(action, listed)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
+from functools import lru_cache
 from typing import Any
 
 from ctxwarden.errors import StoreError, VersionConflict
@@ -66,37 +67,23 @@ def _session(row: Sequence[Any]) -> StoredSession:
     )
 
 
-_COUNTS: dict[str, Mapping[str, int]] = {}
-_COUNTS_MAX = 8_192
-
-
+@lru_cache(maxsize=8_192)
 def _counts(text: str) -> Mapping[str, int]:
     """A row's parsed ``token_counts``. The texts repeat (``{"o200k_base": 57}``) and a
     build reads hundreds of rows, so each is parsed once: a bounded memo of a pure
     function (the mapping it returns is shared: never mutated)."""
-    found = _COUNTS.get(text)
-    if found is None:
-        if len(_COUNTS) >= _COUNTS_MAX:
-            _COUNTS.clear()
-        found = _COUNTS[text] = json.loads(text)
-    return found
+    parsed: Mapping[str, int] = json.loads(text)
+    return parsed
 
 
-_STICKY: dict[str, Mapping[str, Any]] = {}
-_STICKY_MAX = 512
-
-
+@lru_cache(maxsize=512)
 def _sticky(text: str) -> Mapping[str, Any]:
     """A session row's parsed ``sticky`` (the last build's state, ~10 KB for a 200-message
     context). A proxied call reads the row several times between two builds, so each
     text is parsed once: a bounded memo of a pure function (the mapping it returns is
     shared: never mutated)."""
-    found = _STICKY.get(text)
-    if found is None:
-        if len(_STICKY) >= _STICKY_MAX:
-            _STICKY.clear()
-        found = _STICKY[text] = json.loads(text)
-    return found
+    parsed: Mapping[str, Any] = json.loads(text)
+    return parsed
 
 
 def _message(row: Sequence[Any]) -> StoredMessage:
