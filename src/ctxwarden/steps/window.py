@@ -172,10 +172,5 @@ class WindowStep:
         found, scanned = prev.flagged, prev.flagged_upto
         if not sys_end <= scanned <= limit:
             found, scanned = (), sys_end
-        extra = tuple(  # is_pinned, inlined: a cold build asks it of every message
-            j
-            for j in range(scanned, limit)
-            if (history[j].pinned or history[j].priority == "critical")
-            and history[j].role != "system"
-        )
+        extra = tuple(j for j in range(scanned, limit) if is_pinned(history[j]))
         return tuple(j for j in found + extra if j < limit), max(limit, scanned)
