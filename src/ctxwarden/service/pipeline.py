@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import replace
 from typing import Any
 
@@ -112,11 +111,18 @@ def charge(hub: Hub, call: Call, session: Session, usage: Usage) -> None:
     """Upstream's usage on the session, its price on the tenant's spend, in the metrics
     (each upstream request of a call: the reply's, and the proxy's recall rounds)."""
     session.record_usage(usage, call.model)
+    add_spend(hub.store, call.tenant.name, _dollars(hub, call, usage))
+    _count_tokens(hub, call, usage)
+
+
+def _dollars(hub: Hub, call: Call, usage: Usage) -> float:
     try:
-        dollars = estimate_cost(usage, call.model, hub.config.registry)
+        return estimate_cost(usage, call.model, hub.config.registry)
     except UnknownModelError:
-        dollars = 0.0  # a model without prices: tokens still count
-    add_spend(hub.store, call.tenant.name, dollars)
+        return 0.0  # a model without prices: tokens still count
+
+
+def _count_tokens(hub: Hub, call: Call, usage: Usage) -> None:
     hub.metrics.cached_tokens.labels(call.api).inc(usage.cached_input_tokens)
     hub.metrics.output_tokens.labels(call.api).inc(usage.output_tokens)
 
@@ -128,10 +134,7 @@ def finish(
     the reply: one transaction (the reply's append), so a failure leaves none of it."""
     call, synced = prepared.call, prepared.synced
     session, head = synced.session, synced.head
-    dollars = 0.0
-    if usage is not None:
-        with suppress(UnknownModelError):  # a model without prices: tokens still count
-            dollars = estimate_cost(usage, call.model, hub.config.registry)
+    dollars = _dollars(hub, call, usage) if usage is not None else 0.0
     end = CallEnd(
         call.tenant.name,
         session.session_id,
@@ -163,5 +166,4 @@ def finish(
     if reply is None:
         end_call(hub.store, end)
     if usage is not None:
-        hub.metrics.cached_tokens.labels(call.api).inc(usage.cached_input_tokens)
-        hub.metrics.output_tokens.labels(call.api).inc(usage.output_tokens)
+        _count_tokens(hub, call, usage)

@@ -244,14 +244,17 @@ def tenant_by_key_hash(store: SessionStore, key_hash: str) -> TenantRecord | Non
     return _tenant(rows[0]) if rows else None
 
 
-def add_spend(store: SessionStore, tenant: str, dollars: float) -> None:
+def add_spend(store: SessionStore, tenant: str, dollars: float, tx: Tx | None = None) -> None:
+    """Add ``dollars`` to the tenant's spend, in ``tx`` when given."""
     if dollars <= 0:
         return
-    with _sql(store)._write() as tx:
-        tx.execute(
-            "UPDATE ctxwarden_tenants SET spent_usd = spent_usd + ? WHERE tenant = ?",
-            (dollars, tenant),
-        )
+    if tx is None:
+        with _sql(store)._write() as own:
+            return add_spend(store, tenant, dollars, own)
+    tx.execute(
+        "UPDATE ctxwarden_tenants SET spent_usd = spent_usd + ? WHERE tenant = ?",
+        (dollars, tenant),
+    )
 
 
 # -- heads ------------------------------------------------------------------------------------
@@ -459,31 +462,11 @@ def end_call(store: SessionStore, end: CallEnd, tx: Tx | None = None) -> bool:
         "WHERE tenant = ? AND session_id = ? AND build_id = ?",
         (end.status, end.tenant, end.session_id, end.build_id),
     )
-    head, expected = end.head, end.expected
-    rows: list[Any] = [(True,)]
-    if head is not None and expected is not None:
-        rows = tx.execute(
-            "UPDATE ctxwarden_heads SET count = ?, chain = ?, history_tokens = ?, updated_at = ? "
-            "WHERE tenant = ? AND client_id = ? AND session_id = ? AND count = ? AND chain = ? "
-            "RETURNING count",
-            (
-                head.count,
-                head.chain,
-                head.history_tokens,
-                time.time(),
-                end.tenant,
-                head.client_id,
-                expected.session_id,
-                expected.count,
-                expected.chain,
-            ),
-        )
-    moved = bool(rows)
-    if end.usage is not None and end.dollars > 0:  # last: the tenant's row is shared
-        tx.execute(
-            "UPDATE ctxwarden_tenants SET spent_usd = spent_usd + ? WHERE tenant = ?",
-            (end.dollars, end.tenant),
-        )
+    moved = True
+    if end.head is not None and end.expected is not None:
+        moved = put_head(store, end.head, expected=end.expected, tx=tx)
+    if end.usage is not None:  # last: the tenant's row is shared
+        add_spend(store, end.tenant, end.dollars, tx)
     return moved
 
 
