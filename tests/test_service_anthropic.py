@@ -316,6 +316,25 @@ def test_the_anthropic_sdk_lists_models_in_its_own_shape(env: Env) -> None:
     assert not any(m.id.startswith("gpt") for m in fallback.data)
 
 
+
+def test_the_anthropic_sdk_retrieves_one_model_in_its_own_shape(env: Env) -> None:
+    """``client.models.retrieve``: the Anthropic upstream's model when it answers, else the
+    registry's Claude entry; an unknown model is the SDK's NotFoundError."""
+    own = {"type": "model", "id": "claude-x", "display_name": "Claude X",
+           "created_at": "2026-01-01T00:00:00Z"}  # fmt: skip
+    missing = Reply(404, anthropic_error("no", "not_found_error"))
+    env.upstream.reply(Reply(body=own), missing, missing)
+    got = env.client().models.retrieve("claude-x")
+    assert (got.id, got.display_name) == ("claude-x", "Claude X")
+    asked = env.upstream.requests[-1]
+    assert asked.method == "GET" and asked.path == "/v1/models/claude-x"
+    assert asked.headers["x-api-key"] == "sk-upstream-anthropic"
+    fallback = env.client().models.retrieve(MODEL)
+    assert (fallback.id, fallback.type) == (MODEL, "model")
+    with pytest.raises(anthropic.NotFoundError) as unknown:
+        env.client().models.retrieve("claude-none")
+    assert unknown.value.response.json()["error"]["type"] == "not_found_error"
+
 def test_a_tenants_own_upstream_key_is_sent_instead_of_the_servers(env: Env) -> None:
     name = f"own-key-{sid()}"
     done = cli("tenant", "add", name, "--db", env.proxy.db,

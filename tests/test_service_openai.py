@@ -362,3 +362,41 @@ def test_tool_call_json_reply_round_trip(env: Env) -> None:
         {"id": 7},
     )
     assert env.stored(session)[-1]["tool_calls"][0]["id"] == "c1"
+
+
+def test_models_retrieve_passes_the_upstreams_model_else_the_registrys(env: Env) -> None:
+    """``client.models.retrieve``: the upstream's answer when it has the model (asked with
+    the server's key, an OpenRouter-style id with a slash kept whole), else the registry's
+    entry; a model neither knows is the SDK's NotFoundError, in OpenAI's error shape."""
+    own = {"id": "acme/model-x", "object": "model", "created": 1, "owned_by": "acme"}
+    env.upstream.reply(
+        Reply(body=own),
+        Reply(404, openai_error("no such model", "invalid_request_error")),
+        Reply(404, openai_error("no such model", "invalid_request_error")),
+    )
+    got = env.client().models.retrieve("acme/model-x")
+    assert (got.id, got.owned_by) == ("acme/model-x", "acme")
+    asked = env.upstream.requests[-1]
+    assert asked.method == "GET" and asked.path == "/v1/models/acme/model-x"
+    fallback = env.client().models.retrieve("gpt-4o")  # the upstream says 404: the registry
+    assert (fallback.id, fallback.object, fallback.owned_by) == ("gpt-4o", "model", "openai")
+    with pytest.raises(openai.NotFoundError) as missing:
+        env.client().models.retrieve("no-such-model-anywhere")
+    error = missing.value.response.json()["error"]
+    assert error["code"] == "model_not_found" and "no-such-model-anywhere" in error["message"]
+    with pytest.raises(openai.AuthenticationError):
+        env.client("not-a-key").models.retrieve("gpt-4o")
+
+
+def test_a_route_the_proxy_lacks_answers_in_the_providers_error_shape(env: Env) -> None:
+    """A route miss (a model id no route matches, a path we do not serve) or a method a
+    route does not take is an error body the SDKs can read, not Starlette's ``detail``."""
+    auth = {"authorization": f"Bearer {env.key}"}
+    for path in ("/v1/models/h%0Ah", "/v1/no-such-route"):
+        r = httpx2.get(env.proxy.url + path, headers=auth)
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", r.text
+    anthropic_shaped = httpx2.get(env.proxy.url + "/v1/messages/nope", headers=auth)
+    assert anthropic_shaped.json()["type"] == "error", anthropic_shaped.text
+    wrong_method = httpx2.delete(env.proxy.url + "/v1/models", headers=auth)
+    assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "GET"
+    assert "error" in wrong_method.json()

@@ -13,10 +13,12 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import quote
 
 import anyio.to_thread
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -28,7 +30,7 @@ from ctxwarden.service import anthropic_proxy, openai_proxy, sessions_api, ui_ro
 from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.config import ServiceConfig
 from ctxwarden.service.errors import ServiceError, error_body, from_library
-from ctxwarden.service.hub import Hub
+from ctxwarden.service.hub import Hub, Tenant
 from ctxwarden.service.metrics import Metrics
 from ctxwarden.service.schema import PROXY_ERRORS
 from ctxwarden.service.upstream import Upstream, UpstreamFailure
@@ -63,7 +65,15 @@ class _CountRequests:
 
 
 def _api_of(request: Request) -> str:
-    return "anthropic" if request.url.path.startswith("/v1/messages") else "openai"
+    """Whose shape the answer takes: Anthropic's for ``/v1/messages``, and for the model
+    routes when the request carries ``anthropic-version`` (the anthropic SDK's always
+    does); OpenAI's everywhere else."""
+    path = request.url.path
+    if path.startswith("/v1/messages"):
+        return "anthropic"
+    if path.startswith("/v1/models") and "anthropic-version" in request.headers:
+        return "anthropic"
+    return "openai"
 
 
 def create_app(config: ServiceConfig) -> FastAPI:
@@ -125,6 +135,17 @@ def create_app(config: ServiceConfig) -> FastAPI:
     async def store_unavailable(request: Request, exc: StoreUnavailable) -> Response:
         return await service_error(request, from_library(exc))
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        """A route the app does not have (404) or a method it does not take (405), in
+        the provider's error shape like every other refusal (the SDKs read ``error``)."""
+        return Response(
+            error_body(ServiceError(exc.status_code, str(exc.detail)), _api_of(request)),
+            exc.status_code,
+            headers=exc.headers,
+            media_type="application/json",
+        )
+
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:
         detail = "; ".join(
@@ -162,23 +183,69 @@ def create_app(config: ServiceConfig) -> FastAPI:
         """The model list in the asking SDK's shape (Anthropic's when the request carries
         ``anthropic-version``, as the anthropic SDK's always does): that upstream's list
         when it answers, else the registry's models."""
-        api = "anthropic" if "anthropic-version" in request.headers else "openai"
-        upstream = request.app.state.upstreams.get(api)
-        if upstream is not None:
-            record = tenant.record
-            key = record.anthropic_api_key if api == "anthropic" else record.upstream_api_key
-            path = "/v1/models" if api == "anthropic" else "/models"
-            try:
-                got = await upstream.get(path, upstream.headers(key, request.headers))
-                if got.status_code == 200:
-                    return Response(got.content, 200, media_type="application/json")
-            except UpstreamFailure:
-                pass
+        api = _api_of(request)
+        found = await _upstream_models(request, tenant, api, "")
+        if found is not None:
+            return found
         if api == "anthropic":
             return JSONResponse(_anthropic_models(config.registry))
         return JSONResponse(_registry_models(config.registry))
 
+    @app.get("/v1/models/{model_id:path}", tags=["proxy"], responses=PROXY_ERRORS)
+    async def model(model_id: str, request: Request, tenant: CurrentTenant) -> Response:
+        """One model (``client.models.retrieve``) in the asking SDK's shape: the
+        upstream's answer when it has the model, else the registry's entry; 404 in the
+        provider's error shape when neither knows it. Ids may hold ``/`` (OpenRouter's
+        ``openai/gpt-4o``)."""
+        api = _api_of(request)
+        found = None
+        if _forwardable(model_id):
+            found = await _upstream_models(request, tenant, api, "/" + quote(model_id, safe="/"))
+        if found is not None:
+            return found
+        registry = config.registry or Registry.default()
+        entry = _model_entry(registry, model_id, api)
+        if entry is not None:
+            return JSONResponse(entry)
+        error = ServiceError(404, f"model {model_id!r} is not known", code="model_not_found")
+        return Response(error_body(error, api), 404, media_type="application/json")
+
     return app
+
+
+def _forwardable(model_id: str) -> bool:
+    """Whether ``model_id`` may go into the upstream's URL: no empty, ``.`` or ``..``
+    segment, which would reach another of the upstream's routes with the server's key."""
+    return all(part not in ("", ".", "..") for part in model_id.split("/"))
+
+
+async def _upstream_models(
+    request: Request, tenant: Tenant, api: str, suffix: str
+) -> Response | None:
+    """The ``api`` upstream's answer to its models route plus ``suffix`` when it answers
+    200; None when there is no such upstream or it does not (the registry answers)."""
+    upstream = request.app.state.upstreams.get(api)
+    if upstream is None:
+        return None
+    record = tenant.record
+    key = record.anthropic_api_key if api == "anthropic" else record.upstream_api_key
+    path = ("/v1/models" if api == "anthropic" else "/models") + suffix
+    try:
+        got = await upstream.get(path, upstream.headers(key, request.headers))
+    except UpstreamFailure:
+        return None
+    if got.status_code != 200:
+        return None
+    return Response(got.content, 200, media_type="application/json")
+
+
+def _model_entry(registry: Registry, model_id: str, api: str) -> dict[str, Any] | None:
+    """The registry's entry for ``model_id`` in the ``api``'s model shape, or None."""
+    if api == "anthropic":
+        listed = _anthropic_models(registry)["data"]
+    else:
+        listed = _registry_models(registry)["data"]
+    return next((m for m in listed if m["id"] == model_id), None)
 
 
 def _registry_models(registry: Registry | None) -> dict[str, Any]:
