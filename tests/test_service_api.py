@@ -17,6 +17,8 @@ from llm_servers import Reply, ScriptedServer, openai_completion
 from service_harness import ProxyServer, add_tenant, cli, db_url, module_db, sid
 
 from ctxwarden.service.metrics import METRIC_NAMES
+from ctxwarden.store import open_store
+from ctxwarden.store.service_tables import list_builds
 
 __all__ = ["db_url", "module_db"]
 
@@ -267,6 +269,39 @@ def test_the_summary_cycle_measures_the_fill_against_the_calls_budget(
             client.chat.completions.create(model="gpt-4o", messages=history, extra_headers=headers)
             summary = _stored_summary(proxy, session, key)
             assert summary and "ORD-800" in summary
+    finally:
+        proxy.stop()
+        upstream.stop()
+
+
+def test_serve_bounds_the_build_log_as_told(module_db: str) -> None:
+    """``--keep-builds`` / ``--keep-contexts``: the proxy's sessions keep that many newest
+    build audits, that many of them with their built messages."""
+    upstream = ScriptedServer(lambda r: Reply(body=openai_completion("ok"))).start()
+    key = add_tenant(module_db, "bounded-log")
+    proxy = ProxyServer(
+        module_db,
+        upstream=upstream.url + "/v1",
+        extra=("--keep-builds", "3", "--keep-contexts", "1"),
+    )
+    try:
+        history: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}]
+        with httpx2.Client(timeout=30) as http:
+            for turn in range(5):
+                history.append({"role": "user", "content": f"question {turn}"})
+                r = http.post(
+                    proxy.url + "/v1/chat/completions",
+                    json={"model": "gpt-4o", "messages": history},
+                    headers={"authorization": f"Bearer {key}", "x-ctxwarden-session": "kept"},
+                )
+                assert r.status_code == 200, r.text
+                history.append(r.json()["choices"][0]["message"])
+        status, page = proxy.get("/v1/sessions/kept/builds?limit=50", key)
+        assert status == 200, page
+        assert [b["turn"] for b in page["builds"]] == [3, 4, 5]
+        with open_store(module_db) as store:
+            rows = list_builds(store, "bounded-log", "kept", limit=50)
+        assert [b.has_context for b in rows] == [False, False, True]
     finally:
         proxy.stop()
         upstream.stop()

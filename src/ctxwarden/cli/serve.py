@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from ctxwarden.cli._common import RegistryOpt, handle_errors, registry_from
+from ctxwarden.session.build_log import KEEP_BUILDS, KEEP_CONTEXTS
 from ctxwarden.store import open_store
 from ctxwarden.store.service_tables import add_tenant, list_tenants, revoke_tenant, set_caps
 
@@ -68,6 +69,16 @@ def serve(
             "this process.",
         ),
     ] = None,
+    keep_builds: Annotated[
+        int,
+        typer.Option("--keep-builds", min=1, help="Build audits kept per session (newest)."),
+    ] = KEEP_BUILDS,
+    keep_contexts: Annotated[
+        int,
+        typer.Option(
+            "--keep-contexts", min=0, help="Of those, how many newest keep the built messages."
+        ),
+    ] = KEEP_CONTEXTS,
     registry: RegistryOpt = None,
 ) -> None:
     """Run the context-managing proxy (OpenAI /v1/chat/completions, Anthropic /v1/messages),
@@ -87,6 +98,8 @@ def serve(
         upstream_timeout=upstream_timeout,
         summarizer=summarizer,
         broker=broker,
+        keep_builds=keep_builds,
+        keep_contexts=keep_contexts,
     )
     typer.echo(f"ctxwarden serving on http://{host}:{port} (store {db})", err=True)
     run(config, host=host, port=port)

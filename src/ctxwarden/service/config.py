@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ctxwarden.errors import ConfigError
+from ctxwarden.session.build_log import KEEP_BUILDS, KEEP_CONTEXTS
 
 if TYPE_CHECKING:
     from ctxwarden import Policy, Registry
@@ -40,6 +41,10 @@ class ServiceConfig:
     summarizer: str | None = None
     broker: str | None = None  # Redis URL: summaries as Celery jobs (ctxwarden.jobs)
     models: tuple[str, ...] = field(default=())
+    #: Builds whose audits the store keeps per session, and how many newest of them
+    #: keep their built messages too (see :mod:`ctxwarden.session.build_log`).
+    keep_builds: int = KEEP_BUILDS
+    keep_contexts: int = KEEP_CONTEXTS
 
     def __post_init__(self) -> None:
         if self.upstream is None and self.anthropic_upstream is None:
@@ -60,6 +65,13 @@ class ServiceConfig:
         ):
             raise ConfigError(
                 f"--broker must be a Redis URL (redis://host:port/db), got {self.broker!r}"
+            )
+        if self.keep_builds < 1:
+            raise ConfigError(f"--keep-builds must be at least 1, got {self.keep_builds}")
+        if not 0 <= self.keep_contexts <= self.keep_builds:
+            raise ConfigError(
+                f"--keep-contexts must be between 0 and --keep-builds ({self.keep_builds}), "
+                f"got {self.keep_contexts}"
             )
         if self.upstream_timeout <= 0:
             raise ConfigError(f"upstream timeout must be > 0 seconds, got {self.upstream_timeout}")

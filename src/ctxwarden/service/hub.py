@@ -94,6 +94,8 @@ class Hub:
                 self._sessions.move_to_end(key)
         if found is None:
             found = Session(self.store, session_id, tenant=tenant, registry=self.config.registry)
+            found.keep_builds = self.config.keep_builds
+            found.keep_contexts = self.config.keep_contexts
             with self._sessions_lock:
                 self._sessions[key] = found
                 while len(self._sessions) > _OPEN_SESSIONS:
