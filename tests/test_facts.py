@@ -8,7 +8,13 @@ import pytest
 from pydantic import BaseModel, Field
 
 from ctxwarden.errors import ConfigError, SummarizationError
-from ctxwarden.memory.facts import Facts, parse_facts_json, schema_for_prompt, validate_facts
+from ctxwarden.memory.facts import (
+    MAX_FACT_HISTORY,
+    Facts,
+    parse_facts_json,
+    schema_for_prompt,
+    validate_facts,
+)
 
 WANT = {"size": "L", "budget": 1500}
 
@@ -128,6 +134,22 @@ def test_values_are_stored_verbatim_and_frozen() -> None:
     assert facts.to_dict() == {"note": "Size L — NOT 'large'", "cart": [847, 923]}
     with pytest.raises(TypeError):
         facts.history["x"] = ()  # type: ignore[index]
+
+
+def test_a_facts_history_keeps_its_newest_values_only() -> None:
+    """A value restated differently every turn (a step counter) keeps the newest
+    MAX_FACT_HISTORY values: the current one and the one before stay exact."""
+    facts = Facts()
+    for step in range(MAX_FACT_HISTORY * 3):
+        facts = facts.merge({"step": step, "goal": "ship"}, source=f"m{step}")
+    steps = facts.history["step"]
+    assert len(steps) == MAX_FACT_HISTORY
+    last = MAX_FACT_HISTORY * 3 - 1
+    assert [r.value for r in steps] == list(range(last - MAX_FACT_HISTORY + 1, last + 1))
+    assert facts["step"] == last and facts.source("step") == f"m{last}"
+    assert "step: " + str(last) + f" (earlier: {last - 1})" in facts.render(with_changes=True)
+    assert len(facts.history["goal"]) == 1
+    assert Facts.from_json(facts.to_json()) == facts
 
 
 def test_merge_without_change_returns_the_same_record() -> None:

@@ -30,6 +30,7 @@ from ctxwarden.memory.cut_answer import cut_value_path, drop_path
 from ctxwarden.messages import Message
 
 __all__ = [
+    "MAX_FACT_HISTORY",
     "FactExtractor",
     "FactRecord",
     "FactSchema",
@@ -45,6 +46,11 @@ FactSchema: TypeAlias = "type[Any] | Mapping[str, Any] | None"
 """A pydantic model class, a JSON-schema dict (with ``properties``), or ``None``."""
 
 _log = logging.getLogger("ctxwarden.facts")
+#: Values a fact's history keeps (the newest): the context shows the current value and
+#: the one before it, and a fact an extractor restates differently every turn (a step
+#: counter, a running total) must not grow the stored record without end.
+MAX_FACT_HISTORY = 32
+
 _MISSING_STRINGS = frozenset({"", "null", "none", "n/a", "na", "unknown", "not mentioned", "-"})
 _WRAPPER_KEYS = ("facts", "critical_facts", "result", "data", "extracted_facts")
 
@@ -314,8 +320,9 @@ class FactRecord:
 class Facts(Mapping[str, Any]):
     """The current facts, read like a dict (``facts["budget"]``), with their history.
 
-    Immutable: :meth:`merge` returns a new record. ``history[key]`` lists every
-    distinct value in order; the current value is its last entry.
+    Immutable: :meth:`merge` returns a new record. ``history[key]`` lists the distinct
+    values in order (the newest :data:`MAX_FACT_HISTORY`); the current value is its last
+    entry.
     """
 
     history: Mapping[str, tuple[FactRecord, ...]] = field(default_factory=dict)
@@ -346,7 +353,7 @@ class Facts(Mapping[str, Any]):
             past = history.get(key, ())
             if past and past[-1].value == frozen:
                 continue
-            history[key] = (*past, FactRecord(frozen, source))
+            history[key] = (*past[1 - MAX_FACT_HISTORY :], FactRecord(frozen, source))
             changed = True
         return Facts(history, self.version + 1) if changed else self
 
