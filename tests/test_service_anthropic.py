@@ -316,7 +316,6 @@ def test_the_anthropic_sdk_lists_models_in_its_own_shape(env: Env) -> None:
     assert not any(m.id.startswith("gpt") for m in fallback.data)
 
 
-
 def test_the_anthropic_sdk_retrieves_one_model_in_its_own_shape(env: Env) -> None:
     """``client.models.retrieve``: the Anthropic upstream's model when it answers, else the
     registry's Claude entry; an unknown model is the SDK's NotFoundError."""
@@ -334,6 +333,7 @@ def test_the_anthropic_sdk_retrieves_one_model_in_its_own_shape(env: Env) -> Non
     with pytest.raises(anthropic.NotFoundError) as unknown:
         env.client().models.retrieve("claude-none")
     assert unknown.value.response.json()["error"]["type"] == "not_found_error"
+
 
 def test_a_tenants_own_upstream_key_is_sent_instead_of_the_servers(env: Env) -> None:
     name = f"own-key-{sid()}"
