@@ -40,6 +40,7 @@ __all__ = [
     "Strategy",
     "StrategyContext",
     "StrategyResult",
+    "system_block",
 ]
 
 ActionKind = Literal[
@@ -120,6 +121,15 @@ def _values(action: Action) -> tuple[Any, ...]:
         action.tokens_after,
         action.strategy,
     )
+
+
+@lru_cache(maxsize=256)
+def system_block(text: str, block_id: str = "") -> Message:
+    """``Message.system(text, id=block_id)``, the same object for the same text and id
+    (bounded): the ledger, facts and summary blocks of a conversation are the same text
+    build after build, and a new message would be checked, fingerprinted (its whole text
+    dumped and hashed) and looked up in the count cache again at every build."""
+    return Message.system(text, id=block_id) if block_id else Message.system(text)
 
 
 @lru_cache(maxsize=65_536, typed=True)
