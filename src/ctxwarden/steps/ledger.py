@@ -121,7 +121,9 @@ class LedgerBuilder:
             if i not in pinned
             for e in extract_entities(history[i])
         ]
-        return base.add(found)  # one add for the whole range: each add copies the ledger
+        # one add for the whole range: each add copies the ledger (and adding nothing
+        # gives the same ledger back, after a copy)
+        return base.add(found) if found else base
 
     def render(
         self,
