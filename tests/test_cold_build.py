@@ -90,3 +90,33 @@ def test_a_slice_given_its_earlier_ledger_is_read_whole() -> None:
         LedgerConfig(lookback_budgets=-1.0)
     with pytest.raises(ConfigError, match="lookback_budgets"):
         LedgerConfig(lookback_budgets=float("nan"))
+
+
+def test_the_span_before_a_cold_window_is_counted_only_when_read() -> None:
+    """A cold build reports what lies before its window as one dropped span whose tokens
+    are counted when first read: then exactly the sum of its messages' counts, and the
+    action equals, hashes, pickles and prints as the plain Action of those values."""
+    import dataclasses
+    import pickle
+
+    from ctxwarden.steps.base import Action, CountedAction
+    from ctxwarden.tokens.counter import TokenCounter
+
+    history = list(islice(agent_traffic(7), 120))
+    counter = TokenCounter("gpt-4o")  # a counter of its own: what it has cached is ours
+    built = build_context(history, "gpt-4o", 2000)
+    span = next(a for a in built.audit.actions if ".." in a.message_id)
+    assert isinstance(span, CountedAction)
+    assert "_tokens" in span.__dict__ and span.__dict__["_tokens"] is None  # not yet counted
+    first, last = span.message_id.split("..")
+    ids = [m.id for m in history]
+    before = history[ids.index(first) : ids.index(last) + 1]
+    expected = sum(counter.count_message(m) for m in before)
+    assert span.tokens_before == expected and span.tokens_saved == expected
+    plain = Action(span.message_id, "dropped", span.reason, expected, 0, "window")
+    assert span == plain and plain == span and hash(span) == hash(plain)
+    assert repr(span) == repr(plain) and dataclasses.asdict(span) == dataclasses.asdict(plain)
+    copy = pickle.loads(pickle.dumps(span))
+    assert type(copy) is Action and copy == plain
+    assert dataclasses.replace(span, reason="x") == dataclasses.replace(plain, reason="x")
+    assert built.audit.to_dict()["actions"][0]["tokens_before"] == expected

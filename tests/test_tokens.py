@@ -400,3 +400,22 @@ def test_session_count_keys_name_every_script_factor() -> None:
     assert count_key(other) == "o200k_base~claudex1.09/1.31/1.36/1.09"
     assert len({count_key(sonnet), count_key(other), "o200k_base~claudex1.09/1.31/1.36"}) == 3
     assert count_key(TokenCounter("mistral-large")) == "o200k_base~mistralx1.15"
+
+
+def test_a_short_text_counts_what_encode_with_no_special_tokens_gives() -> None:
+    """count_text encodes a short text with ``encode_ordinary``: the very tokens of
+    ``encode(text, disallowed_special=())`` — special-token text, a lone surrogate and
+    a whitespace run included — and the recent-text cache, once full, keeps counting
+    the same after evicting its oldest texts."""
+    enc = get_encoding("o200k_base")
+    counter = TokenCounter("gpt-4o")
+    texts = ["<|endoftext|> and <|fim_prefix|>", "x\ud800y", " " * 5000, "naïve café 東京", ""]
+    texts += [f" value-{i} {i * 7}" for i in range(3000)]  # past the cache's 2,048 texts
+    for text in texts + texts[:10]:
+        expected = len(
+            enc.encode(
+                text.encode("utf-16", "surrogatepass").decode("utf-16", "replace"),
+                disallowed_special=(),
+            )
+        )
+        assert counter.count_text(text) == expected, text[:40]

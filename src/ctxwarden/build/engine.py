@@ -35,6 +35,8 @@ from ctxwarden.memory.layer_state import LayerState
 from ctxwarden.memory.summaries import Summarizer
 from ctxwarden.messages import Message
 from ctxwarden.registry.catalog import ModelInfo, Registry
+from ctxwarden.registry.cost import estimate_cost
+from ctxwarden.registry.usage import Usage
 from ctxwarden.steps.base import Action, ActionKind, Draft, StepContext
 from ctxwarden.steps.layout import STABLE_LAYERS, LayoutStep
 from ctxwarden.steps.pairing import keep_pairs_whole
@@ -268,20 +270,21 @@ def _finish(
     fingerprints = tuple(m.fingerprint for m in ordered)
     prefix = ctx.previous.prefix
     shared = cacheable = 0
-    sharing = True
+    sharing = len(prefix)  # how many of the previous context's messages may still match
     exact = ctx.counter.exact and not tools
     measure = ctx.counter.measure
     for i, m in enumerate(ordered):  # one pass: tokens per layer, shared and stable prefix
         tokens, known = measure(m)
-        exact = exact and known
+        if not known:
+            exact = False
         layer = layer_of[m.id]
         layers[layer] = layers.get(layer, 0) + tokens
         if layer in STABLE_LAYERS:
             cacheable += tokens
-        if sharing and i < len(prefix) and prefix[i] == fingerprints[i]:
+        if i < sharing and prefix[i] == fingerprints[i]:
             shared += tokens
         else:
-            sharing = False
+            sharing = 0
     total = REPLY_PRIMING + ctx.tools_tokens + sum(layers.values())
     layers["tools"] = ctx.tools_tokens
     layers["framing"] = REPLY_PRIMING
@@ -294,9 +297,6 @@ def _finish(
     )
     cost = effective = None
     if info is not None:
-        from ctxwarden.registry.cost import estimate_cost
-        from ctxwarden.registry.usage import Usage
-
         cost = estimate_cost(Usage(input_tokens=total), info)
         cached = min(shared, total)
         effective = estimate_cost(Usage(input_tokens=total, cached_input_tokens=cached), info)

@@ -74,9 +74,14 @@ def load_step(spec: Mapping[str, Any], source: str = "policy") -> Any:
         raise ConfigError(f"{source}: step {target!r}: {exc}") from None
 
 
+# The built-in steps hold no state (frozen, a name each): one of each serves every build.
+_HEAD: tuple[Step, ...] = (LayersStep(), WindowStep())
+_TAIL: tuple[Step, ...] = (FitStep(), EvictStep(), LayoutStep())
+
+
 def steps_for(policy: Policy) -> tuple[Step, ...]:
     """The policy's pipeline, in order."""
-    steps: list[Step] = [LayersStep(), WindowStep()]
+    steps: list[Step] = list(_HEAD)
     if policy.truncate is not None:
         steps.append(EditStep(policy.truncate))
     if policy.mask is not None:
@@ -84,5 +89,5 @@ def steps_for(policy: Policy) -> tuple[Step, ...]:
     steps.extend(as_step(s) for s in policy.steps)
     if policy.recall is not None:
         steps.append(policy.recall)
-    steps.extend((FitStep(), EvictStep(), LayoutStep()))
+    steps.extend(_TAIL)
     return tuple(steps)

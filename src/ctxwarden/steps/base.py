@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Action",
     "ActionKind",
+    "CountedAction",
     "Draft",
     "Edit",
     "Step",
@@ -39,6 +40,7 @@ __all__ = [
     "Strategy",
     "StrategyContext",
     "StrategyResult",
+    "system_block",
 ]
 
 ActionKind = Literal[
@@ -60,6 +62,74 @@ class Action:
     @property
     def tokens_saved(self) -> int:
         return self.tokens_before - self.tokens_after
+
+
+class CountedAction(Action):
+    """An :class:`Action` whose ``tokens_before`` is counted when first read.
+
+    A cold build reports everything before its window as one dropped span; its tokens
+    are a figure of the audit only (no decision needs them), and on a short history
+    counting every old message was a third of a fresh process's build. The count is a
+    pure function of the messages, so the value read is the one an eager action holds:
+    it equals, hashes, prints and pickles (as a plain :class:`Action`) the same.
+    ``tokens_before`` may be given as a number too (``dataclasses.replace``)."""
+
+    def __init__(
+        self,
+        message_id: str,
+        action: ActionKind,
+        reason: str,
+        tokens_before: int | Callable[[], int] = 0,
+        tokens_after: int = 0,
+        strategy: str = "",
+    ) -> None:
+        own = self.__dict__
+        own.update(message_id=message_id, action=action, reason=reason)
+        own.update(tokens_after=tokens_after, strategy=strategy)
+        own["_count"], own["_tokens"] = (
+            (tokens_before, None) if callable(tokens_before) else (None, tokens_before)
+        )
+
+    @property
+    def tokens_before(self) -> int:
+        own = self.__dict__
+        found: int | None = own["_tokens"]
+        if found is None:  # two threads may both count: the same number
+            found = own["_tokens"] = int(own["_count"]())
+        return found
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Action):
+            return NotImplemented
+        return _values(self) == _values(other)
+
+    __hash__ = Action.__hash__
+
+    def __repr__(self) -> str:
+        return repr(Action(*_values(self)))
+
+    def __reduce__(self) -> tuple[type[Action], tuple[Any, ...]]:
+        return Action, _values(self)
+
+
+def _values(action: Action) -> tuple[Any, ...]:
+    return (
+        action.message_id,
+        action.action,
+        action.reason,
+        action.tokens_before,
+        action.tokens_after,
+        action.strategy,
+    )
+
+
+@lru_cache(maxsize=256)
+def system_block(text: str, block_id: str = "") -> Message:
+    """``Message.system(text, id=block_id)``, the same object for the same text and id
+    (bounded): the ledger, facts and summary blocks of a conversation are the same text
+    build after build, and a new message would be checked, fingerprinted (its whole text
+    dumped and hashed) and looked up in the count cache again at every build."""
+    return Message.system(text, id=block_id) if block_id else Message.system(text)
 
 
 @lru_cache(maxsize=65_536, typed=True)

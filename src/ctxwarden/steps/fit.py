@@ -66,8 +66,10 @@ class FitStep:
 
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
         h = draft.history
-        pos = window_positions(draft)
-        blocks = group_blocks(draft.window)
+        # the window's blocks (and positions) are made only once something must go: most
+        # builds fit as they are, and then the window is the draft's, message for message
+        blocks: list[Block] | None = None
+        pos: dict[str, int] = {}
         first = ledger_from(draft, ctx)
         memo = ctx.previous.ledger if ctx.previous.history_length else None
         builder = LedgerBuilder(
@@ -80,7 +82,7 @@ class FitStep:
         ledger: Message | None = None
         for _ in range(4):
             current = draft.but(start=start, pinned=tuple(pinned))
-            window = [m for b in blocks for m in b.messages]
+            window = draft.window if blocks is None else [m for b in blocks for m in b.messages]
             edited = ledger_sources(current, window)
             ledger = builder.render(h, first, start, pinned, edited)
             room = (
@@ -94,6 +96,8 @@ class FitStep:
             if used <= room and not over_count:
                 break
             target = int(room * ctx.policy.window.refill_ratio) if used > room else room
+            if blocks is None:
+                blocks, pos = group_blocks(draft.window), window_positions(draft)
             blocks, dropped = _drop_oldest(blocks, target, draft.protected, limit, ctx)
             actions.extend(dropped)
             start, pinned = _new_start(blocks, pos, start, pinned, draft)
@@ -101,7 +105,7 @@ class FitStep:
         new = draft.but(
             start=start,
             pinned=tuple(pinned),
-            window=tuple(m for b in blocks for m in b.messages),
+            window=draft.window if blocks is None else tuple(m for b in blocks for m in b.messages),
             ledger=ledger,
             ledger_from=first,
             ledger_memo=builder.memo,

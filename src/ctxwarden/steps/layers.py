@@ -30,7 +30,7 @@ from ctxwarden.memory.facts import Facts
 from ctxwarden.memory.layer_state import LayerState
 from ctxwarden.memory.summaries import plan_summary, summary_view, view_fills
 from ctxwarden.messages import Message
-from ctxwarden.steps.base import Draft, StepContext, StepResult
+from ctxwarden.steps.base import Draft, StepContext, StepResult, system_block
 from ctxwarden.steps.ledger import ledger_cap
 
 __all__ = [
@@ -93,9 +93,9 @@ class LayersStep:
             cap = int(room * trigger.max_summary_share)
             summary = _text_within(summary, cap, ctx, "summary", warnings)
         if facts:
-            layers.append(("facts", Message.system(facts, id="ctxwarden:facts")))
+            layers.append(("facts", system_block(facts, "ctxwarden:facts")))
         if summary:
-            layers.append(("summary", Message.system(summary, id="ctxwarden:summary")))
+            layers.append(("summary", system_block(summary, "ctxwarden:summary")))
         new = draft.but(layers=(*draft.layers, *layers), floor=floor, summary_due=due)
         return StepResult(new, (), tuple(warnings))
 

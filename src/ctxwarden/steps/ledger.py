@@ -30,7 +30,7 @@ from ctxwarden.build.state import LedgerMemo
 from ctxwarden.memory.entities import extract_entities
 from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.messages import Message
-from ctxwarden.steps.base import Draft, StepContext
+from ctxwarden.steps.base import Draft, StepContext, system_block
 from ctxwarden.tokens.counter import TokenCounter
 
 __all__ = ["LEDGER_ID", "LedgerBuilder", "Shown", "ledger_of", "seed_tag", "shown_values"]
@@ -121,7 +121,9 @@ class LedgerBuilder:
             if i not in pinned
             for e in extract_entities(history[i])
         ]
-        return base.add(found)  # one add for the whole range: each add copies the ledger
+        # one add for the whole range: each add copies the ledger (and adding nothing
+        # gives the same ledger back, after a copy)
+        return base.add(found) if found else base
 
     def render(
         self,
@@ -144,7 +146,7 @@ class LedgerBuilder:
             above = [*self.shown, *(history[i] for i in pinned)]
             text = self._text(ledger, self.cap - _FRAMING, edited, above)
         self.memo = LedgerMemo(first, start, seed_tag(self.earlier), ledger, key, text)
-        return Message.system(text, id=LEDGER_ID) if text else None
+        return system_block(text, LEDGER_ID) if text else None
 
     def shrink(
         self,
@@ -158,7 +160,7 @@ class LedgerBuilder:
         if memo is None:
             return None
         text = self._text(memo.ledger, max_tokens - _FRAMING, edited, [*self.shown, *pinned])
-        return Message.system(text, id=LEDGER_ID) if text else None
+        return system_block(text, LEDGER_ID) if text else None
 
     def _text(
         self,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ctxwarden.build.state import BuildState
 from ctxwarden.messages import Message
-from ctxwarden.steps.base import Action, Draft, StepContext, StepResult
+from ctxwarden.steps.base import Action, CountedAction, Draft, StepContext, StepResult
 from ctxwarden.tokens.counter import TokenCounter
 
 __all__ = ["WindowStep", "is_pinned", "leading_system", "newest_call_block", "newest_user"]
@@ -144,7 +144,8 @@ class WindowStep:
     def _cold_prefix(
         draft: Draft, ctx: StepContext, start: int, pinned: set[int]
     ) -> tuple[Action, ...]:
-        """One action for everything before a cold build's window (counted when small);
+        """One action for everything before a cold build's window (its tokens counted when
+        small, and only when read: :class:`~ctxwarden.steps.base.CountedAction`);
         what the summary folded (before the floor) is reported by the summary cycle."""
         h = draft.history
         lo = max(draft.sys_end, draft.floor)
@@ -156,12 +157,14 @@ class WindowStep:
         if hi < lo:
             return ()
         count = hi - lo + 1 - sum(1 for i in pinned if lo < i < hi)
-        tokens = (
-            ctx.total([h[i] for i in range(lo, hi + 1) if i not in pinned]) if count <= 2000 else 0
-        )
         span = h[lo].id if count == 1 else f"{h[lo].id}..{h[hi].id}"
         reason = f"{count} older message(s) before the window"
-        return (Action(span, "dropped", reason, tokens, 0, "window"),)
+        if count > 2000:
+            return (Action(span, "dropped", reason, 0, 0, "window"),)
+        old = [h[i] for i in range(lo, hi + 1) if i not in pinned]
+        count_message = ctx.counter.count_message  # (not ctx: it holds the previous state)
+        tokens = lambda: sum(map(count_message, old))  # noqa: E731
+        return (CountedAction(span, "dropped", reason, tokens, 0, "window"),)
 
     @staticmethod
     def _flagged(

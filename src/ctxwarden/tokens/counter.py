@@ -296,9 +296,11 @@ class TokenCounter:
         self.scripts = resolved.scripts  # None when exact
         self.exact = resolved.family == "openai"
         self._encoding = get_encoding(resolved.encoding)
+        self._ordinary = self._encoding.encode_ordinary
         self._cache: OrderedDict[str, tuple[int, bool]] = OrderedDict()
         self._cache_size = cache_size
-        self._texts: dict[str, int] = {}  # recent texts: drafts are often counted twice
+        self._texts: OrderedDict[str, int] = OrderedDict()  # recent texts: drafts are
+        # often counted twice
 
     @classmethod
     def for_model(cls, model: str, registry: Registry | None = None) -> TokenCounter:
@@ -311,12 +313,25 @@ class TokenCounter:
     def _raw(self, text: str) -> int:
         found = self._texts.get(text)
         if found is None:
-            found = count_long(self._encoding, text, self.max_counted_chars)[0]
+            found = self._encoded(text)
             if len(text) <= _TEXT_CACHE_CHARS:
-                if len(self._texts) >= _TEXT_CACHE_SIZE:  # oldest first out
-                    self._texts.pop(next(iter(self._texts)), None)
+                if len(self._texts) >= _TEXT_CACHE_SIZE:  # oldest first out (an OrderedDict:
+                    self._texts.popitem(last=False)  # a dict's first key is found by a scan)
                 self._texts[text] = found
         return found
+
+    def _encoded(self, text: str) -> int:
+        """Tokens of ``text``, uncached: a text up to :data:`DIRECT_CHARS` long is encoded
+        whole by ``encode_ordinary`` (tiktoken: the same tokens as ``encode(text,
+        disallowed_special=())``, with less Python around the encoder: a cold build counts
+        a few hundred short ledger values); longer ones, or a text tiktoken's regex gives
+        up on, by :func:`~ctxwarden.tokens.chunked.count_long`."""
+        if len(text) <= DIRECT_CHARS:
+            try:
+                return len(self._ordinary(text))
+            except ValueError:
+                pass
+        return count_long(self._encoding, text, self.max_counted_chars)[0]
 
     def _script_extra(self, text: str, raw: int, scripts: ScriptFactors) -> float:
         """What the Cyrillic, CJK and diacritic share of ``text`` costs above the Latin
@@ -356,6 +371,9 @@ class TokenCounter:
 
     def count_text(self, text: str) -> int:
         """Tokens of a bare string (no message framing)."""
+        if self.scripts is None:  # exact: the raw count, without _scaled's generator
+            found = self._texts.get(text)
+            return found if found is not None else self._raw(text)
         return self._scaled(0, (text,))
 
     # -- messages ---------------------------------------------------------------------------
