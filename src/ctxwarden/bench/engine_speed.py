@@ -195,23 +195,41 @@ def _build(history: list[Message], budget: int, previous: BuiltContext | None) -
 def _loop(
     history: list[Message], extra: Iterator[Message], budget: int, calls: int
 ) -> dict[str, Any]:
-    """Append one message per call and build with ``previous``: per-call milliseconds."""
+    """Append one message per call and build with ``previous``: per-call milliseconds,
+    and how much of them the garbage collector took (with how many full collections:
+    the first one is of the history this benchmark has just made, which an agent that
+    grew its history call by call has long collected)."""
     built = _build(history, budget, None)
     times: list[float] = []
+    gc_spent, since, full = [0.0], [0.0], [0]
+
+    def collector(phase: str, info: dict[str, int]) -> None:
+        now = time.perf_counter()
+        if phase == "stop":
+            gc_spent[0] += now - since[0]
+            full[0] += info.get("generation") == 2
+        since[0] = now
+
     worst = built.input_tokens
-    for message in islice(extra, calls):
-        history.append(message)
-        start = time.perf_counter()
-        built = _build(history, budget, built)
-        elapsed = (time.perf_counter() - start) * 1000
-        times.append(elapsed)
-        worst = max(worst, built.input_tokens)
+    gc.callbacks.append(collector)
+    try:
+        for message in islice(extra, calls):
+            history.append(message)
+            start = time.perf_counter()
+            built = _build(history, budget, built)
+            elapsed = (time.perf_counter() - start) * 1000
+            times.append(elapsed)
+            worst = max(worst, built.input_tokens)
+    finally:
+        gc.callbacks.remove(collector)
     return {
         "loop_mean_ms": statistics.fmean(times),
         "loop_median_ms": statistics.median(times),
         "loop_max_ms": max(times),
         "loop_calls": len(times),
         "loop_max_input_tokens": worst,
+        "loop_gc_ms": gc_spent[0] * 1000 / max(len(times), 1),
+        "loop_full_gcs": full[0],
     }
 
 
@@ -519,9 +537,18 @@ def print_report(report: dict[str, Any], *, per_call: bool = True) -> None:
             f"{_verdict(ok['fresh_cold_small'])}"
         )
     if "loop_speedup" in ok:
+        gc_ms = big.get("loop_gc_ms")
+        beside = ""
+        if gc_ms is not None and "trim_ms" in big:
+            rest = big["loop_mean_ms"] - gc_ms
+            beside = (
+                f"  (garbage collection {gc_ms:.3f} ms of the mean, "
+                f"{big.get('loop_full_gcs', 0)} full collections; the rest alone "
+                f"{_ratio(big['trim_ms'] / rest if rest > 0 else None)})"
+            )
         console.print(
             f"  agent loop speed-up over trim_messages {_ratio(big.get('speedup_loop_mean'))} "
-            f">= {t['loop_speedup']:.0f}x  {_verdict(ok['loop_speedup'])}"
+            f">= {t['loop_speedup']:.0f}x  {_verdict(ok['loop_speedup'])}{beside}"
         )
     console.print(
         f"  speed-up over trim_messages {_ratio(min(speedups) if speedups else None)} "
