@@ -23,7 +23,14 @@ from collections.abc import Hashable, Sequence
 from ctxwarden.formats.openai import META_KEY, message_to_openai
 from ctxwarden.messages import Message
 
-__all__ = ["message_json", "messages_json", "meta_message_json", "object_json"]
+__all__ = [
+    "message_json",
+    "messages_json",
+    "messages_json_bytes",
+    "meta_message_json",
+    "object_json",
+    "object_json_bytes",
+]
 
 _SCALARS = (str, int, float, bool, type(None))
 
@@ -69,6 +76,7 @@ def _key(message: Message) -> Hashable | None:
 
 
 _TEXT_ATTR, _META_ATTR = "_cw_openai_json", "_cw_openai_meta_json"
+_BYTES_ATTR = "_cw_openai_json_utf8"
 
 
 def _remember(message: Message, attr: str, text: str) -> str:
@@ -131,6 +139,38 @@ def messages_json(messages: Sequence[Message]) -> str:
     """``json.dumps(messages_to_openai(messages), ensure_ascii=False)``, byte for byte
     (a list is its items' texts joined by ``", "``), each message's text memoised."""
     return "[" + ", ".join(map(message_json, messages)) + "]"
+
+
+def _message_bytes(message: Message) -> bytes:
+    """:func:`message_json` as UTF-8, kept on the message as its text is (when the text
+    is): a context's bytes are then joined, not encoded again on every call. A text that
+    UTF-8 cannot hold (a lone surrogate) raises as ``str.encode`` does."""
+    found: bytes | None = message.__dict__.get(_BYTES_ATTR)
+    if found is not None:
+        return found
+    text = message_json(message)
+    data = text.encode()
+    if message.__dict__.get(_TEXT_ATTR) is text:  # the text is memoised: so are its bytes
+        message.__dict__[_BYTES_ATTR] = data
+    return data
+
+
+def messages_json_bytes(messages: Sequence[Message]) -> bytes:
+    """``messages_json(messages).encode()``, byte for byte, each message's UTF-8 memoised
+    (UTF-8 of a concatenation is the concatenation of the parts' UTF-8)."""
+    return b"[" + b", ".join(map(_message_bytes, messages)) + b"]"
+
+
+def object_json_bytes(data: dict[str, object], written: dict[str, bytes]) -> bytes:
+    """``object_json(data, ...).encode()`` with the values of the keys in ``written``
+    given as UTF-8 JSON already (the proxy's request body, its messages joined as bytes)."""
+    items = (
+        json.dumps(k, ensure_ascii=False).encode()
+        + b": "
+        + (written[k] if k in written else json.dumps(v, ensure_ascii=False).encode())
+        for k, v in data.items()
+    )
+    return b"{" + b", ".join(items) + b"}"
 
 
 def object_json(data: dict[str, object], written: dict[str, str]) -> str:

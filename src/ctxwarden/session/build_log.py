@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxwarden.formats.openai import message_to_openai
 from ctxwarden.formats.openai_json import meta_message_json, object_json
+from ctxwarden.messages import Message
 from ctxwarden.session.handle import SessionHandle
 from ctxwarden.session.tail_memo import count_key
 from ctxwarden.steps.base import Action
@@ -78,18 +79,40 @@ def context_json(built: BuiltContext) -> str:
     layer_of = built.layers.get
     heads: dict[str, str] = {}
     parts: list[str] = []  # joined once: no row string is made and copied again
+    storable = True
     for m in built.messages:
         layer = layer_of(m.id, "window")
         head = heads.get(layer)
         if head is None:
             head = heads[layer] = f'{{"layer": {json.dumps(layer, ensure_ascii=False)}, "message": '
-        parts += (head, meta_message_json(m), "}, ")
+            storable = storable and not unstorable(head)
+        written = meta_message_json(m)
+        storable = storable and _storable(m, written)
+        parts += (head, written, "}, ")
     if parts:
         parts[-1] = "}"
-    text = "[" + "".join(parts) + "]"
-    if not text.isascii() and unstorable(text):
+    if not storable:
         return json_text(context_rows(built))
-    return text
+    return "[" + "".join(parts) + "]"
+
+
+_STORABLE_ATTR = "_ctxwarden_storable"  # (a message's logged JSON, whether it is storable)
+
+
+def _storable(message: Message, text: str) -> bool:
+    """``not unstorable(text)`` for ``message``'s logged JSON, kept on the message with
+    the text it was asked of: a joined text is storable exactly when its parts are (NUL
+    and lone surrogates are single code points), so the context's long text is never
+    encoded only to be checked."""
+    if text.isascii():
+        return True
+    own = message.__dict__
+    found: tuple[str, bool] | None = own.get(_STORABLE_ATTR)
+    if found is not None and found[0] is text:
+        return found[1]
+    ok = not unstorable(text)
+    own[_STORABLE_ATTR] = (text, ok)
+    return ok
 
 
 _SCALARS = frozenset((str, int, float, bool, type(None)))  # exact types: a subclass is dumped
