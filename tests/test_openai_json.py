@@ -11,6 +11,7 @@ from ctxwarden.bench.proxy import conversation
 from ctxwarden.build.engine import build_context
 from ctxwarden.formats.openai import message_from_openai, messages_to_openai
 from ctxwarden.formats.openai_json import (
+    dumps,
     messages_json,
     messages_json_bytes,
     object_json,
@@ -80,3 +81,12 @@ def test_a_context_utf8_cannot_hold_raises_as_encode_does() -> None:
     for _ in range(2):  # nothing is kept of a text that cannot be encoded
         with pytest.raises(UnicodeEncodeError):
             messages_json_bytes([odd])
+
+
+def test_dumps_is_json_dumps_without_ascii_escapes() -> None:
+    values: list[Any] = ["naïve ✓ \u2028 \ud800 \x00", 1, 1.0, 1e-05, float("nan"), True, None,
+                         {"b": [1, {"a": "x"}], "a": 2.5}, [], {}, ["é", -0.0]]  # fmt: skip
+    for value in values:
+        assert dumps(value) == json.dumps(value, ensure_ascii=False)
+    with pytest.raises(TypeError):
+        dumps({1j: 1})  # as json.dumps refuses it

@@ -24,6 +24,7 @@ from ctxwarden.formats.openai import META_KEY, message_to_openai
 from ctxwarden.messages import Message
 
 __all__ = [
+    "dumps",
     "message_json",
     "messages_json",
     "messages_json_bytes",
@@ -33,6 +34,10 @@ __all__ = [
 ]
 
 _SCALARS = (str, int, float, bool, type(None))
+dumps = json.JSONEncoder(ensure_ascii=False).encode
+"""``json.dumps(value, ensure_ascii=False)``, the same text: the encoder that call builds
+each time, built once (the proxy writes dozens of keys and values per call; an encoder
+keeps no state between calls)."""
 
 
 class _Memo:
@@ -96,7 +101,7 @@ def message_json(message: Message) -> str:
     found = _MEMO.get(key) if key is not None else None
     if found is not None:
         return _remember(message, _TEXT_ATTR, found)
-    text = json.dumps(message_to_openai(message), ensure_ascii=False)
+    text = dumps(message_to_openai(message))
     if key is not None:
         _MEMO.put(key, text)
         _remember(message, _TEXT_ATTR, text)
@@ -128,7 +133,7 @@ def meta_message_json(message: Message) -> str:
     found = _META_MEMO.get(key) if key is not None else None
     if found is not None:
         return _remember(message, _META_ATTR, found)
-    text = json.dumps(message_to_openai(message, with_meta=True), ensure_ascii=False)
+    text = dumps(message_to_openai(message, with_meta=True))
     if key is not None:
         _META_MEMO.put(key, text)
         _remember(message, _META_ATTR, text)
@@ -165,9 +170,7 @@ def object_json_bytes(data: dict[str, object], written: dict[str, bytes]) -> byt
     """``object_json(data, ...).encode()`` with the values of the keys in ``written``
     given as UTF-8 JSON already (the proxy's request body, its messages joined as bytes)."""
     items = (
-        json.dumps(k, ensure_ascii=False).encode()
-        + b": "
-        + (written[k] if k in written else json.dumps(v, ensure_ascii=False).encode())
+        dumps(k).encode() + b": " + (written[k] if k in written else dumps(v).encode())
         for k, v in data.items()
     )
     return b"{" + b", ".join(items) + b"}"
@@ -176,10 +179,5 @@ def object_json_bytes(data: dict[str, object], written: dict[str, bytes]) -> byt
 def object_json(data: dict[str, object], written: dict[str, str]) -> str:
     """``json.dumps(data, ensure_ascii=False)`` for a JSON object with string keys, byte
     for byte, with the values of the keys in ``written`` given as JSON text already."""
-    items = (
-        json.dumps(k, ensure_ascii=False)
-        + ": "
-        + (written[k] if k in written else json.dumps(v, ensure_ascii=False))
-        for k, v in data.items()
-    )
+    items = (dumps(k) + ": " + (written[k] if k in written else dumps(v)) for k, v in data.items())
     return "{" + ", ".join(items) + "}"

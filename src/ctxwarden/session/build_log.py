@@ -23,7 +23,6 @@ log table; its builds are not logged.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, fields
@@ -32,7 +31,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from ctxwarden.formats.openai import message_to_openai
-from ctxwarden.formats.openai_json import meta_message_json, object_json
+from ctxwarden.formats.openai_json import dumps, meta_message_json, object_json
 from ctxwarden.messages import Message
 from ctxwarden.session.handle import SessionHandle
 from ctxwarden.session.tail_memo import count_key
@@ -84,7 +83,7 @@ def context_json(built: BuiltContext) -> str:
         layer = layer_of(m.id, "window")
         head = heads.get(layer)
         if head is None:
-            head = heads[layer] = f'{{"layer": {json.dumps(layer, ensure_ascii=False)}, "message": '
+            head = heads[layer] = f'{{"layer": {dumps(layer)}, "message": '
             storable = storable and not unstorable(head)
         written = meta_message_json(m)
         storable = storable and _storable(m, written)
@@ -152,7 +151,7 @@ def _fields_of(cls: type) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, .
 def _scalars_json(names: tuple[str, ...], values: tuple[Any, ...], types: tuple[type, ...]) -> str:
     """The JSON object of ``names`` and scalar ``values``; ``types`` is only part of the
     memo's key (``1`` and ``True`` are equal, and are written apart)."""
-    return json.dumps(dict(zip(names, values, strict=True)), ensure_ascii=False)
+    return dumps(dict(zip(names, values, strict=True)))
 
 
 def _action_json(action: Any) -> str:
@@ -161,7 +160,7 @@ def _action_json(action: Any) -> str:
     values = read(action)
     types = tuple(map(type, values))
     if not _SCALARS.issuperset(types):
-        return json.dumps(asdict(action), ensure_ascii=False)
+        return dumps(asdict(action))
     return _scalars_json(names, values, types)
 
 
