@@ -28,6 +28,7 @@ __all__ = [
     "message_json",
     "messages_json",
     "messages_json_bytes",
+    "meta_message_bytes",
     "meta_message_json",
     "object_json",
     "object_json_bytes",
@@ -81,7 +82,7 @@ def _key(message: Message) -> Hashable | None:
 
 
 _TEXT_ATTR, _META_ATTR = "_cw_openai_json", "_cw_openai_meta_json"
-_BYTES_ATTR = "_cw_openai_json_utf8"
+_BYTES_ATTR, _META_BYTES_ATTR = "_cw_openai_json_utf8", "_cw_openai_meta_json_utf8"
 
 
 def _remember(message: Message, attr: str, text: str) -> str:
@@ -157,6 +158,19 @@ def _message_bytes(message: Message) -> bytes:
     data = text.encode()
     if message.__dict__.get(_TEXT_ATTR) is text:  # the text is memoised: so are its bytes
         message.__dict__[_BYTES_ATTR] = data
+    return data
+
+
+def meta_message_bytes(message: Message) -> bytes:
+    """:func:`meta_message_json` as UTF-8, kept on the message as its text is (when the
+    text is): the build log joins a context's bytes instead of encoding its text."""
+    found: bytes | None = message.__dict__.get(_META_BYTES_ATTR)
+    if found is not None:
+        return found
+    text = meta_message_json(message)
+    data = text.encode()
+    if message.__dict__.get(_META_ATTR) is text:
+        message.__dict__[_META_BYTES_ATTR] = data
     return data
 
 

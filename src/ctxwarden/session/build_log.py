@@ -31,8 +31,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from ctxwarden.formats.openai import message_to_openai
-from ctxwarden.formats.openai_json import dumps, meta_message_json, object_json
-from ctxwarden.messages import Message
+from ctxwarden.formats.openai_json import dumps, meta_message_bytes, object_json
 from ctxwarden.session.handle import SessionHandle
 from ctxwarden.session.tail_memo import count_key
 from ctxwarden.steps.base import Action
@@ -53,6 +52,7 @@ __all__ = [
     "audit_json",
     "context_json",
     "context_rows",
+    "context_utf8",
     "log_build",
 ]
 
@@ -71,47 +71,33 @@ def context_rows(built: BuiltContext) -> list[dict[str, Any]]:
     ]
 
 
-def context_json(built: BuiltContext) -> str:
-    """``json_text(context_rows(built))``, each message's text memoised
-    (:func:`~ctxwarden.formats.openai_json.meta_message_json`): from one build to the next
-    a session's context is mostly the same messages."""
+def context_utf8(built: BuiltContext) -> bytes:
+    """``json_text(context_rows(built))`` as UTF-8, each message's bytes memoised
+    (:func:`~ctxwarden.formats.openai_json.meta_message_bytes`): from one build to the
+    next a session's context is mostly the same messages, so the ~80 KB text is joined,
+    never encoded (a truncation's mark makes it UCS-2, whose encoding is the slow one).
+    A JSON text is storable exactly when it encodes (it holds no raw NUL): a part that
+    does not (a lone surrogate) has the whole context written with ASCII escapes."""
     layer_of = built.layers.get
-    heads: dict[str, str] = {}
-    parts: list[str] = []  # joined once: no row string is made and copied again
-    storable = True
-    for m in built.messages:
-        layer = layer_of(m.id, "window")
-        head = heads.get(layer)
-        if head is None:
-            head = heads[layer] = f'{{"layer": {dumps(layer)}, "message": '
-            storable = storable and not unstorable(head)
-        written = meta_message_json(m)
-        storable = storable and _storable(m, written)
-        parts += (head, written, "}, ")
+    heads: dict[str, bytes] = {}
+    parts: list[bytes] = []  # joined once: no row is made and copied again
+    try:
+        for m in built.messages:
+            layer = layer_of(m.id, "window")
+            head = heads.get(layer)
+            if head is None:
+                head = heads[layer] = f'{{"layer": {dumps(layer)}, "message": '.encode()
+            parts += (head, meta_message_bytes(m), b"}, ")
+    except UnicodeEncodeError:
+        return json_text(context_rows(built)).encode()
     if parts:
-        parts[-1] = "}"
-    if not storable:
-        return json_text(context_rows(built))
-    return "[" + "".join(parts) + "]"
+        parts[-1] = b"}"
+    return b"[" + b"".join(parts) + b"]"
 
 
-_STORABLE_ATTR = "_ctxwarden_storable"  # (a message's logged JSON, whether it is storable)
-
-
-def _storable(message: Message, text: str) -> bool:
-    """``not unstorable(text)`` for ``message``'s logged JSON, kept on the message with
-    the text it was asked of: a joined text is storable exactly when its parts are (NUL
-    and lone surrogates are single code points), so the context's long text is never
-    encoded only to be checked."""
-    if text.isascii():
-        return True
-    own = message.__dict__
-    found: tuple[str, bool] | None = own.get(_STORABLE_ATTR)
-    if found is not None and found[0] is text:
-        return found[1]
-    ok = not unstorable(text)
-    own[_STORABLE_ATTR] = (text, ok)
-    return ok
+def context_json(built: BuiltContext) -> str:
+    """:func:`context_utf8` as text: ``json_text(context_rows(built))``."""
+    return context_utf8(built).decode()
 
 
 _SCALARS = frozenset((str, int, float, bool, type(None)))  # exact types: a subclass is dumped
@@ -243,7 +229,7 @@ def log_build(
         audit=audit_json(built.audit),
         status=status,
         upto_seq=upto,
-        context=context_json(built) if keep_contexts > 0 else None,
+        context=context_utf8(built) if keep_contexts > 0 else None,
         keep=session.keep_builds,
         keep_contexts=keep_contexts,
         # a library build's row is advisory (a crash may lose the newest); the proxy's

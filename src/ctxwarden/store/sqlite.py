@@ -71,6 +71,11 @@ class SQLiteStore(SqlStore):
             self.close()
             raise
 
+    def _utf8_text(self, data: bytes) -> tuple[str, Any]:
+        # bound as a blob, cast to TEXT in the database's encoding (UTF-8: ours always
+        # is): the same stored text, without decoding a long value to bind it again
+        return "CAST(? AS TEXT)", data
+
     # -- connections ------------------------------------------------------------------------
 
     def _new_connection(self) -> sqlite3.Connection:
