@@ -5,10 +5,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from ctxwarden.bench.proxy import conversation
 from ctxwarden.build.engine import build_context
 from ctxwarden.formats.openai import message_from_openai, messages_to_openai
-from ctxwarden.formats.openai_json import messages_json, object_json
+from ctxwarden.formats.openai_json import (
+    dumps,
+    messages_json,
+    messages_json_bytes,
+    object_json,
+    object_json_bytes,
+)
 from ctxwarden.messages import Message
 
 
@@ -21,6 +29,7 @@ def test_messages_json_equals_json_dumps_twice_over() -> None:
     built = build_context(history, "gpt-4o", 3_000)
     for messages in (history, built.messages, built.messages):  # the last: every memo hit
         assert messages_json(messages) == _plain(messages)
+        assert messages_json_bytes(messages) == _plain(messages).encode()
 
 
 def test_messages_the_fingerprint_cannot_tell_apart_are_written_afresh() -> None:
@@ -42,8 +51,10 @@ def test_messages_the_fingerprint_cannot_tell_apart_are_written_afresh() -> None
     assert messages[0].fingerprint == messages[1].fingerprint
     for _ in range(2):
         assert messages_json(messages) == _plain(messages)
+        assert messages_json_bytes(messages) == _plain(messages).encode()
         for m in messages:
             assert messages_json([m]) == _plain([m])
+            assert messages_json_bytes([m]) == _plain([m]).encode()
 
 
 def test_object_json_equals_json_dumps() -> None:
@@ -62,3 +73,20 @@ def test_object_json_equals_json_dumps() -> None:
     assert written == json.dumps(
         {**body, "messages": messages_to_openai(history)}, ensure_ascii=False
     )
+    assert object_json_bytes(body, {"messages": messages_json_bytes(history)}) == written.encode()
+
+
+def test_a_context_utf8_cannot_hold_raises_as_encode_does() -> None:
+    odd = message_from_openai({"role": "user", "content": "lone \ud800"})
+    for _ in range(2):  # nothing is kept of a text that cannot be encoded
+        with pytest.raises(UnicodeEncodeError):
+            messages_json_bytes([odd])
+
+
+def test_dumps_is_json_dumps_without_ascii_escapes() -> None:
+    values: list[Any] = ["naïve ✓ \u2028 \ud800 \x00", 1, 1.0, 1e-05, float("nan"), True, None,
+                         {"b": [1, {"a": "x"}], "a": 2.5}, [], {}, ["é", -0.0]]  # fmt: skip
+    for value in values:
+        assert dumps(value) == json.dumps(value, ensure_ascii=False)
+    with pytest.raises(TypeError):
+        dumps({1j: 1})  # as json.dumps refuses it

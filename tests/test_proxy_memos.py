@@ -22,7 +22,7 @@ from ctxwarden.service.keys import hash_key, new_key, shown_prefix
 from ctxwarden.service.metrics import Metrics
 from ctxwarden.service.openai_proxy import OpenAIWire, _reply
 from ctxwarden.service.pipeline import Call, finish, prepare
-from ctxwarden.session.build_log import context_json, context_rows
+from ctxwarden.session.build_log import context_json, context_rows, context_utf8
 from ctxwarden.store.base import json_text
 from ctxwarden.store.service_tables import (
     add_tenant,
@@ -60,14 +60,26 @@ def test_context_json_is_the_context_rows_as_stored(tmp_path: Path) -> None:
     with Session(f"sqlite:///{tmp_path / 'c.db'}", "c") as s:
         s.append(history)
         for _ in range(2):  # the second time from the memo
-            built = s.build(max_input_tokens=3_000)
+            built = s.build(max_input_tokens=3_000, build_id=f"b{_}")
             assert context_json(built) == json_text(context_rows(built))
+            assert context_utf8(built) == json_text(context_rows(built)).encode()
+            assert not context_json(built).isascii()  # the UTF-8 of its text, not escapes
+            # logged as text (bound as UTF-8 bytes and cast), the same text
+            conn = s.store._connection()  # type: ignore[attr-defined]
+            row = conn.execute(
+                "SELECT typeof(context), context FROM ctxwarden_build_contexts WHERE build_id = ?",
+                (f"b{_}",),
+            ).fetchone()
+            assert row == ("text", json_text(context_rows(built)))
+            assert build_context(s.store, "default", "c", f"b{_}") == context_rows(built)
     odd = message_from_openai({"role": "user", "content": "lone \ud800 surrogate"})
     from dataclasses import replace
 
     built = replace(built, messages=[*built.messages, odd])
-    assert context_json(built) == json_text(context_rows(built))
-    assert context_json(built).isascii()  # written as the store can hold it
+    for _ in range(2):  # the second time with each message's bytes memoised
+        assert context_json(built) == json_text(context_rows(built))
+        assert context_json(built).isascii()  # written as the store can hold it
+        assert context_utf8(built) == json_text(context_rows(built)).encode()
     assert context_json(replace(built, messages=[])) == "[]"
     assert len({built.layers.get(m.id, "window") for m in built.messages}) > 1  # rows per layer
 

@@ -338,6 +338,19 @@ def test_a_text_file_is_refused_and_left_untouched(tmp_path: Path) -> None:
     assert _digest(path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["notes.db"]
 
 
+def test_sqlite_zeroes_deleted_rows_without_extra_writes(tmp_path: Path) -> None:
+    from ctxwarden.store.service_tables import delete_session
+
+    path = tmp_path / "s.db"
+    with SQLiteStore(path) as store:
+        assert store._connection().execute("PRAGMA secure_delete").fetchone() == (2,)  # FAST
+        store.create_session("t", "gone")
+        store.append("t", "gone", [Message.user("marker-4f1c2a short text")], [{}])
+        assert delete_session(store, "t", "gone")
+        store._connection().execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert b"marker-4f1c2a" not in path.read_bytes()  # zeroed in its b-tree page
+
+
 def test_a_foreign_sqlite_database_is_refused_and_left_untouched(tmp_path: Path) -> None:
     path = tmp_path / "app.db"
     with sqlite3.connect(path) as conn:

@@ -23,9 +23,22 @@ from collections.abc import Hashable, Sequence
 from ctxwarden.formats.openai import META_KEY, message_to_openai
 from ctxwarden.messages import Message
 
-__all__ = ["message_json", "messages_json", "meta_message_json", "object_json"]
+__all__ = [
+    "dumps",
+    "message_json",
+    "messages_json",
+    "messages_json_bytes",
+    "meta_message_bytes",
+    "meta_message_json",
+    "object_json",
+    "object_json_bytes",
+]
 
 _SCALARS = (str, int, float, bool, type(None))
+dumps = json.JSONEncoder(ensure_ascii=False).encode
+"""``json.dumps(value, ensure_ascii=False)``, the same text: the encoder that call builds
+each time, built once (the proxy writes dozens of keys and values per call; an encoder
+keeps no state between calls)."""
 
 
 class _Memo:
@@ -69,6 +82,7 @@ def _key(message: Message) -> Hashable | None:
 
 
 _TEXT_ATTR, _META_ATTR = "_cw_openai_json", "_cw_openai_meta_json"
+_BYTES_ATTR, _META_BYTES_ATTR = "_cw_openai_json_utf8", "_cw_openai_meta_json_utf8"
 
 
 def _remember(message: Message, attr: str, text: str) -> str:
@@ -88,7 +102,7 @@ def message_json(message: Message) -> str:
     found = _MEMO.get(key) if key is not None else None
     if found is not None:
         return _remember(message, _TEXT_ATTR, found)
-    text = json.dumps(message_to_openai(message), ensure_ascii=False)
+    text = dumps(message_to_openai(message))
     if key is not None:
         _MEMO.put(key, text)
         _remember(message, _TEXT_ATTR, text)
@@ -120,7 +134,7 @@ def meta_message_json(message: Message) -> str:
     found = _META_MEMO.get(key) if key is not None else None
     if found is not None:
         return _remember(message, _META_ATTR, found)
-    text = json.dumps(message_to_openai(message, with_meta=True), ensure_ascii=False)
+    text = dumps(message_to_openai(message, with_meta=True))
     if key is not None:
         _META_MEMO.put(key, text)
         _remember(message, _META_ATTR, text)
@@ -133,13 +147,51 @@ def messages_json(messages: Sequence[Message]) -> str:
     return "[" + ", ".join(map(message_json, messages)) + "]"
 
 
+def _message_bytes(message: Message) -> bytes:
+    """:func:`message_json` as UTF-8, kept on the message as its text is (when the text
+    is): a context's bytes are then joined, not encoded again on every call. A text that
+    UTF-8 cannot hold (a lone surrogate) raises as ``str.encode`` does."""
+    found: bytes | None = message.__dict__.get(_BYTES_ATTR)
+    if found is not None:
+        return found
+    text = message_json(message)
+    data = text.encode()
+    if message.__dict__.get(_TEXT_ATTR) is text:  # the text is memoised: so are its bytes
+        message.__dict__[_BYTES_ATTR] = data
+    return data
+
+
+def meta_message_bytes(message: Message) -> bytes:
+    """:func:`meta_message_json` as UTF-8, kept on the message as its text is (when the
+    text is): the build log joins a context's bytes instead of encoding its text."""
+    found: bytes | None = message.__dict__.get(_META_BYTES_ATTR)
+    if found is not None:
+        return found
+    text = meta_message_json(message)
+    data = text.encode()
+    if message.__dict__.get(_META_ATTR) is text:
+        message.__dict__[_META_BYTES_ATTR] = data
+    return data
+
+
+def messages_json_bytes(messages: Sequence[Message]) -> bytes:
+    """``messages_json(messages).encode()``, byte for byte, each message's UTF-8 memoised
+    (UTF-8 of a concatenation is the concatenation of the parts' UTF-8)."""
+    return b"[" + b", ".join(map(_message_bytes, messages)) + b"]"
+
+
+def object_json_bytes(data: dict[str, object], written: dict[str, bytes]) -> bytes:
+    """``object_json(data, ...).encode()`` with the values of the keys in ``written``
+    given as UTF-8 JSON already (the proxy's request body, its messages joined as bytes)."""
+    items = (
+        dumps(k).encode() + b": " + (written[k] if k in written else dumps(v).encode())
+        for k, v in data.items()
+    )
+    return b"{" + b", ".join(items) + b"}"
+
+
 def object_json(data: dict[str, object], written: dict[str, str]) -> str:
     """``json.dumps(data, ensure_ascii=False)`` for a JSON object with string keys, byte
     for byte, with the values of the keys in ``written`` given as JSON text already."""
-    items = (
-        json.dumps(k, ensure_ascii=False)
-        + ": "
-        + (written[k] if k in written else json.dumps(v, ensure_ascii=False))
-        for k, v in data.items()
-    )
+    items = (dumps(k) + ": " + (written[k] if k in written else dumps(v)) for k, v in data.items())
     return "{" + ", ".join(items) + "}"

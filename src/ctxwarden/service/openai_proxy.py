@@ -21,7 +21,7 @@ from starlette.responses import Response
 from ctxwarden import Usage
 from ctxwarden.errors import InvalidMessageError
 from ctxwarden.formats import message_from_openai
-from ctxwarden.formats.openai_json import messages_json, object_json
+from ctxwarden.formats.openai_json import messages_json_bytes, object_json_bytes
 from ctxwarden.memory.recall import recall_tool
 from ctxwarden.messages import Message
 from ctxwarden.service.auth import CurrentTenant, hub_of
@@ -112,7 +112,7 @@ class OpenAIWire:
     ) -> bytes:
         """The request upstream gets: the client's, with the built context (and the
         recall rounds' ``extra`` messages; the recall tool offered with ``recall``) as its
-        messages, each message's JSON written once across calls
+        messages, each message's JSON (and its UTF-8) written once across calls
         (:mod:`ctxwarden.formats.openai_json`)."""
         out = dict(self.data)
         out["messages"] = None  # written below, in its place
@@ -123,8 +123,8 @@ class OpenAIWire:
             options = self.data.get("stream_options")
             out["stream_options"] = {**(options if isinstance(options, dict) else {})}
             out["stream_options"]["include_usage"] = True
-        messages = messages_json([*prepared.built.messages, *extra])
-        return object_json(out, {"messages": messages}).encode()
+        messages = messages_json_bytes([*prepared.built.messages, *extra])
+        return object_json_bytes(out, {"messages": messages})
 
     def from_json(self, data: Any) -> tuple[Message | None, Usage | None]:
         message = data["choices"][0]["message"]

@@ -49,6 +49,7 @@ class Upstream:
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.kind = kind
+        self._urls: dict[str, Any] = {}
         limits = httpx2.Limits(max_connections=512, max_keepalive_connections=128)
         # a connection refused or reset while connecting never reached upstream:
         # retrying it is safe (nothing is retried once the request was sent)
@@ -77,9 +78,10 @@ class Upstream:
 
     async def open(self, path: str, body: bytes, headers: Mapping[str, str]) -> Any:
         """Send ``body`` to ``path`` and return the response with its body unread."""
-        request = self.client.build_request(
-            "POST", self.base_url + path, content=body, headers=dict(headers)
-        )
+        url = self._urls.get(path)
+        if url is None:  # parsed once per path: parsing is most of building a request
+            url = self._urls[path] = self._httpx.URL(self.base_url + path)
+        request = self.client.build_request("POST", url, content=body, headers=dict(headers))
         try:
             return await self.client.send(request, stream=True)
         except self._httpx.TimeoutException as exc:

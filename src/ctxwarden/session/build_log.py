@@ -23,7 +23,6 @@ log table; its builds are not logged.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, fields
@@ -32,7 +31,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from ctxwarden.formats.openai import message_to_openai
-from ctxwarden.formats.openai_json import meta_message_json, object_json
+from ctxwarden.formats.openai_json import dumps, meta_message_bytes, object_json
 from ctxwarden.session.handle import SessionHandle
 from ctxwarden.session.tail_memo import count_key
 from ctxwarden.steps.base import Action
@@ -53,6 +52,7 @@ __all__ = [
     "audit_json",
     "context_json",
     "context_rows",
+    "context_utf8",
     "log_build",
 ]
 
@@ -71,25 +71,33 @@ def context_rows(built: BuiltContext) -> list[dict[str, Any]]:
     ]
 
 
-def context_json(built: BuiltContext) -> str:
-    """``json_text(context_rows(built))``, each message's text memoised
-    (:func:`~ctxwarden.formats.openai_json.meta_message_json`): from one build to the next
-    a session's context is mostly the same messages."""
+def context_utf8(built: BuiltContext) -> bytes:
+    """``json_text(context_rows(built))`` as UTF-8, each message's bytes memoised
+    (:func:`~ctxwarden.formats.openai_json.meta_message_bytes`): from one build to the
+    next a session's context is mostly the same messages, so the ~80 KB text is joined,
+    never encoded (a truncation's mark makes it UCS-2, whose encoding is the slow one).
+    A JSON text is storable exactly when it encodes (it holds no raw NUL): a part that
+    does not (a lone surrogate) has the whole context written with ASCII escapes."""
     layer_of = built.layers.get
-    heads: dict[str, str] = {}
-    parts: list[str] = []  # joined once: no row string is made and copied again
-    for m in built.messages:
-        layer = layer_of(m.id, "window")
-        head = heads.get(layer)
-        if head is None:
-            head = heads[layer] = f'{{"layer": {json.dumps(layer, ensure_ascii=False)}, "message": '
-        parts += (head, meta_message_json(m), "}, ")
+    heads: dict[str, bytes] = {}
+    parts: list[bytes] = []  # joined once: no row is made and copied again
+    try:
+        for m in built.messages:
+            layer = layer_of(m.id, "window")
+            head = heads.get(layer)
+            if head is None:
+                head = heads[layer] = f'{{"layer": {dumps(layer)}, "message": '.encode()
+            parts += (head, meta_message_bytes(m), b"}, ")
+    except UnicodeEncodeError:
+        return json_text(context_rows(built)).encode()
     if parts:
-        parts[-1] = "}"
-    text = "[" + "".join(parts) + "]"
-    if not text.isascii() and unstorable(text):
-        return json_text(context_rows(built))
-    return text
+        parts[-1] = b"}"
+    return b"[" + b"".join(parts) + b"]"
+
+
+def context_json(built: BuiltContext) -> str:
+    """:func:`context_utf8` as text: ``json_text(context_rows(built))``."""
+    return context_utf8(built).decode()
 
 
 _SCALARS = frozenset((str, int, float, bool, type(None)))  # exact types: a subclass is dumped
@@ -129,7 +137,7 @@ def _fields_of(cls: type) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, .
 def _scalars_json(names: tuple[str, ...], values: tuple[Any, ...], types: tuple[type, ...]) -> str:
     """The JSON object of ``names`` and scalar ``values``; ``types`` is only part of the
     memo's key (``1`` and ``True`` are equal, and are written apart)."""
-    return json.dumps(dict(zip(names, values, strict=True)), ensure_ascii=False)
+    return dumps(dict(zip(names, values, strict=True)))
 
 
 def _action_json(action: Any) -> str:
@@ -138,7 +146,7 @@ def _action_json(action: Any) -> str:
     values = read(action)
     types = tuple(map(type, values))
     if not _SCALARS.issuperset(types):
-        return json.dumps(asdict(action), ensure_ascii=False)
+        return dumps(asdict(action))
     return _scalars_json(names, values, types)
 
 
@@ -221,7 +229,7 @@ def log_build(
         audit=audit_json(built.audit),
         status=status,
         upto_seq=upto,
-        context=context_json(built) if keep_contexts > 0 else None,
+        context=context_utf8(built) if keep_contexts > 0 else None,
         keep=session.keep_builds,
         keep_contexts=keep_contexts,
         # a library build's row is advisory (a crash may lose the newest); the proxy's

@@ -101,6 +101,12 @@ class SqlStore(ABC):
 
     url: str
 
+    def _utf8_text(self, data: bytes) -> tuple[str, Any]:
+        """A TEXT parameter given as its UTF-8: the placeholder and the value to bind.
+        By default the text itself (decoded); a backend that can store the bytes as
+        TEXT without decoding them says how (SQLite: ``CAST(? AS TEXT)``)."""
+        return "?", data.decode()
+
     @abstractmethod
     def _read(self) -> AbstractContextManager[Tx]:
         """A short read transaction seeing one snapshot."""

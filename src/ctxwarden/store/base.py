@@ -23,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ctxwarden.errors import StoreError
 from ctxwarden.formats.openai import message_from_openai, message_to_openai
+from ctxwarden.formats.openai_json import dumps
 from ctxwarden.messages import Message
 from ctxwarden.registry.usage import Usage
 
@@ -208,7 +209,7 @@ def json_text(value: Any) -> str:
     """``value`` as JSON text any database stores: UTF-8 as is, except that a text with a
     lone surrogate ("\\ud800", which SQLite and PostgreSQL cannot encode) is written
     with ASCII escapes. NUL is always escaped by JSON. Lossless either way."""
-    text = json.dumps(value, ensure_ascii=False)
+    text = dumps(value)  # json.dumps(value, ensure_ascii=False)
     if not text.isascii() and unstorable(text):
         return json.dumps(value, ensure_ascii=True)
     return text

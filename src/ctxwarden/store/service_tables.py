@@ -323,7 +323,7 @@ def record_build(
     audit: Mapping[str, Any] | str,
     status: str = "forwarded",
     upto_seq: int = -1,
-    context: Sequence[Mapping[str, Any]] | str | None = None,
+    context: Sequence[Mapping[str, Any]] | str | bytes | None = None,
     keep: int | None = None,
     keep_contexts: int | None = None,
     durable: bool = True,
@@ -332,9 +332,9 @@ def record_build(
     """Store a build's audit as the session's next turn and return the turn's number.
 
     ``context`` (the built messages as JSON-ready dicts, or their JSON text as
-    :func:`~ctxwarden.store.base.json_text` writes it) is kept for the newest
-    ``keep_contexts`` turns only, and only the newest ``keep`` rows are kept at all
-    (``None``: no bound), in the same transaction, so the log of a long session stays
+    :func:`~ctxwarden.store.base.json_text` writes it, or that text's UTF-8) is kept for
+    the newest ``keep_contexts`` turns only, and only the newest ``keep`` rows are kept at
+    all (``None``: no bound), in the same transaction, so the log of a long session stays
     the size of its bounds. ``durable=False`` lets the backend relax durability for
     this write (PostgreSQL: no wait for the WAL flush, which was most of the write):
     a crash may lose the newest rows, never a message. ``also(tx)`` writes more in the
@@ -367,16 +367,14 @@ def record_build(
             ),
         )
         if context is not None:
+            if isinstance(context, bytes):
+                place, value = sql._utf8_text(context)
+            else:
+                place, value = "?", context if isinstance(context, str) else json_text([*context])
             tx.execute(
                 "INSERT INTO ctxwarden_build_contexts (tenant, session_id, build_id, turn, "
-                "context) VALUES (?, ?, ?, ?, ?)",
-                (
-                    tenant,
-                    session_id,
-                    build_id,
-                    turn,
-                    context if isinstance(context, str) else json_text([*context]),
-                ),
+                f"context) VALUES (?, ?, ?, ?, {place})",
+                (tenant, session_id, build_id, turn, value),
             )
         if keep is not None:
             tx.execute(
