@@ -14,7 +14,7 @@ from itertools import islice
 
 import pytest
 
-from ctxwarden.bench import engine_speed
+from ctxwarden.bench import engine_speed, trim_baseline
 from ctxwarden.bench.traffic import session_calls
 from ctxwarden.build.pairing import group_blocks
 
@@ -92,7 +92,8 @@ def test_session_calls_end_at_model_call_points() -> None:
 def test_cli_json_without_langchain(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(engine_speed, "_langchain", lambda: None)
+    monkeypatch.setattr(engine_speed, "langchain_messages", lambda: None)
+    monkeypatch.setattr(trim_baseline, "langchain_messages", lambda: None)
     argv = ["--sizes", "60", "--repeats", "1", "--calls", "3", "--fresh-runs", "0", "--brief"]
     assert engine_speed.main(argv) == 0
     out = capsys.readouterr().out

@@ -59,6 +59,7 @@ from typing import Any
 from ctxwarden.bench.count_cache import build_history, find_tau_bench
 from ctxwarden.bench.prefix_stability import prefix_stability
 from ctxwarden.bench.traffic import agent_traffic
+from ctxwarden.bench.trim_baseline import langchain_messages, trim_messages_timer
 from ctxwarden.build.engine import BuiltContext, build_context
 from ctxwarden.build.policy import Policy
 from ctxwarden.messages import Message
@@ -102,78 +103,6 @@ def history_source(source: str, n: int, seed: int = 0) -> tuple[list[Message], s
     if source != "synthetic":
         raise SystemExit(f"unknown --source {source!r} (synthetic or tau)")
     return list(islice(agent_traffic(seed), n)), f"synthetic agent traffic (seed {seed})"
-
-
-# -- langchain-core ----------------------------------------------------------------------------
-
-
-def _langchain() -> Any | None:
-    try:
-        return importlib.import_module("langchain_core.messages")
-    except ImportError:
-        return None
-
-
-def _to_langchain(lc: Any, history: Sequence[Message]) -> list[Any]:
-    out: list[Any] = []
-    for m in history:
-        if m.role == "system":
-            out.append(lc.SystemMessage(m.text))
-        elif m.role == "user":
-            out.append(lc.HumanMessage(m.text))
-        elif m.role == "tool":
-            out.append(lc.ToolMessage(m.text, tool_call_id=m.tool_call_id or "", name=m.name))
-        else:
-            calls = [
-                {"name": c.name, "args": json.loads(c.arguments or "{}"), "id": c.id}
-                for c in m.tool_calls
-            ]
-            out.append(lc.AIMessage(m.text, tool_calls=calls))
-    return out
-
-
-def _lc_counter(lc: Any) -> Callable[[list[Any]], int]:
-    """The OpenAI chat formula over langchain messages, tiktoken o200k, no cache."""
-    encoding = TokenCounter.for_model(MODEL)._encoding
-    roles = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
-
-    def n(text: str) -> int:
-        return len(encoding.encode(text, disallowed_special=()))
-
-    def count(messages: list[Any]) -> int:
-        total = 3
-        for m in messages:
-            total += 3 + n(roles.get(m.type, m.type))
-            total += n(m.content if isinstance(m.content, str) else json.dumps(m.content))
-            if getattr(m, "name", None):
-                total += 1 + n(m.name)
-            for call in getattr(m, "tool_calls", None) or ():
-                total += 3 + n(call["name"]) + n(json.dumps(call["args"]))
-        return total
-
-    return count
-
-
-def trim_messages_timer(history: Sequence[Message], budget: int) -> Callable[[], int] | None:
-    """A zero-argument call that runs ``trim_messages`` once (None: not installed)."""
-    lc = _langchain()
-    if lc is None:
-        return None
-    messages, counter = _to_langchain(lc, history), _lc_counter(lc)
-
-    def call() -> int:
-        kept = lc.trim_messages(
-            messages,
-            max_tokens=budget,
-            strategy="last",
-            token_counter=counter,
-            include_system=True,
-            allow_partial=False,
-            start_on="human",
-        )
-        return len(kept)
-
-    return call
 
 
 # -- ctxwarden timings ---------------------------------------------------------------------------
@@ -339,7 +268,7 @@ def _size(
     history = full[:n]
     row: dict[str, Any] = {"messages": n}
     row["history_tokens"] = TokenCounter.for_model(MODEL).count_messages(history).tokens
-    trim = trim_messages_timer(history, budget)
+    trim = trim_messages_timer(history, budget, MODEL)
     if trim is not None:
         runs = [_ms(trim) for _ in range(repeats)]
         row["trim_ms"] = statistics.median(t for t, _ in runs)
@@ -416,7 +345,7 @@ def run(
         "budget": budget,
         "source": history_source(source, 1, seed)[1],
         "langchain_core": getattr(importlib.import_module("langchain_core"), "__version__", "?")
-        if _langchain() is not None
+        if langchain_messages() is not None
         else None,
         "sizes": rows,
         "prefix": prefix,
