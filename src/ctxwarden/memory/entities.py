@@ -26,7 +26,14 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from ctxwarden.memory.entity_patterns import MONTHS, NEEDS, PATTERNS, date_key
+from ctxwarden.memory.entity_patterns import (
+    CAPITAL_WORDS,
+    MONTHS,
+    NEEDS,
+    PATTERNS,
+    date_key,
+    has_currency,
+)
 from ctxwarden.messages import Message
 
 __all__ = [
@@ -72,8 +79,13 @@ CATEGORY_TIERS: dict[str, int] = {
 }
 
 _PATTERNS = PATTERNS
-_UUID = _PATTERNS[2][1]
 _EMAIL = _PATTERNS[1][1]
+_ID = _PATTERNS[10][1]
+_UUID_NEED, _DATE_NEED, _TIME_NEED = NEEDS["uuid"], NEEDS["date"], NEEDS["time"]
+_QUANTITY_NEED = NEEDS["quantity"]
+# Without a digit or a capital, only the URL, e-mail, path, UUID and identifier patterns
+# may match; each needs one of these characters or a dotted name (see _plan).
+_SIGNS = re.compile(r"[/\\@_-]")
 _ORDINAL = re.compile(r"^\d+(?:st|nd|rd|th|-?го|-?й|-?ий)$", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"(?:^|[.!?:;…\n•*>\-–—]|\d\.)[\s\"'“„«(\[]*$")
 _DIGIT = re.compile(r"\d")
@@ -149,15 +161,13 @@ _LETTER_RUN = re.compile(r"[^\W\d_]{3,}")
 # is one character class and a literal, which the regex engine finds fast; the
 # identifier pattern itself tries four branches at every word (a third of extraction).
 _DOTTED = re.compile(r"\.[A-Za-z_]")
-_CAMEL = re.compile(r"[a-z][A-Z]")
+_CAMEL = re.compile(r"[A-Z](?<=[a-z][A-Z])")  # opens with the capital: the engine skips to it
 
 
 @lru_cache(maxsize=65_536)
 def _is_month(word: str) -> bool:
     return _MONTH.fullmatch(word) is not None
 
-
-_NEEDS_DIGIT = frozenset({"date", "time", "amount", "quantity", "number"})  # date-written too
 
 #: Characters of one text that are scanned: the first 48 Ki and the last 16 Ki (an
 #: error or a total sits at the end of a long output). Beyond, extraction would cost
@@ -168,34 +178,6 @@ _HEAD = 49_152
 MAX_JSON_NODES = 20_000
 #: Long strings of one document scanned as text (each scan has a fixed cost).
 MAX_JSON_TEXTS = 256
-
-
-def _may_match(
-    category: str, pattern: re.Pattern[str], text: str, digits: bool, upper: bool
-) -> bool:
-    """Cheap tests that skip patterns on text that cannot match them: a written date
-    needs a month name, a path a slash, a URL "://", an e-mail "@", a number a digit,
-    a UUID a hyphen, an id a digit and a code a capital, an identifier ``_``, a dot
-    before a letter (``np.linalg``) or a lower letter before a capital (``camelCase``);
-    some need what :data:`~ctxwarden.memory.entity_patterns.NEEDS` finds as well."""
-    if category in _NEEDS_DIGIT:
-        need = NEEDS.get(category)
-        return digits and (need is None or need.search(text) is not None)
-    if category == "date-written":
-        return digits and any(_is_month(w) for w in _LETTER_RUN.findall(text))
-    if category == "path":
-        return "/" in text or "\\" in text
-    if category == "url":
-        return "://" in text
-    if category == "email":
-        return "@" in text
-    if pattern is _UUID:
-        return "-" in text and NEEDS["uuid"].search(text) is not None
-    if category == "id":
-        return digits or upper
-    if category == "identifier":
-        return "_" in text or _DOTTED.search(text) is not None or _CAMEL.search(text) is not None
-    return True
 
 
 def _at_sentence_start(text: str, at: int) -> bool:
@@ -218,8 +200,11 @@ def _shouting(text: str) -> bool:
     return len(letters) > 24 and sum(map(str.isupper, letters)) > len(letters) // 2
 
 
+_STRIPPED = ".,;:!?)(\"'"  # off both ends of a value
+
+
 def _clean(value: str) -> str:
-    return " ".join(value.split()).strip(".,;:!?)(\"'")
+    return " ".join(value.split()).strip(_STRIPPED)
 
 
 def _bounded(text: str) -> str:
@@ -235,11 +220,45 @@ def _identifier_category(value: str) -> str:
     return "id" if "." not in value and _is_id(value) else "identifier"
 
 
+def _plan(text: str, digits: bool, upper: bool) -> tuple[bool, ...]:
+    """Which of :data:`PATTERNS` may match ``text``, in their order: cheap tests that
+    skip patterns on text that cannot match them. A written date needs a month name, a
+    path a slash, a URL "://", an e-mail "@", a number a digit, a UUID a hyphen, an id a
+    digit and a code a capital, an identifier ``_``, a dot before a letter
+    (``np.linalg``) or a lower letter before a capital (``camelCase``); some need what
+    :data:`~ctxwarden.memory.entity_patterns.NEEDS` finds as well."""
+    dotted = _DOTTED.search(text) is not None
+    return (
+        "://" in text,
+        "@" in text,
+        "-" in text and _UUID_NEED.search(text) is not None,
+        digits and _DATE_NEED.search(text) is not None,
+        digits and any(map(_is_month, _LETTER_RUN.findall(text))),
+        "/" in text or "\\" in text,
+        digits and _TIME_NEED.search(text) is not None,
+        digits and has_currency(text),
+        digits and _QUANTITY_NEED.search(text) is not None,
+        "_" in text or dotted or (upper and _CAMEL.search(text) is not None),
+        digits or upper,
+        digits,
+    )
+
+
 def extract_from_text(text: str, source_id: str = "", origin: str = "") -> list[Entity]:
     """Entities of free text, each labelled by its category; first occurrence wins.
     Linear in ``len(text)``; at most :data:`MAX_SCAN_CHARS` characters are read."""
-    text = _bounded(text)
-    out: dict[str, Entity] = {}
+    return [Entity(v, c, source_id, c, origin) for v, c in _text_values(text).items()]
+
+
+def _text_values(text: str) -> dict[str, str]:
+    """:func:`extract_from_text`'s values and their categories, in its order."""
+    if len(text) > MAX_SCAN_CHARS:
+        text = _bounded(text)
+    digits = _DIGIT.search(text) is not None
+    upper = not text.islower()  # no capital at all: no code and no name
+    if not (digits or upper) and _SIGNS.search(text) is None and _DOTTED.search(text) is None:
+        return {}  # no pattern may match (see _plan) and no name: most lower-case prose
+    out: dict[str, str] = {}
     claimed = bytearray(len(text))
 
     def take(start: int, end: int, value: str, category: str) -> None:
@@ -248,14 +267,14 @@ def extract_from_text(text: str, source_id: str = "", origin: str = "") -> list[
         claimed[start:end] = b"\x01" * (end - start)
         value = _clean(value)
         if value and value not in out:
-            out[value] = Entity(value, category, source_id, category, origin)
+            out[value] = category
 
     shouting: bool | None = None  # mostly capitals: no codes then (found when first needed)
-    digits = _DIGIT.search(text) is not None
-    upper = not text.islower()  # no capital at all: no code and no name
-    for category, pattern in _PATTERNS:
-        if not _may_match(category, pattern, text, digits, upper):
+    for (category, pattern), may in zip(_PATTERNS, _plan(text, digits, upper), strict=True):
+        if not may:
             continue
+        if pattern is _ID and not digits and "#" not in text:
+            pattern = CAPITAL_WORDS  # the same matches, found faster
         for m in pattern.finditer(text):
             value = m.group(0)
             if category == "date-written":
@@ -285,7 +304,7 @@ def extract_from_text(text: str, source_id: str = "", origin: str = "") -> list[
             if category == "email":  # a user name is often an account id too: mia_li_3668@…
                 local = value.split("@", 1)[0]
                 if _is_id(local):
-                    out.setdefault(local, Entity(local, "id", source_id, "id", origin))
+                    out.setdefault(local, "id")
             take(m.start(), m.end(), value, category_out)
     # proper names: runs of capitalised words, not a lone word at a sentence start. Only
     # words that may be capitalised are visited (spans): any other word would only end a
@@ -309,7 +328,7 @@ def extract_from_text(text: str, source_id: str = "", origin: str = "") -> list[
         if run and not heading:  # "Total Cost:" / "**Flight Option 1:**" label a field
             take(run[0][0], run[-1][1], text[run[0][0] : run[-1][1]], "name")
         run = [w] if w is not None and title else []
-    return list(out.values())
+    return out
 
 
 # -- JSON ----------------------------------------------------------------------------------------
@@ -340,10 +359,11 @@ def _key_traits(key: str) -> tuple[bool, bool]:
     return _ID_KEY.search(key) is not None, _AMOUNT_KEY.search(key) is not None
 
 
-def _names_a_person(key: str, value: str) -> bool:
-    """A capitalised word or two under a key that ends in "name" (``first_name``,
-    ``lastName``, ``name``): a name, though one word alone has no name's shape."""
-    return key[-4:].lower() == "name" and all(w[:1].isupper() for w in value.split())
+def _names_a_person(key: str, words: list[str]) -> bool:
+    """A capitalised word or two (``words``: the value split) under a key that ends in
+    "name" (``first_name``, ``lastName``, ``name``): a name, though one word alone has
+    no name's shape."""
+    return key[-4:].lower() == "name" and all(w[:1].isupper() for w in words)
 
 
 def _category_of(value: str) -> str:
@@ -360,9 +380,11 @@ def _category_of(value: str) -> str:
 
 @lru_cache(maxsize=65_536)
 def _category_by_text(value: str) -> str:
-    found = extract_from_text(value)
-    if len(found) == 1 and found[0].value == _clean(value):
-        return found[0].category
+    found = _text_values(value)
+    if len(found) == 1:
+        (only, category), *_ = found.items()
+        if only == _clean(value):
+            return category
     return "value"
 
 
@@ -384,24 +406,29 @@ def extract_from_json(data: Any, source_id: str = "", origin: str = "") -> list[
     text_left, texts_left = MAX_SCAN_CHARS, MAX_JSON_TEXTS
     nodes = 0
     stack: list[tuple[Any, str, str]] = [(data, "", "")]  # (node, key, context), next last
+    pop, push = stack.pop, stack.extend
     while stack and nodes < MAX_JSON_NODES:
-        node, key, context = stack.pop()
+        node, key, context = pop()
         nodes += 1
         # str first: most leaves are strings (this loop runs once per JSON value)
         if isinstance(node, str):
             label = f"{context}.{key}" if context and key in _GENERIC_KEYS else key
-            if len(node) <= 60 and "\n" not in node and len(node.split()) <= 4 and label:
+            words = node.split() if len(node) <= 60 and "\n" not in node else None
+            if words is not None and len(words) <= 4 and label:
                 category = "id" if _key_traits(key)[0] else _category_of(node)
-                if category == "value" and _names_a_person(key, node):
+                if category == "value" and _names_a_person(key, words):
                     category = "name"  # "first_name": "Mia" (one word: no name by shape)
-                add(node, label, category)
+                value = " ".join(words).strip(_STRIPPED)  # _clean(node)
+                if value and value not in out:
+                    out[value] = Entity(value, label, source_id, category, origin)
             elif text_left > 0 and texts_left > 0:
                 piece = node[:text_left]
                 text_left -= len(piece)
                 texts_left -= 1
-                for e in extract_from_text(piece, source_id):
-                    add(e.value, e.label, e.category)
+                for value, category in _text_values(piece).items():
+                    add(value, category, category)
         elif isinstance(node, dict):
+            inner = key or context
             items = []
             for k, v in node.items():
                 k = str(k)
@@ -410,10 +437,11 @@ def extract_from_json(data: Any, source_id: str = "", origin: str = "") -> list[
                     add(k, key or "key", kind)  # a key that is data: {"credit_card_1": …}
                     items.append((v, k, context))
                 else:
-                    items.append((v, k, key or context))
-            stack.extend(reversed(items))
+                    items.append((v, k, inner))
+            items.reverse()
+            push(items)
         elif isinstance(node, list):
-            stack.extend((item, key, context) for item in reversed(node))
+            push([(item, key, context) for item in reversed(node)])
         elif isinstance(node, bool) or node is None:
             continue
         elif isinstance(node, (int, float)):
