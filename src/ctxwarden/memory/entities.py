@@ -22,6 +22,7 @@ import json
 import math
 import re
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -84,8 +85,9 @@ _ID = _PATTERNS[10][1]
 _UUID_NEED, _DATE_NEED, _TIME_NEED = NEEDS["uuid"], NEEDS["date"], NEEDS["time"]
 _QUANTITY_NEED = NEEDS["quantity"]
 # Without a digit or a capital, only the URL, e-mail, path, UUID and identifier patterns
-# may match; each needs one of these characters or a dotted name (see _plan).
-_SIGNS = re.compile(r"[/\\@_-]")
+# may match; each needs one of these characters or a dotted name (see _plan), but a
+# UUID without a digit or a capital gives nothing (no id, no code), so "-" is not one.
+_SIGNS = re.compile(r"[/\\@_]")
 _ORDINAL = re.compile(r"^\d+(?:st|nd|rd|th|-?го|-?й|-?ий)$", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"(?:^|[.!?:;…\n•*>\-–—]|\d\.)[\s\"'“„«(\[]*$")
 _DIGIT = re.compile(r"\d")
@@ -167,6 +169,33 @@ _CAMEL = re.compile(r"[A-Z](?<=[a-z][A-Z])")  # opens with the capital: the engi
 @lru_cache(maxsize=65_536)
 def _is_month(word: str) -> bool:
     return _MONTH.fullmatch(word) is not None
+
+
+_WRITTEN = PATTERNS[4][1]
+#: How far before its month name a written date may start: a day (two digits and
+#: "-го"), up to three spaces, "of" and up to three spaces again.
+_DAY_BEFORE_MONTH = 13
+
+
+def _written_dates(text: str) -> Iterator[re.Match[str]]:
+    """``finditer`` of the written-date pattern, tried only where a match may start: its
+    month name is a whole run of letters that :func:`_is_month` (it opens with one,
+    or a day at most :data:`_DAY_BEFORE_MONTH` characters before one comes first). Any
+    position that may start a match is tried, in order, from where the last match
+    ended, as ``finditer`` does; the others cannot match (the pattern is slow to try
+    at every position: it opens with ``\\b`` and a case-blind choice of 75 names)."""
+    tried: set[int] = set()
+    for m in _LETTER_RUN.finditer(text):
+        if _is_month(m.group()):
+            at = m.start()
+            tried.update(range(max(at - _DAY_BEFORE_MONTH, 0), at + 1))
+    end = 0
+    for at in sorted(tried):
+        if at >= end:
+            found = _WRITTEN.match(text, at)
+            if found is not None:
+                end = found.end()
+                yield found
 
 
 #: Characters of one text that are scanned: the first 48 Ki and the last 16 Ki (an
@@ -275,7 +304,8 @@ def _text_values(text: str) -> dict[str, str]:
             continue
         if pattern is _ID and not digits and "#" not in text:
             pattern = CAPITAL_WORDS  # the same matches, found faster
-        for m in pattern.finditer(text):
+        matches = _written_dates(text) if pattern is _WRITTEN else pattern.finditer(text)
+        for m in matches:
             value = m.group(0)
             if category == "date-written":
                 category_out = "date"
@@ -307,27 +337,32 @@ def _text_values(text: str) -> dict[str, str]:
                     out.setdefault(local, "id")
             take(m.start(), m.end(), value, category_out)
     # proper names: runs of capitalised words, not a lone word at a sentence start. Only
-    # words that may be capitalised are visited (spans): any other word would only end a
+    # title-case words no pattern claimed are visited: any other word would only end a
     # run, and the gap test ends it anyway (a word between two leaves more than a space).
+    # What a run takes lies before the word that ends it: no word's test depends on it.
+    if not upper:
+        return out
     run: list[tuple[int, int]] = []
-    words = [*_capital_words(text), None] if upper else []
-    for w in words:
-        title = w is not None and _is_title(text[w[0] : w[1]]) and claimed.find(1, *w) < 0
-        joined = not run or (w is not None and text[run[-1][1] : w[0]] in (" ", "\u00a0"))
-        if w is not None and title and joined:
+    for w in [
+        *(
+            w
+            for w in _capital_words(text)
+            if _is_title(text[w[0] : w[1]]) and claimed.find(1, *w) < 0
+        ),
+        None,
+    ]:
+        if w is not None and (not run or text[run[-1][1] : w[0]] in (" ", "\u00a0")):
             run.append(w)
             continue
-        while run:
-            at_start = _at_sentence_start(text, run[0][0])
-            if _skipped_name_word(text[run[0][0] : run[0][1]]) or (at_start and len(run) == 1):
-                run = run[1:]
-                continue
-            break
-        after = run[-1][1] if run else 0
-        heading = bool(run) and text[after : after + 16].lstrip(" *_0-9").startswith(":")
-        if run and not heading:  # "Total Cost:" / "**Flight Option 1:**" label a field
+        while run and (
+            _skipped_name_word(text[run[0][0] : run[0][1]])
+            or (len(run) == 1 and _at_sentence_start(text, run[0][0]))
+        ):
+            del run[0]
+        # "Total Cost:" / "**Flight Option 1:**" label a field
+        if run and not text[run[-1][1] : run[-1][1] + 16].lstrip(" *_0-9").startswith(":"):
             take(run[0][0], run[-1][1], text[run[0][0] : run[-1][1]], "name")
-        run = [w] if w is not None and title else []
+        run = [w] if w is not None else []
     return out
 
 
