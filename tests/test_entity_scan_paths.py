@@ -273,6 +273,14 @@ def test_written_dates_tried_near_month_names_are_all_written_dates(text: str) -
 
 
 @settings(max_examples=600, deadline=None)
+@given(st.one_of(texts, st.text(alphabet="aAbZ _1.\n-", max_size=80)))
+def test_shouting_counts_capitals_as_the_plain_count(text: str) -> None:
+    letters = E._LETTERS.findall(text)
+    plain = len(letters) > 24 and sum(map(str.isupper, letters)) > len(letters) // 2
+    assert E._shouting(text) == plain
+
+
+@settings(max_examples=600, deadline=None)
 @given(texts)
 def test_the_camel_case_test_finds_what_the_plain_one_finds(text: str) -> None:
     assert (E._CAMEL.search(text) is None) == (_CAMEL_PLAIN.search(text) is None)
@@ -297,3 +305,10 @@ def test_short_values_are_categorised_as_by_the_plain_scan(value: str) -> None:
     only = list(found.items())
     plain = only[0][1] if len(only) == 1 and only[0][0] == E._clean(value) else "value"
     assert E._category_by_text.__wrapped__(value) == plain
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.one_of(texts, st.text(alphabet="aZ09.-@_ é", max_size=12)))
+def test_a_values_category_is_the_category_of_its_scan(value: str) -> None:
+    """_category_of's shortcuts (letter-free shapes, e-mails) answer as the scan does."""
+    assert E._category_of(value) == E._category_by_text(value)

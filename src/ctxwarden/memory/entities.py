@@ -102,15 +102,20 @@ _CAPITAL_WORD = re.compile(r"(?<![\w'’-])[\d_'’-]*([^\W\d_a-z][\w'’-]*)")
 # with a look-behind is tried at every position), then the characters before it are
 # checked: only digits, "_", "'", "’" or "-" back to the start of the run.
 _CAPITAL_RUN = re.compile(r"[^\W\d_a-z][\w'’-]*")
+# those two characters long or more (a single capital, "I", is no title-case word):
+# the same matches without the single ones (a run character does not follow those, so
+# the scan goes on from the next character as it does after a single one)
+_CAPITAL_RUN_2 = re.compile(r"[^\W\d_a-z][\w'’-]+")
 _RUN_CHAR = re.compile(r"[\w'’-]")
 _LEAD_CHAR = re.compile(r"[\d_'’-]")
 _SEPARATORS = frozenset(' \n\t"(),.:;/[]{}')  # neither word characters nor ' ’ -
 
 
-def _capital_words(text: str) -> list[tuple[int, int]]:
-    """The spans of group 1 of :data:`_CAPITAL_WORD` over ``text``, in order."""
+def _capital_words(text: str, runs: re.Pattern[str] = _CAPITAL_RUN) -> list[tuple[int, int]]:
+    """The spans of group 1 of :data:`_CAPITAL_WORD` over ``text``, in order (with
+    ``runs`` :data:`_CAPITAL_RUN_2`: those two characters long or more)."""
     out = []
-    for m in _CAPITAL_RUN.finditer(text):
+    for m in runs.finditer(text):
         p = m.start()
         if p == 0 or text[p - 1] in _SEPARATORS:
             out.append(m.span())
@@ -223,10 +228,19 @@ def _at_sentence_start(text: str, at: int) -> bool:
     return far > 0 or _SENTENCE_END.search(text, far, at) is not None
 
 
+_ASCII_NON_LETTERS = bytes(c for c in range(128) if not chr(c).isalpha())
+_ASCII_CAPITALS = bytes(range(ord("A"), ord("Z") + 1))
+
+
 def _shouting(text: str) -> bool:
-    """Most letters are capitals (a heading or an angry message): capitals are no code."""
-    letters = _LETTERS.findall(text)
-    return len(letters) > 24 and sum(map(str.isupper, letters)) > len(letters) // 2
+    """Most letters are capitals (a heading or an angry message): capitals are no code.
+    An ASCII text counts them in bytes (its letters are A-Z and a-z, its capitals A-Z)."""
+    if text.isascii():
+        letters = text.encode().translate(None, _ASCII_NON_LETTERS)
+        n = len(letters)
+        return n > 24 and n - len(letters.translate(None, _ASCII_CAPITALS)) > n // 2
+    found = _LETTERS.findall(text)
+    return len(found) > 24 and sum(map(str.isupper, found)) > len(found) // 2
 
 
 _STRIPPED = ".,;:!?)(\"'"  # off both ends of a value
@@ -346,7 +360,7 @@ def _text_values(text: str) -> dict[str, str]:
     for w in [
         *(
             w
-            for w in _capital_words(text)
+            for w in _capital_words(text, _CAPITAL_RUN_2)
             if _is_title(text[w[0] : w[1]]) and claimed.find(1, *w) < 0
         ),
         None,
@@ -389,23 +403,24 @@ def _key_kind(key: str) -> str:
 
 
 @lru_cache(maxsize=4096)
-def _key_traits(key: str) -> tuple[bool, bool]:
-    """Whether a JSON key names an identifier, and whether it names an amount."""
-    return _ID_KEY.search(key) is not None, _AMOUNT_KEY.search(key) is not None
-
-
-def _names_a_person(key: str, words: list[str]) -> bool:
-    """A capitalised word or two (``words``: the value split) under a key that ends in
-    "name" (``first_name``, ``lastName``, ``name``): a name, though one word alone has
-    no name's shape."""
-    return key[-4:].lower() == "name" and all(w[:1].isupper() for w in words)
+def _key_traits(key: str) -> tuple[bool, bool, bool]:
+    """Whether a JSON key names an identifier, whether it names an amount, and whether
+    it ends in "name" (``first_name``, ``lastName``, ``name``): capitalised words under
+    it are a name, though one word alone has no name's shape."""
+    return (
+        _ID_KEY.search(key) is not None,
+        _AMOUNT_KEY.search(key) is not None,
+        key[-4:].lower() == "name",
+    )
 
 
 def _category_of(value: str) -> str:
     """The category of a short JSON string from its shape alone. Without letters, the
     patterns see only where the digits are (which digit does not matter), so such values
     share one cache entry per shape: "562.54" and "18.20" are both "999.99"."""
-    if _LETTERS.search(value) is None:
+    # no letter: an ASCII value's are A-Z and a-z, the only characters upper() and
+    # lower() change
+    if value.lower() == value.upper() if value.isascii() else _LETTERS.search(value) is None:
         return _category_by_text(value.translate(_TO_NINE))
     if "@" in value and _EMAIL.fullmatch(value):  # the e-mail pattern runs first and claims
         # the whole value; its local part, when it is an id, is a second entity
@@ -450,8 +465,9 @@ def extract_from_json(data: Any, source_id: str = "", origin: str = "") -> list[
             label = f"{context}.{key}" if context and key in _GENERIC_KEYS else key
             words = node.split() if len(node) <= 60 and "\n" not in node else None
             if words is not None and len(words) <= 4 and label:
-                category = "id" if _key_traits(key)[0] else _category_of(node)
-                if category == "value" and _names_a_person(key, words):
+                names_id, _, names_a_name = _key_traits(key)
+                category = "id" if names_id else _category_of(node)
+                if category == "value" and names_a_name and all(w[:1].isupper() for w in words):
                     category = "name"  # "first_name": "Mia" (one word: no name by shape)
                 value = " ".join(words).strip(_STRIPPED)  # _clean(node)
                 if value and value not in out:
@@ -485,7 +501,11 @@ def extract_from_json(data: Any, source_id: str = "", origin: str = "") -> list[
                 text = (
                     repr(node) if isinstance(node, int) or math.isfinite(node) else json.dumps(node)
                 )
-                add(text, label, "amount" if _key_traits(key)[1] else "number")
+                if type(node) is not int and type(node) is not float:
+                    text = _clean(text)  # the repr of an int's or float's subclass may need it
+                if text and text not in out:  # an int's or float's is clean already
+                    category = "amount" if _key_traits(key)[1] else "number"
+                    out[text] = Entity(text, label, source_id, category, origin)
     return list(out.values())
 
 
