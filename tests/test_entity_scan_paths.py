@@ -312,3 +312,27 @@ def test_short_values_are_categorised_as_by_the_plain_scan(value: str) -> None:
 def test_a_values_category_is_the_category_of_its_scan(value: str) -> None:
     """_category_of's shortcuts (letter-free shapes, e-mails) answer as the scan does."""
     assert E._category_of(value) == E._category_by_text(value)
+
+
+_NUMBER_PIECES = [
+    *"0123456789-.,:/ %\u00a0xaAmMpP",
+    "12:30",
+    "5 pm",
+    "3.11",
+    "2024-05-20",
+    "1,000",
+    "kg",
+    "°C",
+    "-5",
+]
+number_texts = st.lists(st.sampled_from(_NUMBER_PIECES), max_size=30).map("".join)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.one_of(texts, number_texts))
+def test_patterns_tried_where_a_number_starts_find_all_their_matches(text: str) -> None:
+    starts = [m.start() for m in E._NUMBER_START.finditer(text)]
+    for category, pattern in PATTERNS:
+        if category in E._FROM_A_DIGIT:
+            plain = [m.span() for m in pattern.finditer(text)]
+            assert [m.span() for m in E._matches_from(pattern, text, starts)] == plain, category

@@ -182,6 +182,29 @@ _WRITTEN = PATTERNS[4][1]
 _DAY_BEFORE_MONTH = 13
 
 
+#: Where a date, a time, a quantity or a number may start: a digit or "-" after no word
+#: character (each pattern opens with ``\\b`` or a look-behind for one, then a digit;
+#: a number may open with "-"). The regex opens with the character: the engine skips
+#: to it, where those patterns, opening with a look-behind, are tried at every position.
+_NUMBER_START = re.compile(r"[-\d](?<!\w[-\d])")
+_FROM_A_DIGIT = frozenset({"date", "time", "quantity", "number"})
+
+
+def _matches_from(
+    pattern: re.Pattern[str], text: str, starts: list[int]
+) -> Iterator[re.Match[str]]:
+    """``pattern.finditer(text)`` for a pattern that can only match from one of
+    ``starts`` (in order): each is tried from where the last match ended, as
+    ``finditer`` tries every position."""
+    end = 0
+    for at in starts:
+        if at >= end:
+            found = pattern.match(text, at)
+            if found is not None:
+                end = found.end()
+                yield found
+
+
 def _written_dates(text: str) -> Iterator[re.Match[str]]:
     """``finditer`` of the written-date pattern, tried only where a match may start: its
     month name is a whole run of letters that :func:`_is_month` (it opens with one,
@@ -194,13 +217,7 @@ def _written_dates(text: str) -> Iterator[re.Match[str]]:
         if _is_month(m.group()):
             at = m.start()
             tried.update(range(max(at - _DAY_BEFORE_MONTH, 0), at + 1))
-    end = 0
-    for at in sorted(tried):
-        if at >= end:
-            found = _WRITTEN.match(text, at)
-            if found is not None:
-                end = found.end()
-                yield found
+    return _matches_from(_WRITTEN, text, sorted(tried))
 
 
 #: Characters of one text that are scanned: the first 48 Ki and the last 16 Ki (an
@@ -313,12 +330,20 @@ def _text_values(text: str) -> dict[str, str]:
             out[value] = category
 
     shouting: bool | None = None  # mostly capitals: no codes then (found when first needed)
+    starts: list[int] | None = None  # where a number may start (found when first needed)
     for (category, pattern), may in zip(_PATTERNS, _plan(text, digits, upper), strict=True):
         if not may:
             continue
         if pattern is _ID and not digits and "#" not in text:
             pattern = CAPITAL_WORDS  # the same matches, found faster
-        matches = _written_dates(text) if pattern is _WRITTEN else pattern.finditer(text)
+        if category in _FROM_A_DIGIT:
+            if starts is None:
+                starts = [m.start() for m in _NUMBER_START.finditer(text)]
+            matches = _matches_from(pattern, text, starts)
+        elif pattern is _WRITTEN:
+            matches = _written_dates(text)
+        else:
+            matches = pattern.finditer(text)
         for m in matches:
             value = m.group(0)
             if category == "date-written":
