@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ctxwarden.memory import entities as E
+from ctxwarden.memory import entity_patterns as P
 from ctxwarden.memory import entity_rank
 from ctxwarden.memory.entity_patterns import CAPITAL_WORDS, NEEDS, PATTERNS, date_key, has_currency
 
@@ -31,7 +32,7 @@ def _may_match(
         need = NEEDS.get(category)
         return digits and (need is None or need.search(text) is not None)
     if category == "date-written":
-        return digits and any(E._is_month(w) for w in E._LETTER_RUN.findall(text))
+        return digits and any(P.is_month(w) for w in P.LETTER_RUN.findall(text))
     if category == "path":
         return "/" in text or "\\" in text
     if category == "url":
@@ -269,7 +270,7 @@ def test_codes_from_their_capital_are_the_id_patterns_matches_without_digits(tex
 @given(st.one_of(texts, date_texts, far_dates))
 def test_written_dates_tried_near_month_names_are_all_written_dates(text: str) -> None:
     plain = [m.span() for m in PATTERNS[4][1].finditer(text)]
-    assert [m.span() for m in E._written_dates(text)] == plain
+    assert [m.span() for m in P.written_dates(text)] == plain
 
 
 @settings(max_examples=600, deadline=None)
@@ -331,8 +332,28 @@ number_texts = st.lists(st.sampled_from(_NUMBER_PIECES), max_size=30).map("".joi
 @settings(max_examples=1500, deadline=None)
 @given(st.one_of(texts, number_texts))
 def test_patterns_tried_where_a_number_starts_find_all_their_matches(text: str) -> None:
-    starts = [m.start() for m in E._NUMBER_START.finditer(text)]
+    starts = [m.start() for m in P.NUMBER_START.finditer(text)]
     for category, pattern in PATTERNS:
-        if category in E._FROM_A_DIGIT:
+        if category in P.FROM_A_DIGIT:
             plain = [m.span() for m in pattern.finditer(text)]
-            assert [m.span() for m in E._matches_from(pattern, text, starts)] == plain, category
+            assert [m.span() for m in P.matches_from(pattern, text, starts)] == plain, category
+
+
+def test_an_entity_built_in_its_dict_is_the_dataclasss_instance() -> None:
+    import copy
+    import dataclasses
+    import pickle
+
+    made = E._entity("ZFA04Y", "reservation_id", "m3", "id", "tool")
+    plain = E.Entity("ZFA04Y", "reservation_id", "m3", "id", "tool")
+    assert made == plain and hash(made) == hash(plain) and repr(made) == repr(plain)
+    assert vars(made) == vars(plain) and list(vars(made)) == list(vars(plain))
+    assert dataclasses.asdict(made) == dataclasses.asdict(plain)
+    assert dataclasses.replace(made, origin="user") == plain
+    assert pickle.loads(pickle.dumps(made)) == plain and copy.copy(made) == plain
+    try:
+        made.value = "other"  # type: ignore[misc]
+    except dataclasses.FrozenInstanceError:
+        pass
+    else:
+        raise AssertionError("an entity must stay frozen")
