@@ -66,21 +66,21 @@ class Entity:
     origin: str = field(default="", compare=False)
 
 
-_new_object = object.__new__
+_new_object, _set_field = object.__new__, object.__setattr__
 
 
 def _entity(value: str, label: str, source_id: str, category: str, origin: str) -> Entity:
-    """``Entity(value, label, source_id, category, origin)``, its fields set in its
-    ``__dict__`` in field order: the frozen dataclass's ``__init__`` sets each through
-    ``object.__setattr__``, a tenth of extraction's time. The same instance (equal,
-    same hash, repr and pickle; still frozen)."""
+    """``Entity(value, label, source_id, category, origin)``: the frozen dataclass's
+    ``__init__`` looks ``object.__setattr__`` up again for each field (a tenth of
+    extraction's time); this sets the same fields the same way (the same instance:
+    equal, same hash, repr and pickle, still frozen; its fields in the object, as
+    ``__init__`` leaves them, no ``__dict__`` made)."""
     e = _new_object(Entity)
-    fields = e.__dict__
-    fields["value"] = value
-    fields["label"] = label
-    fields["source_id"] = source_id
-    fields["category"] = category
-    fields["origin"] = origin
+    _set_field(e, "value", value)
+    _set_field(e, "label", label)
+    _set_field(e, "source_id", source_id)
+    _set_field(e, "category", category)
+    _set_field(e, "origin", origin)
     return e
 
 
