@@ -45,6 +45,8 @@ def test_a_pattern_matches_only_where_its_prefilter_finds_something(text: str) -
 def test_capitalised_words_are_those_of_the_look_behind_pattern(text: str) -> None:
     plain = [m.span(1) for m in entities._CAPITAL_WORD.finditer(text)]
     assert entities._capital_words(text) == plain
+    longer = [(a, b) for a, b in plain if b - a > 1]
+    assert entities._capital_words(text, entities._CAPITAL_RUN_2) == longer
 
 
 _VALUES = ["2024-05-27", "May 27", "Sofia Kim", "Sofia", "Kim", "JFK", "R0001X", "12", "ab"]

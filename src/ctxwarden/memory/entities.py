@@ -26,7 +26,19 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from ctxwarden.memory.entity_patterns import MONTHS, NEEDS, PATTERNS, date_key
+from ctxwarden.memory.entity_patterns import (
+    CAPITAL_WORDS,
+    FROM_A_DIGIT,
+    LETTER_RUN,
+    NEEDS,
+    NUMBER_START,
+    PATTERNS,
+    date_key,
+    has_currency,
+    is_month,
+    matches_from,
+    written_dates,
+)
 from ctxwarden.messages import Message
 
 __all__ = [
@@ -54,6 +66,24 @@ class Entity:
     origin: str = field(default="", compare=False)
 
 
+_new_object, _set_field = object.__new__, object.__setattr__
+
+
+def _entity(value: str, label: str, source_id: str, category: str, origin: str) -> Entity:
+    """``Entity(value, label, source_id, category, origin)``: the frozen dataclass's
+    ``__init__`` looks ``object.__setattr__`` up again for each field (a tenth of
+    extraction's time); this sets the same fields the same way (the same instance:
+    equal, same hash, repr and pickle, still frozen; its fields in the object, as
+    ``__init__`` leaves them, no ``__dict__`` made)."""
+    e = _new_object(Entity)
+    _set_field(e, "value", value)
+    _set_field(e, "label", label)
+    _set_field(e, "source_id", source_id)
+    _set_field(e, "category", category)
+    _set_field(e, "origin", origin)
+    return e
+
+
 #: Trimming order of the ledger: tier 0 goes first when over budget, tier 2 last.
 CATEGORY_TIERS: dict[str, int] = {
     "id": 3,
@@ -72,8 +102,15 @@ CATEGORY_TIERS: dict[str, int] = {
 }
 
 _PATTERNS = PATTERNS
-_UUID = _PATTERNS[2][1]
 _EMAIL = _PATTERNS[1][1]
+_ID = _PATTERNS[10][1]
+_WRITTEN = _PATTERNS[4][1]
+_UUID_NEED, _DATE_NEED, _TIME_NEED = NEEDS["uuid"], NEEDS["date"], NEEDS["time"]
+_QUANTITY_NEED = NEEDS["quantity"]
+# Without a digit or a capital, only the URL, e-mail, path, UUID and identifier patterns
+# may match; each needs one of these characters or a dotted name (see _plan), but a
+# UUID without a digit or a capital gives nothing (no id, no code), so "-" is not one.
+_SIGNS = re.compile(r"[/\\@_]")
 _ORDINAL = re.compile(r"^\d+(?:st|nd|rd|th|-?го|-?й|-?ий)$", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"(?:^|[.!?:;…\n•*>\-–—]|\d\.)[\s\"'“„«(\[]*$")
 _DIGIT = re.compile(r"\d")
@@ -88,15 +125,20 @@ _CAPITAL_WORD = re.compile(r"(?<![\w'’-])[\d_'’-]*([^\W\d_a-z][\w'’-]*)")
 # with a look-behind is tried at every position), then the characters before it are
 # checked: only digits, "_", "'", "’" or "-" back to the start of the run.
 _CAPITAL_RUN = re.compile(r"[^\W\d_a-z][\w'’-]*")
+# those two characters long or more (a single capital, "I", is no title-case word):
+# the same matches without the single ones (a run character does not follow those, so
+# the scan goes on from the next character as it does after a single one)
+_CAPITAL_RUN_2 = re.compile(r"[^\W\d_a-z][\w'’-]+")
 _RUN_CHAR = re.compile(r"[\w'’-]")
 _LEAD_CHAR = re.compile(r"[\d_'’-]")
 _SEPARATORS = frozenset(' \n\t"(),.:;/[]{}')  # neither word characters nor ' ’ -
 
 
-def _capital_words(text: str) -> list[tuple[int, int]]:
-    """The spans of group 1 of :data:`_CAPITAL_WORD` over ``text``, in order."""
+def _capital_words(text: str, runs: re.Pattern[str] = _CAPITAL_RUN) -> list[tuple[int, int]]:
+    """The spans of group 1 of :data:`_CAPITAL_WORD` over ``text``, in order (with
+    ``runs`` :data:`_CAPITAL_RUN_2`: those two characters long or more)."""
     out = []
-    for m in _CAPITAL_RUN.finditer(text):
+    for m in runs.finditer(text):
         p = m.start()
         if p == 0 or text[p - 1] in _SEPARATORS:
             out.append(m.span())
@@ -143,21 +185,12 @@ def _is_id(token: str) -> bool:
     )
 
 
-_MONTH = re.compile(MONTHS, re.IGNORECASE)
-_LETTER_RUN = re.compile(r"[^\W\d_]{3,}")
 # What a code identifier needs besides "_": a dotted name ".x", a camelCase "aB". Each
 # is one character class and a literal, which the regex engine finds fast; the
 # identifier pattern itself tries four branches at every word (a third of extraction).
 _DOTTED = re.compile(r"\.[A-Za-z_]")
-_CAMEL = re.compile(r"[a-z][A-Z]")
+_CAMEL = re.compile(r"[A-Z](?<=[a-z][A-Z])")  # opens with the capital: the engine skips to it
 
-
-@lru_cache(maxsize=65_536)
-def _is_month(word: str) -> bool:
-    return _MONTH.fullmatch(word) is not None
-
-
-_NEEDS_DIGIT = frozenset({"date", "time", "amount", "quantity", "number"})  # date-written too
 
 #: Characters of one text that are scanned: the first 48 Ki and the last 16 Ki (an
 #: error or a total sits at the end of a long output). Beyond, extraction would cost
@@ -168,34 +201,6 @@ _HEAD = 49_152
 MAX_JSON_NODES = 20_000
 #: Long strings of one document scanned as text (each scan has a fixed cost).
 MAX_JSON_TEXTS = 256
-
-
-def _may_match(
-    category: str, pattern: re.Pattern[str], text: str, digits: bool, upper: bool
-) -> bool:
-    """Cheap tests that skip patterns on text that cannot match them: a written date
-    needs a month name, a path a slash, a URL "://", an e-mail "@", a number a digit,
-    a UUID a hyphen, an id a digit and a code a capital, an identifier ``_``, a dot
-    before a letter (``np.linalg``) or a lower letter before a capital (``camelCase``);
-    some need what :data:`~ctxwarden.memory.entity_patterns.NEEDS` finds as well."""
-    if category in _NEEDS_DIGIT:
-        need = NEEDS.get(category)
-        return digits and (need is None or need.search(text) is not None)
-    if category == "date-written":
-        return digits and any(_is_month(w) for w in _LETTER_RUN.findall(text))
-    if category == "path":
-        return "/" in text or "\\" in text
-    if category == "url":
-        return "://" in text
-    if category == "email":
-        return "@" in text
-    if pattern is _UUID:
-        return "-" in text and NEEDS["uuid"].search(text) is not None
-    if category == "id":
-        return digits or upper
-    if category == "identifier":
-        return "_" in text or _DOTTED.search(text) is not None or _CAMEL.search(text) is not None
-    return True
 
 
 def _at_sentence_start(text: str, at: int) -> bool:
@@ -212,14 +217,26 @@ def _at_sentence_start(text: str, at: int) -> bool:
     return far > 0 or _SENTENCE_END.search(text, far, at) is not None
 
 
+_ASCII_NON_LETTERS = bytes(c for c in range(128) if not chr(c).isalpha())
+_ASCII_CAPITALS = bytes(range(ord("A"), ord("Z") + 1))
+
+
 def _shouting(text: str) -> bool:
-    """Most letters are capitals (a heading or an angry message): capitals are no code."""
-    letters = _LETTERS.findall(text)
-    return len(letters) > 24 and sum(map(str.isupper, letters)) > len(letters) // 2
+    """Most letters are capitals (a heading or an angry message): capitals are no code.
+    An ASCII text counts them in bytes (its letters are A-Z and a-z, its capitals A-Z)."""
+    if text.isascii():
+        letters = text.encode().translate(None, _ASCII_NON_LETTERS)
+        n = len(letters)
+        return n > 24 and n - len(letters.translate(None, _ASCII_CAPITALS)) > n // 2
+    found = _LETTERS.findall(text)
+    return len(found) > 24 and sum(map(str.isupper, found)) > len(found) // 2
+
+
+_STRIPPED = ".,;:!?)(\"'"  # off both ends of a value
 
 
 def _clean(value: str) -> str:
-    return " ".join(value.split()).strip(".,;:!?)(\"'")
+    return " ".join(value.split()).strip(_STRIPPED)
 
 
 def _bounded(text: str) -> str:
@@ -235,11 +252,45 @@ def _identifier_category(value: str) -> str:
     return "id" if "." not in value and _is_id(value) else "identifier"
 
 
+def _plan(text: str, digits: bool, upper: bool) -> tuple[bool, ...]:
+    """Which of :data:`PATTERNS` may match ``text``, in their order: cheap tests that
+    skip patterns on text that cannot match them. A written date needs a month name, a
+    path a slash, a URL "://", an e-mail "@", a number a digit, a UUID a hyphen, an id a
+    digit and a code a capital, an identifier ``_``, a dot before a letter
+    (``np.linalg``) or a lower letter before a capital (``camelCase``); some need what
+    :data:`~ctxwarden.memory.entity_patterns.NEEDS` finds as well."""
+    dotted = _DOTTED.search(text) is not None
+    return (
+        "://" in text,
+        "@" in text,
+        "-" in text and _UUID_NEED.search(text) is not None,
+        digits and _DATE_NEED.search(text) is not None,
+        digits and any(map(is_month, LETTER_RUN.findall(text))),
+        "/" in text or "\\" in text,
+        digits and _TIME_NEED.search(text) is not None,
+        digits and has_currency(text),
+        digits and _QUANTITY_NEED.search(text) is not None,
+        "_" in text or dotted or (upper and _CAMEL.search(text) is not None),
+        digits or upper,
+        digits,
+    )
+
+
 def extract_from_text(text: str, source_id: str = "", origin: str = "") -> list[Entity]:
     """Entities of free text, each labelled by its category; first occurrence wins.
     Linear in ``len(text)``; at most :data:`MAX_SCAN_CHARS` characters are read."""
-    text = _bounded(text)
-    out: dict[str, Entity] = {}
+    return [_entity(v, c, source_id, c, origin) for v, c in _text_values(text).items()]
+
+
+def _text_values(text: str) -> dict[str, str]:
+    """:func:`extract_from_text`'s values and their categories, in its order."""
+    if len(text) > MAX_SCAN_CHARS:
+        text = _bounded(text)
+    digits = _DIGIT.search(text) is not None
+    upper = not text.islower()  # no capital at all: no code and no name
+    if not (digits or upper) and _SIGNS.search(text) is None and _DOTTED.search(text) is None:
+        return {}  # no pattern may match (see _plan) and no name: most lower-case prose
+    out: dict[str, str] = {}
     claimed = bytearray(len(text))
 
     def take(start: int, end: int, value: str, category: str) -> None:
@@ -248,15 +299,24 @@ def extract_from_text(text: str, source_id: str = "", origin: str = "") -> list[
         claimed[start:end] = b"\x01" * (end - start)
         value = _clean(value)
         if value and value not in out:
-            out[value] = Entity(value, category, source_id, category, origin)
+            out[value] = category
 
     shouting: bool | None = None  # mostly capitals: no codes then (found when first needed)
-    digits = _DIGIT.search(text) is not None
-    upper = not text.islower()  # no capital at all: no code and no name
-    for category, pattern in _PATTERNS:
-        if not _may_match(category, pattern, text, digits, upper):
+    starts: list[int] | None = None  # where a number may start (found when first needed)
+    for (category, pattern), may in zip(_PATTERNS, _plan(text, digits, upper), strict=True):
+        if not may:
             continue
-        for m in pattern.finditer(text):
+        if pattern is _ID and not digits and "#" not in text:
+            pattern = CAPITAL_WORDS  # the same matches, found faster
+        if category in FROM_A_DIGIT:
+            if starts is None:
+                starts = [m.start() for m in NUMBER_START.finditer(text)]
+            matches = matches_from(pattern, text, starts)
+        elif pattern is _WRITTEN:
+            matches = written_dates(text)
+        else:
+            matches = pattern.finditer(text)
+        for m in matches:
             value = m.group(0)
             if category == "date-written":
                 category_out = "date"
@@ -285,31 +345,36 @@ def extract_from_text(text: str, source_id: str = "", origin: str = "") -> list[
             if category == "email":  # a user name is often an account id too: mia_li_3668@…
                 local = value.split("@", 1)[0]
                 if _is_id(local):
-                    out.setdefault(local, Entity(local, "id", source_id, "id", origin))
+                    out.setdefault(local, "id")
             take(m.start(), m.end(), value, category_out)
     # proper names: runs of capitalised words, not a lone word at a sentence start. Only
-    # words that may be capitalised are visited (spans): any other word would only end a
+    # title-case words no pattern claimed are visited: any other word would only end a
     # run, and the gap test ends it anyway (a word between two leaves more than a space).
+    # What a run takes lies before the word that ends it: no word's test depends on it.
+    if not upper:
+        return out
     run: list[tuple[int, int]] = []
-    words = [*_capital_words(text), None] if upper else []
-    for w in words:
-        title = w is not None and _is_title(text[w[0] : w[1]]) and claimed.find(1, *w) < 0
-        joined = not run or (w is not None and text[run[-1][1] : w[0]] in (" ", "\u00a0"))
-        if w is not None and title and joined:
+    for w in [
+        *(
+            w
+            for w in _capital_words(text, _CAPITAL_RUN_2)
+            if _is_title(text[w[0] : w[1]]) and claimed.find(1, *w) < 0
+        ),
+        None,
+    ]:
+        if w is not None and (not run or text[run[-1][1] : w[0]] in (" ", "\u00a0")):
             run.append(w)
             continue
-        while run:
-            at_start = _at_sentence_start(text, run[0][0])
-            if _skipped_name_word(text[run[0][0] : run[0][1]]) or (at_start and len(run) == 1):
-                run = run[1:]
-                continue
-            break
-        after = run[-1][1] if run else 0
-        heading = bool(run) and text[after : after + 16].lstrip(" *_0-9").startswith(":")
-        if run and not heading:  # "Total Cost:" / "**Flight Option 1:**" label a field
+        while run and (
+            _skipped_name_word(text[run[0][0] : run[0][1]])
+            or (len(run) == 1 and _at_sentence_start(text, run[0][0]))
+        ):
+            del run[0]
+        # "Total Cost:" / "**Flight Option 1:**" label a field
+        if run and not text[run[-1][1] : run[-1][1] + 16].lstrip(" *_0-9").startswith(":"):
             take(run[0][0], run[-1][1], text[run[0][0] : run[-1][1]], "name")
-        run = [w] if w is not None and title else []
-    return list(out.values())
+        run = [w] if w is not None else []
+    return out
 
 
 # -- JSON ----------------------------------------------------------------------------------------
@@ -335,22 +400,24 @@ def _key_kind(key: str) -> str:
 
 
 @lru_cache(maxsize=4096)
-def _key_traits(key: str) -> tuple[bool, bool]:
-    """Whether a JSON key names an identifier, and whether it names an amount."""
-    return _ID_KEY.search(key) is not None, _AMOUNT_KEY.search(key) is not None
-
-
-def _names_a_person(key: str, value: str) -> bool:
-    """A capitalised word or two under a key that ends in "name" (``first_name``,
-    ``lastName``, ``name``): a name, though one word alone has no name's shape."""
-    return key[-4:].lower() == "name" and all(w[:1].isupper() for w in value.split())
+def _key_traits(key: str) -> tuple[bool, bool, bool]:
+    """Whether a JSON key names an identifier, whether it names an amount, and whether
+    it ends in "name" (``first_name``, ``lastName``, ``name``): capitalised words under
+    it are a name, though one word alone has no name's shape."""
+    return (
+        _ID_KEY.search(key) is not None,
+        _AMOUNT_KEY.search(key) is not None,
+        key[-4:].lower() == "name",
+    )
 
 
 def _category_of(value: str) -> str:
     """The category of a short JSON string from its shape alone. Without letters, the
     patterns see only where the digits are (which digit does not matter), so such values
     share one cache entry per shape: "562.54" and "18.20" are both "999.99"."""
-    if _LETTERS.search(value) is None:
+    # no letter: an ASCII value's are A-Z and a-z, the only characters upper() and
+    # lower() change
+    if value.lower() == value.upper() if value.isascii() else _LETTERS.search(value) is None:
         return _category_by_text(value.translate(_TO_NINE))
     if "@" in value and _EMAIL.fullmatch(value):  # the e-mail pattern runs first and claims
         # the whole value; its local part, when it is an id, is a second entity
@@ -360,9 +427,11 @@ def _category_of(value: str) -> str:
 
 @lru_cache(maxsize=65_536)
 def _category_by_text(value: str) -> str:
-    found = extract_from_text(value)
-    if len(found) == 1 and found[0].value == _clean(value):
-        return found[0].category
+    found = _text_values(value)
+    if len(found) == 1:
+        (only, category), *_ = found.items()
+        if only == _clean(value):
+            return category
     return "value"
 
 
@@ -379,29 +448,35 @@ def extract_from_json(data: Any, source_id: str = "", origin: str = "") -> list[
     def add(value: str, label: str, category: str) -> None:
         value = _clean(value)
         if value and value not in out:
-            out[value] = Entity(value, label, source_id, category, origin)
+            out[value] = _entity(value, label, source_id, category, origin)
 
     text_left, texts_left = MAX_SCAN_CHARS, MAX_JSON_TEXTS
     nodes = 0
     stack: list[tuple[Any, str, str]] = [(data, "", "")]  # (node, key, context), next last
+    pop, push = stack.pop, stack.extend
     while stack and nodes < MAX_JSON_NODES:
-        node, key, context = stack.pop()
+        node, key, context = pop()
         nodes += 1
         # str first: most leaves are strings (this loop runs once per JSON value)
         if isinstance(node, str):
             label = f"{context}.{key}" if context and key in _GENERIC_KEYS else key
-            if len(node) <= 60 and "\n" not in node and len(node.split()) <= 4 and label:
-                category = "id" if _key_traits(key)[0] else _category_of(node)
-                if category == "value" and _names_a_person(key, node):
+            words = node.split() if len(node) <= 60 and "\n" not in node else None
+            if words is not None and len(words) <= 4 and label:
+                names_id, _, names_a_name = _key_traits(key)
+                category = "id" if names_id else _category_of(node)
+                if category == "value" and names_a_name and all(w[:1].isupper() for w in words):
                     category = "name"  # "first_name": "Mia" (one word: no name by shape)
-                add(node, label, category)
+                value = " ".join(words).strip(_STRIPPED)  # _clean(node)
+                if value and value not in out:
+                    out[value] = _entity(value, label, source_id, category, origin)
             elif text_left > 0 and texts_left > 0:
                 piece = node[:text_left]
                 text_left -= len(piece)
                 texts_left -= 1
-                for e in extract_from_text(piece, source_id):
-                    add(e.value, e.label, e.category)
+                for value, category in _text_values(piece).items():
+                    add(value, category, category)
         elif isinstance(node, dict):
+            inner = key or context
             items = []
             for k, v in node.items():
                 k = str(k)
@@ -410,10 +485,11 @@ def extract_from_json(data: Any, source_id: str = "", origin: str = "") -> list[
                     add(k, key or "key", kind)  # a key that is data: {"credit_card_1": …}
                     items.append((v, k, context))
                 else:
-                    items.append((v, k, key or context))
-            stack.extend(reversed(items))
+                    items.append((v, k, inner))
+            items.reverse()
+            push(items)
         elif isinstance(node, list):
-            stack.extend((item, key, context) for item in reversed(node))
+            push([(item, key, context) for item in reversed(node)])
         elif isinstance(node, bool) or node is None:
             continue
         elif isinstance(node, (int, float)):
@@ -422,7 +498,11 @@ def extract_from_json(data: Any, source_id: str = "", origin: str = "") -> list[
                 text = (
                     repr(node) if isinstance(node, int) or math.isfinite(node) else json.dumps(node)
                 )
-                add(text, label, "amount" if _key_traits(key)[1] else "number")
+                if type(node) is not int and type(node) is not float:
+                    text = _clean(text)  # the repr of an int's or float's subclass may need it
+                if text and text not in out:  # an int's or float's is clean already
+                    category = "amount" if _key_traits(key)[1] else "number"
+                    out[text] = _entity(text, label, source_id, category, origin)
     return list(out.values())
 
 

@@ -38,6 +38,7 @@ from ctxwarden.memory.entity_rank import (
     USER,
     match_keys,
     rank,
+    ranked,
 )
 from ctxwarden.memory.entity_rank import MARKS as _MARKS
 from ctxwarden.memory.entity_rank import rank_of as _rank_of
@@ -207,9 +208,10 @@ class EntityLedger:
         grown: set[str] = set()  # keys the user states for the first time in this batch
         touched: list[int] = []
         tooled: bool | None = None  # a tool used so far (found when first needed)
+        marks_of, new = _MARKS.get, tuple.__new__  # LedgerEntry(...) without its Python __new__
         for e in entities:
             seq += 1
-            mark = _MARKS.get(e.origin, 0)
+            mark = marks_of(e.origin, 0)
             if mark & (AGENT | CALL) and e.category == "number":
                 mark = 0  # a number in the agent's arithmetic or prose is not one it reuses
             if mark & (TOOL | CALL):
@@ -219,26 +221,33 @@ class EntityLedger:
                     tooled = self._tooled()
                 if tooled:  # an agent that calls tools restates and sums their results
                     mark |= PROSE
-            i = index.get(e.value)
+            value = e.value
+            i = index.get(value)
             if i is not None:
                 old = entries[i]
                 marks = old.marks | mark
                 if marks & USER:
                     marks &= ~MATCH  # stated outright now: no longer only a match
-                entry = LedgerEntry(
-                    old.value, old.label, old.category, old.source_id, old.first_seen, seq,
-                    old.hits + 1, marks,
-                )  # fmt: skip
+                hits = old.hits + 1
+                category = old.category
+                entry = new(
+                    LedgerEntry,
+                    (value, old.label, category, old.source_id, old.first_seen, seq, hits, marks),
+                )
+                entries[i] = entry
             else:
-                i = index[e.value] = len(entries)
+                i = index[value] = len(entries)
                 category = e.category or e.label
-                entry = LedgerEntry(e.value, e.label, category, e.source_id, seq, seq, 1, mark)
+                hits, marks = 1, mark
+                entry = new(LedgerEntry, (value, e.label, category, e.source_id, seq, seq, 1, mark))
                 entries.append(entry)
             if mark & USER:
-                grown.update(k for k in match_keys(entry.value, entry.category) if k not in stated)
-            entries[i] = entry
+                grown.update(k for k in match_keys(value, category) if k not in stated)
             touched.append(i)
-            tiers[_rank_of(entry)].append((seq, i))
+            size = len(value)
+            tiers[
+                ranked(category, hits, marks, size if size < MIN_RANKED_CHARS else MIN_RANKED_CHARS)
+            ].append((seq, i))
         if seq == self.seq:
             return self
         if grown:
@@ -302,7 +311,7 @@ class EntityLedger:
             entry = entries[i]
             if entry.marks & (USER | MATCH):
                 continue
-            if any(k in stated for k in match_keys(entry.value, entry.category)):
+            if not stated.isdisjoint(match_keys(entry.value, entry.category)):
                 before = _rank_of(entry)
                 entries[i] = entry = LedgerEntry(*entry[:7], entry.marks | MATCH)
                 # a rank unchanged (too short for a bonus, or at the top) keeps its pair:

@@ -16,9 +16,22 @@ unbounded run (``"100 " * 10**6`` or ``"a." * 10**6`` made the old patterns quad
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from functools import lru_cache
 
-__all__ = ["NEEDS", "PATTERNS", "date_key"]
+__all__ = [
+    "CAPITAL_WORDS",
+    "FROM_A_DIGIT",
+    "LETTER_RUN",
+    "NEEDS",
+    "NUMBER_START",
+    "PATTERNS",
+    "date_key",
+    "has_currency",
+    "is_month",
+    "matches_from",
+    "written_dates",
+]
 
 MONTHS = (
     # English, German, French, Spanish, Italian, Portuguese (stems; inflected forms follow)
@@ -123,6 +136,86 @@ NEEDS: dict[str, re.Pattern[str]] = {
     "quantity": re.compile(r"\d\s?(?:%|°|[^\W\d_])"),
     "uuid": re.compile(r"-[0-9a-fA-F]{4}-"),
 }
+
+# -- faster equivalents (tests/test_entity_fast_paths.py checks each against its original) --
+
+_CUR_SYMBOLS = re.compile(_CUR_SYM)
+_CUR_CODES = tuple(_CUR_CODE.split("|"))
+_CAPITALS3 = re.compile(r"[A-Z][A-Z][A-Z]")  # what each currency code holds
+# NEEDS["amount"]'s words, as the pieces each holds ("dollars?" holds "dollar"; the
+# regex is a plain alternation, no flags, so finding one is finding one of these)
+_CUR_WORDS_ASCII = ("dollar", "euro", "pound", "yen", "zl")
+_CUR_WORDS_OTHER = ("zł", "гривень", "гривні", "гривня", "грн", "руб", "доларів", "долари", "євро")
+
+
+def has_currency(text: str) -> bool:
+    """``NEEDS["amount"].search(text) is not None``, found with substring tests: the
+    regex is a 40-way alternation tried at every position of the text."""
+    if "$" in text or any(map(text.__contains__, _CUR_WORDS_ASCII)):
+        return True
+    if _CAPITALS3.search(text) is not None and any(map(text.__contains__, _CUR_CODES)):
+        return True
+    if text.isascii():  # every other sign and word holds a non-ASCII character
+        return False
+    return _CUR_SYMBOLS.search(text) is not None or any(map(text.__contains__, _CUR_WORDS_OTHER))
+
+
+#: The matches of the second "id" pattern on a text without a digit (``\d``) or "#":
+#: its first branch needs a digit, its second then only a word opening with a letter
+#: outside a-z. This regex opens with that letter (the engine skips to it) and checks
+#: the word start after it, instead of trying a look-behind at every position.
+CAPITAL_WORDS = re.compile(r"[^\W\d_a-z](?<!\w\w)(?:[\w-]{0,126}\w)?")
+
+_MONTH_NAME = re.compile(MONTHS, re.IGNORECASE)
+LETTER_RUN = re.compile(r"[^\W\d_]{3,}")
+
+
+@lru_cache(maxsize=65_536)
+def is_month(word: str) -> bool:
+    return _MONTH_NAME.fullmatch(word) is not None
+
+
+_WRITTEN_DATE_PATTERN = PATTERNS[4][1]
+#: How far before its month name a written date may start: a day (two digits and
+#: "-го"), up to three spaces, "of" and up to three spaces again.
+_DAY_BEFORE_MONTH = 13
+
+
+#: Where a date, a time, a quantity or a number may start: a digit or "-" after no word
+#: character (each pattern opens with ``\b`` or a look-behind for one, then a digit;
+#: a number may open with "-"). The regex opens with the character: the engine skips
+#: to it, where those patterns, opening with a look-behind, are tried at every position.
+NUMBER_START = re.compile(r"[-\d](?<!\w[-\d])")
+FROM_A_DIGIT = frozenset({"date", "time", "quantity", "number"})
+
+
+def matches_from(pattern: re.Pattern[str], text: str, starts: list[int]) -> Iterator[re.Match[str]]:
+    """``pattern.finditer(text)`` for a pattern that can only match from one of
+    ``starts`` (in order): each is tried from where the last match ended, as
+    ``finditer`` tries every position."""
+    end = 0
+    for at in starts:
+        if at >= end:
+            found = pattern.match(text, at)
+            if found is not None:
+                end = found.end()
+                yield found
+
+
+def written_dates(text: str) -> Iterator[re.Match[str]]:
+    """``finditer`` of the written-date pattern, tried only where a match may start: its
+    month name is a whole run of letters that :func:`is_month` (it opens with one,
+    or a day at most :data:`_DAY_BEFORE_MONTH` characters before one comes first). Any
+    position that may start a match is tried, in order, from where the last match
+    ended, as ``finditer`` does; the others cannot match (the pattern is slow to try
+    at every position: it opens with ``\\b`` and a case-blind choice of 75 names)."""
+    tried: set[int] = set()
+    for m in LETTER_RUN.finditer(text):
+        if is_month(m.group()):
+            at = m.start()
+            tried.update(range(max(at - _DAY_BEFORE_MONTH, 0), at + 1))
+    return matches_from(_WRITTEN_DATE_PATTERN, text, sorted(tried))
+
 
 _MONTH_NUMBER = {
     **dict.fromkeys(("jan", "janv", "ene", "gen", "sty", "січ", "янв"), 1),

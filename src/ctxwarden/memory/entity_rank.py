@@ -57,6 +57,7 @@ __all__ = [
     "match_keys",
     "rank",
     "rank_of",
+    "ranked",
 ]
 
 USER = 1  # stated by the user
@@ -111,31 +112,34 @@ def rank(category: str, hits: int, marks: int, size: int = MIN_RANKED_CHARS) -> 
     return min(r, MAX_RANK)
 
 
-_RANKS: dict[tuple[str, int, int, int], int] = {}  # rank()'s arguments -> rank
+#: ``rank`` memoised by its arguments (renders and adds rank every entry they visit),
+#: the size capped at :data:`MIN_RANKED_CHARS` (it only matters below): few distinct keys.
+ranked = lru_cache(maxsize=4096)(rank)
 
 
 def rank_of(e: Ranked) -> int:
-    """``rank`` of an entry, memoised by its arguments (renders and adds rank every entry
-    they visit); the size only matters below :data:`MIN_RANKED_CHARS`, so it is capped
-    there."""
-    key = (e.category, e.hits, e.marks, min(len(e.value), MIN_RANKED_CHARS))
-    found = _RANKS.get(key)
-    if found is None:
-        if len(_RANKS) > 4096:
-            _RANKS.clear()
-        found = _RANKS[key] = rank(*key)
-    return found
+    """``rank`` of an entry (memoised: :data:`ranked`)."""
+    size = len(e.value)
+    return ranked(
+        e.category, e.hits, e.marks, size if size < MIN_RANKED_CHARS else MIN_RANKED_CHARS
+    )
 
 
-@lru_cache(maxsize=65_536)
 def match_keys(value: str, category: str) -> tuple[str, ...]:
     """The keys a value matches a user-stated one by: itself (case aside), its month-day
     when it is a date, each word when it is a name of several words."""
+    if category == "date" or (category == "name" and " " in value):
+        return _keys(value, category)
+    return (value.casefold(),)
+
+
+@lru_cache(maxsize=65_536)
+def _keys(value: str, category: str) -> tuple[str, ...]:
     keys = [value.casefold()]
     if category == "date":
         day = date_key(value)
         if day:
             keys.append("date:" + day)
-    elif category == "name" and " " in value:
+    else:
         keys += [w.casefold() for w in value.split() if len(w) > 1]
     return tuple(keys)
