@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ctxwarden.kinds import load_json, nests_deeper
 from ctxwarden.messages import Message, ToolCall, detect_kind
 from ctxwarden.steps.base import StrategyContext
 from ctxwarden.steps.cut_code import truncate_code
@@ -18,7 +19,6 @@ from ctxwarden.steps.cut_html import html_to_text, truncate_html
 from ctxwarden.steps.cut_json import truncate_json
 from ctxwarden.steps.cut_kinds import truncate_by_kind
 from ctxwarden.steps.cut_log import truncate_log
-from ctxwarden.steps.kinds import load_json, nests_deeper
 from ctxwarden.steps.truncate import TruncateToolResults, request_terms
 from ctxwarden.tokens.counter import TokenCounter
 

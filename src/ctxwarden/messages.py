@@ -19,7 +19,7 @@ from functools import cached_property
 from typing import Any, Literal, get_args
 
 from ctxwarden.errors import InvalidMessageError
-from ctxwarden.steps.kinds import ResultKind, detect_kind
+from ctxwarden.kinds import ResultKind, detect_kind
 
 __all__ = [
     "ImagePart",

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from ctxwarden.kinds import load_json
 from ctxwarden.memory.entity_patterns import (
     CAPITAL_WORDS,
     FROM_A_DIGIT,
@@ -514,10 +515,8 @@ _CACHE_MAX = 20_000
 
 def parse_json_text(text: str) -> tuple[bool, Any]:
     """``(True, document)`` when ``text`` is a JSON object or array, else ``(False, None)``;
-    JSON nested past :data:`~ctxwarden.steps.kinds.MAX_JSON_DEPTH` is text here (the
+    JSON nested past :data:`~ctxwarden.kinds.MAX_JSON_DEPTH` is text here (the
     depth is checked by a linear scan first: Python's parser and our walk recurse)."""
-    from ctxwarden.steps.kinds import load_json
-
     return load_json(text)
 
 

@@ -2,10 +2,10 @@
 
 Arrays keep their first items plus a marker element, long strings are shortened, deep
 containers summarised, and ``keep_fields`` survive everywhere (even in the items that
-were cut). The document is parsed once (:func:`~ctxwarden.steps.kinds.load_json`: a
+were cut). The document is parsed once (:func:`~ctxwarden.kinds.load_json`: a
 linear depth scan first, so a document nested 10,000 deep is cut as text instead of
 raising ``RecursionError``); the walks below recurse at most
-:data:`~ctxwarden.steps.kinds.MAX_JSON_DEPTH` deep. Renders of the gentle levels are
+:data:`~ctxwarden.kinds.MAX_JSON_DEPTH` deep. Renders of the gentle levels are
 counted only when short enough to fit.
 """
 
@@ -15,8 +15,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from ctxwarden.kinds import load_json
 from ctxwarden.steps.cut_text import Count, estimate_tokens, fmt, may_fit, truncate_text
-from ctxwarden.steps.kinds import load_json
 
 __all__ = ["JSON_LEVELS", "prune", "truncate_json"]
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ctxwarden.kinds import load_json
 from ctxwarden.messages import Message
-from ctxwarden.steps.kinds import load_json
 
 __all__ = ["request_terms"]
 

@@ -20,6 +20,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from ctxwarden.kinds import load_json
 from ctxwarden.memory.entities import (
     CATEGORY_TIERS,
     Entity,
@@ -30,7 +31,6 @@ from ctxwarden.memory.entities import (
 from ctxwarden.memory.entity_ledger import listed
 from ctxwarden.messages import Message
 from ctxwarden.steps.cut_html import html_to_text
-from ctxwarden.steps.kinds import load_json
 
 __all__ = ["CUT_VALUES_KEY", "with_cut_values"]
 

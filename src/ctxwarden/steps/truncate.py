@@ -1,7 +1,7 @@
 """Type-aware truncation of long tool results (R4), the cheapest step of the cascade.
 
 A tool result over ``threshold_tokens`` is cut to about ``target_tokens`` according to its
-``kind`` (:mod:`~ctxwarden.steps.kinds`), so that what an agent needs from it survives:
+``kind`` (:mod:`~ctxwarden.kinds`), so that what an agent needs from it survives:
 
 * a **stack trace** keeps its error lines, the first frame and the application's own
   frames (:mod:`~ctxwarden.steps.cut_trace`);
@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxwarden.errors import ConfigError
+from ctxwarden.kinds import load_json
 from ctxwarden.memory.recall import RECALL_TOOL_NAME
 from ctxwarden.messages import Message
 from ctxwarden.steps.base import Action, StrategyContext, StrategyResult, same_action
@@ -52,7 +53,6 @@ from ctxwarden.steps.cut_text import fmt, truncate_article, truncate_text
 from ctxwarden.steps.cut_trace import DEFAULT_LIBRARY_PATTERNS, library_regex, truncate_stack_trace
 from ctxwarden.steps.cut_values import with_cut_values
 from ctxwarden.steps.handles import handle_for
-from ctxwarden.steps.kinds import load_json
 from ctxwarden.tokens.counter import TokenCounter
 
 __all__ = [
