@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from ctxwarden.formats.openai import META_KEY, message_to_openai
 from ctxwarden.messages import Message
@@ -147,31 +147,29 @@ def messages_json(messages: Sequence[Message]) -> str:
     return "[" + ", ".join(map(message_json, messages)) + "]"
 
 
-def _message_bytes(message: Message) -> bytes:
-    """:func:`message_json` as UTF-8, kept on the message as its text is (when the text
-    is): a context's bytes are then joined, not encoded again on every call. A text that
-    UTF-8 cannot hold (a lone surrogate) raises as ``str.encode`` does."""
-    found: bytes | None = message.__dict__.get(_BYTES_ATTR)
+def _utf8(message: Message, json_of: Callable[[Message], str], text_attr: str, attr: str) -> bytes:
+    """``json_of(message)`` as UTF-8, kept on the message (as ``attr``) when its text is
+    (as ``text_attr``): a context's bytes are then joined, not encoded again on every
+    call. A text that UTF-8 cannot hold (a lone surrogate) raises as ``str.encode`` does."""
+    found: bytes | None = message.__dict__.get(attr)
     if found is not None:
         return found
-    text = message_json(message)
+    text = json_of(message)
     data = text.encode()
-    if message.__dict__.get(_TEXT_ATTR) is text:  # the text is memoised: so are its bytes
-        message.__dict__[_BYTES_ATTR] = data
+    if message.__dict__.get(text_attr) is text:  # the text is memoised: so are its bytes
+        message.__dict__[attr] = data
     return data
+
+
+def _message_bytes(message: Message) -> bytes:
+    """:func:`message_json` as UTF-8, memoised with it (see :func:`_utf8`)."""
+    return _utf8(message, message_json, _TEXT_ATTR, _BYTES_ATTR)
 
 
 def meta_message_bytes(message: Message) -> bytes:
-    """:func:`meta_message_json` as UTF-8, kept on the message as its text is (when the
-    text is): the build log joins a context's bytes instead of encoding its text."""
-    found: bytes | None = message.__dict__.get(_META_BYTES_ATTR)
-    if found is not None:
-        return found
-    text = meta_message_json(message)
-    data = text.encode()
-    if message.__dict__.get(_META_ATTR) is text:
-        message.__dict__[_META_BYTES_ATTR] = data
-    return data
+    """:func:`meta_message_json` as UTF-8, memoised with it (see :func:`_utf8`): the
+    build log joins a context's bytes instead of encoding its text."""
+    return _utf8(message, meta_message_json, _META_ATTR, _META_BYTES_ATTR)
 
 
 def messages_json_bytes(messages: Sequence[Message]) -> bytes:
