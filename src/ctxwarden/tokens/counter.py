@@ -299,8 +299,8 @@ class TokenCounter:
         self._ordinary = self._encoding.encode_ordinary
         self._cache: OrderedDict[str, tuple[int, bool]] = OrderedDict()
         self._cache_size = cache_size
-        self._texts: OrderedDict[str, int] = OrderedDict()  # recent texts: drafts are
-        # often counted twice
+        # recent texts (drafts are often counted twice), oldest first out
+        self._texts: OrderedDict[str, int] = OrderedDict()
 
     @classmethod
     def for_model(cls, model: str, registry: Registry | None = None) -> TokenCounter:
@@ -315,8 +315,8 @@ class TokenCounter:
         if found is None:
             found = self._encoded(text)
             if len(text) <= _TEXT_CACHE_CHARS:
-                if len(self._texts) >= _TEXT_CACHE_SIZE:  # oldest first out (an OrderedDict:
-                    self._texts.popitem(last=False)  # a dict's first key is found by a scan)
+                if len(self._texts) >= _TEXT_CACHE_SIZE:  # (a dict's first key is found by a
+                    self._texts.popitem(last=False)  # scan: an OrderedDict pops it at once)
                 self._texts[text] = found
         return found
 
@@ -372,8 +372,7 @@ class TokenCounter:
     def count_text(self, text: str) -> int:
         """Tokens of a bare string (no message framing)."""
         if self.scripts is None:  # exact: the raw count, without _scaled's generator
-            found = self._texts.get(text)
-            return found if found is not None else self._raw(text)
+            return self._raw(text)
         return self._scaled(0, (text,))
 
     # -- messages ---------------------------------------------------------------------------
