@@ -294,23 +294,17 @@ class TruncateToolResults:
         out: list[Message] = []
         actions: list[Action] = []
         requests: dict[str, Message] = {}  # tool_call_id -> the assistant message
-        recall: dict[str, bool] = {}  # tool_call_id -> that message calls recall with it
         drafts = self.count_text or ctx.count_text
         counter = _counter_key(drafts) if drafts is not None else _counter_key(ctx.count)
         for message in messages:
             if message.role != "tool":  # only tool results are cut (see _cuttable)
                 for call in message.tool_calls:
-                    if requests.get(call.id) is not message:
-                        recall[call.id] = False  # (ids may repeat within a message)
                     requests[call.id] = message
-                    if call.name == RECALL_TOOL_NAME:
-                        recall[call.id] = True
                 out.append(message)
                 continue
-            call_id = message.tool_call_id or ""
-            request = requests.get(call_id)
-            if message.name == RECALL_TOOL_NAME or recall.get(call_id, False):
-                out.append(message)  # a recall result (_recall_result, from the dicts)
+            request = requests.get(message.tool_call_id or "")
+            if _recall_result(message, request):
+                out.append(message)
                 continue
             new = self._truncate(message, ctx.count, drafts, counter, request)
             if new is not message:
