@@ -237,7 +237,12 @@ _STRIPPED = ".,;:!?)(\"'"  # off both ends of a value
 
 
 def _clean(value: str) -> str:
-    return " ".join(value.split()).strip(_STRIPPED)
+    return _clean_words(value.split())
+
+
+def _clean_words(words: list[str]) -> str:
+    """:func:`_clean` of a value already split into its words."""
+    return " ".join(words).strip(_STRIPPED)
 
 
 def _bounded(text: str) -> str:
@@ -446,10 +451,12 @@ def extract_from_json(data: Any, source_id: str = "", origin: str = "") -> list[
     """
     out: dict[str, Entity] = {}
 
-    def add(value: str, label: str, category: str) -> None:
-        value = _clean(value)
+    def put(value: str, label: str, category: str) -> None:  # a value cleaned already
         if value and value not in out:
             out[value] = _entity(value, label, source_id, category, origin)
+
+    def add(value: str, label: str, category: str) -> None:
+        put(_clean(value), label, category)
 
     text_left, texts_left = MAX_SCAN_CHARS, MAX_JSON_TEXTS
     nodes = 0
@@ -467,9 +474,7 @@ def extract_from_json(data: Any, source_id: str = "", origin: str = "") -> list[
                 category = "id" if names_id else _category_of(node)
                 if category == "value" and names_a_name and all(w[:1].isupper() for w in words):
                     category = "name"  # "first_name": "Mia" (one word: no name by shape)
-                value = " ".join(words).strip(_STRIPPED)  # _clean(node)
-                if value and value not in out:
-                    out[value] = _entity(value, label, source_id, category, origin)
+                put(_clean_words(words), label, category)
             elif text_left > 0 and texts_left > 0:
                 piece = node[:text_left]
                 text_left -= len(piece)
@@ -501,9 +506,7 @@ def extract_from_json(data: Any, source_id: str = "", origin: str = "") -> list[
                 )
                 if type(node) is not int and type(node) is not float:
                     text = _clean(text)  # the repr of an int's or float's subclass may need it
-                if text and text not in out:  # an int's or float's is clean already
-                    category = "amount" if _key_traits(key)[1] else "number"
-                    out[text] = _entity(text, label, source_id, category, origin)
+                put(text, label, "amount" if _key_traits(key)[1] else "number")
     return list(out.values())
 
 

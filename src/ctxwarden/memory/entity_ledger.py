@@ -38,7 +38,6 @@ from ctxwarden.memory.entity_rank import (
     USER,
     match_keys,
     rank,
-    ranked,
 )
 from ctxwarden.memory.entity_rank import MARKS as _MARKS
 from ctxwarden.memory.entity_rank import rank_of as _rank_of
@@ -238,16 +237,12 @@ class EntityLedger:
             else:
                 i = index[value] = len(entries)
                 category = e.category or e.label
-                hits, marks = 1, mark
                 entry = new(LedgerEntry, (value, e.label, category, e.source_id, seq, seq, 1, mark))
                 entries.append(entry)
             if mark & USER:
                 grown.update(k for k in match_keys(value, category) if k not in stated)
             touched.append(i)
-            size = len(value)
-            tiers[
-                ranked(category, hits, marks, size if size < MIN_RANKED_CHARS else MIN_RANKED_CHARS)
-            ].append((seq, i))
+            tiers[_rank_of(entry)].append((seq, i))
         if seq == self.seq:
             return self
         if grown:
