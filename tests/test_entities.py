@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ctxwarden.bench.traces import json_leaves
 from ctxwarden.formats import messages_from_openai
 from ctxwarden.memory.entities import (
     Entity,
@@ -220,17 +220,6 @@ ID_KEYS = ("user_id", "reservation_id", "flight_number", "payment_id")
 SECONDARY_KEYS = ("date", "dob", "origin", "destination", "first_name", "last_name")
 
 
-def _leaves(node: Any, key: str = "") -> Iterator[tuple[str, str]]:
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield from _leaves(v, k)
-    elif isinstance(node, list):
-        for v in node:
-            yield from _leaves(v, key)
-    elif isinstance(node, str):
-        yield key, node
-
-
 def tau_recall(path: Path) -> tuple[Counter[str], Counter[str]]:
     """Per key: (value, earlier message mentioning it) pairs, and how many were extracted."""
     mentions: Counter[str] = Counter()
@@ -241,8 +230,8 @@ def tau_recall(path: Path) -> tuple[Counter[str], Counter[str]]:
         seen: set[tuple[str, int]] = set()
         for j, message in enumerate(messages):
             for call in message.tool_calls:
-                for key, value in _leaves(call.parsed_arguments()):
-                    if key not in ID_KEYS + SECONDARY_KEYS:
+                for key, value in json_leaves(call.parsed_arguments()):
+                    if key not in ID_KEYS + SECONDARY_KEYS or not isinstance(value, str):
                         continue
                     whole = re.compile(rf"(?<!\w){re.escape(value)}(?!\w)")
                     for i in range(j):

@@ -27,7 +27,7 @@ from conftest import REPO, TAU_BENCH
 
 import ctxwarden
 from ctxwarden import Message, TokenCounter, pairing_problems, validate_pairing
-from ctxwarden.bench.traces import ID_KEYS
+from ctxwarden.bench.traces import ID_KEYS, json_leaves
 
 MODEL = "gpt-4o"
 BUDGET = 4000
@@ -124,14 +124,6 @@ def _unique_call_ids(trace: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _leaves(obj: Any, key: str | None = None) -> list[tuple[str | None, Any]]:
-    if isinstance(obj, dict):
-        return [leaf for k, v in obj.items() for leaf in _leaves(v, k)]
-    if isinstance(obj, list):
-        return [leaf for v in obj for leaf in _leaves(v, key)]
-    return [(key, obj)]
-
-
 def _words(texts: Sequence[str]) -> set[str]:
     return {w for t in texts for w in _WORD.findall(t)}
 
@@ -145,7 +137,7 @@ def _needed(step: Step, before: list[dict[str, Any]]) -> list[str]:
     return [
         v
         for _, args in step.call_args
-        for k, v in _leaves(args)
+        for k, v in json_leaves(args)
         if k in ID_KEYS and isinstance(v, str) and v in earlier
     ]
 

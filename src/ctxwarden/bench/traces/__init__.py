@@ -85,6 +85,7 @@ __all__ = [
     "answer_recall",
     "content_words",
     "engine_builder",
+    "json_leaves",
     "load_locomo",
     "load_tau_bench",
     "locomo_recall",
@@ -125,13 +126,15 @@ def load_tau_bench(path: str | Path) -> list[list[Message]]:
 # -- tau-bench retention ----------------------------------------------------------------------
 
 
-def _leaves(obj: Any, key: str | None = None) -> Iterable[tuple[str | None, Any]]:
+def json_leaves(obj: Any, key: str | None = None) -> Iterable[tuple[str | None, Any]]:
+    """Every scalar of a parsed JSON value with the object key that holds it (an array's
+    items under its key; None at the top)."""
     if isinstance(obj, dict):
         for k, v in obj.items():
-            yield from _leaves(v, k)
+            yield from json_leaves(v, k)
     elif isinstance(obj, list):
         for v in obj:
-            yield from _leaves(v, key)
+            yield from json_leaves(v, key)
     else:
         yield key, obj
 
@@ -142,7 +145,7 @@ def needed_values(call_arguments: Any, earlier: Mentions) -> list[tuple[str, str
     written by ``str``, booleans and nulls skipped), once per call; the group is
     ``"ids"`` for a leaf under one of :data:`ID_KEYS`, else ``"other"``."""
     out: dict[str, str] = {}
-    for k, v in _leaves(call_arguments):
+    for k, v in json_leaves(call_arguments):
         if isinstance(v, bool) or not isinstance(v, (str, int, float)):
             continue
         text = v if isinstance(v, str) else str(v)
