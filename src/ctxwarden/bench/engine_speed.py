@@ -121,6 +121,28 @@ def _build(history: list[Message], budget: int, previous: BuiltContext | None) -
     return build_context(history, MODEL, budget, policy=_POLICY, previous=previous)
 
 
+class _CollectorTime:
+    """While entered, the seconds the garbage collector ran (``spent``) and how many of
+    its runs were full collections (``full``)."""
+
+    def __init__(self) -> None:
+        self.spent, self.full, self._since = 0.0, 0, 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        now = time.perf_counter()
+        if phase == "stop":
+            self.spent += now - self._since
+            self.full += info.get("generation") == 2
+        self._since = now
+
+    def __enter__(self) -> _CollectorTime:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+
 def _loop(
     history: list[Message], extra: Iterator[Message], budget: int, calls: int
 ) -> dict[str, Any]:
@@ -130,18 +152,8 @@ def _loop(
     grew its history call by call has long collected)."""
     built = _build(history, budget, None)
     times: list[float] = []
-    gc_spent, since, full = [0.0], [0.0], [0]
-
-    def collector(phase: str, info: dict[str, int]) -> None:
-        now = time.perf_counter()
-        if phase == "stop":
-            gc_spent[0] += now - since[0]
-            full[0] += info.get("generation") == 2
-        since[0] = now
-
     worst = built.input_tokens
-    gc.callbacks.append(collector)
-    try:
+    with _CollectorTime() as collected:
         for message in islice(extra, calls):
             history.append(message)
             start = time.perf_counter()
@@ -149,16 +161,14 @@ def _loop(
             elapsed = (time.perf_counter() - start) * 1000
             times.append(elapsed)
             worst = max(worst, built.input_tokens)
-    finally:
-        gc.callbacks.remove(collector)
     return {
         "loop_mean_ms": statistics.fmean(times),
         "loop_median_ms": statistics.median(times),
         "loop_max_ms": max(times),
         "loop_calls": len(times),
         "loop_max_input_tokens": worst,
-        "loop_gc_ms": gc_spent[0] * 1000 / max(len(times), 1),
-        "loop_full_gcs": full[0],
+        "loop_gc_ms": collected.spent * 1000 / max(len(times), 1),
+        "loop_full_gcs": collected.full,
     }
 
 
@@ -207,17 +217,11 @@ def _fresh_cold(source: str, n: int, budget: int, seed: int, runs: int) -> dict[
 def _fresh_cold_child(source: str, n: int, budget: int, seed: int) -> dict[str, float]:
     build_context([Message.system("Hi."), Message.user("Warm-up 42.")], MODEL, 500)  # tokenizer
     history = history_source(source, n, seed)[0]
-    spent, since = [0.0], [0.0]
-
-    def collector(phase: str, _: dict[str, int]) -> None:  # the messages just made are
-        now = time.perf_counter()  # young: the build's first allocations may start a
-        spent[0] += now - since[0] if phase == "stop" else 0.0  # full collection of them
-        since[0] = now
-
-    gc.callbacks.append(collector)
-    elapsed, _ = _ms(lambda: _build(history, budget, None))
-    gc.callbacks.remove(collector)
-    return {"ms": elapsed, "gc_ms": spent[0] * 1000}
+    # the messages just made are young: the build's first allocations may start a full
+    # collection of them
+    with _CollectorTime() as collected:
+        elapsed, _ = _ms(lambda: _build(history, budget, None))
+    return {"ms": elapsed, "gc_ms": collected.spent * 1000}
 
 
 def _fresh_state(source: str, n: int, budget: int, seed: int, runs: int) -> dict[str, float]:
