@@ -203,8 +203,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
             found = await _upstream_models(request, tenant, api, "/" + quote(model_id, safe="/"))
         if found is not None:
             return found
-        registry = config.registry or Registry.default()
-        entry = _model_entry(registry, model_id, api)
+        entry = _model_entry(config.registry, model_id, api)
         if entry is not None:
             return JSONResponse(entry)
         error = ServiceError(404, f"model {model_id!r} is not known", code="model_not_found")
@@ -239,7 +238,7 @@ async def _upstream_models(
     return Response(got.content, 200, media_type="application/json")
 
 
-def _model_entry(registry: Registry, model_id: str, api: str) -> dict[str, Any] | None:
+def _model_entry(registry: Registry | None, model_id: str, api: str) -> dict[str, Any] | None:
     """The registry's entry for ``model_id`` in the ``api``'s model shape, or None."""
     if api == "anthropic":
         listed = _anthropic_models(registry)["data"]
