@@ -8,6 +8,10 @@ checked against the plain computation it replaces.
 
 from __future__ import annotations
 
+from itertools import islice
+from typing import Any
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,6 +33,7 @@ _PIECES = [
     *("-abcd-", "123e4567-e89b-12d3-a456-426614174000", "Sofia Kim", "iPhone", "O'Neil", "12Ab"),
 ]
 texts = st.lists(st.sampled_from(_PIECES), max_size=30).map("".join)
+_SURNAMES = [f"{a}{b}son" for a in "BCDFGHKLMNPRST" for b in "aeiou"][:120]
 _BY_NAME = {"amount": 7, "date": 3, "time": 6, "quantity": 8, "uuid": 2}
 
 
@@ -129,3 +134,57 @@ def test_the_look_back_ledger_memo_changes_no_output_and_shares_no_index() -> No
     assert other.values()[-1] == "QQ1234" and "QQ1234" not in grown.values()
     plain = EntityLedger().add([e for m in history[1:60] for e in entities.extract_entities(m)])
     _alike(ledger_of(history[1:60]), plain)
+
+
+def _binary_search(
+    ledger: EntityLedger,
+    order: list[int],
+    steps: object,
+    tokens: int,
+    max_tokens: int,
+    counter: object,
+) -> tuple[list[int], str, int]:
+    """The plain search the ledger's render used: the longest prefix that fits, by halves."""
+    lo, hi, best, text, tokens = 1, len(order) - 1, 0, "", 0
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        candidate = ledger._render(order[:mid])
+        n = count(candidate)
+        if n <= max_tokens:
+            best, lo, text, tokens = mid, mid + 1, candidate, n
+        else:
+            hi = mid - 1
+    return order[:best], text, tokens
+
+
+def test_the_longest_fitting_prefix_is_the_one_a_binary_search_finds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a name with a space makes its line comma-separated: the estimate of every one-word
+    # value on that line is a comma short, so renders search for the prefix that fits
+    from ctxwarden.bench.traffic import agent_traffic
+
+    found = [e for m in islice(agent_traffic(3), 400) for e in entities.extract_entities(m)]
+    spaced = [
+        Entity(f"{first} {last}", "name", f"s{i}", "name", "user")
+        for i, (first, last) in enumerate(
+            zip(["Sofia", "Mia", "Ada"] * 4, _SURNAMES[:12], strict=True)
+        )
+    ]
+    spaced += [Entity(last, "name", f"w{i}", "name", "user") for i, last in enumerate(_SURNAMES)]
+    ledger = EntityLedger().add([*found, *spaced])
+    searched = 0
+    fast = EntityLedger._most_that_fit
+
+    def counted(self: EntityLedger, *args: Any) -> tuple[list[int], str, int]:
+        nonlocal searched
+        searched += 1
+        return fast(self, *args)
+
+    for cap in range(8, 700, 9):
+        monkeypatch.setattr(EntityLedger, "_most_that_fit", counted)
+        got = ledger._fit(cap, count)
+        monkeypatch.setattr(EntityLedger, "_most_that_fit", _binary_search)
+        assert got == ledger._fit(cap, count), cap
+        assert got[2] <= cap and got[2] == count(got[1])
+    assert searched >= 10, searched  # the estimate was short for many caps: the search ran
