@@ -333,5 +333,6 @@ def _finish(
         layers=layer_state,
         summary_due=draft.summary_due,
         recall=draft.recall_memo,
+        summary_scan=draft.summary_scan,
     )
     return BuiltContext(ordered, audit, state, model, layer_of)

@@ -19,28 +19,11 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 
 from ctxwarden.messages import Message
 from ctxwarden.store import SessionStore, StoredMessage
-from ctxwarden.tokens.counter import TokenCounter
+from ctxwarden.tokens.counter import count_key
 
 __all__ = ["TailMemo", "count_key", "last_block"]
 
 _APPENDED = 1024  # appended messages remembered (an agent's turn appends a few)
-
-
-def count_key(counter: TokenCounter) -> str:
-    """The key under which a counter's per-message counts are stored: the encoding for
-    exact counts, plus the family and its Latin / Cyrillic / CJK / Latin-with-diacritics
-    factors for estimates (they differ per model; counts stored under another key are
-    counted again)."""
-    scripts = counter.scripts
-    per_script = () if scripts is None else tuple(vars(scripts).values())
-    if scripts is None or set(per_script) == {1.0}:
-        return counter.encoding_name
-    factors = (
-        f"{scripts.latin:g}"
-        if len(set(per_script)) == 1
-        else "/".join(map("{:g}".format, per_script))
-    )
-    return f"{counter.encoding_name}~{counter.family}x{factors}"
 
 
 def _walk(

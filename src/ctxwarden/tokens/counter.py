@@ -115,6 +115,7 @@ __all__ = [
     "ScriptFactors",
     "TokenCount",
     "TokenCounter",
+    "count_key",
     "count_tokens",
     "script_chars",
 ]
@@ -449,6 +450,23 @@ class TokenCounter:
             exact = False
         method = "openai-chat-formula" if self.family == "openai" else f"estimate:{self.family}"
         return TokenCount(total, exact, self.encoding_name, method)
+
+
+def count_key(counter: TokenCounter) -> str:
+    """The key under which a counter's per-message counts are stored: the encoding for
+    exact counts, plus the family and its Latin / Cyrillic / CJK / Latin-with-diacritics
+    factors for estimates (they differ per model; counts stored under another key are
+    counted again)."""
+    scripts = counter.scripts
+    per_script = () if scripts is None else tuple(vars(scripts).values())
+    if scripts is None or set(per_script) == {1.0}:
+        return counter.encoding_name
+    factors = (
+        f"{scripts.latin:g}"
+        if len(set(per_script)) == 1
+        else "/".join(map("{:g}".format, per_script))
+    )
+    return f"{counter.encoding_name}~{counter.family}x{factors}"
 
 
 @cache
