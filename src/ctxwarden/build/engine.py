@@ -17,8 +17,10 @@ and token counts and extracted entities are memoised per message.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
+from operator import attrgetter, itemgetter, ne
 from typing import Any
 
 from ctxwarden.build.audit import LAYERS, Audit
@@ -244,6 +246,9 @@ def run_build(
     return _finish(draft, ctx, model, info, tools, actions, warnings, tuple(names), layer_state)
 
 
+_FINGERPRINT, _ID = attrgetter("fingerprint"), attrgetter("id")
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+
 # Built-in steps that keep calls and results together by construction.
 _KEEPS_PAIRS = frozenset({"truncate", "mask", "recall", "fit", "priority", "layout", "layers"})
 
@@ -267,24 +272,18 @@ def _finish(
 ) -> BuiltContext:
     h, ordered, layer_of = draft.history, draft.ordered, draft.layer_of
     layers = dict.fromkeys(LAYERS, 0)
-    fingerprints = tuple(m.fingerprint for m in ordered)
-    prefix = ctx.previous.prefix
-    shared = cacheable = 0
-    sharing = len(prefix)  # how many of the previous context's messages may still match
-    exact = ctx.counter.exact and not tools
-    measure = ctx.counter.measure
-    for i, m in enumerate(ordered):  # one pass: tokens per layer, shared and stable prefix
-        tokens, known = measure(m)
-        if not known:
-            exact = False
-        layer = layer_of[m.id]
-        layers[layer] = layers.get(layer, 0) + tokens
-        if layer in STABLE_LAYERS:
-            cacheable += tokens
-        if i < sharing and prefix[i] == fingerprints[i]:
-            shared += tokens
-        else:
-            sharing = 0
+    fingerprints = tuple(map(_FINGERPRINT, ordered))
+    measured = ctx.counter.measured(ordered)
+    exact = ctx.counter.exact and not tools and all(map(_SECOND, measured))
+    tokens = list(map(_FIRST, measured))
+    # tokens per layer: the layout puts each layer's messages together, so a few runs
+    names = list(map(layer_of.__getitem__, map(_ID, ordered)))
+    for layer, run in itertools.groupby(zip(names, tokens, strict=True), _FIRST):
+        layers[layer] = layers.get(layer, 0) + sum(map(_SECOND, run))
+    cacheable = sum(n for layer, n in layers.items() if layer in STABLE_LAYERS)
+    prefix = ctx.previous.prefix  # the previous context's messages still at the front
+    matching = next(itertools.compress(itertools.count(), map(ne, prefix, fingerprints)), None)
+    shared = sum(tokens[: min(len(prefix), len(fingerprints)) if matching is None else matching])
     total = REPLY_PRIMING + ctx.tools_tokens + sum(layers.values())
     layers["tools"] = ctx.tools_tokens
     layers["framing"] = REPLY_PRIMING

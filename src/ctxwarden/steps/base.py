@@ -286,7 +286,7 @@ class StepContext:
         return self.counter.count_message(message)
 
     def total(self, messages: Sequence[Message]) -> int:
-        return sum(map(self.counter.count_message, messages))
+        return self.counter.total(messages)
 
 
 @dataclass(frozen=True)

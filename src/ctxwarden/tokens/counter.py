@@ -99,6 +99,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from ctxwarden.errors import UnknownModelError
@@ -273,6 +274,10 @@ _TEXT_CACHE_SIZE = 2048
 _TEXT_CACHE_CHARS = 32_768
 
 
+_FINGERPRINT = attrgetter("fingerprint")
+_TOKENS = itemgetter(0)
+
+
 class TokenCounter:
     """Counts tokens for one model; per-message counts are cached by fingerprint.
 
@@ -429,6 +434,19 @@ class TokenCounter:
         """Tokens one message adds to a request (framing included), cached."""
         hit = self._cache.get(message.fingerprint)  # as in measure
         return (hit if hit is not None else self._cached(message))[0]
+
+    def measured(self, messages: Iterable[Message]) -> list[tuple[int, bool]]:
+        """``[measure(m) for m in messages]``, the cache's lookups made in C: a build
+        measures its whole window several times (the misses are counted one by one)."""
+        ms = messages if isinstance(messages, (list, tuple)) else list(messages)
+        hits: list[tuple[int, bool] | None] = list(map(self._cache.get, map(_FINGERPRINT, ms)))
+        if not all(hits):  # (a hit is a pair: true)
+            return [h if h is not None else self._cached(m) for h, m in zip(hits, ms, strict=True)]
+        return hits  # type: ignore[return-value]
+
+    def total(self, messages: Iterable[Message]) -> int:
+        """``sum(map(count_message, messages))``: framing included, no reply priming."""
+        return sum(map(_TOKENS, self.measured(messages)))
 
     def count_tools(self, tools: Sequence[Mapping[str, Any]] | None) -> int:
         """Tokens of the ``tools=`` definitions of a request (documented method)."""
