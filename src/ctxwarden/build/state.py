@@ -171,7 +171,7 @@ class BuildState:
                 last_id=str(data.get("last_id", "")),
                 window_start=int(data.get("window_start", 0)),
                 sticky={str(k): v for k, v in dict(data.get("sticky", {})).items()},
-                prefix=tuple(str(p) for p in data.get("prefix", ())),
+                prefix=tuple(map(str, data.get("prefix", ()))),
                 ledger_from=int(data.get("ledger_from", 0)),
                 ledger=None if ledger is None else LedgerMemo.from_dict(ledger),
                 flagged=tuple(int(i) for i in data.get("flagged", ())),
