@@ -287,7 +287,7 @@ def _finish(
     total = REPLY_PRIMING + ctx.tools_tokens + sum(layers.values())
     layers["tools"] = ctx.tools_tokens
     layers["framing"] = REPLY_PRIMING
-    kept_ids = {m.id for m in h[draft.start :]}
+    kept_ids = set(map(_ID, h[draft.start :]))
     sticky: dict[str, ActionKind] = {k: v for k, v in ctx.previous.sticky.items() if k in kept_ids}
     sticky.update(
         (a.message_id, a.action)
