@@ -247,6 +247,7 @@ def run_build(
 
 
 _FINGERPRINT, _ID = attrgetter("fingerprint"), attrgetter("id")
+_BULK_CONTEXT = 32  # contexts of this many messages or more are measured in C-level passes
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 # Built-in steps that keep calls and results together by construction.
@@ -257,6 +258,45 @@ _KEEPS_PAIRS = frozenset({"truncate", "mask", "recall", "fit", "priority", "layo
 def _prompt_cache_key(system: tuple[str, ...], model: str) -> str:
     """The ``prompt_cache_key`` for a system prompt and model (stable across builds)."""
     return "cw-" + hashlib.sha1(("".join(system) + model).encode()).hexdigest()[:16]
+
+
+def _sums(
+    ordered: Sequence[Message],
+    layer_of: Mapping[str, str],
+    fingerprints: Sequence[str],
+    ctx: StepContext,
+) -> tuple[dict[str, int], int, int, bool]:
+    """Tokens per layer, of the stable layers, and of the previous context's messages
+    still at the front; and whether every count is exact. A long context is measured in
+    C-level passes (the layout keeps each layer's messages together: a few runs); a short
+    one, as an agent loop's, in one pass (the passes' set-up costs more than they save)."""
+    layers = dict.fromkeys(LAYERS, 0)
+    prefix = ctx.previous.prefix
+    if len(ordered) < _BULK_CONTEXT:
+        shared = cacheable = 0
+        sharing = len(prefix)  # how many of the previous context's messages may still match
+        exact, measure = True, ctx.counter.measure
+        for i, m in enumerate(ordered):
+            tokens, known = measure(m)
+            exact = exact and known
+            layer = layer_of[m.id]
+            layers[layer] = layers.get(layer, 0) + tokens
+            if layer in STABLE_LAYERS:
+                cacheable += tokens
+            if i < sharing and prefix[i] == fingerprints[i]:
+                shared += tokens
+            else:
+                sharing = 0
+        return layers, cacheable, shared, exact
+    measured = ctx.counter.measured(ordered)
+    counts = list(map(_FIRST, measured))
+    names = map(layer_of.__getitem__, map(_ID, ordered))
+    for layer, run in itertools.groupby(zip(names, counts), _FIRST):  # noqa: B905 (as long)
+        layers[layer] = layers.get(layer, 0) + sum(map(_SECOND, run))
+    cacheable = sum(map(layers.__getitem__, STABLE_LAYERS))  # (all among LAYERS)
+    matching = next(itertools.compress(itertools.count(), map(ne, prefix, fingerprints)), None)
+    shared = sum(counts[: min(len(prefix), len(fingerprints)) if matching is None else matching])
+    return layers, cacheable, shared, all(map(_SECOND, measured))
 
 
 def _finish(
@@ -271,19 +311,9 @@ def _finish(
     layer_state: LayerState | None,
 ) -> BuiltContext:
     h, ordered, layer_of = draft.history, draft.ordered, draft.layer_of
-    layers = dict.fromkeys(LAYERS, 0)
     fingerprints = tuple(map(_FINGERPRINT, ordered))
-    measured = ctx.counter.measured(ordered)
-    exact = ctx.counter.exact and not tools and all(map(_SECOND, measured))
-    tokens = list(map(_FIRST, measured))
-    # tokens per layer: the layout puts each layer's messages together, so a few runs
-    names = list(map(layer_of.__getitem__, map(_ID, ordered)))
-    for layer, run in itertools.groupby(zip(names, tokens, strict=True), _FIRST):
-        layers[layer] = layers.get(layer, 0) + sum(map(_SECOND, run))
-    cacheable = sum(n for layer, n in layers.items() if layer in STABLE_LAYERS)
-    prefix = ctx.previous.prefix  # the previous context's messages still at the front
-    matching = next(itertools.compress(itertools.count(), map(ne, prefix, fingerprints)), None)
-    shared = sum(tokens[: min(len(prefix), len(fingerprints)) if matching is None else matching])
+    layers, cacheable, shared, known = _sums(ordered, layer_of, fingerprints, ctx)
+    exact = ctx.counter.exact and not tools and known
     total = REPLY_PRIMING + ctx.tools_tokens + sum(layers.values())
     layers["tools"] = ctx.tools_tokens
     layers["framing"] = REPLY_PRIMING

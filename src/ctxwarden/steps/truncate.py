@@ -123,8 +123,7 @@ def _counter_key(fn: Callable[..., Any] | None) -> Hashable | None:
     owner = getattr(fn, "__self__", None)
     if not isinstance(owner, TokenCounter):
         return None
-    # one string (it caches its hash: the memo's key is hashed for every result of every build)
-    return repr((getattr(fn, "__name__", ""), owner.encoding_name, owner.family, owner.scripts))
+    return (getattr(fn, "__name__", ""), owner.encoding_name, owner.family, repr(owner.scripts))
 
 
 def _recall_result(message: Message, request: Message | None = None) -> bool:

@@ -276,6 +276,7 @@ _TEXT_CACHE_CHARS = 32_768
 
 _FINGERPRINT = attrgetter("fingerprint")
 _TOKENS = itemgetter(0)
+_BULK = 12  # fewer messages are measured one call each (the maps cost more than they save)
 
 
 class TokenCounter:
@@ -439,6 +440,8 @@ class TokenCounter:
         """``[measure(m) for m in messages]``, the cache's lookups made in C: a build
         measures its whole window several times (the misses are counted one by one)."""
         ms = messages if isinstance(messages, (list, tuple)) else list(messages)
+        if len(ms) < _BULK:
+            return list(map(self.measure, ms))
         hits: list[tuple[int, bool] | None] = list(map(self._cache.get, map(_FINGERPRINT, ms)))
         if not all(hits):  # (a hit is a pair: true)
             return [h if h is not None else self._cached(m) for h, m in zip(hits, ms, strict=True)]
@@ -446,7 +449,10 @@ class TokenCounter:
 
     def total(self, messages: Iterable[Message]) -> int:
         """``sum(map(count_message, messages))``: framing included, no reply priming."""
-        return sum(map(_TOKENS, self.measured(messages)))
+        ms = messages if isinstance(messages, (list, tuple)) else list(messages)
+        if len(ms) < _BULK:
+            return sum(map(self.count_message, ms))
+        return sum(map(_TOKENS, self.measured(ms)))
 
     def count_tools(self, tools: Sequence[Mapping[str, Any]] | None) -> int:
         """Tokens of the ``tools=`` definitions of a request (documented method)."""
