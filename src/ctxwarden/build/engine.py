@@ -17,8 +17,10 @@ and token counts and extracted entities are memoised per message.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
+from operator import attrgetter, itemgetter, ne
 from typing import Any
 
 from ctxwarden.build.audit import LAYERS, Audit
@@ -244,6 +246,10 @@ def run_build(
     return _finish(draft, ctx, model, info, tools, actions, warnings, tuple(names), layer_state)
 
 
+_FINGERPRINT, _ID = attrgetter("fingerprint"), attrgetter("id")
+_BULK_CONTEXT = 32  # contexts of this many messages or more are measured in C-level passes
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+
 # Built-in steps that keep calls and results together by construction.
 _KEEPS_PAIRS = frozenset({"truncate", "mask", "recall", "fit", "priority", "layout", "layers"})
 
@@ -252,6 +258,45 @@ _KEEPS_PAIRS = frozenset({"truncate", "mask", "recall", "fit", "priority", "layo
 def _prompt_cache_key(system: tuple[str, ...], model: str) -> str:
     """The ``prompt_cache_key`` for a system prompt and model (stable across builds)."""
     return "cw-" + hashlib.sha1(("".join(system) + model).encode()).hexdigest()[:16]
+
+
+def _sums(
+    ordered: Sequence[Message],
+    layer_of: Mapping[str, str],
+    fingerprints: Sequence[str],
+    ctx: StepContext,
+) -> tuple[dict[str, int], int, int, bool]:
+    """Tokens per layer, of the stable layers, and of the previous context's messages
+    still at the front; and whether every count is exact. A long context is measured in
+    C-level passes (the layout keeps each layer's messages together: a few runs); a short
+    one, as an agent loop's, in one pass (the passes' set-up costs more than they save)."""
+    layers = dict.fromkeys(LAYERS, 0)
+    prefix = ctx.previous.prefix
+    if len(ordered) < _BULK_CONTEXT:
+        shared = cacheable = 0
+        sharing = len(prefix)  # how many of the previous context's messages may still match
+        exact, measure = True, ctx.counter.measure
+        for i, m in enumerate(ordered):
+            tokens, known = measure(m)
+            exact = exact and known
+            layer = layer_of[m.id]
+            layers[layer] = layers.get(layer, 0) + tokens
+            if layer in STABLE_LAYERS:
+                cacheable += tokens
+            if i < sharing and prefix[i] == fingerprints[i]:
+                shared += tokens
+            else:
+                sharing = 0
+        return layers, cacheable, shared, exact
+    measured = ctx.counter.measured(ordered)
+    counts = list(map(_FIRST, measured))
+    names = map(layer_of.__getitem__, map(_ID, ordered))
+    for layer, run in itertools.groupby(zip(names, counts), _FIRST):  # noqa: B905 (as long)
+        layers[layer] = layers.get(layer, 0) + sum(map(_SECOND, run))
+    cacheable = sum(map(layers.__getitem__, STABLE_LAYERS))  # (all among LAYERS)
+    matching = next(itertools.compress(itertools.count(), map(ne, prefix, fingerprints)), None)
+    shared = sum(counts[: min(len(prefix), len(fingerprints)) if matching is None else matching])
+    return layers, cacheable, shared, all(map(_SECOND, measured))
 
 
 def _finish(
@@ -266,29 +311,13 @@ def _finish(
     layer_state: LayerState | None,
 ) -> BuiltContext:
     h, ordered, layer_of = draft.history, draft.ordered, draft.layer_of
-    layers = dict.fromkeys(LAYERS, 0)
-    fingerprints = tuple(m.fingerprint for m in ordered)
-    prefix = ctx.previous.prefix
-    shared = cacheable = 0
-    sharing = len(prefix)  # how many of the previous context's messages may still match
-    exact = ctx.counter.exact and not tools
-    measure = ctx.counter.measure
-    for i, m in enumerate(ordered):  # one pass: tokens per layer, shared and stable prefix
-        tokens, known = measure(m)
-        if not known:
-            exact = False
-        layer = layer_of[m.id]
-        layers[layer] = layers.get(layer, 0) + tokens
-        if layer in STABLE_LAYERS:
-            cacheable += tokens
-        if i < sharing and prefix[i] == fingerprints[i]:
-            shared += tokens
-        else:
-            sharing = 0
+    fingerprints = tuple(map(_FINGERPRINT, ordered))
+    layers, cacheable, shared, known = _sums(ordered, layer_of, fingerprints, ctx)
+    exact = ctx.counter.exact and not tools and known
     total = REPLY_PRIMING + ctx.tools_tokens + sum(layers.values())
     layers["tools"] = ctx.tools_tokens
     layers["framing"] = REPLY_PRIMING
-    kept_ids = {m.id for m in h[draft.start :]}
+    kept_ids = set(map(_ID, h[draft.start :]))
     sticky: dict[str, ActionKind] = {k: v for k, v in ctx.previous.sticky.items() if k in kept_ids}
     sticky.update(
         (a.message_id, a.action)
@@ -333,5 +362,6 @@ def _finish(
         layers=layer_state,
         summary_due=draft.summary_due,
         recall=draft.recall_memo,
+        summary_scan=draft.summary_scan,
     )
     return BuiltContext(ordered, audit, state, model, layer_of)

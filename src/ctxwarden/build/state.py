@@ -10,8 +10,10 @@ functions, and their absence changes no output.
 It holds the sticky decisions (window start, masked and truncated messages), the
 fingerprints of the last context (prefix reuse), the entity ledger of the messages
 before the window and where it began, the rendered ledger block, the pinned positions
-found so far, the summary and facts (:class:`~ctxwarden.steps.layers.LayerState`) and,
-when a summary is due, what it would fold.
+found so far, the summary and facts (:class:`~ctxwarden.steps.layers.LayerState`),
+when a summary is due, what it would fold, and the sums its triggers test
+(:class:`~ctxwarden.memory.summary_scan.SummaryScan`: the next build adds only the new
+messages).
 
 Positions count messages of the list the build was given; a session translates them to
 stored sequence numbers and back (:mod:`ctxwarden.session.state`).
@@ -26,6 +28,7 @@ from typing import Any
 from ctxwarden.errors import ConfigError
 from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.memory.layer_state import LayerState
+from ctxwarden.memory.summary_scan import SummaryScan
 from ctxwarden.steps.base import ActionKind
 
 __all__ = ["BuildState", "LedgerMemo", "RecallMemo", "SummaryDue"]
@@ -135,6 +138,7 @@ class BuildState:
     layers: LayerState | None = None  # summary and facts
     summary_due: SummaryDue | None = None
     recall: RecallMemo | None = None  # the recall step's last block
+    summary_scan: SummaryScan | None = None  # the summary triggers' sums over the history
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-ready; :meth:`from_dict` gives back an equal state."""
@@ -152,6 +156,7 @@ class BuildState:
             "layers": None if self.layers is None else self.layers.to_dict(),
             "summary_due": None if self.summary_due is None else self.summary_due.to_dict(),
             "recall": None if self.recall is None else self.recall.to_dict(),
+            "summary_scan": None if self.summary_scan is None else self.summary_scan.to_dict(),
         }
 
     @classmethod
@@ -160,13 +165,13 @@ class BuildState:
         :class:`~ctxwarden.errors.ConfigError` names what is malformed."""
         try:
             ledger, layers, due = data.get("ledger"), data.get("layers"), data.get("summary_due")
-            recall = data.get("recall")
+            recall, scan = data.get("recall"), data.get("summary_scan")
             return cls(
                 history_length=int(data.get("history_length", 0)),
                 last_id=str(data.get("last_id", "")),
                 window_start=int(data.get("window_start", 0)),
                 sticky={str(k): v for k, v in dict(data.get("sticky", {})).items()},
-                prefix=tuple(str(p) for p in data.get("prefix", ())),
+                prefix=tuple(map(str, data.get("prefix", ()))),
                 ledger_from=int(data.get("ledger_from", 0)),
                 ledger=None if ledger is None else LedgerMemo.from_dict(ledger),
                 flagged=tuple(int(i) for i in data.get("flagged", ())),
@@ -174,6 +179,7 @@ class BuildState:
                 layers=None if layers is None else LayerState.from_dict(layers),
                 summary_due=None if due is None else SummaryDue.from_dict(due),
                 recall=None if recall is None else RecallMemo.from_dict(recall),
+                summary_scan=None if scan is None else SummaryScan.from_dict(scan),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ConfigError(f"not a stored build state ({type(exc).__name__}: {exc})") from None

@@ -34,13 +34,15 @@ changed" (failure is never loss).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Protocol, runtime_checkable
 
-from ctxwarden.build.pairing import group_blocks
 from ctxwarden.errors import ConfigError, CtxwardenError
 from ctxwarden.memory.facts import FactExtractor, Facts, FactSchema
+from ctxwarden.memory.summary_scan import block_start_at, cut_for, shown_tokens, trigger_reasons
 from ctxwarden.messages import Message
 from ctxwarden.registry.usage import Usage
 
@@ -155,6 +157,17 @@ class SummaryState:
         ]
         return "\n\n".join(parts)
 
+    @cached_property
+    def covered_key(self) -> str:
+        """A digest of ``covered_ids`` (``""`` for none), made once per state: what a
+        build's carried trigger sums (:mod:`~ctxwarden.memory.summary_scan`) depend on."""
+        if not self.covered_ids:
+            return ""
+        digest = hashlib.sha1(usedforsecurity=False)
+        for i in sorted(self.covered_ids):
+            digest.update(i.encode("utf-8", "surrogatepass") + b"\x00")
+        return digest.hexdigest()
+
     @property
     def level_one(self) -> str | None:
         return self.summaries[-1] if self.summaries else None
@@ -194,6 +207,22 @@ class SummaryPlan:
     as_of_id: str | None = None
 
 
+def _held(
+    messages: Sequence[Message],
+    live: Sequence[int],
+    count: Callable[[Message], int],
+    previous: SummaryState,
+) -> int:
+    """Tokens of the messages that are neither live nor covered: the system prompt and
+    the pinned messages (folding cannot reduce them)."""
+    live_set = set(live)
+    return sum(
+        count(m)
+        for i, m in enumerate(messages)
+        if i not in live_set and m.id not in previous.covered_ids
+    )
+
+
 def _fill_fixed(
     trigger: SummaryTrigger,
     messages: Sequence[Message],
@@ -204,20 +233,10 @@ def _fill_fixed(
     fills: bool = False,
 ) -> int:
     """Tokens the fill ratio counts that folding cannot reduce: the system prompt, pinned
-    messages, and the summary as shown (a focused view takes at most its share; a view
-    that ``fills`` what the rest leaves yields to the messages and is not counted)."""
-    live_set = set(live)
-    fixed = sum(
-        count(m)
-        for i, m in enumerate(messages)
-        if i not in live_set and m.id not in previous.covered_ids
+    messages, and the summary as shown."""
+    return _held(messages, live, count, previous) + shown_tokens(
+        trigger, count, window, previous, fills
     )
-    if previous.text and not fills:
-        shown = count(Message.system(previous.text))
-        if trigger.summary_share is not None:
-            shown = min(shown, int(window * trigger.summary_share))
-        fixed += shown
-    return fixed
 
 
 def _fired(
@@ -229,48 +248,21 @@ def _fired(
     previous: SummaryState,
     fills: bool = False,
 ) -> list[str]:
-    reasons: list[str] = []
-    if trigger.max_messages is not None and len(live) > trigger.max_messages:
-        reasons.append(f"{len(live)} unsummarised messages > {trigger.max_messages}")
-    tokens: int | None = None  # the live messages' tokens, summed once for both tests
-    if trigger.max_tokens is not None:
-        tokens = sum(count(messages[i]) for i in live)
-        if tokens > trigger.max_tokens:
-            reasons.append(f"unsummarised messages hold {tokens} tokens > {trigger.max_tokens}")
-    if trigger.fill_ratio is not None and window:
-        fixed = _fill_fixed(trigger, messages, live, count, window, previous, fills)
-        foldable = tokens if tokens is not None else sum(count(messages[i]) for i in live)
-        used = fixed + foldable
-        # Fire only with at least half the threshold to fold: otherwise a summary and a
-        # system prompt that fill the context by themselves would fire it on every call.
-        if used >= trigger.fill_ratio * window and foldable >= trigger.fill_ratio * window / 2:
-            reasons.append(
-                f"context fills {used / window:.0%} of {window} >= {trigger.fill_ratio:.0%}"
-            )
-    if trigger.every_user_turns is not None:
+    def turns() -> int:
         start = 0
         if previous.as_of_id is not None:
             ids = [m.id for m in messages]
             start = ids.index(previous.as_of_id) + 1 if previous.as_of_id in ids else 0
-        turns = sum(1 for i in live if i >= start and messages[i].role == "user")
-        if turns >= trigger.every_user_turns:
-            reasons.append(
-                f"{turns} user turns since the last summary >= {trigger.every_user_turns}"
-            )
-    return reasons
+        return sum(1 for i in live if i >= start and messages[i].role == "user")
 
-
-def block_start_at(messages: Sequence[Message], cut: int) -> int:
-    """The last block start at or before ``cut`` (``0`` if none): what grouping the
-    whole list gives, from the nearest message before ``cut`` that is not a tool result
-    (such a message always starts a block, so the blocks from there on are the same)."""
-    first = min(cut, len(messages) - 1)
-    while first > 0 and messages[first].role == "tool":
-        first -= 1
-    if first < 0:
-        return 0
-    starts = [b.start for b in group_blocks(messages[first : cut + 1], first) if b.start <= cut]
-    return max(starts, default=0)
+    return trigger_reasons(
+        trigger,
+        len(live),
+        lambda: sum(count(messages[i]) for i in live),
+        lambda: _fill_fixed(trigger, messages, live, count, window or 0, previous, fills),
+        window,
+        turns,
+    )
 
 
 def plan_summary(
@@ -312,26 +304,19 @@ def plan_summary(
     if not reasons:
         return None
 
-    k = trigger.keep_recent
-    cut = len(msgs) if k == 0 else live[-k] if k <= len(live) else live[0]
-    tail_cap = trigger.keep_recent_tokens
-    if window and trigger.fill_ratio is not None and any("fills" in r for r in reasons):
-        # The fill ratio fired: fold down to half of it, so the tail must grow by half the
-        # threshold before it fires again (a summary per batch, not per call).
-        half = int(trigger.fill_ratio * window / 2)
-        room = max(half - _fill_fixed(trigger, msgs, live, count, window, prev, fills), 0)
-        tail_cap = room if tail_cap is None else min(tail_cap, room)
-    if tail_cap is not None:  # cap the verbatim tail by tokens
-        tail = 0
-        for i in reversed(live):
-            tail += count(msgs[i])
-            if tail > tail_cap:
-                cut = max(cut, i + 1)
-                break
     users = [i for i, m in enumerate(msgs) if m.role == "user"]
-    if users:
-        cut = min(cut, users[-1])  # the newest user message is never folded
-    cut = block_start_at(msgs, cut)
+    cut = cut_for(
+        trigger,
+        msgs,
+        reasons,
+        len(live),
+        live[0],
+        lambda: reversed(live),
+        count,
+        window,
+        lambda: _fill_fixed(trigger, msgs, live, count, window or 0, prev, fills),
+        users[-1] if users else -1,
+    )
 
     fold = tuple(msgs[i] for i in live if i < cut)
     if len(fold) < trigger.min_fold:
@@ -390,7 +375,11 @@ def view_fills(trigger: SummaryTrigger, summarizer: object) -> bool:
     """Whether builds show the summary as a view that fills what the rest of the context
     leaves: no ``summary_share`` set and a summariser that can focus (the offline one).
     Then the budget is used whatever its size, with no split to choose."""
-    return trigger.summary_share is None and isinstance(summarizer, QueryAwareSummarizer)
+    return (
+        trigger.summary_share is None
+        and summarizer is not None  # (a protocol's isinstance costs tens of µs, even for None)
+        and isinstance(summarizer, QueryAwareSummarizer)
+    )
 
 
 def summary_view(

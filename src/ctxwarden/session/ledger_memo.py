@@ -1,4 +1,4 @@
-"""The last build's ledger memo kept by an open session, by sequence number (speed only).
+"""The last build's memos kept by an open session, by sequence number (speed only).
 
 A build's :class:`~ctxwarden.build.state.LedgerMemo` holds the entity ledger of the
 messages its window no longer shows and the block it rendered; the engine extends it on
@@ -13,7 +13,10 @@ a replica that has not built the session builds the same context without it).
 :meth:`SeqMemo.for_slice` gives it back in positions of a new slice only when that slice
 holds exactly the same messages in the covered range; the engine's own checks (the
 ledger seed, where the sources begin, the rendered block's key) decide the rest, as for
-``build_context(previous=...)``. Without it every output is the same.
+``build_context(previous=...)``. The build's
+:class:`~ctxwarden.memory.summary_scan.SummaryScan` (the summary triggers' sums over
+the slice) is kept the same way, and given back when the new slice begins with the
+very messages it summed. Without them every output is the same.
 """
 
 from __future__ import annotations
@@ -23,28 +26,42 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from ctxwarden.build.state import BuildState, LedgerMemo
+from ctxwarden.memory.summary_scan import SummaryScan
 
 __all__ = ["SeqMemo"]
 
 
 @dataclass(frozen=True)
 class SeqMemo:
-    """A :class:`LedgerMemo` whose sources are the messages ``seqs`` (in order)."""
+    """A :class:`LedgerMemo` whose sources are the messages ``seqs`` (in order), and a
+    :class:`SummaryScan` of the slice ``scanned`` (the summary triggers' sums)."""
 
-    memo: LedgerMemo
+    memo: LedgerMemo | None
     seqs: tuple[int, ...]
+    scan: SummaryScan | None = None
+    scanned: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, state: BuildState, seqs: Sequence[int]) -> SeqMemo | None:
-        """The memo of a build over the slice ``seqs`` (None: it has none)."""
-        memo = state.ledger
+        """The memos of a build over the slice ``seqs`` (None: it has none)."""
+        memo, scan = state.ledger, state.summary_scan
         if memo is None or not state.history_length or memo.upto > len(seqs):
+            memo = None
+        if scan is None or scan.upto > len(seqs):
+            scan = None
+        if memo is None and scan is None:
             return None
-        return cls(memo, tuple(seqs[memo.first : memo.upto]))
+        covered = tuple(seqs[memo.first : memo.upto]) if memo is not None else ()
+        return cls(memo, covered, scan, tuple(seqs[: scan.upto]) if scan is not None else ())
 
     def for_slice(self, state: BuildState, seqs: Sequence[int]) -> BuildState:
-        """``state`` (the stored one, in positions of ``seqs``) with this memo, when
-        ``seqs`` holds the covered messages at consecutive positions; else unchanged."""
+        """``state`` (the stored one, in positions of ``seqs``) with these memos: the
+        ledger's when ``seqs`` holds the covered messages at consecutive positions, the
+        scan when ``seqs`` begins with the slice it summed; else unchanged."""
+        if self.scan is not None and tuple(seqs[: len(self.scanned)]) == self.scanned:
+            state = replace(state, summary_scan=self.scan)
+        if self.memo is None:
+            return state
         first = bisect.bisect_left(seqs, self.seqs[0]) if self.seqs else state.ledger_from
         upto = first + len(self.seqs)
         if tuple(seqs[first:upto]) != self.seqs:

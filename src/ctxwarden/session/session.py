@@ -53,7 +53,7 @@ from ctxwarden.session import state as session_state
 from ctxwarden.session.build_log import KEEP_BUILDS, KEEP_CONTEXTS, log_build
 from ctxwarden.session.cycle import SummaryWrite, summary_cycle
 from ctxwarden.session.ledger_memo import SeqMemo
-from ctxwarden.session.tail_memo import TailMemo, count_key, last_block
+from ctxwarden.session.tail_memo import TailMemo, count_key, last_block, with_tail
 from ctxwarden.store import SessionStore, StoredMessage, StoredSession, open_store
 from ctxwarden.store.ledger_checkpoint import (
     LEDGER_BACKFILL,
@@ -374,9 +374,8 @@ class Session:
         self._trim_cache()
         while len(tail) > 1 and tail[0].message.role == "tool":
             tail = tail[1:]  # its call is older than the tail: never send an orphan result
-        merged.update((m.seq, m) for m in tail)
         start = tail[0].seq if tail else after + 1
-        return [merged[seq] for seq in sorted(merged)], start
+        return with_tail(merged, tail), start
 
     def _ledger_before(
         self, record: StoredSession, start: int, skip: Container[int]

@@ -60,7 +60,7 @@ def summary_state(record: StoredSession) -> SummaryState:
 # Parts of the engine state a session keeps elsewhere (summary, facts and the ledger of
 # what lies before the slice have their own columns) or that count positions of one
 # slice only (the next build reads another slice and finds them again, cheaply).
-_NOT_STORED = ("ledger", "layers", "flagged", "flagged_upto", "summary_due")
+_NOT_STORED = ("ledger", "layers", "flagged", "flagged_upto", "summary_due", "summary_scan")
 
 
 def sticky_from(state: BuildState, seqs: Sequence[int]) -> dict[str, Any]:

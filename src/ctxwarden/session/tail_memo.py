@@ -19,55 +19,48 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 
 from ctxwarden.messages import Message
 from ctxwarden.store import SessionStore, StoredMessage
-from ctxwarden.tokens.counter import TokenCounter
+from ctxwarden.tokens.counter import count_key
 
-__all__ = ["TailMemo", "count_key", "last_block"]
+__all__ = ["TailMemo", "count_key", "last_block", "with_tail"]
 
 _APPENDED = 1024  # appended messages remembered (an agent's turn appends a few)
 
 
-def count_key(counter: TokenCounter) -> str:
-    """The key under which a counter's per-message counts are stored: the encoding for
-    exact counts, plus the family and its Latin / Cyrillic / CJK / Latin-with-diacritics
-    factors for estimates (they differ per model; counts stored under another key are
-    counted again)."""
-    scripts = counter.scripts
-    per_script = () if scripts is None else tuple(vars(scripts).values())
-    if scripts is None or set(per_script) == {1.0}:
-        return counter.encoding_name
-    factors = (
-        f"{scripts.latin:g}"
-        if len(set(per_script)) == 1
-        else "/".join(map("{:g}".format, per_script))
-    )
-    return f"{counter.encoding_name}~{counter.family}x{factors}"
+def _size(row: StoredMessage, key: str, count: Callable[[Message], int]) -> int:
+    counts = row.token_counts
+    return int(counts[key]) if key in counts else count(row.message)
 
 
 def _walk(
     rows: Sequence[StoredMessage], max_tokens: int, key: str, count: Callable[[Message], int]
-) -> list[StoredMessage]:
-    """:meth:`SessionStore.tail` over ``rows`` (oldest first): the newest that fit."""
+) -> tuple[list[StoredMessage], int]:
+    """:meth:`SessionStore.tail` over ``rows`` (oldest first): the newest that fit, and
+    their tokens."""
     chosen: list[StoredMessage] = []
     used = 0
     for row in reversed(rows):
-        counts = row.token_counts
-        size = int(counts[key]) if key in counts else count(row.message)
+        size = _size(row, key, count)
         if used + size > max_tokens and chosen:
             break
         used += size
         chosen.append(row)
     chosen.reverse()
-    return chosen
+    return chosen, used
 
 
 class TailMemo:
     def __init__(self) -> None:
         self._appended: dict[int, StoredMessage] = {}
         self._last: tuple[Hashable, int, tuple[StoredMessage, ...]] | None = None
+        # the last tail given, when it held every row it was walked over, and its tokens:
+        # rows appended since that still fit extend it without walking it again
+        self._whole: tuple[list[StoredMessage], int] | None = None
+        self._last_whole: int | None = None  # the tokens of ``_last``'s rows, when known
 
     def clear(self) -> None:
         self._appended.clear()
         self._last = None
+        self._whole = self._last_whole = None
 
     def appended(self, seq: int, message: Message, counts: Mapping[str, int]) -> None:
         """A message this session stored at ``seq`` (as the store reads it back)."""
@@ -96,8 +89,16 @@ class TailMemo:
         new = [self._appended.get(seq) for seq in range(upto, next_seq)]
         if any(row is None for row in new):
             return None  # another writer appended: read
-        rows = (*rows, *(row for row in new if row is not None))
-        chosen = _walk(rows, max_tokens, key, count)
+        added = [row for row in new if row is not None]
+        rows = (*rows, *added)
+        whole = self._last_whole
+        if whole is not None:  # every row fit: they all still do when the new ones fit too
+            whole += sum(_size(row, key, count) for row in added)
+        if whole is not None and whole <= max_tokens:
+            chosen, used = list(rows), whole
+        else:
+            chosen, used = _walk(rows, max_tokens, key, count)
+        self._whole = (chosen, used) if len(chosen) == len(rows) else None
         if len(chosen) == len(rows) and rows and rows[0].seq != after_seq + 1:
             return None  # everything fits: older messages than the memo holds might too
         if not rows and next_seq > after_seq + 1:
@@ -108,7 +109,21 @@ class TailMemo:
         """The tail just read (or given) for ``scope`` while the session held ``next_seq``
         (the tail may hold newer messages, read after ``next_seq`` was)."""
         upto = max(next_seq, rows[-1].seq + 1) if rows else next_seq
+        whole = self._whole
+        self._last_whole = whole[1] if whole is not None and whole[0] is rows else None
+        self._whole = None
         self._last = (scope, upto, tuple(rows))
+
+
+def with_tail(
+    merged: Mapping[int, StoredMessage], tail: Sequence[StoredMessage]
+) -> list[StoredMessage]:
+    """The messages ``merged`` holds (pinned, first ones; by seq) and ``tail`` (oldest
+    first, as the store gives it), in seq order; the tail alone when there are none."""
+    if not merged:
+        return list(tail)
+    both = {**merged, **{m.seq: m for m in tail}}
+    return [both[seq] for seq in sorted(both)]
 
 
 def last_block(

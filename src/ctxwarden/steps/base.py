@@ -233,6 +233,7 @@ class Draft:
     protected: frozenset[str] = frozenset()
     anchors: frozenset[str] = frozenset()
     summary_due: SummaryDue | None = None
+    summary_scan: Any = None  # the SummaryScan the layers step left for the next build
     ledger_memo: Any = None  # the LedgerMemo the ledger step left for the next build
     recall_memo: Any = None  # the RecallMemo the recall step left for the next build
     flagged: tuple[int, ...] = ()
@@ -285,7 +286,7 @@ class StepContext:
         return self.counter.count_message(message)
 
     def total(self, messages: Sequence[Message]) -> int:
-        return sum(map(self.counter.count_message, messages))
+        return self.counter.total(messages)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from ctxwarden.steps.base import (
     StrategyContext,
     edit_marker,
 )
+from ctxwarden.tokens.counter import REPLY_PRIMING
 
 __all__ = ["EditStep"]
 
@@ -37,10 +38,11 @@ class EditStep:
         # The newest call block is kept by the fit, but may be cut or masked like any other
         # result (shrunk first); only the newest user message is untouchable here.
         newest = draft.history[draft.newest].id if draft.newest is not None else None
+        count = ctx.counter.count_message
         sctx = StrategyContext(
-            count=ctx.counter.count_message,
+            count=count,
             budget=ctx.budget,
-            total=lambda ms: ctx.counter.count_messages(ms).tokens,
+            total=lambda ms: REPLY_PRIMING + ctx.counter.total(ms),  # count_messages' tokens
             protected=frozenset({newest} if newest else ()),
             sticky=ctx.previous.sticky,
             count_text=ctx.counter.count_text,

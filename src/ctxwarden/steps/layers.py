@@ -29,9 +29,11 @@ from typing import Any
 from ctxwarden.memory.facts import Facts
 from ctxwarden.memory.layer_state import LayerState
 from ctxwarden.memory.summaries import plan_summary, summary_view, view_fills
+from ctxwarden.memory.summary_scan import SummaryScan, scan_key, summary_due_of
 from ctxwarden.messages import Message
 from ctxwarden.steps.base import Draft, StepContext, StepResult, system_block
 from ctxwarden.steps.ledger import ledger_cap
+from ctxwarden.tokens.counter import count_key
 
 __all__ = [
     "SUMMARY_HEADING",
@@ -58,7 +60,7 @@ class LayersStep:
         facts = ctx.facts_text
         summary = ctx.summary_text
         floor = draft.floor
-        due = None
+        due = scan = None
         room = max(ctx.budget - ctx.fixed, 0)
         trigger = ctx.policy.summary
         facts_cap = int(room * trigger.max_facts_share)
@@ -87,7 +89,7 @@ class LayersStep:
                 summary = SUMMARY_HEADING + view if view else summary
                 warnings.extend(left_out)
             floor = max(floor, state.cut)
-            due = summary_due(draft.history, state, ctx)
+            due, scan = summary_due(draft.history, state, ctx)
         if summary and not focused:
             # (a focused view is already held within the share you chose)
             cap = int(room * trigger.max_summary_share)
@@ -96,7 +98,9 @@ class LayersStep:
             layers.append(("facts", system_block(facts, "ctxwarden:facts")))
         if summary:
             layers.append(("summary", system_block(summary, "ctxwarden:summary")))
-        new = draft.but(layers=(*draft.layers, *layers), floor=floor, summary_due=due)
+        new = draft.but(
+            layers=(*draft.layers, *layers), floor=floor, summary_due=due, summary_scan=scan
+        )
         return StepResult(new, (), tuple(warnings))
 
 
@@ -173,17 +177,31 @@ def fill_room(draft: Draft, ctx: StepContext, cut: int, facts: int) -> int:
     return max(rest, int(room * ctx.policy.summary.max_summary_share))
 
 
-def summary_due(history: Sequence[Message], state: LayerState, ctx: StepContext) -> Any:
+def summary_due(
+    history: Sequence[Message], state: LayerState, ctx: StepContext
+) -> tuple[Any, SummaryScan | None]:
     """What a summary cycle would fold now (``None``: no trigger fires): the trigger's plan,
-    a pure function of the messages (see :func:`~ctxwarden.memory.summaries.plan_summary`)."""
+    a pure function of the messages (see :func:`~ctxwarden.memory.summaries.plan_summary`);
+    and the trigger sums the next build extends. The previous build's sums are extended
+    when they fit this history (:mod:`~ctxwarden.memory.summary_scan`), so a build reads
+    the messages appended since, not the whole history."""
     from ctxwarden.build.state import SummaryDue
 
     trigger = ctx.policy.summary
     fills = view_fills(trigger, ctx.summarizer)
-    plan = plan_summary(history, trigger, ctx.count, ctx.budget, state.summary, fills=fills)
-    if plan is None:
-        return None
-    return SummaryDue(plan.reasons, plan.fold[0].id, plan.fold[-1].id, len(plan.fold))
+    if trigger.every_user_turns is not None:  # counted from the last summary: the plan's
+        plan = plan_summary(history, trigger, ctx.count, ctx.budget, state.summary, fills=fills)
+        if plan is None:
+            return None, None
+        return SummaryDue(plan.reasons, plan.fold[0].id, plan.fold[-1].id, len(plan.fold)), None
+    key = scan_key(count_key(ctx.counter), state.summary)
+    scan = ctx.previous.summary_scan if ctx.previous.history_length else None
+    if scan is None or not scan.fits(history, key):
+        scan = SummaryScan(key=key)
+    due, scan = summary_due_of(
+        history, trigger, ctx.count, ctx.budget, state.summary, fills=fills, scan=scan
+    )
+    return (SummaryDue(*due) if due is not None else None), scan
 
 
 def summary_in_share(

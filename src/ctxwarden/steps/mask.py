@@ -119,6 +119,7 @@ class MaskObservations:
                 maskable.append(i)
 
         over_budget = None if not self.only_over_budget else ctx.total(messages) > ctx.budget
+        applied: tuple[list[Message], list[Action]] | None = None
         if maskable and over_budget is not False:
             sizes = [ctx.count(messages[i]) for i in maskable]
             step = self.batch_tokens
@@ -131,13 +132,14 @@ class MaskObservations:
                 to_mask.add(i)
             rest = [i for i in maskable if i not in to_mask]
             if rest and self.flush_over_budget:
-                if over_budget is None:
-                    masked = self._apply(messages, to_mask, ctx, record=False)[0]
-                    over_budget = ctx.total(masked) > ctx.budget
+                if over_budget is None:  # the batch applied: kept unless it must flush
+                    applied = self._apply(messages, to_mask, ctx)
+                    over_budget = ctx.total(applied[0]) > ctx.budget
                 if over_budget:
                     to_mask.update(rest)
+                    applied = None
 
-        out, actions = self._apply(messages, to_mask, ctx)
+        out, actions = applied if applied is not None else self._apply(messages, to_mask, ctx)
         return StrategyResult(out, actions)
 
     def _apply(
@@ -148,7 +150,7 @@ class MaskObservations:
         record: bool = True,
     ) -> tuple[list[Message], list[Action]]:
         """``messages`` with ``to_mask`` masked, and (with ``record``) the actions saying
-        so; the flush test needs only the messages."""
+        so."""
         out = list(messages)
         actions: list[Action] = []
         if not to_mask:

@@ -296,6 +296,7 @@ class TruncateToolResults:
         requests: dict[str, Message] = {}  # tool_call_id -> the assistant message
         drafts = self.count_text or ctx.count_text
         counter = _counter_key(drafts) if drafts is not None else _counter_key(ctx.count)
+        count, over = ctx.count, fmt(self.threshold_tokens)
         for message in messages:
             if message.role != "tool":  # only tool results are cut (see _cuttable)
                 for call in message.tool_calls:
@@ -306,12 +307,13 @@ class TruncateToolResults:
             if _recall_result(message, request):
                 out.append(message)
                 continue
-            new = self._truncate(message, ctx.count, drafts, counter, request)
+            new = self._truncate(message, count, drafts, counter, request)
             if new is not message:
-                before, after = ctx.count(message), ctx.count(new)
-                reason = f"{message.kind} tool result over {fmt(self.threshold_tokens)} tokens"
+                reason = f"{message.kind} tool result over {over} tokens"
                 actions.append(
-                    same_action(message.id, "truncated", reason, before, after, self.name)
+                    same_action(
+                        message.id, "truncated", reason, count(message), count(new), self.name
+                    )
                 )
             out.append(new)
         return StrategyResult(out, actions)

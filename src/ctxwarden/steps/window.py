@@ -125,7 +125,9 @@ class WindowStep:
         pinned = _whole_blocks(h, [*(j for j in first if j < start), *flagged], start)
         window = tuple(h[start:])
         protected = set(draft.protected)
-        protected.update(m.id for m in window if is_pinned(m))
+        protected.update(  # is_pinned, inline: it asks every message of the window
+            m.id for m in window if (m.pinned or m.priority == "critical") and m.role != "system"
+        )
         protected.update(h[j].id for j in first if j >= start)  # pin_first inside the window
         actions = (
             self._cold_prefix(draft, ctx, start, set(pinned)) if not prev.history_length else ()

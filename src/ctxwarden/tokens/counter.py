@@ -99,6 +99,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from ctxwarden.errors import UnknownModelError
@@ -115,6 +116,7 @@ __all__ = [
     "ScriptFactors",
     "TokenCount",
     "TokenCounter",
+    "count_key",
     "count_tokens",
     "script_chars",
 ]
@@ -270,6 +272,11 @@ def _resolve(model: str, registry: Registry) -> _Resolution:
 # ledger or a cut-values note is counted while being made and again as a message.
 _TEXT_CACHE_SIZE = 2048
 _TEXT_CACHE_CHARS = 32_768
+
+
+_FINGERPRINT = attrgetter("fingerprint")
+_TOKENS = itemgetter(0)
+_BULK = 12  # fewer messages are measured one call each (the maps cost more than they save)
 
 
 class TokenCounter:
@@ -429,6 +436,24 @@ class TokenCounter:
         hit = self._cache.get(message.fingerprint)  # as in measure
         return (hit if hit is not None else self._cached(message))[0]
 
+    def measured(self, messages: Iterable[Message]) -> list[tuple[int, bool]]:
+        """``[measure(m) for m in messages]``, the cache's lookups made in C: a build
+        measures its whole window several times (the misses are counted one by one)."""
+        ms = messages if isinstance(messages, (list, tuple)) else list(messages)
+        if len(ms) < _BULK:
+            return list(map(self.measure, ms))
+        hits: list[tuple[int, bool] | None] = list(map(self._cache.get, map(_FINGERPRINT, ms)))
+        if not all(hits):  # (a hit is a pair: true)
+            return [h if h is not None else self._cached(m) for h, m in zip(hits, ms, strict=True)]
+        return hits  # type: ignore[return-value]
+
+    def total(self, messages: Iterable[Message]) -> int:
+        """``sum(map(count_message, messages))``: framing included, no reply priming."""
+        ms = messages if isinstance(messages, (list, tuple)) else list(messages)
+        if len(ms) < _BULK:
+            return sum(map(self.count_message, ms))
+        return sum(map(_TOKENS, self.measured(ms)))
+
     def count_tools(self, tools: Sequence[Mapping[str, Any]] | None) -> int:
         """Tokens of the ``tools=`` definitions of a request (documented method)."""
         if not tools:
@@ -449,6 +474,23 @@ class TokenCounter:
             exact = False
         method = "openai-chat-formula" if self.family == "openai" else f"estimate:{self.family}"
         return TokenCount(total, exact, self.encoding_name, method)
+
+
+def count_key(counter: TokenCounter) -> str:
+    """The key under which a counter's per-message counts are stored: the encoding for
+    exact counts, plus the family and its Latin / Cyrillic / CJK / Latin-with-diacritics
+    factors for estimates (they differ per model; counts stored under another key are
+    counted again)."""
+    scripts = counter.scripts
+    per_script = () if scripts is None else tuple(vars(scripts).values())
+    if scripts is None or set(per_script) == {1.0}:
+        return counter.encoding_name
+    factors = (
+        f"{scripts.latin:g}"
+        if len(set(per_script)) == 1
+        else "/".join(map("{:g}".format, per_script))
+    )
+    return f"{counter.encoding_name}~{counter.family}x{factors}"
 
 
 @cache

@@ -1,0 +1,61 @@
+"""An open session's tail memo (session/tail_memo.py, speed only): the slice it gives is the
+one the store gives a session that has never read, also when every stored message fits
+and the next turn's do not (the memo then walks again instead of extending its tail)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ctxwarden.bench.proxy import conversation
+from ctxwarden.formats.openai import message_from_openai
+from ctxwarden.messages import Message
+from ctxwarden.session.session import Session
+from ctxwarden.session.tail_memo import TailMemo, with_tail
+from ctxwarden.store import StoredMessage
+
+
+def _ids(rows: list[StoredMessage]) -> list[int]:
+    return [r.seq for r in rows]
+
+
+def test_the_memo_gives_the_stores_slice_while_all_fits_and_after(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    base = [message_from_openai(m) for m in conversation(80)]
+    kept = Session(url, "tail", tenant="t")
+    kept.append(base[:8])
+    whole = 0
+    for turn, at in enumerate(range(8, len(base), 4)):
+        kept.append(base[at : at + 4])
+        budget = 60_000 if turn < 8 else 2_500 + 900 * (turn % 4)  # all fits, then not
+        ours = kept.context_messages(budget)
+        fresh = Session(url, "tail", tenant="t")
+        theirs = fresh.context_messages(budget)
+        fresh.close()
+        assert _ids(ours) == _ids(theirs), f"turn {turn}"
+        assert [r.message for r in ours] == [r.message for r in theirs]
+        whole += kept._tails._last_whole is not None
+    assert whole >= 4  # the memo knew every row fit, and extended without walking
+    kept.close()
+
+
+def test_a_tail_that_no_longer_fits_is_walked_again() -> None:
+    memo = TailMemo()
+    rows = [StoredMessage(i, Message.user(f"m{i}", id=f"m{i}"), {"k": 10}) for i in range(5)]
+    scope = ("scope",)
+    memo.remember(scope, 5, rows)
+    first = memo.tail(scope, 5, -1, 100, "k", lambda m: 0)
+    assert first is not None and _ids(first) == [0, 1, 2, 3, 4]
+    memo.remember(scope, 5, first)
+    assert memo._last_whole == 50
+    for i in (5, 6):
+        memo.appended(i, Message.user(f"m{i}", id=f"m{i}"), {"k": 30})
+    cut = memo.tail(scope, 7, -1, 100, "k", lambda m: 0)  # 110 tokens: the oldest goes
+    assert cut is not None and _ids(cut) == [1, 2, 3, 4, 5, 6]
+    assert memo._whole is None  # not every row: the next tail walks
+
+
+def test_with_tail_merges_by_seq() -> None:
+    rows = [StoredMessage(i, Message.user(f"m{i}", id=f"m{i}"), {}) for i in range(6)]
+    tail = rows[3:]
+    assert with_tail({}, tail) == tail and with_tail({}, tail) is not tail
+    assert _ids(with_tail({0: rows[0], 4: rows[4]}, tail)) == [0, 3, 4, 5]
