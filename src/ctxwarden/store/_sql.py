@@ -517,6 +517,32 @@ class SqlStore(ABC):
         dollars: float = 0.0,
     ) -> StoredSession:
         """:meth:`record_usage` inside an open write transaction ``tx``."""
+        text = self._usage_after(tx, tenant, session_id, usage, model, dollars)
+        rows = tx.execute(
+            f"UPDATE ctxwarden_sessions SET usage = ? {_WHERE} RETURNING {_SESSION_COLS}",
+            (text, tenant, session_id),
+        )
+        return _session(rows[0])
+
+    def add_usage_in(
+        self,
+        tx: Tx,
+        tenant: str,
+        session_id: str,
+        usage: Usage,
+        *,
+        model: str,
+        dollars: float = 0.0,
+    ) -> None:
+        """:meth:`record_usage_in` for a caller that does not need the session back (the
+        proxy closing a call): the row is not read back, its sticky state not decoded."""
+        text = self._usage_after(tx, tenant, session_id, usage, model, dollars)
+        tx.execute(f"UPDATE ctxwarden_sessions SET usage = ? {_WHERE}", (text, tenant, session_id))
+
+    def _usage_after(
+        self, tx: Tx, tenant: str, session_id: str, usage: Usage, model: str, dollars: float
+    ) -> str:
+        """The session's usage text with one call's ``usage`` and ``dollars`` added."""
         lock = " FOR UPDATE" if self._select_for_update else ""
         rows = tx.execute(
             f"SELECT usage FROM ctxwarden_sessions {_WHERE}{lock}", (tenant, session_id)
@@ -525,10 +551,6 @@ class SqlStore(ABC):
             raise StoreError(f"no session {session_id!r} for tenant {tenant!r}; create it first")
         by_model, total = decode_usage(rows[0][0])
         by_model[model] = by_model[model] + usage if model in by_model else usage
-        rows = tx.execute(
-            f"UPDATE ctxwarden_sessions SET usage = ? {_WHERE} RETURNING {_SESSION_COLS}",
-            (encode_usage(by_model, total + dollars), tenant, session_id),
-        )
-        return _session(rows[0])
+        return encode_usage(by_model, total + dollars)
 
     _select_for_update = False
