@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequenc
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal, overload
 
 from ctxwarden.errors import StoreError, VersionConflict
 from ctxwarden.messages import Message
@@ -506,6 +506,32 @@ class SqlStore(ABC):
         with self._write() as tx:
             return self.record_usage_in(tx, tenant, session_id, usage, model=model, dollars=dollars)
 
+    @overload
+    def record_usage_in(
+        self,
+        tx: Tx,
+        tenant: str,
+        session_id: str,
+        usage: Usage,
+        *,
+        model: str,
+        dollars: float = ...,
+        read_back: Literal[True] = ...,
+    ) -> StoredSession: ...
+
+    @overload
+    def record_usage_in(
+        self,
+        tx: Tx,
+        tenant: str,
+        session_id: str,
+        usage: Usage,
+        *,
+        model: str,
+        dollars: float = ...,
+        read_back: Literal[False],
+    ) -> None: ...
+
     def record_usage_in(
         self,
         tx: Tx,
@@ -515,34 +541,11 @@ class SqlStore(ABC):
         *,
         model: str,
         dollars: float = 0.0,
-    ) -> StoredSession:
-        """:meth:`record_usage` inside an open write transaction ``tx``."""
-        text = self._usage_after(tx, tenant, session_id, usage, model, dollars)
-        rows = tx.execute(
-            f"UPDATE ctxwarden_sessions SET usage = ? {_WHERE} RETURNING {_SESSION_COLS}",
-            (text, tenant, session_id),
-        )
-        return _session(rows[0])
-
-    def add_usage_in(
-        self,
-        tx: Tx,
-        tenant: str,
-        session_id: str,
-        usage: Usage,
-        *,
-        model: str,
-        dollars: float = 0.0,
-    ) -> None:
-        """:meth:`record_usage_in` for a caller that does not need the session back (the
-        proxy closing a call): the row is not read back, its sticky state not decoded."""
-        text = self._usage_after(tx, tenant, session_id, usage, model, dollars)
-        tx.execute(f"UPDATE ctxwarden_sessions SET usage = ? {_WHERE}", (text, tenant, session_id))
-
-    def _usage_after(
-        self, tx: Tx, tenant: str, session_id: str, usage: Usage, model: str, dollars: float
-    ) -> str:
-        """The session's usage text with one call's ``usage`` and ``dollars`` added."""
+        read_back: bool = True,
+    ) -> StoredSession | None:
+        """:meth:`record_usage` inside an open write transaction ``tx``; with
+        ``read_back=False`` (the proxy closing a call) the row is not read back, nor its
+        sticky state decoded, and nothing is returned."""
         lock = " FOR UPDATE" if self._select_for_update else ""
         rows = tx.execute(
             f"SELECT usage FROM ctxwarden_sessions {_WHERE}{lock}", (tenant, session_id)
@@ -551,6 +554,15 @@ class SqlStore(ABC):
             raise StoreError(f"no session {session_id!r} for tenant {tenant!r}; create it first")
         by_model, total = decode_usage(rows[0][0])
         by_model[model] = by_model[model] + usage if model in by_model else usage
-        return encode_usage(by_model, total + dollars)
+        text = encode_usage(by_model, total + dollars)
+        if not read_back:
+            params = (text, tenant, session_id)
+            tx.execute(f"UPDATE ctxwarden_sessions SET usage = ? {_WHERE}", params)
+            return None
+        rows = tx.execute(
+            f"UPDATE ctxwarden_sessions SET usage = ? {_WHERE} RETURNING {_SESSION_COLS}",
+            (text, tenant, session_id),
+        )
+        return _session(rows[0])
 
     _select_for_update = False

@@ -452,8 +452,14 @@ def end_call(store: SessionStore, end: CallEnd, tx: Tx | None = None) -> bool:
         with _sql(store)._write() as own:
             return end_call(store, end, own)
     if end.usage is not None:
-        _sql(store).add_usage_in(
-            tx, end.tenant, end.session_id, end.usage, model=end.model, dollars=end.dollars
+        _sql(store).record_usage_in(
+            tx,
+            end.tenant,
+            end.session_id,
+            end.usage,
+            model=end.model,
+            dollars=end.dollars,
+            read_back=False,
         )
     tx.execute(
         "UPDATE ctxwarden_builds SET status = ? "
