@@ -49,7 +49,7 @@ _MAX_SEQ = 2**62
 
 
 def _session(row: Sequence[Any]) -> StoredSession:
-    by_model, dollars = decode_usage(row[10])
+    by_model, dollars = _usage(row[10])
     return StoredSession(
         tenant=row[0],
         session_id=row[1],
@@ -61,7 +61,7 @@ def _session(row: Sequence[Any]) -> StoredSession:
         updated_at=float(row[7]),
         summary_upto=int(row[8]),
         next_seq=int(row[9]),
-        usage=by_model,
+        usage=dict(by_model),
         dollars=dollars,
         summary_levels=json.loads(row[11]),
     )
@@ -74,6 +74,15 @@ def _counts(text: str) -> Mapping[str, int]:
     function (the mapping it returns is shared: never mutated)."""
     parsed: Mapping[str, int] = json.loads(text)
     return parsed
+
+
+@lru_cache(maxsize=512)
+def _usage(text: str) -> tuple[tuple[tuple[str, Usage], ...], float]:
+    """A session row's decoded ``usage``: a proxied call reads the row several times
+    between two changes of it, so each text is decoded once (a bounded memo of a pure
+    function; its :class:`Usage` values are frozen, the dict is made per row)."""
+    by_model, dollars = decode_usage(text)
+    return tuple(by_model.items()), dollars
 
 
 @lru_cache(maxsize=512)
@@ -196,8 +205,10 @@ class SqlStore(ABC):
             raise ValueError("give one token_counts mapping per message")
         if not messages:
             return []
-        encoded = [encode_message(m) for m in messages]  # before the transaction opens
+        # an automatic id becomes ``m<seq>``, known inside the transaction: those messages
+        # are written there, once; the others before the transaction opens
         auto = [m.id == "h" + m.fingerprint[:12] for m in messages]
+        encoded = ["" if auto[i] else encode_message(m) for i, m in enumerate(messages)]
         now = time.time()
         n = len(messages)
         guard = "" if expect_next is None else " AND next_seq = ?"
