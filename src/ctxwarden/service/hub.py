@@ -6,9 +6,9 @@ build decodes only what is new). Calls on one client session are serialised by a
 ``asyncio`` lock held for the whole call, so a reply is always stored right after the
 history it answers; calls on different sessions run concurrently. Store work and builds run in
 worker threads (SQLite and psycopg are blocking), never on the event loop, through
-:meth:`Hub.run`: at most one at a time on SQLite (one writer anyway; more threads only
-meet in SQLite's busy-wait, which sleeps up to 100 ms per retry, and fight for the GIL),
-a few on PostgreSQL (its pool).
+:meth:`Hub.run` (:class:`~ctxwarden.service.workers.Workers`): at most one at a time on
+SQLite (one writer anyway; more threads only meet in SQLite's busy-wait, which sleeps up
+to 100 ms per retry, and fight for the GIL), a few on PostgreSQL (its pool).
 """
 
 from __future__ import annotations
@@ -22,12 +22,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import anyio
-import anyio.to_thread
-
 from ctxwarden import Policy, Session
 from ctxwarden.service.config import ServiceConfig
 from ctxwarden.service.key_memo import KeyMemo
+from ctxwarden.service.workers import Workers
 from ctxwarden.store import SessionStore, open_store
 from ctxwarden.store.service_tables import TenantRecord
 
@@ -72,13 +70,14 @@ class Hub:
         self._locks: dict[tuple[str, str], tuple[asyncio.Lock, int]] = {}
         self.keys = KeyMemo()  # the client messages' keys, per client session (speed only)
         self.summaries: Any = None  # service.summaries.Summaries with --summarizer
-        self._workers = anyio.CapacityLimiter(1 if self.store.url.startswith("sqlite") else 4)
+        self._workers = Workers(1 if self.store.url.startswith("sqlite") else 4)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in a worker thread, within the store's concurrency (see above)."""
-        return await anyio.to_thread.run_sync(fn, *args, limiter=self._workers)
+        return await self._workers.run(fn, *args)
 
     def close(self) -> None:
+        self._workers.close()
         self.store.close()
 
     def tenant(self, record: TenantRecord) -> Tenant:

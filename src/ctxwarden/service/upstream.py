@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ctxwarden.errors import MissingDependencyError
-from ctxwarden.service.upstream_pool import fast_liveness
+from ctxwarden.service.upstream_pool import asyncio_streams
 
 __all__ = ["Upstream", "UpstreamFailure"]
 
@@ -54,7 +54,7 @@ class Upstream:
         # a connection refused or reset while connecting never reached upstream:
         # retrying it is safe (nothing is retried once the request was sent)
         transport = httpx2.AsyncHTTPTransport(retries=2, limits=limits)
-        fast_liveness(transport)  # the pool's per-request socket checks, cheaper
+        asyncio_streams(transport)  # the pool's reads, writes and liveness checks, cheaper
         self.client = httpx2.AsyncClient(
             timeout=httpx2.Timeout(timeout, connect=connect_timeout), transport=transport
         )

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequenc
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal, overload
 
 from ctxwarden.errors import StoreError, VersionConflict
 from ctxwarden.messages import Message
@@ -49,7 +49,7 @@ _MAX_SEQ = 2**62
 
 
 def _session(row: Sequence[Any]) -> StoredSession:
-    by_model, dollars = decode_usage(row[10])
+    by_model, dollars = _usage(row[10])
     return StoredSession(
         tenant=row[0],
         session_id=row[1],
@@ -61,7 +61,7 @@ def _session(row: Sequence[Any]) -> StoredSession:
         updated_at=float(row[7]),
         summary_upto=int(row[8]),
         next_seq=int(row[9]),
-        usage=by_model,
+        usage=dict(by_model),
         dollars=dollars,
         summary_levels=json.loads(row[11]),
     )
@@ -74,6 +74,15 @@ def _counts(text: str) -> Mapping[str, int]:
     function (the mapping it returns is shared: never mutated)."""
     parsed: Mapping[str, int] = json.loads(text)
     return parsed
+
+
+@lru_cache(maxsize=512)
+def _usage(text: str) -> tuple[tuple[tuple[str, Usage], ...], float]:
+    """A session row's decoded ``usage``: a proxied call reads the row several times
+    between two changes of it, so each text is decoded once (a bounded memo of a pure
+    function; its :class:`Usage` values are frozen, the dict is made per row)."""
+    by_model, dollars = decode_usage(text)
+    return tuple(by_model.items()), dollars
 
 
 @lru_cache(maxsize=512)
@@ -196,8 +205,10 @@ class SqlStore(ABC):
             raise ValueError("give one token_counts mapping per message")
         if not messages:
             return []
-        encoded = [encode_message(m) for m in messages]  # before the transaction opens
+        # an automatic id becomes ``m<seq>``, known inside the transaction: those messages
+        # are written there, once; the others before the transaction opens
         auto = [m.id == "h" + m.fingerprint[:12] for m in messages]
+        encoded = ["" if auto[i] else encode_message(m) for i, m in enumerate(messages)]
         now = time.time()
         n = len(messages)
         guard = "" if expect_next is None else " AND next_seq = ?"
@@ -506,6 +517,32 @@ class SqlStore(ABC):
         with self._write() as tx:
             return self.record_usage_in(tx, tenant, session_id, usage, model=model, dollars=dollars)
 
+    @overload
+    def record_usage_in(
+        self,
+        tx: Tx,
+        tenant: str,
+        session_id: str,
+        usage: Usage,
+        *,
+        model: str,
+        dollars: float = ...,
+        read_back: Literal[True] = ...,
+    ) -> StoredSession: ...
+
+    @overload
+    def record_usage_in(
+        self,
+        tx: Tx,
+        tenant: str,
+        session_id: str,
+        usage: Usage,
+        *,
+        model: str,
+        dollars: float = ...,
+        read_back: Literal[False],
+    ) -> None: ...
+
     def record_usage_in(
         self,
         tx: Tx,
@@ -515,8 +552,11 @@ class SqlStore(ABC):
         *,
         model: str,
         dollars: float = 0.0,
-    ) -> StoredSession:
-        """:meth:`record_usage` inside an open write transaction ``tx``."""
+        read_back: bool = True,
+    ) -> StoredSession | None:
+        """:meth:`record_usage` inside an open write transaction ``tx``; with
+        ``read_back=False`` (the proxy closing a call) the row is not read back, nor its
+        sticky state decoded, and nothing is returned."""
         lock = " FOR UPDATE" if self._select_for_update else ""
         rows = tx.execute(
             f"SELECT usage FROM ctxwarden_sessions {_WHERE}{lock}", (tenant, session_id)
@@ -525,9 +565,14 @@ class SqlStore(ABC):
             raise StoreError(f"no session {session_id!r} for tenant {tenant!r}; create it first")
         by_model, total = decode_usage(rows[0][0])
         by_model[model] = by_model[model] + usage if model in by_model else usage
+        text = encode_usage(by_model, total + dollars)
+        if not read_back:
+            params = (text, tenant, session_id)
+            tx.execute(f"UPDATE ctxwarden_sessions SET usage = ? {_WHERE}", params)
+            return None
         rows = tx.execute(
             f"UPDATE ctxwarden_sessions SET usage = ? {_WHERE} RETURNING {_SESSION_COLS}",
-            (encode_usage(by_model, total + dollars), tenant, session_id),
+            (text, tenant, session_id),
         )
         return _session(rows[0])
 

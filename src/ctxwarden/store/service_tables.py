@@ -376,7 +376,8 @@ def record_build(
                 f"context) VALUES (?, ?, ?, ?, {place})",
                 (tenant, session_id, build_id, turn, value),
             )
-        if keep is not None:
+        # (no row has a negative turn: a bound below zero has nothing to delete)
+        if keep is not None and turn - max(1, keep) >= 0:
             tx.execute(
                 f"DELETE FROM ctxwarden_builds {where} AND turn <= ?",
                 (tenant, session_id, turn - max(1, keep)),
@@ -384,7 +385,7 @@ def record_build(
         bounds = [max(1, keep)] if keep is not None else []
         if keep_contexts is not None:
             bounds.append(max(0, keep_contexts))
-        if bounds:  # the newest contexts only, and none outlives its build row
+        if bounds and turn - min(bounds) >= 0:  # the newest contexts only, none outliving its row
             tx.execute(
                 f"DELETE FROM ctxwarden_build_contexts {where} AND turn <= ?",
                 (tenant, session_id, turn - min(bounds)),
@@ -453,7 +454,13 @@ def end_call(store: SessionStore, end: CallEnd, tx: Tx | None = None) -> bool:
             return end_call(store, end, own)
     if end.usage is not None:
         _sql(store).record_usage_in(
-            tx, end.tenant, end.session_id, end.usage, model=end.model, dollars=end.dollars
+            tx,
+            end.tenant,
+            end.session_id,
+            end.usage,
+            model=end.model,
+            dollars=end.dollars,
+            read_back=False,
         )
     tx.execute(
         "UPDATE ctxwarden_builds SET status = ? "

@@ -25,7 +25,7 @@ import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +140,7 @@ class SQLiteStore(SqlStore):
 
     @contextmanager
     def _transaction(self, begin: str) -> Iterator[Tx]:
-        with self._lock if self._memory else _nolock():
+        with self._lock if self._memory else _NOLOCK:
             conn = self._connection()
             try:
                 conn.execute(begin)
@@ -161,7 +161,7 @@ class SQLiteStore(SqlStore):
 
     @contextmanager
     def _read_one(self) -> Iterator[Tx]:
-        with self._lock if self._memory else _nolock():
+        with self._lock if self._memory else _NOLOCK:
             conn = self._connection()
             try:
                 yield _SqliteTx(conn)
@@ -215,6 +215,6 @@ class SQLiteStore(SqlStore):
             return {row[1] for row in tx.execute(f"PRAGMA table_info({table})")}
 
 
-@contextmanager
-def _nolock() -> Iterator[None]:
-    yield
+_NOLOCK = nullcontext()
+"""A file's connections are per thread: nothing to lock (a reusable no-op, not a new
+generator per transaction)."""

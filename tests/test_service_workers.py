@@ -1,0 +1,106 @@
+"""The hub's worker threads keep ``anyio.to_thread.run_sync``'s contract."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+import time
+
+import anyio
+import pytest
+
+from ctxwarden.service.workers import Workers
+
+_WHO: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")
+
+
+def test_calls_run_off_the_loop_in_order_within_the_thread_count() -> None:
+    async def run() -> None:
+        workers = Workers(2)
+        running, most, order = 0, 0, []
+        lock = threading.Lock()
+
+        def job(i: int) -> int:
+            nonlocal running, most
+            with lock:
+                running += 1
+                most = max(most, running)
+            time.sleep(0.02)
+            with lock:
+                running -= 1
+                order.append(i)
+            return i * i
+
+        try:
+            loop_thread = threading.get_ident()
+            assert await workers.run(threading.get_ident) != loop_thread
+            results = await asyncio.gather(*(workers.run(job, i) for i in range(6)))
+            assert results == [i * i for i in range(6)]
+            assert most == 2  # never more at once than threads
+            one = Workers(1)
+            await asyncio.gather(*(one.run(job, i) for i in range(10, 14)))
+            assert order[-4:] == [10, 11, 12, 13]  # one thread: in the order they came
+            one.close()
+        finally:
+            workers.close()
+
+    asyncio.run(run())
+
+
+def test_errors_and_the_callers_context_cross_over() -> None:
+    async def run() -> None:
+        workers = Workers(1)
+
+        def fails() -> None:
+            raise KeyError("missing")
+
+        def stops() -> None:
+            raise StopIteration
+
+        try:
+            _WHO.set("caller")
+            assert await workers.run(_WHO.get) == "caller"
+            with pytest.raises(KeyError, match="missing"):
+                await workers.run(fails)
+            with pytest.raises(RuntimeError, match="StopIteration"):
+                await workers.run(stops)
+            assert await workers.run(sum, [1, 2, 3]) == 6  # the thread survived both
+        finally:
+            workers.close()
+
+    asyncio.run(run())
+
+
+def test_a_cancelled_caller_starts_nothing_and_a_started_call_is_waited_for() -> None:
+    async def run() -> None:
+        workers = Workers(1)
+        ran: list[str] = []
+
+        def slow() -> str:
+            time.sleep(0.2)
+            ran.append("slow")
+            return "done"
+
+        try:
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                await workers.run(ran.append, "never")
+            assert scope.cancelled_caught and ran == []
+
+            got: list[str] = []
+            started = time.monotonic()
+            async with anyio.create_task_group() as group:
+
+                async def call() -> None:
+                    got.append(await workers.run(slow))
+
+                group.start_soon(call)
+                await anyio.sleep(0.05)
+                group.cancel_scope.cancel()  # while the call runs in its thread
+            assert ran == ["slow"] and got == ["done"]  # the caller waited for it, shielded
+            assert time.monotonic() - started >= 0.2
+        finally:
+            workers.close()
+
+    asyncio.run(run())
