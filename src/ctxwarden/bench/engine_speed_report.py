@@ -96,10 +96,14 @@ def print_report(report: dict[str, Any], *, per_call: bool = True) -> None:
     speedups = [v for k, v in big.items() if k in ("speedup_loop_mean", "speedup_cold_warm")]
     console.print(f"[bold]targets at {big['messages']:,} messages[/]")
     runs = big.get("loop_means_ms")
-    spread = f"  (median of {len(runs)} processes: {', '.join(f'{m:.3f}' for m in runs)})"
+    spread = (
+        f"  (median of {len(runs)} processes: {', '.join(f'{m:.3f}' for m in runs)})"
+        if runs
+        else ""
+    )
     console.print(
         f"  agent loop {big['loop_mean_ms']:.3f} ms <= {t['loop_ms']} ms  "
-        f"{_verdict(ok['loop_ms'])}{spread if runs else ''}"
+        f"{_verdict(ok['loop_ms'])}{spread}"
     )
     console.print(
         f"  cold build, warm caches {big['cold_warm_ms']:.3f} ms <= {t['cold_ms']} ms  "
