@@ -8,7 +8,11 @@ leave the same row in ``ctxwarden_builds`` (:func:`~ctxwarden.store.service_tabl
 A row holds the audit, the newest message the build saw (``upto_seq``), the size of the
 full history at that point (what sending everything would have cost) and, for the
 newest ``keep_contexts`` builds only, the built messages with their layers; only the
-newest ``keep_builds`` rows of a session are kept. The full-history size is the previous
+newest ``keep_builds`` rows of a session are kept. A built message that is a stored
+message as stored (most of a window: stored messages never change) is written as its
+sequence number, ``{"layer": ..., "seq": n}``, and read back whole
+(:func:`~ctxwarden.store.service_tables.build_context`): a proxied call logs a few
+kilobytes instead of its whole ~80 KB context again. The full-history size is the previous
 row's plus the stored counts of the messages after it: the build's own slice has most of
 them, so a warm build reads nothing more, and a first build over an imported history
 reads only the counts column.
@@ -71,19 +75,31 @@ def context_rows(built: BuiltContext) -> list[dict[str, Any]]:
     ]
 
 
-def context_utf8(built: BuiltContext) -> bytes:
+def context_utf8(built: BuiltContext, stored: Sequence[StoredMessage] | None = None) -> bytes:
     """``json_text(context_rows(built))`` as UTF-8, each message's bytes memoised
     (:func:`~ctxwarden.formats.openai_json.meta_message_bytes`): from one build to the
     next a session's context is mostly the same messages, so the ~80 KB text is joined,
     never encoded (a truncation's mark makes it UCS-2, whose encoding is the slow one).
     A JSON text is storable exactly when it encodes (it holds no raw NUL): a part that
-    does not (a lone surrogate) has the whole context written with ASCII escapes."""
+    does not (a lone surrogate) has the whole context written with ASCII escapes.
+
+    With ``stored`` (the build's slice), a built message equal to one of them is written
+    as its sequence number instead (see the module docstring)."""
     layer_of = built.layers.get
     heads: dict[str, bytes] = {}
+    refs: dict[str, bytes] = {}
+    seq_of = {s.message.id: s for s in stored} if stored else {}
     parts: list[bytes] = []  # joined once: no row is made and copied again
     try:
         for m in built.messages:
             layer = layer_of(m.id, "window")
+            found = seq_of.get(m.id)
+            if found is not None and (found.message is m or found.message == m):
+                ref = refs.get(layer)
+                if ref is None:
+                    ref = refs[layer] = f'{{"layer": {dumps(layer)}, "seq": '.encode()
+                parts += (ref, str(found.seq).encode(), b"}, ")
+                continue
             head = heads.get(layer)
             if head is None:
                 head = heads[layer] = f'{{"layer": {dumps(layer)}, "message": '.encode()
@@ -229,7 +245,7 @@ def log_build(
         audit=audit_json(built.audit),
         status=status,
         upto_seq=upto,
-        context=context_utf8(built) if keep_contexts > 0 else None,
+        context=context_utf8(built, read) if keep_contexts > 0 else None,
         keep=session.keep_builds,
         keep_contexts=keep_contexts,
         # a library build's row is advisory (a crash may lose the newest); the proxy's

@@ -516,7 +516,9 @@ def latest_builds(store: SessionStore, tenant: str) -> dict[str, BuildRecord]:
 def build_context(
     store: SessionStore, tenant: str, session_id: str, build_id: str
 ) -> list[dict[str, Any]] | None:
-    """The built messages stored with a build (``None`` when it is too old to keep them)."""
+    """The built messages stored with a build (``None`` when it is too old to keep them),
+    each ``{"layer": ..., "message": ...}``; one logged as the sequence number of the
+    stored message it is (:mod:`ctxwarden.session.build_log`) is read back whole."""
     with _sql(store)._read() as tx:
         rows = tx.execute(
             "SELECT context FROM ctxwarden_build_contexts "
@@ -526,7 +528,34 @@ def build_context(
     if not rows or rows[0][0] is None:
         return None
     found: list[dict[str, Any]] = json.loads(rows[0][0])
-    return found
+    refs = sorted({row["seq"] for row in found if "message" not in row and "seq" in row})
+    if not refs:
+        return found
+    # a stored message written as its sequence number (session.build_log): read it back
+    # as the row would have held it, runs of consecutive numbers in one range read each
+    from ctxwarden.formats.openai_json import meta_message_bytes
+
+    whole: dict[int, Any] = {}
+    for lo, hi in _runs(refs):
+        for m in store.range(tenant, session_id, lo, hi + 1):
+            whole[m.seq] = json.loads(meta_message_bytes(m.message))
+    return [
+        {"layer": row["layer"], "message": whole[row["seq"]]}
+        if "message" not in row and row.get("seq") in whole
+        else row
+        for row in found
+    ]
+
+
+def _runs(seqs: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted ``seqs`` as runs of consecutive numbers, ``(first, last)`` each."""
+    runs: list[tuple[int, int]] = []
+    for seq in seqs:
+        if runs and seq == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], seq)
+        else:
+            runs.append((seq, seq))
+    return runs
 
 
 def delete_session(store: SessionStore, tenant: str, session_id: str) -> bool:
