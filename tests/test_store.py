@@ -515,3 +515,19 @@ def test_sqlite_build_reads_use_the_primary_key_not_a_scan(tmp_path: Path) -> No
     conn.close()
     assert all("SEARCH" in p and "SCAN" not in p for p in plans), plans
     assert "ctxwarden_messages_pinned" in plans[1]
+
+
+def test_position_and_count_are_the_rows_next_seq_and_creation_time(
+    store: SessionStore, sid: str
+) -> None:
+    from ctxwarden.store._sql import SqlStore
+
+    assert isinstance(store, SqlStore)
+    assert store.position("t", "nobody") is None and store.count("t", "nobody") == 0
+    store.append("t", sid, [Message.user("a"), Message.user("b")], [{}, {}])
+    record = store.get_session("t", sid)
+    assert record is not None
+    assert (
+        store.position("t", sid) == (2, record.created_at) == (record.next_seq, record.created_at)
+    )
+    assert store.count("t", sid) == 2

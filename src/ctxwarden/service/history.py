@@ -200,7 +200,7 @@ def _try_sync(
     session: Session | None = None
     if head is not None and seen <= len(keys) and at == head.chain:
         session = open_session(head.session_id)
-        if session.record.next_seq != head.count:
+        if session.store.count(session.tenant, session.session_id) != head.count:
             session = None  # the store moved without the head (a crash, another writer)
     elif head is None:
         session = open_session(client_id)

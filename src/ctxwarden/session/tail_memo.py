@@ -138,9 +138,9 @@ def last_block(
     session's decoded messages (``cache``, of the session created at ``cache_of``) when
     they hold them (an agent's loop appends right after its last append or build), else
     read back in pages from the end."""
-    record = store.get_session(tenant, session_id)
-    end = record.next_seq if record is not None else 0
-    if record is not None and record.created_at == cache_of:
+    at = _position(store, tenant, session_id)
+    end = at[0] if at is not None else 0
+    if at is not None and at[1] == cache_of:
         block: list[Message] = []
         for seq in range(end - 1, -1, -1):
             cached = cache.get(seq)
@@ -159,3 +159,14 @@ def last_block(
             return [m.message for m in found[last:]]
         page *= 2
     return [m.message for m in store.range(tenant, session_id, 0, end)]
+
+
+def _position(store: SessionStore, tenant: str, session_id: str) -> tuple[int, float] | None:
+    """``(next_seq, created_at)`` of a stored session: the SQL stores read just those two
+    columns (:meth:`~ctxwarden.store._sql.SqlStore.position`), any other store its row."""
+    position = getattr(store, "position", None)
+    if position is not None:
+        found: tuple[int, float] | None = position(tenant, session_id)
+        return found
+    record = store.get_session(tenant, session_id)
+    return None if record is None else (record.next_seq, record.created_at)

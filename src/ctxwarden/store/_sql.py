@@ -348,8 +348,19 @@ class SqlStore(ABC):
 
     def count(self, tenant: str, session_id: str) -> int:
         """Messages stored (the session's next sequence number; no scan)."""
-        session = self.get_session(tenant, session_id)
-        return session.next_seq if session else 0
+        found = self.position(tenant, session_id)
+        return found[0] if found is not None else 0
+
+    def position(self, tenant: str, session_id: str) -> tuple[int, float] | None:
+        """The session's next sequence number and when it was created (``None``: no such
+        session), without reading the rest of its row (~10 KB of sticky state): what an
+        append checks before it writes."""
+        with self._read_one() as tx:
+            rows = tx.execute(
+                f"SELECT next_seq, created_at FROM ctxwarden_sessions {_WHERE}",
+                (tenant, session_id),
+            )
+        return (int(rows[0][0]), float(rows[0][1])) if rows else None
 
     def range(
         self, tenant: str, session_id: str, seq_from: int, seq_to: int
