@@ -19,6 +19,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 
 from ctxwarden.messages import Message
 from ctxwarden.store import SessionStore, StoredMessage
+from ctxwarden.store._sql import SqlStore
 from ctxwarden.tokens.counter import count_key
 
 __all__ = ["TailMemo", "count_key", "last_block", "with_tail"]
@@ -164,9 +165,7 @@ def last_block(
 def _position(store: SessionStore, tenant: str, session_id: str) -> tuple[int, float] | None:
     """``(next_seq, created_at)`` of a stored session: the SQL stores read just those two
     columns (:meth:`~ctxwarden.store._sql.SqlStore.position`), any other store its row."""
-    position = getattr(store, "position", None)
-    if position is not None:
-        found: tuple[int, float] | None = position(tenant, session_id)
-        return found
+    if isinstance(store, SqlStore):
+        return store.position(tenant, session_id)
     record = store.get_session(tenant, session_id)
     return None if record is None else (record.next_seq, record.created_at)

@@ -38,9 +38,8 @@ class EditStep:
         # The newest call block is kept by the fit, but may be cut or masked like any other
         # result (shrunk first); only the newest user message is untouchable here.
         newest = draft.history[draft.newest].id if draft.newest is not None else None
-        count = ctx.counter.count_message
         sctx = StrategyContext(
-            count=count,
+            count=ctx.counter.count_message,
             budget=ctx.budget,
             total=lambda ms: REPLY_PRIMING + ctx.counter.total(ms),  # count_messages' tokens
             protected=frozenset({newest} if newest else ()),

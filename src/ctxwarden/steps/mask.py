@@ -147,10 +147,8 @@ class MaskObservations:
         messages: Sequence[Message],
         to_mask: set[int],
         ctx: StrategyContext,
-        record: bool = True,
     ) -> tuple[list[Message], list[Action]]:
-        """``messages`` with ``to_mask`` masked, and (with ``record``) the actions saying
-        so."""
+        """``messages`` with ``to_mask`` masked, and the actions saying so."""
         out = list(messages)
         actions: list[Action] = []
         if not to_mask:
@@ -170,8 +168,6 @@ class MaskObservations:
             if after >= before:
                 continue
             out[i] = new
-            if not record:
-                continue
             sticky = ctx.sticky.get(message.id) == "masked"
             reason = (
                 "masked in an earlier build (kept masked for a stable prefix)"
