@@ -147,8 +147,10 @@ class MaskObservations:
         messages: Sequence[Message],
         to_mask: set[int],
         ctx: StrategyContext,
+        record: bool = True,
     ) -> tuple[list[Message], list[Action]]:
-        """``messages`` with ``to_mask`` masked, and the actions saying so."""
+        """``messages`` with ``to_mask`` masked, and (with ``record``) the actions saying
+        so."""
         out = list(messages)
         actions: list[Action] = []
         if not to_mask:
@@ -168,6 +170,8 @@ class MaskObservations:
             if after >= before:
                 continue
             out[i] = new
+            if not record:
+                continue
             sticky = ctx.sticky.get(message.id) == "masked"
             reason = (
                 "masked in an earlier build (kept masked for a stable prefix)"
