@@ -44,6 +44,23 @@ def test_size_rows_are_within_budget(report: dict[str, object]) -> None:
     for key in (*timed, "fresh_state_ms", "fresh_session_ms"):
         assert row[key] > 0
     assert row["loop_median_ms"] <= row["loop_max_ms"]
+    # where the fresh cold build's time goes: the same build with the policy variants
+    assert set(engine_speed.COLD_VARIANTS) == {"lookback0", "no_ledger"}
+    for variant in engine_speed.COLD_VARIANTS:
+        assert row[f"cold_fresh_{variant}_ms"] > 0
+        assert row[f"cold_fresh_{variant}_gc_ms"] >= 0
+
+
+def test_cold_variant_policies_change_the_ledger() -> None:
+    """A variant's policy is what its build runs: without the ledger, the context
+    holds no ledger block; the default one, on 100 messages, does."""
+    from ctxwarden.steps.ledger import LEDGER_ID
+
+    history = engine_speed.history_source("synthetic", 100)[0]
+    for variant, has_ledger in (("no_ledger", False), ("", True)):
+        policy = engine_speed.COLD_VARIANTS[variant] if variant else engine_speed._POLICY
+        built = engine_speed._build(history, 2_000, None, policy)
+        assert any(m.id == LEDGER_ID for m in built.messages) is has_ledger
 
 
 def test_trim_messages_compared_when_installed(report: dict[str, object]) -> None:

@@ -26,7 +26,11 @@ ctxwarden is timed three ways, since they answer different questions:
   build's stored :class:`~ctxwarden.build.state.BuildState` (JSON), and
   :meth:`~ctxwarden.Session.build` of a stored SQLite session (read the row, the slice
   that can fit and the state, build, log the build) — a session's state is stored with
-  it, so this, not the cold build, is what a replica pays for a stored session;
+  it, so this, not the cold build, is what a replica pays for a stored session. And
+  where the cold build's time goes: the same fresh build with the policies of
+  :data:`COLD_VARIANTS`, reading no message before its window, and without the entity
+  ledger (extracting the values of the ~1,000 messages a cold build looks back over is
+  most of it);
 
 ``trim_messages`` keeps no state, so each of its calls is cold; the speed-up is printed
 against each ctxwarden figure and must be >= 100x.
@@ -68,7 +72,7 @@ from ctxwarden.bench.prefix_stability import prefix_stability
 from ctxwarden.bench.traffic import agent_traffic
 from ctxwarden.bench.trim_baseline import langchain_messages, trim_messages_timer
 from ctxwarden.build.engine import BuiltContext, build_context
-from ctxwarden.build.policy import Policy
+from ctxwarden.build.policy import LedgerConfig, Policy
 from ctxwarden.messages import Message
 from ctxwarden.tokens.counter import TokenCounter
 
@@ -123,9 +127,19 @@ def _ms(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 _POLICY = Policy()  # made once, as an agent loop would
 
+#: The fresh cold build is also timed with these policies, to show where its time goes:
+#: the same build reading no message before its window (a cold build that forgets every
+#: value of the messages it left out), and one without the entity ledger at all.
+COLD_VARIANTS: dict[str, Policy] = {
+    "lookback0": Policy(ledger=LedgerConfig(lookback=0)),
+    "no_ledger": Policy(ledger=LedgerConfig(enabled=False)),
+}
 
-def _build(history: list[Message], budget: int, previous: BuiltContext | None) -> BuiltContext:
-    return build_context(history, MODEL, budget, policy=_POLICY, previous=previous)
+
+def _build(
+    history: list[Message], budget: int, previous: BuiltContext | None, policy: Policy = _POLICY
+) -> BuiltContext:
+    return build_context(history, MODEL, budget, policy=policy, previous=previous)
 
 
 class _CollectorTime:
@@ -213,21 +227,29 @@ def _loop_child(source: str, n: int, budget: int, seed: int, calls: int) -> dict
     return _loop(list(full[:n]), iter(full[n:]), budget, calls)
 
 
-def _fresh_cold(source: str, n: int, budget: int, seed: int, runs: int) -> dict[str, float]:
+def _fresh_cold(
+    source: str, n: int, budget: int, seed: int, runs: int, variant: str = ""
+) -> dict[str, float]:
     """Median cold build time, each in a new process (nothing about the history cached),
-    and the median time the interpreter's garbage collector took inside it."""
+    and the median time the interpreter's garbage collector took inside it; with the
+    default policy, or the one of ``COLD_VARIANTS[variant]``."""
     args = _child_args("fresh-cold", source, n, budget, seed)
+    if variant:
+        args += ["--variant", variant]
     rows = [_in_new_process(*args) for _ in range(runs)]
     return {k: statistics.median(float(r[k]) for r in rows) for k in ("ms", "gc_ms")}
 
 
-def _fresh_cold_child(source: str, n: int, budget: int, seed: int) -> dict[str, float]:
+def _fresh_cold_child(
+    source: str, n: int, budget: int, seed: int, variant: str | None = None
+) -> dict[str, float]:
+    policy = COLD_VARIANTS[variant] if variant else _POLICY
     build_context([Message.system("Hi."), Message.user("Warm-up 42.")], MODEL, 500)  # tokenizer
     history = history_source(source, n, seed)[0]
     # the messages just made are young: the build's first allocations may start a full
     # collection of them
     with _CollectorTime() as collected:
-        elapsed, _ = _ms(lambda: _build(history, budget, None))
+        elapsed, _ = _ms(lambda: _build(history, budget, None, policy))
     return {"ms": elapsed, "gc_ms": collected.spent * 1000}
 
 
@@ -339,6 +361,10 @@ def _size(
     if fresh_runs:
         row.update(_fresh_state(source, n, budget, seed, fresh_runs))
         row.update(_fresh_session(source, n, budget, seed, fresh_runs))
+        for variant in COLD_VARIANTS:
+            timed = _fresh_cold(source, n, budget, seed, fresh_runs, variant)
+            row[f"cold_fresh_{variant}_ms"] = timed["ms"]
+            row[f"cold_fresh_{variant}_gc_ms"] = timed["gc_ms"]
     gc.collect()
     if loop_runs:
         row.update(_loop_runs(source, n, budget, seed, calls, loop_runs))
@@ -431,6 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--loop-runs", type=int, default=3, help="agent loops, each in a new process (median)"
     )
     parser.add_argument("--fresh-cold", type=int, help=argparse.SUPPRESS)  # child process
+    parser.add_argument("--variant", choices=sorted(COLD_VARIANTS), help=argparse.SUPPRESS)
     parser.add_argument("--loop-child", type=int, help=argparse.SUPPRESS)  # child process
     parser.add_argument("--fresh-state", type=int, help=argparse.SUPPRESS)  # child process
     parser.add_argument("--state-file", help=argparse.SUPPRESS)
@@ -438,7 +465,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--store", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.fresh_cold is not None:
-        print(json.dumps(_fresh_cold_child(args.source, args.fresh_cold, args.budget, args.seed)))
+        child_cold = _fresh_cold_child(
+            args.source, args.fresh_cold, args.budget, args.seed, args.variant
+        )
+        print(json.dumps(child_cold))
         return 0
     if args.fresh_state is not None:
         child_state = _fresh_state_child(

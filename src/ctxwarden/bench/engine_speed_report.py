@@ -125,6 +125,16 @@ def print_report(report: dict[str, Any], *, per_call: bool = True) -> None:
             f"{_verdict(ok['fresh_cold_small'])}  (a stored session in a fresh process, "
             f"Session.build: {_f(small.get('fresh_session_ms'))})"
         )
+    for row in sorted({id(r): r for r in (small, big)}.values(), key=lambda r: r["messages"]):
+        if row.get("cold_fresh_lookback0_ms") is not None:
+            console.print(
+                f"    where the fresh cold build's time goes, at {row['messages']:,} messages: "
+                f"reading no message before its window (LedgerConfig(lookback=0)) "
+                f"{_f(row['cold_fresh_lookback0_ms'])} (garbage collection "
+                f"{_f(row.get('cold_fresh_lookback0_gc_ms'))}); without the entity ledger "
+                f"{_f(row.get('cold_fresh_no_ledger_ms'))}; the default policy "
+                f"{_f(row['cold_fresh_ms'])}"
+            )
     if "loop_speedup" in ok:
         gc_ms = big.get("loop_gc_ms")
         beside = ""
