@@ -298,7 +298,9 @@ class Transport(httpx2.AsyncBaseTransport):
         self._max_connections = max_connections
         self._max_keepalive = max_keepalive
         self._expiry = keepalive_expiry
-        self._ssl = ssl_context
+        # made now, as httpx2's own transport makes it: a bad SSL_CERT_FILE fails the start
+        self._ssl = ssl_context if ssl_context is not None else httpx2.create_ssl_context()
+        self._ssl.set_alpn_protocols(["http/1.1"])
         self._idle: dict[Origin, list[_Connection]] = {}
         self._slots: asyncio.Semaphore | None = None
         self._closed = False
@@ -390,7 +392,7 @@ class Transport(httpx2.AsyncBaseTransport):
                     raise httpx2.ConnectError(str(exc)) from exc
                 await asyncio.sleep(_RETRY_DELAYS[min(attempt, len(_RETRY_DELAYS) - 1)])
         if scheme == "https":
-            started = loop.start_tls(transport, conn, self._tls(), server_hostname=host)
+            started = loop.start_tls(transport, conn, self._ssl, server_hostname=host)
             try:
                 tls = await asyncio.wait_for(started, seconds)
             except TimeoutError:
@@ -403,12 +405,6 @@ class Transport(httpx2.AsyncBaseTransport):
                 raise httpx2.ConnectError(str(exc)) from exc
             conn.transport = tls  # pausing reads goes through TLS now
         return conn
-
-    def _tls(self) -> ssl.SSLContext:
-        if self._ssl is None:
-            self._ssl = httpx2.create_ssl_context()
-        self._ssl.set_alpn_protocols(["http/1.1"])
-        return self._ssl
 
     async def aclose(self) -> None:
         self._closed = True
