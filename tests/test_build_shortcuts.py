@@ -36,6 +36,34 @@ def test_all_sendable_is_every_block_sendable(messages: list[Message]) -> None:
     assert all_sendable(messages) == all(b.sendable for b in group_blocks(messages))
 
 
+def _whole_turns(n: int) -> list[Message]:
+    """A sendable window of ``n`` turns: a question, a call, its result, an answer."""
+    out: list[Message] = [Message.system("s")]
+    for k in range(n):
+        call = ToolCall(f"c{k % 3}", "f", "{}")
+        out += [Message.user(f"q{k}"), Message.assistant(None, [call]),
+                Message.tool(f"r{k}", f"c{k % 3}"), Message.assistant(f"a{k}")]  # fmt: skip
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(suffix=shuffled_turns(), cut=st.integers(0, 60), swap=st.integers(-1, 60))
+def test_all_sendable_after_a_known_window_answers_as_a_full_scan(
+    suffix: list[Message], cut: int, swap: int
+) -> None:
+    """The windows found sendable before shorten the scan of the longer ones that start
+    with them; a window that shares their messages only in part is scanned whole."""
+    base = _whole_turns(12)  # 49 messages: long enough to be kept
+    assert all_sendable(base)  # now known
+    window = [*base[: len(base) - cut % 8], *suffix]
+    if 0 <= swap < len(window):  # an edited copy in place of a message (another object)
+        m = window[swap]
+        window[swap] = Message.tool("x", "c9") if m.role == "user" else m.with_content("e")
+    want = all(b.sendable for b in group_blocks(window))
+    assert all_sendable(window) == want
+    assert all_sendable(tuple(window)) == want  # asked again: known, or scanned again
+
+
 @settings(max_examples=400, deadline=None)
 @given(messages=shuffled_turns(), at=st.integers(0, 30))
 def test_block_start_at_is_the_last_block_start_up_to_a_position(

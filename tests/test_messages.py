@@ -203,3 +203,17 @@ def test_messages_are_frozen() -> None:
     m = Message.user("x")
     with pytest.raises(AttributeError):
         m.content = "y"  # type: ignore[misc]
+
+
+def test_a_copy_under_another_id_keeps_what_was_computed_and_nothing_else() -> None:
+    """``with_id`` carries the fingerprint and text over (they ignore ids), equal to what
+    the copy would compute itself, and copies nothing not yet computed."""
+    original = Message.tool('{"rows": [1, 2]}', "call_1", name="lookup", id="x1", meta={"k": 1})
+    fresh = original.with_id("m7")
+    assert "fingerprint" not in fresh.__dict__  # not computed yet: not copied
+    fingerprint, text = original.fingerprint, original.text
+    copy = original.with_id("m8")
+    assert copy.__dict__["fingerprint"] == fingerprint and copy.__dict__["text"] == text
+    assert fresh.fingerprint == fingerprint and fresh.text == text  # computed alike
+    assert (copy.id, copy.kind, copy.meta, copy.tool_call_id) == ("m8", "json", {"k": 1}, "call_1")
+    assert copy == original.with_id("m8") and copy != original

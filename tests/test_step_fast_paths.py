@@ -96,3 +96,52 @@ def test_a_reused_action_is_the_action_and_logs_alike() -> None:
     for action in (first, as_float, first, as_float):  # the second time from the action
         assert _action_text(action) == json.dumps(asdict(action), ensure_ascii=False)
     assert '"tokens_before": 30.0' in _action_text(as_float)
+
+
+def _fresh(history: list[Message]) -> list[Message]:
+    """Equal messages that are new objects (nothing kept on them), requests included."""
+    from dataclasses import replace
+
+    return [replace(m) for m in history]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_truncation_kept_on_the_messages_is_what_computing_it_gives(seed: int) -> None:
+    """A build after a build reuses each result's kept outcome; another configuration, a
+    request that is another object, or fresh messages give what computing gives."""
+    history = random_history(seed)
+    strategy = TruncateToolResults(threshold_tokens=60, target_tokens=40)
+    first = strategy(history, _ctx())
+    again = strategy(history, _ctx())  # the kept outcomes
+    fresh = strategy(_fresh(history), _ctx())
+    for result in (again, fresh):
+        assert [m.content for m in result.messages] == [m.content for m in first.messages]
+        assert [m.meta for m in result.messages] == [m.meta for m in first.messages]
+        assert result.actions == first.actions
+    assert all(a is b for a, b in zip(again.messages, first.messages, strict=True))
+    other = TruncateToolResults(threshold_tokens=30, target_tokens=20)
+    assert other(history, _ctx()).messages == other(_fresh(history), _ctx()).messages
+    moved = [m if m.role != "assistant" else replace_text(m) for m in history]
+    assert strategy(moved, _ctx()).messages == strategy(_fresh(moved), _ctx()).messages
+
+
+def replace_text(message: Message) -> Message:
+    """The assistant message as another object with other text (other request terms)."""
+    return message.with_content(f"{message.text} lookup ORD-{len(message.text)} src/x.py")
+
+
+def test_a_result_kept_for_one_request_is_cut_again_for_another() -> None:
+    from ctxwarden.memory.recall import RECALL_TOOL_NAME
+    from ctxwarden.messages import ToolCall
+
+    lines = [f"{i:04d} INFO worker heartbeat ok, queue depth {i % 7}" for i in range(400)]
+    result = Message.tool("\n".join(lines), "c1", id="r1")
+
+    def asked(tool: str) -> Message:
+        return Message.assistant(None, [ToolCall("c1", tool, '{"q": "x"}')])
+
+    strategy = TruncateToolResults(threshold_tokens=200, target_tokens=80)
+    cut = strategy([asked("grep_logs"), result], _ctx()).messages[1]
+    assert cut is not result  # kept on ``result`` for this request
+    again = strategy([asked(RECALL_TOOL_NAME), result], _ctx()).messages[1]
+    assert again is result  # a recalled original is never cut again

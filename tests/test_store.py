@@ -351,6 +351,21 @@ def test_sqlite_zeroes_deleted_rows_without_extra_writes(tmp_path: Path) -> None
     assert b"marker-4f1c2a" not in path.read_bytes()  # zeroed in its b-tree page
 
 
+def test_sqlite_connections_keep_many_sessions_pages_in_memory(tmp_path: Path) -> None:
+    """A proxy serving dozens of sessions reads its pages from memory, not the file:
+    every thread's connection caches up to 64 MB (SQLite's default is 2 MB)."""
+    import threading
+
+    with SQLiteStore(tmp_path / "s.db") as store:
+        sizes = [store._connection().execute("PRAGMA cache_size").fetchone()]
+        worker = threading.Thread(
+            target=lambda: sizes.append(store._connection().execute("PRAGMA cache_size").fetchone())
+        )
+        worker.start()
+        worker.join()
+    assert sizes == [(-65536,), (-65536,)]  # negative: KiB
+
+
 def test_a_foreign_sqlite_database_is_refused_and_left_untouched(tmp_path: Path) -> None:
     path = tmp_path / "app.db"
     with sqlite3.connect(path) as conn:

@@ -238,6 +238,16 @@ class Message:
     def is_tool_call(self) -> bool:
         return self.role == "assistant" and bool(self.tool_calls)
 
+    def with_id(self, new_id: str) -> Message:
+        """A copy under ``new_id``. Its fingerprint and text do not depend on the id, so
+        those already computed are carried over, not computed again (a stored message is
+        such a copy, and every build reads its fingerprint)."""
+        copy = replace(self, id=new_id)
+        for name in ("fingerprint", "text"):
+            if name in self.__dict__:
+                copy.__dict__[name] = self.__dict__[name]
+        return copy
+
     def with_content(self, content: str | tuple[Part, ...] | None, **meta: Any) -> Message:
         """A copy with new content (and extra ``meta`` keys), same id and metadata."""
         new_meta = {**self.meta, **meta} if meta else self.meta

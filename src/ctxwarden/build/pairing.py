@@ -13,8 +13,12 @@ call together with its results is one block, kept or dropped as one.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import islice
+from operator import is_
 from typing import Literal, NamedTuple
 
 from ctxwarden.errors import InvalidMessageError
@@ -100,8 +104,25 @@ def group_blocks(messages: Sequence[Message], offset: int = 0) -> list[Block]:
 
 def all_sendable(messages: Sequence[Message]) -> bool:
     """``all(b.sendable for b in group_blocks(messages))`` without making the blocks: every
-    build asks it of its window twice, and the answer is nearly always yes."""
-    i, n = 0, len(messages)
+    build asks it of its window twice, and the answer is nearly always yes.
+
+    A long window mostly starts with one already found sendable (this build's window
+    before its edits, the last build's after them), whose blocks are all whole: then
+    the answer is the one for the messages after it, which alone are scanned."""
+    if len(messages) < _SENDABLE_MIN:
+        return _scan(messages, 0)
+    known = _SENDABLE.known(messages)
+    if known == len(messages):
+        return True
+    if not _scan(messages, known):
+        return False
+    _SENDABLE.add(messages)
+    return True
+
+
+def _scan(messages: Sequence[Message], i: int) -> bool:
+    """Whether ``messages[i:]`` (starting on a block) are whole blocks only."""
+    n = len(messages)
     while i < n:
         msg = messages[i]
         if msg.role == "tool":
@@ -124,6 +145,45 @@ def all_sendable(messages: Sequence[Message]) -> bool:
         else:
             i += 1
     return True
+
+
+class _Sendable:
+    """Windows found sendable, a few per first message, the newest kept. A window is
+    known by its messages' identity: it holds them, so no other object takes their ids
+    while it is kept."""
+
+    def __init__(self, keys: int = 512, per_key: int = 4) -> None:
+        self._windows: OrderedDict[int, list[tuple[Message, ...]]] = OrderedDict()
+        self._keys, self._per_key = keys, per_key
+        self._lock = threading.Lock()
+
+    def known(self, messages: Sequence[Message]) -> int:
+        """The length of the longest kept window ``messages`` starts with (0: none)."""
+        n, best = len(messages), 0
+        with self._lock:
+            kept = list(self._windows.get(id(messages[0]), ()))
+        for window in kept:
+            k = len(window)
+            if (
+                best < k <= n
+                and messages[k - 1] is window[-1]
+                and all(map(is_, islice(messages, k), window))
+            ):
+                best = k
+        return best
+
+    def add(self, messages: Sequence[Message]) -> None:
+        window, key = tuple(messages), id(messages[0])
+        with self._lock:
+            kept = [w for w in self._windows.pop(key, ()) if w is not window]
+            self._windows[key] = [*kept[-(self._per_key - 1) :], window]
+            while len(self._windows) > self._keys:
+                self._windows.popitem(last=False)
+
+
+_SENDABLE_MIN = 32
+"""Windows shorter than this are scanned whole (the memo would cost more than it saves)."""
+_SENDABLE = _Sendable()
 
 
 def pairing_problems(messages: Sequence[Message]) -> list[PairingProblem]:

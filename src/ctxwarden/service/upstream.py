@@ -4,7 +4,8 @@ Requests go out with the server's (or the tenant's) upstream key, never the clie
 ctxwarden key. Responses are opened streaming in both modes, so the status is known
 before any byte goes to the client: a 4xx/5xx is returned whole, with its status and
 body; a timeout is a 504 and an unreachable upstream a 502, in the provider's error
-shape. ``httpx2`` is the HTTP client the ``openai`` and ``anthropic`` SDKs use.
+shape. ``httpx2`` is the HTTP client the ``openai`` and ``anthropic`` SDKs use; its
+connections are :mod:`~ctxwarden.service.upstream_transport`'s.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ctxwarden.errors import MissingDependencyError
-from ctxwarden.service.upstream_pool import asyncio_streams
+from ctxwarden.service.upstream_transport import Transport
 
 __all__ = ["Upstream", "UpstreamFailure"]
 
@@ -50,11 +51,9 @@ class Upstream:
         self.api_key = api_key
         self.kind = kind
         self._urls: dict[str, Any] = {}
-        limits = httpx2.Limits(max_connections=512, max_keepalive_connections=128)
         # a connection refused or reset while connecting never reached upstream:
         # retrying it is safe (nothing is retried once the request was sent)
-        transport = httpx2.AsyncHTTPTransport(retries=2, limits=limits)
-        asyncio_streams(transport)  # the pool's reads, writes and liveness checks, cheaper
+        transport = Transport(retries=2, max_connections=512, max_keepalive=128)
         self.client = httpx2.AsyncClient(
             timeout=httpx2.Timeout(timeout, connect=connect_timeout), transport=transport
         )

@@ -94,7 +94,11 @@ def context_utf8(built: BuiltContext, stored: Sequence[StoredMessage] | None = N
         for m in built.messages:
             layer = layer_of(m.id, "window")
             found = seq_of.get(m.id)
-            if found is not None and (found.message is m or found.message == m):
+            # an edited message (cut, masked) has other content: unequal without comparing
+            # every field, as the dataclass's == would
+            if found is not None and (
+                found.message is m or (found.message.content == m.content and found.message == m)
+            ):
                 ref = refs.get(layer)
                 if ref is None:
                     ref = refs[layer] = f'{{"layer": {dumps(layer)}, "seq": '.encode()

@@ -269,7 +269,7 @@ class Session:
             self.tenant, self.session_id, parsed, counts, expect_next=expect_next, **more
         )
         for seq, m, c in list(zip(seqs, parsed, counts, strict=True))[-_CACHE_SIZE:]:
-            stored = replace(m, id=f"m{seq}") if m.id == "h" + m.fingerprint[:12] else m
+            stored = m.with_id(f"m{seq}") if m.id == "h" + m.fingerprint[:12] else m
             self._cache[seq] = stored  # as the store reads it back
             self._tails.appended(seq, stored, c)
         self._trim_cache()

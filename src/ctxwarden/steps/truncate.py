@@ -30,6 +30,9 @@ truncated at turn *t* is byte-identical at turn *t+1* and the prompt prefix stay
 cacheable. The memo that makes repeated builds cheap (:class:`_Memo`) is bounded,
 thread-safe, keyed by message id, fingerprint, request, configuration and counter — never
 by ``id()`` — and caches that pure function only: without it every output is the same.
+A result's last outcome is kept on the message itself too, with the request object,
+configuration and counters it was computed for (``_KEPT_ATTR``), so the next build of
+the session reads it back without computing the memo's key or counting again.
 """
 
 from __future__ import annotations
@@ -91,6 +94,14 @@ class _Memo:
 
 
 _MEMO = _Memo(4096)
+
+_KEPT_ATTR = "_cw_truncate_outcome"
+"""A result's outcome in the last build, kept on the (frozen, never-changing) message:
+``(request, inputs, the cut or None, action)``. The outcome is a pure function of the
+message, its request (the same object: the session's decoded messages come back build
+after build), the configuration and the counters (``inputs``), so when those are the
+ones kept, the kept outcome is the one computing it gives, and a session's build skips
+the memo's key and the counts for each of its results."""
 
 
 FULL_RESULT_KEY = "…full result"
@@ -297,6 +308,9 @@ class TruncateToolResults:
         drafts = self.count_text or ctx.count_text
         counter = _counter_key(drafts) if drafts is not None else _counter_key(ctx.count)
         count, over = ctx.count, fmt(self.threshold_tokens)
+        # what this call's outcome for a message depends on besides the message and its
+        # request (see _KEPT_ATTR); None: a counter not known to be pure, nothing is kept
+        inputs = None if counter is None else (self._config_key, counter, _counter_key(count))
         for message in messages:
             if message.role != "tool":  # only tool results are cut (see _cuttable)
                 for call in message.tool_calls:
@@ -304,16 +318,21 @@ class TruncateToolResults:
                 out.append(message)
                 continue
             request = requests.get(message.tool_call_id or "")
-            if _recall_result(message, request):
-                out.append(message)
-                continue
-            new = self._truncate(message, count, drafts, counter, request)
-            if new is not message:
-                reason = f"{message.kind} tool result over {over} tokens"
-                actions.append(
-                    same_action(
-                        message.id, "truncated", reason, count(message), count(new), self.name
-                    )
-                )
+            kept = message.__dict__.get(_KEPT_ATTR)
+            if kept is not None and kept[0] is request and kept[1] == inputs:
+                new, action = kept[2] or message, kept[3]
+            else:
+                new, action = message, None
+                if not _recall_result(message, request):
+                    new = self._truncate(message, count, drafts, counter, request)
+                if new is not message:
+                    reason = f"{message.kind} tool result over {over} tokens"
+                    before, after = count(message), count(new)
+                    action = same_action(message.id, "truncated", reason, before, after, self.name)
+                if inputs is not None:  # (None: the message itself, kept without a cycle)
+                    cut = None if new is message else new
+                    message.__dict__[_KEPT_ATTR] = (request, inputs, cut, action)
+            if action is not None:
+                actions.append(action)
             out.append(new)
         return StrategyResult(out, actions)

@@ -18,7 +18,6 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import replace
 from functools import lru_cache
 from typing import Any, Literal, overload
 
@@ -231,7 +230,7 @@ class SqlStore(ABC):
             first = int(rows[0][0]) - n
             for i, message in enumerate(messages):
                 if auto[i]:
-                    encoded[i] = encode_message(replace(message, id=f"m{first + i}"))
+                    encoded[i] = encode_message(message.with_id(f"m{first + i}"))
             tx.executemany(
                 "INSERT INTO ctxwarden_messages (tenant, session_id, seq, message, role, kind, "
                 "pinned, priority, token_counts, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

@@ -1,10 +1,11 @@
-"""The upstream pool's asyncio streams: what httpcore's anyio streams did, over real sockets."""
+"""The upstream's transport: what httpcore's pool and h11 did for the proxy, over real sockets."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import datetime
+import gzip
 import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -19,7 +20,7 @@ from cryptography.x509.oid import NameOID
 from ctxwarden.service.errors import ServiceError
 from ctxwarden.service.forward import read_whole
 from ctxwarden.service.upstream import Upstream, UpstreamFailure
-from ctxwarden.service.upstream_pool import asyncio_streams
+from ctxwarden.service.upstream_transport import Transport
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -39,6 +40,7 @@ def _reply(body: bytes) -> bytes:
 
 
 _WRITERS: list[asyncio.StreamWriter] = []
+"""Every connection the test servers took (``len``: how many the client opened)."""
 
 
 async def _serve(handler: Handler, **kw: object) -> tuple[asyncio.Server, int]:
@@ -74,6 +76,7 @@ def _upstream(port: int, timeout: float = 5.0) -> Upstream:
 def test_bodies_cross_whole_both_ways_on_one_kept_connection() -> None:
     async def run() -> None:
         seen: list[bytes] = []
+        _WRITERS.clear()
 
         async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             while True:
@@ -89,8 +92,8 @@ def test_bodies_cross_whole_both_ways_on_one_kept_connection() -> None:
                 response = await up.open("/chat/completions", body, {"content-type": "x"})
                 assert await read_whole(up, response) == body[::-1]
             assert seen == [b"{}", bytes(range(256)) * 4000, b'{"a": 1}']
-            [connection] = up.client._transport._pool._connections  # type: ignore[attr-defined]
-            assert type(connection._connection._network_stream).__name__ == "Stream"
+            assert len(_WRITERS) == 1  # one connection, kept alive
+            assert isinstance(up.client._transport, Transport)  # type: ignore[attr-defined]
         finally:
             await up.aclose()
             await _stop(server)
@@ -206,20 +209,176 @@ def test_tls_is_started_on_the_connection_and_checked(tmp_path: Path) -> None:
                 await writer.drain()
 
         server, port = await _serve(echo, ssl=served)
-        trusting = httpx2.AsyncHTTPTransport(verify=ssl.create_default_context(cafile=str(cert)))
-        doubting = httpx2.AsyncHTTPTransport()
-        assert asyncio_streams(trusting) and asyncio_streams(doubting)
+        _WRITERS.clear()
+        trusting = Transport(ssl_context=ssl.create_default_context(cafile=str(cert)))
+        doubting = Transport()  # httpx2's context: certifi does not know this certificate
         try:
             async with httpx2.AsyncClient(transport=trusting) as client:
                 for body in (b"{}", b"y" * 300_000):
                     got = await client.post(f"https://localhost:{port}/v1", content=body)
                     assert got.status_code == 200 and got.content == body
-                [connection] = trusting._pool._connections  # type: ignore[attr-defined]
-                stream = connection._connection._network_stream
-                assert stream.get_extra_info("ssl_object").version().startswith("TLS")
+                [connection] = trusting._idle[("https", "localhost", port)]
+                assert connection.transport.get_extra_info("ssl_object").version().startswith("TLS")
+                assert len(_WRITERS) == 1
             async with httpx2.AsyncClient(transport=doubting) as client:
                 with pytest.raises(httpx2.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
                     await client.post(f"https://localhost:{port}/v1", content=b"{}")
+        finally:
+            await _stop(server)
+
+    asyncio.run(run())
+
+
+async def _exchange(up: Upstream, body: bytes = b"{}") -> tuple[int, bytes]:
+    response = await up.open("/chat/completions", body, {"content-type": "application/json"})
+    return response.status_code, await read_whole(up, response)
+
+
+def test_an_idle_connection_the_server_closed_is_not_reused() -> None:
+    async def run() -> None:
+        _WRITERS.clear()
+
+        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                writer.write(_reply(await _request(reader)))
+                await writer.drain()
+
+        server, port = await _serve(echo)
+        up = _upstream(port)
+        try:
+            assert await _exchange(up, b"a") == (200, b"a")
+            assert await _exchange(up, b"b") == (200, b"b")
+            assert len(_WRITERS) == 1  # the second call reused the idle connection
+            _WRITERS[0].close()  # the server drops it while idle
+            await _WRITERS[0].wait_closed()
+            await asyncio.sleep(0.1)  # the FIN crosses the loopback
+            assert await _exchange(up, b"c") == (200, b"c")  # on a new connection
+            assert len(_WRITERS) == 2
+        finally:
+            await up.aclose()
+            await _stop(server)
+
+    asyncio.run(run())
+
+
+def test_chunked_unframed_and_compressed_bodies_arrive_decoded() -> None:
+    packed = gzip.compress(b'{"zipped": true}')
+    replies = [
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+        b"5\r\ndata:\r\n7\r\n [DONE]\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: %d\r\n\r\n%s"
+        % (len(packed), packed),
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nuntil the end",  # no length: ends at close
+    ]
+
+    async def run() -> None:
+        _WRITERS.clear()
+
+        async def scripted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while replies:
+                await _request(reader)
+                reply = replies.pop(0)
+                writer.write(reply)
+                await writer.drain()
+                if b"connection: close" in reply:
+                    break
+
+        server, port = await _serve(scripted)
+        up = _upstream(port)
+        try:
+            assert await _exchange(up) == (200, b"data: [DONE]")
+            assert await _exchange(up) == (200, b'{"zipped": true}')
+            assert await _exchange(up) == (201, b"ok")
+            assert await _exchange(up) == (200, b"until the end")
+            assert len(_WRITERS) == 1 and replies == []
+            assert not up.client._transport._idle[("http", "127.0.0.1", port)]  # type: ignore[attr-defined]
+        finally:
+            await up.aclose()
+            await _stop(server)
+
+    asyncio.run(run())
+
+
+def test_a_response_left_unread_or_marked_close_takes_its_connection_along() -> None:
+    async def run() -> None:
+        _WRITERS.clear()
+
+        async def answers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                body = await _request(reader)
+                if body == b"bye":
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok"
+                    )
+                else:
+                    writer.write(_reply(b"z" * 300_000))
+                await writer.drain()
+
+        server, port = await _serve(answers)
+        up = _upstream(port)
+        try:
+            response = await up.open("/chat/completions", b"{}", {})
+            async for _ in response.aiter_bytes():
+                break  # the client went away after the first bytes
+            await response.aclose()
+            assert await _exchange(up, b"bye") == (200, b"ok")  # a new connection
+            assert await _exchange(up) == (200, b"z" * 300_000)  # and another: close was said
+            assert len(_WRITERS) == 3
+        finally:
+            await up.aclose()
+            await _stop(server)
+
+    asyncio.run(run())
+
+
+def test_a_header_that_would_split_the_request_is_refused_before_sending() -> None:
+    async def run() -> None:
+        _WRITERS.clear()
+
+        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                writer.write(_reply(await _request(reader)))
+                await writer.drain()
+
+        server, port = await _serve(echo)
+        up = _upstream(port)
+        try:
+            with pytest.raises(UpstreamFailure) as refused:
+                await up.open("/chat/completions", b"{}", {"x-key": "k\r\nx-evil: 1"})
+            assert refused.value.status == 502 and not _WRITERS
+        finally:
+            await up.aclose()
+            await _stop(server)
+
+    asyncio.run(run())
+
+
+def test_calls_beyond_the_connection_limit_wait_for_one() -> None:
+    async def run() -> None:
+        release = asyncio.Event()
+
+        async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                body = await _request(reader)
+                await release.wait()
+                writer.write(_reply(body))
+                await writer.drain()
+
+        server, port = await _serve(slow)
+        transport = Transport(max_connections=1)
+        timeout = httpx2.Timeout(5.0, pool=0.2)
+        try:
+            async with httpx2.AsyncClient(transport=transport, timeout=timeout) as client:
+                url = f"http://127.0.0.1:{port}/v1"
+                first = asyncio.create_task(client.post(url, content=b"1"))
+                await asyncio.sleep(0.05)
+                with pytest.raises(httpx2.PoolTimeout):
+                    await client.post(url, content=b"2")
+                second = asyncio.create_task(client.post(url, content=b"3"))
+                await asyncio.sleep(0.05)
+                release.set()
+                assert (await first).content == b"1" and (await second).content == b"3"
         finally:
             await _stop(server)
 
