@@ -7,7 +7,7 @@ import contextlib
 import datetime
 import gzip
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import httpx2
@@ -73,10 +73,30 @@ def _upstream(port: int, timeout: float = 5.0) -> Upstream:
                     connect_timeout=timeout)  # fmt: skip
 
 
+@contextlib.asynccontextmanager
+async def _served(handler: Handler) -> AsyncIterator[tuple[Upstream, int]]:
+    """An :class:`Upstream` to a test server answering with ``handler``, and its port;
+    both closed afterwards, with every connection the server took."""
+    _WRITERS.clear()
+    server, port = await _serve(handler)
+    up = _upstream(port)
+    try:
+        yield up, port
+    finally:
+        await up.aclose()
+        await _stop(server)
+
+
+async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answers each request with its body."""
+    while True:
+        writer.write(_reply(await _request(reader)))
+        await writer.drain()
+
+
 def test_bodies_cross_whole_both_ways_on_one_kept_connection() -> None:
     async def run() -> None:
         seen: list[bytes] = []
-        _WRITERS.clear()
 
         async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             while True:
@@ -85,18 +105,13 @@ def test_bodies_cross_whole_both_ways_on_one_kept_connection() -> None:
                 writer.write(_reply(body[::-1]))
                 await writer.drain()
 
-        server, port = await _serve(echo)
-        up = _upstream(port)
-        try:
+        async with _served(echo) as (up, _):
             for body in (b"{}", bytes(range(256)) * 4000, b'{"a": 1}'):  # small, 1 MB, small
                 response = await up.open("/chat/completions", body, {"content-type": "x"})
                 assert await read_whole(up, response) == body[::-1]
             assert seen == [b"{}", bytes(range(256)) * 4000, b'{"a": 1}']
             assert len(_WRITERS) == 1  # one connection, kept alive
             assert isinstance(up.client._transport, Transport)  # type: ignore[attr-defined]
-        finally:
-            await up.aclose()
-            await _stop(server)
 
     asyncio.run(run())
 
@@ -112,9 +127,7 @@ def test_a_slow_reader_gets_a_long_stream_whole() -> None:
                 writer.write(chunk)
                 await writer.drain()
 
-        server, port = await _serve(streams)
-        up = _upstream(port)
-        try:
+        async with _served(streams) as (up, _):
             response = await up.open("/chat/completions", b"{}", {})
             got = 0
             async for part in response.aiter_bytes():
@@ -122,9 +135,6 @@ def test_a_slow_reader_gets_a_long_stream_whole() -> None:
                 await asyncio.sleep(0)  # the client reads slower than upstream writes
             await response.aclose()
             assert got == len(chunk) * 64
-        finally:
-            await up.aclose()
-            await _stop(server)
 
     asyncio.run(run())
 
@@ -203,12 +213,7 @@ def test_tls_is_started_on_the_connection_and_checked(tmp_path: Path) -> None:
         served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         served.load_cert_chain(cert, key)
 
-        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            while True:
-                writer.write(_reply(await _request(reader)))
-                await writer.drain()
-
-        server, port = await _serve(echo, ssl=served)
+        server, port = await _serve(_echo, ssl=served)
         _WRITERS.clear()
         trusting = Transport(ssl_context=ssl.create_default_context(cafile=str(cert)))
         doubting = Transport()  # httpx2's context: certifi does not know this certificate
@@ -236,16 +241,7 @@ async def _exchange(up: Upstream, body: bytes = b"{}") -> tuple[int, bytes]:
 
 def test_an_idle_connection_the_server_closed_is_not_reused() -> None:
     async def run() -> None:
-        _WRITERS.clear()
-
-        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            while True:
-                writer.write(_reply(await _request(reader)))
-                await writer.drain()
-
-        server, port = await _serve(echo)
-        up = _upstream(port)
-        try:
+        async with _served(_echo) as (up, _):
             assert await _exchange(up, b"a") == (200, b"a")
             assert await _exchange(up, b"b") == (200, b"b")
             assert len(_WRITERS) == 1  # the second call reused the idle connection
@@ -254,9 +250,6 @@ def test_an_idle_connection_the_server_closed_is_not_reused() -> None:
             await asyncio.sleep(0.1)  # the FIN crosses the loopback
             assert await _exchange(up, b"c") == (200, b"c")  # on a new connection
             assert len(_WRITERS) == 2
-        finally:
-            await up.aclose()
-            await _stop(server)
 
     asyncio.run(run())
 
@@ -273,7 +266,6 @@ def test_chunked_unframed_and_compressed_bodies_arrive_decoded() -> None:
     ]
 
     async def run() -> None:
-        _WRITERS.clear()
 
         async def scripted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             while replies:
@@ -284,25 +276,19 @@ def test_chunked_unframed_and_compressed_bodies_arrive_decoded() -> None:
                 if b"connection: close" in reply:
                     break
 
-        server, port = await _serve(scripted)
-        up = _upstream(port)
-        try:
+        async with _served(scripted) as (up, port):
             assert await _exchange(up) == (200, b"data: [DONE]")
             assert await _exchange(up) == (200, b'{"zipped": true}')
             assert await _exchange(up) == (201, b"ok")
             assert await _exchange(up) == (200, b"until the end")
             assert len(_WRITERS) == 1 and replies == []
             assert not up.client._transport._idle[("http", "127.0.0.1", port)]  # type: ignore[attr-defined]
-        finally:
-            await up.aclose()
-            await _stop(server)
 
     asyncio.run(run())
 
 
 def test_a_response_left_unread_or_marked_close_takes_its_connection_along() -> None:
     async def run() -> None:
-        _WRITERS.clear()
 
         async def answers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             while True:
@@ -315,9 +301,7 @@ def test_a_response_left_unread_or_marked_close_takes_its_connection_along() -> 
                     writer.write(_reply(b"z" * 300_000))
                 await writer.drain()
 
-        server, port = await _serve(answers)
-        up = _upstream(port)
-        try:
+        async with _served(answers) as (up, _):
             response = await up.open("/chat/completions", b"{}", {})
             async for _ in response.aiter_bytes():
                 break  # the client went away after the first bytes
@@ -325,31 +309,16 @@ def test_a_response_left_unread_or_marked_close_takes_its_connection_along() -> 
             assert await _exchange(up, b"bye") == (200, b"ok")  # a new connection
             assert await _exchange(up) == (200, b"z" * 300_000)  # and another: close was said
             assert len(_WRITERS) == 3
-        finally:
-            await up.aclose()
-            await _stop(server)
 
     asyncio.run(run())
 
 
 def test_a_header_that_would_split_the_request_is_refused_before_sending() -> None:
     async def run() -> None:
-        _WRITERS.clear()
-
-        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            while True:
-                writer.write(_reply(await _request(reader)))
-                await writer.drain()
-
-        server, port = await _serve(echo)
-        up = _upstream(port)
-        try:
+        async with _served(_echo) as (up, _):
             with pytest.raises(UpstreamFailure) as refused:
                 await up.open("/chat/completions", b"{}", {"x-key": "k\r\nx-evil: 1"})
             assert refused.value.status == 502 and not _WRITERS
-        finally:
-            await up.aclose()
-            await _stop(server)
 
     asyncio.run(run())
 
