@@ -125,7 +125,7 @@ def print_report(report: dict[str, Any], *, per_call: bool = True) -> None:
             f"{_verdict(ok['fresh_cold_small'])}  (a stored session in a fresh process, "
             f"Session.build: {_f(small.get('fresh_session_ms'))})"
         )
-    for row in sorted({id(r): r for r in (small, big)}.values(), key=lambda r: r["messages"]):
+    for row in [small] if small is big else [small, big]:
         if row.get("cold_fresh_lookback0_ms") is not None:
             console.print(
                 f"    where the fresh cold build's time goes, at {row['messages']:,} messages: "
