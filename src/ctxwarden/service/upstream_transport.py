@@ -150,15 +150,11 @@ class _Connection(asyncio.Protocol):
 
     async def _wait(self, seconds: float | None, error: Exception) -> None:
         """Until the protocol wakes the reader; ``error`` when ``seconds`` pass first."""
-        loop = asyncio.get_running_loop()
-        self.waiter = waiter = loop.create_future()
-        timer = None if seconds is None else loop.call_later(seconds, _expire, waiter, error)
+        self.waiter = asyncio.get_running_loop().create_future()
         try:
-            await waiter
+            await _within(self.waiter, seconds, error)
         finally:
             self.waiter = None
-            if timer is not None:
-                timer.cancel()
 
     async def send(self, head: bytes, body: bytes, timeouts: dict[str, Any]) -> None:
         """Write the request (head and body in one send) and wait for the response's head."""
@@ -169,17 +165,14 @@ class _Connection(asyncio.Protocol):
         self.transport.writelines((head, body))
         if self.paused_writing:
             self.drained = asyncio.get_running_loop().create_future()
-            timer = asyncio.get_running_loop().call_later(
-                timeouts.get("write") or 1e9,
-                _expire,
-                self.drained,
-                httpx2.WriteTimeout("timed out writing upstream"),
-            )
             try:
-                await self.drained
+                # no write timeout, or 0: wait as long as it takes
+                seconds = timeouts.get("write") or None
+                await _within(
+                    self.drained, seconds, httpx2.WriteTimeout("timed out writing upstream")
+                )
             finally:
                 self.drained = None
-                timer.cancel()
             if self.closed and self.error is not None:
                 raise httpx2.WriteError(str(self.error) or type(self.error).__name__)
         while not self.head:
@@ -245,6 +238,19 @@ def _wake(future: asyncio.Future[None] | None) -> None:
 def _expire(future: asyncio.Future[None], error: Exception) -> None:
     if not future.done():
         future.set_exception(error)
+
+
+async def _within(future: asyncio.Future[None], seconds: float | None, error: Exception) -> None:
+    """Await ``future``; ``error`` when ``seconds`` (None: no limit) pass first. No task
+    is cancelled for it: the caller's cancellation stays the only one."""
+    timer = None
+    if seconds is not None:
+        timer = asyncio.get_running_loop().call_later(seconds, _expire, future, error)
+    try:
+        await future
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 def _readable(sock: Any) -> bool:
