@@ -6,10 +6,15 @@ import asyncio
 import contextvars
 import threading
 import time
+from pathlib import Path
 
 import anyio
 import pytest
 
+from ctxwarden.errors import ConfigError
+from ctxwarden.service.config import ServiceConfig
+from ctxwarden.service.hub import Hub
+from ctxwarden.service.metrics import Metrics
 from ctxwarden.service.workers import Workers
 
 _WHO: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")
@@ -104,3 +109,56 @@ def test_a_cancelled_caller_starts_nothing_and_a_started_call_is_waited_for() ->
             workers.close()
 
     asyncio.run(run())
+
+
+def test_no_threads_runs_each_call_on_the_loop_in_a_copy_of_the_callers_context() -> None:
+    async def run() -> None:
+        workers = Workers(0)
+
+        def sets_and_reads() -> tuple[int, str]:
+            seen = _WHO.get()
+            _WHO.set("callee")  # stays in the call's copy
+            return threading.get_ident(), seen
+
+        def fails() -> None:
+            raise KeyError("missing")
+
+        _WHO.set("caller")
+        assert await workers.run(sets_and_reads) == (threading.get_ident(), "caller")
+        assert _WHO.get() == "caller"
+        with pytest.raises(KeyError, match="missing"):
+            await workers.run(fails)
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await workers.run(_WHO.set, "never")
+        assert scope.cancelled_caught and _WHO.get() == "caller"
+        workers.close()  # nothing to stop
+
+    asyncio.run(run())
+
+
+def test_a_negative_thread_count_is_refused() -> None:
+    with pytest.raises(ValueError, match="threads must be 0"):
+        Workers(-1)
+
+
+def test_the_hub_runs_sqlite_work_on_the_loop_unless_given_threads(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'hub.db'}"
+
+    async def thread_of(config: ServiceConfig) -> int:
+        hub = Hub(config, Metrics())
+        try:
+            return await hub.run(threading.get_ident)
+        finally:
+            hub.close()
+
+    async def run() -> None:
+        loop_thread = threading.get_ident()
+        default = ServiceConfig(db=db, upstream="http://127.0.0.1:9/v1")
+        assert await thread_of(default) == loop_thread
+        threaded = ServiceConfig(db=db, upstream="http://127.0.0.1:9/v1", store_threads=1)
+        assert await thread_of(threaded) != loop_thread
+
+    asyncio.run(run())
+    with pytest.raises(ConfigError, match="--store-threads must be between 0 and 64"):
+        ServiceConfig(db=db, upstream="http://127.0.0.1:9/v1", store_threads=65)

@@ -79,6 +79,16 @@ def serve(
             "--keep-contexts", min=0, help="Of those, how many newest keep the built messages."
         ),
     ] = KEEP_CONTEXTS,
+    store_threads: Annotated[
+        int | None,
+        typer.Option(
+            "--store-threads",
+            min=0,
+            max=64,
+            help="Threads for store work and builds; 0 runs them on the event loop. "
+            "Default: 0 on SQLite, 4 on PostgreSQL.",
+        ),
+    ] = None,
     registry: RegistryOpt = None,
 ) -> None:
     """Run the context-managing proxy (OpenAI /v1/chat/completions, Anthropic /v1/messages),
@@ -100,6 +110,7 @@ def serve(
         broker=broker,
         keep_builds=keep_builds,
         keep_contexts=keep_contexts,
+        store_threads=store_threads,
     )
     typer.echo(f"ctxwarden serving on http://{host}:{port} (store {db})", err=True)
     run(config, host=host, port=port)

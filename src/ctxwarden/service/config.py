@@ -45,6 +45,9 @@ class ServiceConfig:
     #: keep their built messages too (see :mod:`ctxwarden.session.build_log`).
     keep_builds: int = KEEP_BUILDS
     keep_contexts: int = KEEP_CONTEXTS
+    #: Threads that run store work and builds: ``None`` picks by store (SQLite: 0, on
+    #: the event loop; PostgreSQL: 4); see :mod:`ctxwarden.service.hub`.
+    store_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.upstream is None and self.anthropic_upstream is None:
@@ -73,6 +76,8 @@ class ServiceConfig:
                 f"--keep-contexts must be between 0 and --keep-builds ({self.keep_builds}), "
                 f"got {self.keep_contexts}"
             )
+        if self.store_threads is not None and not 0 <= self.store_threads <= 64:
+            raise ConfigError(f"--store-threads must be between 0 and 64, got {self.store_threads}")
         if self.upstream_timeout <= 0:
             raise ConfigError(f"upstream timeout must be > 0 seconds, got {self.upstream_timeout}")
 

@@ -4,11 +4,15 @@ One :class:`Hub` per app. Sessions are kept open in a small LRU (a
 :class:`~ctxwarden.Session` caches decoded messages across builds, so the next turn's
 build decodes only what is new). Calls on one client session are serialised by an
 ``asyncio`` lock held for the whole call, so a reply is always stored right after the
-history it answers; calls on different sessions run concurrently. Store work and builds run in
-worker threads (SQLite and psycopg are blocking), never on the event loop, through
-:meth:`Hub.run` (:class:`~ctxwarden.service.workers.Workers`): at most one at a time on
-SQLite (one writer anyway; more threads only meet in SQLite's busy-wait, which sleeps up
-to 100 ms per retry, and fight for the GIL), a few on PostgreSQL (its pool).
+history it answers; calls on different sessions run concurrently. Store work and builds run
+through :meth:`Hub.run` (:class:`~ctxwarden.service.workers.Workers`), one at a time:
+
+- on PostgreSQL, in 4 worker threads (psycopg waits on the network; its pool);
+- on SQLite, on the event loop itself by default: SQLite is one writer anyway (more
+  threads only meet in its busy-wait, which sleeps up to 100 ms per retry), its work is
+  local, and a thread's hand-overs cost ~20% of a proxied call's CPU. The loop does wait
+  while another process holds the database's write lock (the ``tenant`` commands do, for
+  milliseconds); ``ctxwarden serve --store-threads 1`` moves the work to a thread instead.
 """
 
 from __future__ import annotations
@@ -70,10 +74,13 @@ class Hub:
         self._locks: dict[tuple[str, str], tuple[asyncio.Lock, int]] = {}
         self.keys = KeyMemo()  # the client messages' keys, per client session (speed only)
         self.summaries: Any = None  # service.summaries.Summaries with --summarizer
-        self._workers = Workers(1 if self.store.url.startswith("sqlite") else 4)
+        threads = config.store_threads
+        if threads is None:
+            threads = 0 if self.store.url.startswith("sqlite") else 4
+        self._workers = Workers(threads)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` in a worker thread, within the store's concurrency (see above)."""
+        """``fn(*args)`` within the store's concurrency (see the module docstring)."""
         return await self._workers.run(fn, *args)
 
     def close(self) -> None:

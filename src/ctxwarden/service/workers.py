@@ -10,6 +10,12 @@ run at once, in the order they came, each in a copy of the caller's context; a c
 already cancelled (an anyio cancel scope) hands nothing over, and once it has, it waits
 for the call to finish (shielded, as ``run_sync`` does), so a cancelled request never
 leaves store work running behind its lock.
+
+With ``threads=0`` each call runs on the event loop itself, in a copy of the caller's
+context, as a plain function call: no hand-over at all. That is what a SQLite store
+gets by default (see :mod:`ctxwarden.service.hub`): its calls take a few milliseconds
+of Python that holds the GIL anyway, and handing each to a thread and back cost ~20% of
+a proxied call's CPU (the threads' wake-ups and the GIL passing between them).
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ _Item = tuple[
 
 class Workers:
     def __init__(self, threads: int, name: str = "ctxwarden worker") -> None:
+        if threads < 0:
+            raise ValueError(f"threads must be 0 (on the event loop) or more, got {threads}")
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._threads = [
             threading.Thread(target=self._work, name=f"{name} {i}", daemon=True)
@@ -48,8 +56,11 @@ class Workers:
             thread.start()
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` in one of the threads (see the module docstring)."""
+        """``fn(*args)`` in one of the threads, or here with none (see the module
+        docstring)."""
         await anyio.lowlevel.checkpoint_if_cancelled()
+        if not self._threads:
+            return contextvars.copy_context().run(fn, *args)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._queue.put((loop, future, contextvars.copy_context(), fn, args))

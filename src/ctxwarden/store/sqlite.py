@@ -107,11 +107,12 @@ class SQLiteStore(SqlStore):
             if self._shared is None:
                 self._shared = self._new_connection()
             return self._shared
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None or getattr(self._local, "pid", None) != os.getpid():
+        local = self._local
+        conn: sqlite3.Connection | None = getattr(local, "conn", None)
+        if conn is None or getattr(local, "forks", None) != _FORKS[0]:
             conn = self._new_connection()
-            self._local.conn = conn
-            self._local.pid = os.getpid()
+            local.conn = conn
+            local.forks = _FORKS[0]
         return conn
 
     def connections_in_use(self) -> int:
@@ -221,6 +222,12 @@ class SQLiteStore(SqlStore):
         with self._read() as tx:
             return {row[1] for row in tx.execute(f"PRAGMA table_info({table})")}
 
+
+_FORKS = [0]
+"""How many forks this process is from its start: a connection made before a fork is
+never used after it (SQLite's rule); counted at the fork rather than asking ``getpid``
+on every transaction."""
+os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
 
 _NOLOCK = nullcontext()
 """A file's connections are per thread: nothing to lock (a reusable no-op, not a new
