@@ -12,11 +12,11 @@ def test_serve_collects_the_young_less_often_and_freezes_startup() -> None:
     try:
         gc.set_threshold(700, 10, 10)
         _tune_gc()
-        assert gc.get_threshold() == (10_000, 10, 10)
+        assert gc.get_threshold() == (50_000, 10, 10)
         assert gc.get_freeze_count() > 0  # startup's objects left out of full collections
-        gc.set_threshold(50_000, 10, 10)
+        gc.set_threshold(80_000, 10, 10)
         _tune_gc()
-        assert gc.get_threshold()[0] == 50_000  # a higher setting is kept
+        assert gc.get_threshold()[0] == 80_000  # a higher setting is kept
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
