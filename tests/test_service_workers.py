@@ -162,3 +162,34 @@ def test_the_hub_runs_sqlite_work_on_the_loop_unless_given_threads(tmp_path: Pat
     asyncio.run(run())
     with pytest.raises(ConfigError, match="--store-threads must be between 0 and 64"):
         ServiceConfig(db=db, upstream="http://127.0.0.1:9/v1", store_threads=65)
+
+
+def test_calls_on_the_loop_let_it_take_its_turn_every_few_milliseconds() -> None:
+    """20 calls of 4 ms ready at once: at most 3 run back to back (10 ms) before the
+    loop runs its other tasks, which would otherwise wait for all 20 (80 ms)."""
+
+    async def run() -> None:
+        workers = Workers(0)
+        done = 0
+        between: list[int] = []
+
+        def call() -> None:
+            nonlocal done
+            time.sleep(0.004)
+            done += 1
+
+        async def other_task() -> None:
+            seen = 0
+            while done < 20:
+                await asyncio.sleep(0)
+                between.append(done - seen)
+                seen = done
+
+        ticker = asyncio.ensure_future(other_task())
+        await asyncio.gather(*(workers.run(call) for _ in range(20)))
+        await ticker
+        assert done == 20
+        assert max(between) <= 3
+        assert sum(1 for n in between if n) >= 7  # the calls ran over several turns
+
+    asyncio.run(run())

@@ -12,10 +12,12 @@ for the call to finish (shielded, as ``run_sync`` does), so a cancelled request 
 leaves store work running behind its lock.
 
 With ``threads=0`` each call runs on the event loop itself, in a copy of the caller's
-context, as a plain function call: no hand-over at all. That is what a SQLite store
-gets by default (see :mod:`ctxwarden.service.hub`): its calls take a few milliseconds
-of Python that holds the GIL anyway, and handing each to a thread and back cost ~20% of
-a proxied call's CPU (the threads' wake-ups and the GIL passing between them).
+context, with no hand-over at all; calls ready together run back to back for up to
+10 ms, then the loop takes its turn (its other requests' reads and streams). That is
+what a SQLite store gets by default (see :mod:`ctxwarden.service.hub`): its calls take a
+few milliseconds of Python that holds the GIL anyway, and handing each to a thread and
+back cost ~20% of a proxied call's CPU (the threads' wake-ups and the GIL passing
+between them).
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import math
 import queue
 import threading
+import time
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -32,6 +37,10 @@ import anyio
 import anyio.lowlevel
 
 __all__ = ["Workers"]
+
+_TURN = 0.01
+"""Seconds of calls the loop runs back to back (``threads=0``) before its own turn."""
+_SPENT = -math.inf
 
 T = TypeVar("T")
 _Item = tuple[
@@ -48,6 +57,9 @@ class Workers:
         if threads < 0:
             raise ValueError(f"threads must be 0 (on the event loop) or more, got {threads}")
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, float] = (
+            weakref.WeakKeyDictionary()
+        )
         self._threads = [
             threading.Thread(target=self._work, name=f"{name} {i}", daemon=True)
             for i in range(threads)
@@ -59,14 +71,32 @@ class Workers:
         """``fn(*args)`` in one of the threads, or here with none (see the module
         docstring)."""
         await anyio.lowlevel.checkpoint_if_cancelled()
-        if not self._threads:
-            return contextvars.copy_context().run(fn, *args)
         loop = asyncio.get_running_loop()
+        if not self._threads:
+            return await self._here(loop, fn, args)
         future: asyncio.Future[T] = loop.create_future()
         self._queue.put((loop, future, contextvars.copy_context(), fn, args))
         with anyio.CancelScope(shield=True):
             result = await future
         return result
+
+    async def _here(
+        self, loop: asyncio.AbstractEventLoop, fn: Callable[..., T], args: tuple[Any, ...]
+    ) -> T:
+        """``fn(*args)`` on the loop. Calls that become ready together run back to back
+        for up to :data:`_TURN` seconds; a call after that first lets the loop take
+        its turn (read other requests' bodies, relay their streams): without that, at
+        64 concurrent clients some requests waited seconds while others were served."""
+        while True:
+            now = time.perf_counter()
+            started = self._turns.setdefault(loop, now)
+            if now - started <= _TURN:
+                break
+            if started != _SPENT:  # the loop's turn: a new one starts after it
+                self._turns[loop] = _SPENT
+                loop.call_soon(self._turns.pop, loop, None)
+            await asyncio.sleep(0)
+        return contextvars.copy_context().run(fn, *args)
 
     def close(self) -> None:
         """Stop the threads once the calls already queued are done (no wait)."""
