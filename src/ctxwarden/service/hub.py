@@ -10,7 +10,7 @@ through :meth:`Hub.run` (:class:`~ctxwarden.service.workers.Workers`), one at a 
 - on PostgreSQL, in 4 worker threads (psycopg waits on the network; its pool);
 - on SQLite, on the event loop itself by default: SQLite is one writer anyway (more
   threads only meet in its busy-wait, which sleeps up to 100 ms per retry), its work is
-  local, and a thread's hand-overs cost ~20% of a proxied call's CPU. The loop does wait
+  local, and a thread's hand-overs cost ~15% of a proxied call's CPU. The loop does wait
   while another process holds the database's write lock (the ``tenant`` commands do, for
   milliseconds); ``ctxwarden serve --store-threads 1`` moves the work to a thread instead.
 """

@@ -16,7 +16,7 @@ context, with no hand-over at all; calls ready together run back to back for up 
 10 ms, then the loop takes its turn (its other requests' reads and streams). That is
 what a SQLite store gets by default (see :mod:`ctxwarden.service.hub`): its calls take a
 few milliseconds of Python that holds the GIL anyway, and handing each to a thread and
-back cost ~20% of a proxied call's CPU (the threads' wake-ups and the GIL passing
+back cost ~15% of a proxied call's CPU (the threads' wake-ups and the GIL passing
 between them).
 """
 
