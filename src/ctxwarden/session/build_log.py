@@ -10,8 +10,9 @@ full history at that point (what sending everything would have cost) and, for th
 newest ``keep_contexts`` builds only, the built messages with their layers; only the
 newest ``keep_builds`` rows of a session are kept. A built message that is a stored
 message as stored (most of a window: stored messages never change) is written as its
-sequence number, ``{"layer": ..., "seq": n}``, and read back whole
-(:func:`~ctxwarden.store.service_tables.build_context`): a proxied call logs a few
+sequence number, ``{"layer": ..., "seq": n}`` (a run of them, consecutive in the context
+and in the store, as one row: ``{"layer": ..., "seq": n, "count": k}``), and read back
+whole (:func:`~ctxwarden.store.service_tables.build_context`): a proxied call logs a few
 kilobytes instead of its whole ~80 KB context again. The full-history size is the previous
 row's plus the stored counts of the messages after it: the build's own slice has most of
 them, so a warm build reads nothing more, and a first build over an imported history
@@ -84,12 +85,25 @@ def context_utf8(built: BuiltContext, stored: Sequence[StoredMessage] | None = N
     does not (a lone surrogate) has the whole context written with ASCII escapes.
 
     With ``stored`` (the build's slice), a built message equal to one of them is written
-    as its sequence number instead (see the module docstring)."""
+    as its sequence number instead, and a run of such messages of one layer with
+    consecutive numbers as one row, its first number and ``count`` (see the module
+    docstring)."""
     layer_of = built.layers.get
     heads: dict[str, bytes] = {}
     refs: dict[str, bytes] = {}
     seq_of = {s.message.id: s for s in stored} if stored else {}
     parts: list[bytes] = []  # joined once: no row is made and copied again
+    run: list[Any] = []  # the open run of stored messages: [layer, first seq, count]
+
+    def close_run() -> None:
+        layer, first, count = run
+        ref = refs.get(layer)
+        if ref is None:
+            ref = refs[layer] = f'{{"layer": {dumps(layer)}, "seq": '.encode()
+        more = b"}, " if count == 1 else b', "count": %d}, ' % count
+        parts.extend((ref, str(first).encode(), more))
+        run.clear()
+
     try:
         for m in built.messages:
             layer = layer_of(m.id, "window")
@@ -99,19 +113,25 @@ def context_utf8(built: BuiltContext, stored: Sequence[StoredMessage] | None = N
             if found is not None and (
                 found.message is m or (found.message.content == m.content and found.message == m)
             ):
-                ref = refs.get(layer)
-                if ref is None:
-                    ref = refs[layer] = f'{{"layer": {dumps(layer)}, "seq": '.encode()
-                parts += (ref, str(found.seq).encode(), b"}, ")
+                if run and run[0] == layer and run[1] + run[2] == found.seq:
+                    run[2] += 1
+                    continue
+                if run:
+                    close_run()
+                run += (layer, found.seq, 1)
                 continue
+            if run:
+                close_run()
             head = heads.get(layer)
             if head is None:
                 head = heads[layer] = f'{{"layer": {dumps(layer)}, "message": '.encode()
             parts += (head, meta_message_bytes(m), b"}, ")
     except UnicodeEncodeError:
         return json_text(context_rows(built)).encode()
+    if run:
+        close_run()
     if parts:
-        parts[-1] = b"}"
+        parts[-1] = parts[-1][:-2]  # the last row's "}, " or '..., "count": n}, '
     return b"[" + b"".join(parts) + b"]"
 
 

@@ -518,7 +518,8 @@ def build_context(
 ) -> list[dict[str, Any]] | None:
     """The built messages stored with a build (``None`` when it is too old to keep them),
     each ``{"layer": ..., "message": ...}``; one logged as the sequence number of the
-    stored message it is (:mod:`ctxwarden.session.build_log`) is read back whole."""
+    stored message it is, or in a run of them (:mod:`ctxwarden.session.build_log`), is
+    read back whole."""
     with _sql(store)._read() as tx:
         rows = tx.execute(
             "SELECT context FROM ctxwarden_build_contexts "
@@ -528,23 +529,39 @@ def build_context(
     if not rows or rows[0][0] is None:
         return None
     found: list[dict[str, Any]] = json.loads(rows[0][0])
-    refs = sorted({row["seq"] for row in found if "message" not in row and "seq" in row})
+    # a stored message written as its sequence number (session.build_log), or a run of
+    # them as the first number and a count: read them back as the row would have held
+    # them, runs of consecutive numbers in one range read each
+    logged = [row if "message" in row or "seq" not in row else _refs(row) for row in found]
+    refs = sorted({seq for row in logged if isinstance(row, range) for seq in row})
     if not refs:
         return found
-    # a stored message written as its sequence number (session.build_log): read it back
-    # as the row would have held it, runs of consecutive numbers in one range read each
     from ctxwarden.formats.openai_json import meta_message_bytes
 
     whole: dict[int, Any] = {}
     for lo, hi in _runs(refs):
         for m in store.range(tenant, session_id, lo, hi + 1):
             whole[m.seq] = json.loads(meta_message_bytes(m.message))
-    return [
-        {"layer": row["layer"], "message": whole[row["seq"]]}
-        if "message" not in row and row.get("seq") in whole
-        else row
-        for row in found
-    ]
+    out: list[dict[str, Any]] = []
+    for row, seqs in zip(found, logged, strict=True):
+        if not isinstance(seqs, range):
+            out.append(row)
+            continue
+        layer = row["layer"]
+        for seq in seqs:  # (one no longer stored is left as its number)
+            got = whole.get(seq)
+            out.append({"layer": layer, "seq": seq} if got is None else
+                       {"layer": layer, "message": got})  # fmt: skip
+    return out
+
+
+def _refs(row: Mapping[str, Any]) -> range | Mapping[str, Any]:
+    """The sequence numbers a logged row stands for (``seq``, and ``count`` of them when
+    given), or the row itself when it is none (a row it cannot read is shown as it is)."""
+    seq, count = row["seq"], row.get("count", 1)
+    if type(seq) is not int or type(count) is not int or count < 1:
+        return row
+    return range(seq, seq + count)
 
 
 def _runs(seqs: Sequence[int]) -> list[tuple[int, int]]:
