@@ -255,6 +255,9 @@ def test_the_ends_of_builds_go_with_them(db_url: str) -> None:
         assert _ends(s) == []
 
 
+_TIME_INDEX = "SELECT 1 FROM sqlite_master WHERE name = 'ctxwarden_builds_time'"
+
+
 def test_a_build_logged_before_the_ends_table_ends_and_reads_as_before(tmp_path: Any) -> None:
     url = f"sqlite:///{tmp_path / 'old.db'}"
     with open_store(url, migrate_upto="007_build_contexts") as store:  # type: ignore[call-arg]
@@ -265,7 +268,11 @@ def test_a_build_logged_before_the_ends_table_ends_and_reads_as_before(tmp_path:
                 old.build(build_id=build_id, status="forwarded")
         with store._write() as tx:  # as 007 ended a call: in its build row
             tx.execute("UPDATE ctxwarden_builds SET status = 'complete' WHERE build_id = 'done'")
+            assert tx.execute(_TIME_INDEX)
     with Session(url, "s", tenant="t") as s:  # migrated on open
+        assert isinstance(s.store, SqlStore)
+        with s.store._read() as tx:
+            assert not tx.execute(_TIME_INDEX)  # (009: no read used it)
         rows = {b.build_id: b.status for b in list_builds(s.store, "t", "s")}
         assert rows == {"done": "complete", "open": "forwarded"}
         assert end_call(s.store, CallEnd("t", "s", "open", "partial"))

@@ -225,6 +225,14 @@ MIGRATIONS: tuple[Migration, ...] = (
             )""",
         ),
     ),
+    Migration(
+        "009_drop_builds_time_index",
+        (
+            # no read orders or finds builds by time since 006 numbered them (turn), and
+            # every logged build wrote a page of this index
+            "DROP INDEX IF EXISTS ctxwarden_builds_time",
+        ),
+    ),
 )
 
 REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
