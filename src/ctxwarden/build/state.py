@@ -24,7 +24,6 @@ stored sequence numbers and back (:mod:`ctxwarden.session.state`).
 from __future__ import annotations
 
 import base64
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,27 +43,30 @@ PREFIX_DIGITS = 12
 an automatic message id): a digest is only compared with the one at the same position of
 the next context, so two different messages would have to agree in 48 bits to be taken for
 one."""
-
-_PACKABLE = re.compile(f"(?:[0-9a-f]{{{PREFIX_DIGITS}}})*")
+_DIGEST_BYTES = PREFIX_DIGITS // 2
 
 
 def _pack_prefix(prefix: Sequence[str]) -> str | list[str]:
     """The digests as one base64 string of their bytes (6 a digest); a prefix of other
     strings (a state made by hand) stays a list."""
     joined = "".join(prefix)
-    if len(joined) != PREFIX_DIGITS * len(prefix) or not _PACKABLE.fullmatch(joined):
+    try:
+        raw = bytes.fromhex(joined)
+    except ValueError:
         return list(prefix)
-    return base64.b64encode(bytes.fromhex(joined)).decode("ascii")
+    if len(joined) != PREFIX_DIGITS * len(prefix) or raw.hex() != joined:  # (lowercase only)
+        return list(prefix)
+    return base64.b64encode(raw).decode("ascii")
 
 
 def _unpack_prefix(data: Any, version: int) -> tuple[str, ...]:
     """:func:`_pack_prefix` undone; a list stored before version 3 holds whole
     fingerprints, of which the digests are their first :data:`PREFIX_DIGITS` digits."""
     if isinstance(data, str):
-        digits = base64.b64decode(data, validate=True).hex()  # (binascii.Error: a ValueError)
-        if len(digits) % PREFIX_DIGITS:
-            raise ValueError(f"a packed prefix of {len(digits) // 2} bytes")
-        return tuple(digits[i : i + PREFIX_DIGITS] for i in range(0, len(digits), PREFIX_DIGITS))
+        raw = base64.b64decode(data, validate=True)  # (binascii.Error: a ValueError)
+        if len(raw) % _DIGEST_BYTES:
+            raise ValueError(f"a packed prefix of {len(raw)} bytes")
+        return tuple(raw.hex(" ", _DIGEST_BYTES).split())  # (whole digests: from either end)
     if version < 3:
         return tuple(str(f)[:PREFIX_DIGITS] for f in data)
     return tuple(map(str, data))
