@@ -11,6 +11,7 @@ from ctxwarden.bench.proxy import conversation
 from ctxwarden.session.build_log import context_rows
 from ctxwarden.session.session import count_key
 from ctxwarden.store._sql import SqlStore
+from ctxwarden.store.base import json_text
 from ctxwarden.store.service_tables import build_context, list_builds, record_build
 from ctxwarden.tokens.counter import TokenCounter
 
@@ -105,3 +106,17 @@ def test_a_context_logged_as_runs_reads_back_as_one_logged_before_them(db_url: s
         assert build_context(store, "default", "runs", "before") == want
         assert build_context(store, "default", "runs", "gone-before") == [*want, *gone]
         assert build_context(store, "default", "runs", "gone-runs") == [*want, *gone]
+
+
+def test_an_audit_logged_with_its_actions_as_rows_reads_as_one_logged_before(db_url: str) -> None:
+    with Session(db_url, "audit", model="gpt-4o") as s:
+        s.append(conversation(40))
+        built = s.build(max_input_tokens=3_000, build_id="new")
+        assert built.audit.actions
+        # as logged before the rows: each action an object
+        before = json_text(built.audit.to_dict())
+        record_build(s.store, "default", "audit", build_id="before", model="gpt-4o",
+                     history_tokens=0, input_tokens=0, audit=before)  # fmt: skip
+        rows = {b.build_id: b.audit for b in list_builds(s.store, "default", "audit")}
+        assert rows["new"] == rows["before"] == json.loads(before)
+        assert list(rows["new"]) == list(rows["before"])

@@ -5,7 +5,8 @@ The audit is what the session page (:mod:`ctxwarden.ui`) and ``GET
 by one of its callers: the proxy, the session API, an adapter and a user's own loop all
 leave the same row in ``ctxwarden_builds`` (:func:`~ctxwarden.store.service_tables.record_build`).
 
-A row holds the audit, the newest message the build saw (``upto_seq``), the size of the
+A row holds the audit (its actions as rows of values under their field names, named
+once: :func:`audit_json`), the newest message the build saw (``upto_seq``), the size of the
 full history at that point (what sending everything would have cost) and, for the
 newest ``keep_contexts`` builds only, the built messages with their layers; only the
 newest ``keep_builds`` rows of a session are kept. A built message that is a stored
@@ -33,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, fields
 from functools import lru_cache
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ctxwarden.formats.openai import message_to_openai
 from ctxwarden.formats.openai_json import dumps, meta_message_bytes, object_json
@@ -190,10 +191,52 @@ def _action_json(action: Any) -> str:
     return _scalars_json(names, values, types)
 
 
+_ROW_ATTR = "_ctxwarden_row"  # an action's logged row, kept on the (frozen) action
+_ACTION_FIELDS = tuple(f.name for f in fields(Action))
+_ROWS_HEAD = '{"fields": ' + dumps(list(_ACTION_FIELDS)) + ', "rows": ['
+
+
+def _action_row(action: Any) -> str | None:
+    """One action's values as a JSON array, in the order of :class:`Action`'s fields,
+    memoised as :func:`_action_text` is; ``None`` for an action with other fields or a
+    value that is no scalar (its audit logs each action as an object)."""
+    own = getattr(action, "__dict__", None)
+    kept: str | None = own.get(_ROW_ATTR) if own is not None else None
+    if kept is not None:
+        return kept
+    cls: type = type(action)
+    names, read = _fields_of(cls)
+    if names != _ACTION_FIELDS:
+        return None
+    values = read(action)
+    types = tuple(map(type, values))
+    if not _SCALARS.issuperset(types):
+        return None
+    text = _scalars_row(values, types)
+    if own is not None and type(action) is Action:
+        own[_ROW_ATTR] = text
+    return text
+
+
+@lru_cache(maxsize=65_536)
+def _scalars_row(values: tuple[Any, ...], types: tuple[type, ...]) -> str:
+    """The JSON array of scalar ``values`` (``types``: as for :func:`_scalars_json`)."""
+    return dumps(list(values))
+
+
 def audit_json(audit: Audit) -> str:
-    """``json_text(audit.to_dict())``, byte for byte, each action's text memoised
-    (:func:`_action_text`): a build logs one action per cut or masked message."""
-    actions = "[" + ", ".join(map(_action_text, audit.actions)) + "]"
+    """``json_text(audit.to_dict())`` with its actions written compactly: as rows of
+    their values under the field names, named once (``{"fields": [...], "rows": [[...],
+    ...]}``, a build logs one action per cut or masked message, ~165 bytes each as
+    objects), which :func:`~ctxwarden.store.service_tables.list_builds` reads back as the
+    objects; each action's text memoised (:func:`_action_row`). An action with other
+    fields or values (a user's step) has the actions written as objects, byte for byte
+    as ``json_text`` writes them."""
+    rows = list(map(_action_row, audit.actions))
+    if rows and None not in rows:
+        actions = _ROWS_HEAD + ", ".join(cast("list[str]", rows)) + "]}"
+    else:
+        actions = "[" + ", ".join(map(_action_text, audit.actions)) + "]"
     text = object_json(audit.to_dict(actions=False), {"actions": actions})
     if not text.isascii() and unstorable(text):
         return json_text(audit.to_dict())

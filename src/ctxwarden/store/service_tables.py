@@ -123,9 +123,20 @@ def _build(r: Any) -> BuildRecord:
     """A builds row: the ten columns of ``list_builds`` (an eleventh: whether it has a context)."""
     has_context = bool(r[10]) if len(r) > 10 else False
     return BuildRecord(
-        r[0], r[1], float(r[2]), r[3], int(r[4]), int(r[5]), r[6], json.loads(r[7]), int(r[8]),
+        r[0], r[1], float(r[2]), r[3], int(r[4]), int(r[5]), r[6], _audit(r[7]), int(r[8]),
         int(r[9]), has_context,
     )  # fmt: skip
+
+
+def _audit(text: str) -> Any:
+    """A logged audit with its actions as objects: logged as rows of values under their
+    field names (:func:`ctxwarden.session.build_log.audit_json`), or as the objects."""
+    audit = json.loads(text)
+    actions = audit.get("actions") if isinstance(audit, dict) else None
+    if isinstance(actions, dict) and "rows" in actions:
+        names = actions["fields"]
+        audit["actions"] = [dict(zip(names, row, strict=True)) for row in actions["rows"]]
+    return audit
 
 
 def _tenant(row: Any) -> TenantRecord:
