@@ -560,8 +560,8 @@ def build_context(
     # a stored message written as its sequence number (session.build_log), or a run of
     # them as the first number and a count: read them back as the row would have held
     # them, runs of consecutive numbers in one range read each
-    logged = [row if "message" in row or "seq" not in row else _refs(row) for row in found]
-    refs = sorted({seq for row in logged if isinstance(row, range) for seq in row})
+    logged = [_refs(row) for row in found]
+    refs = sorted({seq for seqs in logged for seq in seqs})
     if not refs:
         return found
     from ctxwarden.formats.openai_json import meta_message_bytes
@@ -572,24 +572,26 @@ def build_context(
             whole[m.seq] = json.loads(meta_message_bytes(m.message))
     out: list[dict[str, Any]] = []
     for row, seqs in zip(found, logged, strict=True):
-        if not isinstance(seqs, range):
+        if isinstance(seqs, range):  # a run (one no longer stored is left as its number)
+            layer = row["layer"]
+            out += ({"layer": layer, "message": whole[seq]} if seq in whole else
+                    {"layer": layer, "seq": seq} for seq in seqs)  # fmt: skip
+        elif seqs and seqs[0] in whole:
+            out.append({"layer": row["layer"], "message": whole[seqs[0]]})
+        else:
             out.append(row)
-            continue
-        layer = row["layer"]
-        for seq in seqs:  # (one no longer stored is left as its number)
-            got = whole.get(seq)
-            out.append({"layer": layer, "seq": seq} if got is None else
-                       {"layer": layer, "message": got})  # fmt: skip
     return out
 
 
-def _refs(row: Mapping[str, Any]) -> range | Mapping[str, Any]:
-    """The sequence numbers a logged row stands for (``seq``, and ``count`` of them when
-    given), or the row itself when it is none (a row it cannot read is shown as it is)."""
-    seq, count = row["seq"], row.get("count", 1)
-    if type(seq) is not int or type(count) is not int or count < 1:
-        return row
-    return range(seq, seq + count)
+def _refs(row: Mapping[str, Any]) -> Sequence[Any]:
+    """The sequence numbers a logged row stands for: none for a message logged whole,
+    ``seq`` alone, or a run of ``count`` from ``seq`` on (a ``range``)."""
+    if "message" in row or "seq" not in row:
+        return ()
+    seq, count = row["seq"], row.get("count")
+    if type(seq) is int and type(count) is int and count > 0:
+        return range(seq, seq + count)
+    return (seq,)
 
 
 def _runs(seqs: Sequence[int]) -> list[tuple[int, int]]:
