@@ -82,7 +82,7 @@ def test_the_logged_audit_is_the_audit_as_json() -> None:
     from ctxwarden.session.build_log import audit_json
     from ctxwarden.steps.base import Action
     from ctxwarden.store.base import json_text
-    from ctxwarden.store.service_tables import _audit
+    from ctxwarden.store.logged_build import audit_from_text
 
     history = [Message.system("Sé breve.")]
     for n in range(12):
@@ -113,8 +113,8 @@ def test_the_logged_audit_is_the_audit_as_json() -> None:
         assert list(logged["actions"]) == ["fields", "rows"]
         assert {**logged, "actions": None} == {**objects, "actions": None}
         assert len(audit_json(audit)) < len(json_text(audit.to_dict())) * 0.75
-        assert _audit(audit_json(audit)) == objects
-        assert list(_audit(audit_json(audit))) == list(objects)  # in the same order
+        assert audit_from_text(audit_json(audit)) == objects
+        assert list(audit_from_text(audit_json(audit))) == list(objects)  # in the same order
     for a in (
         replace(audit, actions=()),
         *(replace(audit, actions=(*audit.actions, o)) for o in odd[2:5]),
@@ -123,11 +123,11 @@ def test_the_logged_audit_is_the_audit_as_json() -> None:
         # scalar, text the store cannot hold as it is): every action written as an object
         for _ in range(2):
             assert audit_json(a) == json_text(a.to_dict())
-            assert _audit(audit_json(a)) == json.loads(json_text(a.to_dict()))
+            assert audit_from_text(audit_json(a)) == json.loads(json_text(a.to_dict()))
     # rows of values of every scalar type read back as they were
     kinds = replace(audit, actions=odd[:2] + odd[5:])
     assert "rows" in json.loads(audit_json(kinds))["actions"]
-    assert _audit(audit_json(kinds)) == json.loads(json_text(kinds.to_dict()))
-    assert [type(a["tokens_before"]) for a in _audit(audit_json(kinds))["actions"]] == [
+    assert audit_from_text(audit_json(kinds)) == json.loads(json_text(kinds.to_dict()))
+    assert [type(a["tokens_before"]) for a in audit_from_text(audit_json(kinds))["actions"]] == [
         bool, int, float,
     ]  # fmt: skip

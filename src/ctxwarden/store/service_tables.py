@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ from ctxwarden.errors import ConfigError
 from ctxwarden.registry.usage import Usage
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.base import SessionStore, json_text
+from ctxwarden.store.logged_build import audit_from_text, context_from_rows
 from ctxwarden.store.migrations import Tx
 
 __all__ = [
@@ -123,20 +124,9 @@ def _build(r: Any) -> BuildRecord:
     """A builds row: the ten columns of ``list_builds`` (an eleventh: whether it has a context)."""
     has_context = bool(r[10]) if len(r) > 10 else False
     return BuildRecord(
-        r[0], r[1], float(r[2]), r[3], int(r[4]), int(r[5]), r[6], _audit(r[7]), int(r[8]),
+        r[0], r[1], float(r[2]), r[3], int(r[4]), int(r[5]), r[6], audit_from_text(r[7]), int(r[8]),
         int(r[9]), has_context,
     )  # fmt: skip
-
-
-def _audit(text: str) -> Any:
-    """A logged audit with its actions as objects: logged as rows of values under their
-    field names (:func:`ctxwarden.session.build_log.audit_json`), or as the objects."""
-    audit = json.loads(text)
-    actions = audit.get("actions") if isinstance(audit, dict) else None
-    if isinstance(actions, dict) and "rows" in actions:
-        names = actions["fields"]
-        audit["actions"] = [dict(zip(names, row, strict=True)) for row in actions["rows"]]
-    return audit
 
 
 def _tenant(row: Any) -> TenantRecord:
@@ -556,53 +546,13 @@ def build_context(
         )
     if not rows or rows[0][0] is None:
         return None
-    found: list[dict[str, Any]] = json.loads(rows[0][0])
-    # a stored message written as its sequence number (session.build_log), or a run of
-    # them as the first number and a count: read them back as the row would have held
-    # them, runs of consecutive numbers in one range read each
-    logged = [_refs(row) for row in found]
-    refs = sorted({seq for seqs in logged for seq in seqs})
-    if not refs:
-        return found
     from ctxwarden.formats.openai_json import meta_message_bytes
 
-    whole: dict[int, Any] = {}
-    for lo, hi in _runs(refs):
-        for m in store.range(tenant, session_id, lo, hi + 1):
-            whole[m.seq] = json.loads(meta_message_bytes(m.message))
-    out: list[dict[str, Any]] = []
-    for row, seqs in zip(found, logged, strict=True):
-        if isinstance(seqs, range):  # a run (one no longer stored is left as its number)
-            layer = row["layer"]
-            out += ({"layer": layer, "message": whole[seq]} if seq in whole else
-                    {"layer": layer, "seq": seq} for seq in seqs)  # fmt: skip
-        elif seqs and seqs[0] in whole:
-            out.append({"layer": row["layer"], "message": whole[seqs[0]]})
-        else:
-            out.append(row)
-    return out
+    def read(lo: int, hi: int) -> Iterable[tuple[int, Any]]:
+        for m in store.range(tenant, session_id, lo, hi):
+            yield m.seq, json.loads(meta_message_bytes(m.message))
 
-
-def _refs(row: Mapping[str, Any]) -> Sequence[Any]:
-    """The sequence numbers a logged row stands for: none for a message logged whole,
-    ``seq`` alone, or a run of ``count`` from ``seq`` on (a ``range``)."""
-    if "message" in row or "seq" not in row:
-        return ()
-    seq, count = row["seq"], row.get("count")
-    if type(seq) is int and type(count) is int and count > 0:
-        return range(seq, seq + count)
-    return (seq,)
-
-
-def _runs(seqs: Sequence[int]) -> list[tuple[int, int]]:
-    """Sorted ``seqs`` as runs of consecutive numbers, ``(first, last)`` each."""
-    runs: list[tuple[int, int]] = []
-    for seq in seqs:
-        if runs and seq == runs[-1][1] + 1:
-            runs[-1] = (runs[-1][0], seq)
-        else:
-            runs.append((seq, seq))
-    return runs
+    return context_from_rows(json.loads(rows[0][0]), read)
 
 
 def delete_session(store: SessionStore, tenant: str, session_id: str) -> bool:
