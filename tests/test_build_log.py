@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
 from service_harness import db_url
 
 from ctxwarden import Session
+from ctxwarden.bench.proxy import conversation
+from ctxwarden.session.build_log import context_rows
 from ctxwarden.session.session import count_key
-from ctxwarden.store.service_tables import build_context, list_builds
+from ctxwarden.store._sql import SqlStore
+from ctxwarden.store.base import json_text
+from ctxwarden.store.service_tables import build_context, list_builds, record_build
 from ctxwarden.tokens.counter import TokenCounter
 
 __all__ = ["db_url"]  # the store fixture: SQLite, and PostgreSQL when configured
@@ -68,3 +74,49 @@ def test_a_build_under_another_model_counts_what_has_no_stored_count(db_url: str
         [row] = list_builds(s.store, "default", "models")
         counter = TokenCounter.for_model("claude-sonnet-4-5")
         assert row.history_tokens == sum(counter.count_message(m) for m in s.messages())
+
+
+def test_a_context_logged_as_runs_reads_back_as_one_logged_before_them(db_url: str) -> None:
+    with Session(db_url, "runs", model="gpt-4o") as s:
+        s.append(conversation(40))
+        built = s.build(max_input_tokens=3_000, build_id="new")
+        store = s.store
+        assert isinstance(store, SqlStore)
+        with store._read() as tx:
+            text = tx.execute("SELECT context FROM ctxwarden_build_contexts WHERE build_id = 'new'")
+        runs = json.loads(text[0][0])
+        assert any(r.get("count", 1) > 1 for r in runs)  # written as runs
+        # as written before runs: one row per stored message; and a run of messages no
+        # longer stored (read back as their numbers, either way)
+        before = [
+            {"layer": r["layer"], "seq": r["seq"] + k} if "seq" in r else r
+            for r in runs
+            for k in range(r.get("count", 1))
+        ]
+        gone = [{"layer": "window", "seq": 9_998}, {"layer": "window", "seq": 9_999}]
+        for build_id, rows in (
+            ("before", before),
+            ("gone-before", [*before, *gone]),
+            ("gone-runs", [*runs, {"layer": "window", "seq": 9_998, "count": 2}]),
+        ):
+            record_build(store, "default", "runs", build_id=build_id, model="gpt-4o",
+                         history_tokens=0, input_tokens=0, audit={}, context=rows)  # fmt: skip
+        want = context_rows(built)
+        assert build_context(store, "default", "runs", "new") == want
+        assert build_context(store, "default", "runs", "before") == want
+        assert build_context(store, "default", "runs", "gone-before") == [*want, *gone]
+        assert build_context(store, "default", "runs", "gone-runs") == [*want, *gone]
+
+
+def test_an_audit_logged_with_its_actions_as_rows_reads_as_one_logged_before(db_url: str) -> None:
+    with Session(db_url, "audit", model="gpt-4o") as s:
+        s.append(conversation(40))
+        built = s.build(max_input_tokens=3_000, build_id="new")
+        assert built.audit.actions
+        # as logged before the rows: each action an object
+        before = json_text(built.audit.to_dict())
+        record_build(s.store, "default", "audit", build_id="before", model="gpt-4o",
+                     history_tokens=0, input_tokens=0, audit=before)  # fmt: skip
+        rows = {b.build_id: b.audit for b in list_builds(s.store, "default", "audit")}
+        assert rows["new"] == rows["before"] == json.loads(before)
+        assert list(rows["new"]) == list(rows["before"])

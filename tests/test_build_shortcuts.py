@@ -75,12 +75,14 @@ def test_block_start_at_is_the_last_block_start_up_to_a_position(
 
 
 def test_the_logged_audit_is_the_audit_as_json() -> None:
+    import json
     from dataclasses import dataclass, replace
 
     from ctxwarden import build_context
     from ctxwarden.session.build_log import audit_json
     from ctxwarden.steps.base import Action
     from ctxwarden.store.base import json_text
+    from ctxwarden.store.logged_build import audit_from_text
 
     history = [Message.system("Sé breve.")]
     for n in range(12):
@@ -104,6 +106,28 @@ def test_the_logged_audit_is_the_audit_as_json() -> None:
            Action("m3", "dropped", "\ud800", 2, 0),
            Action("m4", "masked", Reason("y"), 2, 0),
            Action("m4", "masked", "y", 2.0, 0))  # fmt: skip
-    for a in (audit, replace(audit, actions=audit.actions + odd)):
-        assert audit_json(a) == json_text(a.to_dict())
-        assert audit_json(a) == json_text(a.to_dict())  # memoised: the same again
+    objects = json.loads(json_text(audit.to_dict()))
+    for _ in range(2):  # the second time memoised
+        # the actions as rows under their field names, read back as the objects
+        logged = json.loads(audit_json(audit))
+        assert list(logged["actions"]) == ["fields", "rows"]
+        assert {**logged, "actions": None} == {**objects, "actions": None}
+        assert len(audit_json(audit)) < len(json_text(audit.to_dict())) * 0.75
+        assert audit_from_text(audit_json(audit)) == objects
+        assert list(audit_from_text(audit_json(audit))) == list(objects)  # in the same order
+    for a in (
+        replace(audit, actions=()),
+        *(replace(audit, actions=(*audit.actions, o)) for o in odd[2:5]),
+    ):
+        # no action, or one a row cannot stand for (another field, a value that is no
+        # scalar, text the store cannot hold as it is): every action written as an object
+        for _ in range(2):
+            assert audit_json(a) == json_text(a.to_dict())
+            assert audit_from_text(audit_json(a)) == json.loads(json_text(a.to_dict()))
+    # rows of values of every scalar type read back as they were
+    kinds = replace(audit, actions=odd[:2] + odd[5:])
+    assert "rows" in json.loads(audit_json(kinds))["actions"]
+    assert audit_from_text(audit_json(kinds)) == json.loads(json_text(kinds.to_dict()))
+    assert [type(a["tokens_before"]) for a in audit_from_text(audit_json(kinds))["actions"]] == [
+        bool, int, float,
+    ]  # fmt: skip

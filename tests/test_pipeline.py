@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,12 @@ import pytest
 
 import ctxwarden
 from ctxwarden import BuildState, Message, Policy, ToolCall, WindowConfig, build_context
+from ctxwarden.bench.proxy import conversation
 from ctxwarden.bench.traces import load_tau_bench
 from ctxwarden.build.pairing import pairing_problems
+from ctxwarden.build.state import PREFIX_DIGITS
 from ctxwarden.errors import BudgetError, ConfigError
-from ctxwarden.formats.openai import messages_to_openai
+from ctxwarden.formats.openai import messages_from_openai, messages_to_openai
 from ctxwarden.steps.drop_tagged import DropTagged
 
 
@@ -51,6 +54,33 @@ def test_state_round_trips_every_field(tau: list[list[Message]]) -> None:
 def test_a_damaged_state_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="not a stored build state"):
         BuildState.from_dict({"ledger": {"upto": "x"}})
+    for packed in ("not base64!", "AAAA"):  # not base64; 3 bytes, not whole digests
+        with pytest.raises(ConfigError, match="not a stored build state"):
+            BuildState.from_dict({"version": 3, "prefix": packed})
+
+
+def test_the_prefix_is_stored_packed_and_a_state_stored_before_still_builds_the_same() -> None:
+    history = messages_from_openai(conversation(80))
+    first = build_context(history[:60], "gpt-4o", 3_000)
+    state = first.state
+    assert state.prefix == tuple(m.fingerprint[:PREFIX_DIGITS] for m in first.messages)
+    stored = state.to_dict()
+    assert isinstance(stored["prefix"], str) and len(stored["prefix"]) == 8 * len(state.prefix)
+    # what version 2 stored: every fingerprint whole, in a list
+    old = {**stored, "version": 2, "prefix": [m.fingerprint for m in first.messages]}
+    assert BuildState.from_dict(old) == state
+    assert BuildState.from_dict({**old, "version": 1}) == state
+    for n in (61, 62, 70):
+        new_way = build_context(history[:n], "gpt-4o", 3_000, previous=BuildState.from_dict(stored))
+        old_way = build_context(history[:n], "gpt-4o", 3_000, previous=BuildState.from_dict(old))
+        assert old_way.audit == new_way.audit and old_way.messages == new_way.messages
+        assert old_way.state == new_way.state
+        assert 0 < new_way.audit.prefix_shared_tokens < new_way.input_tokens
+    # a prefix made by hand (not digests) is kept as it is
+    odd = replace(state, prefix=("abc", "ABCDEF012345", *state.prefix))
+    assert isinstance(odd.to_dict()["prefix"], list)
+    assert BuildState.from_dict(json.loads(json.dumps(odd.to_dict()))) == odd
+    assert BuildState.from_dict(replace(state, prefix=()).to_dict()).prefix == ()
 
 
 _CHILD = """

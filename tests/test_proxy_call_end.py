@@ -20,8 +20,10 @@ from ctxwarden.store.service_tables import (
     Head,
     add_tenant,
     build_context,
+    delete_session,
     end_call,
     get_head,
+    latest_builds,
     list_builds,
     put_head,
     tenant_by_key_hash,
@@ -195,3 +197,84 @@ def test_a_build_log_write_that_fails_keeps_the_previous_sticky_state(
         s.build(status="forwarded")
         assert dict(s.record.sticky)["last_seq"] == 3
         assert len(list_builds(s.store, "acme", "sticky")) == 2
+
+
+def _build_rows(s: Session) -> list[tuple[Any, ...]]:
+    assert isinstance(s.store, SqlStore)
+    with s.store._read() as tx:
+        return tx.execute(
+            "SELECT build_id, status, audit FROM ctxwarden_builds WHERE session_id = ? "
+            "ORDER BY turn",
+            (s.session_id,),
+        )
+
+
+def _ends(s: Session) -> list[tuple[Any, ...]]:
+    assert isinstance(s.store, SqlStore)
+    with s.store._read() as tx:
+        return tx.execute(
+            "SELECT build_id, status FROM ctxwarden_build_ends WHERE session_id = ? "
+            "ORDER BY build_id",
+            (s.session_id,),
+        )
+
+
+def test_a_call_end_leaves_the_build_row_as_written(db_url: str) -> None:
+    s, head, _ = _forwarded(db_url)
+    with s:
+        written = _build_rows(s)
+        assert [r[1] for r in written] == ["forwarded"]
+        assert end_call(s.store, _end(head))
+        assert _build_rows(s) == written  # its audit is not written again
+        assert _ends(s) == [("b1", "complete")]
+        assert _state(s)[4] == "complete"
+        assert latest_builds(s.store, "acme")["chat"].status == "complete"
+        # ended again (as after a lost race): the newest end is the status
+        assert end_call(s.store, replace(_end(head), status="reply_not_stored", head=None))
+        assert _ends(s) == [("b1", "reply_not_stored")] and _state(s)[4] == "reply_not_stored"
+        # a build no longer logged gets no end
+        assert end_call(s.store, replace(_end(head), build_id="gone", head=None))
+        assert _ends(s) == [("b1", "reply_not_stored")]
+
+
+def test_the_ends_of_builds_go_with_them(db_url: str) -> None:
+    with Session(db_url, "bounded", tenant="acme") as s:
+        s.keep_builds = 3
+        for i in range(5):
+            s.append([{"role": "user", "content": f"question {i}"}])
+            s.build(build_id=f"b{i}", status="forwarded")
+            if i != 3:  # b3 is a call that never ended
+                assert end_call(s.store, CallEnd("acme", "bounded", f"b{i}", "complete"))
+            s.append([{"role": "assistant", "content": f"answer {i}"}])
+        builds = list_builds(s.store, "acme", "bounded")
+        assert [(b.build_id, b.status) for b in builds] == [
+            ("b2", "complete"), ("b3", "forwarded"), ("b4", "complete"),
+        ]  # fmt: skip
+        assert _ends(s) == [("b2", "complete"), ("b4", "complete")]
+        assert delete_session(s.store, "acme", "bounded")
+        assert _ends(s) == []
+
+
+_TIME_INDEX = "SELECT 1 FROM sqlite_master WHERE name = 'ctxwarden_builds_time'"
+
+
+def test_a_build_logged_before_the_ends_table_ends_and_reads_as_before(tmp_path: Any) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    with open_store(url, migrate_upto="007_build_contexts") as store:  # type: ignore[call-arg]
+        assert isinstance(store, SqlStore)
+        with Session(store, "s", tenant="t") as old:
+            old.append([{"role": "user", "content": "hi"}])
+            for build_id in ("done", "open"):
+                old.build(build_id=build_id, status="forwarded")
+        with store._write() as tx:  # as 007 ended a call: in its build row
+            tx.execute("UPDATE ctxwarden_builds SET status = 'complete' WHERE build_id = 'done'")
+            assert tx.execute(_TIME_INDEX)
+    with Session(url, "s", tenant="t") as s:  # migrated on open
+        assert isinstance(s.store, SqlStore)
+        with s.store._read() as tx:
+            assert not tx.execute(_TIME_INDEX)  # (009: no read used it)
+        rows = {b.build_id: b.status for b in list_builds(s.store, "t", "s")}
+        assert rows == {"done": "complete", "open": "forwarded"}
+        assert end_call(s.store, CallEnd("t", "s", "open", "partial"))
+        rows = {b.build_id: b.status for b in list_builds(s.store, "t", "s")}
+        assert rows == {"done": "complete", "open": "partial"}

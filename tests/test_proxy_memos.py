@@ -70,14 +70,24 @@ def test_context_json_is_the_context_rows_as_stored(tmp_path: Path) -> None:
                 "SELECT typeof(context), context FROM ctxwarden_build_contexts WHERE build_id = ?",
                 (f"b{_}",),
             ).fetchone()
-            # a stored message as stored is logged as its number, and read back whole
+            # a stored message as stored is logged as its number (a run of them as the
+            # first number and a count), and read back whole
             assert row[0] == "text"
-            logged = json.loads(row[1])
+            raw = json.loads(row[1])
+            assert any(r.get("count", 1) > 1 for r in raw)
+            logged = [
+                {**r, "seq": r["seq"] + k} if "seq" in r else r
+                for r in raw
+                for k in range(r.pop("count", 1))
+            ]
             refs = [r for r in logged if "seq" in r]
             assert len(refs) > len(logged) // 2 and all("message" not in r for r in refs)
-            stored_ids = {m.id for m in s.messages()}
+            stored = list(s.messages())
+            by_id = {m.id: seq for seq, m in enumerate(stored)}
             for r, m in zip(logged, built.messages, strict=True):
-                assert ("seq" in r) == (m.id in stored_ids and m in list(s.messages()))
+                assert ("seq" in r) == (m.id in by_id and m in stored)
+                assert r.get("seq", by_id.get(m.id)) == by_id.get(m.id)
+                assert r["layer"] == built.layers.get(m.id, "window")
             assert len(row[1]) < len(json_text(context_rows(built))) / 1.5
             assert build_context(s.store, "default", "c", f"b{_}") == context_rows(built)
     odd = message_from_openai({"role": "user", "content": "lone \ud800 surrogate"})

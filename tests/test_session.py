@@ -184,6 +184,27 @@ def test_build_reads_a_slice_but_builds_what_the_full_history_builds(url: str, s
             assert built.audit.prefix_shared_tokens == full.audit.prefix_shared_tokens
 
 
+def test_a_state_stored_before_the_packed_prefix_builds_the_same(url: str, sid: str) -> None:
+    history = [{"role": "system", "content": "You are a shop assistant."}, *chat(300)]
+    with Session(url, sid) as s:
+        s.append(history)
+        first = s.build(max_input_tokens=600)
+        stored = dict(s.record.sticky)
+        assert isinstance(stored["prefix"], str)  # packed
+        # as version 2 stored it: the context's fingerprints whole, in a list
+        old = {**stored, "version": 2, "prefix": [m.fingerprint for m in first.messages]}
+        s.append(chat(2, 300))
+        builds = []
+        for sticky in (stored, old, stored):
+            s.store.save_sticky(s.tenant, sid, sticky)
+            with Session(url, sid) as fresh:  # reads the stored state, no memo
+                builds.append(fresh.build(max_input_tokens=600))
+        new_way, old_way, _ = builds
+        assert old_way.to_openai() == new_way.to_openai() and old_way.audit == new_way.audit
+        assert old_way.state == new_way.state
+        assert 0 < new_way.audit.prefix_shared_tokens == builds[2].audit.prefix_shared_tokens
+
+
 PLANTED = {
     3: "My reservation is ZFA04Y, paid with credit_card_7815826.",
     6: "The refund of $1,240.50 goes to account DE44500105175407324931.",

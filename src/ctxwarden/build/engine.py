@@ -28,7 +28,7 @@ from ctxwarden.build.built import BuiltContext
 from ctxwarden.build.inputs import all_messages, check_build_arguments
 from ctxwarden.build.pipeline import steps_for
 from ctxwarden.build.policy import Policy
-from ctxwarden.build.state import BuildState
+from ctxwarden.build.state import PREFIX_DIGITS, BuildState
 from ctxwarden.errors import BudgetError
 from ctxwarden.formats.openai import messages_from_openai
 from ctxwarden.memory.entity_ledger import EntityLedger
@@ -247,6 +247,7 @@ def run_build(
 
 
 _FINGERPRINT, _ID = attrgetter("fingerprint"), attrgetter("id")
+_DIGEST = itemgetter(slice(PREFIX_DIGITS))  # what BuildState.prefix keeps of a fingerprint
 _BULK_CONTEXT = 32  # contexts of this many messages or more are measured in C-level passes
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
@@ -263,7 +264,7 @@ def _prompt_cache_key(system: tuple[str, ...], model: str) -> str:
 def _sums(
     ordered: Sequence[Message],
     layer_of: Mapping[str, str],
-    fingerprints: Sequence[str],
+    digests: Sequence[str],
     ctx: StepContext,
 ) -> tuple[dict[str, int], int, int, bool]:
     """Tokens per layer, of the stable layers, and of the previous context's messages
@@ -283,7 +284,7 @@ def _sums(
             layers[layer] = layers.get(layer, 0) + tokens
             if layer in STABLE_LAYERS:
                 cacheable += tokens
-            if i < sharing and prefix[i] == fingerprints[i]:
+            if i < sharing and prefix[i] == digests[i]:
                 shared += tokens
             else:
                 sharing = 0
@@ -294,8 +295,8 @@ def _sums(
     for layer, run in itertools.groupby(zip(names, counts), _FIRST):  # noqa: B905 (as long)
         layers[layer] = layers.get(layer, 0) + sum(map(_SECOND, run))
     cacheable = sum(map(layers.__getitem__, STABLE_LAYERS))  # (all among LAYERS)
-    matching = next(itertools.compress(itertools.count(), map(ne, prefix, fingerprints)), None)
-    shared = sum(counts[: min(len(prefix), len(fingerprints)) if matching is None else matching])
+    matching = next(itertools.compress(itertools.count(), map(ne, prefix, digests)), None)
+    shared = sum(counts[: min(len(prefix), len(digests)) if matching is None else matching])
     return layers, cacheable, shared, all(map(_SECOND, measured))
 
 
@@ -311,8 +312,8 @@ def _finish(
     layer_state: LayerState | None,
 ) -> BuiltContext:
     h, ordered, layer_of = draft.history, draft.ordered, draft.layer_of
-    fingerprints = tuple(map(_FINGERPRINT, ordered))
-    layers, cacheable, shared, known = _sums(ordered, layer_of, fingerprints, ctx)
+    digests = tuple(map(_DIGEST, map(_FINGERPRINT, ordered)))
+    layers, cacheable, shared, known = _sums(ordered, layer_of, digests, ctx)
     exact = ctx.counter.exact and not tools and known
     total = REPLY_PRIMING + ctx.tools_tokens + sum(layers.values())
     layers["tools"] = ctx.tools_tokens
@@ -354,7 +355,7 @@ def _finish(
         last_id=h[-1].id if h else "",
         window_start=draft.start,
         sticky=sticky,
-        prefix=fingerprints,
+        prefix=digests,
         ledger_from=draft.ledger_from,
         ledger=draft.ledger_memo,
         flagged=draft.flagged,

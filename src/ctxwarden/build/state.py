@@ -8,10 +8,12 @@ Nothing a build's output depends on lives anywhere else: the process-wide caches
 functions, and their absence changes no output.
 
 It holds the sticky decisions (window start, masked and truncated messages), the
-fingerprints of the last context (prefix reuse), the entity ledger of the messages
-before the window and where it began, the rendered ledger block, the pinned positions
-found so far, the summary and facts (:class:`~ctxwarden.steps.layers.LayerState`),
-when a summary is due, what it would fold, and the sums its triggers test
+digests of the last context's messages (prefix reuse: :data:`PREFIX_DIGITS` hex digits of
+each fingerprint, stored packed: 8 characters a message, where a whole one took 44),
+the entity ledger of the messages before the window and where it began, the rendered
+ledger block, the pinned positions found so far, the summary and facts
+(:class:`~ctxwarden.steps.layers.LayerState`), when a summary is due, what it would fold,
+and the sums its triggers test
 (:class:`~ctxwarden.memory.summary_scan.SummaryScan`: the next build adds only the new
 messages).
 
@@ -21,7 +23,8 @@ stored sequence numbers and back (:mod:`ctxwarden.session.state`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import base64
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,9 +34,42 @@ from ctxwarden.memory.layer_state import LayerState
 from ctxwarden.memory.summary_scan import SummaryScan
 from ctxwarden.steps.base import ActionKind
 
-__all__ = ["BuildState", "LedgerMemo", "RecallMemo", "SummaryDue"]
+__all__ = ["PREFIX_DIGITS", "BuildState", "LedgerMemo", "RecallMemo", "SummaryDue"]
 
-STATE_VERSION = 2
+STATE_VERSION = 3  # 3: ``prefix`` holds digests, packed (2 and 1: whole fingerprints, a list)
+
+PREFIX_DIGITS = 12
+"""Hex digits of a message's fingerprint kept in :attr:`BuildState.prefix` (48 bits, as in
+an automatic message id): a digest is only compared with the one at the same position of
+the next context, so two different messages would have to agree in 48 bits to be taken for
+one."""
+_DIGEST_BYTES = PREFIX_DIGITS // 2
+
+
+def _pack_prefix(prefix: Sequence[str]) -> str | list[str]:
+    """The digests as one base64 string of their bytes (6 a digest); a prefix of other
+    strings (a state made by hand) stays a list."""
+    joined = "".join(prefix)
+    try:
+        raw = bytes.fromhex(joined)
+    except ValueError:
+        return list(prefix)
+    if len(joined) != PREFIX_DIGITS * len(prefix) or raw.hex() != joined:  # (lowercase only)
+        return list(prefix)
+    return base64.b64encode(raw).decode("ascii")
+
+
+def _unpack_prefix(data: Any, version: int) -> tuple[str, ...]:
+    """:func:`_pack_prefix` undone; a list stored before version 3 holds whole
+    fingerprints, of which the digests are their first :data:`PREFIX_DIGITS` digits."""
+    if isinstance(data, str):
+        raw = base64.b64decode(data, validate=True)  # (binascii.Error: a ValueError)
+        if len(raw) % _DIGEST_BYTES:
+            raise ValueError(f"a packed prefix of {len(raw)} bytes")
+        return tuple(raw.hex(" ", _DIGEST_BYTES).split())  # (whole digests: from either end)
+    if version < 3:
+        return tuple(str(f)[:PREFIX_DIGITS] for f in data)
+    return tuple(map(str, data))
 
 
 @dataclass(frozen=True)
@@ -130,7 +166,7 @@ class BuildState:
     last_id: str = ""
     window_start: int = 0
     sticky: Mapping[str, ActionKind] = field(default_factory=dict)
-    prefix: tuple[str, ...] = ()  # fingerprints of the previous context, in order
+    prefix: tuple[str, ...] = ()  # the previous context's digests, in order (PREFIX_DIGITS)
     ledger_from: int = 0  # where the ledger's sources begin
     ledger: LedgerMemo | None = None
     flagged: tuple[int, ...] = ()  # pinned / critical positions before ``flagged_upto``
@@ -148,7 +184,7 @@ class BuildState:
             "last_id": self.last_id,
             "window_start": self.window_start,
             "sticky": dict(self.sticky),
-            "prefix": list(self.prefix),
+            "prefix": _pack_prefix(self.prefix),
             "ledger_from": self.ledger_from,
             "ledger": None if self.ledger is None else self.ledger.to_dict(),
             "flagged": list(self.flagged),
@@ -161,8 +197,9 @@ class BuildState:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BuildState:
-        """The state :meth:`to_dict` wrote (or a version-1 dict: its five fields);
-        :class:`~ctxwarden.errors.ConfigError` names what is malformed."""
+        """The state :meth:`to_dict` wrote, by this version or an earlier one (a version-1
+        dict: its five fields); :class:`~ctxwarden.errors.ConfigError` names what is
+        malformed."""
         try:
             ledger, layers, due = data.get("ledger"), data.get("layers"), data.get("summary_due")
             recall, scan = data.get("recall"), data.get("summary_scan")
@@ -171,7 +208,7 @@ class BuildState:
                 last_id=str(data.get("last_id", "")),
                 window_start=int(data.get("window_start", 0)),
                 sticky={str(k): v for k, v in dict(data.get("sticky", {})).items()},
-                prefix=tuple(map(str, data.get("prefix", ()))),
+                prefix=_unpack_prefix(data.get("prefix", ()), int(data.get("version", 1))),
                 ledger_from=int(data.get("ledger_from", 0)),
                 ledger=None if ledger is None else LedgerMemo.from_dict(ledger),
                 flagged=tuple(int(i) for i in data.get("flagged", ())),

@@ -5,13 +5,15 @@ The audit is what the session page (:mod:`ctxwarden.ui`) and ``GET
 by one of its callers: the proxy, the session API, an adapter and a user's own loop all
 leave the same row in ``ctxwarden_builds`` (:func:`~ctxwarden.store.service_tables.record_build`).
 
-A row holds the audit, the newest message the build saw (``upto_seq``), the size of the
+A row holds the audit (its actions as rows of values under their field names, named
+once: :func:`audit_json`), the newest message the build saw (``upto_seq``), the size of the
 full history at that point (what sending everything would have cost) and, for the
 newest ``keep_contexts`` builds only, the built messages with their layers; only the
 newest ``keep_builds`` rows of a session are kept. A built message that is a stored
 message as stored (most of a window: stored messages never change) is written as its
-sequence number, ``{"layer": ..., "seq": n}``, and read back whole
-(:func:`~ctxwarden.store.service_tables.build_context`): a proxied call logs a few
+sequence number, ``{"layer": ..., "seq": n}`` (a run of them, consecutive in the context
+and in the store, as one row: ``{"layer": ..., "seq": n, "count": k}``), and read back
+whole (:func:`~ctxwarden.store.service_tables.build_context`): a proxied call logs a few
 kilobytes instead of its whole ~80 KB context again. The full-history size is the previous
 row's plus the stored counts of the messages after it: the build's own slice has most of
 them, so a warm build reads nothing more, and a first build over an imported history
@@ -32,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, fields
 from functools import lru_cache
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ctxwarden.formats.openai import message_to_openai
 from ctxwarden.formats.openai_json import dumps, meta_message_bytes, object_json
@@ -84,12 +86,25 @@ def context_utf8(built: BuiltContext, stored: Sequence[StoredMessage] | None = N
     does not (a lone surrogate) has the whole context written with ASCII escapes.
 
     With ``stored`` (the build's slice), a built message equal to one of them is written
-    as its sequence number instead (see the module docstring)."""
+    as its sequence number instead, and a run of such messages of one layer with
+    consecutive numbers as one row, its first number and ``count`` (see the module
+    docstring)."""
     layer_of = built.layers.get
     heads: dict[str, bytes] = {}
     refs: dict[str, bytes] = {}
     seq_of = {s.message.id: s for s in stored} if stored else {}
     parts: list[bytes] = []  # joined once: no row is made and copied again
+    run: list[Any] = []  # the open run of stored messages: [layer, first seq, count]
+
+    def close_run() -> None:
+        layer, first, count = run
+        ref = refs.get(layer)
+        if ref is None:
+            ref = refs[layer] = f'{{"layer": {dumps(layer)}, "seq": '.encode()
+        more = b"}, " if count == 1 else b', "count": %d}, ' % count
+        parts.extend((ref, str(first).encode(), more))
+        run.clear()
+
     try:
         for m in built.messages:
             layer = layer_of(m.id, "window")
@@ -99,19 +114,25 @@ def context_utf8(built: BuiltContext, stored: Sequence[StoredMessage] | None = N
             if found is not None and (
                 found.message is m or (found.message.content == m.content and found.message == m)
             ):
-                ref = refs.get(layer)
-                if ref is None:
-                    ref = refs[layer] = f'{{"layer": {dumps(layer)}, "seq": '.encode()
-                parts += (ref, str(found.seq).encode(), b"}, ")
+                if run and run[0] == layer and run[1] + run[2] == found.seq:
+                    run[2] += 1
+                    continue
+                if run:
+                    close_run()
+                run += (layer, found.seq, 1)
                 continue
+            if run:
+                close_run()
             head = heads.get(layer)
             if head is None:
                 head = heads[layer] = f'{{"layer": {dumps(layer)}, "message": '.encode()
             parts += (head, meta_message_bytes(m), b"}, ")
     except UnicodeEncodeError:
         return json_text(context_rows(built)).encode()
+    if run:
+        close_run()
     if parts:
-        parts[-1] = b"}"
+        parts[-1] = parts[-1][:-2]  # the last row's "}, " or '..., "count": n}, '
     return b"[" + b"".join(parts) + b"]"
 
 
@@ -170,10 +191,52 @@ def _action_json(action: Any) -> str:
     return _scalars_json(names, values, types)
 
 
+_ROW_ATTR = "_ctxwarden_row"  # an action's logged row, kept on the (frozen) action
+_ACTION_FIELDS = tuple(f.name for f in fields(Action))
+_ROWS_HEAD = '{"fields": ' + dumps(list(_ACTION_FIELDS)) + ', "rows": ['
+
+
+def _action_row(action: Any) -> str | None:
+    """One action's values as a JSON array, in the order of :class:`Action`'s fields,
+    memoised as :func:`_action_text` is; ``None`` for an action with other fields or a
+    value that is no scalar (its audit logs each action as an object)."""
+    own = getattr(action, "__dict__", None)
+    kept: str | None = own.get(_ROW_ATTR) if own is not None else None
+    if kept is not None:
+        return kept
+    cls: type = type(action)
+    names, read = _fields_of(cls)
+    if names != _ACTION_FIELDS:
+        return None
+    values = read(action)
+    types = tuple(map(type, values))
+    if not _SCALARS.issuperset(types):
+        return None
+    text = _scalars_row(values, types)
+    if own is not None and type(action) is Action:
+        own[_ROW_ATTR] = text
+    return text
+
+
+@lru_cache(maxsize=65_536)
+def _scalars_row(values: tuple[Any, ...], types: tuple[type, ...]) -> str:
+    """The JSON array of scalar ``values`` (``types``: as for :func:`_scalars_json`)."""
+    return dumps(list(values))
+
+
 def audit_json(audit: Audit) -> str:
-    """``json_text(audit.to_dict())``, byte for byte, each action's text memoised
-    (:func:`_action_text`): a build logs one action per cut or masked message."""
-    actions = "[" + ", ".join(map(_action_text, audit.actions)) + "]"
+    """``json_text(audit.to_dict())`` with its actions written compactly: as rows of
+    their values under the field names, named once (``{"fields": [...], "rows": [[...],
+    ...]}``, a build logs one action per cut or masked message, ~165 bytes each as
+    objects), which :func:`~ctxwarden.store.service_tables.list_builds` reads back as the
+    objects; each action's text memoised (:func:`_action_row`). An action with other
+    fields or values (a user's step) has the actions written as objects, byte for byte
+    as ``json_text`` writes them."""
+    rows = list(map(_action_row, audit.actions))
+    if rows and None not in rows:
+        actions = _ROWS_HEAD + ", ".join(cast("list[str]", rows)) + "]}"
+    else:
+        actions = "[" + ", ".join(map(_action_text, audit.actions)) + "]"
     text = object_json(audit.to_dict(actions=False), {"actions": actions})
     if not text.isascii() and unstorable(text):
         return json_text(audit.to_dict())

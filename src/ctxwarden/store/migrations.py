@@ -209,6 +209,30 @@ MIGRATIONS: tuple[Migration, ...] = (
             "UPDATE ctxwarden_builds SET context = NULL WHERE context IS NOT NULL",
         ),
     ),
+    Migration(
+        "008_build_ends",
+        (
+            # how a forwarded call ended (its build's final status), a small row written
+            # once: updating the status in the build row rewrote that row with its audit
+            # (~17 KB for a proxied session: SQLite rewrites a row whose size changes, and
+            # its overflow pages with it); a build without one keeps its status there
+            """CREATE TABLE ctxwarden_build_ends (
+                tenant TEXT NOT NULL,
+                session_id TEXT NOT NULL,
+                build_id TEXT NOT NULL,
+                status TEXT NOT NULL,
+                PRIMARY KEY (tenant, session_id, build_id)
+            )""",
+        ),
+    ),
+    Migration(
+        "009_drop_builds_time_index",
+        (
+            # no read orders or finds builds by time since 006 numbered them (turn), and
+            # every logged build wrote a page of this index
+            "DROP INDEX IF EXISTS ctxwarden_builds_time",
+        ),
+    ),
 )
 
 REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
@@ -275,6 +299,7 @@ REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
         ]
     ),
     "ctxwarden_build_contexts": frozenset(["tenant", "session_id", "build_id", "turn", "context"]),
+    "ctxwarden_build_ends": frozenset(["tenant", "session_id", "build_id", "status"]),
     "ctxwarden_heads": frozenset(
         [
             "tenant",

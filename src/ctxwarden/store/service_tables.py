@@ -11,6 +11,8 @@ transactions of the SQL backends (SQLite and PostgreSQL share the statements).
   built messages (kept for the newest builds only) and its status: ``built`` for a
   library build; the proxy's say how the call ended (``forwarded`` until it does: a row
   left so by a crash says so). The log is bounded per session (:func:`record_build`).
+  Written once: how a call ended goes to a small row of its own (``ctxwarden_build_ends``,
+  migration 008), which the reads put in place of the status it was logged with.
 - **heads**: which stored session a client's session id writes to, how many messages of
   it the client has already sent or received, and a chained hash of them, so the proxy
   recognises the stored prefix in a full history without reading it back.
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +30,7 @@ from ctxwarden.errors import ConfigError
 from ctxwarden.registry.usage import Usage
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.base import SessionStore, json_text
+from ctxwarden.store.logged_build import audit_from_text, context_from_rows
 from ctxwarden.store.migrations import Tx
 
 __all__ = [
@@ -121,7 +124,7 @@ def _build(r: Any) -> BuildRecord:
     """A builds row: the ten columns of ``list_builds`` (an eleventh: whether it has a context)."""
     has_context = bool(r[10]) if len(r) > 10 else False
     return BuildRecord(
-        r[0], r[1], float(r[2]), r[3], int(r[4]), int(r[5]), r[6], json.loads(r[7]), int(r[8]),
+        r[0], r[1], float(r[2]), r[3], int(r[4]), int(r[5]), r[6], audit_from_text(r[7]), int(r[8]),
         int(r[9]), has_context,
     )  # fmt: skip
 
@@ -378,10 +381,13 @@ def record_build(
             )
         # (no row has a negative turn: a bound below zero has nothing to delete)
         if keep is not None and turn - max(1, keep) >= 0:
+            params = (tenant, session_id, turn - max(1, keep))
             tx.execute(
-                f"DELETE FROM ctxwarden_builds {where} AND turn <= ?",
-                (tenant, session_id, turn - max(1, keep)),
+                f"DELETE FROM ctxwarden_build_ends {where} AND build_id IN "
+                f"(SELECT build_id FROM ctxwarden_builds {where} AND turn <= ?)",
+                (tenant, session_id, *params),
             )
+            tx.execute(f"DELETE FROM ctxwarden_builds {where} AND turn <= ?", params)
         bounds = [max(1, keep)] if keep is not None else []
         if keep_contexts is not None:
             bounds.append(max(0, keep_contexts))
@@ -462,9 +468,12 @@ def end_call(store: SessionStore, end: CallEnd, tx: Tx | None = None) -> bool:
             dollars=end.dollars,
             read_back=False,
         )
+    # the build's row, audit and all, stays as written (see the module docstring)
     tx.execute(
-        "UPDATE ctxwarden_builds SET status = ? "
-        "WHERE tenant = ? AND session_id = ? AND build_id = ?",
+        "INSERT INTO ctxwarden_build_ends (tenant, session_id, build_id, status) "
+        "SELECT tenant, session_id, build_id, ? FROM ctxwarden_builds "
+        "WHERE tenant = ? AND session_id = ? AND build_id = ? "
+        "ON CONFLICT (tenant, session_id, build_id) DO UPDATE SET status = excluded.status",
         (end.status, end.tenant, end.session_id, end.build_id),
     )
     moved = True
@@ -473,6 +482,14 @@ def end_call(store: SessionStore, end: CallEnd, tx: Tx | None = None) -> bool:
     if end.usage is not None:  # last: the tenant's row is shared
         add_spend(store, end.tenant, end.dollars, tx)
     return moved
+
+
+# a build's status: how its call ended when it has, else the status it was logged with
+_STATUS = "COALESCE(e.status, b.status)"
+_ENDS = (
+    "LEFT JOIN ctxwarden_build_ends e ON e.tenant = b.tenant AND e.session_id = b.session_id "
+    "AND e.build_id = b.build_id"
+)
 
 
 def list_builds(
@@ -488,12 +505,13 @@ def list_builds(
     messages: :func:`build_context`)."""
     with _sql(store)._read() as tx:
         rows = tx.execute(
-            "SELECT build_id, session_id, created_at, model, history_tokens, input_tokens, "
-            "status, audit, turn, upto_seq, EXISTS (SELECT 1 FROM ctxwarden_build_contexts c "
-            "WHERE c.tenant = b.tenant AND c.session_id = b.session_id "
-            "AND c.build_id = b.build_id) "
-            "FROM ctxwarden_builds b WHERE tenant = ? AND session_id = ? AND turn >= ? "
-            "ORDER BY turn, created_at, build_id LIMIT ? OFFSET ?",
+            "SELECT b.build_id, b.session_id, b.created_at, b.model, b.history_tokens, "
+            f"b.input_tokens, {_STATUS}, b.audit, b.turn, b.upto_seq, EXISTS (SELECT 1 "
+            "FROM ctxwarden_build_contexts c WHERE c.tenant = b.tenant "
+            "AND c.session_id = b.session_id AND c.build_id = b.build_id) "
+            f"FROM ctxwarden_builds b {_ENDS} "
+            "WHERE b.tenant = ? AND b.session_id = ? AND b.turn >= ? "
+            "ORDER BY b.turn, b.created_at, b.build_id LIMIT ? OFFSET ?",
             (tenant, session_id, since_turn, limit, offset),
         )
     return [_build(r) for r in rows]
@@ -504,10 +522,10 @@ def latest_builds(store: SessionStore, tenant: str) -> dict[str, BuildRecord]:
     with _sql(store)._read() as tx:
         rows = tx.execute(
             "SELECT b.build_id, b.session_id, b.created_at, b.model, b.history_tokens, "
-            "b.input_tokens, b.status, b.audit, b.turn, b.upto_seq FROM ctxwarden_builds b "
+            f"b.input_tokens, {_STATUS}, b.audit, b.turn, b.upto_seq FROM ctxwarden_builds b "
             "JOIN (SELECT session_id, MAX(turn) AS turn FROM ctxwarden_builds WHERE tenant = ? "
             "GROUP BY session_id) last ON b.session_id = last.session_id AND b.turn = last.turn "
-            "WHERE b.tenant = ?",
+            f"{_ENDS} WHERE b.tenant = ?",
             (tenant, tenant),
         )
     return {r[1]: _build(r) for r in rows}
@@ -518,7 +536,8 @@ def build_context(
 ) -> list[dict[str, Any]] | None:
     """The built messages stored with a build (``None`` when it is too old to keep them),
     each ``{"layer": ..., "message": ...}``; one logged as the sequence number of the
-    stored message it is (:mod:`ctxwarden.session.build_log`) is read back whole."""
+    stored message it is, or in a run of them (:mod:`ctxwarden.session.build_log`), is
+    read back whole."""
     with _sql(store)._read() as tx:
         rows = tx.execute(
             "SELECT context FROM ctxwarden_build_contexts "
@@ -527,35 +546,13 @@ def build_context(
         )
     if not rows or rows[0][0] is None:
         return None
-    found: list[dict[str, Any]] = json.loads(rows[0][0])
-    refs = sorted({row["seq"] for row in found if "message" not in row and "seq" in row})
-    if not refs:
-        return found
-    # a stored message written as its sequence number (session.build_log): read it back
-    # as the row would have held it, runs of consecutive numbers in one range read each
     from ctxwarden.formats.openai_json import meta_message_bytes
 
-    whole: dict[int, Any] = {}
-    for lo, hi in _runs(refs):
-        for m in store.range(tenant, session_id, lo, hi + 1):
-            whole[m.seq] = json.loads(meta_message_bytes(m.message))
-    return [
-        {"layer": row["layer"], "message": whole[row["seq"]]}
-        if "message" not in row and row.get("seq") in whole
-        else row
-        for row in found
-    ]
+    def read(lo: int, hi: int) -> Iterable[tuple[int, Any]]:
+        for m in store.range(tenant, session_id, lo, hi):
+            yield m.seq, json.loads(meta_message_bytes(m.message))
 
-
-def _runs(seqs: Sequence[int]) -> list[tuple[int, int]]:
-    """Sorted ``seqs`` as runs of consecutive numbers, ``(first, last)`` each."""
-    runs: list[tuple[int, int]] = []
-    for seq in seqs:
-        if runs and seq == runs[-1][1] + 1:
-            runs[-1] = (runs[-1][0], seq)
-        else:
-            runs.append((seq, seq))
-    return runs
+    return context_from_rows(json.loads(rows[0][0]), read)
 
 
 def delete_session(store: SessionStore, tenant: str, session_id: str) -> bool:
@@ -566,7 +563,12 @@ def delete_session(store: SessionStore, tenant: str, session_id: str) -> bool:
         found = tx.execute(f"SELECT 1 FROM ctxwarden_sessions {where}", params)
         if not found:
             return False
-        tables = ("ctxwarden_heads", "ctxwarden_build_contexts", "ctxwarden_builds")
+        tables = (
+            "ctxwarden_heads",
+            "ctxwarden_build_contexts",
+            "ctxwarden_build_ends",
+            "ctxwarden_builds",
+        )
         for table in (*tables, "ctxwarden_ledgers"):
             tx.execute(f"DELETE FROM {table} {where}", params)
         tx.execute(f"DELETE FROM ctxwarden_messages {where}", params)

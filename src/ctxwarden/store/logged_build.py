@@ -1,0 +1,82 @@
+"""A logged build's compact forms read back as what they stand for (R15).
+
+:mod:`ctxwarden.session.build_log` writes a build's row compactly, and these read it back
+for :mod:`~ctxwarden.store.service_tables`, so a reader sees what the row would hold
+written out:
+
+- the audit's actions, logged as rows of their values under the field names named once
+  (``{"fields": [...], "rows": [[...], ...]}``), come back as one object each
+  (:func:`audit_from_text`);
+- a built message that is a stored message as stored, logged as its sequence number
+  (``{"layer": ..., "seq": n}``), or a run of them as the first number and a count
+  (``..., "count": k}``), comes back as the stored message (:func:`context_from_rows`).
+
+Rows logged before either form read as they always did.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+__all__ = ["audit_from_text", "context_from_rows"]
+
+
+def audit_from_text(text: str) -> Any:
+    """A logged audit, with its actions as objects (logged as rows, or as the objects)."""
+    audit = json.loads(text)
+    actions = audit.get("actions") if isinstance(audit, dict) else None
+    if isinstance(actions, dict) and "rows" in actions:
+        names = actions["fields"]
+        audit["actions"] = [dict(zip(names, row, strict=True)) for row in actions["rows"]]
+    return audit
+
+
+def context_from_rows(
+    found: list[dict[str, Any]], read: Callable[[int, int], Iterable[tuple[int, Any]]]
+) -> list[dict[str, Any]]:
+    """The logged context rows ``found`` with each stored message logged by number read
+    back whole: ``read(lo, hi)`` gives ``(seq, message as its JSON object)`` for the stored
+    messages with ``lo <= seq < hi``, one call per run of consecutive numbers. A number
+    no longer stored is left as it is (a run's as one row each)."""
+    logged = [_refs(row) for row in found]
+    refs = sorted({seq for seqs in logged for seq in seqs})
+    if not refs:
+        return found
+    whole: dict[int, Any] = {}
+    for lo, hi in _runs(refs):
+        whole.update(read(lo, hi + 1))
+    out: list[dict[str, Any]] = []
+    for row, seqs in zip(found, logged, strict=True):
+        if isinstance(seqs, range):
+            layer = row["layer"]
+            out += ({"layer": layer, "message": whole[seq]} if seq in whole else
+                    {"layer": layer, "seq": seq} for seq in seqs)  # fmt: skip
+        elif seqs and seqs[0] in whole:
+            out.append({"layer": row["layer"], "message": whole[seqs[0]]})
+        else:
+            out.append(row)
+    return out
+
+
+def _refs(row: Mapping[str, Any]) -> Sequence[Any]:
+    """The sequence numbers a logged row stands for: none for a message logged whole,
+    ``seq`` alone, or a run of ``count`` from ``seq`` on (a ``range``)."""
+    if "message" in row or "seq" not in row:
+        return ()
+    seq, count = row["seq"], row.get("count")
+    if type(seq) is int and type(count) is int and count > 0:
+        return range(seq, seq + count)
+    return (seq,)
+
+
+def _runs(seqs: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted ``seqs`` as runs of consecutive numbers, ``(first, last)`` each."""
+    runs: list[tuple[int, int]] = []
+    for seq in seqs:
+        if runs and seq == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], seq)
+        else:
+            runs.append((seq, seq))
+    return runs
