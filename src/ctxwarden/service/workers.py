@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import math
 import queue
 import threading
 import time
@@ -40,7 +39,6 @@ __all__ = ["Workers"]
 
 _TURN = 0.01
 """Seconds of calls the loop runs back to back (``threads=0``) before its own turn."""
-_SPENT = -math.inf
 
 T = TypeVar("T")
 _Item = tuple[
@@ -89,13 +87,14 @@ class Workers:
         64 concurrent clients some requests waited seconds while others were served."""
         while True:
             now = time.perf_counter()
-            started = self._turns.setdefault(loop, now)
+            started = self._turns.get(loop)
+            if started is None:  # the first call of this turn of the loop
+                self._turns[loop] = now
+                loop.call_soon(self._turns.pop, loop, None)  # the turn ends with it
+                break
             if now - started <= _TURN:
                 break
-            if started != _SPENT:  # the loop's turn: a new one starts after it
-                self._turns[loop] = _SPENT
-                loop.call_soon(self._turns.pop, loop, None)
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # this turn is spent: after the loop's own
         return contextvars.copy_context().run(fn, *args)
 
     def close(self) -> None:
