@@ -199,24 +199,25 @@ def test_a_build_log_write_that_fails_keeps_the_previous_sticky_state(
         assert len(list_builds(s.store, "acme", "sticky")) == 2
 
 
-def _build_rows(s: Session) -> list[tuple[Any, ...]]:
+def _rows(s: Session, query: str) -> list[tuple[Any, ...]]:
+    """``query``'s rows for the session (its one parameter)."""
     assert isinstance(s.store, SqlStore)
     with s.store._read() as tx:
-        return tx.execute(
-            "SELECT build_id, status, audit FROM ctxwarden_builds WHERE session_id = ? "
-            "ORDER BY turn",
-            (s.session_id,),
-        )
+        return tx.execute(query, (s.session_id,))
+
+
+def _build_rows(s: Session) -> list[tuple[Any, ...]]:
+    return _rows(
+        s,
+        "SELECT build_id, status, audit FROM ctxwarden_builds WHERE session_id = ? ORDER BY turn",
+    )
 
 
 def _ends(s: Session) -> list[tuple[Any, ...]]:
-    assert isinstance(s.store, SqlStore)
-    with s.store._read() as tx:
-        return tx.execute(
-            "SELECT build_id, status FROM ctxwarden_build_ends WHERE session_id = ? "
-            "ORDER BY build_id",
-            (s.session_id,),
-        )
+    return _rows(
+        s,
+        "SELECT build_id, status FROM ctxwarden_build_ends WHERE session_id = ? ORDER BY build_id",
+    )
 
 
 def test_a_call_end_leaves_the_build_row_as_written(db_url: str) -> None:
