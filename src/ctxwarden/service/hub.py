@@ -5,10 +5,11 @@ One :class:`Hub` per app. Sessions are kept open in a small LRU (a
 build decodes only what is new). Calls on one client session are serialised by an
 ``asyncio`` lock held for the whole call, so a reply is always stored right after the
 history it answers; calls on different sessions run concurrently. Store work and builds run
-through :meth:`Hub.run` (:class:`~ctxwarden.service.workers.Workers`), one at a time:
+through :meth:`Hub.run` (:class:`~ctxwarden.service.workers.Workers`):
 
-- on PostgreSQL, in 4 worker threads (psycopg waits on the network; its pool);
-- on SQLite, on the event loop itself by default: SQLite is one writer anyway (more
+- on PostgreSQL, in 4 worker threads, at most 4 at once (psycopg waits on the network;
+  its pool);
+- on SQLite, one at a time on the event loop itself by default: SQLite is one writer anyway (more
   threads only meet in its busy-wait, which sleeps up to 100 ms per retry), its work is
   local, and a thread's hand-overs cost ~15% of a proxied call's CPU. The loop does wait
   while another process holds the database's write lock (the ``tenant`` commands do, for

@@ -81,10 +81,11 @@ class Workers:
     async def _here(
         self, loop: asyncio.AbstractEventLoop, fn: Callable[..., T], args: tuple[Any, ...]
     ) -> T:
-        """``fn(*args)`` on the loop. Calls that become ready together run back to back
-        for up to :data:`_TURN` seconds; a call after that first lets the loop take
-        its turn (read other requests' bodies, relay their streams): without that, at
-        64 concurrent clients some requests waited seconds while others were served."""
+        """``fn(*args)`` on the loop. Calls that become ready in one iteration of the
+        loop run back to back for up to :data:`_TURN` seconds; the rest wait for the
+        next iteration, after the loop's own work (other requests' bodies, their
+        streams): without that, at 64 concurrent clients some requests waited seconds
+        while others were served."""
         while True:
             now = time.perf_counter()
             started = self._turns.get(loop)
