@@ -193,3 +193,34 @@ def test_calls_on_the_loop_let_it_take_its_turn_every_few_milliseconds() -> None
         assert sum(1 for n in between if n) >= 7  # the calls ran over several turns
 
     asyncio.run(run())
+
+
+def test_pages_and_the_session_api_wait_aside_not_on_the_loop(tmp_path: Path) -> None:
+    """On SQLite a page's work runs in a thread of its own: a slow one holds up no
+    proxied call on the loop; with store threads, it shares them."""
+    db = f"sqlite:///{tmp_path / 'hub.db'}"
+
+    async def run() -> None:
+        hub = Hub(ServiceConfig(db=db, upstream="http://127.0.0.1:9/v1"), Metrics())
+        gate = threading.Event()
+        try:
+            slow_page = asyncio.ensure_future(hub.run_aside(gate.wait, 5.0))
+            await asyncio.sleep(0.05)  # the page's work has started, and waits
+            assert await hub.run(threading.get_ident) == threading.get_ident()  # served
+            assert not slow_page.done()
+            gate.set()
+            assert await slow_page is True
+        finally:
+            gate.set()
+            hub.close()
+        threaded = Hub(
+            ServiceConfig(db=db, upstream="http://127.0.0.1:9/v1", store_threads=1), Metrics()
+        )
+        try:
+            assert await threaded.run_aside(threading.get_ident) == await threaded.run(
+                threading.get_ident
+            )
+        finally:
+            threaded.close()
+
+    asyncio.run(run())

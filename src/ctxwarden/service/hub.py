@@ -14,6 +14,10 @@ through :meth:`Hub.run` (:class:`~ctxwarden.service.workers.Workers`):
   local, and a thread's hand-overs cost ~15% of a proxied call's CPU. The loop does wait
   while another process holds the database's write lock (the ``tenant`` commands do, for
   milliseconds); ``ctxwarden serve --store-threads 1`` moves the work to a thread instead.
+
+What a person waits for rather than an agent (the session pages, the session API) goes
+through :meth:`Hub.run_aside`: on the loop's SQLite it runs in a thread of its own, so a
+2,000-turn session page (~0.4 s of work) does not hold up the proxied calls meanwhile.
 """
 
 from __future__ import annotations
@@ -79,13 +83,21 @@ class Hub:
         if threads is None:
             threads = 0 if self.store.url.startswith("sqlite") else 4
         self._workers = Workers(threads)
+        self._aside = Workers(1, "ctxwarden pages") if threads == 0 else self._workers
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` within the store's concurrency (see the module docstring)."""
         return await self._workers.run(fn, *args)
 
+    async def run_aside(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` for a page or the session API: never on the loop (see the module
+        docstring)."""
+        return await self._aside.run(fn, *args)
+
     def close(self) -> None:
         self._workers.close()
+        if self._aside is not self._workers:
+            self._aside.close()
         self.store.close()
 
     def tenant(self, record: TenantRecord) -> Tenant:

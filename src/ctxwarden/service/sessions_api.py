@@ -96,7 +96,7 @@ class Recalled(BaseModel):
 
 async def _run(hub: Hub, fn: Any, *args: Any) -> Any:
     try:
-        return await hub.run(fn, *args)
+        return await hub.run_aside(fn, *args)
     except CtxwardenError as exc:
         raise from_library(exc) from exc
 

@@ -76,7 +76,7 @@ async def _tenant(request: Request) -> TenantRecord | None:
     if not token or len(token) != 64:
         return None
     hub = hub_of(request)
-    return await hub.run(tenant_by_key_hash, hub.store, token)
+    return await hub.run_aside(tenant_by_key_hash, hub.store, token)
 
 
 def _to_login() -> Response:
@@ -101,7 +101,7 @@ async def sessions(request: Request) -> Response:
     if tenant is None:
         return _html(render_login(ROOT))
     hub = hub_of(request)
-    rows = await hub.run(session_rows, hub.store, tenant.tenant)
+    rows = await hub.run_aside(session_rows, hub.store, tenant.tenant)
     return _html(render_sessions(rows, ROOT, tenant.tenant))
 
 
@@ -113,7 +113,7 @@ async def login(request: Request) -> Response:
     fields = parse_qs(body[:_MAX_FORM].decode("utf-8", "replace"))
     key = (fields.get("key") or [""])[0].strip()
     hub = hub_of(request)
-    record = await hub.run(tenant_by_key_hash, hub.store, hash_key(key)) if key else None
+    record = await hub.run_aside(tenant_by_key_hash, hub.store, hash_key(key)) if key else None
     if record is None:
         return _html(render_login(ROOT, error="unknown or revoked tenant key"), 401)
     answer = RedirectResponse(ROOT + "/", 303, headers=_HEADERS)
@@ -167,7 +167,7 @@ async def turn_fragment(session_id: str, turn: int, request: Request) -> Respons
     if tenant is None:
         return _html("sign in first", 401)
     hub = hub_of(request)
-    body = await hub.run(_turn, hub, tenant.tenant, session_id, turn)
+    body = await hub.run_aside(_turn, hub, tenant.tenant, session_id, turn)
     return _not_found(f"no turn {turn} in this session") if body is None else _html(body)
 
 
@@ -183,5 +183,5 @@ async def session(
         return _to_login()
     hub = hub_of(request)
     nonce = secrets.token_urlsafe(16)
-    found = await hub.run(_page, hub, tenant.tenant, session_id, turn, nonce)
+    found = await hub.run_aside(_page, hub, tenant.tenant, session_id, turn, nonce)
     return _not_found("no such session") if found is None else _html(*found, nonce=nonce)
