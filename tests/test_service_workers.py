@@ -158,6 +158,10 @@ def test_the_hub_runs_sqlite_work_on_the_loop_unless_given_threads(tmp_path: Pat
         assert await thread_of(default) == loop_thread
         threaded = ServiceConfig(db=db, upstream="http://127.0.0.1:9/v1", store_threads=1)
         assert await thread_of(threaded) != loop_thread
+        brokered = ServiceConfig(
+            db=db, upstream="http://127.0.0.1:9/v1", broker="redis://127.0.0.1:9/0"
+        )
+        assert await thread_of(brokered) != loop_thread  # a publish may wait on the broker
 
     asyncio.run(run())
     with pytest.raises(ConfigError, match="--store-threads must be between 0 and 64"):

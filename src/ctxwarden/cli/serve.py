@@ -86,7 +86,7 @@ def serve(
             min=0,
             max=64,
             help="Threads for store work and builds; 0 runs them on the event loop. "
-            "Default: 0 on SQLite, 4 on PostgreSQL.",
+            "Default: 0 on SQLite (1 with --broker), 4 on PostgreSQL.",
         ),
     ] = None,
     registry: RegistryOpt = None,

@@ -46,7 +46,7 @@ class ServiceConfig:
     keep_builds: int = KEEP_BUILDS
     keep_contexts: int = KEEP_CONTEXTS
     #: Threads that run store work and builds: ``None`` picks by store (SQLite: 0, on
-    #: the event loop; PostgreSQL: 4); see :mod:`ctxwarden.service.hub`.
+    #: the event loop, or 1 with a broker; PostgreSQL: 4); see :mod:`ctxwarden.service.hub`.
     store_threads: int | None = None
 
     def __post_init__(self) -> None:

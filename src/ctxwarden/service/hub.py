@@ -14,6 +14,8 @@ through :meth:`Hub.run` (:class:`~ctxwarden.service.workers.Workers`):
   local, and a thread's hand-overs cost ~15% of a proxied call's CPU. The loop does wait
   while another process holds the database's write lock (the ``tenant`` commands do, for
   milliseconds); ``ctxwarden serve --store-threads 1`` moves the work to a thread instead.
+  With ``--broker`` it is in one thread: a build that finds a summary due publishes a
+  job, and a broker that does not answer would hold the loop for its timeout.
 
 What a person waits for rather than an agent (the session pages, the session API) goes
 through :meth:`Hub.run_aside`: on the loop's SQLite it runs in a thread of its own, so a
@@ -80,8 +82,9 @@ class Hub:
         self.keys = KeyMemo()  # the client messages' keys, per client session (speed only)
         self.summaries: Any = None  # service.summaries.Summaries with --summarizer
         threads = config.store_threads
-        if threads is None:
-            threads = 0 if self.store.url.startswith("sqlite") else 4
+        if threads is None:  # see the module docstring
+            sqlite = self.store.url.startswith("sqlite")
+            threads = (0 if config.broker is None else 1) if sqlite else 4
         self._workers = Workers(threads)
         self._aside = Workers(1, "ctxwarden pages") if threads == 0 else self._workers
 
