@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -142,30 +145,32 @@ def test_a_negative_thread_count_is_refused() -> None:
         Workers(-1)
 
 
-def test_the_hub_runs_sqlite_work_on_the_loop_unless_given_threads(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _hub(tmp_path: Path, **config: Any) -> Iterator[Hub]:
+    """A hub on a SQLite file in ``tmp_path``, closed after."""
     db = f"sqlite:///{tmp_path / 'hub.db'}"
+    hub = Hub(ServiceConfig(db=db, upstream="http://127.0.0.1:9/v1", **config), Metrics())
+    try:
+        yield hub
+    finally:
+        hub.close()
 
-    async def thread_of(config: ServiceConfig) -> int:
-        hub = Hub(config, Metrics())
-        try:
+
+def test_the_hub_runs_sqlite_work_on_the_loop_unless_given_threads(tmp_path: Path) -> None:
+    async def thread_of(**config: Any) -> int:
+        with _hub(tmp_path, **config) as hub:
             return await hub.run(threading.get_ident)
-        finally:
-            hub.close()
 
     async def run() -> None:
         loop_thread = threading.get_ident()
-        default = ServiceConfig(db=db, upstream="http://127.0.0.1:9/v1")
-        assert await thread_of(default) == loop_thread
-        threaded = ServiceConfig(db=db, upstream="http://127.0.0.1:9/v1", store_threads=1)
-        assert await thread_of(threaded) != loop_thread
-        brokered = ServiceConfig(
-            db=db, upstream="http://127.0.0.1:9/v1", broker="redis://127.0.0.1:9/0"
-        )
-        assert await thread_of(brokered) != loop_thread  # a publish may wait on the broker
+        assert await thread_of() == loop_thread
+        assert await thread_of(store_threads=1) != loop_thread
+        # a publish may wait on the broker
+        assert await thread_of(broker="redis://127.0.0.1:9/0") != loop_thread
 
     asyncio.run(run())
     with pytest.raises(ConfigError, match="--store-threads must be between 0 and 64"):
-        ServiceConfig(db=db, upstream="http://127.0.0.1:9/v1", store_threads=65)
+        ServiceConfig(db="sqlite:///:memory:", upstream="http://127.0.0.1:9/v1", store_threads=65)
 
 
 def test_calls_on_the_loop_let_it_take_its_turn_every_few_milliseconds() -> None:
@@ -202,29 +207,22 @@ def test_calls_on_the_loop_let_it_take_its_turn_every_few_milliseconds() -> None
 def test_pages_and_the_session_api_wait_aside_not_on_the_loop(tmp_path: Path) -> None:
     """On SQLite a page's work runs in a thread of its own: a slow one holds up no
     proxied call on the loop; with store threads, it shares them."""
-    db = f"sqlite:///{tmp_path / 'hub.db'}"
 
     async def run() -> None:
-        hub = Hub(ServiceConfig(db=db, upstream="http://127.0.0.1:9/v1"), Metrics())
         gate = threading.Event()
-        try:
-            slow_page = asyncio.ensure_future(hub.run_aside(gate.wait, 5.0))
-            await asyncio.sleep(0.05)  # the page's work has started, and waits
-            assert await hub.run(threading.get_ident) == threading.get_ident()  # served
-            assert not slow_page.done()
-            gate.set()
-            assert await slow_page is True
-        finally:
-            gate.set()
-            hub.close()
-        threaded = Hub(
-            ServiceConfig(db=db, upstream="http://127.0.0.1:9/v1", store_threads=1), Metrics()
-        )
-        try:
+        with _hub(tmp_path) as hub:
+            try:
+                slow_page = asyncio.ensure_future(hub.run_aside(gate.wait, 5.0))
+                await asyncio.sleep(0.05)  # the page's work has started, and waits
+                assert await hub.run(threading.get_ident) == threading.get_ident()  # served
+                assert not slow_page.done()
+                gate.set()
+                assert await slow_page is True
+            finally:
+                gate.set()
+        with _hub(tmp_path, store_threads=1) as threaded:
             assert await threaded.run_aside(threading.get_ident) == await threaded.run(
                 threading.get_ident
             )
-        finally:
-            threaded.close()
 
     asyncio.run(run())
