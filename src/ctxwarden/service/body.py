@@ -16,12 +16,17 @@ from starlette.requests import Request
 
 from ctxwarden.service.errors import ServiceError
 
-__all__ = ["max_input_tokens_header", "model_and_messages", "read_json"]
+__all__ = ["max_input_tokens_header", "model_and_messages", "parse_json", "read_body", "read_json"]
 
 
 async def read_json(request: Request, limit: int) -> dict[str, Any]:
-    """The body as a JSON object; 413 above ``limit`` bytes (checked before reading when
-    the client says its length, and while reading otherwise), 400 if it is not JSON."""
+    """The body as a JSON object (:func:`read_body`, then :func:`parse_json`)."""
+    return parse_json(await read_body(request, limit))
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body; 413 above ``limit`` bytes (checked before reading when the client says
+    its length, and while reading otherwise)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ServiceError(413, f"request body of {int(declared):,} bytes is over {limit:,}")
@@ -32,7 +37,11 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
         if size > limit:
             raise ServiceError(413, f"request body is over {limit:,} bytes")
         chunks.append(chunk)
-    raw = b"".join(chunks)
+    return b"".join(chunks)
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    """``raw`` as a JSON object; 400 if it is not JSON or not an object."""
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:

@@ -34,6 +34,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ctxwarden import Policy, Session
+from ctxwarden.service.body_memo import BodyMemo
 from ctxwarden.service.config import ServiceConfig
 from ctxwarden.service.key_memo import KeyMemo
 from ctxwarden.service.workers import Workers
@@ -80,6 +81,7 @@ class Hub:
         self._sessions_lock = threading.Lock()
         self._locks: dict[tuple[str, str], tuple[asyncio.Lock, int]] = {}
         self.keys = KeyMemo()  # the client messages' keys, per client session (speed only)
+        self.bodies = BodyMemo()  # the bodies' unchanged fronts, read once (speed only)
         self.summaries: Any = None  # service.summaries.Summaries with --summarizer
         threads = config.store_threads
         if threads is None:  # see the module docstring

@@ -25,11 +25,16 @@ from ctxwarden.formats.openai_json import messages_json_bytes, object_json_bytes
 from ctxwarden.memory.recall import recall_tool
 from ctxwarden.messages import Message
 from ctxwarden.service.auth import CurrentTenant, hub_of
-from ctxwarden.service.body import max_input_tokens_header, model_and_messages, read_json
-from ctxwarden.service.calls import client_session_id, upstream_for
+from ctxwarden.service.body import (
+    max_input_tokens_header,
+    model_and_messages,
+    parse_json,
+    read_body,
+)
+from ctxwarden.service.calls import SESSION_HEADER, client_session_id, upstream_for
 from ctxwarden.service.errors import ServiceError
 from ctxwarden.service.forward import forward
-from ctxwarden.service.history import content_text
+from ctxwarden.service.history import content_text, wire_key
 from ctxwarden.service.prepared import Call, Prepared
 from ctxwarden.service.schema import OPENAI_BODY, PROXY_ERRORS
 from ctxwarden.service.sse import OpenAIReply, parse_frame
@@ -148,7 +153,9 @@ async def chat_completions(request: Request, tenant: CurrentTenant) -> Response:
     """Build the context from the stored session and forward it (see the module)."""
     hub = hub_of(request)
     upstream = upstream_for(request, "openai")
-    data = await read_json(request, hub.config.max_body_bytes)
+    raw = await read_body(request, hub.config.max_body_bytes)
+    reading = hub.bodies.read((tenant.name, request.headers.get(SESSION_HEADER)), raw)
+    data = reading.data if reading is not None else parse_json(raw)
     model, messages = model_and_messages(data)
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
@@ -159,12 +166,18 @@ async def chat_completions(request: Request, tenant: CurrentTenant) -> Response:
 
     tools = data.get("tools")
     client_id = client_session_id(request, tenant, *_derived_parts(messages))
+    if reading is not None and reading.keys is not None:  # the front's keys, then the new
+        keys = [*reading.keys, *(wire_key(m) for m in messages[reading.reused :])]
+    else:
+        keys = hub.keys.keys((tenant.name, client_id), messages)
+    if reading is not None:
+        hub.bodies.keep(reading, keys)
     call = Call(
         api="openai",
         tenant=tenant,
         client_id=client_id,
         model=model,
-        keys=hub.keys.keys((tenant.name, client_id), messages),
+        keys=keys,
         parse=parse,
         max_input_tokens=max_input_tokens_header(request),
         tools=tools if isinstance(tools, list) else None,

@@ -1,0 +1,264 @@
+"""A chat request's body, read without parsing again the history the client sent last
+time (speed only).
+
+An agent sends its whole history on every call, and from one call to the next the body is
+the previous one with a few messages added at the end of ``messages``. JSON is read left
+to right, so a body whose text begins with the last body's text up to the end of its last
+message holds, up to there, the same values. :class:`BodyMemo` keeps that text per
+(tenant, session header) with the values read from it — the pairs before ``messages`` and
+the messages themselves, the very objects — and their keys; a body that begins with it
+reuses them and only the rest is read. Everything is read with the stdlib's C scanner,
+value by value (:meth:`json.JSONDecoder.raw_decode`), so the result is exactly what
+``json.loads`` gives, duplicate keys and key order included.
+
+A body it cannot walk (not UTF-8, not an object, no non-empty ``messages`` list of objects,
+``messages`` twice, any JSON error) is left to the ordinary parse
+(:func:`~ctxwarden.service.body.parse_json`), which gives the errors. The memo is bounded in
+bytes and sessions, and its absence changes nothing but speed. Reusing the objects relies
+on the proxy never changing a parsed message or value, which the proxy's tests check.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["BodyMemo", "Reading"]
+
+_WS = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+_PER_SCOPE = 4  # clients sharing a scope (no session header): each keeps its own front
+#: a front's estimated memory per character of its text: the text, and the values read
+#: from it (strings as long, plus dicts and lists)
+_COST_PER_CHAR = 3
+
+
+class _Unwalkable(Exception):
+    """The body is not one the memo reads; the ordinary parse decides what it is."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Front:
+    """A body's text through the end of its last message, and what was read from it."""
+
+    text: str
+    head: tuple[tuple[str, Any], ...]  # the pairs before "messages", in order
+    messages: tuple[dict[str, Any], ...]
+    keys: tuple[bytes, ...] | None  # the messages' keys, once the caller gave them
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """A body as :func:`json.loads` reads it (``data``); its first ``reused`` messages are
+    the objects read on an earlier call, whose keys are ``keys`` when known."""
+
+    data: dict[str, Any]
+    reused: int
+    keys: tuple[bytes, ...] | None
+    scope: Hashable
+    front: _Front
+    replaces: _Front | None
+
+
+def _skip(s: str, i: int) -> int:
+    found = _WS.match(s, i)
+    assert found is not None  # the pattern matches the empty string
+    return found.end()
+
+
+def _value(s: str, i: int) -> tuple[Any, int]:
+    try:
+        return _DECODER.raw_decode(s, i)
+    except (ValueError, RecursionError) as exc:
+        raise _Unwalkable from exc
+
+
+def _messages(s: str, i: int, into: list[dict[str, Any]]) -> tuple[int, int]:
+    """Read objects from ``i`` (a value's first character) up to the closing ``]``:
+    ``(index after it, index after the last object)``."""
+    while True:
+        message, end = _value(s, i)
+        if type(message) is not dict:  # a number's end would be ambiguous; the route refuses it
+            raise _Unwalkable
+        into.append(message)
+        i = _skip(s, end)
+        mark = s[i : i + 1]
+        if mark == "]":
+            return i + 1, end
+        if mark != ",":
+            raise _Unwalkable
+        i = _skip(s, i + 1)
+
+
+def _pairs(s: str, i: int, into: list[tuple[str, Any]]) -> None:
+    """Read the object's remaining pairs from ``i`` (after a value: ``,`` or ``}`` next)
+    to its end, which must end the text."""
+    while True:
+        i = _skip(s, i)
+        mark = s[i : i + 1]
+        if mark == "}":
+            if _skip(s, i + 1) != len(s):
+                raise _Unwalkable
+            return
+        if mark != ",":
+            raise _Unwalkable
+        key, i = _key(s, _skip(s, i + 1))
+        if key == "messages":
+            raise _Unwalkable
+        value, i = _value(s, i)
+        into.append((key, value))
+
+
+def _key(s: str, i: int) -> tuple[str, int]:
+    """A pair's key at ``i``, and the index of its value."""
+    if s[i : i + 1] != '"':
+        raise _Unwalkable
+    key, i = _value(s, i)
+    i = _skip(s, i)
+    if s[i : i + 1] != ":":
+        raise _Unwalkable
+    return key, _skip(s, i + 1)
+
+
+def _walk(s: str) -> tuple[list[tuple[str, Any]], list[dict[str, Any]], int, list[tuple[str, Any]]]:
+    """The whole body: ``(pairs before messages, messages, end of the last, pairs after)``."""
+    i = _skip(s, 0)
+    if s[i : i + 1] != "{":
+        raise _Unwalkable
+    head: list[tuple[str, Any]] = []
+    i = _skip(s, i + 1)
+    while True:
+        key, i = _key(s, i)
+        if key == "messages":
+            break
+        value, i = _value(s, i)
+        head.append((key, value))
+        i = _skip(s, i)
+        if s[i : i + 1] != ",":
+            raise _Unwalkable  # "}" too: no messages
+        i = _skip(s, i + 1)
+    if s[i : i + 1] != "[":
+        raise _Unwalkable
+    messages: list[dict[str, Any]] = []
+    i, last = _messages(s, _skip(s, i + 1), messages)
+    tail: list[tuple[str, Any]] = []
+    _pairs(s, i, tail)
+    return head, messages, last, tail
+
+
+def _after(s: str, front: _Front) -> tuple[list[dict[str, Any]], int, list[tuple[str, Any]]]:
+    """The rest of a body that begins with ``front.text``: ``(new messages, end of the
+    last message, pairs after)``."""
+    last = len(front.text)
+    i = _skip(s, last)
+    new: list[dict[str, Any]] = []
+    if s[i : i + 1] == ",":
+        i, last = _messages(s, _skip(s, i + 1), new)
+    elif s[i : i + 1] == "]":
+        i += 1
+    else:
+        raise _Unwalkable
+    tail: list[tuple[str, Any]] = []
+    _pairs(s, i, tail)
+    return new, last, tail
+
+
+@dataclass(slots=True)
+class _Scope:
+    fronts: list[_Front]
+    misses: int = 0  # bodies in a row that began with none of the fronts
+
+
+class BodyMemo:
+    """Per (tenant, session header): the last bodies' fronts (see the module docstring).
+
+    Walking a whole body costs about three times what ``orjson`` takes to parse it, so a
+    scope whose bodies keep missing (a client that trims or edits its history each call)
+    is walked on its 1st, 2nd, 4th, 8th … miss in a row only, and parsed the ordinary way
+    in between."""
+
+    def __init__(self, scopes: int = 512, max_bytes: int = 128 * 1024 * 1024) -> None:
+        self._scopes: OrderedDict[Hashable, _Scope] = OrderedDict()
+        self._max_scopes, self._max_bytes, self._bytes = scopes, max_bytes, 0
+        self._lock = threading.Lock()
+
+    def read(self, scope: Hashable, raw: bytes) -> Reading | None:
+        """``raw`` read as ``json.loads`` would, reusing what an earlier body of ``scope``
+        shares with it; ``None`` for a body the memo does not walk (see the class)."""
+        try:
+            s = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        with self._lock:
+            kept = self._scopes.get(scope)
+            fronts = list(kept.fronts) if kept is not None else []
+        known = max((f for f in fronts if s.startswith(f.text)), key=_length, default=None)
+        if known is None:
+            with self._lock:
+                if kept is None:
+                    kept = self._scopes.setdefault(scope, _Scope([]))
+                    self._trim()
+                kept.misses += 1
+                if kept.misses & (kept.misses - 1):  # not a power of two: not this time
+                    return None
+        try:
+            if known is not None:
+                new, last, tail = _after(s, known)
+                head, messages = list(known.head), [*known.messages, *new]
+            else:
+                head, messages, last, tail = _walk(s)
+        except _Unwalkable:
+            return None
+        data = dict(head)  # json.loads's order: each key where first written, last value
+        data["messages"] = messages
+        for key, value in tail:
+            data[key] = value
+        front = _Front(s[:last], tuple(head), tuple(messages), None)
+        reused = len(known.messages) if known is not None else 0
+        keys = known.keys if known is not None else None
+        return Reading(data, reused, keys, scope, front, known)
+
+    def keep(self, reading: Reading, keys: list[bytes]) -> None:
+        """Remember ``reading``'s front with its messages' ``keys`` for the scope's next body."""
+        front = reading.front
+        if len(keys) != len(front.messages):
+            raise ValueError(f"{len(keys)} keys for {len(front.messages)} messages")
+        front = _Front(front.text, front.head, front.messages, tuple(keys))
+        with self._lock:
+            kept = self._scopes.pop(reading.scope, None) or _Scope([])
+            fronts = kept.fronts
+            gone = [f for f in fronts if f is reading.replaces or front.text.startswith(f.text)]
+            if len(fronts) - len(gone) >= _PER_SCOPE:
+                gone.append(next(f for f in fronts if f not in gone))  # the oldest
+            kept.fronts = [f for f in fronts if f not in gone] + [front]
+            if reading.replaces is not None:  # a walk after misses does not end the run
+                kept.misses = 0
+            self._scopes[reading.scope] = kept
+            self._bytes += _cost(front) - sum(_cost(f) for f in gone)
+            self._trim()
+
+    def _trim(self) -> None:
+        """Drop the least recently kept scopes beyond the bounds (the lock held)."""
+        while self._scopes and (
+            len(self._scopes) > self._max_scopes or self._bytes > self._max_bytes
+        ):
+            _, dropped = self._scopes.popitem(last=False)
+            self._bytes -= sum(_cost(f) for f in dropped.fronts)
+
+    @property
+    def size_bytes(self) -> int:
+        """The estimated memory the kept fronts hold."""
+        return self._bytes
+
+
+def _length(front: _Front) -> int:
+    return len(front.text)
+
+
+def _cost(front: _Front) -> int:
+    return len(front.text) * _COST_PER_CHAR
