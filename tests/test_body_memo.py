@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from llm_servers import Recorded, Reply, ScriptedServer
+from llm_servers import Recorded, Reply, ScriptedServer, anthropic_message
 from starlette.testclient import TestClient
 
 from ctxwarden.bench.proxy import conversation, history_at
+from ctxwarden.formats import message_from_openai, messages_from_anthropic, messages_to_anthropic
+from ctxwarden.formats.anthropic import system_from_anthropic, turns_from_anthropic
 from ctxwarden.service import ServiceConfig, create_app
 from ctxwarden.service.body_memo import BodyMemo, Reading
 from ctxwarden.service.keys import hash_key, new_key, shown_prefix
@@ -51,7 +53,7 @@ def _read(memo: BodyMemo, raw: bytes, scope: str = "s") -> Reading | None:
         return None
     if got is not None:
         assert _same(got.data, want)
-        memo.keep(got, [b"%d" % i for i in range(len(got.data["messages"]))])
+        memo.keep(got, tuple(b"%d" % i for i in range(len(got.data["messages"]))))
     return got
 
 
@@ -64,11 +66,11 @@ def test_a_grown_history_reuses_the_messages_read_before() -> None:
     memo = BodyMemo()
     base = conversation(60)
     first = _read(memo, json.dumps({"model": "m", "messages": base, "stream": True}).encode())
-    assert first is not None and first.reused == 0 and first.keys is None
+    assert first is not None and first.reused == 0 and first.made is None
     grown = history_at(base, 2)
     second = _read(memo, json.dumps({"model": "m", "messages": grown, "stream": False}).encode())
     assert second is not None and second.reused == 60
-    assert second.keys == tuple(b"%d" % i for i in range(60))  # what keep() was given
+    assert second.made == tuple(b"%d" % i for i in range(60))  # what keep() was given
     assert all(
         a is b for a, b in zip(second.data["messages"], first.data["messages"], strict=False)
     )
@@ -178,10 +180,6 @@ def test_the_memo_is_bounded_in_bytes_and_scopes() -> None:
     assert memo.size_bytes <= len(raw) * 10
     assert memo.read("0", raw) is not None and memo.read("0", raw).reused == 0  # type: ignore[union-attr]
     assert memo.read("7", raw).reused == 30  # type: ignore[union-attr]
-    with pytest.raises(ValueError, match="keys for"):
-        reading = memo.read("7", raw)
-        assert reading is not None
-        memo.keep(reading, [])
 
 
 _TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=12)
@@ -273,7 +271,7 @@ def test_the_proxy_sends_and_stores_the_same_with_and_without_the_memo(tmp_path:
                 for name in ("x-ctxwarden-input-tokens", "x-ctxwarden-saved-tokens"):
                     assert replies[0].headers[name] == replies[1].headers[name]
                 # nothing the proxy did changed the values the memo keeps for the next call
-                front = memo_hub.bodies._scopes[("t", "c")].fronts[-1]  # the newest
+                front = memo_hub.bodies._scopes[("openai", "t", "c")].fronts[-1]  # the newest
                 assert _same(list(front.messages), json.loads(raw)["messages"])
                 history = [*history, replies[0].json()["choices"][0]["message"]]
                 history.append({"role": "user", "content": f"step {step}"})
@@ -281,6 +279,88 @@ def test_the_proxy_sends_and_stores_the_same_with_and_without_the_memo(tmp_path:
             stored = [
                 memo_hub.store.iter_messages("t", "c"),
                 bare_hub.store.iter_messages("t", "c"),
+            ]
+            assert [m.message for m in stored[0]] == [m.message for m in stored[1]]
+    finally:
+        upstream.stop()
+
+
+def _anthropic_turns() -> tuple[Any, list[Any]]:
+    """A tool-using conversation in Anthropic's format, with a thinking block and an
+    error result (so names, raw parts and meta all cross the split)."""
+    system, turns = messages_to_anthropic([message_from_openai(m) for m in conversation(30)])
+    turns = json.loads(json.dumps(turns))
+    turns[2]["content"].insert(0, {"type": "thinking", "thinking": "hm", "signature": "s"})
+    turns[3]["content"][0]["is_error"] = True
+    return system, turns
+
+
+def test_anthropic_turns_convert_the_same_in_two_parts_as_at_once() -> None:
+    system, turns = _anthropic_turns()
+    whole, names = turns_from_anthropic(turns)
+    assert messages_from_anthropic(system, turns) == [*system_from_anthropic(system), *whole]
+    for k in range(len(turns) + 1):
+        first, after = turns_from_anthropic(turns[:k])
+        rest, final = turns_from_anthropic(turns, k, after)
+        assert [*first, *rest] == whole and final == names
+    assert any(m.role == "tool" and m.name == "lookup" for m in whole)
+
+
+def _anthropic_answer(request: Recorded) -> Reply:
+    return Reply(body=anthropic_message(f"seen {len(request.json['messages'])}", input_tokens=20))
+
+
+def test_the_anthropic_route_sends_and_stores_the_same_with_and_without_the_memo(
+    tmp_path: Path,
+) -> None:
+    upstream = ScriptedServer(_anthropic_answer).start()
+    try:
+        clients = []
+        for name in ("memo.db", "bare.db"):
+            db = f"sqlite:///{tmp_path / name}"
+            key = new_key()
+            with open_store(db) as store:
+                add_tenant(store, "t", key_hash=hash_key(key), key_prefix=shown_prefix(key))
+            config = ServiceConfig(db=db, anthropic_upstream=upstream.url)
+            clients.append((TestClient(create_app(config)), key))
+        (memo_client, memo_key), (bare_client, bare_key) = clients
+        system, turns = _anthropic_turns()
+        with memo_client, bare_client:
+            memo_hub, bare_hub = memo_client.app.state.hub, bare_client.app.state.hub  # type: ignore[attr-defined]
+            bare_hub.bodies.read = lambda scope, raw: None
+            reused: list[int | None] = []
+            memo_read = memo_hub.bodies.read
+
+            def read(scope: Any, raw: bytes) -> Reading | None:
+                got = memo_read(scope, raw)
+                reused.append(got.reused if got is not None else None)
+                return got
+
+            memo_hub.bodies.read = read
+            history = turns[:20]
+            for step in range(5):
+                if step == 3:  # an edit: read and converted whole
+                    history[4] = {**history[4], "content": "edited"}
+                body = {"messages": history, "model": "claude-sonnet-4-5", "max_tokens": 64}
+                raw = json.dumps({**body, "system": system}).encode()
+                replies = []
+                for client, key in ((memo_client, memo_key), (bare_client, bare_key)):
+                    headers = {"x-api-key": key, "x-ctxwarden-session": "a"}
+                    headers["content-type"] = "application/json"
+                    replies.append(client.post("/v1/messages", content=raw, headers=headers))
+                    assert replies[-1].status_code == 200, replies[-1].text
+                assert upstream.requests[-2].body == upstream.requests[-1].body
+                for name in ("x-ctxwarden-input-tokens", "x-ctxwarden-saved-tokens"):
+                    assert replies[0].headers[name] == replies[1].headers[name]
+                front = memo_hub.bodies._scopes[("anthropic", "t", "a")].fronts[-1]
+                assert _same(list(front.messages), json.loads(raw)["messages"])
+                reply = replies[0].json()
+                history = [*history, {"role": "assistant", "content": reply["content"]}]
+                history.append({"role": "user", "content": f"step {step}"})
+            assert reused == [0, 20, 22, 0, 26]
+            stored = [
+                memo_hub.store.iter_messages("t", "a"),
+                bare_hub.store.iter_messages("t", "a"),
             ]
             assert [m.message for m in stored[0]] == [m.message for m in stored[1]]
     finally:

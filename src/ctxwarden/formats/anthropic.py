@@ -34,7 +34,13 @@ from ctxwarden.errors import InvalidMessageError
 from ctxwarden.formats.checks import check_json_value
 from ctxwarden.messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
 
-__all__ = ["MAX_CACHE_BREAKPOINTS", "messages_from_anthropic", "messages_to_anthropic"]
+__all__ = [
+    "MAX_CACHE_BREAKPOINTS",
+    "messages_from_anthropic",
+    "messages_to_anthropic",
+    "system_from_anthropic",
+    "turns_from_anthropic",
+]
 
 MAX_CACHE_BREAKPOINTS = 4
 _DUP = re.compile(r"__dup\d+$")
@@ -219,6 +225,15 @@ def messages_from_anthropic(
     system: str | Sequence[Mapping[str, Any]] | None, messages: Sequence[Mapping[str, Any]]
 ) -> list[Message]:
     """Convert an Anthropic request (``system``, ``messages``) back to our messages."""
+    out = system_from_anthropic(system)
+    if not isinstance(messages, list | tuple):
+        raise InvalidMessageError(f"messages must be a list, got {type(messages).__name__}")
+    turns, _ = turns_from_anthropic(messages)
+    return out + turns
+
+
+def system_from_anthropic(system: str | Sequence[Mapping[str, Any]] | None) -> list[Message]:
+    """The system messages of an Anthropic request's ``system`` (text or text blocks)."""
     out: list[Message] = []
     if isinstance(system, str):
         out.append(Message.system(system))
@@ -231,10 +246,22 @@ def messages_from_anthropic(
             )
         for block in system:
             out.append(Message.system(block.get("text", "")))
-    if not isinstance(messages, list | tuple):
-        raise InvalidMessageError(f"messages must be a list, got {type(messages).__name__}")
-    names: dict[str, str] = {}
-    for index, turn in enumerate(messages):
+    return out
+
+
+def turns_from_anthropic(
+    messages: Sequence[Mapping[str, Any]],
+    start: int = 0,
+    names: Mapping[str, str] | None = None,
+) -> tuple[list[Message], dict[str, str]]:
+    """Our messages from the turns ``messages[start:]``, and the tool names by
+    ``tool_use`` id after them. A turn's messages depend on the turns before it only
+    through those names (a ``tool_result`` is named after its ``tool_use``), so converting
+    ``messages[:k]`` and then ``messages[k:]`` with the names the first part returned
+    gives what converting all at once gives."""
+    out: list[Message] = []
+    names = dict(names or {})
+    for index, turn in enumerate(messages[start:], start):
         if not isinstance(turn, Mapping):
             raise InvalidMessageError(
                 f"a message must be an object, got {type(turn).__name__}", index=index
@@ -314,7 +341,7 @@ def messages_from_anthropic(
                 pending.append(b)
         if pending:
             out.append(Message.user(_simplify(_parts_from_blocks(pending))))
-    return out
+    return out, names
 
 
 def decode_data_uri(url: str) -> bytes | None:

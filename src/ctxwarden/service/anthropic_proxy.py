@@ -11,7 +11,8 @@ with what ``message_delta`` reports.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import APIRouter
@@ -21,11 +22,19 @@ from starlette.responses import Response
 from ctxwarden import Usage
 from ctxwarden.errors import CtxwardenError
 from ctxwarden.formats import messages_from_anthropic, messages_to_anthropic
+from ctxwarden.formats.anthropic import system_from_anthropic, turns_from_anthropic
 from ctxwarden.memory.recall import recall_tool
 from ctxwarden.messages import Message
 from ctxwarden.service.auth import CurrentTenant, hub_of
-from ctxwarden.service.body import max_input_tokens_header, model_and_messages, read_json
-from ctxwarden.service.calls import client_session_id, upstream_for
+from ctxwarden.service.body import (
+    max_input_tokens_header,
+    model_and_messages,
+    parse_json,
+    read_body,
+    read_json,
+)
+from ctxwarden.service.body_memo import Reading
+from ctxwarden.service.calls import SESSION_HEADER, client_session_id, upstream_for
 from ctxwarden.service.errors import ServiceError, from_library
 from ctxwarden.service.forward import forward, read_whole
 from ctxwarden.service.history import message_key
@@ -140,21 +149,54 @@ class AnthropicWire:
         return _Reader()
 
 
+@dataclass(frozen=True)
+class _Turns:
+    """What the route made of a body's first ``count`` turns, kept with the body's front
+    (:mod:`~ctxwarden.service.body_memo`): the turns converted, their keys, and the tool
+    names by ``tool_use`` id after them (what converting the next turns needs)."""
+
+    count: int
+    messages: tuple[Message, ...]
+    keys: tuple[bytes, ...]
+    names: Mapping[str, str]
+
+
+_NO_TURNS = _Turns(0, (), (), {})
+
+
+def _reused(reading: Reading | None) -> int:
+    return reading.reused if reading is not None else -1
+
+
 @router.post("/v1/messages", responses=PROXY_ERRORS, openapi_extra=ANTHROPIC_BODY)
 async def messages(request: Request, tenant: CurrentTenant) -> Response:
     """Build the context from the stored session and forward it (see the module)."""
     hub = hub_of(request)
     upstream = upstream_for(request, "anthropic")
-    data = await read_json(request, hub.config.max_body_bytes)
+    raw = await read_body(request, hub.config.max_body_bytes)
+    reading = hub.bodies.read(("anthropic", tenant.name, request.headers.get(SESSION_HEADER)), raw)
+    data = reading.data if reading is not None else parse_json(raw)
     model, turns = model_and_messages(data)
     system = data.get("system")
+    made = reading.made if reading is not None else None
+    known = made if isinstance(made, _Turns) and made.count == _reused(reading) else _NO_TURNS
     try:
-        parsed = messages_from_anthropic(system if isinstance(system, str | list) else None, turns)
+        head = system_from_anthropic(system if isinstance(system, str | list) else None)
+        new, names = turns_from_anthropic(turns, known.count, known.names)
     except (CtxwardenError, KeyError, TypeError, AttributeError) as exc:
         if isinstance(exc, CtxwardenError):
             raise from_library(exc) from exc
         raise ServiceError(400, f"messages are malformed: {exc!r}") from None
-    keys = [message_key(m) for m in parsed]
+    converted = _Turns(
+        len(turns),
+        (*known.messages, *new),
+        (*known.keys, *(message_key(m) for m in new)),
+        names,
+    )
+    if reading is not None:
+        hub.bodies.keep(reading, converted)
+    parsed = [*head, *converted.messages]
+    keys = [*(message_key(m) for m in head), *converted.keys]
     first_user = next((m.text for m in parsed if m.role == "user"), "")
     system_text = next((m.text for m in parsed if m.role == "system"), "")
     call = Call(

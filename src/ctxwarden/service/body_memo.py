@@ -6,8 +6,9 @@ the previous one with a few messages added at the end of ``messages``. JSON is r
 to right, so a body whose text begins with the last body's text up to the end of its last
 message holds, up to there, the same values. :class:`BodyMemo` keeps that text per
 (tenant, session header) with the values read from it — the pairs before ``messages`` and
-the messages themselves, the very objects — and their keys; a body that begins with it
-reuses them and only the rest is read. Everything is read with the stdlib's C scanner,
+the messages themselves, the very objects — and what the route made of them (their keys;
+for Anthropic, the converted messages too); a body that begins with it reuses them and
+only the rest is read. Everything is read with the stdlib's C scanner,
 value by value (:meth:`json.JSONDecoder.raw_decode`), so the result is exactly what
 ``json.loads`` gives, duplicate keys and key order included.
 
@@ -49,17 +50,18 @@ class _Front:
     text: str
     head: tuple[tuple[str, Any], ...]  # the pairs before "messages", in order
     messages: tuple[dict[str, Any], ...]
-    keys: tuple[bytes, ...] | None  # the messages' keys, once the caller gave them
+    made: object  # what the route made of the messages (keep()), or None
 
 
 @dataclass(frozen=True, slots=True)
 class Reading:
     """A body as :func:`json.loads` reads it (``data``); its first ``reused`` messages are
-    the objects read on an earlier call, whose keys are ``keys`` when known."""
+    the objects read on an earlier call, of which the route made ``made`` (what it gave
+    :meth:`BodyMemo.keep`; ``None`` when nothing was kept)."""
 
     data: dict[str, Any]
     reused: int
-    keys: tuple[bytes, ...] | None
+    made: object
     scope: Hashable
     front: _Front
     replaces: _Front | None
@@ -220,15 +222,14 @@ class BodyMemo:
             data[key] = value
         front = _Front(s[:last], tuple(head), tuple(messages), None)
         reused = len(known.messages) if known is not None else 0
-        keys = known.keys if known is not None else None
-        return Reading(data, reused, keys, scope, front, known)
+        made = known.made if known is not None else None
+        return Reading(data, reused, made, scope, front, known)
 
-    def keep(self, reading: Reading, keys: list[bytes]) -> None:
-        """Remember ``reading``'s front with its messages' ``keys`` for the scope's next body."""
+    def keep(self, reading: Reading, made: object) -> None:
+        """Remember ``reading``'s front, and what the route ``made`` of all its messages,
+        for the scope's next body."""
         front = reading.front
-        if len(keys) != len(front.messages):
-            raise ValueError(f"{len(keys)} keys for {len(front.messages)} messages")
-        front = _Front(front.text, front.head, front.messages, tuple(keys))
+        front = _Front(front.text, front.head, front.messages, made)
         with self._lock:
             kept = self._scopes.pop(reading.scope, None) or _Scope([])
             fronts = kept.fronts

@@ -154,7 +154,7 @@ async def chat_completions(request: Request, tenant: CurrentTenant) -> Response:
     hub = hub_of(request)
     upstream = upstream_for(request, "openai")
     raw = await read_body(request, hub.config.max_body_bytes)
-    reading = hub.bodies.read((tenant.name, request.headers.get(SESSION_HEADER)), raw)
+    reading = hub.bodies.read(("openai", tenant.name, request.headers.get(SESSION_HEADER)), raw)
     data = reading.data if reading is not None else parse_json(raw)
     model, messages = model_and_messages(data)
     for i, m in enumerate(messages):
@@ -166,12 +166,13 @@ async def chat_completions(request: Request, tenant: CurrentTenant) -> Response:
 
     tools = data.get("tools")
     client_id = client_session_id(request, tenant, *_derived_parts(messages))
-    if reading is not None and reading.keys is not None:  # the front's keys, then the new
-        keys = [*reading.keys, *(wire_key(m) for m in messages[reading.reused :])]
+    made = reading.made if reading is not None else None
+    if reading is not None and isinstance(made, tuple) and len(made) == reading.reused:
+        keys = [*made, *(wire_key(m) for m in messages[reading.reused :])]  # the front's, the new
     else:
         keys = hub.keys.keys((tenant.name, client_id), messages)
     if reading is not None:
-        hub.bodies.keep(reading, keys)
+        hub.bodies.keep(reading, tuple(keys))
     call = Call(
         api="openai",
         tenant=tenant,
