@@ -365,3 +365,28 @@ def test_the_anthropic_route_sends_and_stores_the_same_with_and_without_the_memo
             assert [m.message for m in stored[0]] == [m.message for m in stored[1]]
     finally:
         upstream.stop()
+
+
+def test_the_anthropic_route_forwards_nan_as_json_writes_it(tmp_path: Path) -> None:
+    """Bodies are written with orjson, which would turn NaN into null: a client body that
+    holds NaN or Infinity is written by json, as before."""
+    upstream = ScriptedServer(_anthropic_answer).start()
+    try:
+        db = f"sqlite:///{tmp_path / 'nan.db'}"
+        key = new_key()
+        with open_store(db) as store:
+            add_tenant(store, "t", key_hash=hash_key(key), key_prefix=shown_prefix(key))
+        client = TestClient(create_app(ServiceConfig(db=db, anthropic_upstream=upstream.url)))
+        headers = {"x-api-key": key, "content-type": "application/json"}
+        turns = [{"role": "user", "content": "hi"}]
+        with client:
+            for extra, written in (("", b'"temperature":0.5'), ("NaN", b'"temperature": NaN')):
+                value = extra or "0.5"
+                head = '{"model": "claude-sonnet-4-5", "max_tokens": 9, "temperature": '
+                raw = (head + value + ', "messages": ' + json.dumps(turns) + "}").encode()
+                assert client.post("/v1/messages", content=raw, headers=headers).status_code == 200
+                sent = upstream.requests[-1].body
+                assert written in sent
+                assert json.loads(sent)["messages"][0]["content"][0]["text"] == "hi"
+    finally:
+        upstream.stop()

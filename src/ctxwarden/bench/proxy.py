@@ -15,6 +15,11 @@ errors, and the proxy process's CPU per request (from ``/proc``). The first call
 session (it stores the 200 messages) is a warm-up, timed apart. At the end every stored
 session is read back: it must hold exactly the history sent plus each reply, once, in
 order, on the session id the client named (no branch).
+
+``--api anthropic`` runs the same through ``/v1/messages``: the conversation in
+Anthropic's format (``system``, alternating turns with ``tool_use`` and ``tool_result``
+blocks), the ``anthropic`` SDK as the second client, the upstream answering with
+Anthropic's message or stream of events.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from ctxwarden.store import open_store
 __all__ = ["Case", "conversation", "main"]
 
 MODEL = "gpt-4o"
+ANTHROPIC_MODEL = "claude-sonnet-4-5"
 _WORDS = (
     "order", "shipment", "customer", "refund", "invoice", "account", "status", "pending",
     "delivered", "warehouse", "carrier", "tracking", "address", "payment", "card", "billing",
@@ -86,6 +92,40 @@ def history_at(base: list[dict[str, Any]], step: int) -> list[dict[str, Any]]:
     return out
 
 
+def anthropic_bodies(base: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]:
+    """The request an Anthropic client sends at each step: :func:`history_at` in
+    Anthropic's format (``system`` apart, ``tool_result`` blocks in user turns)."""
+    from ctxwarden.formats import message_from_openai, messages_to_anthropic
+
+    out = []
+    for step in range(steps):
+        system, turns = messages_to_anthropic(
+            [message_from_openai(m) for m in history_at(base, step)]
+        )
+        out.append({"max_tokens": 256, "messages": turns, "model": ANTHROPIC_MODEL,
+                    "system": system})  # fmt: skip
+    return out
+
+
+async def _anthropic_sdk(sdk: Any, mode: str, session: str, request: dict[str, Any]) -> None:
+    """One call through the ``anthropic`` SDK (it serialises the request itself)."""
+    extra = {"X-Ctxwarden-Session": session}
+    if mode == "stream":
+        stream = await sdk.messages.create(**request, stream=True, extra_headers=extra)
+        text = "".join(
+            [
+                e.delta.text
+                async for e in stream
+                if e.type == "content_block_delta" and e.delta.type == "text_delta"
+            ]
+        )
+    else:
+        done = await sdk.messages.create(**request, extra_headers=extra)
+        text = done.content[0].text
+    if text != REPLY_TEXT:
+        raise AssertionError(f"unexpected reply {text!r}")
+
+
 @dataclass
 class Case:
     target: str  # direct | proxy
@@ -113,7 +153,7 @@ def _cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _build_seconds(base_url: str) -> tuple[float, float]:
+def _build_seconds(base_url: str, api: str) -> tuple[float, float]:
     """``(sum, count)`` of the proxy's ``ctxwarden_build_seconds`` histogram."""
     import urllib.request
 
@@ -122,7 +162,7 @@ def _build_seconds(base_url: str) -> tuple[float, float]:
     found = {}
     for line in text.splitlines():
         for part in ("sum", "count"):
-            if line.startswith(f'ctxwarden_build_seconds_{part}{{api="openai"}}'):
+            if line.startswith(f'ctxwarden_build_seconds_{part}{{api="{api}"}}'):
                 found[part] = float(line.rsplit(" ", 1)[1])
     return found.get("sum", 0.0), found.get("count", 0.0)
 
@@ -151,9 +191,12 @@ def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> Non
 
 
 async def _one(kind: str, mode: str, http: Any, sdk: Any, url: str, session: str,
-               body: bytes, messages: list[dict[str, Any]], key: str) -> None:  # fmt: skip
-    headers = {"authorization": f"Bearer {key}", "x-ctxwarden-session": session,
-               "content-type": "application/json"}  # fmt: skip
+               body: bytes, messages: Any, key: str) -> None:  # fmt: skip
+    headers = {"authorization": f"Bearer {key}", "x-api-key": key,
+               "x-ctxwarden-session": session, "content-type": "application/json"}  # fmt: skip
+    if kind == "sdk" and url.endswith("/v1/messages"):
+        await _anthropic_sdk(sdk, mode, session, messages)  # the request, for Anthropic
+        return
     if kind == "sdk":
         extra = {"X-Ctxwarden-Session": session}
         if mode == "stream":
@@ -172,7 +215,7 @@ async def _one(kind: str, mode: str, http: Any, sdk: Any, url: str, session: str
     if mode == "stream":
         async with http.stream("POST", url, content=body, headers=headers) as r:
             raw = b"".join([c async for c in r.aiter_bytes()])
-            if r.status_code != 200 or b"[DONE]" not in raw:
+            if r.status_code != 200 or not (b"[DONE]" in raw or b"message_stop" in raw):
                 raise AssertionError(f"status {r.status_code}")
         return
     r = await http.post(url, content=body, headers=headers)
@@ -181,14 +224,23 @@ async def _one(kind: str, mode: str, http: Any, sdk: Any, url: str, session: str
 
 
 async def _case(target: str, kind: str, mode: str, clients: int, steps: int, base_url: str,
-                key: str, bodies: dict[bool, list[bytes]], histories: list[list[dict[str, Any]]],
-                pid: int | None) -> tuple[Case, list[str]]:  # fmt: skip
+                key: str, bodies: dict[bool, list[bytes]], histories: list[Any],
+                pid: int | None, api: str = "openai") -> tuple[Case, list[str]]:  # fmt: skip
     import httpx2
-    import openai
 
     http = httpx2.AsyncClient(limits=httpx2.Limits(max_connections=clients + 4), timeout=120)
-    sdk = openai.AsyncOpenAI(base_url=base_url, api_key=key, http_client=http, max_retries=0)
-    url = base_url + "/chat/completions"
+    sdk: Any
+    if api == "anthropic":
+        import anthropic
+
+        root = base_url.removesuffix("/v1")
+        sdk = anthropic.AsyncAnthropic(base_url=root, api_key=key, http_client=http, max_retries=0)
+        url = root + "/v1/messages"
+    else:
+        import openai
+
+        sdk = openai.AsyncOpenAI(base_url=base_url, api_key=key, http_client=http, max_retries=0)
+        url = base_url + "/chat/completions"
     sessions = [f"bench-{mode}-{kind}-{clients}-{uuid.uuid4().hex[:8]}" for _ in range(clients)]
     stream = mode == "stream"
     errors = 0
@@ -214,7 +266,7 @@ async def _case(target: str, kind: str, mode: str, clients: int, steps: int, bas
         for s in sessions:  # warm-up: the first call of a session stores its 200 messages
             await call(s, 0, warm)
         cpu0 = _cpu(pid) if pid else None
-        built0 = _build_seconds(base_url) if pid else (0.0, 0.0)
+        built0 = _build_seconds(base_url, api) if pid else (0.0, 0.0)
         start = time.perf_counter()
 
         async def agent(session: str) -> None:
@@ -226,7 +278,7 @@ async def _case(target: str, kind: str, mode: str, clients: int, steps: int, bas
         cpu = (_cpu(pid) - cpu0) if pid and cpu0 is not None else None
         build = None
         if pid:
-            built1 = _build_seconds(base_url)
+            built1 = _build_seconds(base_url, api)
             build = (built1[0] - built0[0]) / max(built1[1] - built0[1], 1)
     finally:
         await http.aclose()
@@ -236,8 +288,13 @@ async def _case(target: str, kind: str, mode: str, clients: int, steps: int, bas
     return case, [s for s in sessions if s not in failed]  # a failed call's session is not checked
 
 
-def _check_store(db: str, sessions: dict[str, int], base: list[dict[str, Any]]) -> list[str]:
-    """Every proxied session holds exactly what was sent plus each reply, once, in order."""
+def _check_store(
+    db: str, sessions: dict[str, int], base: list[dict[str, Any]], api: str = "openai"
+) -> list[str]:
+    """Every proxied session holds exactly what was sent plus each reply, once, in order
+    (for Anthropic: what the turns sent are as our messages)."""
+    from ctxwarden.formats import message_from_openai, messages_from_anthropic
+
     problems = []
     with open_store(db) as store:
         names = {s.session_id for s in store.list_sessions("bench")}
@@ -245,14 +302,16 @@ def _check_store(db: str, sessions: dict[str, int], base: list[dict[str, Any]]) 
         if branches:
             problems.append(f"{len(branches)} branch sessions: {branches[:3]}")
         for session, steps in sessions.items():
-            want = [*history_at(base, steps), {"role": "assistant", "content": REPLY_TEXT}]
+            sent = [*history_at(base, steps), {"role": "assistant", "content": REPLY_TEXT}]
+            want = [message_from_openai(m) for m in sent]
+            if api == "anthropic":
+                request = anthropic_bodies(base, steps + 1)[steps]
+                turns = [*request["messages"], {"role": "assistant", "content": REPLY_TEXT}]
+                want = messages_from_anthropic(request["system"], turns)
             got = [m.message for m in store.iter_messages("bench", session)]
             if len(got) != len(want):
                 problems.append(f"{session}: {len(got)} stored, {len(want)} expected")
-            elif any(
-                g.role != w["role"] or g.text != (w["content"] or "")
-                for g, w in zip(got, want, strict=True)
-            ):
+            elif any(g.role != w.role or g.text != w.text for g, w in zip(got, want, strict=True)):
                 problems.append(f"{session}: stored messages differ from the history sent")
     return problems
 
@@ -285,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--messages", type=int, default=200)
     ap.add_argument("--modes", default="json,stream")
     ap.add_argument("--kinds", default="httpx,sdk", help="httpx (pre-built bodies) and/or sdk")
+    ap.add_argument("--api", choices=("openai", "anthropic"), default="openai",
+                    help="the route: /v1/chat/completions or /v1/messages")  # fmt: skip
     ap.add_argument("--json", type=Path, help="write the figures here too")
     args = ap.parse_args(argv)
     counts = [int(x) for x in args.clients.split(",")]
@@ -307,18 +368,19 @@ def main(argv: list[str] | None = None) -> int:
     upstream.stdout.readline()
     proxy = subprocess.Popen(
         [py, "-c", "from ctxwarden.cli.main import main; main()", "serve", "--db", db,
-         "--port", str(px_port), "--upstream", f"http://127.0.0.1:{up_port}/v1"],
+         "--port", str(px_port), "--upstream", f"http://127.0.0.1:{up_port}/v1",
+         "--anthropic-upstream", f"http://127.0.0.1:{up_port}"],
     )  # fmt: skip
     try:
         _wait(f"http://127.0.0.1:{px_port}/healthz", proxy)
         base = conversation(args.messages)
         top = max(steps) + 1
-        histories = [history_at(base, k) for k in range(top)]
+        histories: list[Any] = [history_at(base, k) for k in range(top)]
+        requests = [{"model": MODEL, "messages": h} for h in histories]
+        if args.api == "anthropic":
+            histories = requests = anthropic_bodies(base, top)
         bodies = {
-            s: [
-                json.dumps({"model": MODEL, "messages": h, "stream": s}).encode() for h in histories
-            ]
-            for s in (False, True)
+            s: [json.dumps({**r, "stream": s}).encode() for r in requests] for s in (False, True)
         }
         print(f"conversation: {len(base)} messages, {len(bodies[False][0]) / 1024:.0f} KB body; "
               f"store {db.split('?')[0]}", flush=True)  # fmt: skip
@@ -330,16 +392,15 @@ def main(argv: list[str] | None = None) -> int:
                     for target, port in (("direct", up_port), ("proxy", px_port)):
                         url = f"http://127.0.0.1:{port}/v1"
                         pid = proxy.pid if target == "proxy" else None
-                        case, sessions = asyncio.run(
-                            _case(target, kind, mode, clients, n, url, key, bodies, histories, pid)
-                        )
+                        run = (target, kind, mode, clients, n, url, key, bodies, histories)
+                        case, sessions = asyncio.run(_case(*run, pid, args.api))
                         cases.append(case)
                         if target == "proxy":
                             stored.update((s, n) for s in sessions)
                         print(f"  {target} {kind} {mode} x{clients}: {case.requests} calls, "
                               f"{case.errors} errors", flush=True)  # fmt: skip
         _report(cases)
-        problems = _check_store(db, stored, base)
+        problems = _check_store(db, stored, base, args.api)
         print(f"stored sessions checked: {len(stored)}; problems: {len(problems)}")
         for problem in problems[:10]:
             print("  " + problem)

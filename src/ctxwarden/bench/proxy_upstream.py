@@ -1,10 +1,12 @@
 """An upstream that answers instantly, for ``python -m ctxwarden.bench.proxy``.
 
 A bare asyncio HTTP/1.1 server (keep-alive, no framework) speaking just enough of the
-chat-completions wire format: a JSON completion, or a stream of SSE chunks (role, five
-text deltas, finish, usage, ``[DONE]``) in chunked encoding. It reads the whole body
-(the proxy's cost of sending it is real) but parses none of it, so what the benchmark
-measures is the proxy, not the upstream. It runs in its own process.
+chat-completions wire format — a JSON completion, or a stream of SSE chunks (role, five
+text deltas, finish, usage, ``[DONE]``) in chunked encoding — and, on ``/v1/messages``,
+of Anthropic's: a JSON message, or its stream of events (``message_start``, a text block
+in five deltas, ``ping``, ``message_delta`` with the usage, ``message_stop``). It reads
+the whole body (the proxy's cost of sending it is real) but parses none of it, so what
+the benchmark measures is the proxy, not the upstream. It runs in its own process.
 """
 
 from __future__ import annotations
@@ -60,6 +62,43 @@ def _stream_frames(include_usage: bool) -> bytes:
 
 _SSE = {True: _stream_frames(True), False: _stream_frames(False)}
 
+_ANTHROPIC_USAGE = {"input_tokens": 1000, "output_tokens": 7}
+_MESSAGE = json.dumps(
+    {
+        "id": "msg_bench",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-4-5",
+        "content": [{"type": "text", "text": REPLY_TEXT}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": _ANTHROPIC_USAGE,
+    }
+).encode()
+
+
+def _anthropic_events() -> bytes:
+    words = REPLY_TEXT.split(" ")
+    pieces = [" ".join(words[:2]), *(" " + w for w in words[2:])]
+    start = {**json.loads(_MESSAGE), "content": [], "stop_reason": None}
+    start["usage"] = {"input_tokens": 1000, "output_tokens": 1}
+    events: list[tuple[str, dict[str, object]]] = [
+        ("message_start", {"type": "message_start", "message": start}),
+        ("content_block_start", {"type": "content_block_start", "index": 0,
+                                 "content_block": {"type": "text", "text": ""}}),
+        ("ping", {"type": "ping"}),
+        *(("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                   "delta": {"type": "text_delta", "text": p}}) for p in pieces),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        ("message_delta", {"type": "message_delta", "usage": {"output_tokens": 7},
+                           "delta": {"stop_reason": "end_turn", "stop_sequence": None}}),
+        ("message_stop", {"type": "message_stop"}),
+    ]  # fmt: skip
+    return "".join(f"event: {e}\ndata: {json.dumps(d)}\n\n" for e, d in events).encode()
+
+
+_EVENTS = _anthropic_events()
+
 
 def _chunked(payload: bytes) -> bytes:
     return b"%x\r\n%s\r\n0\r\n\r\n" % (len(payload), payload)
@@ -69,6 +108,7 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
+            anthropic = head.split(b" ", 2)[1].startswith(b"/v1/messages")
             length = 0
             for line in head.split(b"\r\n")[1:]:
                 name, _, value = line.partition(b":")
@@ -77,14 +117,16 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
             body = await reader.readexactly(length) if length else b""
             if b'"stream": true' in body or b'"stream":true' in body:
                 usage = b'"include_usage": true' in body or b'"include_usage":true' in body
+                events = _EVENTS if anthropic else _SSE[usage]
                 writer.write(
                     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                    b"transfer-encoding: chunked\r\n\r\n" + _chunked(_SSE[usage])
+                    b"transfer-encoding: chunked\r\n\r\n" + _chunked(events)
                 )
             else:
+                reply = _MESSAGE if anthropic else _COMPLETION
                 writer.write(
                     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                    b"content-length: %d\r\n\r\n%s" % (len(_COMPLETION), _COMPLETION)
+                    b"content-length: %d\r\n\r\n%s" % (len(reply), reply)
                 )
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError):

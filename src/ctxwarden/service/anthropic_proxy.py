@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+import orjson
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
@@ -119,8 +120,9 @@ class AnthropicWire:
     api = "anthropic"
     path = "/v1/messages"
 
-    def __init__(self, data: dict[str, Any]) -> None:
+    def __init__(self, data: dict[str, Any], nonfinite: bool = True) -> None:
         self.data = data
+        self.nonfinite = nonfinite  # the client's body may hold NaN or Infinity
 
     def body(
         self, prepared: Prepared, extra: tuple[Message, ...] = (), recall: bool = False
@@ -140,6 +142,11 @@ class AnthropicWire:
             out["system"] = system
         else:
             out.pop("system", None)
+        if not self.nonfinite:  # orjson would write NaN as null: only without any
+            try:  # tens of times faster than json for a whole history; the same JSON, compact
+                return orjson.dumps(out)
+            except (orjson.JSONEncodeError, TypeError):  # a huge int, a non-string key
+                pass
         return json.dumps(out, ensure_ascii=False).encode()
 
     def from_json(self, data: Any) -> tuple[Message | None, Usage | None]:
@@ -210,7 +217,10 @@ async def messages(request: Request, tenant: CurrentTenant) -> Response:
         tools=_tools_as_openai(data.get("tools")),
     )
     stream = bool(data.get("stream"))
-    return await forward(request, hub, upstream, AnthropicWire(data), call, stream=stream)
+    # NaN and Infinity can only come from the client's text: its body, the history it resends
+    nonfinite = b"NaN" in raw or b"Infinity" in raw
+    wire = AnthropicWire(data, nonfinite)
+    return await forward(request, hub, upstream, wire, call, stream=stream)
 
 
 @router.post("/v1/messages/count_tokens", responses=PROXY_ERRORS, openapi_extra=COUNT_BODY)
