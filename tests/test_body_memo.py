@@ -390,3 +390,17 @@ def test_the_anthropic_route_forwards_nan_as_json_writes_it(tmp_path: Path) -> N
                 assert json.loads(sent)["messages"][0]["content"][0]["text"] == "hi"
     finally:
         upstream.stop()
+
+
+def test_the_memo_says_whether_a_body_holds_nan_looking_only_at_new_text() -> None:
+    memo = BodyMemo()
+    ms = [{"role": "user", "content": "a"}]
+    flags = []
+    for tail, more in [("", []), (', "t": NaN', []), ("", [{"content": "NaN here"}]), ("", [])]:
+        ms = [*ms, *more]
+        got = _read(memo, _body(ms, tail=tail))
+        assert got is not None
+        flags.append(got.nonfinite)
+    # NaN after the messages marks that body only; in a message, every later body
+    assert flags == [False, True, True, True]
+    assert BodyMemo().read("s", _body([{"x": 1}], tail=', "t": Infinity')).nonfinite  # type: ignore[union-attr]

@@ -217,8 +217,9 @@ async def messages(request: Request, tenant: CurrentTenant) -> Response:
         tools=_tools_as_openai(data.get("tools")),
     )
     stream = bool(data.get("stream"))
-    # NaN and Infinity can only come from the client's text: its body, the history it resends
-    nonfinite = b"NaN" in raw or b"Infinity" in raw
+    # NaN and Infinity can only come from the client's text: its body, the history it
+    # resends (the memo looks only at the text it had not seen before)
+    nonfinite = reading.nonfinite if reading is not None else b"NaN" in raw or b"Infinity" in raw
     wire = AnthropicWire(data, nonfinite)
     return await forward(request, hub, upstream, wire, call, stream=stream)
 

@@ -51,6 +51,7 @@ class _Front:
     head: tuple[tuple[str, Any], ...]  # the pairs before "messages", in order
     messages: tuple[dict[str, Any], ...]
     made: object  # what the route made of the messages (keep()), or None
+    nonfinite: bool  # the text holds NaN or Infinity (as a value, or inside a string)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,7 @@ class Reading:
     scope: Hashable
     front: _Front
     replaces: _Front | None
+    nonfinite: bool  # the body's text holds NaN or Infinity (as a value or in a string)
 
 
 def _skip(s: str, i: int) -> int:
@@ -220,16 +222,20 @@ class BodyMemo:
         data["messages"] = messages
         for key, value in tail:
             data[key] = value
-        front = _Front(s[:last], tuple(head), tuple(messages), None)
+        seen = len(known.text) if known is not None else 0
+        early = known is not None and known.nonfinite
+        in_front = early or _nonfinite(s, seen, last)
+        front = _Front(s[:last], tuple(head), tuple(messages), None, in_front)
         reused = len(known.messages) if known is not None else 0
         made = known.made if known is not None else None
-        return Reading(data, reused, made, scope, front, known)
+        nonfinite = in_front or _nonfinite(s, last, len(s))
+        return Reading(data, reused, made, scope, front, known, nonfinite)
 
     def keep(self, reading: Reading, made: object) -> None:
         """Remember ``reading``'s front, and what the route ``made`` of all its messages,
         for the scope's next body."""
         front = reading.front
-        front = _Front(front.text, front.head, front.messages, made)
+        front = _Front(front.text, front.head, front.messages, made, front.nonfinite)
         with self._lock:
             kept = self._scopes.pop(reading.scope, None) or _Scope([])
             fronts = kept.fronts
@@ -255,6 +261,12 @@ class BodyMemo:
     def size_bytes(self) -> int:
         """The estimated memory the kept fronts hold."""
         return self._bytes
+
+
+def _nonfinite(s: str, start: int, end: int) -> bool:
+    """Whether ``s[start:end]`` holds ``NaN`` or ``Infinity`` (values only ``json`` reads
+    and writes; ``orjson`` would write them as ``null``)."""
+    return s.find("NaN", start, end) >= 0 or s.find("Infinity", start, end) >= 0
 
 
 def _length(front: _Front) -> int:
