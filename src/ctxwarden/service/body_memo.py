@@ -4,13 +4,14 @@ time (speed only).
 An agent sends its whole history on every call, and from one call to the next the body is
 the previous one with a few messages added at the end of ``messages``. JSON is read left
 to right, so a body whose text begins with the last body's text up to the end of its last
-message holds, up to there, the same values. :class:`BodyMemo` keeps that text per
-(tenant, session header) with the values read from it — the pairs before ``messages`` and
-the messages themselves, the very objects — and what the route made of them (their keys;
-for Anthropic, the converted messages too); a body that begins with it reuses them and
-only the rest is read. Everything is read with the stdlib's C scanner,
-value by value (:meth:`json.JSONDecoder.raw_decode`), so the result is exactly what
-``json.loads`` gives, duplicate keys and key order included.
+message holds, up to there, the same values. :class:`BodyMemo` keeps that text per scope
+(the routes use route, tenant and session header) with the values read from it — the
+pairs before ``messages`` and the messages themselves, the very objects — and what the
+route made of them (their keys; for Anthropic, the converted messages too); a body that
+begins with it reuses them and only the rest is read. Everything is read with the stdlib's
+C scanner, value by value (:meth:`json.JSONDecoder.raw_decode`), so the result is exactly
+what ``json.loads`` gives, duplicate keys and key order included. It also tells whether
+the text holds ``NaN`` or ``Infinity``, looking only at text it had not seen.
 
 A body it cannot walk (not UTF-8, not an object, no non-empty ``messages`` list of objects,
 ``messages`` twice, any JSON error) is left to the ordinary parse
