@@ -8,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ctxwarden.bench.proxy import conversation, history_at
+import pytest
+
+from ctxwarden.bench.proxy import anthropic_bodies, conversation, history_at
 
 
 def test_conversation_is_the_documented_size() -> None:
@@ -17,13 +19,17 @@ def test_conversation_is_the_documented_size() -> None:
     size = len(json.dumps({"model": "gpt-4o", "messages": base}))
     assert 300_000 < size < 360_000
     assert len(history_at(base, 3)) == 206
+    first, fourth = anthropic_bodies(base, 4)[::3]
+    assert fourth["messages"][: len(first["messages"])] == first["messages"]  # grown, as sent
+    assert [t["role"] for t in fourth["messages"][-3:]] == ["user", "assistant", "user"]
 
 
-def test_bench_runs_and_checks_the_store(tmp_path: Path) -> None:
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_bench_runs_and_checks_the_store(tmp_path: Path, api: str) -> None:
     out = tmp_path / "figures.json"
     done = subprocess.run(
         [sys.executable, "-m", "ctxwarden.bench.proxy", "--clients", "3", "--steps", "2",
-         "--messages", "20", "--kinds", "httpx,sdk", "--json", str(out)],
+         "--messages", "20", "--kinds", "httpx,sdk", "--api", api, "--json", str(out)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
