@@ -220,13 +220,32 @@ def test_every_body_reads_as_json_loads_reads_it(calls: list[Any]) -> None:
             assert got is not None and got.reused == 0
 
 
-def _app(tmp_path: Path, name: str, upstream: ScriptedServer) -> tuple[TestClient, str]:
+def _app(tmp_path: Path, name: str, **upstreams: str) -> tuple[TestClient, str]:
+    """The app on a fresh SQLite store with tenant ``t``, and its key."""
     db = f"sqlite:///{tmp_path / name}"
     key = new_key()
     with open_store(db) as store:
         add_tenant(store, "t", key_hash=hash_key(key), key_prefix=shown_prefix(key))
-    app = create_app(ServiceConfig(db=db, upstream=upstream.url + "/v1"))
-    return TestClient(app), key
+    return TestClient(create_app(ServiceConfig(db=db, **upstreams))), key
+
+
+def _without_memo(client: TestClient) -> None:
+    client.app.state.hub.bodies.read = lambda scope, raw: None  # type: ignore[attr-defined]
+
+
+def _reuses(client: TestClient) -> list[int | None]:
+    """What each read of the client's memo reused (``None``: not walked), as calls go."""
+    memo = client.app.state.hub.bodies  # type: ignore[attr-defined]
+    reused: list[int | None] = []
+    real = memo.read
+
+    def read(scope: Any, raw: bytes) -> Reading | None:
+        got = real(scope, raw)
+        reused.append(got.reused if got is not None else None)
+        return got
+
+    memo.read = read
+    return reused
 
 
 def _answer(request: Recorded) -> Reply:
@@ -237,21 +256,13 @@ def _answer(request: Recorded) -> Reply:
 def test_the_proxy_sends_and_stores_the_same_with_and_without_the_memo(tmp_path: Path) -> None:
     upstream = ScriptedServer(_answer).start()
     try:
-        memo_client, memo_key = _app(tmp_path, "memo.db", upstream)
-        bare_client, bare_key = _app(tmp_path, "bare.db", upstream)
+        memo_client, memo_key = _app(tmp_path, "memo.db", upstream=upstream.url + "/v1")
+        bare_client, bare_key = _app(tmp_path, "bare.db", upstream=upstream.url + "/v1")
         base = conversation(40)
         with memo_client, bare_client:
             memo_hub, bare_hub = memo_client.app.state.hub, bare_client.app.state.hub  # type: ignore[attr-defined]
-            bare_hub.bodies.read = lambda scope, raw: None
-            reused: list[int | None] = []
-            memo_read = memo_hub.bodies.read
-
-            def read(scope: Any, raw: bytes) -> Reading | None:
-                got = memo_read(scope, raw)
-                reused.append(got.reused if got is not None else None)
-                return got
-
-            memo_hub.bodies.read = read
+            _without_memo(bare_client)
+            reused = _reuses(memo_client)
             history = list(base)
             for step in range(6):
                 if step == 3:  # the client edits an old message: a miss, read whole
@@ -315,28 +326,13 @@ def test_the_anthropic_route_sends_and_stores_the_same_with_and_without_the_memo
 ) -> None:
     upstream = ScriptedServer(_anthropic_answer).start()
     try:
-        clients = []
-        for name in ("memo.db", "bare.db"):
-            db = f"sqlite:///{tmp_path / name}"
-            key = new_key()
-            with open_store(db) as store:
-                add_tenant(store, "t", key_hash=hash_key(key), key_prefix=shown_prefix(key))
-            config = ServiceConfig(db=db, anthropic_upstream=upstream.url)
-            clients.append((TestClient(create_app(config)), key))
-        (memo_client, memo_key), (bare_client, bare_key) = clients
+        memo_client, memo_key = _app(tmp_path, "memo.db", anthropic_upstream=upstream.url)
+        bare_client, bare_key = _app(tmp_path, "bare.db", anthropic_upstream=upstream.url)
         system, turns = _anthropic_turns()
         with memo_client, bare_client:
             memo_hub, bare_hub = memo_client.app.state.hub, bare_client.app.state.hub  # type: ignore[attr-defined]
-            bare_hub.bodies.read = lambda scope, raw: None
-            reused: list[int | None] = []
-            memo_read = memo_hub.bodies.read
-
-            def read(scope: Any, raw: bytes) -> Reading | None:
-                got = memo_read(scope, raw)
-                reused.append(got.reused if got is not None else None)
-                return got
-
-            memo_hub.bodies.read = read
+            _without_memo(bare_client)
+            reused = _reuses(memo_client)
             history = turns[:20]
             for step in range(5):
                 if step == 3:  # an edit: read and converted whole
@@ -372,11 +368,7 @@ def test_the_anthropic_route_forwards_nan_as_json_writes_it(tmp_path: Path) -> N
     holds NaN or Infinity is written by json, as before."""
     upstream = ScriptedServer(_anthropic_answer).start()
     try:
-        db = f"sqlite:///{tmp_path / 'nan.db'}"
-        key = new_key()
-        with open_store(db) as store:
-            add_tenant(store, "t", key_hash=hash_key(key), key_prefix=shown_prefix(key))
-        client = TestClient(create_app(ServiceConfig(db=db, anthropic_upstream=upstream.url)))
+        client, key = _app(tmp_path, "nan.db", anthropic_upstream=upstream.url)
         headers = {"x-api-key": key, "content-type": "application/json"}
         turns = [{"role": "user", "content": "hi"}]
         with client:
