@@ -93,18 +93,17 @@ def history_at(base: list[dict[str, Any]], step: int) -> list[dict[str, Any]]:
 
 
 def anthropic_bodies(base: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]:
-    """The request an Anthropic client sends at each step: :func:`history_at` in
-    Anthropic's format (``system`` apart, ``tool_result`` blocks in user turns)."""
+    """The request an Anthropic client sends at each step (:func:`anthropic_request`)."""
+    return [anthropic_request(base, step) for step in range(steps)]
+
+
+def anthropic_request(base: list[dict[str, Any]], step: int) -> dict[str, Any]:
+    """:func:`history_at` as an Anthropic request (``system`` apart, ``tool_result``
+    blocks in user turns)."""
     from ctxwarden.formats import message_from_openai, messages_to_anthropic
 
-    out = []
-    for step in range(steps):
-        system, turns = messages_to_anthropic(
-            [message_from_openai(m) for m in history_at(base, step)]
-        )
-        out.append({"max_tokens": 256, "messages": turns, "model": ANTHROPIC_MODEL,
-                    "system": system})  # fmt: skip
-    return out
+    system, turns = messages_to_anthropic([message_from_openai(m) for m in history_at(base, step)])
+    return {"max_tokens": 256, "messages": turns, "model": ANTHROPIC_MODEL, "system": system}
 
 
 async def _anthropic_sdk(sdk: Any, mode: str, session: str, request: dict[str, Any]) -> None:
@@ -302,12 +301,12 @@ def _check_store(
         if branches:
             problems.append(f"{len(branches)} branch sessions: {branches[:3]}")
         for session, steps in sessions.items():
-            sent = [*history_at(base, steps), {"role": "assistant", "content": REPLY_TEXT}]
-            want = [message_from_openai(m) for m in sent]
+            reply = {"role": "assistant", "content": REPLY_TEXT}
             if api == "anthropic":
-                request = anthropic_bodies(base, steps + 1)[steps]
-                turns = [*request["messages"], {"role": "assistant", "content": REPLY_TEXT}]
-                want = messages_from_anthropic(request["system"], turns)
+                request = anthropic_request(base, steps)
+                want = messages_from_anthropic(request["system"], [*request["messages"], reply])
+            else:
+                want = [message_from_openai(m) for m in [*history_at(base, steps), reply]]
             got = [m.message for m in store.iter_messages("bench", session)]
             if len(got) != len(want):
                 problems.append(f"{session}: {len(got)} stored, {len(want)} expected")

@@ -34,7 +34,6 @@ from ctxwarden.service.body import (
     read_body,
     read_json,
 )
-from ctxwarden.service.body_memo import Reading
 from ctxwarden.service.calls import SESSION_HEADER, client_session_id, upstream_for
 from ctxwarden.service.errors import ServiceError, from_library
 from ctxwarden.service.forward import forward, read_whole
@@ -171,10 +170,6 @@ class _Turns:
 _NO_TURNS = _Turns(0, (), (), {})
 
 
-def _reused(reading: Reading | None) -> int:
-    return reading.reused if reading is not None else -1
-
-
 @router.post("/v1/messages", responses=PROXY_ERRORS, openapi_extra=ANTHROPIC_BODY)
 async def messages(request: Request, tenant: CurrentTenant) -> Response:
     """Build the context from the stored session and forward it (see the module)."""
@@ -185,8 +180,9 @@ async def messages(request: Request, tenant: CurrentTenant) -> Response:
     data = reading.data if reading is not None else parse_json(raw)
     model, turns = model_and_messages(data)
     system = data.get("system")
-    made = reading.made if reading is not None else None
-    known = made if isinstance(made, _Turns) and made.count == _reused(reading) else _NO_TURNS
+    known = _NO_TURNS
+    if reading is not None and isinstance(reading.made, _Turns):
+        known = reading.made if reading.made.count == reading.reused else _NO_TURNS
     try:
         head = system_from_anthropic(system if isinstance(system, str | list) else None)
         new, names = turns_from_anthropic(turns, known.count, known.names)

@@ -27,7 +27,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 __all__ = ["BodyMemo", "Reading"]
@@ -235,8 +235,7 @@ class BodyMemo:
     def keep(self, reading: Reading, made: object) -> None:
         """Remember ``reading``'s front, and what the route ``made`` of all its messages,
         for the scope's next body."""
-        front = reading.front
-        front = _Front(front.text, front.head, front.messages, made, front.nonfinite)
+        front = replace(reading.front, made=made)
         with self._lock:
             kept = self._scopes.pop(reading.scope, None) or _Scope([])
             fronts = kept.fronts
