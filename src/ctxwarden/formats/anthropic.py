@@ -99,6 +99,63 @@ def _in_order(
     return [next(blocks) if kind == "c" else next(calls) for kind in order]
 
 
+def tool_use_blocks(message: Message, ids: Sequence[str]) -> list[dict[str, Any]]:
+    """An assistant message's blocks: its content and its calls as ``tool_use`` blocks
+    (with ``ids``, each call's id as sent), in the order it came in."""
+    uses = [
+        {"type": "tool_use", "id": new_id, "name": call.name, "input": _tool_input(call)}
+        for call, new_id in zip(message.tool_calls, ids, strict=True)
+    ]
+    return _in_order(_content_blocks(message.content), uses, message)
+
+
+def tool_result_block(message: Message, tool_use_id: str) -> dict[str, Any]:
+    """A tool result as the ``tool_result`` block of the user turn after the call."""
+    item: dict[str, Any] = {
+        "type": "tool_result",
+        "tool_use_id": tool_use_id,
+        "content": _content_blocks(message.content) or "",
+    }
+    if message.meta.get("is_error"):
+        item["is_error"] = True
+    return item
+
+
+def user_blocks(message: Message) -> list[dict[str, Any]]:
+    """A user message's content as blocks (none for empty content)."""
+    return _content_blocks(message.content)
+
+
+def system_block(message: Message) -> dict[str, Any]:
+    """A system message as one text block of ``system``."""
+    return {"type": "text", "text": message.text}
+
+
+def mark_cached(blocks: list[dict[str, Any]]) -> None:
+    """Put ``cache_control`` on the last block that takes one (not thinking), in place."""
+    marked = [i for i, b in enumerate(blocks) if b.get("type") not in _UNMARKED]
+    if marked:
+        blocks[marked[-1]] = {**blocks[marked[-1]], "cache_control": dict(_CACHE)}
+
+
+def check_breakpoints(cache_breakpoints: Collection[str]) -> None:
+    """Anthropic takes at most :data:`MAX_CACHE_BREAKPOINTS` of them."""
+    if len(cache_breakpoints) > MAX_CACHE_BREAKPOINTS:
+        raise InvalidMessageError(
+            f"Anthropic allows at most {MAX_CACHE_BREAKPOINTS} cache breakpoints, "
+            f"got {len(cache_breakpoints)}"
+        )
+
+
+def orphan_error(block_start: int, message: Message) -> InvalidMessageError:
+    """A tool result outside a call block (the API refuses it)."""
+    return InvalidMessageError(
+        f"tool result for call {message.tool_call_id!r} has no tool call before it",
+        index=block_start,
+        field="tool_call_id",
+    )
+
+
 def messages_to_anthropic(
     messages: Sequence[Message], *, cache_breakpoints: Collection[str] = ()
 ) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]]]:
@@ -106,11 +163,7 @@ def messages_to_anthropic(
 
     ``cache_breakpoints`` holds message ids whose last block gets ``cache_control``.
     """
-    if len(cache_breakpoints) > MAX_CACHE_BREAKPOINTS:
-        raise InvalidMessageError(
-            f"Anthropic allows at most {MAX_CACHE_BREAKPOINTS} cache breakpoints, "
-            f"got {len(cache_breakpoints)}"
-        )
+    check_breakpoints(cache_breakpoints)
     system: list[dict[str, Any]] = []
     turns: list[dict[str, Any]] = []
     seen_ids: dict[str, int] = {}
@@ -121,10 +174,8 @@ def messages_to_anthropic(
         return call_id if count == 1 else f"{call_id}__dup{count}"
 
     def add(role: str, blocks: list[dict[str, Any]], msg: Message) -> None:
-        if msg.id in cache_breakpoints:  # on the last block that takes one (not thinking)
-            marked = [i for i, b in enumerate(blocks) if b.get("type") not in _UNMARKED]
-            if marked:
-                blocks[marked[-1]] = {**blocks[marked[-1]], "cache_control": dict(_CACHE)}
+        if msg.id in cache_breakpoints:
+            mark_cached(blocks)
         if turns and turns[-1]["role"] == role:
             turns[-1]["content"].extend(blocks)
         else:
@@ -133,44 +184,25 @@ def messages_to_anthropic(
     for block in group_blocks(messages):
         head = block.head
         if head.role == "system":
-            blocks: list[dict[str, Any]] = [{"type": "text", "text": head.text}]
+            blocks: list[dict[str, Any]] = [system_block(head)]
             if head.id in cache_breakpoints:
                 blocks[-1]["cache_control"] = dict(_CACHE)
             system.extend(blocks)
         elif head.role in ("user", "tool"):
             if head.role == "tool":  # a tool result outside a call block is an orphan
-                raise InvalidMessageError(
-                    f"tool result for call {head.tool_call_id!r} has no tool call before it",
-                    index=block.start,
-                    field="tool_call_id",
-                )
-            add("user", _content_blocks(head.content), head)
+                raise orphan_error(block.start, head)
+            add("user", user_blocks(head), head)
         else:
             renamed: dict[str, list[str]] = {c.id: [] for c in head.tool_calls}
-            uses = []
+            ids = []
             for call in head.tool_calls:
                 new_id = unique(call.id)
                 renamed[call.id].append(new_id)
-                uses.append(
-                    {
-                        "type": "tool_use",
-                        "id": new_id,
-                        "name": call.name,
-                        "input": _tool_input(call),
-                    }
-                )
-            add("assistant", _in_order(_content_blocks(head.content), uses, head), head)
+                ids.append(new_id)
+            add("assistant", tool_use_blocks(head, ids), head)
             for result in block.messages[1:]:
-                ids = renamed[result.tool_call_id or ""]
-                tool_use_id = ids.pop(0)
-                item: dict[str, Any] = {
-                    "type": "tool_result",
-                    "tool_use_id": tool_use_id,
-                    "content": _content_blocks(result.content) or "",
-                }
-                if result.meta.get("is_error"):
-                    item["is_error"] = True
-                add("user", [item], result)
+                tool_use_id = renamed[result.tool_call_id or ""].pop(0)
+                add("user", [tool_result_block(result, tool_use_id)], result)
     return (system or None), turns
 
 

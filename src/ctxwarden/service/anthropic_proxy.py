@@ -26,6 +26,7 @@ from ctxwarden.formats import messages_from_anthropic, messages_to_anthropic
 from ctxwarden.formats.anthropic import system_from_anthropic, turns_from_anthropic
 from ctxwarden.memory.recall import recall_tool
 from ctxwarden.messages import Message
+from ctxwarden.service.anthropic_json import object_bytes, request_json
 from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.body import (
     max_input_tokens_header,
@@ -129,13 +130,27 @@ class AnthropicWire:
         """The request upstream gets: the client's, with the built context (and the
         recall rounds' ``extra`` messages; the recall tool offered with ``recall``)."""
         built = prepared.built
-        system, turns = messages_to_anthropic(
-            [*built.messages, *extra], cache_breakpoints=built.audit.cache_breakpoints
-        )
+        context = [*built.messages, *extra]
+        breakpoints = built.audit.cache_breakpoints
         out = dict(self.data)
         if recall:
             tools = self.data.get("tools")
             out["tools"] = [*(tools if isinstance(tools, list) else ()), recall_tool("anthropic")]
+        if not self.nonfinite:  # each message's blocks written once, across calls
+            written = request_json(context, breakpoints)
+            if written is not None:
+                system_json, turns_json = written
+                parts = {"messages": turns_json}
+                out["messages"] = None
+                if system_json is not None:
+                    out["system"], parts["system"] = None, system_json
+                else:
+                    out.pop("system", None)
+                try:
+                    return object_bytes(out, parts)
+                except (orjson.JSONEncodeError, TypeError):  # as below
+                    pass
+        system, turns = messages_to_anthropic(context, cache_breakpoints=breakpoints)
         out["messages"] = turns
         if system:
             out["system"] = system
