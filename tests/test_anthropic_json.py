@@ -85,6 +85,8 @@ def test_empty_content_system_between_and_merged_user_turns() -> None:
     ]
     assert request_json(messages) == _ordinary(messages, set())
     assert _ordinary(messages, set())[1].count(b'"role":"user"') == 3
+    assert request_json([]) == _ordinary([], set()) == (None, b"[]")
+    assert request_json(messages[:1]) == _ordinary(messages[:1], set())  # a system only
 
 
 def test_contexts_only_the_ordinary_conversion_writes_are_refused() -> None:

@@ -77,7 +77,9 @@ def request_json(
     when only that conversion gives them (see the module docstring)."""
     check_breakpoints(cache_breakpoints)
     system: list[bytes] = []
-    turns: list[tuple[str, list[bytes]]] = []
+    parts = [b"["]  # the turns' JSON, joined once (the context's bytes copied once)
+    turn = ""  # the role of the turn being written, "" before the first
+    empty = True  # whether it has no block yet
     calls: set[str] = set()
     owed: set[str] = set()  # the calls of the assistant message the tool run answers
     try:
@@ -88,29 +90,29 @@ def request_json(
                 if call_id not in owed:
                     return None  # not right after its call: the conversion says why
                 owed.discard(call_id)
-                turn = "user"
+                role = "user"
             else:
                 owed = set()
                 if role == "system":
                     system.append(_blocks(m, m.id in cache_breakpoints))
                     continue
-                turn = "user" if role == "user" else "assistant"
-                if turn == "assistant":
+                if role == "assistant":
                     for call in m.tool_calls:
                         if call.id in calls:
                             return None  # renamed __dupN across the request
                         calls.add(call.id)
                         owed.add(call.id)
             data = _blocks(m, m.id in cache_breakpoints)
-            if turns and turns[-1][0] == turn:
-                if data:
-                    turns[-1][1].append(data)
-            else:
-                turns.append((turn, [data] if data else []))
+            if role != turn:
+                parts += (_TURN_HEAD[role],) if not turn else (b"]},", _TURN_HEAD[role])
+                turn, empty = role, True
+            if data:
+                parts += (data,) if empty else (b",", data)
+                empty = False
     except _NotPlain:
         return None
-    written = b",".join(_TURN_HEAD[role] + b",".join(parts) + b"]}" for role, parts in turns)
-    return (b"[" + b",".join(system) + b"]" if system else None), b"[" + written + b"]"
+    parts.append(b"]}]" if turn else b"]")
+    return (b"[" + b",".join(system) + b"]" if system else None), b"".join(parts)
 
 
 def object_bytes(data: Mapping[str, object], written: Mapping[str, bytes]) -> bytes:
