@@ -147,15 +147,6 @@ def check_breakpoints(cache_breakpoints: Collection[str]) -> None:
         )
 
 
-def orphan_error(block_start: int, message: Message) -> InvalidMessageError:
-    """A tool result outside a call block (the API refuses it)."""
-    return InvalidMessageError(
-        f"tool result for call {message.tool_call_id!r} has no tool call before it",
-        index=block_start,
-        field="tool_call_id",
-    )
-
-
 def messages_to_anthropic(
     messages: Sequence[Message], *, cache_breakpoints: Collection[str] = ()
 ) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]]]:
@@ -186,11 +177,15 @@ def messages_to_anthropic(
         if head.role == "system":
             blocks: list[dict[str, Any]] = [system_block(head)]
             if head.id in cache_breakpoints:
-                blocks[-1]["cache_control"] = dict(_CACHE)
+                mark_cached(blocks)
             system.extend(blocks)
         elif head.role in ("user", "tool"):
             if head.role == "tool":  # a tool result outside a call block is an orphan
-                raise orphan_error(block.start, head)
+                raise InvalidMessageError(
+                    f"tool result for call {head.tool_call_id!r} has no tool call before it",
+                    index=block.start,
+                    field="tool_call_id",
+                )
             add("user", user_blocks(head), head)
         else:
             renamed: dict[str, list[str]] = {c.id: [] for c in head.tool_calls}

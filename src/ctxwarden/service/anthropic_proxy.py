@@ -116,6 +116,16 @@ def _tools_as_openai(tools: Any) -> list[dict[str, Any]] | None:
     ]
 
 
+def _place(out: dict[str, Any], system: object, turns: object) -> None:
+    """Put the built context in the request ``out``: ``messages``, and ``system`` where
+    there is one (else the client's is removed), each in the client's key order."""
+    out["messages"] = turns
+    if system:
+        out["system"] = system
+    else:
+        out.pop("system", None)
+
+
 class AnthropicWire:
     api = "anthropic"
     path = "/v1/messages"
@@ -136,26 +146,14 @@ class AnthropicWire:
         if recall:
             tools = self.data.get("tools")
             out["tools"] = [*(tools if isinstance(tools, list) else ()), recall_tool("anthropic")]
-        if not self.nonfinite:  # each message's blocks written once, across calls
-            written = request_json(context, breakpoints)
-            if written is not None:
-                system_json, turns_json = written
-                parts = {"messages": turns_json}
-                out["messages"] = None
-                if system_json is not None:
-                    out["system"], parts["system"] = None, system_json
-                else:
-                    out.pop("system", None)
-                try:
-                    return object_bytes(out, parts)
-                except (orjson.JSONEncodeError, TypeError):  # as below
-                    pass
-        system, turns = messages_to_anthropic(context, cache_breakpoints=breakpoints)
-        out["messages"] = turns
-        if system:
-            out["system"] = system
-        else:
-            out.pop("system", None)
+        written = None if self.nonfinite else request_json(context, breakpoints)
+        if written is not None:  # each message's blocks written once, across calls
+            _place(out, *written)
+            try:
+                return object_bytes(out, {k: out[k] for k in ("system", "messages") if k in out})
+            except (orjson.JSONEncodeError, TypeError):  # as below
+                pass
+        _place(out, *messages_to_anthropic(context, cache_breakpoints=breakpoints))
         if not self.nonfinite:  # orjson would write NaN as null: only without any
             try:  # tens of times faster than json for a whole history; the same JSON, compact
                 return orjson.dumps(out)
