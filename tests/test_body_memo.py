@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -248,6 +249,39 @@ def _reuses(client: TestClient) -> list[int | None]:
     return reused
 
 
+def _post_both(
+    clients: list[tuple[TestClient, str]],
+    path: str,
+    raw: bytes,
+    auth: Callable[[str], dict[str, str]],
+) -> list[Any]:
+    """``raw`` posted to ``path`` of each (client, key), each answering 200."""
+    replies = []
+    for client, key in clients:
+        headers = {**auth(key), "content-type": "application/json"}
+        replies.append(client.post(path, content=raw, headers=headers))
+        assert replies[-1].status_code == 200, replies[-1].text
+    return replies
+
+
+def _sent_alike(
+    upstream: ScriptedServer, replies: list[Any], memo_hub: Any, scope: Any, raw: bytes
+) -> None:
+    """The memo's call and the bare one (the upstream's last two requests) sent the same
+    body and reported the same tokens, and nothing the proxy did changed the values the
+    memo keeps for the next call (the scope's newest front)."""
+    assert upstream.requests[-2].body == upstream.requests[-1].body
+    for name in ("x-ctxwarden-input-tokens", "x-ctxwarden-saved-tokens"):
+        assert replies[0].headers[name] == replies[1].headers[name]
+    front = memo_hub.bodies._scopes[scope].fronts[-1]
+    assert _same(list(front.messages), json.loads(raw)["messages"])
+
+
+def _stored_alike(memo_hub: Any, bare_hub: Any, session: str) -> None:
+    stored = [hub.store.iter_messages("t", session) for hub in (memo_hub, bare_hub)]
+    assert [m.message for m in stored[0]] == [m.message for m in stored[1]]
+
+
 def _answer(request: Recorded) -> Reply:
     n = len(request.json["messages"])
     return Reply(body={"choices": [{"message": {"role": "assistant", "content": f"ok {n}"}}]})
@@ -269,29 +303,17 @@ def test_the_proxy_sends_and_stores_the_same_with_and_without_the_memo(tmp_path:
                     history[5] = {**history[5], "content": "edited"}
                 body = {"model": "gpt-4o", "messages": history, "temperature": step / 10}
                 raw = json.dumps(body).encode()
-                replies = []
-                for client, key in ((memo_client, memo_key), (bare_client, bare_key)):
-                    headers = {"authorization": f"Bearer {key}", "x-ctxwarden-session": "c"}
-                    headers["content-type"] = "application/json"
-                    replies.append(
-                        client.post("/v1/chat/completions", content=raw, headers=headers)
-                    )
-                    assert replies[-1].status_code == 200, replies[-1].text
-                sent_memo, sent_bare = upstream.requests[-2], upstream.requests[-1]
-                assert sent_memo.body == sent_bare.body
-                for name in ("x-ctxwarden-input-tokens", "x-ctxwarden-saved-tokens"):
-                    assert replies[0].headers[name] == replies[1].headers[name]
-                # nothing the proxy did changed the values the memo keeps for the next call
-                front = memo_hub.bodies._scopes[("openai", "t", "c")].fronts[-1]  # the newest
-                assert _same(list(front.messages), json.loads(raw)["messages"])
+                replies = _post_both(
+                    [(memo_client, memo_key), (bare_client, bare_key)],
+                    "/v1/chat/completions",
+                    raw,
+                    lambda key: {"authorization": f"Bearer {key}", "x-ctxwarden-session": "c"},
+                )
+                _sent_alike(upstream, replies, memo_hub, ("openai", "t", "c"), raw)
                 history = [*history, replies[0].json()["choices"][0]["message"]]
                 history.append({"role": "user", "content": f"step {step}"})
             assert reused == [0, 40, 42, 0, 46, 48]  # the edit: read whole, then reused again
-            stored = [
-                memo_hub.store.iter_messages("t", "c"),
-                bare_hub.store.iter_messages("t", "c"),
-            ]
-            assert [m.message for m in stored[0]] == [m.message for m in stored[1]]
+            _stored_alike(memo_hub, bare_hub, "c")
     finally:
         upstream.stop()
 
@@ -339,26 +361,18 @@ def test_the_anthropic_route_sends_and_stores_the_same_with_and_without_the_memo
                     history[4] = {**history[4], "content": "edited"}
                 body = {"messages": history, "model": "claude-sonnet-4-5", "max_tokens": 64}
                 raw = json.dumps({**body, "system": system}).encode()
-                replies = []
-                for client, key in ((memo_client, memo_key), (bare_client, bare_key)):
-                    headers = {"x-api-key": key, "x-ctxwarden-session": "a"}
-                    headers["content-type"] = "application/json"
-                    replies.append(client.post("/v1/messages", content=raw, headers=headers))
-                    assert replies[-1].status_code == 200, replies[-1].text
-                assert upstream.requests[-2].body == upstream.requests[-1].body
-                for name in ("x-ctxwarden-input-tokens", "x-ctxwarden-saved-tokens"):
-                    assert replies[0].headers[name] == replies[1].headers[name]
-                front = memo_hub.bodies._scopes[("anthropic", "t", "a")].fronts[-1]
-                assert _same(list(front.messages), json.loads(raw)["messages"])
+                replies = _post_both(
+                    [(memo_client, memo_key), (bare_client, bare_key)],
+                    "/v1/messages",
+                    raw,
+                    lambda key: {"x-api-key": key, "x-ctxwarden-session": "a"},
+                )
+                _sent_alike(upstream, replies, memo_hub, ("anthropic", "t", "a"), raw)
                 reply = replies[0].json()
                 history = [*history, {"role": "assistant", "content": reply["content"]}]
                 history.append({"role": "user", "content": f"step {step}"})
             assert reused == [0, 20, 22, 0, 26]
-            stored = [
-                memo_hub.store.iter_messages("t", "a"),
-                bare_hub.store.iter_messages("t", "a"),
-            ]
-            assert [m.message for m in stored[0]] == [m.message for m in stored[1]]
+            _stored_alike(memo_hub, bare_hub, "a")
     finally:
         upstream.stop()
 
