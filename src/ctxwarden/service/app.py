@@ -29,6 +29,7 @@ from ctxwarden.errors import StoreUnavailable
 from ctxwarden.service import anthropic_proxy, openai_proxy, sessions_api, ui_routes
 from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.config import ServiceConfig
+from ctxwarden.service.direct import Direct, Endpoint
 from ctxwarden.service.errors import ServiceError, error_body, from_library
 from ctxwarden.service.hub import Hub, Tenant
 from ctxwarden.service.metrics import Metrics
@@ -76,6 +77,22 @@ def _api_of(request: Request) -> str:
     return "openai"
 
 
+class _App(FastAPI):
+    """FastAPI, with the proxied routes served by :class:`~ctxwarden.service.direct.Direct`
+    (past the framework's layers) once :attr:`direct` is set."""
+
+    direct: Direct | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        direct = self.direct
+        endpoint = direct.endpoint(scope) if direct is not None else None
+        if direct is None or endpoint is None:
+            await super().__call__(scope, receive, send)
+            return
+        scope["app"] = self  # as Starlette sets it: the endpoints read the hub from the app
+        await direct(endpoint, scope, receive, send)
+
+
 def create_app(config: ServiceConfig) -> FastAPI:
     """The ASGI app for ``config`` (the store opens at start-up, in the lifespan)."""
     metrics = Metrics()
@@ -111,7 +128,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
                 await upstream.aclose()
             hub.close()
 
-    app = FastAPI(
+    app = _App(
         title="ctxwarden",
         version=__version__,
         description="Context-managing proxy for OpenAI- and Anthropic-compatible APIs.",
@@ -130,6 +147,12 @@ def create_app(config: ServiceConfig) -> FastAPI:
         return Response(
             error_body(exc, _api_of(request)), exc.status, media_type="application/json"
         )
+
+    proxied: dict[str, Endpoint] = {
+        "/v1/chat/completions": openai_proxy.chat_completions,
+        "/v1/messages": anthropic_proxy.messages,
+    }
+    app.direct = Direct(proxied, service_error, metrics)
 
     @app.exception_handler(StoreUnavailable)
     async def store_unavailable(request: Request, exc: StoreUnavailable) -> Response:
