@@ -161,3 +161,40 @@ def test_mask_invariants(sizes: list[int], keep_last: int, batch: int, budget: i
         grown = strategy(longer, ctx(budget=10**9))
         before = set(masked_ids(strategy(session, ctx(budget=10**9)).messages, session))
         assert before <= set(masked_ids(grown.messages, longer))
+
+
+def _fresh(messages: Sequence[Message]) -> list[Message]:
+    """The same messages as new objects (nothing kept on them)."""
+    return [Message(**{f: getattr(m, f) for f in m.__dataclass_fields__}) for m in messages]
+
+
+def test_an_outcome_read_back_from_the_last_build_is_what_masking_anew_gives() -> None:
+    session = agent_session([400] * 6)
+    other = TokenCounter.for_model("claude-sonnet-4-5")  # another counter: other counts
+    variants: list[tuple[MaskObservations, StrategyContext]] = [
+        (MaskObservations(keep_last=3, batch_tokens=0), ctx()),
+        (MaskObservations(keep_last=3, batch_tokens=0), ctx(sticky={"t0": "masked"})),
+        (MaskObservations(keep_last=2, batch_tokens=0), ctx()),
+        (MaskObservations(keep_last=3, batch_tokens=0, name="mask2"), ctx()),
+        (MaskObservations(keep_last=3, batch_tokens=0, placeholder="[gone: {handle}]"), ctx()),
+        (
+            MaskObservations(keep_last=3, batch_tokens=0),
+            StrategyContext(
+                count=other.count_message,
+                budget=1_000_000,
+                total=lambda ms: other.count_messages(ms).tokens,
+            ),
+        ),
+    ]
+    for strategy, context in variants * 2:  # the second round reads the kept outcomes
+        kept = strategy(session, context)
+        anew = strategy(_fresh(session), context)
+        assert [m.content for m in kept.messages] == [m.content for m in anew.messages]
+        assert [m.meta for m in kept.messages] == [m.meta for m in anew.messages]
+        assert kept.actions == anew.actions
+    reasons = {a.reason for a in MaskObservations(keep_last=3, batch_tokens=0)(
+        session, ctx(sticky={"t0": "masked"})).actions}  # fmt: skip
+    assert reasons == {
+        "masked in an earlier build (kept masked for a stable prefix)",
+        "tool result older than the last 3",
+    }

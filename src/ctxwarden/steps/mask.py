@@ -28,6 +28,7 @@ from ctxwarden.errors import ConfigError
 from ctxwarden.messages import Message
 from ctxwarden.steps.base import Action, StrategyContext, StrategyResult, same_action
 from ctxwarden.steps.handles import handle_for
+from ctxwarden.tokens.counter import counting_key
 
 __all__ = ["DEFAULT_PLACEHOLDER", "MaskObservations"]
 
@@ -35,6 +36,14 @@ __all__ = ["DEFAULT_PLACEHOLDER", "MaskObservations"]
 #: ``handle`` (``cw:msg:<id>``: the recall tool gives the original back by it).
 DEFAULT_PLACEHOLDER = "[tool result masked to save context: {name}, {tokens} tokens; {handle}]"
 
+
+_KEPT_ATTR = "_cw_mask_outcome"
+"""A masked result's outcome in the last build, kept on the (frozen, never-changing)
+message: ``(inputs, the masked copy or None, action)``. The outcome is a pure function of
+the message, its tool's name, whether an earlier build masked it, the placeholder, the
+strategy's name and ``keep_last`` (the reason says it) and the counter (``inputs``), so a
+session's build reads back the ~100 results it masks every call instead of making the
+placeholder's key, counting both texts and looking up the action again."""
 
 # Placeholders already made, so every build sends the same object (its fingerprint and
 # token count cached on it) instead of a new copy.
@@ -157,6 +166,7 @@ class MaskObservations:
             return out, actions
         names: dict[str, str] = {}
         last = max(to_mask)
+        counter = counting_key(ctx.count)
         for i, message in enumerate(messages):
             if i > last:
                 break
@@ -165,18 +175,33 @@ class MaskObservations:
             if i not in to_mask:
                 continue
             name = message.name or names.get(message.tool_call_id or "", "tool")
-            new, before = _masked(message, self.placeholder, name, ctx.count)
-            after = ctx.count(new)
-            if after >= before:
+            sticky = ctx.sticky.get(message.id) == "masked"
+            inputs = (name, sticky, self.placeholder, self.name, self.keep_last, counter)
+            kept = message.__dict__.get(_KEPT_ATTR)
+            if kept is not None and kept[0] == inputs:
+                new, action = kept[1], kept[2]
+            else:
+                new, action = self._outcome(message, name, sticky, ctx)
+                if counter is not None:  # (None: a counter not known to be pure)
+                    message.__dict__[_KEPT_ATTR] = (inputs, new, action)
+            if new is None:
                 continue
             out[i] = new
-            if not record:
-                continue
-            sticky = ctx.sticky.get(message.id) == "masked"
-            reason = (
-                "masked in an earlier build (kept masked for a stable prefix)"
-                if sticky
-                else f"tool result older than the last {self.keep_last}"
-            )
-            actions.append(same_action(message.id, "masked", reason, before, after, self.name))
+            if record:
+                actions.append(action)
         return out, actions
+
+    def _outcome(
+        self, message: Message, name: str, sticky: bool, ctx: StrategyContext
+    ) -> tuple[Message | None, Action]:
+        """The masked copy of ``message`` (``None``: the placeholder is no shorter) and the
+        action that says so."""
+        new, before = _masked(message, self.placeholder, name, ctx.count)
+        after = ctx.count(new)
+        reason = (
+            "masked in an earlier build (kept masked for a stable prefix)"
+            if sticky
+            else f"tool result older than the last {self.keep_last}"
+        )
+        action = same_action(message.id, "masked", reason, before, after, self.name)
+        return (new if after < before else None), action

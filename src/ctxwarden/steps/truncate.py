@@ -42,7 +42,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from ctxwarden.errors import ConfigError
 from ctxwarden.kinds import load_json
@@ -56,7 +55,7 @@ from ctxwarden.steps.cut_text import fmt, truncate_article, truncate_text
 from ctxwarden.steps.cut_trace import DEFAULT_LIBRARY_PATTERNS, library_regex, truncate_stack_trace
 from ctxwarden.steps.cut_values import with_cut_values
 from ctxwarden.steps.handles import handle_for
-from ctxwarden.tokens.counter import TokenCounter
+from ctxwarden.tokens.counter import counting_key
 
 __all__ = [
     "DEFAULT_LIBRARY_PATTERNS",
@@ -126,15 +125,6 @@ def _with_mark(text: str, message: Message) -> str:
         doc = [*doc, _full_result_mark(message).strip()]
         return json.dumps(doc, ensure_ascii=False, indent=1 if pretty else None)
     return text + _full_result_mark(message)
-
-
-def _counter_key(fn: Callable[..., Any] | None) -> Hashable | None:
-    """What identifies a counting function for the memo: a :class:`TokenCounter`'s
-    method by its encoding and factors; ``None`` (do not memoise) for anything else."""
-    owner = getattr(fn, "__self__", None)
-    if not isinstance(owner, TokenCounter):
-        return None
-    return (getattr(fn, "__name__", ""), owner.encoding_name, owner.family, repr(owner.scripts))
 
 
 def _recall_result(message: Message, request: Message | None = None) -> bool:
@@ -217,7 +207,7 @@ class TruncateToolResults:
         ``count_text`` counts the drafts (else ``self.count_text``, else ``count``);
         ``request`` is the assistant message that made the call (its terms are kept)."""
         drafts = self.count_text or count_text
-        counter = _counter_key(drafts) if drafts is not None else _counter_key(count)
+        counter = counting_key(drafts) if drafts is not None else counting_key(count)
         return self._truncate(message, count, drafts, counter, request)
 
     def _truncate(
@@ -306,11 +296,11 @@ class TruncateToolResults:
         actions: list[Action] = []
         requests: dict[str, Message] = {}  # tool_call_id -> the assistant message
         drafts = self.count_text or ctx.count_text
-        counter = _counter_key(drafts) if drafts is not None else _counter_key(ctx.count)
+        counter = counting_key(drafts) if drafts is not None else counting_key(ctx.count)
         count, over = ctx.count, fmt(self.threshold_tokens)
         # what this call's outcome for a message depends on besides the message and its
         # request (see _KEPT_ATTR); None: a counter not known to be pure, nothing is kept
-        inputs = None if counter is None else (self._config_key, counter, _counter_key(count))
+        inputs = None if counter is None else (self._config_key, counter, counting_key(count))
         for message in messages:
             if message.role != "tool":  # only tool results are cut (see _cuttable)
                 for call in message.tool_calls:

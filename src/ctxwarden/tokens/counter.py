@@ -96,7 +96,7 @@ from __future__ import annotations
 import json
 import re
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from operator import attrgetter, itemgetter
@@ -118,6 +118,7 @@ __all__ = [
     "TokenCounter",
     "count_key",
     "count_tokens",
+    "counting_key",
     "script_chars",
 ]
 
@@ -551,3 +552,13 @@ def render_tools(tools: Sequence[Mapping[str, Any]]) -> str:
         lines.append("")
     lines.append("} // namespace functions")
     return "\n".join(lines)
+
+
+def counting_key(fn: Callable[..., Any] | None) -> Hashable | None:
+    """What identifies a counting function for a memo of what it counted: a
+    :class:`TokenCounter`'s bound method by its name, encoding and factors; ``None`` (do
+    not memoise) for anything else, whose counts may not be a function of the text."""
+    owner = getattr(fn, "__self__", None)
+    if not isinstance(owner, TokenCounter):
+        return None
+    return (getattr(fn, "__name__", ""), owner.encoding_name, owner.family, repr(owner.scripts))
