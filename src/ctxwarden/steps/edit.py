@@ -51,9 +51,12 @@ class EditStep:
         for action in result.actions:
             if action.action in ("masked", "truncated"):
                 edits[action.message_id] = edit_marker(action.action)
-        if edits:  # a truncation that lists its cut values says so
+        # a truncation that lists its cut values says so (a message an earlier step edited
+        # and this one did not keeps the marker it has)
+        cut = {a.message_id for a in result.actions if a.action == "truncated"}
+        if cut:
             for m in result.messages:
-                if m.id in edits and "values_listed" in m.meta and "masked_from" not in m.meta:
+                if m.id in cut and "values_listed" in m.meta and "masked_from" not in m.meta:
                     edits[m.id] = edit_marker(edits[m.id].action, listed=True)
         new = draft.but(window=tuple(result.messages), edits=edits)
         return StepResult(new, tuple(result.actions))
