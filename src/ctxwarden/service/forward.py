@@ -14,6 +14,7 @@ reply is stored as far as it got, marked partial.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -230,7 +231,13 @@ class _Relay:
 
 class ProxyStream(Response):
     """A streamed response that notices the client leaving (whatever the ASGI version)
-    and always closes its relay, shielded from cancellation."""
+    and always closes its relay, shielded from cancellation.
+
+    A watcher task reads the client's side: a disconnect before the end cancels the
+    relaying (an anyio scope, so the relay's shielded store is never cut). Once the end
+    is sent, the watcher is stopped with a plain task cancel: a task group cancelled
+    there cost a formatted task ``repr`` (anyio names the cancelling task in its
+    reason), a task group and a named task on every streamed call."""
 
     def __init__(self, relay: _Relay, headers: dict[str, str], media_type: str) -> None:
         self.relay = relay
@@ -240,28 +247,39 @@ class ProxyStream(Response):
         self.init_headers(headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        delivered = False
+        delivered = ending = False
         chunks = self.relay.chunks()
+        relaying = anyio.CancelScope()
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if not ending:  # the client left before the end: stop relaying
+                relaying.cancel()
+
+        watcher = asyncio.get_running_loop().create_task(watch())
         try:
-            async with anyio.create_task_group() as group:
-
-                async def watch() -> None:
-                    while (await receive())["type"] != "http.disconnect":
-                        pass
-                    group.cancel_scope.cancel()
-
-                group.start_soon(watch)
+            with relaying:
                 await send(
                     {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
                 )
                 async for chunk in chunks:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                ending = True
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 delivered = True
-                group.cancel_scope.cancel()
         except OSError:
             pass  # the client went away while we were sending
         finally:
+            watcher.cancel()
+            watcher.add_done_callback(_retrieved)
             with anyio.CancelScope(shield=True):
                 await chunks.aclose()  # type: ignore[attr-defined]
                 await self.relay.close(delivered)
+
+
+def _retrieved(task: asyncio.Task[None]) -> None:
+    """Take a finished watcher's outcome: a receive that failed after the response was
+    done changes nothing, and is not reported as a task exception nobody retrieved."""
+    if not task.cancelled():
+        task.exception()
