@@ -152,7 +152,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         "/v1/chat/completions": openai_proxy.chat_completions,
         "/v1/messages": anthropic_proxy.messages,
     }
-    app.direct = Direct(proxied, service_error, metrics)
+    app.direct = Direct(proxied, app.exception_handlers, metrics)
 
     @app.exception_handler(StoreUnavailable)
     async def store_unavailable(request: Request, exc: StoreUnavailable) -> Response:
