@@ -59,3 +59,27 @@ def test_with_tail_merges_by_seq() -> None:
     tail = rows[3:]
     assert with_tail({}, tail) == tail and with_tail({}, tail) is not tail
     assert _ids(with_tail({0: rows[0], 4: rows[4]}, tail)) == [0, 3, 4, 5]
+
+
+def test_with_tail_is_the_merge_by_seq_for_any_pins_and_tail() -> None:
+    """The shortcut (pins before or inside a tail without gaps) gives what merging by seq
+    gives, the tail's row winning, for pins before, inside, after and in a gappy tail."""
+    import random
+
+    rng = random.Random(3)
+    rows = {i: StoredMessage(i, Message.user(f"m{i}", id=f"m{i}"), {}) for i in range(40)}
+    pinned = {i: StoredMessage(i, Message.user(f"p{i}", id=f"p{i}"), {}) for i in range(40)}
+    shortcuts = 0
+    for _ in range(400):
+        lo = rng.randrange(0, 30)
+        seqs = list(range(lo, rng.randrange(lo, 40)))
+        if rng.random() < 0.3 and len(seqs) > 2:
+            seqs.pop(rng.randrange(1, len(seqs) - 1))  # a gap
+        tail = [rows[s] for s in seqs]
+        merged = {s: pinned[s] for s in rng.sample(range(40), rng.randrange(0, 5))}
+        both = {**merged, **{m.seq: m for m in tail}}
+        expected = [both[s] for s in sorted(both)]
+        got = with_tail(merged, tail)
+        assert got == expected and [r.message.id for r in got] == [r.message.id for r in expected]
+        shortcuts += bool(tail and merged and max(merged) <= tail[-1].seq)
+    assert shortcuts > 50

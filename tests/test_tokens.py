@@ -157,6 +157,36 @@ def test_counts_are_cached_per_message() -> None:
     assert second == first + counter.count_message(history[-1])
 
 
+def test_counts_kept_on_a_message_belong_to_their_way_of_counting() -> None:
+    """A message counted by several counters (models of other encodings or factors, a
+    lower counting limit) keeps each one's count apart: every counter, one message at a
+    time or in bulk, gives what a new counter gives for a new copy of the message."""
+    long_text = "Пример текста для подсчёта. " * 400
+    history = [Message.user(f"message {i} " + ("word " * i)) for i in range(30)]
+    history += [Message.user(long_text), Message.assistant("short reply")]
+    counters = [
+        TokenCounter("gpt-4o"),
+        TokenCounter("gpt-4"),
+        TokenCounter("claude-opus-4-5"),
+        TokenCounter("claude-opus-4-7", registry=Registry.builtin().with_overrides(OPUS_47)),
+        TokenCounter("gpt-4o", max_counted_chars=1_000),
+    ]
+    for _ in range(2):  # the second round reads what the first kept
+        for counter in counters:
+            fresh = TokenCounter(counter.model, max_counted_chars=counter.max_counted_chars)
+            if counter.factor != fresh.factor:
+                fresh = TokenCounter(
+                    counter.model, registry=Registry.builtin().with_overrides(OPUS_47)
+                )
+            copies = [dataclasses.replace(m) for m in history]
+            expected = [fresh.measure(m) for m in copies]
+            assert [counter.measure(m) for m in history] == expected
+            assert counter.measured(history) == expected
+            assert counter.total(history) == sum(t for t, _ in expected)
+    # four ways of counting, four counts: a count read from another's would show
+    assert len({c.count_message(history[-2]) for c in counters[:4]}) == 4
+
+
 def _png(width: int, height: int) -> bytes:
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     chunk = (

@@ -67,6 +67,7 @@ KEEP_BUILDS = 2000
 KEEP_CONTEXTS = 50
 """Of those, how many newest keep their built messages (up to a budget of text each)."""
 _RANGE = 500
+_MESSAGE_ID = attrgetter("message.id")
 
 
 def context_rows(built: BuiltContext) -> list[dict[str, Any]]:
@@ -92,7 +93,7 @@ def context_utf8(built: BuiltContext, stored: Sequence[StoredMessage] | None = N
     layer_of = built.layers.get
     heads: dict[str, bytes] = {}
     refs: dict[str, bytes] = {}
-    seq_of = {s.message.id: s for s in stored} if stored else {}
+    seq_of = dict(zip(map(_MESSAGE_ID, stored), stored, strict=True)) if stored else {}
     parts: list[bytes] = []  # joined once: no row is made and copied again
     run: list[Any] = []  # the open run of stored messages: [layer, first seq, count]
 

@@ -123,6 +123,12 @@ def with_tail(
     first, as the store gives it), in seq order; the tail alone when there are none."""
     if not merged:
         return list(tail)
+    if tail:  # mostly: a few pinned messages before the tail, or in it (the tail's win)
+        lo, hi = tail[0].seq, tail[-1].seq
+        if hi - lo + 1 == len(tail):  # no gap: a seq in range is at its offset
+            before = sorted(seq for seq in merged if seq < lo)
+            if all(lo <= seq <= hi for seq in merged if seq >= lo):
+                return [merged[seq] for seq in before] + list(tail)
     both = {**merged, **{m.seq: m for m in tail}}
     return [both[seq] for seq in sorted(both)]
 

@@ -93,13 +93,15 @@ boundaries (exact for ordinary text), and at most ``max_counted_chars`` of it (d
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from operator import attrgetter, itemgetter
+from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 from ctxwarden.errors import UnknownModelError
@@ -275,7 +277,7 @@ _TEXT_CACHE_SIZE = 2048
 _TEXT_CACHE_CHARS = 32_768
 
 
-_FINGERPRINT = attrgetter("fingerprint")
+_KEPT_PREFIX = "_cw_tokens_"  # + the way of counting (see TokenCounter.__init__)
 _TOKENS = itemgetter(0)
 _BULK = 12  # fewer messages are measured one call each (the maps cost more than they save)
 
@@ -307,6 +309,12 @@ class TokenCounter:
         self._ordinary = self._encoding.encode_ordinary
         self._cache: OrderedDict[str, tuple[int, bool]] = OrderedDict()
         self._cache_size = cache_size
+        # each message's count is also kept on the message, under a name of this way of
+        # counting: a build reads its window's counts several times, and a lookup in the
+        # shared cache (tens of thousands of fingerprints) misses the CPU's caches
+        identity = (self.encoding_name, self.family, self.factor, repr(self.scripts))
+        digest = hashlib.sha1(repr((*identity, max_counted_chars)).encode()).hexdigest()
+        self._kept = _KEPT_PREFIX + digest[:16]
         # recent texts (drafts are often counted twice), oldest first out
         self._texts: OrderedDict[str, int] = OrderedDict()
 
@@ -417,33 +425,36 @@ class TokenCounter:
         return self._scaled(tokens, texts), exact
 
     def _cached(self, message: Message) -> tuple[int, bool]:
+        """The count of a message not yet counted on itself: from the shared cache (the
+        same text in another message object) or counted, then kept on the message."""
         key = message.fingerprint
-        hit = self._cache.get(key)
-        if hit is not None:
-            return hit
-        value = self._message_tokens(message)
-        self._cache[key] = value
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        value = self._cache.get(key)
+        if value is None:
+            value = self._message_tokens(message)
+            self._cache[key] = value
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        message.__dict__[self._kept] = value  # a Message never changes what it counts
         return value
 
     def measure(self, message: Message) -> tuple[int, bool]:
         """``(tokens, exact)`` of one message, cached: what :meth:`count_messages` adds up."""
-        hit = self._cache.get(message.fingerprint)  # _cached's hit, inline: builds count
+        hit = message.__dict__.get(self._kept)  # _cached's result, inline: builds count
         return hit if hit is not None else self._cached(message)  # each message many times
 
     def count_message(self, message: Message) -> int:
         """Tokens one message adds to a request (framing included), cached."""
-        hit = self._cache.get(message.fingerprint)  # as in measure
+        hit = message.__dict__.get(self._kept)  # as in measure
         return (hit if hit is not None else self._cached(message))[0]
 
     def measured(self, messages: Iterable[Message]) -> list[tuple[int, bool]]:
-        """``[measure(m) for m in messages]``, the cache's lookups made in C: a build
+        """``[measure(m) for m in messages]``, the kept counts read in C: a build
         measures its whole window several times (the misses are counted one by one)."""
         ms = messages if isinstance(messages, (list, tuple)) else list(messages)
         if len(ms) < _BULK:
             return list(map(self.measure, ms))
-        hits: list[tuple[int, bool] | None] = list(map(self._cache.get, map(_FINGERPRINT, ms)))
+        kept = self._kept
+        hits: list[tuple[int, bool] | None] = list(map(getattr, ms, repeat(kept), repeat(None)))
         if not all(hits):  # (a hit is a pair: true)
             return [h if h is not None else self._cached(m) for h, m in zip(hits, ms, strict=True)]
         return hits  # type: ignore[return-value]
