@@ -29,11 +29,12 @@ log table; its builds are not logged.
 
 from __future__ import annotations
 
+import itertools
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, fields
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
-from operator import attrgetter
+from operator import attrgetter, is_not, ne, or_
 from typing import TYPE_CHECKING, Any, cast
 
 from ctxwarden.formats.openai import message_to_openai
@@ -51,10 +52,12 @@ from ctxwarden.tokens.counter import TokenCounter
 if TYPE_CHECKING:
     from ctxwarden.build.audit import Audit
     from ctxwarden.build.engine import BuiltContext
+    from ctxwarden.messages import Message
 
 __all__ = [
     "KEEP_BUILDS",
     "KEEP_CONTEXTS",
+    "ContextMemo",
     "audit_json",
     "context_json",
     "context_rows",
@@ -67,7 +70,6 @@ KEEP_BUILDS = 2000
 KEEP_CONTEXTS = 50
 """Of those, how many newest keep their built messages (up to a budget of text each)."""
 _RANGE = 500
-_MESSAGE_ID = attrgetter("message.id")
 
 
 def context_rows(built: BuiltContext) -> list[dict[str, Any]]:
@@ -78,7 +80,41 @@ def context_rows(built: BuiltContext) -> list[dict[str, Any]]:
     ]
 
 
-def context_utf8(built: BuiltContext, stored: Sequence[StoredMessage] | None = None) -> bytes:
+class ContextMemo:
+    """What a session's last logged context was written as (speed only; a session holds
+    one and passes it to :func:`log_build`). The next build's context is mostly the same
+    message objects in the same layers, so its rows are written from where the two part
+    and taken as written before that: a proxied call wrote its ~240 rows again each time.
+    ``last`` is ``None`` until a build is logged, and after one that it cannot serve."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last: _Written | None = None
+
+
+@dataclass(frozen=True)
+class _Written:
+    scope: Hashable  # the session it was written for (deleted and created again: another)
+    messages: tuple[Message, ...]
+    layers: tuple[str, ...]
+    parts: tuple[bytes, ...]  # the rows' pieces, each row ended by ", ", the open run not
+    ends: tuple[tuple[int, tuple[Any, ...]], ...]  # after message i: pieces, the open run
+
+
+def _shared(last: _Written, messages: Sequence[Message], layers: Sequence[str]) -> int:
+    """How many leading messages are the same objects in the same layers (read in C)."""
+    differ = map(or_, map(is_not, last.messages, messages), map(ne, last.layers, layers))
+    first = next(itertools.compress(itertools.count(), differ), None)
+    return min(len(last.messages), len(messages)) if first is None else first
+
+
+def context_utf8(
+    built: BuiltContext,
+    stored: Sequence[StoredMessage] | None = None,
+    memo: ContextMemo | None = None,
+    scope: Hashable = None,
+) -> bytes:
     """``json_text(context_rows(built))`` as UTF-8, each message's bytes memoised
     (:func:`~ctxwarden.formats.openai_json.meta_message_bytes`): from one build to the
     next a session's context is mostly the same messages, so the ~80 KB text is joined,
@@ -89,13 +125,27 @@ def context_utf8(built: BuiltContext, stored: Sequence[StoredMessage] | None = N
     With ``stored`` (the build's slice), a built message equal to one of them is written
     as its sequence number instead, and a run of such messages of one layer with
     consecutive numbers as one row, its first number and ``count`` (see the module
-    docstring)."""
+    docstring). With ``memo`` (the session's, for the session ``scope`` names), the rows
+    of the messages this context shares with the last one written, from the start, are
+    taken as written then: the same objects in the same layers, and a slice whose ids are
+    unique (so a message is found in it as it was), give the same rows."""
+    messages = built.messages
     layer_of = built.layers.get
+    layers = [layer_of(m.id, "window") for m in messages]
+    seq_of = {s.message.id: s for s in stored} if stored else {}
+    unique = scope is not None and len(seq_of) == len(stored or ())
+    last = memo.last if memo is not None and unique else None
+    shared = _shared(last, messages, layers) if last is not None and last.scope == scope else 0
     heads: dict[str, bytes] = {}
     refs: dict[str, bytes] = {}
-    seq_of = dict(zip(map(_MESSAGE_ID, stored), stored, strict=True)) if stored else {}
     parts: list[bytes] = []  # joined once: no row is made and copied again
     run: list[Any] = []  # the open run of stored messages: [layer, first seq, count]
+    ends: list[tuple[int, tuple[Any, ...]]] = []
+    if last is not None and shared:
+        pieces, open_run = last.ends[shared - 1]
+        parts += last.parts[:pieces]
+        run += open_run
+        ends += last.ends[:shared]
 
     def close_run() -> None:
         layer, first, count = run
@@ -107,8 +157,7 @@ def context_utf8(built: BuiltContext, stored: Sequence[StoredMessage] | None = N
         run.clear()
 
     try:
-        for m in built.messages:
-            layer = layer_of(m.id, "window")
+        for m, layer in zip(messages[shared:], layers[shared:], strict=True):
             found = seq_of.get(m.id)
             # an edited message (cut, masked) has other content: unequal without comparing
             # every field, as the dataclass's == would
@@ -117,10 +166,11 @@ def context_utf8(built: BuiltContext, stored: Sequence[StoredMessage] | None = N
             ):
                 if run and run[0] == layer and run[1] + run[2] == found.seq:
                     run[2] += 1
-                    continue
-                if run:
-                    close_run()
-                run += (layer, found.seq, 1)
+                else:
+                    if run:
+                        close_run()
+                    run += (layer, found.seq, 1)
+                ends.append((len(parts), tuple(run)))
                 continue
             if run:
                 close_run()
@@ -128,13 +178,20 @@ def context_utf8(built: BuiltContext, stored: Sequence[StoredMessage] | None = N
             if head is None:
                 head = heads[layer] = f'{{"layer": {dumps(layer)}, "message": '.encode()
             parts += (head, meta_message_bytes(m), b"}, ")
+            ends.append((len(parts), ()))
     except UnicodeEncodeError:
+        if memo is not None:
+            memo.last = None
         return json_text(context_rows(built)).encode()
+    if memo is not None:
+        written = (scope, tuple(messages), tuple(layers), tuple(parts), tuple(ends))
+        memo.last = _Written(*written) if unique else None
     if run:
         close_run()
-    if parts:
-        parts[-1] = parts[-1][:-2]  # the last row's "}, " or '..., "count": n}, '
-    return b"[" + b"".join(parts) + b"]"
+    if not parts:
+        return b"[]"
+    # the last row's "}, " or '..., "count": n}, '
+    return b"".join((b"[", *parts[:-1], parts[-1][:-2], b"]"))
 
 
 def context_json(built: BuiltContext) -> str:
@@ -284,11 +341,13 @@ def log_build(
     status: str,
     sticky: Mapping[str, Any] | None = None,
     ledger: tuple[int, str] | None = None,
+    memo: ContextMemo | None = None,
+    scope: Hashable = None,
 ) -> str | None:
     """Record ``built`` as the session's next turn, with the build's ``sticky`` decisions
     and ``ledger`` checkpoint when given (one transaction); return its build id (``None``
     when the store keeps no log). ``read`` is the build's slice, ``start`` where its tail
-    begins."""
+    begins; ``memo`` the session's :class:`ContextMemo` for the session ``scope`` names."""
     store = session.store
     if not isinstance(store, SqlStore):
         if sticky is not None:
@@ -313,7 +372,7 @@ def log_build(
         audit=audit_json(built.audit),
         status=status,
         upto_seq=upto,
-        context=context_utf8(built, read) if keep_contexts > 0 else None,
+        context=context_utf8(built, read, memo, scope) if keep_contexts > 0 else None,
         keep=session.keep_builds,
         keep_contexts=keep_contexts,
         # a library build's row is advisory (a crash may lose the newest); the proxy's

@@ -40,17 +40,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ctxwarden.build.state import BuildState
-from ctxwarden.errors import (
-    ConfigError,
-    StoreError,
-    UnknownModelError,
-)
+from ctxwarden.errors import ConfigError, StoreError, UnknownModelError
 from ctxwarden.formats.openai import message_from_openai, message_to_openai
 from ctxwarden.messages import Message
 from ctxwarden.registry.catalog import Registry
 from ctxwarden.registry.usage import Usage
 from ctxwarden.session import state as session_state
-from ctxwarden.session.build_log import KEEP_BUILDS, KEEP_CONTEXTS, log_build
+from ctxwarden.session.build_log import KEEP_BUILDS, KEEP_CONTEXTS, ContextMemo, log_build
 from ctxwarden.session.cycle import SummaryWrite, summary_cycle
 from ctxwarden.session.ledger_memo import SeqMemo
 from ctxwarden.session.tail_memo import TailMemo, count_key, last_block, with_tail
@@ -142,6 +138,7 @@ class Session:
         self._cache: dict[int, Message] = {}  # seq -> decoded message, reused across builds
         self._cache_of = 0.0  # the created_at of the session the cache holds messages of
         self._ledger_memo: SeqMemo | None = None  # the last build's, by seq (speed only)
+        self._logged = ContextMemo()  # how the last build's context was logged (speed only)
         self._tails = TailMemo()  # the last build's tail and what came after (speed only)
         try:
             self.store.create_session(tenant, session_id)
@@ -355,7 +352,8 @@ class Session:
             head = self.store.range(self.tenant, self.session_id, 0, pin_first + _HEAD_SLACK)
             merged.update((m.seq, m) for m in head if m.message.role != "system")
             merged = dict(sorted(merged.items())[:pin_first])
-        merged.update((m.seq, m) for m in self.store.pinned(self.tenant, self.session_id))
+        for m in self.store.pinned(self.tenant, self.session_id):  # as cached: its memos stay
+            merged[m.seq] = replace(m, message=self._cache.setdefault(m.seq, m.message))
         after = record.summary_upto if from_seq is None else max(record.summary_upto, from_seq - 1)
         key, most = count_key(counter), budget * TAIL_SLACK
         scope = (record.created_at, after, most, key)
@@ -484,7 +482,8 @@ class Session:
             built = amend(built)
         counter = TokenCounter.for_model(model, self.registry)
         log_build(self, built, read, start, counter=counter, build_id=build_id, status=status,
-                  sticky=sticky, ledger=ledger)  # fmt: skip
+                  sticky=sticky, ledger=ledger, memo=self._logged,
+                  scope=record.created_at)  # fmt: skip
         if ckpt is not None:
             kept = replace(ckpt, saved=ckpt.upto) if save else ckpt
             remember_checkpoint(self.store, self.tenant, self.session_id, record.created_at, kept)
