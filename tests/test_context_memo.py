@@ -117,3 +117,35 @@ def test_a_sessions_logged_contexts_read_back_as_built(tmp_path: Path) -> None:
                 assert s._logged.last is not None and s._logged.last.scope == s.record.created_at
             assert delete_session(s.store, "t", "memo")  # filled again by the next round
             s.store.create_session("t", "memo")
+
+
+def test_the_state_saved_last_reads_back_as_the_stored_sticky_decodes(tmp_path: Path) -> None:
+    """A session's next build takes the state it stored last instead of decoding it
+    (speed only): for every build of an agent loop (masks, cuts, a pin, a moving window),
+    the state so taken equals the one decoded from the stored row, and a stored row that
+    is not the one saved (another process wrote it) is decoded."""
+    from ctxwarden.session import state as session_state
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    base = [message_from_openai(m) for m in conversation(120)]
+    with Session(url, "state", tenant="t") as s:
+        s.append(base[:40])
+        taken = 0
+        for turn in range(40):
+            more = base[40 + 2 * turn : 42 + 2 * turn]
+            if turn == 7:
+                more = [replace(more[0], pinned=True, id=""), *more[1:]]
+            s.append(more)
+            record = s.record
+            window_start = int(record.sticky.get("window_start_seq", 0))
+            for seqs in ([*range(record.next_seq)], [0, *range(window_start, record.next_seq)]):
+                decoded = session_state.state_for(record.sticky, seqs)
+                assert session_state.state_for(record.sticky, seqs, s._saved) == decoded
+            taken += s._saved is not None and s._saved.sticky == record.sticky
+            s.build(max_input_tokens=2_500 + 400 * (turn % 5))
+        assert taken >= 35
+        saved = s._saved
+        assert saved is not None
+        other = {**saved.sticky, "sticky": {}}  # (the masked and cut ids: others)
+        seqs = list(range(s.record.next_seq))
+        assert session_state.state_for(other, seqs, saved) == session_state.state_for(other, seqs)

@@ -139,6 +139,7 @@ class Session:
         self._cache_of = 0.0  # the created_at of the session the cache holds messages of
         self._ledger_memo: SeqMemo | None = None  # the last build's, by seq (speed only)
         self._logged = ContextMemo()  # how the last build's context was logged (speed only)
+        self._saved: session_state.SavedState | None = None  # the sticky state stored last
         self._tails = TailMemo()  # the last build's tail and what came after (speed only)
         try:
             self.store.create_session(tenant, session_id)
@@ -457,7 +458,7 @@ class Session:
         notes: tuple[str, ...] = ()
         if policy.ledger.enabled:
             ckpt, notes = self._ledger_before(record, start, frozenset(seqs))
-        previous = session_state.state_for(record.sticky, seqs)
+        previous = session_state.state_for(record.sticky, seqs, self._saved)
         if previous is not None and self._ledger_memo is not None:
             previous = self._ledger_memo.for_slice(previous, seqs)
         built = run_build(
@@ -476,14 +477,15 @@ class Session:
         )
         self._ledger_memo = SeqMemo.of(built.state, seqs)
         save = ckpt is not None and _due(ckpt)
-        sticky = session_state.sticky_from(built.state, seqs)
+        saved = session_state.SavedState.of(built.state, seqs)
         ledger = ckpt.encode() if save and ckpt is not None else None
         if amend is not None:
             built = amend(built)
         counter = TokenCounter.for_model(model, self.registry)
         log_build(self, built, read, start, counter=counter, build_id=build_id, status=status,
-                  sticky=sticky, ledger=ledger, memo=self._logged,
+                  sticky=saved.sticky, ledger=ledger, memo=self._logged,
                   scope=record.created_at)  # fmt: skip
+        self._saved = saved
         if ckpt is not None:
             kept = replace(ckpt, saved=ckpt.upto) if save else ckpt
             remember_checkpoint(self.store, self.tenant, self.session_id, record.created_at, kept)

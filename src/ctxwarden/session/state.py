@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ctxwarden.messages import Message
@@ -22,7 +22,14 @@ if TYPE_CHECKING:
     from ctxwarden.memory.summaries import SummaryState
     from ctxwarden.store import StoredSession
 
-__all__ = ["layers_for", "levels_of", "state_for", "sticky_from", "summary_state"]
+__all__ = [
+    "SavedState",
+    "layers_for",
+    "levels_of",
+    "state_for",
+    "sticky_from",
+    "summary_state",
+]
 
 
 def levels_of(state: SummaryState, seen_seq: int = -1) -> dict[str, Any]:
@@ -65,7 +72,9 @@ _NOT_STORED = ("ledger", "layers", "flagged", "flagged_upto", "summary_due", "su
 
 def sticky_from(state: BuildState, seqs: Sequence[int]) -> dict[str, Any]:
     """The engine state with its positions turned into sequence numbers."""
-    data: dict[str, Any] = {k: v for k, v in state.to_dict().items() if k not in _NOT_STORED}
+    data = _stored_part(state).to_dict()  # (what is not stored is not written only to go)
+    for name in _NOT_STORED:
+        del data[name]
     if state.history_length:
         data["last_seq"] = seqs[state.history_length - 1]
         data["window_start_seq"] = seqs[min(state.window_start, len(seqs) - 1)]
@@ -73,9 +82,28 @@ def sticky_from(state: BuildState, seqs: Sequence[int]) -> dict[str, Any]:
     return data
 
 
-def state_for(sticky: Mapping[str, Any], seqs: Sequence[int]) -> BuildState | None:
+def _stored_part(state: BuildState) -> BuildState:
+    """``state`` with the parts a session does not store at their defaults: what
+    ``BuildState.from_dict(sticky_from(state, ...))`` gives back, positions aside."""
+    return replace(
+        state,
+        ledger=None,
+        layers=None,
+        flagged=(),
+        flagged_upto=0,
+        summary_due=None,
+        summary_scan=None,
+    )
+
+
+def state_for(
+    sticky: Mapping[str, Any], seqs: Sequence[int], saved: SavedState | None = None
+) -> BuildState | None:
     """The stored state with its sequence numbers turned into positions of ``seqs``;
-    ``None`` (a cold build) when the last build's newest message is not in this slice."""
+    ``None`` (a cold build) when the last build's newest message is not in this slice.
+    ``saved`` is what this process stored last: when ``sticky`` is that, its state is
+    taken as built instead of decoded (equal, by :meth:`BuildState.from_dict`'s
+    round trip)."""
     from ctxwarden.build.state import BuildState
 
     last_seq = sticky.get("last_seq")
@@ -84,12 +112,28 @@ def state_for(sticky: Mapping[str, Any], seqs: Sequence[int]) -> BuildState | No
     at = bisect.bisect_left(seqs, last_seq)
     if at == len(seqs) or seqs[at] != last_seq:
         return None
-    state = BuildState.from_dict({k: v for k, v in sticky.items() if k not in _NOT_STORED})
+    if saved is not None and saved.sticky == sticky:
+        state = saved.state
+    else:
+        state = BuildState.from_dict({k: v for k, v in sticky.items() if k not in _NOT_STORED})
     start = bisect.bisect_left(seqs, int(sticky.get("window_start_seq", 0)))
     ledger_from = bisect.bisect_left(seqs, int(sticky.get("ledger_from_seq", 0)))
     return replace(
         state, history_length=at + 1, window_start=min(start, at), ledger_from=ledger_from
     )
+
+
+@dataclass(frozen=True)
+class SavedState:
+    """The sticky decisions a session stored last and the state they hold (speed only:
+    the next build of the session in this process reads them back)."""
+
+    sticky: Mapping[str, Any]
+    state: BuildState
+
+    @classmethod
+    def of(cls, state: BuildState, seqs: Sequence[int]) -> SavedState:
+        return cls(sticky_from(state, seqs), _stored_part(state))
 
 
 def layers_for(record: StoredSession, history: Sequence[Message], seqs: Sequence[int]) -> Any:
