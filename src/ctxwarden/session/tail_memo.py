@@ -123,7 +123,7 @@ def with_tail(
     first, as the store gives it), in seq order; the tail alone when there are none."""
     if not merged:
         return list(tail)
-    if tail:  # mostly: a few pinned messages before the tail, or in it (the tail's win)
+    if tail:  # mostly: a few pinned messages before the tail or in it (the tail's row wins)
         lo, hi = tail[0].seq, tail[-1].seq
         if hi - lo + 1 == len(tail):  # no gap: a seq in range is at its offset
             before = sorted(seq for seq in merged if seq < lo)
