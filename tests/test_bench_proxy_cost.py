@@ -1,0 +1,55 @@
+"""``python -m ctxwarden.bench.proxy_cost``: a proxied call's cost counted so that two
+checkouts compare (CPU per call in-process, or instructions under callgrind)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ctxwarden.bench.proxy_cost import main, measure
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_measure_makes_the_measured_calls_on_both_routes() -> None:
+    for api, stream in (("openai", False), ("anthropic", True)):
+        calls, cpu = measure(api, stream, sessions=1, calls=2, warm=0)
+        assert calls == 2 and cpu > 0
+
+
+def test_cpu_per_call_against_a_checkout(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--sessions", "1", "--calls", "2", "--warm", "1", "--against", str(ROOT)]) == 0
+    out = capsys.readouterr().out
+    figures = [float(x) for x in re.findall(r": ([\d.]+) ms CPU per call", out)]
+    assert len(figures) == 2 and all(f > 0 for f in figures)
+    assert "ratio (this / that)" in out
+
+
+def test_bad_arguments_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, said in (
+        (["--against", str(tmp_path)], "no src/ctxwarden there"),
+        (["--calls", "0"], "--calls must be at least 1"),
+        (["--warm", "-1"], "--warm must be at least 0"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+        assert said in capsys.readouterr().err
+
+
+@pytest.mark.skipif(
+    not (shutil.which("valgrind") and shutil.which("callgrind_control")),
+    reason="needs valgrind (apt-get install valgrind)",
+)
+def test_instructions_per_call_of_one_code_twice_agree(capsys: pytest.CaptureFixture[str]) -> None:
+    """The same code counted twice (here, and as the checkout to compare with) gives
+    nearly the same instructions per call: the figure holds from one run to the next."""
+    argv = ["--sessions", "1", "--calls", "2", "--warm", "1", "--callgrind"]
+    assert main([*argv, "--against", str(ROOT)]) == 0
+    out = capsys.readouterr().out
+    figures = [float(x) for x in re.findall(r": ([\d.]+)M instructions per call", out)]
+    assert len(figures) == 2 and all(f > 1 for f in figures)
+    assert 0.97 < figures[0] / figures[1] < 1.03, out
