@@ -69,6 +69,7 @@ async def _run(
 ) -> tuple[int, float]:
     import httpx
 
+    from ctxwarden import service
     from ctxwarden.service import create_app
     from ctxwarden.service.config import ServiceConfig
     from ctxwarden.service.keys import hash_key, new_key, shown_prefix
@@ -82,6 +83,9 @@ async def _run(
     try:
         url = f"http://127.0.0.1:{port}"
         app = create_app(ServiceConfig(db=db, upstream=f"{url}/v1", anthropic_upstream=url))
+        tune_gc = getattr(service, "_tune_gc", None)  # the collector as `ctxwarden serve` runs
+        if tune_gc is not None:  # it (a checkout from before it: the default)
+            tune_gc()
         bodies = _bodies(api, stream, 1 + warm + calls)
         path = "/v1/messages" if api == "anthropic" else "/v1/chat/completions"
         headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
