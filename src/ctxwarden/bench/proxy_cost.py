@@ -69,7 +69,6 @@ async def _run(
 ) -> tuple[int, float]:
     import httpx
 
-    from ctxwarden import service
     from ctxwarden.service import create_app
     from ctxwarden.service.config import ServiceConfig
     from ctxwarden.service.keys import hash_key, new_key, shown_prefix
@@ -83,9 +82,6 @@ async def _run(
     try:
         url = f"http://127.0.0.1:{port}"
         app = create_app(ServiceConfig(db=db, upstream=f"{url}/v1", anthropic_upstream=url))
-        tune_gc = getattr(service, "_tune_gc", None)  # the collector as `ctxwarden serve` runs
-        if tune_gc is not None:  # it (a checkout from before it: the default)
-            tune_gc()
         bodies = _bodies(api, stream, 1 + warm + calls)
         path = "/v1/messages" if api == "anthropic" else "/v1/chat/completions"
         headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
@@ -154,6 +150,18 @@ _CHILD = "import runpy, sys; del sys.argv[0]; runpy.run_path(sys.argv[0], run_na
 
 def _child(markers: str) -> list[str]:
     return [sys.executable, "-c", _CHILD, str(Path(__file__).resolve()), "--child", markers]
+
+
+def _tune_gc() -> None:
+    """The collector as ``ctxwarden serve`` runs it (a measured process is its own):
+    with the default, a full collection falling inside or outside the measured calls
+    moved ``/v1/messages`` by 10% from one window of calls to the next. A checkout from
+    before the server tuned it keeps the default."""
+    from ctxwarden import service
+
+    tune = getattr(service, "_tune_gc", None)
+    if tune is not None:
+        tune()
 
 
 def _child_args(args: argparse.Namespace) -> list[str]:
@@ -247,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--warm must be at least 0")
     if args.child is not None:
         markers = None if args.child == "-" else Path(args.child)
+        _tune_gc()
         print(json.dumps(measure(args.api, args.stream, args.sessions, args.calls, args.warm,
                                  markers)))  # fmt: skip
         return 0
