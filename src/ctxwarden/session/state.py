@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import MISSING, dataclass, fields, replace
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from ctxwarden.messages import Message
@@ -72,28 +73,36 @@ _NOT_STORED = ("ledger", "layers", "flagged", "flagged_upto", "summary_due", "su
 
 def sticky_from(state: BuildState, seqs: Sequence[int]) -> dict[str, Any]:
     """The engine state with its positions turned into sequence numbers."""
-    data = _stored_part(state).to_dict()  # (what is not stored is not written only to go)
+    return _sticky(_stored_part(state), seqs)
+
+
+def _sticky(stored: BuildState, seqs: Sequence[int]) -> dict[str, Any]:
+    """:func:`sticky_from` of a state already without its unstored parts (what is not
+    stored is not written only to go)."""
+    data = stored.to_dict()
     for name in _NOT_STORED:
         del data[name]
-    if state.history_length:
-        data["last_seq"] = seqs[state.history_length - 1]
-        data["window_start_seq"] = seqs[min(state.window_start, len(seqs) - 1)]
-        data["ledger_from_seq"] = seqs[min(state.ledger_from, len(seqs) - 1)]
+    if stored.history_length:
+        data["last_seq"] = seqs[stored.history_length - 1]
+        data["window_start_seq"] = seqs[min(stored.window_start, len(seqs) - 1)]
+        data["ledger_from_seq"] = seqs[min(stored.ledger_from, len(seqs) - 1)]
     return data
 
 
 def _stored_part(state: BuildState) -> BuildState:
-    """``state`` with the parts a session does not store at their defaults: what
-    ``BuildState.from_dict(sticky_from(state, ...))`` gives back, positions aside."""
-    return replace(
-        state,
-        ledger=None,
-        layers=None,
-        flagged=(),
-        flagged_upto=0,
-        summary_due=None,
-        summary_scan=None,
-    )
+    """``state`` with the parts a session does not store (:data:`_NOT_STORED`) at their
+    defaults: what ``BuildState.from_dict(sticky_from(state, ...))`` gives back,
+    positions aside."""
+    return replace(state, **_unstored_defaults())
+
+
+@cache
+def _unstored_defaults() -> dict[str, Any]:
+    from ctxwarden.build.state import BuildState
+
+    defaults = {f.name: f.default for f in fields(BuildState) if f.name in _NOT_STORED}
+    assert MISSING not in defaults.values() and len(defaults) == len(_NOT_STORED)
+    return defaults
 
 
 def state_for(
@@ -133,7 +142,8 @@ class SavedState:
 
     @classmethod
     def of(cls, state: BuildState, seqs: Sequence[int]) -> SavedState:
-        return cls(sticky_from(state, seqs), _stored_part(state))
+        stored = _stored_part(state)
+        return cls(_sticky(stored, seqs), stored)
 
 
 def layers_for(record: StoredSession, history: Sequence[Message], seqs: Sequence[int]) -> Any:
