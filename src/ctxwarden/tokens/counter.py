@@ -309,12 +309,19 @@ class TokenCounter:
         self._ordinary = self._encoding.encode_ordinary
         self._cache: OrderedDict[str, tuple[int, bool]] = OrderedDict()
         self._cache_size = cache_size
-        # each message's count is also kept on the message, under a name of this way of
-        # counting: a build reads its window's counts several times, and a lookup in the
-        # shared cache (tens of thousands of fingerprints) misses the CPU's caches
-        identity = (self.encoding_name, self.family, self.factor, repr(self.scripts))
-        digest = hashlib.sha1(repr((*identity, max_counted_chars)).encode()).hexdigest()
-        self._kept = _KEPT_PREFIX + digest[:16]
+        # what makes this way of counting (counters equal in it count alike): the key of
+        # memos of what it counted (counting_key), and the name under which each
+        # message's count is also kept on the message (a build reads its window's counts
+        # several times, and a lookup in the shared cache of tens of thousands of
+        # fingerprints misses the CPU's caches)
+        self.counting = (
+            self.encoding_name,
+            self.family,
+            self.factor,
+            repr(self.scripts),
+            max_counted_chars,
+        )
+        self._kept = _KEPT_PREFIX + hashlib.sha1(repr(self.counting).encode()).hexdigest()[:16]
         # recent texts (drafts are often counted twice), oldest first out
         self._texts: OrderedDict[str, int] = OrderedDict()
 
@@ -567,9 +574,10 @@ def render_tools(tools: Sequence[Mapping[str, Any]]) -> str:
 
 def counting_key(fn: Callable[..., Any] | None) -> Hashable | None:
     """What identifies a counting function for a memo of what it counted: a
-    :class:`TokenCounter`'s bound method by its name, encoding and factors; ``None`` (do
-    not memoise) for anything else, whose counts may not be a function of the text."""
+    :class:`TokenCounter`'s bound method by its name and the counter's way of counting
+    (``counting``: encoding, family, factors, counting limit); ``None`` (do not memoise)
+    for anything else, whose counts may not be a function of the text."""
     owner = getattr(fn, "__self__", None)
     if not isinstance(owner, TokenCounter):
         return None
-    return (getattr(fn, "__name__", ""), owner.encoding_name, owner.family, repr(owner.scripts))
+    return (getattr(fn, "__name__", ""), owner.counting)
