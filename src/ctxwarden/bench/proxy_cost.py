@@ -27,7 +27,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,12 +37,6 @@ __all__ = ["main", "measure"]
 
 _TOTALS = ("totals:", "summary:")
 _POLL = 0.2  # seconds between looks at the marker files (valgrind runs ~50x slower)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_for(path: Path, proc: subprocess.Popen[bytes] | None = None) -> None:
@@ -127,6 +120,8 @@ def measure(
     """The measured calls made and the CPU seconds they took (this process's, the
     in-process client's included); with ``markers``, handshakes with a parent through
     files there around the measured calls (``ready``/``go``, ``done``/``stop``)."""
+    from ctxwarden.bench.proxy import _free_port  # (the checkout measured: its own)
+
     port = _free_port()
     upstream = subprocess.Popen(
         [sys.executable, "-m", "ctxwarden.bench.proxy_upstream", str(port)],
