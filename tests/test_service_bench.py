@@ -24,12 +24,14 @@ def test_conversation_is_the_documented_size() -> None:
     assert [t["role"] for t in fourth["messages"][-3:]] == ["user", "assistant", "user"]
 
 
-@pytest.mark.parametrize("api", ["openai", "anthropic"])
-def test_bench_runs_and_checks_the_store(tmp_path: Path, api: str) -> None:
+@pytest.mark.parametrize(("api", "paired"), [("openai", "3"), ("anthropic", "1")])
+def test_bench_runs_and_checks_the_store(tmp_path: Path, api: str, paired: str) -> None:
+    """Both ways of running a case: direct and proxied calls in turn, or one after the other."""
     out = tmp_path / "figures.json"
     done = subprocess.run(
         [sys.executable, "-m", "ctxwarden.bench.proxy", "--clients", "3", "--steps", "2",
-         "--messages", "20", "--kinds", "httpx,sdk", "--api", api, "--json", str(out)],
+         "--messages", "20", "--kinds", "httpx,sdk", "--api", api, "--json", str(out),
+         "--paired-up-to", paired],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -38,4 +40,6 @@ def test_bench_runs_and_checks_the_store(tmp_path: Path, api: str) -> None:
     cases = {(c["target"], c["client"], c["mode"]) for c in figures["cases"]}
     assert ("proxy", "sdk", "stream") in cases and ("direct", "httpx", "json") in cases
     assert all(c["errors"] == 0 and c["requests"] == 6 for c in figures["cases"])
+    assert all(c["seconds"] > 0 for c in figures["cases"]) and len(figures["cases"]) == 8
+    assert all(c["cpu_seconds"] is not None for c in figures["cases"] if c["target"] == "proxy")
     assert "stored sessions checked: 12; problems: 0" in done.stdout

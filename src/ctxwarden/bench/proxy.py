@@ -7,7 +7,10 @@ process) and ``ctxwarden serve`` (its own process, one worker, SQLite in a tempo
 file unless ``--db``) are started; then an agent conversation of 200 tool-using
 messages (~330 KB of JSON) is sent by 1 and by 64 concurrent clients, each its own
 session, each request echoing the previous reply and adding a user message (as an
-agent does), JSON and streamed, to the upstream directly and through the proxy. Two
+agent does), JSON and streamed, to the upstream directly and through the proxy (at one
+client, ``--paired-up-to``, each step calls the upstream and then the proxy, so that both
+run in the same minute of a machine whose speed swings; above it, one case after the
+other). Two
 clients: the real ``openai`` SDK (which spends tens of ms preparing such a body
 itself), and pre-built bodies posted over ``httpx2``. Reported per case: p50/p99
 latency, the p50/p99 added over calling the upstream directly, requests per second,
@@ -222,69 +225,106 @@ async def _one(kind: str, mode: str, http: Any, sdk: Any, url: str, session: str
         raise AssertionError(f"status {r.status_code}: {r.text[:200]}")
 
 
-async def _case(target: str, kind: str, mode: str, clients: int, steps: int, base_url: str,
-                key: str, bodies: dict[bool, list[bytes]], histories: list[Any],
-                pid: int | None, api: str = "openai") -> tuple[Case, list[str]]:  # fmt: skip
+async def _cases(targets: Sequence[tuple[str, str, int | None]], kind: str, mode: str,
+                 clients: int, steps: int, key: str, bodies: dict[bool, list[bytes]],
+                 histories: list[Any], api: str = "openai",
+                 ) -> list[tuple[Case, list[str]]]:  # fmt: skip
+    """One case per target (``(name, base_url, server pid or None)``), run together.
+
+    Each client calls every target in turn, step by step, with a session of its own on
+    each: the direct and the proxied calls then run in the same minute of a machine whose
+    speed swings, so the latency one adds over the other is not the difference between two
+    spells. The proxy's CPU is read from its process, which only the proxied calls reach.
+    Requests per second: a target run alone, its calls over the wall time; in turn with
+    others, over the time its clients spent in its calls."""
     import httpx2
 
     http = httpx2.AsyncClient(limits=httpx2.Limits(max_connections=clients + 4), timeout=120)
-    sdk: Any
-    if api == "anthropic":
-        import anthropic
-
-        root = base_url.removesuffix("/v1")
-        sdk = anthropic.AsyncAnthropic(base_url=root, api_key=key, http_client=http, max_retries=0)
-        url = root + "/v1/messages"
-    else:
-        import openai
-
-        sdk = openai.AsyncOpenAI(base_url=base_url, api_key=key, http_client=http, max_retries=0)
-        url = base_url + "/chat/completions"
-    sessions = [f"bench-{mode}-{kind}-{clients}-{uuid.uuid4().hex[:8]}" for _ in range(clients)]
     stream = mode == "stream"
-    errors = 0
-    failed: set[str] = set()
-    seen: list[str] = []
-    warm: list[float] = []
-    lat: list[float] = []
+    runs = [_Run(name, base, pid, kind, mode, clients, http, key, api)
+            for name, base, pid in targets]  # fmt: skip
 
-    async def call(session: str, step: int, into: list[float]) -> None:
-        nonlocal errors
+    async def call(run: _Run, session: str, step: int, into: list[float]) -> None:
         t = time.perf_counter()
         try:
-            await _one(kind, mode, http, sdk, url, session, bodies[stream][step],
+            await _one(kind, mode, http, run.sdk, run.url, session, bodies[stream][step],
                        histories[step], key)  # fmt: skip
-            into.append(time.perf_counter() - t)
+            took = time.perf_counter() - t
+            into.append(took)
+            run.busy += took
         except Exception as exc:
-            errors += 1
-            failed.add(session)
-            if len(seen) < 3:
-                seen.append(f"{type(exc).__name__}: {str(exc)[:160]}")
+            run.errors += 1
+            run.failed.add(session)
+            if len(run.seen) < 3:
+                run.seen.append(f"{type(exc).__name__}: {str(exc)[:160]}")
 
     try:
-        for s in sessions:  # warm-up: the first call of a session stores its 200 messages
-            await call(s, 0, warm)
-        cpu0 = _cpu(pid) if pid else None
-        built0 = _build_seconds(base_url, api) if pid else (0.0, 0.0)
-        start = time.perf_counter()
+        for run in runs:  # warm-up: the first call of a session stores its 200 messages
+            for s in run.sessions:
+                await call(run, s, 0, run.warm)
+        for run in runs:
+            run.busy = 0.0
+            run.cpu0 = _cpu(run.pid) if run.pid else None
+            run.built0 = _build_seconds(run.base, api) if run.pid else (0.0, 0.0)
 
-        async def agent(session: str) -> None:
+        async def agent(i: int) -> None:
             for step in range(1, steps + 1):
-                await call(session, step, lat)
+                for run in runs:
+                    await call(run, run.sessions[i], step, run.lat)
 
-        await asyncio.gather(*(agent(s) for s in sessions))
-        seconds = time.perf_counter() - start
-        cpu = (_cpu(pid) - cpu0) if pid and cpu0 is not None else None
-        build = None
-        if pid:
-            built1 = _build_seconds(base_url, api)
-            build = (built1[0] - built0[0]) / max(built1[1] - built0[1], 1)
+        start = time.perf_counter()
+        await asyncio.gather(*(agent(i) for i in range(clients)))
+        wall = time.perf_counter() - start
+        out = []
+        for run in runs:
+            cpu = build = None
+            if run.pid and run.cpu0 is not None:
+                cpu = _cpu(run.pid) - run.cpu0
+                built1 = _build_seconds(run.base, api)
+                build = (built1[0] - run.built0[0]) / max(built1[1] - run.built0[1], 1)
+            # alone, the wall time; in turn with another target, the time in its own calls
+            seconds = wall if len(runs) == 1 else run.busy / clients
+            case = Case(run.name, kind, mode, clients, run.lat, run.warm, run.errors, seconds,
+                        cpu, build)  # fmt: skip
+            out.append((case, [s for s in run.sessions if s not in run.failed]))
     finally:
         await http.aclose()
-    for line in seen:
-        print(f"    error: {line}", flush=True)
-    case = Case(target, kind, mode, clients, lat, warm, errors, seconds, cpu, build)
-    return case, [s for s in sessions if s not in failed]  # a failed call's session is not checked
+    for run in runs:
+        for line in run.seen:
+            print(f"    error ({run.name}): {line}", flush=True)
+    return out  # a failed call's session is not checked
+
+
+class _Run:
+    """One target's clients, sessions and tallies within :func:`_cases`."""
+
+    def __init__(self, name: str, base: str, pid: int | None, kind: str, mode: str,
+                 clients: int, http: Any, key: str, api: str) -> None:  # fmt: skip
+        self.name, self.base, self.pid = name, base, pid
+        self.sdk: Any
+        if api == "anthropic":
+            import anthropic
+
+            root = base.removesuffix("/v1")
+            self.sdk = anthropic.AsyncAnthropic(base_url=root, api_key=key, http_client=http,
+                                                max_retries=0)  # fmt: skip
+            self.url = root + "/v1/messages"
+        else:
+            import openai
+
+            self.sdk = openai.AsyncOpenAI(base_url=base, api_key=key, http_client=http,
+                                          max_retries=0)  # fmt: skip
+            self.url = base + "/chat/completions"
+        self.sessions = [f"bench-{mode}-{kind}-{clients}-{uuid.uuid4().hex[:8]}"
+                         for _ in range(clients)]  # fmt: skip
+        self.errors = 0
+        self.busy = 0.0
+        self.failed: set[str] = set()
+        self.seen: list[str] = []
+        self.warm: list[float] = []
+        self.lat: list[float] = []
+        self.cpu0: float | None = None
+        self.built0 = (0.0, 0.0)
 
 
 def _check_store(
@@ -345,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", default="httpx,sdk", help="httpx (pre-built bodies) and/or sdk")
     ap.add_argument("--api", choices=("openai", "anthropic"), default="openai",
                     help="the route: /v1/chat/completions or /v1/messages")  # fmt: skip
+    ap.add_argument("--paired-up-to", type=int, default=1, metavar="CLIENTS",
+                    help="up to this many clients, each calls the upstream and the proxy in "
+                    "turn (the same minute for both); above it, one after the other")  # fmt: skip
     ap.add_argument("--json", type=Path, help="write the figures here too")
     args = ap.parse_args(argv)
     counts = [int(x) for x in args.clients.split(",")]
@@ -388,16 +431,17 @@ def main(argv: list[str] | None = None) -> int:
         for clients, n in zip(counts, steps, strict=True):
             for mode in args.modes.split(","):
                 for kind in args.kinds.split(","):
-                    for target, port in (("direct", up_port), ("proxy", px_port)):
-                        url = f"http://127.0.0.1:{port}/v1"
-                        pid = proxy.pid if target == "proxy" else None
-                        run = (target, kind, mode, clients, n, url, key, bodies, histories)
-                        case, sessions = asyncio.run(_case(*run, pid, args.api))
-                        cases.append(case)
-                        if target == "proxy":
-                            stored.update((s, n) for s in sessions)
-                        print(f"  {target} {kind} {mode} x{clients}: {case.requests} calls, "
-                              f"{case.errors} errors", flush=True)  # fmt: skip
+                    targets = [("direct", f"http://127.0.0.1:{up_port}/v1", None),
+                               ("proxy", f"http://127.0.0.1:{px_port}/v1", proxy.pid)]  # fmt: skip
+                    groups = [targets] if clients <= args.paired_up_to else [[t] for t in targets]
+                    for group in groups:
+                        run = (group, kind, mode, clients, n, key, bodies, histories, args.api)
+                        for case, sessions in asyncio.run(_cases(*run)):
+                            cases.append(case)
+                            if case.target == "proxy":
+                                stored.update((s, n) for s in sessions)
+                            tally = f"{case.requests} calls, {case.errors} errors"
+                            print(f"  {case.target} {kind} {mode} x{clients}: {tally}", flush=True)
         _report(cases)
         problems = _check_store(db, stored, base, args.api)
         print(f"stored sessions checked: {len(stored)}; problems: {len(problems)}")
