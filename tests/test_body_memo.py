@@ -78,6 +78,19 @@ def test_a_grown_history_reuses_the_messages_read_before() -> None:
     assert second.data["stream"] is False  # pairs after the messages are read afresh
 
 
+def test_a_history_written_in_other_scripts_reuses_each_call_what_it_read() -> None:
+    """Characters of two to four bytes, written raw (not escaped), before and after each
+    front's end: every call reuses all the messages of the last one, and only those."""
+    memo = BodyMemo()
+    texts = ["é ü", "Привіт, світ", "日本語のテキスト", "emoji 😀👍", "ascii", "ż" * 40]
+    history: list[Any] = []
+    for call, text in enumerate(texts * 2):
+        history = [*history, {"role": "user", "content": f"{text} {call}"}]
+        raw = json.dumps({"model": "m", "messages": history, "t": "ü"}, ensure_ascii=False)
+        got = _read(memo, raw.encode())
+        assert got is not None and got.reused == call
+
+
 def test_the_same_history_sent_again_reuses_all_of_it() -> None:
     memo = BodyMemo()
     raw = _body(conversation(9))

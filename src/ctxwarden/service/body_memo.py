@@ -4,11 +4,13 @@ time (speed only).
 An agent sends its whole history on every call, and from one call to the next the body is
 the previous one with a few messages added at the end of ``messages``. JSON is read left
 to right, so a body whose text begins with the last body's text up to the end of its last
-message holds, up to there, the same values. :class:`BodyMemo` keeps that text per scope
+message holds, up to there, the same values. :class:`BodyMemo` keeps that front per scope
 (the routes use route, tenant and session header) with the values read from it — the
 pairs before ``messages`` and the messages themselves, the very objects — and what the
 route made of them (their keys; for Anthropic, the converted messages too); a body that
-begins with it reuses them and only the rest is read. Everything is read with the stdlib's
+begins with it reuses them and only the rest is read. The front is compared as bytes,
+against the last body itself (no copy), and only the rest is decoded: the ~330 KB a
+client resends each call is neither decoded nor copied again. Everything is read with the stdlib's
 C scanner, value by value (:meth:`json.JSONDecoder.raw_decode`), so the result is exactly
 what ``json.loads`` gives, duplicate keys and key order included. It also tells whether
 the text holds ``NaN`` or ``Infinity``, looking only at text it had not seen.
@@ -35,8 +37,8 @@ __all__ = ["BodyMemo", "Reading"]
 _WS = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
 _PER_SCOPE = 4  # clients sharing a scope (no session header): each keeps its own front
-#: a front's estimated memory per character of its text: the text, and the values read
-#: from it (strings as long, plus dicts and lists)
+#: a front's estimated memory per byte of its text: the body, and the values read from it
+#: (strings as long, plus dicts and lists)
 _COST_PER_CHAR = 3
 
 
@@ -46,9 +48,10 @@ class _Unwalkable(Exception):
 
 @dataclass(frozen=True, slots=True)
 class _Front:
-    """A body's text through the end of its last message, and what was read from it."""
+    """A body through the end of its last message, and what was read from it."""
 
-    text: str
+    raw: bytes  # the whole body it was read from (kept, not copied)
+    size: int  # the bytes of ``raw`` through the end of its last message: the front
     head: tuple[tuple[str, Any], ...]  # the pairs before "messages", in order
     messages: tuple[dict[str, Any], ...]
     made: object  # what the route made of the messages (keep()), or None
@@ -156,10 +159,10 @@ def _walk(s: str) -> tuple[list[tuple[str, Any]], list[dict[str, Any]], int, lis
     return head, messages, last, tail
 
 
-def _after(s: str, front: _Front) -> tuple[list[dict[str, Any]], int, list[tuple[str, Any]]]:
-    """The rest of a body that begins with ``front.text``: ``(new messages, end of the
-    last message, pairs after)``."""
-    last = len(front.text)
+def _after(s: str) -> tuple[list[dict[str, Any]], int, list[tuple[str, Any]]]:
+    """The rest ``s`` of a body after a front: ``(new messages, end of the last message
+    in ``s`` (0: none), pairs after)``."""
+    last = 0
     i = _skip(s, last)
     new: list[dict[str, Any]] = []
     if s[i : i + 1] == ",":
@@ -195,14 +198,10 @@ class BodyMemo:
     def read(self, scope: Hashable, raw: bytes) -> Reading | None:
         """``raw`` read as ``json.loads`` would, reusing what an earlier body of ``scope``
         shares with it; ``None`` for a body the memo does not walk (see the class)."""
-        try:
-            s = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
         with self._lock:
             kept = self._scopes.get(scope)
             fronts = list(kept.fronts) if kept is not None else []
-        known = max((f for f in fronts if s.startswith(f.text)), key=_length, default=None)
+        known = max((f for f in fronts if _begins(raw, f)), key=_length, default=None)
         if known is None:
             with self._lock:
                 if kept is None:
@@ -211,22 +210,25 @@ class BodyMemo:
                 kept.misses += 1
                 if kept.misses & (kept.misses - 1):  # not a power of two: not this time
                     return None
+        seen = known.size if known is not None else 0
         try:
+            # the front ends with a message's "}": the rest starts on a character
+            s = raw[seen:].decode("utf-8") if seen else raw.decode("utf-8")
             if known is not None:
-                new, last, tail = _after(s, known)
+                new, last, tail = _after(s)
                 head, messages = list(known.head), [*known.messages, *new]
             else:
                 head, messages, last, tail = _walk(s)
-        except _Unwalkable:
+        except (_Unwalkable, UnicodeDecodeError):
             return None
         data = dict(head)  # json.loads's order: each key where first written, last value
         data["messages"] = messages
         for key, value in tail:
             data[key] = value
-        seen = len(known.text) if known is not None else 0
         early = known is not None and known.nonfinite
-        in_front = early or _nonfinite(s, seen, last)
-        front = _Front(s[:last], tuple(head), tuple(messages), None, in_front)
+        in_front = early or _nonfinite(s, 0, last)
+        size = seen + (last if s.isascii() else len(s[:last].encode("utf-8")))
+        front = _Front(raw, size, tuple(head), tuple(messages), None, in_front)
         reused = len(known.messages) if known is not None else 0
         made = known.made if known is not None else None
         nonfinite = in_front or _nonfinite(s, last, len(s))
@@ -239,7 +241,11 @@ class BodyMemo:
         with self._lock:
             kept = self._scopes.pop(reading.scope, None) or _Scope([])
             fronts = kept.fronts
-            gone = [f for f in fronts if f is reading.replaces or front.text.startswith(f.text)]
+            gone = [
+                f
+                for f in fronts
+                if f is reading.replaces or (f.size <= front.size and _begins(front.raw, f))
+            ]
             if len(fronts) - len(gone) >= _PER_SCOPE:
                 gone.append(next(f for f in fronts if f not in gone))  # the oldest
             kept.fronts = [f for f in fronts if f not in gone] + [front]
@@ -269,9 +275,14 @@ def _nonfinite(s: str, start: int, end: int) -> bool:
     return s.find("NaN", start, end) >= 0 or s.find("Infinity", start, end) >= 0
 
 
+def _begins(raw: bytes, front: _Front) -> bool:
+    """Whether ``raw`` begins with ``front``'s bytes (compared in place, not copied)."""
+    return len(raw) >= front.size and raw.startswith(memoryview(front.raw)[: front.size])
+
+
 def _length(front: _Front) -> int:
-    return len(front.text)
+    return front.size
 
 
 def _cost(front: _Front) -> int:
-    return len(front.text) * _COST_PER_CHAR
+    return len(front.raw) * _COST_PER_CHAR
