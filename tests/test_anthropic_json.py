@@ -118,3 +118,4 @@ def test_object_bytes_is_orjson_with_values_given() -> None:
     written = {"messages": b'[{"role":"user","content":[]}]', "system": b"[]"}
     want = orjson.dumps({**data, "messages": [{"role": "user", "content": []}], "system": []})
     assert object_bytes(data, written) == want
+    assert object_bytes({}, {}) == orjson.dumps({}) and object_bytes({"a": 1}, {}) == b'{"a":1}'

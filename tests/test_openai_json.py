@@ -76,6 +76,17 @@ def test_object_json_equals_json_dumps() -> None:
     assert object_json_bytes(body, {"messages": messages_json_bytes(history)}) == written.encode()
 
 
+def test_the_edges_of_the_joins_are_written_as_json_dumps_writes_them() -> None:
+    """No message, one message, an empty object and one key: the brackets and braces put on
+    the first and last piece rather than around the whole."""
+    one = [message_from_openai({"role": "user", "content": "é"})]
+    assert messages_json_bytes([]) == b"[]" == json.dumps([]).encode()
+    assert messages_json_bytes(one) == _plain(one).encode()
+    assert object_json_bytes({}, {}) == b"{}"
+    assert object_json_bytes({"messages": None}, {"messages": b"[]"}) == b'{"messages": []}'
+    assert object_json_bytes({"a": 1}, {}) == json.dumps({"a": 1}).encode()
+
+
 def test_a_context_utf8_cannot_hold_raises_as_encode_does() -> None:
     odd = message_from_openai({"role": "user", "content": "lone \ud800"})
     for _ in range(2):  # nothing is kept of a text that cannot be encoded

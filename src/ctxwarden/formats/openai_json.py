@@ -174,18 +174,31 @@ def meta_message_bytes(message: Message) -> bytes:
 
 def messages_json_bytes(messages: Sequence[Message]) -> bytes:
     """``messages_json(messages).encode()``, byte for byte, each message's UTF-8 memoised
-    (UTF-8 of a concatenation is the concatenation of the parts' UTF-8)."""
-    return b"[" + b", ".join(map(_message_bytes, messages)) + b"]"
+    (UTF-8 of a concatenation is the concatenation of the parts' UTF-8). The whole is
+    copied once: the brackets go on the first and last message's bytes, as brackets added
+    around the joined whole would copy it twice more (a proxied call's context is
+    hundreds of KB)."""
+    pieces = list(map(_message_bytes, messages))
+    if not pieces:
+        return b"[]"
+    pieces[0] = b"[" + pieces[0]
+    pieces[-1] += b"]"
+    return b", ".join(pieces)
 
 
 def object_json_bytes(data: dict[str, object], written: dict[str, bytes]) -> bytes:
     """``object_json(data, ...).encode()`` with the values of the keys in ``written``
-    given as UTF-8 JSON already (the proxy's request body, its messages joined as bytes)."""
-    items = (
-        dumps(k).encode() + b": " + (written[k] if k in written else dumps(v).encode())
-        for k, v in data.items()
-    )
-    return b"{" + b", ".join(items) + b"}"
+    given as UTF-8 JSON already (the proxy's request body, its messages joined as bytes),
+    each value copied once (one join of every piece)."""
+    parts: list[bytes] = []
+    for k, v in data.items():
+        value = written[k] if k in written else dumps(v).encode()
+        parts += (b", ", dumps(k).encode(), b": ", value)
+    if not parts:
+        return b"{}"
+    parts[0] = b"{"
+    parts.append(b"}")
+    return b"".join(parts)
 
 
 def object_json(data: dict[str, object], written: dict[str, str]) -> str:

@@ -117,9 +117,13 @@ def request_json(
 
 def object_bytes(data: Mapping[str, object], written: Mapping[str, bytes]) -> bytes:
     """``orjson.dumps(data)`` for a JSON object with string keys, with the values of the
-    keys in ``written`` given as compact JSON already; raises as ``orjson.dumps`` does."""
-    items = (
-        orjson.dumps(k) + b":" + (written[k] if k in written else orjson.dumps(v))
-        for k, v in data.items()
-    )
-    return b"{" + b",".join(items) + b"}"
+    keys in ``written`` given as compact JSON already, each copied once (one join of every
+    piece: the messages are hundreds of KB); raises as ``orjson.dumps`` does."""
+    parts: list[bytes] = []
+    for k, v in data.items():
+        parts += (b",", orjson.dumps(k), b":", written[k] if k in written else orjson.dumps(v))
+    if not parts:
+        return b"{}"
+    parts[0] = b"{"
+    parts.append(b"}")
+    return b"".join(parts)

@@ -157,12 +157,15 @@ class _Connection(asyncio.Protocol):
             self.waiter = None
 
     async def send(self, head: bytes, body: bytes, timeouts: dict[str, Any]) -> None:
-        """Write the request (head and body in one send) and wait for the response's head."""
+        """Write the request and wait for the response's head. The head and the body are
+        written one after the other: ``writelines`` would join them first (Python 3.11),
+        copying the body (hundreds of KB) once more."""
         if self.closed or self.transport.is_closing():
             raise httpx2.WriteError("the upstream connection is closed")
         self._reset()
         self.busy = True
-        self.transport.writelines((head, body))
+        self.transport.write(head)
+        self.transport.write(body)
         if self.paused_writing:
             self.drained = asyncio.get_running_loop().create_future()
             try:
