@@ -14,6 +14,7 @@ from ctxwarden.formats.openai_json import (
     dumps,
     messages_json,
     messages_json_bytes,
+    messages_json_pieces,
     object_json,
     object_json_bytes,
 )
@@ -85,6 +86,12 @@ def test_the_edges_of_the_joins_are_written_as_json_dumps_writes_them() -> None:
     assert object_json_bytes({}, {}) == b"{}"
     assert object_json_bytes({"messages": None}, {"messages": b"[]"}) == b'{"messages": []}'
     assert object_json_bytes({"a": 1}, {}) == json.dumps({"a": 1}).encode()
+    for messages in ([], one, one * 3):  # the pieces given as the value, unjoined
+        pieces = messages_json_pieces(messages)
+        assert b"".join(pieces) == messages_json_bytes(messages) == _plain(messages).encode()
+        whole = object_json_bytes({"m": 1, "messages": None}, {"messages": pieces})
+        want = {"m": 1, "messages": json.loads(_plain(messages))}
+        assert whole == json.dumps(want, ensure_ascii=False).encode()
 
 
 def test_a_context_utf8_cannot_hold_raises_as_encode_does() -> None:

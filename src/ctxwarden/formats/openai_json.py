@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 from ctxwarden.formats.openai import META_KEY, message_to_openai
 from ctxwarden.messages import Message
@@ -28,6 +28,7 @@ __all__ = [
     "message_json",
     "messages_json",
     "messages_json_bytes",
+    "messages_json_pieces",
     "meta_message_bytes",
     "meta_message_json",
     "object_json",
@@ -174,26 +175,36 @@ def meta_message_bytes(message: Message) -> bytes:
 
 def messages_json_bytes(messages: Sequence[Message]) -> bytes:
     """``messages_json(messages).encode()``, byte for byte, each message's UTF-8 memoised
-    (UTF-8 of a concatenation is the concatenation of the parts' UTF-8). The whole is
-    copied once: the brackets go on the first and last message's bytes, as brackets added
-    around the joined whole would copy it twice more (a proxied call's context is
-    hundreds of KB)."""
+    (UTF-8 of a concatenation is the concatenation of the parts' UTF-8)."""
+    return b"".join(messages_json_pieces(messages))
+
+
+def messages_json_pieces(messages: Sequence[Message]) -> list[bytes]:
+    """The pieces of :func:`messages_json_bytes`, unjoined: a proxied call's context is
+    hundreds of KB, which :func:`object_json_bytes` then copies once into the body (the
+    brackets ride on the first and last message's bytes, not around the whole)."""
     pieces = list(map(_message_bytes, messages))
     if not pieces:
-        return b"[]"
-    pieces[0] = b"[" + pieces[0]
-    pieces[-1] += b"]"
-    return b", ".join(pieces)
+        return [b"[]"]
+    out = [b", "] * (2 * len(pieces) - 1)
+    out[::2] = pieces
+    out[0] = b"[" + out[0]
+    out[-1] += b"]"
+    return out
 
 
-def object_json_bytes(data: dict[str, object], written: dict[str, bytes]) -> bytes:
+def object_json_bytes(data: dict[str, object], written: Mapping[str, bytes | list[bytes]]) -> bytes:
     """``object_json(data, ...).encode()`` with the values of the keys in ``written``
-    given as UTF-8 JSON already (the proxy's request body, its messages joined as bytes),
-    each value copied once (one join of every piece)."""
+    given as UTF-8 JSON already, as bytes or as pieces to join (the proxy's request body:
+    its messages, from :func:`messages_json_pieces`), each copied once (one join)."""
     parts: list[bytes] = []
     for k, v in data.items():
         value = written[k] if k in written else dumps(v).encode()
-        parts += (b", ", dumps(k).encode(), b": ", value)
+        parts += (b", ", dumps(k).encode(), b": ")
+        if isinstance(value, list):
+            parts += value
+        else:
+            parts.append(value)
     if not parts:
         return b"{}"
     parts[0] = b"{"

@@ -36,7 +36,8 @@ async def read_body(request: Request, limit: int) -> bytes:
         size += len(chunk)
         if size > limit:
             raise ServiceError(413, f"request body is over {limit:,} bytes")
-        chunks.append(chunk)
+        if chunk:  # (the stream ends with b""): a body read at once is not copied again
+            chunks.append(chunk)
     return b"".join(chunks)
 
 

@@ -21,7 +21,7 @@ from starlette.responses import Response
 from ctxwarden import Usage
 from ctxwarden.errors import InvalidMessageError
 from ctxwarden.formats import message_from_openai
-from ctxwarden.formats.openai_json import messages_json_bytes, object_json_bytes
+from ctxwarden.formats.openai_json import messages_json_pieces, object_json_bytes
 from ctxwarden.memory.recall import recall_tool
 from ctxwarden.messages import Message
 from ctxwarden.service.auth import CurrentTenant, hub_of
@@ -128,7 +128,7 @@ class OpenAIWire:
             options = self.data.get("stream_options")
             out["stream_options"] = {**(options if isinstance(options, dict) else {})}
             out["stream_options"]["include_usage"] = True
-        messages = messages_json_bytes([*prepared.built.messages, *extra])
+        messages = messages_json_pieces([*prepared.built.messages, *extra])
         return object_json_bytes(out, {"messages": messages})
 
     def from_json(self, data: Any) -> tuple[Message | None, Usage | None]:
