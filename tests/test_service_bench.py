@@ -37,9 +37,23 @@ def test_bench_runs_and_checks_the_store(tmp_path: Path, api: str, paired: str) 
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     figures = json.loads(out.read_text())
     assert figures["problems"] == []
+    assert len(figures["reference_ms"]) == 2 and all(ms > 0 for ms in figures["reference_ms"])
+    assert "machine before: reference loop" in done.stdout
     cases = {(c["target"], c["client"], c["mode"]) for c in figures["cases"]}
     assert ("proxy", "sdk", "stream") in cases and ("direct", "httpx", "json") in cases
     assert all(c["errors"] == 0 and c["requests"] == 6 for c in figures["cases"])
     assert all(c["seconds"] > 0 for c in figures["cases"]) and len(figures["cases"]) == 8
     assert all(c["cpu_seconds"] is not None for c in figures["cases"] if c["target"] == "proxy")
     assert "stored sessions checked: 12; problems: 0" in done.stdout
+
+
+def test_the_reference_loop_is_timed_as_timeit_times_it() -> None:
+    import timeit
+
+    from ctxwarden.bench.machine_speed import REFERENCE_LOOP, reference_ms
+
+    ours = reference_ms(repeat=3, number=5)
+    theirs = min(timeit.Timer(REFERENCE_LOOP).repeat(repeat=3, number=5)) / 5 * 1000
+    assert ours > 0 and 0.25 < ours / theirs < 4  # the same loop, a noisy machine
+    with pytest.raises(ValueError, match="at least 1"):
+        reference_ms(repeat=0)

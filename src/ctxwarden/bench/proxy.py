@@ -14,7 +14,9 @@ other). Two
 clients: the real ``openai`` SDK (which spends tens of ms preparing such a body
 itself), and pre-built bodies posted over ``httpx2``. Reported per case: p50/p99
 latency, the p50/p99 added over calling the upstream directly, requests per second,
-errors, and the proxy process's CPU per request (from ``/proc``). The first call of each
+errors, and the proxy process's CPU per request (from ``/proc``); before and after the
+cases, the machine's speed (:func:`~ctxwarden.bench.machine_speed.reference_ms`: this
+machine's speed swings by up to ~2.8x). The first call of each
 session (it stores the 200 messages) is a warm-up, timed apart. At the end every stored
 session is read back: it must hold exactly the history sent plus each reply, once, in
 order, on the session id the client named (no branch).
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ctxwarden.bench.machine_speed import REFERENCE_LOOP, reference_ms
 from ctxwarden.bench.proxy_upstream import REPLY_TEXT
 from ctxwarden.store import open_store
 
@@ -426,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         print(f"conversation: {len(base)} messages, {len(bodies[False][0]) / 1024:.0f} KB body; "
               f"store {db.split('?')[0]}", flush=True)  # fmt: skip
+        speed = [reference_ms()]
+        print(f"machine before: reference loop {speed[0]:.1f} ms ({REFERENCE_LOOP})", flush=True)
         cases: list[Case] = []
         stored: dict[str, int] = {}
         for clients, n in zip(counts, steps, strict=True):
@@ -442,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
                                 stored.update((s, n) for s in sessions)
                             tally = f"{case.requests} calls, {case.errors} errors"
                             print(f"  {case.target} {kind} {mode} x{clients}: {tally}", flush=True)
+        speed.append(reference_ms())
+        print(f"machine after: reference loop {speed[1]:.1f} ms (lower is faster)", flush=True)
         _report(cases)
         problems = _check_store(db, stored, base, args.api)
         print(f"stored sessions checked: {len(stored)}; problems: {len(problems)}")
@@ -451,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
             rows = [{**{k: v for k, v in vars(c).items() if k not in ("latencies", "warmup")},
                      "p50_ms": c.pct(0.5), "p99_ms": c.pct(0.99), "requests": c.requests}
                     for c in cases]  # fmt: skip
-            args.json.write_text(json.dumps({"cases": rows, "problems": problems}, indent=2))
+            figures = {"cases": rows, "problems": problems, "reference_ms": speed}
+            args.json.write_text(json.dumps(figures, indent=2))
         return 1 if problems or any(c.errors for c in cases) else 0
     finally:
         for p in (proxy, upstream):
