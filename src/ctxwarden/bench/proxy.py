@@ -10,9 +10,8 @@ session, each request echoing the previous reply and adding a user message (as a
 agent does), JSON and streamed, to the upstream directly and through the proxy (at one
 client, ``--paired-up-to``, each step calls the upstream and then the proxy, so that both
 run in the same minute of a machine whose speed swings; above it, one case after the
-other). Two
-clients: the real ``openai`` SDK (which spends tens of ms preparing such a body
-itself), and pre-built bodies posted over ``httpx2``. Reported per case: p50/p99
+other). Two clients: the real ``openai`` SDK (which spends tens of ms preparing such a
+body itself), and pre-built bodies posted over ``httpx2``. Reported per case: p50/p99
 latency, the p50/p99 added over calling the upstream directly, requests per second,
 errors, and the proxy process's CPU per request (from ``/proc``); before and after the
 cases, the machine's speed (:func:`~ctxwarden.bench.machine_speed.reference_ms`: this
@@ -252,9 +251,7 @@ async def _cases(targets: Sequence[tuple[str, str, int | None]], kind: str, mode
         try:
             await _one(kind, mode, http, run.sdk, run.url, session, bodies[stream][step],
                        histories[step], key)  # fmt: skip
-            took = time.perf_counter() - t
-            into.append(took)
-            run.busy += took
+            into.append(time.perf_counter() - t)
         except Exception as exc:
             run.errors += 1
             run.failed.add(session)
@@ -266,7 +263,6 @@ async def _cases(targets: Sequence[tuple[str, str, int | None]], kind: str, mode
             for s in run.sessions:
                 await call(run, s, 0, run.warm)
         for run in runs:
-            run.busy = 0.0
             run.cpu0 = _cpu(run.pid) if run.pid else None
             run.built0 = _build_seconds(run.base, api) if run.pid else (0.0, 0.0)
 
@@ -286,7 +282,7 @@ async def _cases(targets: Sequence[tuple[str, str, int | None]], kind: str, mode
                 built1 = _build_seconds(run.base, api)
                 build = (built1[0] - run.built0[0]) / max(built1[1] - run.built0[1], 1)
             # alone, the wall time; in turn with another target, the time in its own calls
-            seconds = wall if len(runs) == 1 else run.busy / clients
+            seconds = wall if len(runs) == 1 else sum(run.lat) / clients
             case = Case(run.name, kind, mode, clients, run.lat, run.warm, run.errors, seconds,
                         cpu, build)  # fmt: skip
             out.append((case, [s for s in run.sessions if s not in run.failed]))
@@ -321,7 +317,6 @@ class _Run:
         self.sessions = [f"bench-{mode}-{kind}-{clients}-{uuid.uuid4().hex[:8]}"
                          for _ in range(clients)]  # fmt: skip
         self.errors = 0
-        self.busy = 0.0
         self.failed: set[str] = set()
         self.seen: list[str] = []
         self.warm: list[float] = []

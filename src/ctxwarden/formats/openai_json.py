@@ -18,13 +18,14 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
 from ctxwarden.formats.openai import META_KEY, message_to_openai
 from ctxwarden.messages import Message
 
 __all__ = [
     "dumps",
+    "joined_object",
     "message_json",
     "messages_json",
     "messages_json_bytes",
@@ -197,10 +198,22 @@ def object_json_bytes(data: dict[str, object], written: Mapping[str, bytes | lis
     """``object_json(data, ...).encode()`` with the values of the keys in ``written``
     given as UTF-8 JSON already, as bytes or as pieces to join (the proxy's request body:
     its messages, from :func:`messages_json_pieces`), each copied once (one join)."""
+    pairs = (
+        (dumps(k).encode(), written[k] if k in written else dumps(v).encode())
+        for k, v in data.items()
+    )
+    return joined_object(pairs, b", ", b": ")
+
+
+def joined_object(
+    pairs: Iterable[tuple[bytes, bytes | list[bytes]]], comma: bytes, colon: bytes
+) -> bytes:
+    """A JSON object from its keys and values written already (a value as bytes or as
+    pieces), in one join: the body sent upstream holds hundreds of KB of messages, which
+    braces and keys concatenated around them would copy again."""
     parts: list[bytes] = []
-    for k, v in data.items():
-        value = written[k] if k in written else dumps(v).encode()
-        parts += (b", ", dumps(k).encode(), b": ")
+    for key, value in pairs:
+        parts += (comma, key, colon)
         if isinstance(value, list):
             parts += value
         else:

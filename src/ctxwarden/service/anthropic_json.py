@@ -30,6 +30,7 @@ from ctxwarden.formats.anthropic import (
     tool_use_blocks,
     user_blocks,
 )
+from ctxwarden.formats.openai_json import joined_object
 from ctxwarden.messages import Message
 
 __all__ = ["object_bytes", "request_json"]
@@ -117,13 +118,10 @@ def request_json(
 
 def object_bytes(data: Mapping[str, object], written: Mapping[str, bytes]) -> bytes:
     """``orjson.dumps(data)`` for a JSON object with string keys, with the values of the
-    keys in ``written`` given as compact JSON already, each copied once (one join of every
-    piece: the messages are hundreds of KB); raises as ``orjson.dumps`` does."""
-    parts: list[bytes] = []
-    for k, v in data.items():
-        parts += (b",", orjson.dumps(k), b":", written[k] if k in written else orjson.dumps(v))
-    if not parts:
-        return b"{}"
-    parts[0] = b"{"
-    parts.append(b"}")
-    return b"".join(parts)
+    keys in ``written`` given as compact JSON already, each copied once
+    (:func:`~ctxwarden.formats.openai_json.joined_object`); raises as ``orjson.dumps``
+    does."""
+    pairs = (
+        (orjson.dumps(k), written[k] if k in written else orjson.dumps(v)) for k, v in data.items()
+    )
+    return joined_object(pairs, b",", b":")

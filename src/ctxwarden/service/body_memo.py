@@ -10,10 +10,10 @@ pairs before ``messages`` and the messages themselves, the very objects — and 
 route made of them (their keys; for Anthropic, the converted messages too); a body that
 begins with it reuses them and only the rest is read. The front is compared as bytes,
 against the last body itself (no copy), and only the rest is decoded: the ~330 KB a
-client resends each call is neither decoded nor copied again. Everything is read with the stdlib's
-C scanner, value by value (:meth:`json.JSONDecoder.raw_decode`), so the result is exactly
-what ``json.loads`` gives, duplicate keys and key order included. It also tells whether
-the text holds ``NaN`` or ``Infinity``, looking only at text it had not seen.
+client resends each call is neither decoded nor copied again. Everything is read with the
+stdlib's C scanner, value by value (:meth:`json.JSONDecoder.raw_decode`), so the result
+is exactly what ``json.loads`` gives, duplicate keys and key order included. It also tells
+whether the text holds ``NaN`` or ``Infinity``, looking only at text it had not seen.
 
 A body it cannot walk (not UTF-8, not an object, no non-empty ``messages`` list of objects,
 ``messages`` twice, any JSON error) is left to the ordinary parse
@@ -39,7 +39,7 @@ _DECODER = json.JSONDecoder()
 _PER_SCOPE = 4  # clients sharing a scope (no session header): each keeps its own front
 #: a front's estimated memory per byte of its text: the body, and the values read from it
 #: (strings as long, plus dicts and lists)
-_COST_PER_CHAR = 3
+_COST_PER_BYTE = 3
 
 
 class _Unwalkable(Exception):
@@ -213,7 +213,7 @@ class BodyMemo:
         seen = known.size if known is not None else 0
         try:
             # the front ends with a message's "}": the rest starts on a character
-            s = raw[seen:].decode("utf-8") if seen else raw.decode("utf-8")
+            s = raw[seen:].decode("utf-8")  # (raw[0:] is raw itself: no copy)
             if known is not None:
                 new, last, tail = _after(s)
                 head, messages = list(known.head), [*known.messages, *new]
@@ -285,4 +285,4 @@ def _length(front: _Front) -> int:
 
 
 def _cost(front: _Front) -> int:
-    return len(front.raw) * _COST_PER_CHAR
+    return len(front.raw) * _COST_PER_BYTE
