@@ -65,6 +65,17 @@ class Tenant:
         return self.record.tenant
 
 
+def _store_options(url: str) -> dict[str, Any]:
+    """PostgreSQL: a bounded wait for a pooled connection. An SQLite file: its log copied
+    into the file in a thread of its own, not inside a request's commit
+    (:mod:`~ctxwarden.store.sqlite_checkpoint`)."""
+    if url.startswith(("postgresql://", "postgres://")):
+        return {"timeout": _POOL_WAIT}
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        return {"background_checkpoint": True}
+    return {}
+
+
 @lru_cache(maxsize=256)
 def _tenant_policy(text: str) -> Policy:
     return Policy.from_toml(text)
@@ -74,8 +85,7 @@ class Hub:
     def __init__(self, config: ServiceConfig, metrics: Metrics) -> None:
         self.config = config
         self.metrics = metrics
-        pg = config.db.startswith(("postgresql://", "postgres://"))
-        self.store: SessionStore = open_store(config.db, **({"timeout": _POOL_WAIT} if pg else {}))
+        self.store: SessionStore = open_store(config.db, **_store_options(config.db))
         self.policy = config.policy or Policy()
         self._sessions: OrderedDict[tuple[str, str], Session] = OrderedDict()
         self._sessions_lock = threading.Lock()

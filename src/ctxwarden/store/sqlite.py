@@ -29,9 +29,10 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from ctxwarden.errors import StoreError
+from ctxwarden.errors import ConfigError, StoreError
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.migrations import Tx, check_schema, migrate
+from ctxwarden.store.sqlite_checkpoint import FALLBACK_PAGES, BackgroundCheckpoint
 
 __all__ = ["SQLiteStore"]
 
@@ -57,10 +58,19 @@ class SQLiteStore(SqlStore):
     """A :class:`~ctxwarden.store.SessionStore` in one SQLite file (or ``:memory:``).
 
     ``migrate_upto`` stops the migrations at a named step (for upgrade tests and tools).
+    ``background_checkpoint`` copies the write-ahead log into the file in a thread of its
+    own rather than inside the commit that fills it
+    (:class:`~ctxwarden.store.sqlite_checkpoint.BackgroundCheckpoint`; a file only):
+    ``ctxwarden serve`` sets it, so no request waits for that copy and its syncs.
     """
 
     def __init__(
-        self, path: str | Path, *, timeout: float = 30.0, migrate_upto: str | None = None
+        self,
+        path: str | Path,
+        *,
+        timeout: float = 30.0,
+        migrate_upto: str | None = None,
+        background_checkpoint: bool = False,
     ) -> None:
         self.path = str(path)
         self.url = f"sqlite:///{self.path}"
@@ -71,8 +81,14 @@ class SQLiteStore(SqlStore):
         self._open: set[sqlite3.Connection] = set()
         self._shared: sqlite3.Connection | None = None
         self._closed = False
+        if background_checkpoint and self._memory:
+            raise ConfigError("background_checkpoint needs a database file (:memory: has no log)")
+        self._background = background_checkpoint
+        self.checkpoint: BackgroundCheckpoint | None = None
         try:
             self._setup(migrate_upto)
+            if background_checkpoint:
+                self.checkpoint = BackgroundCheckpoint(self.path, timeout=timeout)
         except BaseException:
             self.close()
             raise
@@ -94,6 +110,8 @@ class SQLiteStore(SqlStore):
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("PRAGMA secure_delete = FAST")
             conn.execute(f"PRAGMA cache_size = -{_CACHE_KIB}")
+            if self._background:
+                conn.execute(f"PRAGMA wal_autocheckpoint = {FALLBACK_PAGES}")
         except sqlite3.Error as exc:
             raise self._open_error(exc) from exc
         with self._lock:
@@ -131,6 +149,8 @@ class SQLiteStore(SqlStore):
         conn.close()
 
     def close(self) -> None:
+        if self.checkpoint is not None:
+            self.checkpoint.close()
         with self._lock:
             conns, self._open = list(self._open), set()
             self._closed = True
@@ -159,6 +179,8 @@ class SQLiteStore(SqlStore):
                         conn.execute("ROLLBACK")
                     raise
                 conn.execute("COMMIT")
+                if self.checkpoint is not None and begin == _WRITE:
+                    self.checkpoint.committed()
             except sqlite3.Error as exc:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
@@ -177,7 +199,7 @@ class SQLiteStore(SqlStore):
                 raise StoreError(f"SQLite error on {self.path}: {exc}") from exc
 
     def _write(self) -> Any:
-        return self._transaction("BEGIN IMMEDIATE")
+        return self._transaction(_WRITE)
 
     # -- opening ----------------------------------------------------------------------------
 
@@ -228,6 +250,8 @@ _FORKS = [0]
 never used after it (SQLite's rule); counted at the fork rather than asking ``getpid``
 on every transaction."""
 os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
+
+_WRITE = "BEGIN IMMEDIATE"
 
 _NOLOCK = nullcontext()
 """A file's connections are per thread: nothing to lock (a reusable no-op, not a new
