@@ -20,6 +20,16 @@ def test_measure_makes_the_measured_calls_on_both_routes() -> None:
         assert calls == 2 and cpu > 0
 
 
+def test_cold_calls_are_made_and_said(capsys: pytest.CaptureFixture[str]) -> None:
+    """With the caches flushed before each call, the calls are made and measured, and
+    the report says the figure is a cold one."""
+    calls, cpu = measure("openai", False, sessions=1, calls=2, warm=1, cold_mb=8)
+    assert calls == 2 and cpu > 0
+    assert main(["--sessions", "1", "--calls", "1", "--warm", "0", "--cold", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "caches flushed (8 MB) before each" in out and "ms CPU per call" in out
+
+
 def test_cpu_per_call_against_a_checkout(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--sessions", "1", "--calls", "2", "--warm", "1", "--against", str(ROOT)]) == 0
     out = capsys.readouterr().out
@@ -33,6 +43,8 @@ def test_bad_arguments_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFi
         (["--against", str(tmp_path)], "no src/ctxwarden there"),
         (["--calls", "0"], "--calls must be at least 1"),
         (["--warm", "-1"], "--warm must be at least 0"),
+        (["--cold", "-1"], "--cold must be at least 0"),
+        (["--cold", "8", "--callgrind"], "--cold is a CPU figure"),
     ):
         with pytest.raises(SystemExit) as exc:
             main(argv)

@@ -2,7 +2,7 @@
 under callgrind, or CPU per call, with the app in this process (R14).
 
 Run: ``python -m ctxwarden.bench.proxy_cost [--api openai|anthropic] [--stream]
-[--sessions 2] [--calls 11] [--warm 4] [--callgrind] [--against CHECKOUT]``.
+[--sessions 2] [--calls 11] [--warm 4] [--cold MB] [--callgrind] [--against CHECKOUT]``.
 
 Why: on a shared two-core machine a fixed piece of work takes up to twice as long from
 one minute to the next, more than most changes save, so :mod:`ctxwarden.bench.proxy`'s
@@ -18,6 +18,14 @@ valgrind``), instrumented only while the measured calls run (switched by
 ``callgrind_control``), and reports instructions per call. ``--against CHECKOUT`` runs
 the same with another checkout's ``src`` first on ``PYTHONPATH`` (``git worktree add``
 of the commit to compare) and reports both and their ratio.
+
+``--cold MB`` writes to every cache line of an MB-sized buffer before each measured call
+(outside the time measured), as a client does between its calls when it spends tens of
+milliseconds of its own (the ``openai`` SDK preparing a 330 KB body), or as 63 other
+sessions' calls do at 64 clients: the call then finds none of its session's objects in
+the CPU's caches. Its CPU per call against the same without ``--cold`` is what the
+memory a call touches costs (``--cold 48`` flushes this machine's 32 MB L3); instructions
+do not change with it, so it is a CPU figure only.
 """
 
 from __future__ import annotations
@@ -58,7 +66,14 @@ def _bodies(api: str, stream: bool, count: int) -> list[bytes]:
 
 
 async def _run(
-    api: str, stream: bool, sessions: int, calls: int, warm: int, markers: Path | None, port: int
+    api: str,
+    stream: bool,
+    sessions: int,
+    calls: int,
+    warm: int,
+    markers: Path | None,
+    port: int,
+    cold_mb: int = 0,
 ) -> tuple[int, float]:
     import httpx
 
@@ -96,11 +111,15 @@ async def _run(
             if markers is not None:  # the parent switches callgrind's instrumentation on
                 (markers / "ready").touch()
                 _wait_for(markers / "go")
-            started = time.process_time()
+            flush = bytearray(cold_mb * 1024 * 1024)
+            lines = bytes(len(flush[::64]))
+            cpu = 0.0
             for session in range(sessions):
                 for step in range(1 + warm, 1 + warm + calls):
+                    flush[::64] = lines  # a byte in every cache line (none when not cold)
+                    started = time.process_time()
                     await call(session, step)
-            cpu = time.process_time() - started
+                    cpu += time.process_time() - started
             if markers is not None:  # ... and off
                 (markers / "done").touch()
                 _wait_for(markers / "stop")
@@ -116,10 +135,12 @@ def measure(
     calls: int = 11,
     warm: int = 4,
     markers: Path | None = None,
+    cold_mb: int = 0,
 ) -> tuple[int, float]:
     """The measured calls made and the CPU seconds they took (this process's, the
     in-process client's included); with ``markers``, handshakes with a parent through
-    files there around the measured calls (``ready``/``go``, ``done``/``stop``)."""
+    files there around the measured calls (``ready``/``go``, ``done``/``stop``); with
+    ``cold_mb``, the CPU's caches flushed before each (see the module docstring)."""
     from ctxwarden.bench.proxy import _free_port  # (the checkout measured: its own)
 
     port = _free_port()
@@ -130,7 +151,7 @@ def measure(
     try:
         assert upstream.stdout is not None
         upstream.stdout.readline()  # it says when it listens
-        return asyncio.run(_run(api, stream, sessions, calls, warm, markers, port))
+        return asyncio.run(_run(api, stream, sessions, calls, warm, markers, port, cold_mb))
     finally:
         upstream.terminate()
         upstream.wait(timeout=10)
@@ -161,8 +182,8 @@ def _tune_gc() -> None:
 
 def _child_args(args: argparse.Namespace) -> list[str]:
     out = ["--api", args.api, "--sessions", str(args.sessions), "--calls", str(args.calls)]
-    out += ["--warm", str(args.warm)] + (["--stream"] if args.stream else [])
-    return out
+    out += ["--warm", str(args.warm), "--cold", str(args.cold)]
+    return out + (["--stream"] if args.stream else [])
 
 
 def _environment(src: Path | None) -> dict[str, str]:
@@ -239,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sessions", type=int, default=2)
     ap.add_argument("--calls", type=int, default=11, help="measured calls per session")
     ap.add_argument("--warm", type=int, default=4, help="calls per session before them")
+    ap.add_argument("--cold", type=int, default=0, metavar="MB",
+                    help="flush the CPU's caches before each measured call (CPU only)")  # fmt: skip
     ap.add_argument("--callgrind", action="store_true", help="count instructions (valgrind)")
     ap.add_argument("--against", type=Path, help="another checkout to compare with")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # a measured process: its marker dir
@@ -248,11 +271,15 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--{name} must be at least 1")
     if args.warm < 0:
         ap.error("--warm must be at least 0")
+    if args.cold < 0:
+        ap.error("--cold must be at least 0 (MB)")
+    if args.cold and args.callgrind:
+        ap.error("--cold is a CPU figure: a flushed cache changes no instruction count")
     if args.child is not None:
         markers = None if args.child == "-" else Path(args.child)
         _tune_gc()
         print(json.dumps(measure(args.api, args.stream, args.sessions, args.calls, args.warm,
-                                 markers)))  # fmt: skip
+                                 markers, args.cold)))  # fmt: skip
         return 0
     against = None
     if args.against is not None:
@@ -265,8 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     unit = "M instructions" if args.callgrind else " ms CPU"
     scale = 1e-6 if args.callgrind else 1.0
     route = "/v1/messages" if args.api == "anthropic" else "/v1/chat/completions"
+    cold = f", caches flushed ({args.cold} MB) before each" if args.cold else ""
     print(f"{route}, {'streams' if args.stream else 'JSON'}: {args.sessions} sessions x "
-          f"{args.calls} calls after {args.warm} warm ones each", flush=True)  # fmt: skip
+          f"{args.calls} calls after {args.warm} warm ones each{cold}", flush=True)  # fmt: skip
     ours = figure(args, None) * scale
     print(f"this checkout: {ours:.2f}{unit} per call", flush=True)
     if against is not None:
