@@ -4,6 +4,7 @@ copies it any more, the thread does, and nothing committed is lost either way.""
 
 from __future__ import annotations
 
+import re
 import shutil
 import sqlite3
 import time
@@ -136,15 +137,30 @@ def test_bad_settings_are_refused(tmp_path: Path) -> None:
 
 
 def test_the_server_checkpoints_its_sqlite_file_in_the_background(tmp_path: Path) -> None:
+    """A hub on an SQLite file runs the thread and exports what it did on ``/metrics``;
+    one in memory has neither."""
+
     def hub(db: str) -> Hub:
         return Hub(ServiceConfig(db=db, upstream="http://127.0.0.1:9/v1"), Metrics())
 
     on_file = hub(f"sqlite:///{tmp_path / 'hub.db'}")
     in_memory = hub("sqlite:///:memory:")
     try:
-        assert isinstance(on_file.store, SQLiteStore) and on_file.store.checkpoint is not None
+        store = on_file.store
+        assert isinstance(store, SQLiteStore) and store.checkpoint is not None
         assert isinstance(in_memory.store, SQLiteStore) and in_memory.store.checkpoint is None
+        _fill(store, "s", 120, 200)
+        deadline = time.monotonic() + 10
+        while store.checkpoint.runs == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        text = on_file.metrics.render()[0].decode()
+        copied = re.search(r'ctxwarden_sqlite_checkpoints_total\{outcome="copied"\} (\S+)', text)
+        pages = re.search(r"^ctxwarden_sqlite_checkpointed_pages_total (\S+)", text, re.M)
+        assert copied and float(copied.group(1)) >= 1, text
+        assert pages and float(pages.group(1)) > 0
+        assert 'ctxwarden_sqlite_checkpoints_total{outcome="failed"} 0.0' in text
+        assert "ctxwarden_sqlite" not in in_memory.metrics.render()[0].decode()
     finally:
         on_file.close()
         in_memory.close()
-    assert not on_file.store.checkpoint.running
+    assert not store.checkpoint.running

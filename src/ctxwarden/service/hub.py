@@ -86,6 +86,9 @@ class Hub:
         self.config = config
         self.metrics = metrics
         self.store: SessionStore = open_store(config.db, **_store_options(config.db))
+        checkpoint = getattr(self.store, "checkpoint", None)  # an SQLite file's thread
+        if checkpoint is not None:
+            metrics.watch_checkpoint(checkpoint)
         self.policy = config.policy or Policy()
         self._sessions: OrderedDict[tuple[str, str], Session] = OrderedDict()
         self._sessions_lock = threading.Lock()

@@ -6,9 +6,13 @@ process (tests) never share counters. ``/metrics`` renders it in the text format
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from ctxwarden.errors import MissingDependencyError
+
+if TYPE_CHECKING:
+    from ctxwarden.store.sqlite_checkpoint import BackgroundCheckpoint
 
 __all__ = ["METRIC_NAMES", "Metrics"]
 
@@ -116,7 +120,40 @@ class Metrics:
             "recalled_tokens", "Tokens of recalled originals the proxy sent upstream.", api, **ns
         )
 
+    def watch_checkpoint(self, checkpoint: BackgroundCheckpoint) -> None:
+        """Export what the SQLite store's checkpoint thread did, read at each scrape:
+        ``ctxwarden_sqlite_checkpoints_total{outcome}`` (``copied``, ``failed``) and
+        ``ctxwarden_sqlite_checkpointed_pages_total``."""
+        self.registry.register(_CheckpointCollector(checkpoint))
+
     def render(self) -> tuple[bytes, str]:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _CheckpointCollector:
+    """The checkpoint thread's counts, as Prometheus counters (see
+    :meth:`Metrics.watch_checkpoint`)."""
+
+    def __init__(self, checkpoint: BackgroundCheckpoint) -> None:
+        self._checkpoint = checkpoint
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        c = self._checkpoint
+        runs = CounterMetricFamily(
+            "ctxwarden_sqlite_checkpoints",
+            "Copies of the SQLite log into the database file by the server's checkpoint "
+            "thread, by outcome: copied, failed (the log then waits for the next one).",
+            labels=["outcome"],
+        )
+        runs.add_metric(["copied"], c.runs)
+        runs.add_metric(["failed"], c.failures)
+        yield runs
+        yield CounterMetricFamily(
+            "ctxwarden_sqlite_checkpointed_pages",
+            "Pages of the SQLite log the checkpoint thread copied into the database file.",
+            value=c.frames,
+        )

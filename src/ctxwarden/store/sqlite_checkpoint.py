@@ -34,8 +34,8 @@ class BackgroundCheckpoint:
 
     :meth:`committed` is called after each write commit, from any thread; it only counts
     (a count lost to a race between threads delays a checkpoint until the next commit or
-    ``seconds``). ``runs``, ``frames`` (pages copied) and ``error`` (the last failure, or
-    ``None``) say what the thread did."""
+    ``seconds``). ``runs``, ``frames`` (pages copied), ``failures`` and ``error`` (the last
+    failure, or ``None``) say what the thread did."""
 
     def __init__(
         self, path: str, *, timeout: float, commits: int = 100, seconds: float = 1.0
@@ -44,7 +44,7 @@ class BackgroundCheckpoint:
             raise ValueError(f"commits must be >= 1 and seconds > 0, got {commits}, {seconds}")
         self.path, self.timeout = path, timeout
         self.commits, self.seconds = commits, seconds
-        self.runs = self.frames = 0
+        self.runs = self.frames = self.failures = 0
         self.error: str | None = None
         self._pending = 0
         self._stopping = False
@@ -84,6 +84,7 @@ class BackgroundCheckpoint:
                     row = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                 except sqlite3.Error as exc:  # the next one starts on a new connection
                     self.error = f"{type(exc).__name__}: {exc}"
+                    self.failures += 1
                     if conn is not None:
                         conn.close()
                     conn = None
