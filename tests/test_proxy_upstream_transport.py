@@ -352,3 +352,37 @@ def test_calls_beyond_the_connection_limit_wait_for_one() -> None:
             await _stop(server)
 
     asyncio.run(run())
+
+
+def test_no_cookie_an_upstream_sets_is_sent_on_a_later_call() -> None:
+    """One upstream client serves every tenant: a cookie one response sets (here on
+    every response, as a CDN does) is never sent back, on a POST or a GET."""
+    cookies: list[bytes | None] = []
+
+    async def setting(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            lines = head.split(b"\r\n")
+            fields = dict(line.lower().split(b": ", 1) for line in lines[1:] if b": " in line)
+            await reader.readexactly(int(fields.get(b"content-length", b"0")))
+            cookies.append(fields.get(b"cookie"))
+            body = b'{"data": []}'
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                b"set-cookie: __cf_bm=tenant-a; Path=/; HttpOnly\r\n"
+                b"set-cookie: affinity=node-3\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            await writer.drain()
+
+    async def run() -> None:
+        async with _served(setting) as (up, _port):
+            for _ in range(3):
+                response = await up.open("/chat/completions", b"{}", up.headers(None, {}))
+                assert "set-cookie" in response.headers
+                await read_whole(up, response)
+            models = await up.get("/models", up.headers(None, {}))
+            assert models.status_code == 200
+            await up.open("/chat/completions", b"{}", up.headers(None, {}))
+
+    asyncio.run(run())
+    assert cookies == [None] * 5

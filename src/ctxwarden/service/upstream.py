@@ -6,11 +6,16 @@ before any byte goes to the client: a 4xx/5xx is returned whole, with its status
 body; a timeout is a 504 and an unreachable upstream a 502, in the provider's error
 shape. ``httpx2`` is the HTTP client the ``openai`` and ``anthropic`` SDKs use; its
 connections are :mod:`~ctxwarden.service.upstream_transport`'s.
+
+One client serves every tenant, so it keeps no cookies: an HTTP client's jar would send
+a cookie one tenant's response set (a CDN's ``__cf_bm``, a load balancer's affinity) on
+every later call, another tenant's too, tying their traffic together upstream.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from http.cookiejar import DefaultCookiePolicy
 from typing import Any
 
 from ctxwarden.errors import MissingDependencyError
@@ -57,6 +62,7 @@ class Upstream:
         self.client = httpx2.AsyncClient(
             timeout=httpx2.Timeout(timeout, connect=connect_timeout), transport=transport
         )
+        self.client.cookies.jar.set_policy(DefaultCookiePolicy(allowed_domains=[]))  # none kept
 
     async def aclose(self) -> None:
         await self.client.aclose()
