@@ -138,11 +138,15 @@ def test_bad_settings_are_refused(tmp_path: Path) -> None:
 
 def test_the_server_checkpoints_its_sqlite_file_in_the_background(tmp_path: Path) -> None:
     """A hub on an SQLite file runs the thread and exports what it did on ``/metrics``;
-    one in memory has neither."""
+    one in memory has neither, nor one whose config turns it off."""
 
-    def hub(db: str) -> Hub:
-        return Hub(ServiceConfig(db=db, upstream="http://127.0.0.1:9/v1"), Metrics())
+    def hub(db: str, **config: Any) -> Hub:
+        return Hub(ServiceConfig(db=db, upstream="http://127.0.0.1:9/v1", **config), Metrics())
 
+    off = hub(f"sqlite:///{tmp_path / 'off.db'}", background_checkpoint=False)
+    assert isinstance(off.store, SQLiteStore) and off.store.checkpoint is None
+    assert "ctxwarden_sqlite" not in off.metrics.render()[0].decode()
+    off.close()
     on_file = hub(f"sqlite:///{tmp_path / 'hub.db'}")
     in_memory = hub("sqlite:///:memory:")
     try:

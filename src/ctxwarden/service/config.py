@@ -48,6 +48,9 @@ class ServiceConfig:
     #: Threads that run store work and builds: ``None`` picks by store (SQLite: 0, on
     #: the event loop, or 1 with a broker; PostgreSQL: 4); see :mod:`ctxwarden.service.hub`.
     store_threads: int | None = None
+    #: On an SQLite file, copy its log into the database in a thread of its own rather
+    #: than in the commit that fills it (:mod:`ctxwarden.store.sqlite_checkpoint`).
+    background_checkpoint: bool = True
 
     def __post_init__(self) -> None:
         if self.upstream is None and self.anthropic_upstream is None:

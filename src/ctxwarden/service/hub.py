@@ -65,14 +65,15 @@ class Tenant:
         return self.record.tenant
 
 
-def _store_options(url: str) -> dict[str, Any]:
+def _store_options(config: ServiceConfig) -> dict[str, Any]:
     """PostgreSQL: a bounded wait for a pooled connection. An SQLite file: its log copied
-    into the file in a thread of its own, not inside a request's commit
-    (:mod:`~ctxwarden.store.sqlite_checkpoint`)."""
+    into the file in a thread of its own, not inside a request's commit, unless the
+    config says otherwise (:mod:`~ctxwarden.store.sqlite_checkpoint`)."""
+    url = config.db
     if url.startswith(("postgresql://", "postgres://")):
         return {"timeout": _POOL_WAIT}
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        return {"background_checkpoint": True}
+        return {"background_checkpoint": config.background_checkpoint}
     return {}
 
 
@@ -85,7 +86,7 @@ class Hub:
     def __init__(self, config: ServiceConfig, metrics: Metrics) -> None:
         self.config = config
         self.metrics = metrics
-        self.store: SessionStore = open_store(config.db, **_store_options(config.db))
+        self.store: SessionStore = open_store(config.db, **_store_options(config))
         checkpoint = getattr(self.store, "checkpoint", None)  # an SQLite file's thread
         if checkpoint is not None:
             metrics.watch_checkpoint(checkpoint)
