@@ -94,7 +94,7 @@ def test_the_thread_copies_every_commit_into_the_file(tmp_path: Path) -> None:
     while _rows_in_file_alone(db, tmp_path) < 150 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _rows_in_file_alone(db, tmp_path) == 150
-    assert store.checkpoint.runs >= 1 and store.checkpoint.frames > 0
+    assert store.checkpoint.runs >= 1 and store.checkpoint.copied_pages > 0
     assert store.checkpoint.error is None
     store.close()
     assert not store.checkpoint.running
@@ -158,10 +158,11 @@ def test_the_server_checkpoints_its_sqlite_file_in_the_background(tmp_path: Path
         while store.checkpoint.runs == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
         text = on_file.metrics.render()[0].decode()
-        copied = re.search(r'ctxwarden_sqlite_checkpoints_total\{outcome="copied"\} (\S+)', text)
-        pages = re.search(r"^ctxwarden_sqlite_checkpointed_pages_total (\S+)", text, re.M)
-        assert copied and float(copied.group(1)) >= 1, text
-        assert pages and float(pages.group(1)) > 0
+        runs = re.search(r'ctxwarden_sqlite_checkpoints_total\{outcome="copied"\} (\S+)', text)
+        pages = re.search(r"^ctxwarden_sqlite_log_pages (\S+)", text, re.M)
+        copied = re.search(r"^ctxwarden_sqlite_log_copied_pages (\S+)", text, re.M)
+        assert runs and float(runs.group(1)) >= 1, text
+        assert pages and copied and 0 < float(copied.group(1)) <= float(pages.group(1))
         assert 'ctxwarden_sqlite_checkpoints_total{outcome="failed"} 0.0' in text
         assert "ctxwarden_sqlite" not in in_memory.metrics.render()[0].decode()
     finally:

@@ -122,8 +122,8 @@ class Metrics:
 
     def watch_checkpoint(self, checkpoint: BackgroundCheckpoint) -> None:
         """Export what the SQLite store's checkpoint thread did, read at each scrape:
-        ``ctxwarden_sqlite_checkpoints_total{outcome}`` (``copied``, ``failed``) and
-        ``ctxwarden_sqlite_checkpointed_pages_total``."""
+        ``ctxwarden_sqlite_checkpoints_total{outcome}`` (``copied``, ``failed``),
+        ``ctxwarden_sqlite_log_pages`` and ``ctxwarden_sqlite_log_copied_pages``."""
         self.registry.register(_CheckpointCollector(checkpoint))
 
     def render(self) -> tuple[bytes, str]:
@@ -140,7 +140,7 @@ class _CheckpointCollector:
         self._checkpoint = checkpoint
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         c = self._checkpoint
         runs = CounterMetricFamily(
@@ -152,8 +152,13 @@ class _CheckpointCollector:
         runs.add_metric(["copied"], c.runs)
         runs.add_metric(["failed"], c.failures)
         yield runs
-        yield CounterMetricFamily(
-            "ctxwarden_sqlite_checkpointed_pages",
-            "Pages of the SQLite log the checkpoint thread copied into the database file.",
-            value=c.frames,
+        yield GaugeMetricFamily(
+            "ctxwarden_sqlite_log_pages",
+            "Pages in the SQLite log at the last checkpoint (since the log last started over).",
+            value=c.log_pages,
+        )
+        yield GaugeMetricFamily(
+            "ctxwarden_sqlite_log_copied_pages",
+            "Of those, the pages in the database file after it (fewer: readers held the rest).",
+            value=c.copied_pages,
         )

@@ -34,8 +34,10 @@ class BackgroundCheckpoint:
 
     :meth:`committed` is called after each write commit, from any thread; it only counts
     (a count lost to a race between threads delays a checkpoint until the next commit or
-    ``seconds``). ``runs``, ``frames`` (pages copied), ``failures`` and ``error`` (the last
-    failure, or ``None``) say what the thread did."""
+    ``seconds``). ``runs``, ``failures`` and ``error`` (the last failure, or ``None``) say
+    what the thread did; ``log_pages`` and ``copied_pages``, the log's pages and how many
+    of them were in the file after the last checkpoint (SQLite's own two counts, since
+    the log last started over: a page is counted again by each checkpoint until then)."""
 
     def __init__(
         self, path: str, *, timeout: float, commits: int = 100, seconds: float = 1.0
@@ -44,7 +46,7 @@ class BackgroundCheckpoint:
             raise ValueError(f"commits must be >= 1 and seconds > 0, got {commits}, {seconds}")
         self.path, self.timeout = path, timeout
         self.commits, self.seconds = commits, seconds
-        self.runs = self.frames = self.failures = 0
+        self.runs = self.failures = self.log_pages = self.copied_pages = 0
         self.error: str | None = None
         self._pending = 0
         self._stopping = False
@@ -90,8 +92,8 @@ class BackgroundCheckpoint:
                     conn = None
                     continue
                 self.runs += 1
-                if row is not None and int(row[2]) > 0:
-                    self.frames += int(row[2])
+                if row is not None and int(row[1]) >= 0:  # (-1, -1) when busy
+                    self.log_pages, self.copied_pages = int(row[1]), int(row[2])
         finally:
             if conn is not None:
                 conn.close()
