@@ -42,9 +42,29 @@ def test_bench_runs_and_checks_the_store(tmp_path: Path, api: str, paired: str) 
     cases = {(c["target"], c["client"], c["mode"]) for c in figures["cases"]}
     assert ("proxy", "sdk", "stream") in cases and ("direct", "httpx", "json") in cases
     assert all(c["errors"] == 0 and c["requests"] == 6 for c in figures["cases"])
+    for c in figures["cases"]:  # each call's latency, from which the percentiles come
+        assert len(c["latencies_ms"]) == 6 and min(c["latencies_ms"]) > 0
+        assert abs(max(c["latencies_ms"]) - c["p99_ms"]) < 0.001  # of six calls, the slowest
     assert all(c["seconds"] > 0 for c in figures["cases"]) and len(figures["cases"]) == 8
     assert all(c["cpu_seconds"] is not None for c in figures["cases"] if c["target"] == "proxy")
     assert "stored sessions checked: 12; problems: 0" in done.stdout
+
+
+def test_the_prepared_requests_are_kept_out_of_collections() -> None:
+    """The bench's own full collections walked its prepared requests mid-call (see
+    :func:`prepared`): they are frozen, every request's turns among them."""
+    import gc
+
+    from ctxwarden.bench.proxy import conversation, prepared
+
+    before = gc.get_freeze_count()
+    try:
+        histories, bodies = prepared(conversation(20), 3, "anthropic")
+        assert len(histories) == 3 and len(bodies[False]) == len(bodies[True]) == 3
+        turns = sum(len(h["messages"]) for h in histories)
+        assert gc.get_freeze_count() - before >= len(histories) + turns
+    finally:
+        gc.unfreeze()
 
 
 def test_the_reference_loop_is_timed_as_timeit_times_it() -> None:
