@@ -123,10 +123,12 @@ def prepared(
     dozen calls, and it landed in the same proxied call of every run (step 22), adding
     ~100 ms to the client's wait: the "p99 added" read +92 to +127 ms through the
     anthropic SDK and +12 ms frozen. The proxy did not do that work; the bench did."""
-    histories: list[Any] = [history_at(base, k) for k in range(steps)]
-    requests = [{"model": MODEL, "messages": h} for h in histories]
+    histories: list[Any]
     if api == "anthropic":
         histories = requests = anthropic_bodies(base, steps)
+    else:
+        histories = [history_at(base, k) for k in range(steps)]
+        requests = [{"model": MODEL, "messages": h} for h in histories]
     bodies = {s: [json.dumps({**r, "stream": s}).encode() for r in requests] for s in (False, True)}
     gc.collect()
     gc.freeze()

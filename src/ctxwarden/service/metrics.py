@@ -133,7 +133,7 @@ class Metrics:
 
 
 class _CheckpointCollector:
-    """The checkpoint thread's counts, as Prometheus counters (see
+    """The checkpoint thread's counts, as a Prometheus counter and two gauges (see
     :meth:`Metrics.watch_checkpoint`)."""
 
     def __init__(self, checkpoint: BackgroundCheckpoint) -> None:
