@@ -386,3 +386,52 @@ def test_no_cookie_an_upstream_sets_is_sent_on_a_later_call() -> None:
 
     asyncio.run(run())
     assert cookies == [None] * 5
+
+
+def test_sent_runs_once_the_whole_request_is_upstream_and_before_its_answer_is_read() -> None:
+    """The proxy writes its build log while upstream reads the context: ``sent`` is
+    awaited after the request (1 MB here, past the socket's buffer) has reached the
+    server whole, and the answer, sent at once, is read only after it; what it raises
+    closes the connection, which the server sees, and reaches the caller."""
+
+    async def run() -> None:
+        body = bytes(range(256)) * 4000
+        received = asyncio.Event()
+        closed = asyncio.Event()
+
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                got = await _request(reader)
+                received.set()
+                writer.write(_reply(b"len=%d" % len(got)))
+                await writer.drain()
+                if not got:
+                    break
+            with contextlib.suppress(Exception):
+                await reader.read()  # until the client closes
+            closed.set()
+
+        async with _served(answer) as (up, _):
+            order: list[str] = []
+
+            async def sent() -> None:
+                await asyncio.wait_for(received.wait(), 5)  # never set unless sent whole
+                order.append("sent")
+                await asyncio.sleep(0.05)  # the answer is in the socket meanwhile
+
+            response = await up.open("/chat/completions", body, {}, sent)
+            order.append("answered")
+            assert await read_whole(up, response) == b"len=%d" % len(body)
+            assert order == ["sent", "answered"]
+
+            received.clear()
+
+            async def fails() -> None:
+                await asyncio.wait_for(received.wait(), 5)
+                raise RuntimeError("the log could not be written")
+
+            with pytest.raises(RuntimeError, match="could not be written"):
+                await up.open("/chat/completions", b"", {}, fails)
+            await asyncio.wait_for(closed.wait(), 5)  # upstream saw the connection go
+
+    asyncio.run(run())

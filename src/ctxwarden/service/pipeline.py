@@ -3,13 +3,17 @@
 :func:`prepare` runs before any byte goes upstream, so every refusal (a budget smaller
 than what must be kept, a malformed message, an unknown model without a budget) is a
 plain error response. It appends the client's new messages
-(:func:`~ctxwarden.service.history.sync_history`), builds with
-:meth:`ctxwarden.Session.build` — the build every caller uses — within the smallest of
-the client's ``X-Ctxwarden-Max-Input-Tokens``, the tenant's cap and the policy's
-budget, which logs the build's audit (status ``forwarded``). :func:`finish` stores the reply (marked
-``partial`` when the stream was cut), the usage and its price, closes the build's row
-and moves the head past the reply in one transaction: a crash leaves all of it or none
-(then the row still says ``forwarded`` and the next call extends the head as before).
+(:func:`~ctxwarden.service.history.sync_history`) and builds with
+:meth:`ctxwarden.Session.build_unlogged` — the build every caller uses — within the
+smallest of the client's ``X-Ctxwarden-Max-Input-Tokens``, the tenant's cap and the
+policy's budget. The build's audit (status ``forwarded``) and sticky decisions are
+logged once the context is written upstream, while upstream reads it
+(:mod:`~ctxwarden.service.forward`), and in any case before the call ends: a crash in
+between (a millisecond or so) leaves no row for that call, as a crash before it was
+sent does. :func:`finish` stores the reply (marked ``partial`` when the stream was cut),
+the usage and its price, closes the build's row and moves the head past the reply in one
+transaction: a crash leaves all of it or none (then the row still says ``forwarded`` and
+the next call extends the head as before).
 """
 
 from __future__ import annotations
@@ -87,17 +91,17 @@ def prepare(hub: Hub, call: Call) -> Prepared:
         from ctxwarden.memory.recall import recall_tool
 
         tools = [*(tools or ()), recall_tool()]
-    build_id = uuid.uuid4().hex
-    built = synced.session.build(
+    pending = synced.session.build_unlogged(
         model=call.model,
         policy=call.tenant.policy,
         tools=tools,
-        build_id=build_id,
+        build_id=uuid.uuid4().hex,
         status="forwarded",
         amend=_with_summary_job(hub, call, synced.session),
         **kw,
     )
-    prepared = Prepared(call, synced, built, build_id)
+    built = pending.built
+    prepared = Prepared(call, synced, built, pending.build_id, pending)
     m, api = hub.metrics, call.api
     m.history_tokens.labels(api).inc(prepared.history_tokens)
     m.input_tokens.labels(api).inc(built.input_tokens)
@@ -134,6 +138,7 @@ def finish(
     the reply: one transaction (the reply's append), so a failure leaves none of it."""
     call, synced = prepared.call, prepared.synced
     session, head = synced.session, synced.head
+    prepared.pending.log()  # (written already unless upstream failed before the request went)
     dollars = _dollars(hub, call, usage) if usage is not None else 0.0
     end = CallEnd(
         call.tenant.name,

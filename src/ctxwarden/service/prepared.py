@@ -12,6 +12,7 @@ from ctxwarden import BuiltContext
 from ctxwarden.messages import Message
 from ctxwarden.service.history import Synced
 from ctxwarden.service.hub import Tenant
+from ctxwarden.session.session import PendingLog
 
 __all__ = ["Call", "Prepared"]
 
@@ -39,6 +40,7 @@ class Prepared:
     synced: Synced
     built: BuiltContext
     build_id: str
+    pending: PendingLog  # the build's log, written once the context is on its way upstream
 
     @property
     def history_tokens(self) -> int:

@@ -14,12 +14,12 @@ every later call, another tenant's too, tying their traffic together upstream.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from http.cookiejar import DefaultCookiePolicy
 from typing import Any
 
 from ctxwarden.errors import MissingDependencyError
-from ctxwarden.service.upstream_transport import Transport
+from ctxwarden.service.upstream_transport import SENT, Transport
 
 __all__ = ["Upstream", "UpstreamFailure"]
 
@@ -81,8 +81,16 @@ class Upstream:
             out["authorization"] = f"Bearer {key}"
         return out
 
-    async def open(self, path: str, body: bytes, headers: Mapping[str, str]) -> Any:
-        """Send ``body`` to ``path`` and return the response with its body unread.
+    async def open(
+        self,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        sent: Callable[[], Awaitable[None]] | None = None,
+    ) -> Any:
+        """Send ``body`` to ``path`` and return the response with its body unread;
+        ``sent``, when given, is awaited once the request is written, before the
+        response is waited for (what it raises closes the connection and is raised).
 
         The request is built by the client (its headers and timeouts) and handed to the
         transport directly: what ``client.send`` adds around it is for features this
@@ -92,7 +100,10 @@ class Upstream:
         url = self._urls.get(path)
         if url is None:  # parsed once per path: parsing is most of building a request
             url = self._urls[path] = self._httpx.URL(self.base_url + path)
-        request = self.client.build_request("POST", url, content=body, headers=dict(headers))
+        extensions = {SENT: sent} if sent is not None else None
+        request = self.client.build_request(
+            "POST", url, content=body, headers=dict(headers), extensions=extensions
+        )
         try:
             response = await self._transport.handle_async_request(request)
             response.request = request

@@ -27,13 +27,17 @@ import select
 import ssl
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httptools
 import httpx2
 
-__all__ = ["Transport"]
+__all__ = ["SENT", "Transport"]
+
+SENT = "ctxwarden.sent"
+"""A request extension: a coroutine function awaited once the request is written, before
+its response is waited for (the proxy writes its build log while upstream reads)."""
 
 _BUFFER = 64 * 1024
 """Reading pauses while this much of a response has arrived and is not read yet."""
@@ -156,10 +160,18 @@ class _Connection(asyncio.Protocol):
         finally:
             self.waiter = None
 
-    async def send(self, head: bytes, body: bytes, timeouts: dict[str, Any]) -> None:
-        """Write the request and wait for the response's head. The head and the body are
-        written one after the other: ``writelines`` would join them first (Python 3.11),
-        copying the body (hundreds of KB) once more."""
+    async def send(
+        self,
+        head: bytes,
+        body: bytes,
+        timeouts: dict[str, Any],
+        sent: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """Write the request, await ``sent()`` when given, and wait for the response's
+        head. The head and the body are written one after the other: ``writelines``
+        would join them first (Python 3.11), copying the body (hundreds of KB) once more.
+        ``sent`` runs once the whole request is handed to the socket, so upstream reads
+        and answers meanwhile (its answer waits in the socket)."""
         if self.closed or self.transport.is_closing():
             raise httpx2.WriteError("the upstream connection is closed")
         self._reset()
@@ -178,6 +190,8 @@ class _Connection(asyncio.Protocol):
                 self.drained = None
             if self.closed and self.error is not None:
                 raise httpx2.WriteError(str(self.error) or type(self.error).__name__)
+        if sent is not None:
+            await sent()
         while not self.head:
             self._check(complete=False)
             await self._wait(timeouts.get("read"), httpx2.ReadTimeout("timed out reading upstream"))
@@ -337,7 +351,7 @@ class Transport(httpx2.AsyncBaseTransport):
         conn: _Connection | None = None
         try:
             conn = self._idle_connection(origin) or await self._connect(origin, timeouts)
-            await conn.send(head, body, timeouts)
+            await conn.send(head, body, timeouts, request.extensions.get(SENT))
         except BaseException:
             if conn is not None:
                 conn.close()

@@ -35,6 +35,7 @@ the same model step, and both tiers are written together.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -68,7 +69,7 @@ if TYPE_CHECKING:
     from ctxwarden.memory.recall import Recalled
     from ctxwarden.memory.summaries import SummaryState, SummaryTrigger
 
-__all__ = ["Session", "SummaryWrite", "count_key"]
+__all__ = ["PendingLog", "Session", "SummaryWrite", "count_key"]
 
 
 _HEAD_SLACK = 8  # system messages that may precede the first pinned conversation messages
@@ -408,12 +409,36 @@ class Session:
         amend: Callable[[BuiltContext], BuiltContext] | None = None,
         **kw: Any,
     ) -> BuiltContext:
+        """Build the context and log it: :meth:`build_unlogged`, whose log this writes
+        at once (what every caller but the proxy wants)."""
+        pending = self.build_unlogged(
+            model, policy, summarizer=summarizer, build_id=build_id, status=status,
+            amend=amend, **kw,
+        )  # fmt: skip
+        pending.log()
+        return pending.built
+
+    def build_unlogged(
+        self,
+        model: str | None = None,
+        policy: Policy | None = None,
+        *,
+        summarizer: _SummarizerLike | None = None,
+        build_id: str | None = None,
+        status: str = "built",
+        amend: Callable[[BuiltContext], BuiltContext] | None = None,
+        **kw: Any,
+    ) -> PendingLog:
         """Build the context as :func:`ctxwarden.build_context` does, reading only what
         can fit, and keep the build's sticky decisions for the next one. The build's
         audit is logged in the store as the session's next turn, under ``build_id``
-        (default: a new one) with ``status`` (see :mod:`ctxwarden.session.build_log`);
-        ``amend``, when given, has the last word on the built context before it is logged
-        (the proxy adds the warning of a summary it could not enqueue).
+        (default: a new one) with ``status`` (see :mod:`ctxwarden.session.build_log`),
+        when the returned :class:`PendingLog`'s ``log()`` is called, with the sticky
+        decisions: the proxy sends the context upstream first and writes the log while
+        upstream reads it. Until then the store holds the session as before this build;
+        a log never written leaves it so, and the next build starts from the last one
+        logged. ``amend``, when given, has the last word on the built context before it
+        is logged (the proxy adds the warning of a summary it could not enqueue).
 
         The engine's state counts positions in the list it was given; the session keeps
         them as sequence numbers (``window_start_seq``, ``last_seq``) and translates them
@@ -482,14 +507,20 @@ class Session:
         if amend is not None:
             built = amend(built)
         counter = TokenCounter.for_model(model, self.registry)
-        log_build(self, built, read, start, counter=counter, build_id=build_id, status=status,
-                  sticky=saved.sticky, ledger=ledger, memo=self._logged,
-                  scope=record.created_at)  # fmt: skip
-        self._saved = saved
-        if ckpt is not None:
-            kept = replace(ckpt, saved=ckpt.upto) if save else ckpt
-            remember_checkpoint(self.store, self.tenant, self.session_id, record.created_at, kept)
-        return built
+        build_id = build_id or uuid.uuid4().hex
+
+        def write() -> None:
+            log_build(self, built, read, start, counter=counter, build_id=build_id,
+                      status=status, sticky=saved.sticky, ledger=ledger, memo=self._logged,
+                      scope=record.created_at)  # fmt: skip
+            self._saved = saved
+            if ckpt is not None:
+                kept = replace(ckpt, saved=ckpt.upto) if save else ckpt
+                remember_checkpoint(
+                    self.store, self.tenant, self.session_id, record.created_at, kept
+                )
+
+        return PendingLog(built, build_id, write)
 
     # -- recall -------------------------------------------------------------------------------
 
@@ -581,6 +612,33 @@ class Session:
     ) -> SummaryWrite | None:
         """:meth:`summarize` for callers without an event loop."""
         return asyncio.run(self.summarize(summarizer, extractor, **kw))
+
+
+class PendingLog:
+    """A session build whose log is not written yet (:meth:`Session.build_unlogged`).
+
+    ``built`` is the context; ``log()`` writes the build's row, its sticky decisions and
+    its ledger checkpoint in one transaction, once (a second call does nothing), and
+    returns the build id. A call that fails raises the store's error and may be made
+    again."""
+
+    __slots__ = ("_write", "build_id", "built")
+
+    def __init__(self, built: BuiltContext, build_id: str, write: Callable[[], None]) -> None:
+        self.built = built
+        self.build_id = build_id
+        self._write: Callable[[], None] | None = write
+
+    @property
+    def logged(self) -> bool:
+        return self._write is None
+
+    def log(self) -> str:
+        write = self._write
+        if write is not None:
+            write()
+            self._write = None
+        return self.build_id
 
 
 def _due(ckpt: LedgerCheckpoint) -> bool:
