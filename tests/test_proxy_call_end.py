@@ -26,6 +26,7 @@ from ctxwarden.store.service_tables import (
     latest_builds,
     list_builds,
     put_head,
+    record_build,
     tenant_by_key_hash,
 )
 
@@ -265,8 +266,11 @@ def test_a_build_logged_before_the_ends_table_ends_and_reads_as_before(tmp_path:
         assert isinstance(store, SqlStore)
         with Session(store, "s", tenant="t") as old:
             old.append([{"role": "user", "content": "hi"}])
-            for build_id in ("done", "open"):
-                old.build(build_id=build_id, status="forwarded")
+        for build_id in ("done", "open"):  # as 007 logged a forwarded call's build
+            record_build(
+                store, "t", "s", build_id=build_id, model="gpt-4o", history_tokens=1,
+                input_tokens=1, audit={}, status="forwarded",
+            )  # fmt: skip
         with store._write() as tx:  # as 007 ended a call: in its build row
             tx.execute("UPDATE ctxwarden_builds SET status = 'complete' WHERE build_id = 'done'")
             assert tx.execute(_TIME_INDEX)

@@ -58,6 +58,7 @@ def test_context_json_is_the_context_rows_as_stored(tmp_path: Path) -> None:
     history[3] = {**history[3], "content": "naïve ✓ 🙂", "name": "ann"}
     history.append({"role": "user", "content": "last", "ctxwarden": {"meta": {"n": 1, "ok": True}}})
     with Session(f"sqlite:///{tmp_path / 'c.db'}", "c") as s:
+        s.keep_contexts = 1  # each logged whole (from a base: tests/test_context_bases.py)
         s.append(history)
         for _ in range(2):  # the second time from the memo
             built = s.build(max_input_tokens=3_000, build_id=f"b{_}")

@@ -14,7 +14,15 @@ message as stored (most of a window: stored messages never change) is written as
 sequence number, ``{"layer": ..., "seq": n}`` (a run of them, consecutive in the context
 and in the store, as one row: ``{"layer": ..., "seq": n, "count": k}``), and read back
 whole (:func:`~ctxwarden.store.service_tables.build_context`): a proxied call logs a few
-kilobytes instead of its whole ~80 KB context again. The full-history size is the previous
+kilobytes instead of its whole ~80 KB context again. And the messages a context shares,
+from its start, with the session's last context logged whole (its *base*: the same
+message objects in the same layers) are logged as one first row naming that build and
+how many (``{"base": build_id, "count": n}``, :func:`context_delta`): a proxied
+session's window masks a hundred tool results, each logged whole as its placeholder,
+~29 KB a call, the same every call until the mask moves on. A context is logged whole
+when it shares less than half its messages with the base, or after
+``KEYFRAME_EVERY - 1`` logged from it; a base stays stored while a kept context begins
+with it. The full-history size is the previous
 row's plus the stored counts of the messages after it: the build's own slice has most of
 them, so a warm build reads nothing more, and a first build over an imported history
 reads only the counts column.
@@ -81,16 +89,21 @@ def context_rows(built: BuiltContext) -> list[dict[str, Any]]:
 
 
 class ContextMemo:
-    """What a session's last logged context was written as (speed only; a session holds
-    one and passes it to :func:`log_build`). The next build's context is mostly the same
-    message objects in the same layers, so its rows are written from where the two part
-    and taken as written before that: a proxied call wrote its ~240 rows again each time.
-    ``last`` is ``None`` until a build is logged, and after one that it cannot serve."""
+    """What a session's last logged contexts were written as (a session holds one and
+    passes it to :func:`log_build`). The next build's context is mostly the same message
+    objects in the same layers, so its rows are written from where the two part and
+    taken as written before that (``last``: a proxied call wrote its ~240 rows again each
+    time); and it is logged as the first messages of the last context logged whole, its
+    *base*, and the rest (``base``, ``since``: how many were logged so since). ``last``
+    is ``None`` until a build is logged, and after one that it cannot serve; ``base`` is
+    set only once its row is committed, so no logged context names a base never stored."""
 
-    __slots__ = ("last",)
+    __slots__ = ("base", "last", "since")
 
     def __init__(self) -> None:
         self.last: _Written | None = None
+        self.base: tuple[str, _Written] | None = None  # build id, as written
+        self.since = 0
 
 
 @dataclass(frozen=True)
@@ -107,6 +120,77 @@ def _shared(last: _Written, messages: Sequence[Message], layers: Sequence[str]) 
     differ = map(or_, map(is_not, last.messages, messages), map(ne, last.layers, layers))
     first = next(itertools.compress(itertools.count(), differ), None)
     return min(len(last.messages), len(messages)) if first is None else first
+
+
+class _Rows:
+    """Writes built messages as logged rows, as pieces joined once at the end: a message
+    equal to one of the build's slice as its sequence number, consecutive ones of one
+    layer as one run (see the module docstring), any other whole."""
+
+    __slots__ = ("ends", "heads", "parts", "refs", "run", "seq_of")
+
+    def __init__(self, seq_of: Mapping[str, StoredMessage], parts: list[bytes]) -> None:
+        self.seq_of = seq_of
+        self.parts = parts  # joined once: no row is made and copied again
+        self.run: list[Any] = []  # the open run of stored messages: [layer, first seq, count]
+        self.ends: list[tuple[int, tuple[Any, ...]]] = []  # after each message
+        self.heads: dict[str, bytes] = {}
+        self.refs: dict[str, bytes] = {}
+
+    def close_run(self) -> None:
+        run, parts = self.run, self.parts
+        layer, first, count = run
+        ref = self.refs.get(layer)
+        if ref is None:
+            ref = self.refs[layer] = f'{{"layer": {dumps(layer)}, "seq": '.encode()
+        more = b"}, " if count == 1 else b', "count": %d}, ' % count
+        parts.extend((ref, str(first).encode(), more))
+        run.clear()
+
+    def write(self, messages: Sequence[Message], layers: Sequence[str]) -> None:
+        """Rows for ``messages`` (raises ``UnicodeEncodeError`` for text UTF-8 cannot hold)."""
+        seq_of, parts, run, ends, heads = self.seq_of, self.parts, self.run, self.ends, self.heads
+        for m, layer in zip(messages, layers, strict=True):
+            found = seq_of.get(m.id)
+            # an edited message (cut, masked) has other content: unequal without comparing
+            # every field, as the dataclass's == would
+            if found is not None and (
+                found.message is m or (found.message.content == m.content and found.message == m)
+            ):
+                if run and run[0] == layer and run[1] + run[2] == found.seq:
+                    run[2] += 1
+                else:
+                    if run:
+                        self.close_run()
+                    run += (layer, found.seq, 1)
+                ends.append((len(parts), tuple(run)))
+                continue
+            if run:
+                self.close_run()
+            head = heads.get(layer)
+            if head is None:
+                head = heads[layer] = f'{{"layer": {dumps(layer)}, "message": '.encode()
+            parts += (head, meta_message_bytes(m), b"}, ")
+            ends.append((len(parts), ()))
+
+    def joined(self) -> bytes:
+        """The rows as one JSON array (the open run closed)."""
+        if self.run:
+            self.close_run()
+        parts = self.parts
+        if not parts:
+            return b"[]"
+        # the last row's "}, " or '..., "count": n}, '
+        return b"".join((b"[", *parts[:-1], parts[-1][:-2], b"]"))
+
+
+def _layers(built: BuiltContext) -> list[str]:
+    layer_of = built.layers.get
+    return [layer_of(m.id, "window") for m in built.messages]
+
+
+def _by_id(stored: Sequence[StoredMessage] | None) -> dict[str, StoredMessage]:
+    return {s.message.id: s for s in stored} if stored else {}
 
 
 def context_utf8(
@@ -130,68 +214,64 @@ def context_utf8(
     taken as written then: the same objects in the same layers, and a slice whose ids are
     unique (so a message is found in it as it was), give the same rows."""
     messages = built.messages
-    layer_of = built.layers.get
-    layers = [layer_of(m.id, "window") for m in messages]
-    seq_of = {s.message.id: s for s in stored} if stored else {}
+    layers = _layers(built)
+    seq_of = _by_id(stored)
     unique = scope is not None and len(seq_of) == len(stored or ())
     last = memo.last if memo is not None and unique else None
     shared = _shared(last, messages, layers) if last is not None and last.scope == scope else 0
-    heads: dict[str, bytes] = {}
-    refs: dict[str, bytes] = {}
-    parts: list[bytes] = []  # joined once: no row is made and copied again
-    run: list[Any] = []  # the open run of stored messages: [layer, first seq, count]
-    ends: list[tuple[int, tuple[Any, ...]]] = []
+    rows = _Rows(seq_of, [])
     if last is not None and shared:
         pieces, open_run = last.ends[shared - 1]
-        parts += last.parts[:pieces]
-        run += open_run
-        ends += last.ends[:shared]
-
-    def close_run() -> None:
-        layer, first, count = run
-        ref = refs.get(layer)
-        if ref is None:
-            ref = refs[layer] = f'{{"layer": {dumps(layer)}, "seq": '.encode()
-        more = b"}, " if count == 1 else b', "count": %d}, ' % count
-        parts.extend((ref, str(first).encode(), more))
-        run.clear()
-
+        rows.parts += last.parts[:pieces]
+        rows.run += open_run
+        rows.ends += last.ends[:shared]
     try:
-        for m, layer in zip(messages[shared:], layers[shared:], strict=True):
-            found = seq_of.get(m.id)
-            # an edited message (cut, masked) has other content: unequal without comparing
-            # every field, as the dataclass's == would
-            if found is not None and (
-                found.message is m or (found.message.content == m.content and found.message == m)
-            ):
-                if run and run[0] == layer and run[1] + run[2] == found.seq:
-                    run[2] += 1
-                else:
-                    if run:
-                        close_run()
-                    run += (layer, found.seq, 1)
-                ends.append((len(parts), tuple(run)))
-                continue
-            if run:
-                close_run()
-            head = heads.get(layer)
-            if head is None:
-                head = heads[layer] = f'{{"layer": {dumps(layer)}, "message": '.encode()
-            parts += (head, meta_message_bytes(m), b"}, ")
-            ends.append((len(parts), ()))
+        rows.write(messages[shared:], layers[shared:])
     except UnicodeEncodeError:
         if memo is not None:
             memo.last = None
         return json_text(context_rows(built)).encode()
     if memo is not None:
-        written = (scope, tuple(messages), tuple(layers), tuple(parts), tuple(ends))
+        written = (scope, tuple(messages), tuple(layers), tuple(rows.parts), tuple(rows.ends))
         memo.last = _Written(*written) if unique else None
-    if run:
-        close_run()
-    if not parts:
-        return b"[]"
-    # the last row's "}, " or '..., "count": n}, '
-    return b"".join((b"[", *parts[:-1], parts[-1][:-2], b"]"))
+    return rows.joined()
+
+
+KEYFRAME_EVERY = 25
+"""At most this many contexts in a row are logged from one base (it included): a base
+stays while a kept context begins with it, so this bounds how long it outlives its turn."""
+
+
+def context_delta(
+    built: BuiltContext,
+    stored: Sequence[StoredMessage] | None,
+    memo: ContextMemo,
+    scope: Hashable,
+    every: int = KEYFRAME_EVERY,
+) -> tuple[bytes, str] | None:
+    """``built``'s context logged from the memo's base, and the base's build id: a first
+    row ``{"base": build_id, "count": n}`` standing for the first ``n`` messages of the
+    base's context (the same objects in the same layers: rows that read back as they do
+    there), then the rest as :func:`context_utf8` writes them. ``None`` when it should be
+    logged whole: no base for this session, fewer than half of the messages shared, or
+    ``every - 1`` contexts logged from this base already."""
+    if memo.base is None or memo.since + 1 >= every:
+        return None
+    build_id, base = memo.base
+    if base.scope != scope:
+        return None
+    messages = built.messages
+    layers = _layers(built)
+    shared = _shared(base, messages, layers)
+    if not shared or 2 * shared < len(messages):
+        return None
+    head = b'{"base": %s, "count": %d}, ' % (dumps(build_id).encode(), shared)
+    rows = _Rows(_by_id(stored), [head])
+    try:
+        rows.write(messages[shared:], layers[shared:])
+    except UnicodeEncodeError:
+        return None  # (logged whole, with its escapes)
+    return rows.joined(), build_id
 
 
 def context_json(built: BuiltContext) -> str:
@@ -361,6 +441,18 @@ def log_build(
     build_id = build_id or uuid.uuid4().hex
     upto = read[-1].seq if read else -1
     keep_contexts = session.keep_contexts
+    context: bytes | None = None
+    base: str | None = None
+    whole: list[bool] = []  # the context was logged whole (it is the next base)
+
+    def whole_context() -> bytes:
+        whole.append(True)
+        return context_utf8(built, read, memo, scope)
+
+    if keep_contexts > 0:
+        every = min(KEYFRAME_EVERY, keep_contexts)
+        delta = context_delta(built, read, memo, scope, every) if memo is not None else None
+        context, base = delta if delta is not None else (whole_context(), None)
     record_build(
         session.store,
         session.tenant,
@@ -372,12 +464,22 @@ def log_build(
         audit=audit_json(built.audit),
         status=status,
         upto_seq=upto,
-        context=context_utf8(built, read, memo, scope) if keep_contexts > 0 else None,
+        context=context,
         keep=session.keep_builds,
         keep_contexts=keep_contexts,
         # a library build's row is advisory (a crash may lose the newest); the proxy's
         # ``forwarded`` row must survive one, to say the call never finished
         durable=status != "built",
         also=save_sticky,
+        context_base=base,
+        whole_context=whole_context,
     )
+    if memo is not None and context is not None:  # committed: a base the next may name
+        last = memo.last
+        if whole and last is not None and last.scope == scope:
+            memo.base, memo.since = (build_id, last), 0
+        elif whole:
+            memo.base = None
+        else:
+            memo.since += 1
     return build_id

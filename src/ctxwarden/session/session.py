@@ -48,8 +48,9 @@ from ctxwarden.registry.catalog import Registry
 from ctxwarden.registry.usage import Usage
 from ctxwarden.session import state as session_state
 from ctxwarden.session.build_log import KEEP_BUILDS, KEEP_CONTEXTS, ContextMemo, log_build
-from ctxwarden.session.cycle import SummaryWrite, summary_cycle
+from ctxwarden.session.cycle import SummaryWrite, focusing, summary_cycle
 from ctxwarden.session.ledger_memo import SeqMemo
+from ctxwarden.session.pending_log import PendingLog
 from ctxwarden.session.tail_memo import TailMemo, count_key, last_block, with_tail
 from ctxwarden.store import SessionStore, StoredMessage, StoredSession, open_store
 from ctxwarden.store.ledger_checkpoint import (
@@ -399,22 +400,10 @@ class Session:
         return advanced, ledger_warnings(ckpt, advanced, damage)
 
     def build(
-        self,
-        model: str | None = None,
-        policy: Policy | None = None,
-        *,
-        summarizer: _SummarizerLike | None = None,
-        build_id: str | None = None,
-        status: str = "built",
-        amend: Callable[[BuiltContext], BuiltContext] | None = None,
-        **kw: Any,
+        self, model: str | None = None, policy: Policy | None = None, **kw: Any
     ) -> BuiltContext:
-        """Build the context and log it: :meth:`build_unlogged`, whose log this writes
-        at once (what every caller but the proxy wants)."""
-        pending = self.build_unlogged(
-            model, policy, summarizer=summarizer, build_id=build_id, status=status,
-            amend=amend, **kw,
-        )  # fmt: skip
+        """:meth:`build_unlogged` (same arguments), its log written at once."""
+        pending = self.build_unlogged(model, policy, **kw)
         pending.log()
         return pending.built
 
@@ -432,13 +421,11 @@ class Session:
         """Build the context as :func:`ctxwarden.build_context` does, reading only what
         can fit, and keep the build's sticky decisions for the next one. The build's
         audit is logged in the store as the session's next turn, under ``build_id``
-        (default: a new one) with ``status`` (see :mod:`ctxwarden.session.build_log`),
-        when the returned :class:`PendingLog`'s ``log()`` is called, with the sticky
-        decisions: the proxy sends the context upstream first and writes the log while
-        upstream reads it. Until then the store holds the session as before this build;
-        a log never written leaves it so, and the next build starts from the last one
-        logged. ``amend``, when given, has the last word on the built context before it
-        is logged (the proxy adds the warning of a summary it could not enqueue).
+        (default: a new one) with ``status`` (see :mod:`ctxwarden.session.build_log`)
+        and the sticky decisions, by the returned :class:`PendingLog`'s ``log()``; until
+        then (or if never) the store holds the session as before this build. ``amend``
+        has the last word on the built context before it is logged (the proxy adds the
+        warning of a summary it could not enqueue).
 
         The engine's state counts positions in the list it was given; the session keeps
         them as sequence numbers (``window_start_seq``, ``last_seq``) and translates them
@@ -495,30 +482,29 @@ class Session:
             state=previous if previous is not None else BuildState(),
             info=info,
             layer_state=session_state.layers_for(record, history, seqs),
-            summarizer=_focusing(summarizer if summarizer is not None else self.summarizer),
+            summarizer=focusing(summarizer if summarizer is not None else self.summarizer),
             earlier=ckpt.ledger if ckpt is not None and len(ckpt.ledger) else None,
             tools=kw.get("tools"),
             pre=((), notes),
         )
         self._ledger_memo = SeqMemo.of(built.state, seqs)
-        save = ckpt is not None and _due(ckpt)
+        ahead = ckpt.upto - ckpt.saved if ckpt is not None else 0  # (LEDGER_SAVE_EVERY)
+        save = ckpt is not None and ahead > 0 and (ckpt.saved < 0 or ahead >= LEDGER_SAVE_EVERY)
         saved = session_state.SavedState.of(built.state, seqs)
         ledger = ckpt.encode() if save and ckpt is not None else None
         if amend is not None:
             built = amend(built)
         counter = TokenCounter.for_model(model, self.registry)
-        build_id = build_id or uuid.uuid4().hex
+        build_id, scope = build_id or uuid.uuid4().hex, record.created_at
 
         def write() -> None:
             log_build(self, built, read, start, counter=counter, build_id=build_id,
                       status=status, sticky=saved.sticky, ledger=ledger, memo=self._logged,
-                      scope=record.created_at)  # fmt: skip
+                      scope=scope)  # fmt: skip
             self._saved = saved
             if ckpt is not None:
                 kept = replace(ckpt, saved=ckpt.upto) if save else ckpt
-                remember_checkpoint(
-                    self.store, self.tenant, self.session_id, record.created_at, kept
-                )
+                remember_checkpoint(self.store, self.tenant, self.session_id, scope, kept)
 
         return PendingLog(built, build_id, write)
 
@@ -612,47 +598,3 @@ class Session:
     ) -> SummaryWrite | None:
         """:meth:`summarize` for callers without an event loop."""
         return asyncio.run(self.summarize(summarizer, extractor, **kw))
-
-
-class PendingLog:
-    """A session build whose log is not written yet (:meth:`Session.build_unlogged`).
-
-    ``built`` is the context; ``log()`` writes the build's row, its sticky decisions and
-    its ledger checkpoint in one transaction, once (a second call does nothing), and
-    returns the build id. A call that fails raises the store's error and may be made
-    again."""
-
-    __slots__ = ("_write", "build_id", "built")
-
-    def __init__(self, built: BuiltContext, build_id: str, write: Callable[[], None]) -> None:
-        self.built = built
-        self.build_id = build_id
-        self._write: Callable[[], None] | None = write
-
-    @property
-    def logged(self) -> bool:
-        return self._write is None
-
-    def log(self) -> str:
-        write = self._write
-        if write is not None:
-            write()
-            self._write = None
-        return self.build_id
-
-
-def _due(ckpt: LedgerCheckpoint) -> bool:
-    """Whether a build should store ``ckpt`` (see ``LEDGER_SAVE_EVERY``)."""
-    ahead = ckpt.upto - ckpt.saved
-    return ahead > 0 and (ckpt.saved < 0 or ahead >= LEDGER_SAVE_EVERY)
-
-
-def _focusing(summarizer: Any) -> Any:
-    """The summariser a build focuses the stored summary with: the spec ``"offline"``
-    as the offline summariser (focusing reads the stored text, whatever store size
-    wrote it); a provider spec cannot focus and is not resolved (no client is made)."""
-    if summarizer == "offline":
-        from ctxwarden.llm.offline import OfflineSummarizer
-
-        return OfflineSummarizer()
-    return summarizer

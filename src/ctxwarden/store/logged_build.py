@@ -9,9 +9,13 @@ written out:
   (:func:`audit_from_text`);
 - a built message that is a stored message as stored, logged as its sequence number
   (``{"layer": ..., "seq": n}``), or a run of them as the first number and a count
-  (``..., "count": k}``), comes back as the stored message (:func:`context_from_rows`).
+  (``..., "count": k}``), comes back as the stored message (:func:`context_from_rows`);
+- a context that begins as an earlier build's did, logged as a first row naming that
+  build and how many of its messages (``{"base": build_id, "count": n}``), begins with
+  those messages of the base's context, one row each (:func:`based_on`,
+  :func:`one_row_each`: the reader joins them, since the base is another row).
 
-Rows logged before either form read as they always did.
+Rows logged before any of these forms read as they always did.
 """
 
 from __future__ import annotations
@@ -20,7 +24,11 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["audit_from_text", "context_from_rows"]
+from ctxwarden.errors import ConfigError
+from ctxwarden.store._sql import SqlStore
+from ctxwarden.store.base import SessionStore
+
+__all__ = ["audit_from_text", "based_on", "build_context", "context_from_rows", "one_row_each"]
 
 
 def audit_from_text(text: str) -> Any:
@@ -71,6 +79,31 @@ def _refs(row: Mapping[str, Any]) -> Sequence[Any]:
     return (seq,)
 
 
+def based_on(rows: Sequence[Any]) -> tuple[str, int] | None:
+    """``(build id, n)`` when a logged context begins with the first ``n`` messages of
+    that build's (its first row says so), else ``None``."""
+    first = rows[0] if rows else None
+    if isinstance(first, dict) and "base" in first and "layer" not in first:
+        base, count = first["base"], first.get("count")
+        if isinstance(base, str) and type(count) is int and count >= 0:
+            return base, count
+    return None
+
+
+def one_row_each(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """A logged context's rows with each run of stored messages split into one row per
+    message (``{"layer": ..., "seq": n}``): one row per built message."""
+    out: list[Mapping[str, Any]] = []
+    for row in rows:
+        seqs = _refs(row)
+        if isinstance(seqs, range):
+            layer = row["layer"]
+            out += ({"layer": layer, "seq": seq} for seq in seqs)
+        else:
+            out.append(row)
+    return out
+
+
 def _runs(seqs: Sequence[int]) -> list[tuple[int, int]]:
     """Sorted ``seqs`` as runs of consecutive numbers, ``(first, last)`` each."""
     runs: list[tuple[int, int]] = []
@@ -80,3 +113,46 @@ def _runs(seqs: Sequence[int]) -> list[tuple[int, int]]:
         else:
             runs.append((seq, seq))
     return runs
+
+
+def _sql_store(store: SessionStore) -> SqlStore:
+    if not isinstance(store, SqlStore):
+        raise ConfigError(
+            f"the service needs a SQL store (sqlite:/// or postgresql://), got {store.url!r}"
+        )
+    return store
+
+
+def build_context(
+    store: SessionStore, tenant: str, session_id: str, build_id: str
+) -> list[dict[str, Any]] | None:
+    """The built messages stored with a build (``None`` when it is too old to keep them),
+    each ``{"layer": ..., "message": ...}``; one logged as the sequence number of the
+    stored message it is, or in a run of them, or among the first messages of an earlier
+    build's context (:mod:`ctxwarden.session.build_log`), is read back whole."""
+    with _sql_store(store)._read() as tx:
+        rows = tx.execute(
+            "SELECT context FROM ctxwarden_build_contexts "
+            "WHERE tenant = ? AND session_id = ? AND build_id = ?",
+            (tenant, session_id, build_id),
+        )
+        found = json.loads(rows[0][0]) if rows and rows[0][0] is not None else None
+        base = based_on(found) if found is not None else None
+        if found is not None and base is not None:
+            first = tx.execute(
+                "SELECT context FROM ctxwarden_build_contexts "
+                "WHERE tenant = ? AND session_id = ? AND build_id = ?",
+                (tenant, session_id, base[0]),
+            )
+            if not first:
+                return None
+            found = [*one_row_each(json.loads(first[0][0]))[: base[1]], *found[1:]]
+    if found is None:
+        return None
+    from ctxwarden.formats.openai_json import meta_message_bytes
+
+    def read(lo: int, hi: int) -> Iterable[tuple[int, Any]]:
+        for m in store.range(tenant, session_id, lo, hi):
+            yield m.seq, json.loads(meta_message_bytes(m.message))
+
+    return context_from_rows(found, read)

@@ -233,6 +233,15 @@ MIGRATIONS: tuple[Migration, ...] = (
             "DROP INDEX IF EXISTS ctxwarden_builds_time",
         ),
     ),
+    Migration(
+        "010_build_context_bases",
+        (
+            # a logged context may start with the first messages of an earlier build's
+            # (its base, named here): consecutive builds of a session share most of their
+            # context, and writing it whole again was most of the bytes a call wrote
+            "ALTER TABLE ctxwarden_build_contexts ADD COLUMN base TEXT",
+        ),
+    ),
 )
 
 REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
@@ -298,7 +307,9 @@ REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
             "context",
         ]
     ),
-    "ctxwarden_build_contexts": frozenset(["tenant", "session_id", "build_id", "turn", "context"]),
+    "ctxwarden_build_contexts": frozenset(
+        ["tenant", "session_id", "build_id", "turn", "context", "base"]
+    ),
     "ctxwarden_build_ends": frozenset(["tenant", "session_id", "build_id", "status"]),
     "ctxwarden_heads": frozenset(
         [

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,7 @@ from ctxwarden.errors import ConfigError
 from ctxwarden.registry.usage import Usage
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.base import SessionStore, json_text
-from ctxwarden.store.logged_build import audit_from_text, context_from_rows
+from ctxwarden.store.logged_build import audit_from_text, build_context
 from ctxwarden.store.migrations import Tx
 
 __all__ = [
@@ -331,6 +331,8 @@ def record_build(
     keep_contexts: int | None = None,
     durable: bool = True,
     also: Callable[[Tx], object] | None = None,
+    context_base: str | None = None,
+    whole_context: Callable[[], bytes] | None = None,
 ) -> int:
     """Store a build's audit as the session's next turn and return the turn's number.
 
@@ -341,7 +343,13 @@ def record_build(
     the size of its bounds. ``durable=False`` lets the backend relax durability for
     this write (PostgreSQL: no wait for the WAL flush, which was most of the write):
     a crash may lose the newest rows, never a message. ``also(tx)`` writes more in the
-    same transaction (the build's sticky decisions)."""
+    same transaction (the build's sticky decisions).
+
+    ``context_base`` says ``context`` starts from the first messages of that build's
+    logged context (its first row, ``{"base": ..., "count": n}``, see
+    :mod:`ctxwarden.session.build_log`); the base must be stored whole (no base of its
+    own), else ``whole_context()`` is written instead. A base stays while a kept context
+    starts from it, though it is older than the bound."""
     sql = _sql(store)
     with sql._write() as tx:
         if not durable and sql._advisory_write:
@@ -369,15 +377,27 @@ def record_build(
                 upto_seq,
             ),
         )
+        if context is not None and context_base is not None:
+            based = tx.execute(
+                f"SELECT 1 FROM ctxwarden_build_contexts {where} AND build_id = ? AND base IS NULL",
+                (tenant, session_id, context_base),
+            )
+            if not based:  # (pruned by another writer, or never written): whole, then
+                if whole_context is None:
+                    raise ValueError(f"the base context of build {context_base!r} is not stored")
+                context, context_base = whole_context(), None
         if context is not None:
             if isinstance(context, bytes):
                 place, value = sql._utf8_text(context)
             else:
                 place, value = "?", context if isinstance(context, str) else json_text([*context])
+            column: tuple[str, str, tuple[str, ...]] = ("", "", ())  # (a base: one more)
+            if context_base is not None:
+                column = (", base", ", ?", (context_base,))
             tx.execute(
                 "INSERT INTO ctxwarden_build_contexts (tenant, session_id, build_id, turn, "
-                f"context) VALUES (?, ?, ?, ?, {place})",
-                (tenant, session_id, build_id, turn, value),
+                f"context{column[0]}) VALUES (?, ?, ?, ?, {place}{column[1]})",
+                (tenant, session_id, build_id, turn, value, *column[2]),
             )
         # (no row has a negative turn: a bound below zero has nothing to delete)
         if keep is not None and turn - max(1, keep) >= 0:
@@ -391,10 +411,13 @@ def record_build(
         bounds = [max(1, keep)] if keep is not None else []
         if keep_contexts is not None:
             bounds.append(max(0, keep_contexts))
-        if bounds and turn - min(bounds) >= 0:  # the newest contexts only, none outliving its row
+        if bounds and turn - min(bounds) >= 0:  # the newest contexts only, and their bases
+            oldest = turn - min(bounds)
             tx.execute(
-                f"DELETE FROM ctxwarden_build_contexts {where} AND turn <= ?",
-                (tenant, session_id, turn - min(bounds)),
+                f"DELETE FROM ctxwarden_build_contexts {where} AND turn <= ? AND build_id NOT IN "
+                f"(SELECT base FROM ctxwarden_build_contexts {where} AND turn > ? "
+                "AND base IS NOT NULL)",
+                (tenant, session_id, oldest, tenant, session_id, oldest),
             )
     return turn
 
@@ -529,30 +552,6 @@ def latest_builds(store: SessionStore, tenant: str) -> dict[str, BuildRecord]:
             (tenant, tenant),
         )
     return {r[1]: _build(r) for r in rows}
-
-
-def build_context(
-    store: SessionStore, tenant: str, session_id: str, build_id: str
-) -> list[dict[str, Any]] | None:
-    """The built messages stored with a build (``None`` when it is too old to keep them),
-    each ``{"layer": ..., "message": ...}``; one logged as the sequence number of the
-    stored message it is, or in a run of them (:mod:`ctxwarden.session.build_log`), is
-    read back whole."""
-    with _sql(store)._read() as tx:
-        rows = tx.execute(
-            "SELECT context FROM ctxwarden_build_contexts "
-            "WHERE tenant = ? AND session_id = ? AND build_id = ?",
-            (tenant, session_id, build_id),
-        )
-    if not rows or rows[0][0] is None:
-        return None
-    from ctxwarden.formats.openai_json import meta_message_bytes
-
-    def read(lo: int, hi: int) -> Iterable[tuple[int, Any]]:
-        for m in store.range(tenant, session_id, lo, hi):
-            yield m.seq, json.loads(meta_message_bytes(m.message))
-
-    return context_from_rows(json.loads(rows[0][0]), read)
 
 
 def delete_session(store: SessionStore, tenant: str, session_id: str) -> bool:
