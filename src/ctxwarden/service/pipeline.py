@@ -101,7 +101,7 @@ def prepare(hub: Hub, call: Call) -> Prepared:
         **kw,
     )
     built = pending.built
-    prepared = Prepared(call, synced, built, pending.build_id, pending)
+    prepared = Prepared(call, synced, pending)
     m, api = hub.metrics, call.api
     m.history_tokens.labels(api).inc(prepared.history_tokens)
     m.input_tokens.labels(api).inc(built.input_tokens)

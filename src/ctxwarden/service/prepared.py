@@ -12,7 +12,7 @@ from ctxwarden import BuiltContext
 from ctxwarden.messages import Message
 from ctxwarden.service.history import Synced
 from ctxwarden.service.hub import Tenant
-from ctxwarden.session.session import PendingLog
+from ctxwarden.session.pending_log import PendingLog
 
 __all__ = ["Call", "Prepared"]
 
@@ -38,9 +38,15 @@ class Call:
 class Prepared:
     call: Call
     synced: Synced
-    built: BuiltContext
-    build_id: str
-    pending: PendingLog  # the build's log, written once the context is on its way upstream
+    pending: PendingLog  # the build, its log written once the context is on its way upstream
+
+    @property
+    def built(self) -> BuiltContext:
+        return self.pending.built
+
+    @property
+    def build_id(self) -> str:
+        return self.pending.build_id
 
     @property
     def history_tokens(self) -> int:

@@ -475,11 +475,8 @@ def log_build(
         whole_context=whole_context,
     )
     if memo is not None and context is not None:  # committed: a base the next may name
-        last = memo.last
-        if whole and last is not None and last.scope == scope:
-            memo.base, memo.since = (build_id, last), 0
-        elif whole:
-            memo.base = None
+        if whole:  # (``last``: as context_utf8 just wrote it for ``scope``, or None)
+            memo.base, memo.since = (build_id, memo.last) if memo.last else None, 0
         else:
             memo.since += 1
     return build_id

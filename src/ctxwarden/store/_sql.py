@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager
 from functools import lru_cache
 from typing import Any, Literal, overload
 
-from ctxwarden.errors import StoreError, VersionConflict
+from ctxwarden.errors import ConfigError, StoreError, VersionConflict
 from ctxwarden.messages import Message
 from ctxwarden.registry.usage import Usage
 from ctxwarden.store.base import (
@@ -587,3 +587,13 @@ class SqlStore(ABC):
         return _session(rows[0])
 
     _select_for_update = False
+
+
+def sql_store(store: Any) -> SqlStore:
+    """``store`` as one of the SQL backends; a clear error for any other store (the
+    service's tables and the build log live in SQL)."""
+    if not isinstance(store, SqlStore):
+        raise ConfigError(
+            f"the service needs a SQL store (sqlite:/// or postgresql://), got {store.url!r}"
+        )
+    return store

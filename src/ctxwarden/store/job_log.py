@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from ctxwarden.store._sql import sql_store as _sql
 from ctxwarden.store.base import SessionStore
-from ctxwarden.store.service_tables import _sql
 
 __all__ = ["JobAttempt", "end_attempt", "job_attempts", "start_attempt"]
 

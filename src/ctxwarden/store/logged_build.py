@@ -24,8 +24,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from ctxwarden.errors import ConfigError
-from ctxwarden.store._sql import SqlStore
+from ctxwarden.store._sql import sql_store
 from ctxwarden.store.base import SessionStore
 
 __all__ = ["audit_from_text", "based_on", "build_context", "context_from_rows", "one_row_each"]
@@ -115,14 +114,6 @@ def _runs(seqs: Sequence[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def _sql_store(store: SessionStore) -> SqlStore:
-    if not isinstance(store, SqlStore):
-        raise ConfigError(
-            f"the service needs a SQL store (sqlite:/// or postgresql://), got {store.url!r}"
-        )
-    return store
-
-
 def build_context(
     store: SessionStore, tenant: str, session_id: str, build_id: str
 ) -> list[dict[str, Any]] | None:
@@ -130,23 +121,21 @@ def build_context(
     each ``{"layer": ..., "message": ...}``; one logged as the sequence number of the
     stored message it is, or in a run of them, or among the first messages of an earlier
     build's context (:mod:`ctxwarden.session.build_log`), is read back whole."""
-    with _sql_store(store)._read() as tx:
-        rows = tx.execute(
-            "SELECT context FROM ctxwarden_build_contexts "
-            "WHERE tenant = ? AND session_id = ? AND build_id = ?",
-            (tenant, session_id, build_id),
-        )
-        found = json.loads(rows[0][0]) if rows and rows[0][0] is not None else None
-        base = based_on(found) if found is not None else None
-        if found is not None and base is not None:
-            first = tx.execute(
+    with sql_store(store)._read() as tx:
+
+        def logged(of: str) -> Any:
+            rows = tx.execute(
                 "SELECT context FROM ctxwarden_build_contexts "
                 "WHERE tenant = ? AND session_id = ? AND build_id = ?",
-                (tenant, session_id, base[0]),
+                (tenant, session_id, of),
             )
-            if not first:
-                return None
-            found = [*one_row_each(json.loads(first[0][0]))[: base[1]], *found[1:]]
+            return json.loads(rows[0][0]) if rows and rows[0][0] is not None else None
+
+        found = logged(build_id)
+        base = based_on(found) if found is not None else None
+        if base is not None:
+            first = logged(base[0])
+            found = None if first is None else [*one_row_each(first)[: base[1]], *found[1:]]
     if found is None:
         return None
     from ctxwarden.formats.openai_json import meta_message_bytes

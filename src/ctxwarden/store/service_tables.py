@@ -28,7 +28,7 @@ from typing import Any
 
 from ctxwarden.errors import ConfigError
 from ctxwarden.registry.usage import Usage
-from ctxwarden.store._sql import SqlStore
+from ctxwarden.store._sql import sql_store as _sql
 from ctxwarden.store.base import SessionStore, json_text
 from ctxwarden.store.logged_build import audit_from_text, build_context
 from ctxwarden.store.migrations import Tx
@@ -110,14 +110,6 @@ class BuildRecord:
     turn: int = 0
     upto_seq: int = -1
     has_context: bool = False
-
-
-def _sql(store: SessionStore) -> SqlStore:
-    if not isinstance(store, SqlStore):
-        raise ConfigError(
-            f"the service needs a SQL store (sqlite:/// or postgresql://), got {store.url!r}"
-        )
-    return store
 
 
 def _build(r: Any) -> BuildRecord:
