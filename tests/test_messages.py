@@ -217,3 +217,21 @@ def test_a_copy_under_another_id_keeps_what_was_computed_and_nothing_else() -> N
     assert fresh.fingerprint == fingerprint and fresh.text == text  # computed alike
     assert (copy.id, copy.kind, copy.meta, copy.tool_call_id) == ("m8", "json", {"k": 1}, "call_1")
     assert copy == original.with_id("m8") and copy != original
+
+
+def test_a_copy_under_another_id_is_the_message_built_with_that_id() -> None:
+    """The copy is made without building the message again: every field is the one a
+    message built with that id holds, no memo of another kind (a token count, a logged
+    text that names the id) comes along, and an id that is no string is refused as at
+    construction; an empty one gives the id derived from the content."""
+    from dataclasses import fields
+
+    original = Message.tool("x" * 40, "call_1", name="lookup", id="x1", pinned=True)
+    original.__dict__["_ctxwarden_row"] = "names x1"  # a memo that holds the old id
+    copy = original.with_id("m3")
+    built = Message.tool("x" * 40, "call_1", name="lookup", id="m3", pinned=True)
+    assert all(getattr(copy, f.name) == getattr(built, f.name) for f in fields(Message))
+    assert copy == built and "_ctxwarden_row" not in copy.__dict__
+    with pytest.raises(InvalidMessageError, match="must be a str"):
+        original.with_id(7)  # type: ignore[arg-type]
+    assert original.with_id("").id == Message.tool("x" * 40, "call_1", name="lookup").id

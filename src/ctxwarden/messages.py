@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any, Literal, get_args
 
@@ -242,10 +242,19 @@ class Message:
         """A copy under ``new_id``. Its fingerprint and text do not depend on the id, so
         those already computed are carried over, not computed again (a stored message is
         such a copy, and every build reads its fingerprint)."""
-        copy = replace(self, id=new_id)
+        if not isinstance(new_id, str) or not new_id:
+            return replace(self, id=new_id)  # (checked, or an id derived from the content)
+        # every field as this checked message holds it, but the id: no field is checked
+        # or set again (a store copies each message it appends once or twice)
+        own = self.__dict__
+        copy = object.__new__(Message)
+        kept = copy.__dict__
+        for name in _FIELDS:
+            kept[name] = own[name]
+        kept["id"] = new_id
         for name in ("fingerprint", "text"):
-            if name in self.__dict__:
-                copy.__dict__[name] = self.__dict__[name]
+            if name in own:
+                kept[name] = own[name]
         return copy
 
     def with_content(self, content: str | tuple[Part, ...] | None, **meta: Any) -> Message:
@@ -255,6 +264,9 @@ class Message:
 
 
 # -- the canonical form ------------------------------------------------------------------------
+
+
+_FIELDS = tuple(f.name for f in fields(Message))
 
 
 def _part_dict(part: Part) -> dict[str, Any]:

@@ -54,7 +54,7 @@ from ctxwarden.store import StoredMessage
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.base import json_text, unstorable
 from ctxwarden.store.migrations import Tx
-from ctxwarden.store.service_tables import last_build_mark, record_build, stored_tokens
+from ctxwarden.store.service_tables import HistoryTokens, record_build, stored_tokens_in
 from ctxwarden.tokens.counter import TokenCounter
 
 if TYPE_CHECKING:
@@ -387,27 +387,33 @@ def _history_tokens(
     start: int,
     upto: int,
     counter: TokenCounter,
-) -> int:
-    """The tokens of every stored message up to ``upto`` (see the module docstring)."""
+) -> HistoryTokens:
+    """The tokens of every stored message up to ``upto`` (see the module docstring), from
+    the newest logged build's mark, as :func:`record_build` reads it in its transaction."""
     store, tenant, sid = session.store, session.tenant, session.session_id
-    previous, after = last_build_mark(store, tenant, sid) or (0, -1)
-    if after > upto:  # the log is ahead of this build's view (a concurrent build)
-        previous, after = 0, -1
+    assert isinstance(store, SqlStore)  # (only the SQL stores keep a log)
     key = count_key(counter)
-    total = previous
-    if after < start - 1:  # messages between the last logged build and this slice's tail
-        summed, missing = stored_tokens(store, tenant, sid, after, start - 1, key)
-        total += summed
-        for i in range(0, len(missing), _RANGE):
-            chunk = missing[i : i + _RANGE]
-            rows = store.range(tenant, sid, chunk[0], chunk[-1] + 1)
-            wanted = set(chunk)
-            total += sum(counter.count_message(r.message) for r in rows if r.seq in wanted)
-    for m in read:
-        if m.seq >= start and m.seq > after:
-            stored = m.token_counts.get(key)
-            total += stored if isinstance(stored, int) else counter.count_message(m.message)
-    return total
+
+    def tokens(tx: Tx, mark: tuple[int, int] | None) -> int:
+        previous, after = mark or (0, -1)
+        if after > upto:  # the log is ahead of this build's view (a concurrent build)
+            previous, after = 0, -1
+        total = previous
+        if after < start - 1:  # messages between the last logged build and this slice's tail
+            summed, missing = stored_tokens_in(tx, tenant, sid, after, start - 1, key)
+            total += summed
+            for i in range(0, len(missing), _RANGE):
+                chunk = missing[i : i + _RANGE]
+                rows = store.range(tenant, sid, chunk[0], chunk[-1] + 1, tx)
+                wanted = set(chunk)
+                total += sum(counter.count_message(r.message) for r in rows if r.seq in wanted)
+        for m in read:
+            if m.seq >= start and m.seq > after:
+                stored = m.token_counts.get(key)
+                total += stored if isinstance(stored, int) else counter.count_message(m.message)
+        return total
+
+    return tokens
 
 
 def log_build(

@@ -17,7 +17,7 @@ import json
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from functools import lru_cache
 from typing import Any, Literal, overload
 
@@ -362,11 +362,11 @@ class SqlStore(ABC):
         return (int(rows[0][0]), float(rows[0][1])) if rows else None
 
     def range(
-        self, tenant: str, session_id: str, seq_from: int, seq_to: int
+        self, tenant: str, session_id: str, seq_from: int, seq_to: int, tx: Tx | None = None
     ) -> list[StoredMessage]:
-        """Messages with ``seq_from <= seq < seq_to``, in order."""
-        with self._read_one() as tx:
-            rows = tx.execute(
+        """Messages with ``seq_from <= seq < seq_to``, in order (read in ``tx`` if given)."""
+        with self._read_one() if tx is None else nullcontext(tx) as reading:
+            rows = reading.execute(
                 "SELECT seq, message, token_counts FROM ctxwarden_messages "
                 f"{_WHERE} AND seq >= ? AND seq < ? ORDER BY seq",
                 (tenant, session_id, seq_from, seq_to),

@@ -20,7 +20,6 @@ transactions of the SQL backends (SQLite and PostgreSQL share the statements).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,8 +27,15 @@ from typing import Any
 
 from ctxwarden.errors import ConfigError
 from ctxwarden.registry.usage import Usage
+from ctxwarden.store._sql import SqlStore
 from ctxwarden.store._sql import sql_store as _sql
 from ctxwarden.store.base import SessionStore, json_text
+from ctxwarden.store.build_marks import (
+    HistoryTokens,
+    last_build_mark,
+    stored_tokens,
+    stored_tokens_in,
+)
 from ctxwarden.store.logged_build import audit_from_text, build_context
 from ctxwarden.store.migrations import Tx
 
@@ -37,6 +43,7 @@ __all__ = [
     "BuildRecord",
     "CallEnd",
     "Head",
+    "HistoryTokens",
     "TenantRecord",
     "add_spend",
     "add_tenant",
@@ -53,6 +60,7 @@ __all__ = [
     "revoke_tenant",
     "set_caps",
     "stored_tokens",
+    "stored_tokens_in",
     "tenant_by_key_hash",
 ]
 
@@ -313,7 +321,7 @@ def record_build(
     *,
     build_id: str,
     model: str,
-    history_tokens: int,
+    history_tokens: int | HistoryTokens,
     input_tokens: int,
     audit: Mapping[str, Any] | str,
     status: str = "forwarded",
@@ -341,7 +349,12 @@ def record_build(
     logged context (its first row, ``{"base": ..., "count": n}``, see
     :mod:`ctxwarden.session.build_log`); the base must be stored whole (no base of its
     own), else ``whole_context()`` is written instead. A base stays while a kept context
-    starts from it, though it is older than the bound."""
+    starts from it, though it is older than the bound.
+
+    ``history_tokens`` may be a function of the transaction and the session's newest
+    logged build's ``(history_tokens, upto_seq)`` (``None``: none), called in the
+    transaction that writes the row: the full-history size is then the previous row's
+    plus what came after, read where no other build can be logged in between."""
     sql = _sql(store)
     with sql._write() as tx:
         if not durable and sql._advisory_write:
@@ -349,8 +362,20 @@ def record_build(
         if also is not None:
             also(tx)
         where = "WHERE tenant = ? AND session_id = ?"
-        found = tx.execute(f"SELECT MAX(turn) FROM ctxwarden_builds {where}", (tenant, session_id))
-        turn = int(found[0][0] or 0) + 1 if found else 1
+        if callable(history_tokens):
+            newest = tx.execute(
+                f"SELECT turn, history_tokens, upto_seq FROM ctxwarden_builds {where} "
+                "ORDER BY turn DESC LIMIT 1",
+                (tenant, session_id),
+            )
+            mark = (int(newest[0][1]), int(newest[0][2])) if newest else None
+            turn = int(newest[0][0]) + 1 if newest else 1
+            history_tokens = history_tokens(tx, mark)
+        else:
+            found = tx.execute(
+                f"SELECT MAX(turn) FROM ctxwarden_builds {where}", (tenant, session_id)
+            )
+            turn = int(found[0][0] or 0) + 1 if found else 1
         tx.execute(
             "INSERT INTO ctxwarden_builds (tenant, session_id, build_id, created_at, model, "
             "history_tokens, input_tokens, status, audit, turn, upto_seq) "
@@ -369,28 +394,9 @@ def record_build(
                 upto_seq,
             ),
         )
-        if context is not None and context_base is not None:
-            based = tx.execute(
-                f"SELECT 1 FROM ctxwarden_build_contexts {where} AND build_id = ? AND base IS NULL",
-                (tenant, session_id, context_base),
-            )
-            if not based:  # (pruned by another writer, or never written): whole, then
-                if whole_context is None:
-                    raise ValueError(f"the base context of build {context_base!r} is not stored")
-                context, context_base = whole_context(), None
         if context is not None:
-            if isinstance(context, bytes):
-                place, value = sql._utf8_text(context)
-            else:
-                place, value = "?", context if isinstance(context, str) else json_text([*context])
-            column: tuple[str, str, tuple[str, ...]] = ("", "", ())  # (a base: one more)
-            if context_base is not None:
-                column = (", base", ", ?", (context_base,))
-            tx.execute(
-                "INSERT INTO ctxwarden_build_contexts (tenant, session_id, build_id, turn, "
-                f"context{column[0]}) VALUES (?, ?, ?, ?, {place}{column[1]})",
-                (tenant, session_id, build_id, turn, value, *column[2]),
-            )
+            _insert_context(sql, tx, (tenant, session_id, build_id, turn), context, context_base,
+                            whole_context)  # fmt: skip
         # (no row has a negative turn: a bound below zero has nothing to delete)
         if keep is not None and turn - max(1, keep) >= 0:
             params = (tenant, session_id, turn - max(1, keep))
@@ -414,38 +420,41 @@ def record_build(
     return turn
 
 
-def last_build_mark(store: SessionStore, tenant: str, session_id: str) -> tuple[int, int] | None:
-    """``(history_tokens, upto_seq)`` of the session's newest logged build (``None``: none),
-    so the next build adds only the tokens of what came after to the full-history size."""
-    with _sql(store)._read_one() as tx:
-        rows = tx.execute(
-            "SELECT history_tokens, upto_seq FROM ctxwarden_builds "
-            "WHERE tenant = ? AND session_id = ? ORDER BY turn DESC LIMIT 1",
-            (tenant, session_id),
+def _insert_context(
+    sql: SqlStore,
+    tx: Tx,
+    row: tuple[str, str, str, int],
+    context: Sequence[Mapping[str, Any]] | str | bytes,
+    base: str | None,
+    whole_context: Callable[[], bytes] | None,
+) -> None:
+    """The build's logged context (see :func:`record_build`): from ``base`` only while
+    that base is stored whole, checked by the insert itself; else ``whole_context()``."""
+    columns = "INSERT INTO ctxwarden_build_contexts (tenant, session_id, build_id, turn, context"
+    if base is not None:
+        place, value = _context_value(sql, context)
+        written = tx.execute(
+            f"{columns}, base) SELECT ?, ?, ?, ?, {place}, ? WHERE EXISTS (SELECT 1 FROM "
+            "ctxwarden_build_contexts WHERE tenant = ? AND session_id = ? AND build_id = ? "
+            "AND base IS NULL) RETURNING turn",
+            (*row, value, base, row[0], row[1], base),
         )
-    return (int(rows[0][0]), int(rows[0][1])) if rows else None
+        if written:
+            return
+        if whole_context is None:  # (pruned by another writer, or never written)
+            raise ValueError(f"the base context of build {base!r} is not stored")
+        context = whole_context()
+    place, value = _context_value(sql, context)
+    tx.execute(f"{columns}) VALUES (?, ?, ?, ?, {place})", (*row, value))
 
 
-def stored_tokens(
-    store: SessionStore, tenant: str, session_id: str, after_seq: int, upto_seq: int, key: str
-) -> tuple[int, list[int]]:
-    """The stored token counts under ``key`` of the messages ``after_seq < seq <= upto_seq``
-    summed, and the seqs that have none under that key (counted by the caller), read from
-    the counts column alone (no message is decoded)."""
-    total, missing = 0, []
-    with _sql(store)._read() as tx:
-        rows = tx.execute(
-            "SELECT seq, token_counts FROM ctxwarden_messages "
-            "WHERE tenant = ? AND session_id = ? AND seq > ? AND seq <= ?",
-            (tenant, session_id, after_seq, upto_seq),
-        )
-    for seq, counts in rows:
-        value = json.loads(counts).get(key)
-        if isinstance(value, int):
-            total += value
-        else:
-            missing.append(int(seq))
-    return total, missing
+def _context_value(
+    sql: SqlStore, context: Sequence[Mapping[str, Any]] | str | bytes
+) -> tuple[str, Any]:
+    if isinstance(context, bytes):
+        place, value = sql._utf8_text(context)
+        return place, value
+    return "?", context if isinstance(context, str) else json_text([*context])
 
 
 @dataclass(frozen=True)
