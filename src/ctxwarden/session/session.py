@@ -51,7 +51,7 @@ from ctxwarden.session.build_log import KEEP_BUILDS, KEEP_CONTEXTS, ContextMemo,
 from ctxwarden.session.cycle import SummaryWrite, focusing, summary_cycle
 from ctxwarden.session.ledger_memo import SeqMemo
 from ctxwarden.session.pending_log import PendingLog
-from ctxwarden.session.tail_memo import TailMemo, count_key, last_block, with_tail
+from ctxwarden.session.tail_memo import TailMemo, check_appended, count_key, with_tail
 from ctxwarden.store import SessionStore, StoredMessage, StoredSession, open_store
 from ctxwarden.store.ledger_checkpoint import (
     LEDGER_BACKFILL,
@@ -249,22 +249,19 @@ class Session:
         ``also(tx, seqs)`` (the SQL stores only) writes more in the same transaction.
         """
         from ctxwarden.build.inputs import check_messages_argument, check_unique_ids
-        from ctxwarden.build.pairing import validate_appended
 
         parsed = [
             item if isinstance(item, Message) else message_from_openai(item, index=i)
             for i, item in enumerate(check_messages_argument(messages))
         ]
         check_unique_ids(parsed)
+        more: dict[str, Any] = {} if also is None else {"also": also}
         if check_pairs:
-            validate_appended(
-                last_block(self.store, self.tenant, self.session_id, self._cache, self._cache_of),
-                parsed,
-            )
+            where = (self.store, self.tenant, self.session_id, self._cache, self._cache_of)
+            more.update(check_appended(*where, parsed, expect_next))
         counter = TokenCounter.for_model(self.model, self.registry)
         key = count_key(counter)
         counts = [{key: counter.count_message(m)} for m in parsed]
-        more: dict[str, Any] = {} if also is None else {"also": also}
         seqs = self.store.append(
             self.tenant, self.session_id, parsed, counts, expect_next=expect_next, **more
         )

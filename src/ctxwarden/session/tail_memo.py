@@ -16,7 +16,9 @@ threads.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any
 
+from ctxwarden.errors import InvalidMessageError
 from ctxwarden.messages import Message
 from ctxwarden.store import SessionStore, StoredMessage
 from ctxwarden.store._sql import SqlStore
@@ -139,13 +141,15 @@ def last_block(
     session_id: str,
     cache: Mapping[int, Message],
     cache_of: float,
+    at: tuple[int, float] | None = None,
 ) -> list[Message]:
     """The stored messages from the last one that is not a tool result (a tool call and
     the results it has so far), for :meth:`Session.append`'s pairing check: from the
     session's decoded messages (``cache``, of the session created at ``cache_of``) when
     they hold them (an agent's loop appends right after its last append or build), else
-    read back in pages from the end."""
-    at = _position(store, tenant, session_id)
+    read back in pages from the end. ``at``: the session's ``(next_seq, created_at)``
+    when the caller knows it (else it is read)."""
+    at = at if at is not None else _position(store, tenant, session_id)
     end = at[0] if at is not None else 0
     if at is not None and at[1] == cache_of:
         block: list[Message] = []
@@ -166,6 +170,35 @@ def last_block(
             return [m.message for m in found[last:]]
         page *= 2
     return [m.message for m in store.range(tenant, session_id, 0, end)]
+
+
+def check_appended(
+    store: SessionStore,
+    tenant: str,
+    session_id: str,
+    cache: Mapping[int, Message],
+    cache_of: float,
+    messages: Sequence[Message],
+    expect_next: int | None,
+) -> dict[str, Any]:
+    """Check that ``messages`` may follow the stored last block
+    (:func:`~ctxwarden.build.pairing.validate_appended`); return what the store's append
+    must check more. An append that expects ``expect_next`` messages in the session the
+    cache holds (created at ``cache_of``) knows where the session ends without reading
+    it, when the SQL store's append checks both in its transaction (``expect_created``).
+    Messages refused there are checked against where the session really ends: a session
+    that moved on is the append's conflict to report, not theirs."""
+    from ctxwarden.build.pairing import validate_appended
+
+    if expect_next is None or not cache_of or not isinstance(store, SqlStore):
+        validate_appended(last_block(store, tenant, session_id, cache, cache_of), messages)
+        return {}
+    try:
+        at = (expect_next, cache_of)
+        validate_appended(last_block(store, tenant, session_id, cache, cache_of, at), messages)
+    except InvalidMessageError:
+        validate_appended(last_block(store, tenant, session_id, cache, cache_of), messages)
+    return {"expect_created": cache_of}
 
 
 def _position(store: SessionStore, tenant: str, session_id: str) -> tuple[int, float] | None:

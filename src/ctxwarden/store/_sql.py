@@ -184,21 +184,20 @@ class SqlStore(ABC):
         *,
         expect_next: int | None = None,
         also: Callable[[Tx, list[int]], object] | None = None,
+        expect_created: float | None = None,
     ) -> list[int]:
         """Store ``messages`` atomically, in order; return their sequence numbers.
 
         ``expect_next``: store them only if the session still holds exactly that many
         messages, else raise :class:`VersionConflict` and store nothing (the proxy's
         optimistic check: two replicas serving turns of one session at once never
-        interleave their messages into one history).
-
-        A message whose id was derived from its content (no explicit id) is stored with
-        id ``m<seq>``: unique in the session even for repeated texts, and the same id
-        :func:`~ctxwarden.formats.messages_from_openai` gives the exported transcript.
-
-        ``also(tx, seqs)`` runs in the same transaction after the insert (the proxy closes
-        its call there: usage, spend, build status, head): if it raises, nothing of the
-        call is stored.
+        interleave their messages into one history); ``expect_created``: and the session
+        is still the one created then. A message whose id was derived from its content
+        (no explicit id) is stored with id ``m<seq>``: unique in the session even for
+        repeated texts, and the id :func:`~ctxwarden.formats.messages_from_openai` gives
+        the exported transcript. ``also(tx, seqs)`` runs in the same transaction after
+        the insert (the proxy closes its call there: usage, spend, build status, head): if
+        it raises, nothing of the call is stored.
         """
         if len(token_counts) != len(messages):
             raise ValueError("give one token_counts mapping per message")
@@ -212,6 +211,8 @@ class SqlStore(ABC):
         n = len(messages)
         guard = "" if expect_next is None else " AND next_seq = ?"
         params = (n, now, tenant, session_id) + (() if expect_next is None else (expect_next,))
+        if expect_next is not None and expect_created is not None:  # (not made again)
+            guard, params = guard + " AND created_at = ?", (*params, expect_created)
         with self._write() as tx:
             rows = tx.execute(
                 "UPDATE ctxwarden_sessions SET next_seq = next_seq + ?, updated_at = ? "
