@@ -63,6 +63,9 @@ class Upstream:
             timeout=httpx2.Timeout(timeout, connect=connect_timeout), transport=transport
         )
         self.client.cookies.jar.set_policy(DefaultCookiePolicy(allowed_domains=[]))  # none kept
+        # what the client's build_request merges into each request, merged once
+        self._defaults = {name.lower(): value for name, value in self.client.headers.items()}
+        self._timeout = self.client.timeout.as_dict()
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -92,17 +95,20 @@ class Upstream:
         ``sent``, when given, is awaited once the request is written, before the
         response is waited for (what it raises closes the connection and is raised).
 
-        The request is built by the client (its headers and timeouts) and handed to the
-        transport directly: what ``client.send`` adds around it is for features this
-        client does not use (auth flows, redirects, event hooks) or refuses (cookies): 0.7%
-        of a proxied call's instructions (a ``urllib`` request built per response to look
-        for cookies, among others)."""
+        The request is built with the client's default headers and timeouts, as its
+        ``build_request`` would, and handed to the transport directly: what ``client.send``
+        adds around it is for features this client does not use (auth flows, redirects,
+        event hooks) or refuses (cookies): 0.7% of a proxied call's instructions (a
+        ``urllib`` request built per response to look for cookies, among others), and
+        ``build_request`` merged the same defaults into every request again."""
         url = self._urls.get(path)
         if url is None:  # parsed once per path: parsing is most of building a request
             url = self._urls[path] = self._httpx.URL(self.base_url + path)
-        extensions = {SENT: sent} if sent is not None else None
-        request = self.client.build_request(
-            "POST", url, content=body, headers=dict(headers), extensions=extensions
+        extensions: dict[str, Any] = {"timeout": self._timeout}
+        if sent is not None:
+            extensions[SENT] = sent
+        request = self._httpx.Request(
+            "POST", url, content=body, headers={**self._defaults, **headers}, extensions=extensions
         )
         try:
             response = await self._transport.handle_async_request(request)
