@@ -77,6 +77,23 @@ def test_object_json_equals_json_dumps() -> None:
     assert object_json_bytes(body, {"messages": messages_json_bytes(history)}) == written.encode()
 
 
+def test_object_json_is_json_dumps_when_the_data_holds_its_markers() -> None:
+    """The object is dumped in one call with a marker where a written value goes: data
+    whose own text holds a marker (a value, a key, or a written value holding the next
+    marker) is still written byte for byte as ``json.dumps`` writes it."""
+    from ctxwarden.formats.openai_json import _SLOT
+
+    first, second = _SLOT.format(0), _SLOT.format(1)
+    data: dict[str, object] = {"a": first, first: 1, "w": None, "v": None, "z": "\u2603"}
+    for written in (
+        {"w": "[1]", "v": "2"},
+        {"w": json.dumps(second), "v": "2"},  # a written value holding the next marker
+        {"w": "[]", "absent": "3"},  # a written key the data does not have: not written
+    ):
+        expected = {**data, **{k: json.loads(v) for k, v in written.items() if k in data}}
+        assert object_json(data, written) == json.dumps(expected, ensure_ascii=False)
+
+
 def test_the_edges_of_the_joins_are_written_as_json_dumps_writes_them() -> None:
     """No message, one message, an empty object and one key: the brackets and braces put on
     the first and last piece rather than around the whole."""

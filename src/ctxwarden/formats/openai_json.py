@@ -225,8 +225,27 @@ def joined_object(
     return b"".join(parts)
 
 
+_SLOT = "\x00ctxwarden-written-{}\x00"  # a value written in its place, then replaced
+
+
 def object_json(data: dict[str, object], written: dict[str, str]) -> str:
     """``json.dumps(data, ensure_ascii=False)`` for a JSON object with string keys, byte
-    for byte, with the values of the keys in ``written`` given as JSON text already."""
+    for byte, with the values of the keys in ``written`` given as JSON text already:
+    the object is dumped in one call with a marker in each such value's place (a string
+    with NULs, which JSON writes escaped), each marker then replaced by its value; a
+    marker that the data's own text holds too is not replaced, the object is written
+    pair by pair instead."""
+    slots = {k: _SLOT.format(i) for i, k in enumerate(written)}
+    text = dumps({k: slots.get(k, v) for k, v in data.items()})
+    for key, slot in slots.items():
+        if key in data:
+            marker = dumps(slot)
+            if text.count(marker) != 1:
+                return _pairs_json(data, written)
+            text = text.replace(marker, written[key])
+    return text
+
+
+def _pairs_json(data: dict[str, object], written: dict[str, str]) -> str:
     items = (dumps(k) + ": " + (written[k] if k in written else dumps(v)) for k, v in data.items())
     return "{" + ", ".join(items) + "}"
