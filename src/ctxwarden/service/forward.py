@@ -72,7 +72,9 @@ async def forward(
             prepared = await hub.run(prepare, hub, call)
         except CtxwardenError as exc:
             raise from_library(exc) from exc
-        hub.metrics.build_seconds.labels(wire.api).observe(time.perf_counter() - started)
+        hub.metrics.labelled(hub.metrics.build_seconds, wire.api).observe(
+            time.perf_counter() - started
+        )
         record = call.tenant.record
         key = record.anthropic_api_key if wire.api == "anthropic" else record.upstream_api_key
         headers = upstream.headers(key, request.headers)
@@ -154,7 +156,7 @@ async def _whole(
     except ServiceError as failed:
         await _finish(hub, prepared, None, None, f"upstream_{failed.status}")
         raise
-    hub.metrics.upstream_seconds.labels(wire.api).observe(time.perf_counter() - sent)
+    hub.metrics.labelled(hub.metrics.upstream_seconds, wire.api).observe(time.perf_counter() - sent)
     media = response.headers.get("content-type", "application/json")
     if response.status_code >= 400:
         await _finish(hub, prepared, None, None, f"upstream_{response.status_code}")
@@ -212,7 +214,8 @@ class _Relay:
                 if not timed and self.reader.tokens_seen:
                     timed = True
                     ttft = time.perf_counter() - self.sent
-                    self.hub.metrics.ttft_seconds.labels(self.wire.api).observe(ttft)
+                    metrics = self.hub.metrics
+                    metrics.labelled(metrics.ttft_seconds, self.wire.api).observe(ttft)
                 if self.reader.finished and not self.stored:
                     # store the reply before the client sees the end marker, so a client
                     # that has the whole reply finds it stored (read your writes)
@@ -242,7 +245,7 @@ class _Relay:
     async def _store(self, *, complete: bool, status: str | None) -> None:
         self.stored = True
         reply, usage, own = self.reader.result(complete)
-        self.hub.metrics.upstream_seconds.labels(self.wire.api).observe(
+        self.hub.metrics.labelled(self.hub.metrics.upstream_seconds, self.wire.api).observe(
             time.perf_counter() - self.sent
         )
         await _finish(self.hub, self.prepared, reply, usage, status or own)

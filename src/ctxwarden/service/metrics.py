@@ -49,6 +49,7 @@ class Metrics:
         except ImportError as exc:  # pragma: no cover - the server extra brings it
             raise MissingDependencyError("ctxwarden serve", "server") from exc
         self.registry = CollectorRegistry()
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         ns: dict[str, Any] = {"namespace": "ctxwarden", "registry": self.registry}
         api = ["api"]
         self.requests = Counter(
@@ -119,6 +120,16 @@ class Metrics:
         self.recalled_tokens = Counter(
             "recalled_tokens", "Tokens of recalled originals the proxy sent upstream.", api, **ns
         )
+
+    def labelled(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, each child looked up once: ``labels`` takes a lock
+        and checks every value on each call, and a proxied call asks for ten. For label
+        values from a fixed set (an API, a route of the proxy's own)."""
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     def watch_checkpoint(self, checkpoint: BackgroundCheckpoint) -> None:
         """Export what the SQLite store's checkpoint thread did, read at each scrape:

@@ -103,11 +103,11 @@ def prepare(hub: Hub, call: Call) -> Prepared:
     built = pending.built
     prepared = Prepared(call, synced, pending)
     m, api = hub.metrics, call.api
-    m.history_tokens.labels(api).inc(prepared.history_tokens)
-    m.input_tokens.labels(api).inc(built.input_tokens)
-    m.saved_tokens.labels(api).inc(prepared.saved_tokens)
+    m.labelled(m.history_tokens, api).inc(prepared.history_tokens)
+    m.labelled(m.input_tokens, api).inc(built.input_tokens)
+    m.labelled(m.saved_tokens, api).inc(prepared.saved_tokens)
     if built.audit.fill_ratio is not None:
-        m.fill_ratio.labels(api).observe(built.audit.fill_ratio)
+        m.labelled(m.fill_ratio, api).observe(built.audit.fill_ratio)
     return prepared
 
 
@@ -127,8 +127,9 @@ def _dollars(hub: Hub, call: Call, usage: Usage) -> float:
 
 
 def _count_tokens(hub: Hub, call: Call, usage: Usage) -> None:
-    hub.metrics.cached_tokens.labels(call.api).inc(usage.cached_input_tokens)
-    hub.metrics.output_tokens.labels(call.api).inc(usage.output_tokens)
+    m = hub.metrics
+    m.labelled(m.cached_tokens, call.api).inc(usage.cached_input_tokens)
+    m.labelled(m.output_tokens, call.api).inc(usage.output_tokens)
 
 
 def finish(
