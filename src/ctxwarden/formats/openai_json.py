@@ -184,7 +184,8 @@ def messages_json_pieces(messages: Sequence[Message]) -> list[bytes]:
     """The pieces of :func:`messages_json_bytes`, unjoined: a proxied call's context is
     hundreds of KB, which :func:`object_json_bytes` then copies once into the body (the
     brackets ride on the first and last message's bytes, not around the whole)."""
-    pieces = list(map(_message_bytes, messages))
+    # the memo read inline: a call's context is hundreds of messages whose bytes are kept
+    pieces = [m.__dict__.get(_BYTES_ATTR) or _message_bytes(m) for m in messages]
     if not pieces:
         return [b"[]"]
     out = [b", "] * (2 * len(pieces) - 1)
