@@ -283,3 +283,37 @@ def test_a_build_logged_before_the_ends_table_ends_and_reads_as_before(tmp_path:
         assert end_call(s.store, CallEnd("t", "s", "open", "partial"))
         rows = {b.build_id: b.status for b in list_builds(s.store, "t", "s")}
         assert rows == {"done": "complete", "open": "partial"}
+
+
+@pytest.mark.parametrize("new", [True, False])
+def test_a_store_moved_without_the_head_starts_a_branch(db_url: str, new: bool) -> None:
+    """Another writer appended to the session (the session API, say): the proxy's next
+    call does not write after it but branches, whether it brings new messages (the
+    append's own check refuses them, the next attempt reads the store) or none (read
+    at once)."""
+    from ctxwarden.formats import message_from_openai
+    from ctxwarden.service.history import BRANCH_MARK, sync_history, wire_key
+
+    sent = [{"role": "system", "content": "You help."}, {"role": "user", "content": "hi"}]
+    with open_store(db_url) as store:
+        sessions: dict[str, Session] = {}
+
+        def open_session(sid: str) -> Session:
+            return sessions.setdefault(sid, Session(store, sid, tenant="acme"))
+
+        def sync(messages: list[dict[str, Any]]) -> Any:
+            return sync_history(
+                store, open_session, "acme", "chat", [wire_key(m) for m in messages],
+                lambda start: [message_from_openai(m) for m in messages[start:]], lambda m: 1,
+            )  # fmt: skip
+
+        assert not sync(sent).forked
+        open_session("chat").build()  # (the proxy's session knows where it ends)
+        with Session(store, "chat", tenant="acme") as other:
+            other.append([{"role": "assistant", "content": "from elsewhere"}])
+        more = [*sent, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "x"}]
+        synced = sync(more if new else sent)
+        assert synced.forked and synced.session.session_id == "chat" + BRANCH_MARK + "1"
+        texts = [m["content"] for m in (more if new else sent)]
+        assert [m.text for m in synced.session.messages()] == texts
+        assert [m.text for m in open_session("chat").messages()][-1] == "from elsewhere"

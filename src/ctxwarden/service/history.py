@@ -175,11 +175,15 @@ def sync_history(
     """Append the new suffix of the client's history (``keys``, one per message;
     ``parse(start)`` gives the messages from ``start`` on) to the session its head names,
     or to a new branch when the history does not extend it (see the module docstring)."""
+    recount = False  # (see _try_sync)
     for _ in range(attempts):
         head = get_head(store, tenant, client_id)
-        synced = _try_sync(store, open_session, tenant, client_id, head, keys, parse, count)
+        synced = _try_sync(
+            store, open_session, tenant, client_id, head, keys, parse, count, recount
+        )
         if synced is not None:
             return synced
+        recount = True
     raise VersionConflict(
         f"session {client_id!r} is being written by another caller at the same time; retry"
     )
@@ -194,13 +198,21 @@ def _try_sync(
     keys: Sequence[bytes],
     parse: Callable[[int], list[Message]],
     count: Callable[[Message], int],
+    recount: bool = False,
 ) -> Synced | None:
+    """One attempt (``None``: lost a race, read the head again and retry). Whether the
+    store moved without the head (a crash, another writer) is read from the store when
+    the client sent nothing new, or after a failed attempt (``recount``); otherwise the
+    append checks it, against the head's count in its transaction, and a failed append
+    has the next attempt read it."""
     seen = head.count if head is not None else 0
     running, at = _chain(keys, seen)
     session: Session | None = None
     if head is not None and seen <= len(keys) and at == head.chain:
         session = open_session(head.session_id)
-        if session.store.count(session.tenant, session.session_id) != head.count:
+        if (recount or seen == len(keys)) and session.store.count(
+            session.tenant, session.session_id
+        ) != head.count:
             session = None  # the store moved without the head (a crash, another writer)
     elif head is None:
         session = open_session(client_id)
