@@ -35,18 +35,11 @@ def ledger_sources(draft: Draft, window: Sequence[Message]) -> list[Message]:
     masked, dropped, or truncated without listing its cut values in place (a truncation
     that lists them keeps the ledger — near the top — unchanged, so the prefix stays
     cached). Rejected messages are not: they are not history the agent saw."""
-    shown = {
-        m.id
-        for m in window
-        if m.id not in draft.edits
-        or (draft.edits[m.id].action == "truncated" and draft.edits[m.id].listed)
-    }
-    pinned_ids = {draft.history[i].id for i in draft.pinned}
-    return [
-        m
-        for m in draft.history[draft.start :]
-        if m.id not in shown and m.id not in draft.rejected and m.id not in pinned_ids
-    ]
+    edits, history, rejected = draft.edits, draft.history, draft.rejected
+    listed = {k for k, e in edits.items() if e.action == "truncated" and e.listed}
+    shown = {m.id for m in window if m.id not in edits or m.id in listed}
+    hidden = {history[i].id for i in draft.pinned}.union(shown, rejected)
+    return [m for m in history[draft.start :] if m.id not in hidden]
 
 
 def shown_blocks(draft: Draft) -> list[Message]:

@@ -126,7 +126,7 @@ class WindowStep:
         window = tuple(h[start:])
         protected = set(draft.protected)
         protected.update(  # is_pinned, inline: it asks every message of the window
-            m.id for m in window if (m.pinned or m.priority == "critical") and m.role != "system"
+            [m.id for m in window if (m.pinned or m.priority == "critical") and m.role != "system"]
         )
         protected.update(h[j].id for j in first if j >= start)  # pin_first inside the window
         actions = (
