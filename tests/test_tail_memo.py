@@ -83,3 +83,53 @@ def test_with_tail_is_the_merge_by_seq_for_any_pins_and_tail() -> None:
         assert got == expected and [r.message.id for r in got] == [r.message.id for r in expected]
         shortcuts += bool(tail and merged and max(merged) <= tail[-1].seq)
     assert shortcuts > 50
+
+
+def test_pinned_messages_are_the_stores_read_followed_through_own_appends(
+    tmp_path: Path,
+) -> None:
+    """The pinned messages a build reads: read once, then the same list as the store's
+    while the session appends them itself (no read); read again when another writer
+    appended (the memo cannot know what it wrote) or the session was made again."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    s = Session(url, "pins", tenant="t")
+    reads: list[int] = []
+    real = s.store.pinned
+
+    def counted(tenant: str, session_id: str) -> list[StoredMessage]:
+        reads.append(1)
+        return real(tenant, session_id)
+
+    s.store.pinned = counted  # type: ignore[method-assign]
+
+    def same_as_store() -> bool:
+        record = s.record
+        given = s._tails.pinned(record.created_at, record.next_seq, lambda: [])
+        return [(r.seq, r.message) for r in given] == [
+            (r.seq, r.message) for r in real("t", "pins")
+        ]
+
+    s.append([Message.system("You help."), Message.user("a")])
+    s.build()
+    s.append([Message.user("keep this", pinned=True), Message.assistant("ok")])
+    s.build()
+    s.append([Message.user("b"), Message.system("Also this.")])
+    s.build()
+    assert len(reads) == 1 and same_as_store()
+    with Session(url, "pins", tenant="t") as other:  # another writer
+        other.append([Message.user("theirs", pinned=True)])
+    s.build()
+    assert len(reads) == 2 and same_as_store()
+    assert "theirs" in [m.text for m in s.build().messages]
+    s.close()
+
+
+def test_the_pinned_memo_reads_on_a_gap_or_another_session() -> None:
+    memo = TailMemo()
+    pin = StoredMessage(0, Message.system("s", id="m0"), {})
+    read: list[list[StoredMessage]] = [[pin]]
+    assert memo.pinned(1.0, 1, lambda: read[-1]) == [pin]
+    memo.appended(1, Message.user("x", id="m1", pinned=True), {})
+    assert [r.seq for r in memo.pinned(1.0, 2, lambda: [])] == [0, 1]  # its own append
+    assert memo.pinned(1.0, 4, lambda: read[-1]) == [pin]  # seqs 2-3 not its own: read
+    assert memo.pinned(2.0, 4, lambda: []) == []  # another session under the same id

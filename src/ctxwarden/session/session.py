@@ -38,6 +38,7 @@ import asyncio
 import uuid
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ctxwarden.build.state import BuildState
@@ -352,7 +353,8 @@ class Session:
             head = self.store.range(self.tenant, self.session_id, 0, pin_first + _HEAD_SLACK)
             merged.update((m.seq, m) for m in head if m.message.role != "system")
             merged = dict(sorted(merged.items())[:pin_first])
-        for m in self.store.pinned(self.tenant, self.session_id):  # as cached: its memos stay
+        read = partial(self.store.pinned, self.tenant, self.session_id)
+        for m in self._tails.pinned(record.created_at, record.next_seq, read):  # as cached
             merged[m.seq] = replace(m, message=self._cache.setdefault(m.seq, m.message))
         after = record.summary_upto if from_seq is None else max(record.summary_upto, from_seq - 1)
         key, most = count_key(counter), budget * TAIL_SLACK

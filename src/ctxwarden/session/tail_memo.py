@@ -34,6 +34,11 @@ def _size(row: StoredMessage, key: str, count: Callable[[Message], int]) -> int:
     return int(counts[key]) if key in counts else count(row.message)
 
 
+def _pins(message: Message) -> bool:
+    """Whether the store reads ``message`` back among the pinned ones (as it stores it)."""
+    return message.pinned or message.role == "system"
+
+
 def _walk(
     rows: Sequence[StoredMessage], max_tokens: int, key: str, count: Callable[[Message], int]
 ) -> tuple[list[StoredMessage], int]:
@@ -59,11 +64,31 @@ class TailMemo:
         # rows appended since that still fit extend it without walking it again
         self._whole: tuple[list[StoredMessage], int] | None = None
         self._last_whole: int | None = None  # the tokens of ``_last``'s rows, when known
+        self._pinned: tuple[float, int, tuple[StoredMessage, ...]] | None = None
 
     def clear(self) -> None:
         self._appended.clear()
-        self._last = None
+        self._last = self._pinned = None
         self._whole = self._last_whole = None
+
+    def pinned(
+        self, created_at: float, next_seq: int, read: Callable[[], list[StoredMessage]]
+    ) -> list[StoredMessage]:
+        """The session's pinned messages and system prompts while it holds ``next_seq``
+        messages: the last ones ``read()`` gave, with those this session appended since
+        (a stored message never changes, nor whether it is pinned), else ``read()``."""
+        if self._pinned is not None:
+            was, upto, rows = self._pinned
+            new = [self._appended.get(seq) for seq in range(upto, next_seq)]
+            if was == created_at and next_seq >= upto and None not in new:
+                pins = [r for r in new if r is not None and _pins(r.message)]
+                found = [*rows, *pins]
+                self._pinned = (created_at, next_seq, tuple(found))
+                return found
+        found = read()  # (read after next_seq was: it may hold newer messages)
+        upto = max(next_seq, found[-1].seq + 1) if found else next_seq
+        self._pinned = (created_at, upto, tuple(found))
+        return found
 
     def appended(self, seq: int, message: Message, counts: Mapping[str, int]) -> None:
         """A message this session stored at ``seq`` (as the store reads it back)."""
