@@ -141,25 +141,34 @@ def test_contexts_are_rows_of_their_own_and_the_migration_moves_old_ones(
         assert context is not None and context[-1]["message"]["content"] == "next"
 
 
+def _syncer(store: Any) -> tuple[Any, Any]:
+    """The proxy's sync over ``store`` for client session ``chat`` of tenant ``acme``:
+    ``open_session(id)`` (one Session per id, as the hub keeps them) and ``sync(dicts)``."""
+    from ctxwarden.formats import message_from_openai
+    from ctxwarden.service.history import sync_history, wire_key
+
+    sessions: dict[str, Session] = {}
+
+    def open_session(sid: str) -> Session:
+        return sessions.setdefault(sid, Session(store, sid, tenant="acme"))
+
+    def sync(messages: list[dict[str, Any]]) -> Any:
+        return sync_history(
+            store, open_session, "acme", "chat", [wire_key(m) for m in messages],
+            lambda start: [message_from_openai(m) for m in messages[start:]], lambda m: 1,
+        )  # fmt: skip
+
+    return open_session, sync
+
+
 def test_new_messages_and_the_head_move_are_one_write(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ctxwarden.formats import message_from_openai
     from ctxwarden.service import history
-    from ctxwarden.service.history import sync_history, wire_key
 
     sent = [{"role": "system", "content": "You help."}, {"role": "user", "content": "hi"}]
     with open_store(db_url) as store:
-        sessions: dict[str, Session] = {}
-
-        def open_session(sid: str) -> Session:
-            return sessions.setdefault(sid, Session(store, sid, tenant="acme"))
-
-        def sync(messages: list[dict[str, Any]]) -> Any:
-            return sync_history(
-                store, open_session, "acme", "chat", [wire_key(m) for m in messages],
-                lambda start: [message_from_openai(m) for m in messages[start:]], lambda m: 1,
-            )  # fmt: skip
+        open_session, sync = _syncer(store)
 
         first = sync(sent)
         assert first.head.count == 2 and not first.forked
@@ -291,21 +300,11 @@ def test_a_store_moved_without_the_head_starts_a_branch(db_url: str, new: bool) 
     call does not write after it but branches, whether it brings new messages (the
     append's own check refuses them, the next attempt reads the store) or none (read
     at once)."""
-    from ctxwarden.formats import message_from_openai
-    from ctxwarden.service.history import BRANCH_MARK, sync_history, wire_key
+    from ctxwarden.service.history import BRANCH_MARK
 
     sent = [{"role": "system", "content": "You help."}, {"role": "user", "content": "hi"}]
     with open_store(db_url) as store:
-        sessions: dict[str, Session] = {}
-
-        def open_session(sid: str) -> Session:
-            return sessions.setdefault(sid, Session(store, sid, tenant="acme"))
-
-        def sync(messages: list[dict[str, Any]]) -> Any:
-            return sync_history(
-                store, open_session, "acme", "chat", [wire_key(m) for m in messages],
-                lambda start: [message_from_openai(m) for m in messages[start:]], lambda m: 1,
-            )  # fmt: skip
+        open_session, sync = _syncer(store)
 
         assert not sync(sent).forked
         open_session("chat").build()  # (the proxy's session knows where it ends)
