@@ -22,6 +22,7 @@ from ctxwarden.errors import InvalidMessageError
 from ctxwarden.messages import Message
 from ctxwarden.store import SessionStore, StoredMessage
 from ctxwarden.store._sql import SqlStore
+from ctxwarden.store.base import read_as_pinned
 from ctxwarden.tokens.counter import count_key
 
 __all__ = ["TailMemo", "count_key", "last_block", "with_tail"]
@@ -32,11 +33,6 @@ _APPENDED = 1024  # appended messages remembered (an agent's turn appends a few)
 def _size(row: StoredMessage, key: str, count: Callable[[Message], int]) -> int:
     counts = row.token_counts
     return int(counts[key]) if key in counts else count(row.message)
-
-
-def _pins(message: Message) -> bool:
-    """Whether the store reads ``message`` back among the pinned ones (as it stores it)."""
-    return message.pinned or message.role == "system"
 
 
 def _walk(
@@ -81,7 +77,7 @@ class TailMemo:
             was, upto, rows = self._pinned
             new = [self._appended.get(seq) for seq in range(upto, next_seq)]
             if was == created_at and next_seq >= upto and None not in new:
-                pins = [r for r in new if r is not None and _pins(r.message)]
+                pins = [r for r in new if r is not None and read_as_pinned(r.message)]
                 found = [*rows, *pins]
                 self._pinned = (created_at, next_seq, tuple(found))
                 return found

@@ -33,6 +33,7 @@ from ctxwarden.store.base import (
     encode_message,
     encode_usage,
     json_text,
+    read_as_pinned,
     storable_text,
 )
 from ctxwarden.store.migrations import Tx
@@ -243,8 +244,7 @@ class SqlStore(ABC):
                         encoded[i],
                         m.role,
                         m.kind,
-                        # the system prompt is read with the pinned messages on every build
-                        1 if (m.pinned or m.role == "system") else 0,
+                        1 if read_as_pinned(m) else 0,
                         m.priority,
                         json.dumps(dict(token_counts[i])),
                         m.created_at if m.created_at is not None else now,

@@ -36,6 +36,7 @@ __all__ = [
     "decode_usage",
     "encode_message",
     "encode_usage",
+    "read_as_pinned",
     "unstorable",
 ]
 
@@ -242,6 +243,13 @@ def storable_text(text: str | None) -> str | None:
 def encode_message(message: Message) -> str:
     """The stored form: the OpenAI dict with our metadata, so the round trip is lossless."""
     return json_text(message_to_openai(message, with_meta=True))
+
+
+def read_as_pinned(message: Message) -> bool:
+    """Whether a store reads ``message`` back among the pinned ones
+    (:meth:`SessionStore.pinned`): a pinned message or a system prompt, which every build
+    reads whatever the tail holds."""
+    return message.pinned or message.role == "system"
 
 
 def decode_message(text: str, seq: int) -> Message:

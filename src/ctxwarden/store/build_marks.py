@@ -9,11 +9,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from ctxwarden.store._sql import sql_store as _sql
-from ctxwarden.store.base import SessionStore
 from ctxwarden.store.migrations import Tx
 
-__all__ = ["HistoryTokens", "last_build_mark", "stored_tokens", "stored_tokens_in"]
+__all__ = ["HistoryTokens", "newest_build", "stored_tokens_in"]
 
 HistoryTokens = Callable[[Tx, "tuple[int, int] | None"], int]
 """A build's full-history size from the newest logged build's ``(history_tokens,
@@ -21,32 +19,24 @@ upto_seq)``, computed in the transaction that logs it
 (:func:`~ctxwarden.store.service_tables.record_build`)."""
 
 
-def last_build_mark(store: SessionStore, tenant: str, session_id: str) -> tuple[int, int] | None:
-    """``(history_tokens, upto_seq)`` of the session's newest logged build (``None``: none),
-    so the next build adds only the tokens of what came after to the full-history size."""
-    with _sql(store)._read_one() as tx:
-        rows = tx.execute(
-            "SELECT history_tokens, upto_seq FROM ctxwarden_builds "
-            "WHERE tenant = ? AND session_id = ? ORDER BY turn DESC LIMIT 1",
-            (tenant, session_id),
-        )
-    return (int(rows[0][0]), int(rows[0][1])) if rows else None
-
-
-def stored_tokens(
-    store: SessionStore, tenant: str, session_id: str, after_seq: int, upto_seq: int, key: str
-) -> tuple[int, list[int]]:
-    """The stored token counts under ``key`` of the messages ``after_seq < seq <= upto_seq``
-    summed, and the seqs that have none under that key (counted by the caller), read from
-    the counts column alone (no message is decoded)."""
-    with _sql(store)._read() as tx:
-        return stored_tokens_in(tx, tenant, session_id, after_seq, upto_seq, key)
+def newest_build(tx: Tx, tenant: str, session_id: str) -> tuple[int, int, int] | None:
+    """``(turn, history_tokens, upto_seq)`` of the session's newest logged build (``None``:
+    none): its turn is the highest, and the next build adds only the tokens of what came
+    after ``upto_seq`` to its full-history size."""
+    rows = tx.execute(
+        "SELECT turn, history_tokens, upto_seq FROM ctxwarden_builds "
+        "WHERE tenant = ? AND session_id = ? ORDER BY turn DESC LIMIT 1",
+        (tenant, session_id),
+    )
+    return (int(rows[0][0]), int(rows[0][1]), int(rows[0][2])) if rows else None
 
 
 def stored_tokens_in(
     tx: Tx, tenant: str, session_id: str, after_seq: int, upto_seq: int, key: str
 ) -> tuple[int, list[int]]:
-    """:func:`stored_tokens` read in ``tx`` (a transaction already open)."""
+    """The stored token counts under ``key`` of the messages ``after_seq < seq <= upto_seq``
+    summed, and the seqs that have none under that key (counted by the caller), read in
+    ``tx`` from the counts column alone (no message is decoded)."""
     total, missing = 0, []
     rows = tx.execute(
         "SELECT seq, token_counts FROM ctxwarden_messages "

@@ -30,12 +30,7 @@ from ctxwarden.registry.usage import Usage
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store._sql import sql_store as _sql
 from ctxwarden.store.base import SessionStore, json_text
-from ctxwarden.store.build_marks import (
-    HistoryTokens,
-    last_build_mark,
-    stored_tokens,
-    stored_tokens_in,
-)
+from ctxwarden.store.build_marks import HistoryTokens, newest_build, stored_tokens_in
 from ctxwarden.store.logged_build import audit_from_text, build_context
 from ctxwarden.store.migrations import Tx
 
@@ -51,7 +46,6 @@ __all__ = [
     "delete_session",
     "end_call",
     "get_head",
-    "last_build_mark",
     "latest_builds",
     "list_builds",
     "list_tenants",
@@ -59,7 +53,6 @@ __all__ = [
     "record_build",
     "revoke_tenant",
     "set_caps",
-    "stored_tokens",
     "stored_tokens_in",
     "tenant_by_key_hash",
 ]
@@ -362,20 +355,10 @@ def record_build(
         if also is not None:
             also(tx)
         where = "WHERE tenant = ? AND session_id = ?"
+        newest = newest_build(tx, tenant, session_id)
+        turn = newest[0] + 1 if newest else 1
         if callable(history_tokens):
-            newest = tx.execute(
-                f"SELECT turn, history_tokens, upto_seq FROM ctxwarden_builds {where} "
-                "ORDER BY turn DESC LIMIT 1",
-                (tenant, session_id),
-            )
-            mark = (int(newest[0][1]), int(newest[0][2])) if newest else None
-            turn = int(newest[0][0]) + 1 if newest else 1
-            history_tokens = history_tokens(tx, mark)
-        else:
-            found = tx.execute(
-                f"SELECT MAX(turn) FROM ctxwarden_builds {where}", (tenant, session_id)
-            )
-            turn = int(found[0][0] or 0) + 1 if found else 1
+            history_tokens = history_tokens(tx, newest[1:] if newest else None)
         tx.execute(
             "INSERT INTO ctxwarden_builds (tenant, session_id, build_id, created_at, model, "
             "history_tokens, input_tokens, status, audit, turn, upto_seq) "
