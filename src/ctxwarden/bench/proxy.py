@@ -18,7 +18,10 @@ cases, the machine's speed (:func:`~ctxwarden.bench.machine_speed.reference_ms`:
 machine's speed swings by up to ~2.8x). The first call of each
 session (it stores the 200 messages) is a warm-up, timed apart. At the end every stored
 session is read back: it must hold exactly the history sent plus each reply, once, in
-order, on the session id the client named (no branch).
+order, on the session id the client named (no branch). Last, issue 13's targets are
+judged on the run (:mod:`ctxwarden.bench.proxy_targets`): met, MISSED or unknown, each
+with the figures it was judged on. The exit status is 1 for an error or a stored-session
+problem, not for a missed target: those figures belong to the machine and the minute.
 
 ``--api anthropic`` runs the same through ``/v1/messages``: the conversation in
 Anthropic's format (``system``, alternating turns with ``tool_use`` and ``tool_result``
@@ -46,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxwarden.bench.machine_speed import REFERENCE_LOOP, reference_ms
+from ctxwarden.bench.proxy_targets import judge, report
 from ctxwarden.bench.proxy_upstream import REPLY_TEXT
 from ctxwarden.store import open_store
 
@@ -466,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stored sessions checked: {len(stored)}; problems: {len(problems)}")
         for problem in problems[:10]:
             print("  " + problem)
+        verdicts = judge(cases, problems)
+        report(verdicts)
         if args.json:
             # every call's latency too, in the order the calls ended (one client: step by
             # step), so that an outlier behind a p99 can be found
@@ -473,7 +479,8 @@ def main(argv: list[str] | None = None) -> int:
                      "p50_ms": c.pct(0.5), "p99_ms": c.pct(0.99), "requests": c.requests,
                      "latencies_ms": [round(s * 1000, 3) for s in c.latencies]}
                     for c in cases]  # fmt: skip
-            figures = {"cases": rows, "problems": problems, "reference_ms": speed}
+            figures = {"cases": rows, "problems": problems, "reference_ms": speed,
+                       "targets": [v.as_dict() for v in verdicts]}  # fmt: skip
             args.json.write_text(json.dumps(figures, indent=2))
         return 1 if problems or any(c.errors for c in cases) else 0
     finally:
