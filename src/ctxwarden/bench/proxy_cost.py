@@ -2,12 +2,14 @@
 under callgrind, or CPU per call, with the app in this process (R14).
 
 Run: ``python -m ctxwarden.bench.proxy_cost [--api openai|anthropic] [--stream]
-[--sessions 2] [--calls 11] [--warm 4] [--cold MB] [--callgrind] [--against CHECKOUT]``.
+[--sessions 2] [--calls 11] [--warm 4] [--cold MB] [--callgrind] [--against CHECKOUT]
+[--db URL]``.
 
 Why: on a shared two-core machine a fixed piece of work takes up to twice as long from
 one minute to the next, more than most changes save, so :mod:`ctxwarden.bench.proxy`'s
 figures cannot tell two versions apart; the instructions a call executes can. The app
-(:func:`ctxwarden.service.create_app`, SQLite in a temporary file, the default policy)
+(:func:`ctxwarden.service.create_app`, SQLite in a temporary file unless ``--db``, the
+default policy)
 serves in this process through httpx's ASGI transport, so the client's share (the same
 in every run) is counted too, against the bench's instant upstream (its own process).
 Each session stores the bench's 200-message conversation, makes ``--warm`` calls, then
@@ -46,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +85,7 @@ async def _run(
     markers: Path | None,
     port: int,
     cold_mb: int = 0,
+    db: str | None = None,
 ) -> tuple[int, float]:
     import httpx
 
@@ -92,9 +96,10 @@ async def _run(
     from ctxwarden.store.service_tables import add_tenant
 
     tmp = tempfile.TemporaryDirectory(prefix="ctxwarden-proxy-cost-")
-    db, key = f"sqlite:///{Path(tmp.name) / 'cost.db'}", new_key()
+    db, key = db or f"sqlite:///{Path(tmp.name) / 'cost.db'}", new_key()
+    tenant = f"cost-{uuid.uuid4().hex[:12]}"  # its own, in a database that is kept
     with open_store(db) as store:
-        add_tenant(store, "bench", key_hash=hash_key(key), key_prefix=shown_prefix(key))
+        add_tenant(store, tenant, key_hash=hash_key(key), key_prefix=shown_prefix(key))
     try:
         url = f"http://127.0.0.1:{port}"
         config: dict[str, Any] = {"db": db, "upstream": f"{url}/v1", "anthropic_upstream": url}
@@ -147,11 +152,13 @@ def measure(
     warm: int = 4,
     markers: Path | None = None,
     cold_mb: int = 0,
+    db: str | None = None,
 ) -> tuple[int, float]:
     """The measured calls made and the CPU seconds they took (this process's, the
     in-process client's included); with ``markers``, handshakes with a parent through
     files there around the measured calls (``ready``/``go``, ``done``/``stop``); with
-    ``cold_mb``, the CPU's caches flushed before each (see the module docstring)."""
+    ``cold_mb``, the CPU's caches flushed before each (see the module docstring); with
+    ``db``, that store (its own tenant) instead of SQLite in a temporary file."""
     from ctxwarden.bench.proxy import _free_port  # (the checkout measured: its own)
 
     port = _free_port()
@@ -162,7 +169,7 @@ def measure(
     try:
         assert upstream.stdout is not None
         upstream.stdout.readline()  # it says when it listens
-        return asyncio.run(_run(api, stream, sessions, calls, warm, markers, port, cold_mb))
+        return asyncio.run(_run(api, stream, sessions, calls, warm, markers, port, cold_mb, db))
     finally:
         upstream.terminate()
         upstream.wait(timeout=10)
@@ -194,6 +201,7 @@ def _tune_gc() -> None:
 def _child_args(args: argparse.Namespace) -> list[str]:
     out = ["--api", args.api, "--sessions", str(args.sessions), "--calls", str(args.calls)]
     out += ["--warm", str(args.warm), "--cold", str(args.cold)]
+    out += ["--db", args.db] if args.db else []
     return out + (["--stream"] if args.stream else [])
 
 
@@ -274,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cold", type=int, default=0, metavar="MB",
                     help="flush the CPU's caches before each measured call (CPU only)")  # fmt: skip
     ap.add_argument("--callgrind", action="store_true", help="count instructions (valgrind)")
+    ap.add_argument("--db", help="store URL (default: SQLite in a temporary file); the "
+                    "calls' sessions go to a tenant of their own")  # fmt: skip
     ap.add_argument("--against", type=Path, help="another checkout to compare with")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # a measured process: its marker dir
     args = ap.parse_args(argv)
@@ -290,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         markers = None if args.child == "-" else Path(args.child)
         _tune_gc()
         print(json.dumps(measure(args.api, args.stream, args.sessions, args.calls, args.warm,
-                                 markers, args.cold)))  # fmt: skip
+                                 markers, args.cold, args.db)))  # fmt: skip
         return 0
     against = None
     if args.against is not None:
