@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -506,6 +507,55 @@ def test_postgres_refuses_tables_it_did_not_create() -> None:
         assert rows == [("ctxwarden_sessions",)]
     finally:
         drop_schema(schema)
+
+
+@pytest.mark.postgres
+def test_postgres_reads_of_one_statement_open_no_transaction(
+    pg_module_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A proxied call's single-statement reads (its session's row and end, the pinned
+    messages, the tenant by key, the head) go to the server as that statement alone,
+    without the BEGIN, SET TRANSACTION and COMMIT round trips around it; what they
+    read is the same, and a server error is still a StoreError."""
+    import psycopg
+
+    from ctxwarden.store.service_tables import get_head, tenant_by_key_hash
+
+    sent: list[str] = []
+    exec_command = psycopg.Connection._exec_command
+
+    def recorded(self: Any, command: Any, result: Any = 0) -> Any:
+        sent.append(bytes(command).decode() if isinstance(command, bytes) else str(command))
+        return exec_command(self, command, result)
+
+    with open_store(pg_module_url) as store:
+        session_id = f"s-{uuid.uuid4().hex[:8]}"
+        store.create_session("t", session_id)
+        store.append("t", session_id, [Message.system("rules", pinned=True), *msgs(2)], counts(3))
+        monkeypatch.setattr(psycopg.Connection, "_exec_command", recorded)
+        session = store.get_session("t", session_id)
+        assert session is not None and store.position("t", session_id) == (
+            3,
+            session.created_at,
+        )
+        assert [m.message.text for m in store.pinned("t", session_id)] == ["rules"]
+        assert [m.seq for m in store.range("t", session_id, 1, 3)] == [1, 2]
+        assert tenant_by_key_hash(store, "no such key") is None
+        assert get_head(store, "t", "no such client") is None
+        assert sent == [] and store.connections_in_use() == 0  # type: ignore[attr-defined]
+        store.create_session("t", f"s-{uuid.uuid4().hex[:8]}")  # a write still is one
+        assert sent[0].startswith("BEGIN") and sent[-1] == "COMMIT"
+        schema = pg_module_url.rsplit("schema=", 1)[1]
+        with psycopg.connect(PG_DSN or "", autocommit=True) as conn:  # a table gone
+            conn.execute(f'ALTER TABLE "{schema}".ctxwarden_sessions RENAME TO gone')
+        try:
+            with pytest.raises(StoreError, match=r"PostgreSQL error: .*ctxwarden_sessions"):
+                store.get_session("t", session_id)
+            assert store.connections_in_use() == 0  # type: ignore[attr-defined]
+        finally:
+            with psycopg.connect(PG_DSN or "", autocommit=True) as conn:
+                conn.execute(f'ALTER TABLE "{schema}".gone RENAME TO ctxwarden_sessions')
+        assert store.get_session("t", session_id) == session  # the pool's connection is fine
 
 
 def test_sqlite_build_reads_use_the_primary_key_not_a_scan(tmp_path: Path) -> None:
