@@ -30,6 +30,26 @@ def test_cold_calls_are_made_and_said(capsys: pytest.CaptureFixture[str]) -> Non
     assert "caches flushed (8 MB) before each" in out and "ms CPU per call" in out
 
 
+def test_a_given_store_is_measured_and_kept(tmp_path: Path) -> None:
+    """``--db``: the calls go to that store, each run's sessions in a tenant of its own,
+    so a second run on the same database does not meet the first's."""
+    from ctxwarden.bench.proxy import conversation, history_at
+    from ctxwarden.store import open_store
+    from ctxwarden.store.service_tables import list_tenants
+
+    base = conversation(200)
+    url = f"sqlite:///{tmp_path / 'kept.db'}"
+    for _ in range(2):
+        calls, cpu = measure("openai", False, sessions=1, calls=2, warm=1, db=url)
+        assert calls == 2 and cpu > 0
+    with open_store(url) as store:
+        tenants = [t.tenant for t in list_tenants(store)]
+        assert len(tenants) == 2 and all(t.startswith("cost-") for t in tenants)
+        for tenant in tenants:  # the last call's history and its reply
+            (session,) = store.list_sessions(tenant)
+            assert store.count(tenant, session.session_id) == len(history_at(base, 2)) + 1
+
+
 def test_cpu_per_call_against_a_checkout(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--sessions", "1", "--calls", "2", "--warm", "1", "--against", str(ROOT)]) == 0
     out = capsys.readouterr().out
