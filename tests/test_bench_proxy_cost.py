@@ -45,9 +45,9 @@ def test_a_given_store_is_measured_and_kept(tmp_path: Path) -> None:
     with open_store(url) as store:
         tenants = [t.tenant for t in list_tenants(store)]
         assert len(tenants) == 2 and all(t.startswith("cost-") for t in tenants)
-        for tenant in tenants:  # the last call's history and its reply
+        for tenant in tenants:  # the 4th call's history (first, warm, 2 measured), its reply
             (session,) = store.list_sessions(tenant)
-            assert store.count(tenant, session.session_id) == len(history_at(base, 2)) + 1
+            assert store.count(tenant, session.session_id) == len(history_at(base, 3)) + 1
 
 
 def test_cpu_per_call_against_a_checkout(capsys: pytest.CaptureFixture[str]) -> None:
