@@ -52,6 +52,9 @@ class _PgTx:
         return list(self._cur.fetchall()) if self._cur.description else []
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        if len(rows) == 1:  # psycopg's executemany enters pipeline mode: one more sync
+            self._cur.execute(sql.replace("?", "%s"), tuple(rows[0]))
+            return
         self._cur.executemany(sql.replace("?", "%s"), [tuple(r) for r in rows])
 
 
