@@ -13,7 +13,8 @@ run in the same minute of a machine whose speed swings; above it, one case after
 other). Two clients: the real ``openai`` SDK (which spends tens of ms preparing such a
 body itself), and pre-built bodies posted over ``httpx2``. Reported per case: p50/p99
 latency, the p50/p99 added over calling the upstream directly, requests per second,
-errors, and the proxy process's CPU per request (from ``/proc``); before and after the
+errors, and the proxy process's CPU per request (from ``/proc``, in nanoseconds:
+:mod:`~ctxwarden.bench.process_cpu`); before and after the
 cases, the machine's speed (:func:`~ctxwarden.bench.machine_speed.reference_ms`: this
 machine's speed swings by up to ~2.8x). The first call of each
 session (it stores the 200 messages) is a warm-up, timed apart. At the end every stored
@@ -35,7 +36,6 @@ import argparse
 import asyncio
 import gc
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxwarden.bench.machine_speed import REFERENCE_LOOP, reference_ms
+from ctxwarden.bench.process_cpu import CpuReading, read_cpu, seconds_between
 from ctxwarden.bench.proxy_targets import judge, report
 from ctxwarden.bench.proxy_upstream import REPLY_TEXT
 from ctxwarden.store import open_store
@@ -180,11 +181,6 @@ class Case:
         return data[min(len(data) - 1, int(q * len(data)))] * 1000 if data else float("nan")
 
 
-def _cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _build_seconds(base_url: str, api: str) -> tuple[float, float]:
     """``(sum, count)`` of the proxy's ``ctxwarden_build_seconds`` histogram."""
     import urllib.request
@@ -291,7 +287,7 @@ async def _cases(targets: Sequence[tuple[str, str, int | None]], kind: str, mode
             for s in run.sessions:
                 await call(run, s, 0, run.warm)
         for run in runs:
-            run.cpu0 = _cpu(run.pid) if run.pid else None
+            run.cpu0 = read_cpu(run.pid) if run.pid else None
             run.built0 = _build_seconds(run.base, api) if run.pid else (0.0, 0.0)
 
         async def agent(i: int) -> None:
@@ -306,7 +302,7 @@ async def _cases(targets: Sequence[tuple[str, str, int | None]], kind: str, mode
         for run in runs:
             cpu = build = None
             if run.pid and run.cpu0 is not None:
-                cpu = _cpu(run.pid) - run.cpu0
+                cpu = seconds_between(run.cpu0, read_cpu(run.pid))
                 built1 = _build_seconds(run.base, api)
                 build = (built1[0] - run.built0[0]) / max(built1[1] - run.built0[1], 1)
             # alone, the wall time; in turn with another target, the time in its own calls
@@ -349,7 +345,7 @@ class _Run:
         self.seen: list[str] = []
         self.warm: list[float] = []
         self.lat: list[float] = []
-        self.cpu0: float | None = None
+        self.cpu0: CpuReading | None = None
         self.built0 = (0.0, 0.0)
 
 

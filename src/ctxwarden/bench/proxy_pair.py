@@ -15,7 +15,8 @@ stores the bench's 200-message conversation first (not measured), then ``--steps
 calls, each echoing the reply and adding a question, as an agent does; pre-built bodies
 over one kept-alive connection per server (``http.client``: the client costs nothing to
 either side). Reported per server: CPU per call (its process, all threads, from
-``/proc``), of it in the kernel, and the median call as the client saw it.
+``/proc``: :mod:`~ctxwarden.bench.process_cpu`), of it in the kernel, and the median
+call as the client saw it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -31,24 +31,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from ctxwarden.bench.process_cpu import read_cpu, seconds_between
+
 __all__ = ["main"]
 
 _SRC = Path(__file__).resolve().parents[2]  # this checkout's src
-
-
-def _cpu(pid: int) -> tuple[float, float]:
-    """Seconds of CPU the process used so far, and of them in the kernel: the total from
-    each thread's ``schedstat`` (nanoseconds: a call or two measure as more than zero),
-    the kernel's share from ``stat`` (clock ticks, 10 ms: meaningful over many calls)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            total += int((task / "schedstat").read_text().split()[0])
-        except (FileNotFoundError, ProcessLookupError):  # a thread that just ended
-            continue
-    return total / 1e9, int(fields[12]) / tick
 
 
 class _Server:
@@ -76,16 +63,16 @@ class _Server:
         self.latencies: list[float] = []
 
     def call(self, body: bytes, headers: dict[str, str], measured: bool) -> None:
-        before, started = _cpu(self.proc.pid), time.perf_counter()
+        before, started = read_cpu(self.proc.pid), time.perf_counter()
         self.conn.request("POST", "/v1/chat/completions", body, headers)
         response = self.conn.getresponse()
         text = response.read()
-        ended, after = time.perf_counter(), _cpu(self.proc.pid)
+        ended, after = time.perf_counter(), read_cpu(self.proc.pid)
         if response.status != 200:
             raise SystemExit(f"the proxy answered {response.status}: {text[:300]!r}")
         if measured:
-            self.cpu += after[0] - before[0]
-            self.sys += after[1] - before[1]
+            self.cpu += seconds_between(before, after)
+            self.sys += after.kernel - before.kernel
             self.latencies.append(ended - started)
 
     def stop(self) -> None:

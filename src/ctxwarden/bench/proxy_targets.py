@@ -44,6 +44,10 @@ def _name(c: Case) -> str:
     return f"{c.client} {c.mode} x{c.clients}"
 
 
+def _clients(n: int) -> str:
+    return f"{n} client{'s' * (n != 1)}"
+
+
 def _rate(c: Case) -> float:
     return c.requests / c.seconds if c.seconds > 0 else 0.0
 
@@ -70,7 +74,7 @@ def judge(cases: Sequence[Case], problems: Sequence[str]) -> list[Verdict]:
 
 
 def _latency(proxy: list[Case], direct: dict[tuple[str, str, int], Case], n: int) -> Verdict:
-    target = f"p50 added <= {ADDED_P50_MS:g} ms at {n} client{'s' * (n != 1)}"
+    target = f"p50 added <= {ADDED_P50_MS:g} ms at {_clients(n)}"
     added = []
     for c in (c for c in proxy if c.clients == n):
         base = direct.get((c.client, c.mode, c.clients))
@@ -94,7 +98,7 @@ def _cpu(proxy: list[Case]) -> Verdict:
 
 
 def _throughput(proxy: list[Case], direct: dict[tuple[str, str, int], Case], n: int) -> Verdict:
-    target = f">= {REQUESTS_PER_SECOND:g} requests/s at {n} clients, pre-built bodies"
+    target = f">= {REQUESTS_PER_SECOND:g} requests/s at {_clients(n)}, pre-built bodies"
     top = [c for c in proxy if c.clients == n]
     built = [c for c in top if c.client == "httpx"]
     through_sdk = [
@@ -113,7 +117,7 @@ def _throughput(proxy: list[Case], direct: dict[tuple[str, str, int], Case], n: 
 
 
 def _stream_errors(proxy: list[Case], n: int) -> Verdict:
-    target = f"0 errors at {n} concurrent streams"
+    target = f"0 errors at {n} concurrent stream{'s' * (n != 1)}"
     streams = [c for c in proxy if c.clients == n and c.mode == "stream"]
     if not streams:
         return Verdict(target, None, "run with --modes stream")
