@@ -108,7 +108,8 @@ def _throughput(proxy: list[Case], direct: dict[tuple[str, str, int], Case], n: 
         for c in top
         if c.client != "httpx"
     ]
-    beside = f"; through the SDK, bounded by the client: {', '.join(through_sdk)}"
+    ceiling = "the same client calling directly: its ceiling"
+    beside = f"; through the SDK ({ceiling}): {', '.join(through_sdk)}"
     if not built:
         return Verdict(target, None, "run with --kinds httpx" + beside * bool(through_sdk))
     shown = ", ".join(f"{_name(c)} {_rate(c):.0f}/s" for c in built)
