@@ -65,6 +65,8 @@ def test_bad_arguments_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFi
         (["--warm", "-1"], "--warm must be at least 0"),
         (["--cold", "-1"], "--cold must be at least 0"),
         (["--cold", "8", "--callgrind"], "--cold is a CPU figure"),
+        (["--db", "nonsense://x"], "--db: unknown store URL 'nonsense://x'"),
+        (["--db", f"sqlite:///{tmp_path}/no/such/dir/x.db"], "--db: "),
     ):
         with pytest.raises(SystemExit) as exc:
             main(argv)

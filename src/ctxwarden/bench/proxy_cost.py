@@ -296,6 +296,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--cold must be at least 0 (MB)")
     if args.cold and args.callgrind:
         ap.error("--cold is a CPU figure: a flushed cache changes no instruction count")
+    if args.db and args.child is None:  # said here, not as a measured process's traceback
+        from ctxwarden.errors import CtxwardenError
+        from ctxwarden.store import open_store
+
+        try:
+            open_store(args.db).close()
+        except CtxwardenError as exc:
+            ap.error(f"--db: {exc}")
     if args.child is not None:
         markers = None if args.child == "-" else Path(args.child)
         _tune_gc()
