@@ -83,3 +83,24 @@ def test_the_reference_loop_is_timed_as_timeit_times_it() -> None:
     assert ours > 0 and 0.25 < ours / theirs < 4  # the same loop, a noisy machine
     with pytest.raises(ValueError, match="at least 1"):
         reference_ms(repeat=0)
+
+
+def test_a_database_given_with_db_serves_run_after_run(tmp_path: Path) -> None:
+    """Each run's sessions go to a tenant of its own: a second run on the same database
+    is not refused for the first one's tenant, and checks only its own sessions."""
+    db = f"sqlite:///{tmp_path / 'kept.db'}"
+    args = ["--db", db, "--clients", "2", "--steps", "1", "--messages", "10",
+            "--kinds", "httpx", "--modes", "json"]  # fmt: skip
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-m", "ctxwarden.bench.proxy", *args],
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert "stored sessions checked: 2; problems: 0" in done.stdout
+    from ctxwarden.store import open_store
+    from ctxwarden.store.service_tables import list_tenants
+
+    with open_store(db) as store:
+        assert len([t for t in list_tenants(store) if t.tenant.startswith("bench-")]) == 2
+    bad = subprocess.run([sys.executable, "-m", "ctxwarden.bench.proxy", "--db", "nonsense://x"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and "--db: unknown store URL 'nonsense://x'" in bad.stderr

@@ -350,7 +350,11 @@ class _Run:
 
 
 def _check_store(
-    db: str, sessions: dict[str, int], base: list[dict[str, Any]], api: str = "openai"
+    db: str,
+    sessions: dict[str, int],
+    base: list[dict[str, Any]],
+    api: str = "openai",
+    tenant: str = "bench",
 ) -> list[str]:
     """Every proxied session holds exactly what was sent plus each reply, once, in order
     (for Anthropic: what the turns sent are as our messages)."""
@@ -358,7 +362,7 @@ def _check_store(
 
     problems = []
     with open_store(db) as store:
-        names = {s.session_id for s in store.list_sessions("bench")}
+        names = {s.session_id for s in store.list_sessions(tenant)}
         branches = sorted(n for n in names if "~b" in n)
         if branches:
             problems.append(f"{len(branches)} branch sessions: {branches[:3]}")
@@ -369,7 +373,7 @@ def _check_store(
                 want = messages_from_anthropic(request["system"], [*request["messages"], reply])
             else:
                 want = [message_from_openai(m) for m in [*history_at(base, steps), reply]]
-            got = [m.message for m in store.iter_messages("bench", session)]
+            got = [m.message for m in store.iter_messages(tenant, session)]
             if len(got) != len(want):
                 problems.append(f"{session}: {len(got)} stored, {len(want)} expected")
             elif any(g.role != w.role or g.text != w.text for g, w in zip(got, want, strict=True)):
@@ -418,12 +422,18 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give one --steps value per --clients value")
     tmp = tempfile.TemporaryDirectory(prefix="ctxwarden-bench-proxy-")
     db = args.db or f"sqlite:///{Path(tmp.name) / 'bench.db'}"
+    from ctxwarden.errors import CtxwardenError
     from ctxwarden.service.keys import hash_key, new_key, shown_prefix
     from ctxwarden.store.service_tables import add_tenant
 
-    key = new_key()
-    with open_store(db) as store:
-        add_tenant(store, "bench", key_hash=hash_key(key), key_prefix=shown_prefix(key))
+    # a tenant of its own: a database given with --db may hold an earlier run's
+    key, tenant = new_key(), f"bench-{uuid.uuid4().hex[:8]}"
+    try:
+        with open_store(db) as store:
+            add_tenant(store, tenant, key_hash=hash_key(key), key_prefix=shown_prefix(key))
+    except CtxwardenError as exc:
+        tmp.cleanup()
+        ap.error(f"--db: {exc}")
     up_port, px_port = _free_port(), _free_port()
     py = sys.executable
     upstream = subprocess.Popen([py, "-m", "ctxwarden.bench.proxy_upstream", str(up_port)],
@@ -462,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         speed.append(reference_ms())
         print(f"machine after: reference loop {speed[1]:.1f} ms (lower is faster)", flush=True)
         _report(cases)
-        problems = _check_store(db, stored, base, args.api)
+        problems = _check_store(db, stored, base, args.api, tenant)
         print(f"stored sessions checked: {len(stored)}; problems: {len(problems)}")
         for problem in problems[:10]:
             print("  " + problem)
