@@ -123,20 +123,26 @@ class PostgresStore(SqlStore):
     # -- transactions -----------------------------------------------------------------------
 
     @contextmanager
-    def _transaction(self, read_only: bool, lock: bool = False) -> Iterator[Tx]:
+    def _said(self) -> Iterator[None]:
+        """psycopg's errors as ours: the server gone (or no connection came) is
+        :class:`StoreUnavailable`, any other a :class:`StoreError`."""
         try:
-            with self._pool.connection() as conn, conn.transaction():
-                cur = conn.cursor()
-                if read_only:
-                    cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                if lock:  # serialise concurrent openers of a new database
-                    cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.schema,))
-                    cur.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
-                yield _PgTx(cur)
-        except self._unavailable as exc:  # the server went away, or no connection came
+            yield
+        except self._unavailable as exc:
             raise StoreUnavailable(f"PostgreSQL is unavailable: {exc}") from exc
         except self._psycopg_error as exc:
             raise StoreError(f"PostgreSQL error: {exc}") from exc
+
+    @contextmanager
+    def _transaction(self, read_only: bool, lock: bool = False) -> Iterator[Tx]:
+        with self._said(), self._pool.connection() as conn, conn.transaction():
+            cur = conn.cursor()
+            if read_only:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            if lock:  # serialise concurrent openers of a new database
+                cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.schema,))
+                cur.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+            yield _PgTx(cur)
 
     def _read(self) -> AbstractContextManager[Tx]:
         return self._transaction(True)
@@ -146,13 +152,8 @@ class PostgresStore(SqlStore):
         """One statement in autocommit: it sees one snapshot by itself, so the ``BEGIN``,
         ``SET TRANSACTION`` and ``COMMIT`` around it (three round trips to the server
         of its four) are left out."""
-        try:
-            with self._pool.connection() as conn:
-                yield _PgTx(conn.cursor())
-        except self._unavailable as exc:
-            raise StoreUnavailable(f"PostgreSQL is unavailable: {exc}") from exc
-        except self._psycopg_error as exc:
-            raise StoreError(f"PostgreSQL error: {exc}") from exc
+        with self._said(), self._pool.connection() as conn:
+            yield _PgTx(conn.cursor())
 
     def _write(self) -> AbstractContextManager[Tx]:
         return self._transaction(False)
