@@ -53,6 +53,7 @@ from ctxwarden.bench.machine_speed import REFERENCE_LOOP, reference_ms
 from ctxwarden.bench.process_cpu import CpuReading, read_cpu, seconds_between
 from ctxwarden.bench.proxy_targets import judge, report
 from ctxwarden.bench.proxy_upstream import REPLY_TEXT
+from ctxwarden.bench.proxy_upstream import running as running_upstream
 from ctxwarden.store import open_store
 
 __all__ = ["Case", "conversation", "main"]
@@ -176,6 +177,18 @@ class Case:
     @property
     def requests(self) -> int:
         return len(self.latencies)
+
+    @property
+    def per_second(self) -> float:
+        """Calls per second of the case's time."""
+        return self.requests / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def cpu_ms(self) -> float | None:
+        """The server's CPU per call, in ms (``None``: not read, or no call)."""
+        if not (self.cpu_seconds and self.requests):
+            return None
+        return self.cpu_seconds / self.requests * 1000
 
     def pct(self, q: float) -> float:
         data = sorted(self.latencies)
@@ -408,12 +421,12 @@ def _report(cases: Sequence[Case]) -> None:
         if c.target == "proxy" and base is not None:
             add50 = f"{c.pct(0.5) - base.pct(0.5):+.1f}"
             add99 = f"{c.pct(0.99) - base.pct(0.99):+.1f}"
-        cpu = f"{c.cpu_seconds / c.requests * 1000:.2f}" if c.cpu_seconds and c.requests else ""
+        cpu = f"{c.cpu_ms:.2f}" if c.cpu_ms is not None else ""
         warm = f"{statistics.median(c.warmup) * 1000:.1f}" if c.warmup else ""
         build = f"{c.build_seconds * 1000:.1f}" if c.build_seconds is not None else ""
         name = f"{c.target} {c.client} {c.mode} x{c.clients}"
         print(f"{name:<30} {c.requests:>5} {c.errors:>4} {c.pct(0.5):>8.1f} {c.pct(0.99):>8.1f} "
-              f"{add50:>7} {add99:>7} {c.requests / c.seconds:>7.0f} {cpu:>10} {build:>8} "
+              f"{add50:>7} {add99:>7} {c.per_second:>7.0f} {cpu:>10} {build:>8} "
               f"{warm:>11}")  # fmt: skip
 
 
@@ -451,17 +464,15 @@ def main(argv: list[str] | None = None) -> int:
         tmp.cleanup()
         ap.error(f"--db: {exc}")
     up_port, px_port = _free_port(), _free_port()
-    py = sys.executable
-    upstream = subprocess.Popen([py, "-m", "ctxwarden.bench.proxy_upstream", str(up_port)],
-                                stdout=subprocess.PIPE)  # fmt: skip
-    assert upstream.stdout is not None
-    upstream.stdout.readline()
-    proxy = subprocess.Popen(
-        [py, "-c", "from ctxwarden.cli.main import main; main()", "serve", "--db", db,
-         "--port", str(px_port), "--upstream", f"http://127.0.0.1:{up_port}/v1",
-         "--anthropic-upstream", f"http://127.0.0.1:{up_port}"],
-    )  # fmt: skip
-    try:
+    with contextlib.ExitStack() as started:  # (left in reverse: proxy, upstream, files)
+        started.callback(tmp.cleanup)
+        started.enter_context(running_upstream(up_port))
+        proxy = subprocess.Popen(
+            [sys.executable, "-c", "from ctxwarden.cli.main import main; main()", "serve",
+             "--db", db, "--port", str(px_port), "--upstream", f"http://127.0.0.1:{up_port}/v1",
+             "--anthropic-upstream", f"http://127.0.0.1:{up_port}"],
+        )  # fmt: skip
+        started.callback(_stop, proxy)
         _wait(f"http://127.0.0.1:{px_port}/healthz", proxy)
         base = conversation(args.messages)
         histories, bodies = prepared(base, max(steps) + 1, args.api)
@@ -507,11 +518,11 @@ def main(argv: list[str] | None = None) -> int:
                        "targets": [v.as_dict() for v in verdicts]}  # fmt: skip
             args.json.write_text(json.dumps(figures, indent=2))
         return 1 if problems or any(c.errors for c in cases) else 0
-    finally:
-        for p in (proxy, upstream):
-            p.terminate()
-            p.wait(timeout=10)
-        tmp.cleanup()
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    proc.wait(timeout=10)
 
 
 if __name__ == "__main__":

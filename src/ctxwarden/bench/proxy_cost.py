@@ -52,7 +52,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "measure"]
+__all__ = ["checkout_src", "main", "measure"]
 
 _TOTALS = ("totals:", "summary:")
 _POLL = 0.2  # seconds between looks at the marker files (valgrind runs ~50x slower)
@@ -205,6 +205,14 @@ def _child_args(args: argparse.Namespace) -> list[str]:
     return out + (["--stream"] if args.stream else [])
 
 
+def checkout_src(ap: argparse.ArgumentParser, checkout: Path) -> Path:
+    """The ``src`` of the checkout ``--against`` names, or a usage error without one."""
+    src = checkout.resolve() / "src"
+    if not (src / "ctxwarden" / "__init__.py").is_file():
+        ap.error(f"--against {checkout}: no src/ctxwarden there (give a checkout's root)")
+    return src
+
+
 def _environment(src: Path | None) -> dict[str, str]:
     env = dict(os.environ)
     if src is not None:
@@ -310,11 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(args.api, args.stream, args.sessions, args.calls, args.warm,
                                  markers, args.cold, args.db)))  # fmt: skip
         return 0
-    against = None
-    if args.against is not None:
-        against = args.against.resolve() / "src"
-        if not (against / "ctxwarden" / "__init__.py").is_file():
-            ap.error(f"--against {args.against}: no src/ctxwarden there (give a checkout's root)")
+    against = checkout_src(ap, args.against) if args.against is not None else None
     if args.callgrind and not (shutil.which("valgrind") and shutil.which("callgrind_control")):
         ap.error("--callgrind needs valgrind (apt-get install valgrind)")
     figure = _instructions_per_call if args.callgrind else _cpu_per_call

@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 
 from ctxwarden.bench.process_cpu import read_cpu, seconds_between
+from ctxwarden.bench.proxy_cost import _environment, checkout_src
+from ctxwarden.bench.proxy_upstream import running as running_upstream
 
 __all__ = ["main"]
 
@@ -43,7 +45,6 @@ class _Server:
 
     def __init__(self, src: Path, upstream: int, key_hash: str, prefix: str, tmp: Path) -> None:
         from ctxwarden.bench.proxy import _free_port, _wait
-        from ctxwarden.bench.proxy_cost import _environment
         from ctxwarden.store import open_store
         from ctxwarden.store.service_tables import add_tenant
 
@@ -95,15 +96,12 @@ def measure(
         for k in range(steps)
     ]
     key, port = new_key(), _free_port()
-    upstream = subprocess.Popen(
-        [sys.executable, "-m", "ctxwarden.bench.proxy_upstream", str(port)],
-        stdout=subprocess.PIPE,
-    )
     servers: list[_Server] = []
-    with tempfile.TemporaryDirectory(prefix="ctxwarden-proxy-pair-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="ctxwarden-proxy-pair-") as tmp,
+        running_upstream(port),
+    ):
         try:
-            assert upstream.stdout is not None
-            upstream.stdout.readline()  # it says when it listens
             for i, src in enumerate((_SRC, against)):
                 (Path(tmp) / str(i)).mkdir()
                 args = (port, hash_key(key), shown_prefix(key), Path(tmp) / str(i))
@@ -118,10 +116,6 @@ def measure(
         finally:
             for server in servers:
                 server.stop()
-            upstream.terminate()
-            upstream.wait(timeout=10)
-            if upstream.stdout is not None:
-                upstream.stdout.close()
     calls = sessions * (steps - 1)
     return [
         (s.cpu / calls * 1000, s.sys / calls * 1000, statistics.median(s.latencies) * 1000, calls)
@@ -142,9 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--sessions must be at least 1")
     if args.steps < 2:
         ap.error("--steps must be at least 2 (the first stores the conversation)")
-    against = args.against.resolve() / "src"
-    if not (against / "ctxwarden" / "__init__.py").is_file():
-        ap.error(f"--against {args.against}: no src/ctxwarden there (give a checkout's root)")
+    against = checkout_src(ap, args.against)
     mode = "streams" if args.stream else "JSON"
     print(f"/v1/chat/completions, {mode}: {args.sessions} sessions x {args.steps - 1} calls "
           "on each server, in turn", flush=True)  # fmt: skip

@@ -49,10 +49,6 @@ def _clients(n: int) -> str:
     return f"{n} client{'s' * (n != 1)}"
 
 
-def _rate(c: Case) -> float:
-    return c.requests / c.seconds if c.seconds > 0 else 0.0
-
-
 def judge(cases: Sequence[Case], problems: Sequence[str]) -> list[Verdict]:
     """The five targets, each judged on the cases of ``cases`` it speaks of."""
     proxy = [c for c in cases if c.target == "proxy"]
@@ -89,7 +85,7 @@ def _latency(proxy: list[Case], direct: dict[tuple[str, str, int], Case], n: int
 
 def _cpu(proxy: list[Case]) -> Verdict:
     target = f"proxy CPU <= {CPU_MS_PER_REQUEST:g} ms per request"
-    per = [(c, c.cpu_seconds / c.requests * 1000) for c in proxy if c.cpu_seconds and c.requests]
+    per = [(c, ms) for c in proxy if (ms := c.cpu_ms) is not None]
     if not per:
         return Verdict(target, None, "no CPU was read")
     worst, ms = max(per, key=lambda p: p[1])
@@ -103,9 +99,9 @@ def _throughput(proxy: list[Case], direct: dict[tuple[str, str, int], Case], n: 
     top = [c for c in proxy if c.clients == n]
     built = [c for c in top if c.client == "httpx"]
     through_sdk = [
-        f"{_name(c)} {_rate(c):.0f}/s (direct {_rate(direct[key]):.0f}/s)"
+        f"{_name(c)} {c.per_second:.0f}/s (direct {direct[key].per_second:.0f}/s)"
         if (key := (c.client, c.mode, c.clients)) in direct
-        else f"{_name(c)} {_rate(c):.0f}/s"
+        else f"{_name(c)} {c.per_second:.0f}/s"
         for c in top
         if c.client != "httpx"
     ]
@@ -113,8 +109,8 @@ def _throughput(proxy: list[Case], direct: dict[tuple[str, str, int], Case], n: 
     beside = f"; through the SDK ({ceiling}): {', '.join(through_sdk)}"
     if not built:
         return Verdict(target, None, "run with --kinds httpx" + beside * bool(through_sdk))
-    shown = ", ".join(f"{_name(c)} {_rate(c):.0f}/s" for c in built)
-    met = all(_rate(c) >= REQUESTS_PER_SECOND for c in built)
+    shown = ", ".join(f"{_name(c)} {c.per_second:.0f}/s" for c in built)
+    met = all(c.per_second >= REQUESTS_PER_SECOND for c in built)
     return Verdict(target, met, shown + beside * bool(through_sdk))
 
 

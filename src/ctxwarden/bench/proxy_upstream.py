@@ -12,10 +12,13 @@ the benchmark measures is the proxy, not the upstream. It runs in its own proces
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import subprocess
 import sys
+from collections.abc import Iterator
 
-__all__ = ["REPLY_TEXT", "main", "serve"]
+__all__ = ["REPLY_TEXT", "main", "running", "serve"]
 
 REPLY_TEXT = "The order ships on Monday."
 
@@ -140,6 +143,26 @@ async def serve(port: int) -> None:
     print("ready", flush=True)
     async with server:
         await server.serve_forever()
+
+
+@contextlib.contextmanager
+def running(port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """This upstream in a process of its own on ``port``, from when it listens; stopped
+    on leaving. (:mod:`ctxwarden.bench.proxy_cost` starts its own: its measured process
+    may run an older checkout, whose module has no such helper.)"""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ctxwarden.bench.proxy_upstream", str(port)],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()  # it says when it listens
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def main(argv: list[str] | None = None) -> None:
