@@ -435,8 +435,7 @@ def _context_value(
     sql: SqlStore, context: Sequence[Mapping[str, Any]] | str | bytes
 ) -> tuple[str, Any]:
     if isinstance(context, bytes):
-        place, value = sql._utf8_text(context)
-        return place, value
+        return sql._utf8_text(context)
     return "?", context if isinstance(context, str) else json_text([*context])
 
 
