@@ -162,6 +162,7 @@ def measure(
     from ctxwarden.bench.proxy import _free_port  # (the checkout measured: its own)
 
     port = _free_port()
+    # not proxy_upstream.running: a checkout from before that helper may be the one run
     upstream = subprocess.Popen(
         [sys.executable, "-m", "ctxwarden.bench.proxy_upstream", str(port)],
         stdout=subprocess.PIPE,
