@@ -9,6 +9,7 @@ Protocol messages own stdout; logs go to stderr.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -51,6 +52,9 @@ class StoreAccess:
 
 def run_stdio(db: str, tenant: str) -> None:
     """Serve the tools over stdin/stdout until the client closes them."""
+    import bm25s  # sets its own logger to DEBUG on import: one line per search on stderr
+
+    logging.getLogger(bm25s.__name__).setLevel(logging.WARNING)
     with open_store(db) as store:
         access = StoreAccess(store, tenant, os.environ.get("CTXWARDEN_SESSION") or None)
         server = build_server(access)

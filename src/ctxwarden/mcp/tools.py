@@ -28,7 +28,7 @@ from ctxwarden.memory.recall import audit_recall, find_stored, original_content,
 from ctxwarden.messages import Message
 from ctxwarden.steps.handles import handle_for, message_id_of
 from ctxwarden.store.base import SessionStore
-from ctxwarden.store.service_tables import build_context, latest_builds
+from ctxwarden.store.service_tables import build_context, latest_builds, list_builds
 
 __all__ = ["RECENT", "SearchHit", "recall_original", "search_dropped", "which_session"]
 
@@ -38,6 +38,7 @@ SNIPPET = 300
 """Characters of a hit's text shown in a search result (the recall tool gives it whole)."""
 _MAX_SEARCHED = 5000  # newest messages of a session searched
 _MAX_CHARS = 20_000  # characters of each message indexed
+_LOOK_BACK = 50  # newest builds read for one that logged its context
 
 
 @dataclass(frozen=True)
@@ -62,18 +63,18 @@ def _recent(store: SessionStore, tenant: str, first: str | None) -> list[str]:
 
 
 def _newest_context(store: SessionStore, tenant: str, session_id: str) -> list[Message] | None:
+    """The built messages of the session's newest build that logged them (recalls log a
+    row without any), or None."""
     newest = latest_builds(store, tenant).get(session_id)
     if newest is None:
         return None
-    rows = build_context(store, tenant, session_id, newest.build_id)
+    since = max(0, newest.turn - _LOOK_BACK)
+    builds = list_builds(store, tenant, session_id, limit=_LOOK_BACK + 1, since_turn=since)
+    logged = [b for b in builds if b.has_context]
+    rows = build_context(store, tenant, session_id, logged[-1].build_id) if logged else None
     if rows is None:
         return None
-    out = []
-    for row in rows:
-        data = row.get("message")
-        if isinstance(data, dict):
-            out.append(message_from_openai(data))
-    return out
+    return [message_from_openai(r["message"]) for r in rows if isinstance(r.get("message"), dict)]
 
 
 def _shows(store: SessionStore, tenant: str, session_id: str, handle: str) -> bool:
@@ -150,9 +151,11 @@ def search_dropped(
     record = store.get_session(tenant, session_id)
     end = record.next_seq if record is not None else 0
     dropped: list[Message] = []
+    tools: dict[str, str] = {}  # call id -> tool name, to name a result's tool
     for lo in range(max(0, end - _MAX_SEARCHED), end, 500):
         for stored in store.range(tenant, session_id, lo, min(lo + 500, end)):
             m = stored.message
+            tools.update((c.id, c.name) for c in m.tool_calls)
             if m.role != "system" and shown.get(m.id) != original_content(m):
                 dropped.append(m)
     passages = [_Passage(i, 0, original_content(m)[:_MAX_CHARS]) for i, m in enumerate(dropped)]
@@ -161,5 +164,6 @@ def search_dropped(
         m = dropped[passage.pos]
         text = original_content(m)
         snippet = text if len(text) <= SNIPPET else text[:SNIPPET] + "…"
-        hits.append(SearchHit(handle_for(m.id), m.role, m.name, snippet))
+        name = m.name or (tools.get(m.tool_call_id or "") if m.role == "tool" else None)
+        hits.append(SearchHit(handle_for(m.id), m.role, name, snippet))
     return session_id, hits
