@@ -68,6 +68,16 @@ def wrap(
     policy: Annotated[
         Path | None, typer.Option("--policy", help="Policy TOML the server builds with.")
     ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            "--port",
+            min=1,
+            max=65535,
+            help="The server's port (default: a free one); fixed for clients configured by "
+            "file (Codex's config.toml).",
+        ),
+    ] = None,
     session: Annotated[
         str | None,
         typer.Option("--session", help="The run's id, in CTXWARDEN_SESSION (default: wrap-<hex>)."),
@@ -110,6 +120,7 @@ def wrap(
         openai_key=upstream_key(env, "openai"),
         anthropic_key=upstream_key(env, "anthropic"),
         policy=str(policy.resolve()) if policy is not None else None,
+        port=port,
     )
     checked = ServiceConfig(  # the server's own checks, before it is started
         store_url,

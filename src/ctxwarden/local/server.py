@@ -1,6 +1,7 @@
 """The background ``ctxwarden serve`` that ``wrap`` starts, and finds again on later runs.
 
-One server per configuration (store, upstream URLs, upstream keys, policy): its state
+One server per configuration (store, upstream URLs, upstream keys, policy, and the port
+when one is asked for: a client configured by file, such as Codex, needs a fixed one): its state
 file, ``serve-<id>.json`` in the data dir, holds its pid, port and store, never a key.
 The id is an HMAC of the configuration under the local tenant's key, so a change of
 upstream key starts a new server (the running one holds the old key in its
@@ -52,6 +53,7 @@ class ServeConfig:
     openai_key: str | None = None
     anthropic_key: str | None = None
     policy: str | None = None  # a policy file's path
+    port: int | None = None  # None: a free one
 
     def config_id(self, secret: str) -> str:
         """16 hex digits naming this configuration (keys included, not recoverable)."""
@@ -128,7 +130,7 @@ def _free_port() -> int:
 
 
 def _start(config: ServeConfig, log: Path) -> Running:
-    port = _free_port()
+    port = config.port or _free_port()
     command = [sys.executable, "-m", "ctxwarden", *config.args(port)]
     with log.open("ab") as out:
         out.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command)}\n".encode())

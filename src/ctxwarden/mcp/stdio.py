@@ -9,6 +9,7 @@ Protocol messages own stdout; logs go to stderr.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -52,9 +53,10 @@ class StoreAccess:
 
 def run_stdio(db: str, tenant: str) -> None:
     """Serve the tools over stdin/stdout until the client closes them."""
-    import bm25s  # sets its own logger to DEBUG on import: one line per search on stderr
+    with contextlib.suppress(ImportError):  # (search then says which extra it needs)
+        import bm25s  # noqa: F401 - it sets its logger to DEBUG on import: quiet it after
 
-    logging.getLogger(bm25s.__name__).setLevel(logging.WARNING)
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
     with open_store(db) as store:
         access = StoreAccess(store, tenant, os.environ.get("CTXWARDEN_SESSION") or None)
         server = build_server(access)
