@@ -19,8 +19,6 @@ from ctxwarden.errors import ConfigError
 
 __all__ = ["wrap"]
 
-_USER_KEYS = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
-
 
 def wrap(
     command: Annotated[
@@ -95,11 +93,11 @@ def wrap(
     ctxwarden proxy (started once, in the background, then reused), exit with its exit
     code, and print what the run's calls sent and saved. Upstream keys come from your
     environment (OPENAI_API_KEY, ANTHROPIC_API_KEY) and are never written to disk."""
-    from ctxwarden.local.agent_env import AgentEnv, export_lines, upstream_key, upstream_url
+    from ctxwarden.local.agent_env import AgentEnv, export_lines
     from ctxwarden.local.home import Home
-    from ctxwarden.local.server import ServeConfig, ensure_server, server_urls, stop_servers
-    from ctxwarden.local.tenant import LOCAL_TENANT, local_tenant_key
-    from ctxwarden.service.config import ServiceConfig, unkeyed_warnings
+    from ctxwarden.local.proxy import local_proxy
+    from ctxwarden.local.server import stop_servers
+    from ctxwarden.local.tenant import LOCAL_TENANT
 
     home = Home.at(data_dir)
     if stop:
@@ -108,46 +106,32 @@ def wrap(
         return
     if not command and not print_env:
         raise ConfigError("give the agent's command after --, e.g. ctxwarden wrap -- codex")
-    store_url = db or home.db
-    if policy is not None and not policy.is_file():
-        raise ConfigError(f"--policy {policy}: no such file")
     env = dict(os.environ)
-    own = server_urls(home)
-    config = ServeConfig(
-        db=store_url,
-        upstream=upstream or upstream_url(env, "openai", own),
-        anthropic_upstream=anthropic_upstream or upstream_url(env, "anthropic", own),
-        openai_key=upstream_key(env, "openai"),
-        anthropic_key=upstream_key(env, "anthropic"),
-        policy=str(policy.resolve()) if policy is not None else None,
+    proxy = local_proxy(
+        home,
+        env,
+        db=db,
+        upstream=upstream,
+        anthropic_upstream=anthropic_upstream,
+        policy=policy,
         port=port,
     )
-    checked = ServiceConfig(  # the server's own checks, before it is started
-        store_url,
-        upstream=config.upstream,
-        anthropic_upstream=config.anthropic_upstream,
-        upstream_api_key=config.openai_key,
-        anthropic_api_key=config.anthropic_key,
-    )
-    for line in unkeyed_warnings(checked, _USER_KEYS, tenant_keys=False):
+    for line in proxy.warnings:
         typer.echo(line, err=True)
-    key, _ = local_tenant_key(store_url, home.key_file)
-    running = ensure_server(home, config, secret=key)
-    agent = AgentEnv.new(running.url, key, session=session, header=session_header)
-    how = "reused" if running.reused else "started"
+    url = proxy.running.url
+    agent = AgentEnv.new(url, proxy.key, session=session, header=session_header)
+    how = "reused" if proxy.running.reused else "started"
     if print_env:
-        typer.echo(f"# ctxwarden proxy {how} at {running.url} (stop: ctxwarden wrap --stop)")
+        typer.echo(f"# ctxwarden proxy {how} at {url} (stop: ctxwarden wrap --stop)")
         for line in export_lines(agent.variables()):
             typer.echo(line)
         return
     assert command  # (checked above)
-    typer.echo(
-        f"ctxwarden: proxy {how} at {running.url} (store {store_url}, tenant {LOCAL_TENANT})",
-        err=True,
-    )
+    typer.echo(f"ctxwarden: proxy {how} at {url} (store {proxy.db}, tenant {LOCAL_TENANT})",
+               err=True)  # fmt: skip
     since = time.time()
     code = _run(command, agent.apply(env))
-    _report(store_url, LOCAL_TENANT, since, running.url, home.key_file)
+    _report(proxy.db, LOCAL_TENANT, since, url, home.key_file)
     raise typer.Exit(code)
 
 
