@@ -15,9 +15,13 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import httpx2
 import pytest
+from agent_history import file_text
 from llm_servers import Recorded, Reply, ScriptedServer, anthropic_message, openai_completion
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
 from service_harness import CLI, free_port
 
 from ctxwarden.local.agent_env import AgentEnv, export_lines, upstream_key, upstream_url
@@ -110,6 +114,16 @@ def home(tmp_path: Path) -> Iterator[Path]:
             subprocess.run([CLI, "wrap", "--stop", "--data-dir", str(path)], timeout=60)
 
 
+async def _recall_over_stdio(env: dict[str, str], handle: str) -> str:
+    params = StdioServerParameters(command=CLI, args=["mcp"], env=env)
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+        await client.initialize()
+        got = await client.call_tool("ctxwarden_recall", {"handle": handle})
+        assert not got.is_error, got.content
+        text: str = got.content[0].text  # type: ignore[union-attr]
+        return text
+
+
 def _table(stderr: str) -> dict[str, list[str]]:
     """The summary table's rows by first cell (session id, or ``total``)."""
     rows: dict[str, list[str]] = {}
@@ -168,6 +182,10 @@ def test_wrap_runs_an_agent_and_a_second_run_reuses_the_tenant(
     for path in home.iterdir():
         data = path.read_bytes()
         assert OPENAI_KEY.encode() not in data and ANTHROPIC_KEY.encode() not in data, path
+
+    # the MCP server an agent starts (claude mcp add ctxwarden -- ctxwarden mcp) reads
+    # wrap's store and tenant with no option, and gives the masked result back whole
+    assert anyio.run(_recall_over_stdio, env, "cw:msg:m3") == file_text(0)
 
     # a second run: the same server, the same tenant and key, the agent's exit code 0
     first_state = _state(home)
