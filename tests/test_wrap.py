@@ -228,6 +228,10 @@ def test_wrap_names_the_route_without_a_key_and_passes_exit_codes(
     assert missing.returncode == 127 and "command not found: no-such-agent-5e1f" in missing.stderr
     nothing = _wrap(env)
     assert nothing.returncode == 2 and "give the agent's command after --" in nothing.stderr
+    typo = _wrap(env, "--prnt-env")
+    assert typo.returncode == 2 and "unknown option '--prnt-env'" in typo.stderr
+    bad = _wrap(env, "--session", "no spaces", "--print-env")
+    assert bad.returncode == 2 and "X-Ctxwarden-Session must be" in bad.stderr
     port = free_port()  # a fixed port (Codex's config.toml names it): another server
     fixed = _wrap(env, "--print-env", "--port", str(port))
     assert f"export OPENAI_BASE_URL=http://127.0.0.1:{port}/v1" in fixed.stdout, fixed.stderr
@@ -269,7 +273,7 @@ def test_unkeyed_warnings_name_each_route() -> None:
 def test_the_agents_environment() -> None:
     """Each client's own variables point at the proxy with the tenant key; a key or URL
     that is already this proxy's is not taken as the upstream's."""
-    agent = AgentEnv.new("http://127.0.0.1:9", "cwk_x", session="wrap-1", header=True)
+    agent = AgentEnv("http://127.0.0.1:9", "cwk_x", AgentEnv.run_id("wrap-1"), True)
     user = {"ANTHROPIC_AUTH_TOKEN": "oauth", "PATH": "/bin"}
     env = agent.apply(user)
     assert env["OPENAI_BASE_URL"] == "http://127.0.0.1:9/v1"
@@ -277,7 +281,9 @@ def test_the_agents_environment() -> None:
     assert env["OPENAI_API_KEY"] == env["ANTHROPIC_API_KEY"] == "cwk_x"
     assert env["ANTHROPIC_CUSTOM_HEADERS"] == "X-Ctxwarden-Session: wrap-1"
     assert "ANTHROPIC_AUTH_TOKEN" not in env and env["PATH"] == "/bin"
-    assert "ANTHROPIC_CUSTOM_HEADERS" not in AgentEnv.new("u", "k").variables()
+    plain = AgentEnv("u", "k", AgentEnv.run_id())
+    assert "ANTHROPIC_CUSTOM_HEADERS" not in plain.variables()
+    assert re.fullmatch(r"wrap-[0-9a-f]{12}", plain.session)
     assert export_lines({"A": "x y"}) == ["export A='x y'"]
     assert upstream_key({"OPENAI_API_KEY": "cwk_x"}, "openai") is None
     assert upstream_key({"OPENAI_API_KEY": "sk-1"}, "openai") == "sk-1"

@@ -106,6 +106,9 @@ def wrap(
         return
     if not command and not print_env:
         raise ConfigError("give the agent's command after --, e.g. ctxwarden wrap -- codex")
+    if command and command[0].startswith("-"):  # a mistyped option of wrap's, not a command
+        raise ConfigError(f"unknown option {command[0]!r}; the agent's command goes after --")
+    run_id = AgentEnv.run_id(session)
     env = dict(os.environ)
     proxy = local_proxy(
         home,
@@ -119,7 +122,7 @@ def wrap(
     for line in proxy.warnings:
         typer.echo(line, err=True)
     url = proxy.running.url
-    agent = AgentEnv.new(url, proxy.key, session=session, header=session_header)
+    agent = AgentEnv(url, proxy.key, run_id, session_header)
     how = "reused" if proxy.running.reused else "started"
     if print_env:
         typer.echo(f"# ctxwarden proxy {how} at {url} (stop: ctxwarden wrap --stop)")

@@ -86,11 +86,13 @@ class AgentEnv:
     session: str
     session_header: bool = False
 
-    @classmethod
-    def new(
-        cls, url: str, key: str, *, session: str | None = None, header: bool = False
-    ) -> AgentEnv:
-        return cls(url, key, session or f"wrap-{uuid.uuid4().hex[:12]}", header)
+    @staticmethod
+    def run_id(session: str | None = None) -> str:
+        """``session`` checked as the proxy checks the header (a bad one is an
+        :class:`~ctxwarden.errors.InvalidMessageError`), else ``wrap-`` and 12 hex digits."""
+        from ctxwarden.service.history import valid_session_id
+
+        return valid_session_id(session) if session else f"wrap-{uuid.uuid4().hex[:12]}"
 
     def variables(self) -> dict[str, str]:
         out = {
