@@ -29,6 +29,7 @@ from service_harness import CLI, ProxyServer, add_tenant, module_db, sid
 __all__ = ["module_db"]  # the fixture, re-exported for pytest
 
 HANDLE = re.compile(r"cw:msg:m\d+")
+DECOY_M3 = {"role": "tool", "tool_call_id": "call_0", "content": "a short file — “m3” of another"}
 TOOLS = {"ctxwarden_recall", "ctxwarden_search"}
 
 
@@ -42,6 +43,7 @@ class Env:
     session: str
     handle: str  # the masked result's, as the upstream saw it
     original: str  # what the handle stands for
+    decoy: str  # a later session of the same tenant with another m3, shown whole
 
 
 def _send(proxy: ProxyServer, key: str, session: str, messages: list[Any]) -> None:
@@ -65,10 +67,12 @@ def env(module_db: str) -> Iterator[Env]:
         assert "[tool result masked" in seen and file_text(0) not in seen
         handle = HANDLE.findall(seen)[0]
         assert handle == "cw:msg:m3"  # the first read_file result (system m0, task m1, call m2)
-        # a later, shorter session of the same tenant whose m3 is shown whole: the handle
-        # still goes to the session whose context shows it
-        _send(proxy, key, sid(), coding_history("Another task", reads=1))
-        yield Env(module_db, proxy, upstream, key, other_key, session, handle, file_text(0))
+        # a later, shorter session of the same tenant whose m3 (another file) is shown
+        # whole: a handle with no session named goes to the session whose context shows it
+        decoy = sid()
+        _send(proxy, key, decoy, [*coding_history("Another task", reads=1)[:3], DECOY_M3,
+                                  {"role": "user", "content": "Go on."}])  # fmt: skip
+        yield Env(module_db, proxy, upstream, key, other_key, session, handle, file_text(0), decoy)
     finally:
         proxy.stop()
         upstream.stop()
@@ -88,6 +92,12 @@ async def _check_tools(client: ClientSession, env: Env) -> None:
         "ctxwarden_recall", {"handle": env.handle, "session": env.session}
     )
     assert named.content[0].text == env.original  # type: ignore[union-attr]
+    other = await client.call_tool("ctxwarden_recall", {"handle": "m3", "session": env.decoy})
+    assert other.is_error  # not a handle
+    other = await client.call_tool(
+        "ctxwarden_recall", {"handle": "cw:msg:m3", "session": env.decoy}
+    )
+    assert other.content[0].text == DECOY_M3["content"]  # type: ignore[union-attr]
     found = await client.call_tool(
         "ctxwarden_search", {"words": "zebra0 mod0", "session": env.session}
     )
@@ -130,8 +140,10 @@ async def test_stdio_reads_only_its_tenant(env: Env) -> None:
 
 
 @asynccontextmanager
-async def _http(env: Env, key: str) -> AsyncIterator[ClientSession]:
-    headers = {"Authorization": f"Bearer {key}"}
+async def _http(
+    env: Env, key: str, more: dict[str, str] | None = None
+) -> AsyncIterator[ClientSession]:
+    headers = {"Authorization": f"Bearer {key}", **(more or {})}
     async with (
         httpx2.AsyncClient(headers=headers, timeout=30) as http,
         streamable_http_client(env.proxy.url + "/mcp", http_client=http) as (read, write),
@@ -143,6 +155,13 @@ async def _http(env: Env, key: str) -> AsyncIterator[ClientSession]:
 async def test_http(env: Env) -> None:
     async with _http(env, env.key) as client:
         await _check_tools(client, env)
+
+
+async def test_http_session_header_is_the_hint(env: Env) -> None:
+    async with _http(env, env.key, {"X-Ctxwarden-Session": env.decoy}) as client:
+        await client.initialize()
+        got = await client.call_tool("ctxwarden_recall", {"handle": env.handle})
+        assert got.content[0].text == DECOY_M3["content"]  # type: ignore[union-attr]
 
 
 async def test_http_reads_only_the_keys_tenant(env: Env) -> None:

@@ -8,7 +8,8 @@ tool's ``session`` argument). Else a *hint* is tried first when it holds the mes
 ``X-Ctxwarden-Session`` header over HTTP, ``CTXWARDEN_SESSION`` on stdio (``ctxwarden
 wrap`` exports it, and an MCP server the agent starts inherits it). Else the handle goes
 to the tenant's session whose newest logged context shows it, among the :data:`RECENT`
-most recently active, else to the most recent session that has a message with that id.
+most recently active (the most recent when several do: two agents working at once should
+name their sessions), else to the most recent session that has a message with that id.
 
 **Dropped history** is every stored message that the session's newest logged context
 does not show whole: left out by the window, summarised, masked or truncated. When no
