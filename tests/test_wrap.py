@@ -24,6 +24,7 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from service_harness import CLI, free_port
 
+from ctxwarden.errors import ConfigError
 from ctxwarden.local.agent_env import AgentEnv, export_lines, upstream_key, upstream_url
 from ctxwarden.service.config import ServiceConfig, unkeyed_warnings
 
@@ -301,10 +302,17 @@ def test_the_agents_environment() -> None:
 
 def test_a_lost_key_file_rekeys_the_local_tenant(tmp_path: Path) -> None:
     from ctxwarden.local.tenant import local_tenant_key
+    from ctxwarden.service.keys import hash_key
+    from ctxwarden.store import open_store
+    from ctxwarden.store.service_tables import tenant_by_key_hash
 
     db, keys = f"sqlite:///{tmp_path / 'x.db'}", tmp_path / "local-key"
     first, made = local_tenant_key(db, keys)
     assert made and local_tenant_key(db, keys) == (first, False)
     keys.unlink()
+    with pytest.raises(ConfigError, match="has a key wrap does not hold"):
+        local_tenant_key(db, keys, own_store=False)  # a store of the user's: not revoked
+    with open_store(db) as store:
+        assert tenant_by_key_hash(store, hash_key(first)) is not None
     second, made = local_tenant_key(db, keys)
     assert made and second != first and keys.read_text().strip() == second

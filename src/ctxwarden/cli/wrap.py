@@ -134,7 +134,7 @@ def wrap(
                err=True)  # fmt: skip
     since = time.time()
     code = _run(command, agent.apply(env))
-    _report(proxy.db, LOCAL_TENANT, since, url, home.key_file)
+    _report(proxy.db, LOCAL_TENANT, since, url, proxy.key_file)
     raise typer.Exit(code)
 
 

@@ -10,6 +10,7 @@ key. Upstream provider keys are never written here.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from dataclasses import dataclass
@@ -54,8 +55,15 @@ class Home:
 
     @property
     def key_file(self) -> Path:
-        """The local tenant's key (mode 0600)."""
+        """The local tenant's key in the embedded store (mode 0600)."""
         return self.path / "local-key"
+
+    def key_file_for(self, db: str) -> Path:
+        """The local tenant's key in store ``db``: one file per store, so runs on the
+        embedded store and on a ``--db`` of the user's do not re-key each other."""
+        if db == self.db:
+            return self.key_file
+        return self.path / f"local-key-{hashlib.sha256(db.encode()).hexdigest()[:12]}"
 
     @property
     def lock_file(self) -> Path:

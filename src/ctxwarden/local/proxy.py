@@ -22,12 +22,13 @@ _USER_KEYS = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 
 @dataclass(frozen=True)
 class LocalProxy:
-    """A running local proxy: its server, the store it writes, the local tenant's key, and
-    the warnings to show (routes without an upstream key)."""
+    """A running local proxy: its server, the store it writes, the local tenant's key (and
+    the file it is kept in), and the warnings to show (routes without an upstream key)."""
 
     running: Running
     db: str
     key: str
+    key_file: Path
     warnings: tuple[str, ...]
 
 
@@ -64,6 +65,7 @@ def local_proxy(
         anthropic_api_key=config.anthropic_key,
     )
     warnings = tuple(unkeyed_warnings(checked, _USER_KEYS, tenant_keys=False))
-    key, _ = local_tenant_key(config.db, home.key_file)
+    key_file = home.key_file_for(config.db)
+    key, _ = local_tenant_key(config.db, key_file, own_store=config.db == home.db)
     running = ensure_server(home, config, secret=key)
-    return LocalProxy(running, config.db, key, warnings)
+    return LocalProxy(running, config.db, key, key_file, warnings)

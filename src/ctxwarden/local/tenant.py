@@ -4,7 +4,9 @@ A tenant's key is stored hashed in the store and shown once, so ``wrap`` keeps t
 itself in ``<data dir>/local-key`` (mode 0600) to use it again on every run. It is a
 ctxwarden key (it opens this store's sessions through the proxy), not a provider key.
 When the file and the store disagree (the file deleted, the store replaced, the tenant
-revoked), the tenant gets a new key; its sessions stay stored.
+revoked), the tenant gets a new key; its sessions stay stored. In a store of the user's
+own (``--db``), an active ``local`` tenant whose key ``wrap`` does not hold is someone
+else's: ``wrap`` refuses rather than revoke it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ctxwarden.errors import ConfigError
 from ctxwarden.store import open_store
 from ctxwarden.store.service_tables import (
     add_tenant,
@@ -42,10 +45,13 @@ def _write_key(path: Path, key: str) -> None:
     os.replace(tmp, path)
 
 
-def local_tenant_key(db: str, key_file: Path, tenant: str = LOCAL_TENANT) -> tuple[str, bool]:
+def local_tenant_key(
+    db: str, key_file: Path, tenant: str = LOCAL_TENANT, *, own_store: bool = True
+) -> tuple[str, bool]:
     """The local tenant's key and whether it was made now: the kept key when the store
     knows it as ``tenant``'s active key, else a new key for ``tenant`` (created, or
-    re-keyed with its sessions kept), written to ``key_file``."""
+    re-keyed with its sessions kept; in a store not ``own_store``, an active tenant is
+    a :class:`~ctxwarden.errors.ConfigError` instead), written to ``key_file``."""
     from ctxwarden.service.keys import hash_key, new_key, shown_prefix
 
     kept = _read_key(key_file)
@@ -57,6 +63,11 @@ def local_tenant_key(db: str, key_file: Path, tenant: str = LOCAL_TENANT) -> tup
         key = new_key()
         known = {t.tenant: t for t in list_tenants(store)}
         if tenant in known and known[tenant].active:
+            if not own_store:
+                raise ConfigError(
+                    f"tenant {tenant!r} in {db} has a key wrap does not hold ({key_file}); "
+                    f"revoke it (ctxwarden tenant revoke {tenant} --db ...) to let wrap re-key it"
+                )
             revoke_tenant(store, tenant)  # its key was lost: issue a new one
         add_tenant(store, tenant, key_hash=hash_key(key), key_prefix=shown_prefix(key))
     _write_key(key_file, key)
