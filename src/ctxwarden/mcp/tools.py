@@ -29,7 +29,12 @@ from ctxwarden.memory.recall import audit_recall, find_stored, original_content,
 from ctxwarden.messages import Message
 from ctxwarden.steps.handles import handle_for, message_id_of
 from ctxwarden.store.base import SessionStore
-from ctxwarden.store.service_tables import build_context, latest_builds, list_builds
+from ctxwarden.store.service_tables import (
+    BuildRecord,
+    build_context,
+    latest_builds,
+    list_builds,
+)
 
 __all__ = ["RECENT", "SearchHit", "recall_original", "search_dropped", "which_session"]
 
@@ -63,10 +68,11 @@ def _recent(store: SessionStore, tenant: str, first: str | None) -> list[str]:
     return ids
 
 
-def _newest_context(store: SessionStore, tenant: str, session_id: str) -> list[Message] | None:
+def _newest_context(
+    store: SessionStore, tenant: str, session_id: str, newest: BuildRecord | None
+) -> list[Message] | None:
     """The built messages of the session's newest build that logged them (recalls log a
-    row without any), or None."""
-    newest = latest_builds(store, tenant).get(session_id)
+    row without any), or None; ``newest`` is the session's newest build."""
     if newest is None:
         return None
     since = max(0, newest.turn - _LOOK_BACK)
@@ -78,10 +84,12 @@ def _newest_context(store: SessionStore, tenant: str, session_id: str) -> list[M
     return [message_from_openai(r["message"]) for r in rows if isinstance(r.get("message"), dict)]
 
 
-def _shows(store: SessionStore, tenant: str, session_id: str, handle: str) -> bool:
+def _shows(
+    store: SessionStore, tenant: str, session_id: str, newest: BuildRecord | None, handle: str
+) -> bool:
     """The session's newest logged context shows ``handle`` (whole: ``cw:msg:m1`` is not
     shown by ``cw:msg:m12``)."""
-    context = _newest_context(store, tenant, session_id)
+    context = _newest_context(store, tenant, session_id, newest)
     if context is None:
         return False
     shown = re.compile(re.escape(handle_for(message_id_of(handle))) + r"(?![\w.:/-])")
@@ -105,8 +113,9 @@ def which_session(
     ids = _recent(store, tenant, None)
     if hint is not None and hint in ids and _holds(store, tenant, hint, handle):
         return hint
+    latest = latest_builds(store, tenant)  # one read for all sessions
     for session_id in ids[:RECENT]:
-        if _shows(store, tenant, session_id, handle):
+        if _shows(store, tenant, session_id, latest.get(session_id), handle):
             return session_id
     for session_id in ids:
         if _holds(store, tenant, session_id, handle):
@@ -147,7 +156,8 @@ def search_dropped(
     session_id = session or next(iter(_recent(store, tenant, hint)), None)
     if session_id is None:
         return "", []
-    context = _newest_context(store, tenant, session_id)
+    newest = latest_builds(store, tenant).get(session_id)
+    context = _newest_context(store, tenant, session_id, newest)
     shown = {m.id: original_content(m) for m in context} if context is not None else {}
     record = store.get_session(tenant, session_id)
     end = record.next_seq if record is not None else 0
