@@ -316,3 +316,21 @@ def test_a_lost_key_file_rekeys_the_local_tenant(tmp_path: Path) -> None:
         assert tenant_by_key_hash(store, hash_key(first)) is not None
     second, made = local_tenant_key(db, keys)
     assert made and second != first and keys.read_text().strip() == second
+
+
+def test_stop_leaves_a_process_that_took_a_stale_pid(tmp_path: Path) -> None:
+    """A state file whose pid now belongs to another process: --stop removes the file and
+    leaves the process alone."""
+    from ctxwarden.local.home import Home
+    from ctxwarden.local.server import stop_servers
+
+    home = Home.at(tmp_path / "data")
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        state = {"pid": other.pid, "port": free_port(), "db": home.db, "started_at": 0.0}
+        home.state_file("0123456789abcdef").write_text(json.dumps(state))
+        assert stop_servers(home) == []
+        assert other.poll() is None and not list(home.path.glob("serve-*.json"))
+    finally:
+        other.kill()
+        other.wait(timeout=10)

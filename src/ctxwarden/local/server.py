@@ -113,7 +113,7 @@ def stop_servers(home: Home) -> list[Running]:
     with _locked(home.lock_file):
         for path in home.state_files():
             found = _read_state(path)
-            if found is not None and _pid_alive(found.pid):
+            if found is not None and _ours(found):
                 _terminate(found.pid)
                 stopped.append(found)
             path.unlink(missing_ok=True)
@@ -178,6 +178,19 @@ def _pid_alive(pid: int) -> bool:
 
 def _alive(running: Running) -> bool:
     return _pid_alive(running.pid) and _ready(running.url)
+
+
+def _ours(running: Running) -> bool:
+    """The state's pid is still the server it names, not a process that got the number
+    since: its command line says ``serve --port N`` (where ``/proc`` shows it), else it
+    answers on that port."""
+    if not _pid_alive(running.pid):
+        return False
+    try:
+        args = Path(f"/proc/{running.pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return _ready(running.url)
+    return b"serve" in args and str(running.port).encode() in args
 
 
 def _terminate(pid: int, wait: float = 10.0) -> None:
