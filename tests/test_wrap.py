@@ -334,3 +334,25 @@ def test_stop_leaves_a_process_that_took_a_stale_pid(tmp_path: Path) -> None:
     finally:
         other.kill()
         other.wait(timeout=10)
+
+
+def test_a_new_key_or_policy_means_another_server() -> None:
+    """The configuration's id changes with an upstream key or the policy's content (the
+    running server holds the old ones), and says nothing of the key."""
+    from ctxwarden.local.server import ServeConfig
+
+    base = ServeConfig("sqlite:///x.db", "http://u/v1", "http://a", openai_key="sk-1")
+    ids = {
+        c.config_id("cwk_secret")
+        for c in (
+            base,
+            ServeConfig("sqlite:///x.db", "http://u/v1", "http://a", openai_key="sk-2"),
+            ServeConfig("sqlite:///x.db", "http://u/v1", "http://a", openai_key="sk-1",
+                        policy="/p.toml", policy_sha256="1"),
+            ServeConfig("sqlite:///x.db", "http://u/v1", "http://a", openai_key="sk-1",
+                        policy="/p.toml", policy_sha256="2"),
+        )
+    }  # fmt: skip
+    assert len(ids) == 4 and all(re.fullmatch(r"[0-9a-f]{16}", i) for i in ids)
+    assert base.config_id("cwk_secret") == base.config_id("cwk_secret")
+    assert "sk-1" not in " ".join(base.args(8400))

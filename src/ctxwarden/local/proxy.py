@@ -4,6 +4,7 @@ reused). ``ctxwarden wrap`` calls :func:`local_proxy` and runs the agent against
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,7 @@ def local_proxy(
         anthropic_key=upstream_key(env, "anthropic"),
         policy=str(policy.resolve()) if policy is not None else None,
         port=port,
+        policy_sha256=hashlib.sha256(policy.read_bytes()).hexdigest() if policy else None,
     )
     checked = ServiceConfig(
         config.db,

@@ -54,6 +54,7 @@ class ServeConfig:
     anthropic_key: str | None = None
     policy: str | None = None  # a policy file's path
     port: int | None = None  # None: a free one
+    policy_sha256: str | None = None  # its content: an edited policy starts a new server
 
     def config_id(self, secret: str) -> str:
         """16 hex digits naming this configuration (keys included, not recoverable)."""
