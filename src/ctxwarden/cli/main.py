@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from ctxwarden._version import __version__
-from ctxwarden.cli import bench, build, count, models, serve, worker
+from ctxwarden.cli import bench, build, count, mcp, models, serve, worker, wrap
 from ctxwarden.cli._common import handle_errors
 
 app = typer.Typer(
@@ -42,8 +42,8 @@ def _root(
     """Keep a long-running LLM agent's context window small, cheap and faithful."""
 
 
-def _register(name: str, command: Callable[..., Any]) -> None:
-    app.command(name)(handle_errors(command))
+def _register(name: str, command: Callable[..., Any], **settings: Any) -> None:
+    app.command(name, **settings)(handle_errors(command))
 
 
 _register("count", count.count)
@@ -53,6 +53,9 @@ _register("explain", build.explain)
 _register("bench", bench.bench)
 _register("serve", serve.serve)
 _register("worker", worker.worker)
+# wrap passes the agent's own options (after --, or unknown to wrap) through as COMMAND
+_register("wrap", wrap.wrap, context_settings={"ignore_unknown_options": True})
+_register("mcp", mcp.mcp)
 app.add_typer(serve.tenant_app, name="tenant")
 
 from ctxwarden.cli.session import session_app  # noqa: E402  (needs the registered app above)

@@ -112,7 +112,11 @@ def serve(
         keep_contexts=keep_contexts,
         store_threads=store_threads,
     )
+    from ctxwarden.service.config import unkeyed_warnings
+
     typer.echo(f"ctxwarden serving on http://{host}:{port} (store {db})", err=True)
+    for line in unkeyed_warnings(config):
+        typer.echo(line, err=True)
     run(config, host=host, port=port)
 
 

@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ctxwarden import Registry
 from ctxwarden._version import __version__
 from ctxwarden.errors import StoreUnavailable
+from ctxwarden.mcp.http import mount_mcp
 from ctxwarden.service import anthropic_proxy, openai_proxy, sessions_api, ui_routes
 from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.config import ServiceConfig
@@ -138,6 +139,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
     app.include_router(anthropic_proxy.router)
     app.include_router(sessions_api.router)
     app.include_router(ui_routes.router)  # /ui/: the session pages
+    mount_mcp(app)  # /mcp: recall and search over MCP (ctxwarden.mcp.http)
     app.add_middleware(_CountRequests, metrics=metrics)
 
     @app.exception_handler(ServiceError)

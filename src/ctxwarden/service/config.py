@@ -7,6 +7,7 @@ client: the key a client sends is its ctxwarden tenant key and is not forwarded.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -16,7 +17,7 @@ from ctxwarden.session.build_log import KEEP_BUILDS, KEEP_CONTEXTS
 if TYPE_CHECKING:
     from ctxwarden import Policy, Registry
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "ServiceConfig"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "KEY_ENV", "ServiceConfig", "unkeyed_warnings"]
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 """Request bodies above this are refused with 413 before they are parsed."""
@@ -91,3 +92,36 @@ class ServiceConfig:
         kw.setdefault("upstream_api_key", os.environ.get("CTXWARDEN_UPSTREAM_API_KEY"))
         kw.setdefault("anthropic_api_key", os.environ.get("CTXWARDEN_ANTHROPIC_API_KEY"))
         return cls(db=db, **kw)  # type: ignore[arg-type]
+
+    @property
+    def unkeyed_routes(self) -> tuple[str, ...]:
+        """The routes (``"openai"``, ``"anthropic"``) with an upstream but no server key:
+        their calls go upstream without credentials unless the tenant has its own key."""
+        routes = (
+            ("openai", self.upstream, self.upstream_api_key),
+            ("anthropic", self.anthropic_upstream, self.anthropic_api_key),
+        )
+        return tuple(api for api, url, key in routes if url and not key)
+
+
+KEY_ENV = {"openai": "CTXWARDEN_UPSTREAM_API_KEY", "anthropic": "CTXWARDEN_ANTHROPIC_API_KEY"}
+"""The variables ``serve`` reads the upstream keys from."""
+
+
+def unkeyed_warnings(
+    config: ServiceConfig, key_env: Mapping[str, str] = KEY_ENV, *, tenant_keys: bool = True
+) -> list[str]:
+    """One line per route without an upstream key, for ``serve`` and ``wrap`` to print at
+    start (a missing key is otherwise seen only as the provider's 401 on the first call):
+    ``key_env`` names the variable to set; ``tenant_keys`` adds that a tenant's own key
+    would do."""
+    out = []
+    for api in config.unkeyed_routes:
+        line = f"warning: no upstream key for the {api} route ({key_env[api]} is not set): "
+        if tenant_keys:
+            flag = "--anthropic-key" if api == "anthropic" else "--upstream-key"
+            line += f"its calls go without one unless the tenant has its own (tenant add {flag})"
+        else:
+            line += "its calls go upstream without one"
+        out.append(line)
+    return out
