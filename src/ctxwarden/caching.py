@@ -34,7 +34,9 @@ _MEMOISED: list[Any] = []  # functions made by memoize (module-level, so never c
 
 
 class BoundedCache(Generic[K, V]):
-    """A thread-safe LRU map of at most ``maxsize`` entries, named for diagnostics."""
+    """A thread-safe LRU map of at most ``maxsize`` entries, named for diagnostics.
+
+    Reads take no lock; writes (and the evictions they cause) take it."""
 
     __slots__ = (
         "__weakref__",
@@ -42,6 +44,7 @@ class BoundedCache(Generic[K, V]):
         "_lock",
         "_weigh",
         "_weight",
+        "get",
         "max_weight",
         "maxsize",
         "name",
@@ -54,9 +57,13 @@ class BoundedCache(Generic[K, V]):
         *,
         max_weight: int | None = None,
         weigh: Callable[[V], int] | None = None,
+        recency: bool = True,
     ) -> None:
         """``maxsize`` entries at most; with ``weigh``, also at most ``max_weight`` in all
-        (a memo of texts is bounded in characters as well as in entries)."""
+        (a memo of texts is bounded in characters as well as in entries). With
+        ``recency=False`` the oldest entry leaves first whatever was read since (first in,
+        first out), and a read takes no lock: one ``dict.get``, for the hottest memos (the
+        token counter's, read for every message of every build)."""
         if maxsize < 1:
             raise ValueError(f"cache {name!r}: maxsize must be at least 1, got {maxsize}")
         if (weigh is None) != (max_weight is None):
@@ -68,6 +75,7 @@ class BoundedCache(Generic[K, V]):
         self._weight = 0
         self._data: OrderedDict[K, V] = OrderedDict()
         self._lock = threading.Lock()
+        self.get: Callable[[K], V | None] = self._recent if recency else self._data.get
         _ALL.add(self)  # type: ignore[arg-type]
 
     def __repr__(self) -> str:
@@ -76,14 +84,20 @@ class BoundedCache(Generic[K, V]):
     def __len__(self) -> int:
         return len(self._data)
 
-    def get(self, key: K) -> V | None:
-        """The value kept for ``key`` (now the most recently used), or ``None``."""
-        with self._lock:
-            found = self._data.get(key, _MISSING)
-            if found is _MISSING:
-                return None
-            self._data.move_to_end(key)
-            return found  # type: ignore[return-value]
+    def _recent(self, key: K) -> V | None:
+        """The value kept for ``key`` (now the most recently used), or ``None``: what
+        ``get`` is unless ``recency=False``. Lock-free: each of the two calls is one step
+        of the C ``OrderedDict``, and a key another thread evicts in between is a
+        ``KeyError`` here that changes nothing (the value read is still the right one)."""
+        data = self._data
+        found = data.get(key, _MISSING)
+        if found is _MISSING:
+            return None
+        try:
+            data.move_to_end(key)
+        except KeyError:
+            pass
+        return found  # type: ignore[return-value]
 
     def put(self, key: K, value: V) -> V:
         """Keep ``value`` under ``key``, dropping the least recently used past the cap."""

@@ -48,7 +48,7 @@ placeholder's key, counting both texts and looking up the action again."""
 # Placeholders already made, so every build sends the same object (its fingerprint and
 # token count cached on it) instead of a new copy.
 _MASKED: BoundedCache[tuple[str, str, str, str], tuple[Message, int]] = BoundedCache(
-    "mask.placeholders", 8192
+    "mask.placeholders", 8192, recency=False
 )
 
 

@@ -308,7 +308,7 @@ class TokenCounter:
         self._encoding = get_encoding(resolved.encoding)
         self._ordinary = self._encoding.encode_ordinary
         self._cache: BoundedCache[str, tuple[int, bool]] = BoundedCache(
-            f"counter.messages[{model}]", cache_size
+            f"counter.messages[{model}]", cache_size, recency=False
         )
         # what makes this way of counting (counters equal in it count alike): the key of
         # memos of what it counted (counting_key), and the name under which each
@@ -325,7 +325,7 @@ class TokenCounter:
         self._kept = _KEPT_PREFIX + hashlib.sha1(repr(self.counting).encode()).hexdigest()[:16]
         # recent texts (drafts are often counted twice), oldest first out
         self._texts: BoundedCache[str, int] = BoundedCache(
-            f"counter.texts[{model}]", _TEXT_CACHE_SIZE
+            f"counter.texts[{model}]", _TEXT_CACHE_SIZE, recency=False
         )
 
     @classmethod
