@@ -227,11 +227,11 @@ def test_a_copy_under_another_id_is_the_message_built_with_that_id() -> None:
     from dataclasses import fields
 
     original = Message.tool("x" * 40, "call_1", name="lookup", id="x1", pinned=True)
-    original.__dict__["_ctxwarden_row"] = "names x1"  # a memo that holds the old id
+    original._memo["_ctxwarden_row"] = "names x1"  # a memo that holds the old id
     copy = original.with_id("m3")
     built = Message.tool("x" * 40, "call_1", name="lookup", id="m3", pinned=True)
     assert all(getattr(copy, f.name) == getattr(built, f.name) for f in fields(Message))
-    assert copy == built and "_ctxwarden_row" not in copy.__dict__
+    assert copy == built and "_ctxwarden_row" not in copy._memo
     with pytest.raises(InvalidMessageError, match="must be a str"):
         original.with_id(7)  # type: ignore[arg-type]
     assert original.with_id("").id == Message.tool("x" * 40, "call_1", name="lookup").id

@@ -172,8 +172,8 @@ def test_a_call_served_warm_equals_one_served_cold(tmp_path: Path) -> None:
         warm.call(history_at(base, step))
         first.call(history_at(base, step))
     first.hub.close()
-    openai_json._MEMO._texts.clear()  # a new process: no memo of any kind
-    openai_json._META_MEMO._texts.clear()
+    openai_json._MEMO.clear()  # a new process: no memo of any kind
+    openai_json._META_MEMO.clear()
     cold = _Proxy(f"sqlite:///{tmp_path / 'cold.db'}", first.key)
     for step in range(turns, turns + 3):  # the cold proxy's first call, then warm again
         got_warm, got_cold = warm.call(history_at(base, step)), cold.call(history_at(base, step))

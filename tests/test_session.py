@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from ctxwarden.build.engine import build_context
+from ctxwarden.caching import BoundedCache
 from ctxwarden.errors import ConfigError, InvalidMessageError, StoreError, SummarizationError
 from ctxwarden.formats.openai import message_from_openai
 from ctxwarden.memory.entities import extract_entities
@@ -328,7 +329,6 @@ def test_folded_messages_still_feed_the_ledger(url: str, sid: str) -> None:
 def test_a_new_process_resumes_from_the_stored_checkpoint(
     url: str, sid: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from collections import OrderedDict
 
     from ctxwarden.session.session import LEDGER_SAVE_EVERY
     from ctxwarden.store import ledger_checkpoint
@@ -344,7 +344,9 @@ def test_a_new_process_resumes_from_the_stored_checkpoint(
             full = build_context(history, max_input_tokens=400, previous=full)
         stored_upto = _stored_ledger(s)[0]
         assert 0 <= s.ledger.upto - stored_upto < LEDGER_SAVE_EVERY  # saved every so often
-    monkeypatch.setattr(ledger_checkpoint, "_MEMORY", OrderedDict())  # as in a new process
+    monkeypatch.setattr(
+        ledger_checkpoint, "_MEMORY", BoundedCache("test", 16)
+    )  # as in a new process
     with Session(url, sid) as s:
         ranges = _recording(s.store)
         s.append(filler(2, 380))
@@ -360,7 +362,6 @@ def test_a_new_process_resumes_from_the_stored_checkpoint(
 def test_a_damaged_stored_ledger_is_rebuilt(
     url: str, sid: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from collections import OrderedDict
 
     from ctxwarden.store import ledger_checkpoint
 
@@ -370,7 +371,7 @@ def test_a_damaged_stored_ledger_is_rebuilt(
         first = s.build(max_input_tokens=500)
         with s.store._write() as tx:  # type: ignore[attr-defined]
             tx.execute("UPDATE ctxwarden_ledgers SET ledger = '{\"entries\": 7}'")
-        monkeypatch.setattr(ledger_checkpoint, "_MEMORY", OrderedDict())  # a new process
+        monkeypatch.setattr(ledger_checkpoint, "_MEMORY", BoundedCache("test", 16))  # a new process
         with pytest.raises(ValueError, match="not a stored entity ledger"):
             _stored_ledger(s)
         again = s.build(max_input_tokens=500)
@@ -381,7 +382,7 @@ def test_a_damaged_stored_ledger_is_rebuilt(
         assert "not a stored entity ledger" in warning and "rebuilt" in warning
         upto, stored = _stored_ledger(s)  # repaired by the build's save
         assert stored is not None and stored.to_dict() == _expected_ledger(s, upto, set()).to_dict()
-        monkeypatch.setattr(ledger_checkpoint, "_MEMORY", OrderedDict())
+        monkeypatch.setattr(ledger_checkpoint, "_MEMORY", BoundedCache("test", 16))
         s.append(filler(2, 200))
         assert not s.build(max_input_tokens=500).audit.warnings  # the repaired one reads back
 
@@ -419,7 +420,6 @@ def _counting(store: SessionStore) -> dict[str, int]:
 def test_a_bulk_imported_session_seeds_its_ledger_from_a_bounded_look_back(
     url: str, sid: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from collections import OrderedDict
 
     from ctxwarden.session.session import LEDGER_SAVE_EVERY
     from ctxwarden.store import ledger_checkpoint
@@ -463,7 +463,7 @@ def test_a_bulk_imported_session_seeds_its_ledger_from_a_bounded_look_back(
         assert all(b[0] == a[1] - 1 for a, b in itertools.pairwise(ranges)), ranges
         assert s.ledger.since == ckpt.since and s.ledger.upto > upto
         # a new process continues from the stored checkpoint, its coverage kept
-        monkeypatch.setattr(ledger_checkpoint, "_MEMORY", OrderedDict())
+        monkeypatch.setattr(ledger_checkpoint, "_MEMORY", BoundedCache("test", 16))
         s.append(filler(2, 5040))
         read.clear()
         assert not s.build(max_input_tokens=500).audit.warnings
@@ -476,7 +476,6 @@ def test_a_bulk_imported_session_seeds_its_ledger_from_a_bounded_look_back(
 def test_a_damaged_ledger_of_a_long_session_is_rebuilt_from_the_look_back_only(
     url: str, sid: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from collections import OrderedDict
 
     from ctxwarden.store import ledger_checkpoint
 
@@ -484,7 +483,7 @@ def test_a_damaged_ledger_of_a_long_session_is_rebuilt_from_the_look_back_only(
         first = s.build(max_input_tokens=500)
         with s.store._write() as tx:  # type: ignore[attr-defined]
             tx.execute("UPDATE ctxwarden_ledgers SET ledger = 'not json'")
-        monkeypatch.setattr(ledger_checkpoint, "_MEMORY", OrderedDict())  # a new process
+        monkeypatch.setattr(ledger_checkpoint, "_MEMORY", BoundedCache("test", 16))  # a new process
         read = _counting(s.store)
         again = s.build(max_input_tokens=500)
         damaged, seeded = again.audit.warnings

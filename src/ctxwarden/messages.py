@@ -117,6 +117,10 @@ class Message:
     created_at: float | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
+    _memo: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """Results of pure functions of this message (its token count per counter, its wire
+    bytes, a step's outcome), kept with it: the message never changes, so they never go
+    stale. Declared, so nothing writes undeclared attributes into a frozen object."""
 
     def __post_init__(self) -> None:
         if isinstance(self.content, list):
@@ -252,6 +256,7 @@ class Message:
         for name in _FIELDS:
             kept[name] = own[name]
         kept["id"] = new_id
+        kept["_memo"] = {}  # (outcomes kept there may depend on the id)
         for name in ("fingerprint", "text"):
             if name in own:
                 kept[name] = own[name]
@@ -266,7 +271,7 @@ class Message:
 # -- the canonical form ------------------------------------------------------------------------
 
 
-_FIELDS = tuple(f.name for f in fields(Message))
+_FIELDS = tuple(f.name for f in fields(Message) if f.name != "_memo")
 
 
 def _part_dict(part: Part) -> dict[str, Any]:

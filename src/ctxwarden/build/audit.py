@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from ctxwarden.caching import memoize
 from ctxwarden.steps.base import Action, ActionKind
 
 if TYPE_CHECKING:
@@ -28,14 +29,9 @@ LAYERS = ("system", "facts", "ledger", "summary", "pinned", "window", "current")
 _SCALARS = (str, int, float, bool, type(None))
 
 
-_FIELDS: dict[type[Any], tuple[str, ...]] = {}  # per Action class (a handful)
-
-
+@memoize(64)  # per Action class (a handful)
 def _field_names(kind: type[Any]) -> tuple[str, ...]:
-    found = _FIELDS.get(kind)
-    if found is None:
-        found = _FIELDS[kind] = tuple(f.name for f in fields(kind))
-    return found
+    return tuple(f.name for f in fields(kind))
 
 
 def _action_dict(action: Action) -> dict[str, Any]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
-from functools import lru_cache
 from operator import attrgetter, itemgetter, ne
 from typing import Any
 
@@ -29,6 +28,7 @@ from ctxwarden.build.inputs import all_messages, check_build_arguments
 from ctxwarden.build.pipeline import steps_for
 from ctxwarden.build.policy import Policy
 from ctxwarden.build.state import PREFIX_DIGITS, BuildState
+from ctxwarden.caching import memoize
 from ctxwarden.errors import BudgetError
 from ctxwarden.formats.openai import messages_from_openai
 from ctxwarden.memory.entity_ledger import EntityLedger
@@ -255,7 +255,7 @@ _FIRST, _SECOND = itemgetter(0), itemgetter(1)
 _KEEPS_PAIRS = frozenset({"truncate", "mask", "recall", "fit", "priority", "layout", "layers"})
 
 
-@lru_cache(maxsize=256)
+@memoize(256)
 def _prompt_cache_key(system: tuple[str, ...], model: str) -> str:
     """The ``prompt_cache_key`` for a system prompt and model (stable across builds)."""
     return "cw-" + hashlib.sha1(("".join(system) + model).encode()).hexdigest()[:16]

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import math
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
+from operator import is_
 from typing import Any
 
 from ctxwarden.build.built import BuiltContext
+from ctxwarden.caching import BoundedCache
 from ctxwarden.errors import ConfigError, InvalidMessageError
 from ctxwarden.messages import Message
 
@@ -45,10 +45,12 @@ MAX_BUDGET = 1_000_000_000
 """No model has a window of a billion tokens: a larger budget is a mistake."""
 
 _AUTO_ID = re.compile(r"h[0-9a-f]{12}")
-# (history length, id of its last message) -> explicit ids seen in that history
-_SEEN: OrderedDict[tuple[int, str], dict[str, int]] = OrderedDict()
-_SEEN_SIZE = 64
-_SEEN_LOCK = threading.Lock()  # builds in many threads share it
+# (history length, id of its last message) -> that history (its message objects) and the
+# explicit ids seen in it; a later history is checked against it only when it starts with
+# the very same objects, so another history under the same key is checked in full
+_SEEN: BoundedCache[tuple[int, str], tuple[tuple[Any, ...], dict[str, int]]] = BoundedCache(
+    "inputs.checked_ids", 64
+)
 
 
 def check_budget_argument(value: Any, name: str = "max_input_tokens") -> None:
@@ -153,9 +155,9 @@ def check_unique_ids(messages: list[Any], known: int = 0) -> None:
     known = known if 0 < known <= n and isinstance(messages[known - 1], Message) else 0
     if not n or not all_messages(messages, known):
         return  # dicts among them: messages_from_openai checks while parsing
-    with _SEEN_LOCK:
-        seen = _SEEN.pop((known, messages[known - 1].id), None) if 0 < known <= n else None
-    if seen is not None:  # the history we saw last, extended
+    kept = _SEEN.pop((known, messages[known - 1].id)) if 0 < known <= n else None
+    seen = kept[1] if kept is not None and all(map(is_, messages, kept[0])) else None
+    if seen is not None:  # the history we saw last (the same objects), extended
         for pos in range(known, n):
             message_id = messages[pos].id
             first = seen.get(message_id)
@@ -194,10 +196,7 @@ def _duplicate(message_id: str, first: int, pos: int) -> None:
 def _remember(messages: list[Any], seen: dict[str, int]) -> None:
     if not messages:
         return
-    with _SEEN_LOCK:
-        _SEEN[(len(messages), messages[-1].id)] = seen
-        while len(_SEEN) > _SEEN_SIZE:
-            _SEEN.popitem(last=False)
+    _SEEN.put((len(messages), messages[-1].id), (tuple(messages), seen))
 
 
 def check_build_arguments(

@@ -16,10 +16,9 @@ extra values, whose key order the fingerprint does not see) is written afresh.
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
+from ctxwarden.caching import BoundedCache
 from ctxwarden.formats.openai import META_KEY, message_to_openai
 from ctxwarden.messages import Message
 
@@ -43,32 +42,13 @@ each time, built once (the proxy writes dozens of keys and values per call; an e
 keeps no state between calls)."""
 
 
-class _Memo:
-    """A bounded, locked LRU of JSON texts (bounded in entries and in characters)."""
-
-    def __init__(self, entries: int, chars: int) -> None:
-        self._texts: OrderedDict[Hashable, str] = OrderedDict()
-        self._entries, self._chars, self._size = entries, chars, 0
-        self._lock = threading.Lock()
-
-    def get(self, key: Hashable) -> str | None:
-        with self._lock:
-            found = self._texts.get(key)
-            if found is not None:
-                self._texts.move_to_end(key)
-            return found
-
-    def put(self, key: Hashable, text: str) -> None:
-        with self._lock:
-            old = self._texts.pop(key, None)
-            self._size += len(text) - (len(old) if old is not None else 0)
-            self._texts[key] = text
-            while self._texts and (len(self._texts) > self._entries or self._size > self._chars):
-                self._size -= len(self._texts.popitem(last=False)[1])
-
-
-_MEMO = _Memo(32_768, 64 * 1024 * 1024)  # 64 agents of 200 messages, two forms each
-_META_MEMO = _Memo(32_768, 64 * 1024 * 1024)
+# bounded in entries and in characters: 64 agents of 200 messages, two forms each
+_MEMO: BoundedCache[Hashable, str] = BoundedCache(
+    "openai_json.texts", 32_768, max_weight=64 * 1024 * 1024, weigh=len
+)
+_META_MEMO: BoundedCache[Hashable, str] = BoundedCache(
+    "openai_json.meta_texts", 32_768, max_weight=64 * 1024 * 1024, weigh=len
+)
 
 
 def _key(message: Message) -> Hashable | None:
@@ -91,13 +71,13 @@ def _remember(message: Message, attr: str, text: str) -> str:
     """Keep ``text`` on the message itself, next to its cached ``fingerprint``: a
     :class:`Message` never changes, and the same objects (the session's decoded messages,
     the memoised cuts) come back build after build, so the next lookup is one dict read."""
-    message.__dict__[attr] = text
+    message._memo[attr] = text
     return text
 
 
 def message_json(message: Message) -> str:
     """``json.dumps(message_to_openai(message), ensure_ascii=False)``, memoised."""
-    found: str | None = message.__dict__.get(_TEXT_ATTR)
+    found: str | None = message._memo.get(_TEXT_ATTR)
     if found is not None:
         return found
     key = _key(message)
@@ -129,7 +109,7 @@ def _meta_key(message: Message) -> Hashable | None:
 def meta_message_json(message: Message) -> str:
     """``json.dumps(message_to_openai(message, with_meta=True), ensure_ascii=False)``,
     memoised (the build log writes every built message this way on every build)."""
-    found: str | None = message.__dict__.get(_META_ATTR)
+    found: str | None = message._memo.get(_META_ATTR)
     if found is not None:
         return found
     key = _meta_key(message)
@@ -153,13 +133,13 @@ def _utf8(message: Message, json_of: Callable[[Message], str], text_attr: str, a
     """``json_of(message)`` as UTF-8, kept on the message (as ``attr``) when its text is
     (as ``text_attr``): a context's bytes are then joined, not encoded again on every
     call. A text that UTF-8 cannot hold (a lone surrogate) raises as ``str.encode`` does."""
-    found: bytes | None = message.__dict__.get(attr)
+    found: bytes | None = message._memo.get(attr)
     if found is not None:
         return found
     text = json_of(message)
     data = text.encode()
-    if message.__dict__.get(text_attr) is text:  # the text is memoised: so are its bytes
-        message.__dict__[attr] = data
+    if message._memo.get(text_attr) is text:  # the text is memoised: so are its bytes
+        message._memo[attr] = data
     return data
 
 
@@ -185,7 +165,7 @@ def messages_json_pieces(messages: Sequence[Message]) -> list[bytes]:
     hundreds of KB, which :func:`object_json_bytes` then copies once into the body (the
     brackets ride on the first and last message's bytes, not around the whole)."""
     # the memo read inline: a call's context is hundreds of messages whose bytes are kept
-    pieces = [m.__dict__.get(_BYTES_ATTR) or _message_bytes(m) for m in messages]
+    pieces = [m._memo.get(_BYTES_ATTR) or _message_bytes(m) for m in messages]
     if not pieces:
         return [b"[]"]
     out = [b", "] * (2 * len(pieces) - 1)

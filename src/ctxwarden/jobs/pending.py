@@ -11,32 +11,30 @@ how long a lost job can block the next one.
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
+from ctxwarden.caching import BoundedCache
 from ctxwarden.jobs.settings import JobSettings
 
 __all__ = ["clear_pending", "redis_client", "set_pending"]
 
 log = logging.getLogger("ctxwarden.jobs")
 
-_CLIENTS: dict[str, Any] = {}
-_LOCK = threading.Lock()
+_CLIENTS: BoundedCache[str, Any] = BoundedCache("jobs.redis_clients", 16)
 
 
 def redis_client(url: str) -> Any:
     """One shared client per URL (its pool is thread-safe), with short timeouts: a Redis
     that is down must fail a call within a second, not hold a request."""
-    with _LOCK:
-        client = _CLIENTS.get(url)
-        if client is None:
-            import redis
 
-            client = redis.Redis.from_url(
-                url, socket_connect_timeout=0.5, socket_timeout=1.0, retry_on_timeout=False
-            )
-            _CLIENTS[url] = client
-        return client
+    def connect() -> Any:
+        import redis
+
+        return redis.Redis.from_url(
+            url, socket_connect_timeout=0.5, socket_timeout=1.0, retry_on_timeout=False
+        )
+
+    return _CLIENTS.get_or_make(url, connect)
 
 
 def set_pending(settings: JobSettings, tenant: str, session_id: str) -> bool:

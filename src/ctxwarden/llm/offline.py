@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from ctxwarden.caching import memoize
 from ctxwarden.errors import CtxwardenError
 from ctxwarden.memory.facts import (
     Facts,
@@ -90,7 +91,7 @@ def _content(text: str) -> frozenset[str]:
     return frozenset(w for w in _WORD.findall(text.lower()) if w not in _STOP and len(w) > 1)
 
 
-@lru_cache(maxsize=1)
+@memoize(1)
 def _default_counter() -> Callable[[str], int]:
     try:
         from ctxwarden.tokens.counter import TokenCounter
@@ -275,7 +276,7 @@ class OfflineSummarizer:
         return SummaryResult(text if chosen else "", Usage(calls=0))
 
 
-@lru_cache(maxsize=16)
+@memoize(16)
 def _parsed_summary(summary: str, count: Callable[[str], int]) -> tuple[str, list[_Scored], int]:
     """A stored summary (a meta-summary and a level-one summary, blank-line separated)
     as scored sentences, the header that spans both, and its tokens."""
@@ -347,7 +348,7 @@ def _score(units: Iterable[_Unit], count: Callable[[str], int]) -> list[_Scored]
     return scored
 
 
-@lru_cache(maxsize=16_384)
+@memoize(16_384)
 def _cached_count(count: Callable[[str], int], text: str) -> int:
     """Sentences are re-scored at every cycle and every focused build: count each once."""
     return count(text)

@@ -21,11 +21,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections import OrderedDict
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
+from ctxwarden.caching import BoundedCache, memoize
 from ctxwarden.kinds import load_json
 from ctxwarden.memory.entity_patterns import (
     CAPITAL_WORDS,
@@ -396,7 +395,7 @@ _GENERIC_KEYS = frozenset({"id", "name", "value", "code", "type", "key", "number
 _TO_NINE = str.maketrans("0123456789", "9999999999")
 
 
-@lru_cache(maxsize=4096)
+@memoize(4096)
 def _key_kind(key: str) -> str:
     """The category of a JSON object key (keys repeat across records: cached); "field"
     for a key shaped like a field name (``address1``, ``line2``): schema, not data."""
@@ -405,7 +404,7 @@ def _key_kind(key: str) -> str:
     return _category_of(key[:200])
 
 
-@lru_cache(maxsize=4096)
+@memoize(4096)
 def _key_traits(key: str) -> tuple[bool, bool, bool]:
     """Whether a JSON key names an identifier, whether it names an amount, and whether
     it ends in "name" (``first_name``, ``lastName``, ``name``): capitalised words under
@@ -431,7 +430,7 @@ def _category_of(value: str) -> str:
     return _category_by_text(value)
 
 
-@lru_cache(maxsize=65_536)
+@memoize(65_536)
 def _category_by_text(value: str) -> str:
     found = _text_values(value)
     if len(found) == 1:
@@ -512,8 +511,9 @@ def extract_from_json(data: Any, source_id: str = "", origin: str = "") -> list[
 
 # -- messages, cached ----------------------------------------------------------------------------
 
-_CACHE: OrderedDict[tuple[str, str], tuple[Entity, ...]] = OrderedDict()
-_CACHE_MAX = 20_000
+_CACHE: BoundedCache[tuple[str, str], tuple[Entity, ...]] = BoundedCache(
+    "entities.extracted", 20_000
+)
 
 
 def parse_json_text(text: str) -> tuple[bool, Any]:
@@ -541,7 +541,6 @@ def extract_entities(message: Message) -> list[Entity]:
     key = (message.fingerprint, message.id)
     cached = _CACHE.get(key)
     if cached is not None:
-        _CACHE.move_to_end(key)
         return list(cached)
     found: dict[str, Entity] = {}
     role = message.role
@@ -557,8 +556,4 @@ def extract_entities(message: Message) -> list[Entity]:
             parts += extract_from_text(call.arguments, message.id, "call")
     for e in parts:
         found.setdefault(e.value, e)
-    result = tuple(found.values())
-    _CACHE[key] = result
-    if len(_CACHE) > _CACHE_MAX:
-        _CACHE.popitem(last=False)
-    return list(result)
+    return list(_CACHE.put(key, tuple(found.values())))

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ctxwarden.caching import BoundedCache
 from ctxwarden.memory.entities import Entity
 from ctxwarden.memory.entity_rank import (
     AGENT,
@@ -91,16 +92,14 @@ _TIERS = 1 + MAX_RANK
 # Token cost of one rendered value (" value" and its comma) or label line, per counter:
 # rendering estimates with these and counts the whole text once, instead of counting
 # every candidate text in a search.
-_COSTS: dict[Callable[[str], int], dict[str, int]] = {}
-_COSTS_MAX = 100_000
+_COSTS: BoundedCache[Callable[[str], int], dict[str, int]] = BoundedCache("ledger.costs", 64)
+_COSTS_MAX = 100_000  # texts per counter; a table past it starts anew
 
 
 def _costs(count: Callable[[str], int]) -> dict[str, int]:
     table = _COSTS.get(count)
     if table is None or len(table) > _COSTS_MAX:
-        if len(_COSTS) > 64:
-            _COSTS.clear()
-        table = _COSTS[count] = {}
+        table = _COSTS.put(count, {})  # (its writes are single-key: safe in any thread)
     return table
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from functools import lru_cache
+
+from ctxwarden.caching import memoize
 
 __all__ = [
     "CAPITAL_WORDS",
@@ -170,7 +171,7 @@ _MONTH_NAME = re.compile(MONTHS, re.IGNORECASE)
 LETTER_RUN = re.compile(r"[^\W\d_]{3,}")
 
 
-@lru_cache(maxsize=65_536)
+@memoize(65_536)
 def is_month(word: str) -> bool:
     return _MONTH_NAME.fullmatch(word) is not None
 
@@ -236,7 +237,7 @@ _NUMERIC = re.compile(r"(\d{1,2})[./](\d{1,2})[./](\d{2,4})")
 _WRITTEN = re.compile(rf"({_DAY})?\s*(?:of\s+)?([^\W\d_]+)\.?\s*({_DAY})?", re.IGNORECASE)
 
 
-@lru_cache(maxsize=16_384)
+@memoize(16_384)
 def date_key(value: str) -> str | None:
     """A date's month and day as ``"MM-DD"`` whatever its format ("2024-05-20", "May
     20th", "20 maja", "05/20/2024"), so a date the user wrote links to the same date in

@@ -38,9 +38,9 @@ shows (:func:`~ctxwarden.steps.evict.EvictStep`). swebench-mini needed-later tok
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Protocol
 
+from ctxwarden.caching import memoize
 from ctxwarden.memory.entities import CATEGORY_TIERS, date_key
 
 __all__ = [
@@ -114,7 +114,7 @@ def rank(category: str, hits: int, marks: int, size: int = MIN_RANKED_CHARS) -> 
 
 #: ``rank`` memoised by its arguments (renders and adds rank every entry they visit),
 #: the size capped at :data:`MIN_RANKED_CHARS` (it only matters below): few distinct keys.
-ranked = lru_cache(maxsize=4096)(rank)
+ranked = memoize(4096)(rank)
 
 
 def rank_of(e: Ranked) -> int:
@@ -133,7 +133,7 @@ def match_keys(value: str, category: str) -> tuple[str, ...]:
     return (value.casefold(),)
 
 
-@lru_cache(maxsize=65_536)
+@memoize(65_536)
 def _keys(value: str, category: str) -> tuple[str, ...]:
     keys = [value.casefold()]
     if category == "date":

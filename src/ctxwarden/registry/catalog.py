@@ -22,11 +22,11 @@ import re
 import tomllib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ctxwarden.caching import memoize
 from ctxwarden.errors import ConfigError, UnknownModelError
 
 __all__ = [
@@ -165,7 +165,7 @@ class Registry:
     # -- construction -------------------------------------------------------------------------
 
     @staticmethod
-    @cache
+    @memoize(16)
     def builtin() -> Registry:
         """The registry shipped in the package (``ctxwarden/registry/models.toml``)."""
         text = resources.files("ctxwarden.registry").joinpath("models.toml").read_text("utf-8")
@@ -265,7 +265,7 @@ def _with_env(value: str) -> Registry:
     return _cached_load(tuple(paths)) if paths else Registry.builtin()
 
 
-@cache
+@memoize(16)
 def _cached_load(paths: tuple[str, ...]) -> Registry:
     registry = Registry.builtin()
     for path in paths:

@@ -47,7 +47,7 @@ def _blocks(message: Message, marked: bool) -> bytes:
     """``message``'s blocks as compact JSON without the list's brackets (``b""`` for
     none), memoised on the message."""
     attr = _MARKED_ATTR if marked else _ATTR
-    found: bytes | None = message.__dict__.get(attr)
+    found: bytes | None = message._memo.get(attr)
     if found is not None:
         return found
     role = message.role
@@ -66,7 +66,7 @@ def _blocks(message: Message, marked: bool) -> bytes:
         data = orjson.dumps(blocks)[1:-1]
     except (orjson.JSONEncodeError, TypeError) as exc:
         raise _NotPlain from exc
-    message.__dict__[attr] = data
+    message._memo[attr] = data
     return data
 
 

@@ -30,10 +30,10 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ctxwarden import Policy, Session
+from ctxwarden.caching import memoize
 from ctxwarden.service.body_memo import BodyMemo
 from ctxwarden.service.config import ServiceConfig
 from ctxwarden.service.key_memo import KeyMemo
@@ -77,7 +77,7 @@ def _store_options(config: ServiceConfig) -> dict[str, Any]:
     return {}
 
 
-@lru_cache(maxsize=256)
+@memoize(256)
 def _tenant_policy(text: str) -> Policy:
     return Policy.from_toml(text)
 

@@ -41,10 +41,10 @@ import itertools
 import uuid
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
-from functools import lru_cache
 from operator import attrgetter, is_not, ne, or_
 from typing import TYPE_CHECKING, Any, cast
 
+from ctxwarden.caching import memoize
 from ctxwarden.formats.openai import message_to_openai
 from ctxwarden.formats.openai_json import dumps, meta_message_bytes, object_json
 from ctxwarden.session.handle import SessionHandle
@@ -306,13 +306,13 @@ def _action_text(action: Any) -> str:
     return text
 
 
-@lru_cache(maxsize=64)
+@memoize(64)
 def _fields_of(cls: type) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]:
     names = tuple(f.name for f in fields(cls))
     return names, _field_reader(names)
 
 
-@lru_cache(maxsize=65_536)
+@memoize(65_536)
 def _scalars_json(names: tuple[str, ...], values: tuple[Any, ...], types: tuple[type, ...]) -> str:
     """The JSON object of ``names`` and scalar ``values``; ``types`` is only part of the
     memo's key (``1`` and ``True`` are equal, and are written apart)."""
@@ -356,7 +356,7 @@ def _action_row(action: Any) -> str | None:
     return text
 
 
-@lru_cache(maxsize=65_536)
+@memoize(65_536)
 def _scalars_row(values: tuple[Any, ...], types: tuple[type, ...]) -> str:
     """The JSON array of scalar ``values`` (``types``: as for :func:`_scalars_json`)."""
     return dumps(list(values))

@@ -13,9 +13,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields, replace
-from functools import cache
 from typing import TYPE_CHECKING, Any
 
+from ctxwarden.caching import memoize
 from ctxwarden.messages import Message
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def _stored_part(state: BuildState) -> BuildState:
     return replace(state, **_unstored_defaults())
 
 
-@cache
+@memoize(64)
 def _unstored_defaults() -> dict[str, Any]:
     from ctxwarden.build.state import BuildState
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+from ctxwarden.caching import memoize
 from ctxwarden.messages import Message
 
 if TYPE_CHECKING:
@@ -123,7 +123,7 @@ def _values(action: Action) -> tuple[Any, ...]:
     )
 
 
-@lru_cache(maxsize=256)
+@memoize(256)
 def system_block(text: str, block_id: str = "") -> Message:
     """``Message.system(text, id=block_id)``, the same object for the same text and id
     (bounded): the ledger, facts and summary blocks of a conversation are the same text
@@ -132,7 +132,7 @@ def system_block(text: str, block_id: str = "") -> Message:
     return Message.system(text, id=block_id) if block_id else Message.system(text)
 
 
-@lru_cache(maxsize=65_536, typed=True)
+@memoize(65_536, typed=True)
 def same_action(
     message_id: str, action: ActionKind, reason: str, before: int, after: int, strategy: str
 ) -> Action:
@@ -194,7 +194,7 @@ class Edit:
     listed: bool = False
 
 
-@lru_cache(maxsize=64)
+@memoize(64)
 def edit_marker(action: ActionKind, listed: bool = False) -> Edit:
     """``Edit(action, listed)``, one shared object per value (a build marks one per cut
     or masked message, and the markers are immutable)."""

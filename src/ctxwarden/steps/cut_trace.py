@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from functools import lru_cache
 
+from ctxwarden.caching import memoize
 from ctxwarden.errors import ConfigError
 from ctxwarden.steps.cut_text import Count, estimate_tokens, fmt, may_fit, truncate_text
 
@@ -47,7 +47,7 @@ _ERROR_LINE = re.compile(
 )
 
 
-@lru_cache(maxsize=32)
+@memoize(32)
 def library_regex(patterns: tuple[str, ...]) -> re.Pattern[str]:
     try:
         return re.compile("|".join(f"(?:{p})" for p in patterns) or r"(?!x)x")

@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
-from functools import lru_cache
 
 from ctxwarden.build.state import LedgerMemo
+from ctxwarden.caching import BoundedCache, memoize
 from ctxwarden.memory.entities import extract_entities
 from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.messages import Message
@@ -44,10 +42,9 @@ def seed_tag(earlier: EntityLedger | None) -> str:
     return "" if earlier is None else f"{earlier.seq}:{len(earlier)}"
 
 
-_MEMO: OrderedDict[str, EntityLedger] = OrderedDict()
-_MEMO_MAX = 32  # ledgers of up to MAX_ENTRIES entries each
+_MEMO: BoundedCache[str, EntityLedger] = BoundedCache("ledger.of_sources", 32)
+# (32 ledgers of up to MAX_ENTRIES entries each)
 _MEMO_MIN = 32  # fewer source messages cost less than the digest is worth keeping
-_LOCK = threading.Lock()
 
 
 def ledger_of(sources: Sequence[Message]) -> EntityLedger:
@@ -62,16 +59,9 @@ def ledger_of(sources: Sequence[Message]) -> EntityLedger:
     for m in sources:
         h.update(f"{m.id}\x00{m.fingerprint}\x00".encode("utf-8", "surrogatepass"))
     key = h.hexdigest()
-    with _LOCK:
-        found = _MEMO.get(key)
-        if found is not None:
-            _MEMO.move_to_end(key)
-    if found is None:
-        found = EntityLedger().add([e for m in sources for e in extract_entities(m)])
-        with _LOCK:
-            _MEMO[key] = found
-            if len(_MEMO) > _MEMO_MAX:
-                _MEMO.popitem(last=False)
+    found = _MEMO.get_or_make(
+        key, lambda: EntityLedger().add([e for m in sources for e in extract_entities(m)])
+    )
     return found.branch()
 
 
@@ -238,30 +228,23 @@ def shown_values(ledger: EntityLedger, messages: Sequence[Message]) -> frozenset
     return frozenset(e.value for e in ledger.entries if shown(e.value))
 
 
-_WORDS: dict[tuple[str, ...], tuple[str, frozenset[str]]] = {}
-_WORDS_MAX = 64
-_WORDS_LOCK = threading.Lock()
+_WORDS: BoundedCache[tuple[str, ...], tuple[str, frozenset[str]]] = BoundedCache("ledger.words", 64)
 
 
 def _words(key: tuple[str, ...], messages: Sequence[Message]) -> tuple[str, frozenset[str]]:
     """The text of ``messages`` and its word tokens, memoised by their fingerprints (the
     system prompt and facts of a conversation recur at every build; bounded, locked)."""
-    with _WORDS_LOCK:
-        found = _WORDS.get(key)
+    found = _WORDS.get(key)
     if found is None:
         text = "\n".join(
             [m.text for m in messages]
             + [f"{c.name} {c.arguments}" for m in messages for c in m.tool_calls]
         )
-        found = (text, frozenset(_WORD.findall(text)))
-        with _WORDS_LOCK:
-            if len(_WORDS) >= _WORDS_MAX:
-                _WORDS.clear()
-            _WORDS[key] = found
+        found = _WORDS.put(key, (text, frozenset(_WORD.findall(text))))
     return found
 
 
-@lru_cache(maxsize=4096)
+@memoize(4096)
 def _whole(value: str) -> re.Pattern[str]:
     return re.compile(r"(?<!\w)" + re.escape(value) + r"(?!\w)")
 

@@ -20,10 +20,10 @@ decisions (``ctx.sticky``) are honoured as well.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from ctxwarden.caching import BoundedCache
 from ctxwarden.errors import ConfigError
 from ctxwarden.messages import Message
 from ctxwarden.steps.base import Action, StrategyContext, StrategyResult, same_action
@@ -47,8 +47,9 @@ placeholder's key, counting both texts and looking up the action again."""
 
 # Placeholders already made, so every build sends the same object (its fingerprint and
 # token count cached on it) instead of a new copy.
-_MASKED: OrderedDict[tuple[str, str, str, str], tuple[Message, int]] = OrderedDict()
-_MASKED_MAX = 8192
+_MASKED: BoundedCache[tuple[str, str, str, str], tuple[Message, int]] = BoundedCache(
+    "mask.placeholders", 8192, recency=False
+)
 
 
 def _masked(
@@ -67,9 +68,7 @@ def _masked(
             call_id=call_id,
             handle=handle_for(message.id),
         )
-        found = _MASKED[key] = (message.with_content(text, masked_from=before), before)
-        if len(_MASKED) > _MASKED_MAX:
-            _MASKED.popitem(last=False)
+        found = _MASKED.put(key, (message.with_content(text, masked_from=before), before))
     return found
 
 
@@ -177,13 +176,13 @@ class MaskObservations:
             name = message.name or names.get(message.tool_call_id or "", "tool")
             sticky = ctx.sticky.get(message.id) == "masked"
             inputs = (name, sticky, self.placeholder, self.name, self.keep_last, counter)
-            kept = message.__dict__.get(_KEPT_ATTR)
+            kept = message._memo.get(_KEPT_ATTR)
             if kept is not None and kept[0] == inputs:
                 new, action = kept[1], kept[2]
             else:
                 new, action = self._outcome(message, name, sticky, ctx)
                 if counter is not None:  # (None: a counter not known to be pure)
-                    message.__dict__[_KEPT_ATTR] = (inputs, new, action)
+                    message._memo[_KEPT_ATTR] = (inputs, new, action)
             if new is None:
                 continue
             out[i] = new

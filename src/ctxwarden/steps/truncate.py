@@ -38,11 +38,10 @@ the session reads it back without computing the memo's key or counting again.
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
+from ctxwarden.caching import BoundedCache
 from ctxwarden.errors import ConfigError
 from ctxwarden.kinds import load_json
 from ctxwarden.memory.recall import RECALL_TOOL_NAME
@@ -69,30 +68,7 @@ __all__ = [
 ]
 
 
-class _Memo:
-    """A bounded, thread-safe LRU of cut messages (a cache of a pure function)."""
-
-    def __init__(self, size: int) -> None:
-        self._items: OrderedDict[Hashable, Message] = OrderedDict()
-        self._size = size
-        self._lock = threading.Lock()
-
-    def get(self, key: Hashable) -> Message | None:
-        with self._lock:
-            hit = self._items.get(key)
-            if hit is not None:
-                self._items.move_to_end(key)
-            return hit
-
-    def put(self, key: Hashable, value: Message) -> None:
-        with self._lock:
-            self._items[key] = value
-            self._items.move_to_end(key)
-            while len(self._items) > self._size:
-                self._items.popitem(last=False)
-
-
-_MEMO = _Memo(4096)
+_MEMO: BoundedCache[Hashable, Message] = BoundedCache("truncate.cuts", 4096)
 
 _KEPT_ATTR = "_cw_truncate_outcome"
 """A result's outcome in the last build, kept on the (frozen, never-changing) message:
@@ -308,7 +284,7 @@ class TruncateToolResults:
                 out.append(message)
                 continue
             request = requests.get(message.tool_call_id or "")
-            kept = message.__dict__.get(_KEPT_ATTR)
+            kept = message._memo.get(_KEPT_ATTR)
             if kept is not None and kept[0] is request and kept[1] == inputs:
                 new, action = kept[2] or message, kept[3]
             else:
@@ -321,7 +297,7 @@ class TruncateToolResults:
                     action = same_action(message.id, "truncated", reason, before, after, self.name)
                 if inputs is not None:  # (None: the message itself, kept without a cycle)
                     cut = None if new is message else new
-                    message.__dict__[_KEPT_ATTR] = (request, inputs, cut, action)
+                    message._memo[_KEPT_ATTR] = (request, inputs, cut, action)
             if action is not None:
                 actions.append(action)
             out.append(new)

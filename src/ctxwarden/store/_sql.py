@@ -18,9 +18,9 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from functools import lru_cache
 from typing import Any, Literal, overload
 
+from ctxwarden.caching import memoize
 from ctxwarden.errors import ConfigError, StoreError, VersionConflict
 from ctxwarden.messages import Message
 from ctxwarden.registry.usage import Usage
@@ -67,7 +67,7 @@ def _session(row: Sequence[Any]) -> StoredSession:
     )
 
 
-@lru_cache(maxsize=8_192)
+@memoize(8_192)
 def _counts(text: str) -> Mapping[str, int]:
     """A row's parsed ``token_counts``. The texts repeat (``{"o200k_base": 57}``) and a
     build reads hundreds of rows, so each is parsed once: a bounded memo of a pure
@@ -76,7 +76,7 @@ def _counts(text: str) -> Mapping[str, int]:
     return parsed
 
 
-@lru_cache(maxsize=512)
+@memoize(512)
 def _usage(text: str) -> tuple[tuple[tuple[str, Usage], ...], float]:
     """A session row's decoded ``usage``: a proxied call reads the row several times
     between two changes of it, so each text is decoded once (a bounded memo of a pure
@@ -85,7 +85,7 @@ def _usage(text: str) -> tuple[tuple[tuple[str, Usage], ...], float]:
     return tuple(by_model.items()), dollars
 
 
-@lru_cache(maxsize=512)
+@memoize(512)
 def _sticky(text: str) -> Mapping[str, Any]:
     """A session row's parsed ``sticky`` (the last build's state, ~10 KB for a 200-message
     context). A proxied call reads the row several times between two builds, so each

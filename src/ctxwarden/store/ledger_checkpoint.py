@@ -43,11 +43,10 @@ what the others saved.
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Container, MutableMapping
 from dataclasses import dataclass, field, replace
 
+from ctxwarden.caching import BoundedCache
 from ctxwarden.errors import StoreError
 from ctxwarden.memory.entities import extract_entities
 from ctxwarden.memory.entity_ledger import EntityLedger
@@ -77,9 +76,10 @@ READ_CHUNK = 1000
 """Messages per range read when a checkpoint catches up: short transactions, bounded
 memory."""
 
-_MEMORY: OrderedDict[tuple[str, str, str, float], LedgerCheckpoint] = OrderedDict()
-_MEMORY_MAX = 16  # sessions; a full ledger is about a megabyte of Python objects
-_LOCK = threading.Lock()  # sessions in several threads share the memory
+_MEMORY: BoundedCache[tuple[str, str, str, float], LedgerCheckpoint] = BoundedCache(
+    "ledger_checkpoint.recent",
+    16,  # sessions; a full ledger is about a megabyte of objects
+)
 
 
 @dataclass(frozen=True)
@@ -179,10 +179,7 @@ def load_checkpoint(
     behind never makes a build re-read, or seed past, what another replica saved.
     """
     key = _key(store, tenant, session_id, created_at)
-    with _LOCK:
-        hit = _MEMORY.get(key)
-        if hit is not None:
-            _MEMORY.move_to_end(key)
+    hit = _MEMORY.get(key)
     if hit is not None and (needed_upto is None or needed_upto - hit.upto <= slack):
         return hit, None
     upto, text = store.load_ledger(tenant, session_id)
@@ -228,10 +225,4 @@ def remember_checkpoint(
 ) -> None:
     """Keep ``ckpt`` for this process's next build of the session (the newest wins)."""
     key = _key(store, tenant, session_id, created_at)
-    with _LOCK:
-        known = _MEMORY.get(key)
-        if known is None or known.upto <= ckpt.upto:
-            _MEMORY[key] = ckpt
-        _MEMORY.move_to_end(key)
-        while len(_MEMORY) > _MEMORY_MAX:
-            _MEMORY.popitem(last=False)
+    _MEMORY.put_unless(key, ckpt, keep=lambda known: known.upto > ckpt.upto)

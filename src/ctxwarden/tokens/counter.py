@@ -96,14 +96,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache
 from itertools import repeat
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
+from ctxwarden.caching import BoundedCache, memoize
 from ctxwarden.errors import UnknownModelError
 from ctxwarden.messages import ImagePart, Message, TextPart
 from ctxwarden.registry.catalog import Registry
@@ -252,7 +251,7 @@ def _resolve_by_name(model: str) -> _Resolution:
     raise UnknownModelError(model)
 
 
-@cache
+@memoize(256)  # model names come from clients (a proxy's requests): bounded
 def _resolve(model: str, registry: Registry) -> _Resolution:
     """Model -> encoding and estimator: the registry's entry (its own ``estimate_factor``
     first, else the family's), else the name's prefix; else the registry's error, which
@@ -277,6 +276,7 @@ _TEXT_CACHE_SIZE = 2048
 _TEXT_CACHE_CHARS = 32_768
 
 
+_MEMO_OF = attrgetter("_memo")  # a Message's memo of pure results (see Message._memo)
 _KEPT_PREFIX = "_cw_tokens_"  # + the way of counting (see TokenCounter.__init__)
 _TOKENS = itemgetter(0)
 _BULK = 12  # fewer messages are measured one call each (the maps cost more than they save)
@@ -307,8 +307,9 @@ class TokenCounter:
         self.exact = resolved.family == "openai"
         self._encoding = get_encoding(resolved.encoding)
         self._ordinary = self._encoding.encode_ordinary
-        self._cache: OrderedDict[str, tuple[int, bool]] = OrderedDict()
-        self._cache_size = cache_size
+        self._cache: BoundedCache[str, tuple[int, bool]] = BoundedCache(
+            f"counter.messages[{model}]", cache_size, recency=False
+        )
         # what makes this way of counting (counters equal in it count alike): the key of
         # memos of what it counted (counting_key), and the name under which each
         # message's count is also kept on the message (a build reads its window's counts
@@ -323,7 +324,9 @@ class TokenCounter:
         )
         self._kept = _KEPT_PREFIX + hashlib.sha1(repr(self.counting).encode()).hexdigest()[:16]
         # recent texts (drafts are often counted twice), oldest first out
-        self._texts: OrderedDict[str, int] = OrderedDict()
+        self._texts: BoundedCache[str, int] = BoundedCache(
+            f"counter.texts[{model}]", _TEXT_CACHE_SIZE, recency=False
+        )
 
     @classmethod
     def for_model(cls, model: str, registry: Registry | None = None) -> TokenCounter:
@@ -338,9 +341,7 @@ class TokenCounter:
         if found is None:
             found = self._encoded(text)
             if len(text) <= _TEXT_CACHE_CHARS:
-                if len(self._texts) >= _TEXT_CACHE_SIZE:  # (a dict's first key is found by a
-                    self._texts.popitem(last=False)  # scan: an OrderedDict pops it at once)
-                self._texts[text] = found
+                self._texts.put(text, found)
         return found
 
     def _encoded(self, text: str) -> int:
@@ -437,21 +438,18 @@ class TokenCounter:
         key = message.fingerprint
         value = self._cache.get(key)
         if value is None:
-            value = self._message_tokens(message)
-            self._cache[key] = value
-            if len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
-        message.__dict__[self._kept] = value  # a Message never changes what it counts
+            value = self._cache.put(key, self._message_tokens(message))
+        message._memo[self._kept] = value  # a Message never changes what it counts
         return value
 
     def measure(self, message: Message) -> tuple[int, bool]:
         """``(tokens, exact)`` of one message, cached: what :meth:`count_messages` adds up."""
-        hit = message.__dict__.get(self._kept)  # _cached's result, inline: builds count
+        hit = message._memo.get(self._kept)  # _cached's result, inline: builds count
         return hit if hit is not None else self._cached(message)  # each message many times
 
     def count_message(self, message: Message) -> int:
         """Tokens one message adds to a request (framing included), cached."""
-        hit = message.__dict__.get(self._kept)  # as in measure
+        hit = message._memo.get(self._kept)  # as in measure
         return (hit if hit is not None else self._cached(message))[0]
 
     def measured(self, messages: Iterable[Message]) -> list[tuple[int, bool]]:
@@ -461,7 +459,7 @@ class TokenCounter:
         if len(ms) < _BULK:
             return list(map(self.measure, ms))
         kept = self._kept
-        hits: list[tuple[int, bool] | None] = list(map(getattr, ms, repeat(kept), repeat(None)))
+        hits: list[tuple[int, bool] | None] = list(map(dict.get, map(_MEMO_OF, ms), repeat(kept)))
         if not all(hits):  # (a hit is a pair: true)
             return [h if h is not None else self._cached(m) for h, m in zip(hits, ms, strict=True)]
         return hits  # type: ignore[return-value]
@@ -512,7 +510,7 @@ def count_key(counter: TokenCounter) -> str:
     return f"{counter.encoding_name}~{counter.family}x{factors}"
 
 
-@cache
+@memoize(64)
 def _shared_counter(model: str, registry: Registry) -> TokenCounter:
     return TokenCounter(model, registry=registry)
 

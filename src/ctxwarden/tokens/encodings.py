@@ -19,13 +19,13 @@ import hashlib
 import os
 import tempfile
 import threading
-from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import tiktoken
 
+from ctxwarden.caching import memoize
 from ctxwarden.errors import ConfigError
 
 __all__ = ["OFFLINE_ENCODINGS", "cache_dir", "get_encoding"]
@@ -78,7 +78,7 @@ def _seed(name: str, directory: Path) -> None:
     tmp.replace(path)
 
 
-@cache
+@memoize(8)
 def get_encoding(name: str) -> Any:
     """A ``tiktoken.Encoding`` for ``name``, loaded with no network access."""
     if name not in OFFLINE_ENCODINGS:

@@ -14,13 +14,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from functools import lru_cache
 from typing import Any
 from urllib.parse import quote
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup, escape
 
+from ctxwarden.caching import memoize
 from ctxwarden.registry.catalog import Registry
 from ctxwarden.store import SessionStore, StoredSession
 from ctxwarden.ui.chart import COLORS, Chart, chart
@@ -96,7 +96,7 @@ def _bars(c: Chart, selected: int | None, href: Callable[[int], str]) -> Markup:
     return Markup("".join(out))
 
 
-@lru_cache(maxsize=1)
+@memoize(1)
 def _env() -> Environment:
     env = Environment(
         loader=PackageLoader("ctxwarden.ui", "templates"),
