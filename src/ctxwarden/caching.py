@@ -93,7 +93,7 @@ class BoundedCache(Generic[K, V]):
         found = data.get(key, _MISSING)
         if found is _MISSING:
             return None
-        try:
+        try:  # noqa: SIM105 (contextlib.suppress costs a context manager per read)
             data.move_to_end(key)
         except KeyError:
             pass
