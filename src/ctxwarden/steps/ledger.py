@@ -28,7 +28,7 @@ from functools import lru_cache
 
 from ctxwarden.build.state import LedgerMemo
 from ctxwarden.memory.entities import extract_entities
-from ctxwarden.memory.entity_ledger import EntityLedger
+from ctxwarden.memory.entity_ledger import CarriedLedger, EntityLedger
 from ctxwarden.messages import Message
 from ctxwarden.steps.base import Draft, StepContext, system_block
 from ctxwarden.tokens.counter import TokenCounter
@@ -140,8 +140,11 @@ class LedgerBuilder:
         ledger = self._dropped(history, first, start, frozenset(pinned))
         key = _render_key(history, start, pinned, edited, self.cap, self.counter.model, self.shown)
         memo = self.memo
+        carried = ledger.text if isinstance(ledger, CarriedLedger) and not edited else ""
         if memo is not None and memo.key == key and memo.ledger is ledger:
             text = memo.text
+        elif carried and self.counter.count_text(carried) + _FRAMING <= self.cap:
+            text = carried  # nothing added to a carried block: the block as it was
         else:
             above = [*self.shown, *(history[i] for i in pinned)]
             text = self._text(ledger, self.cap - _FRAMING, edited, above)
