@@ -15,7 +15,10 @@ It is non-destructive, unlike ``SummarizationMiddleware``: ``wrap_model_call`` (
 ``request.override(messages=..., system_message=...)`` and never touches the graph
 state, which keeps the full history. The system prompt arrives as
 ``request.system_message`` and stays there; ctxwarden's layers (facts, summary, the
-ledger of values that left the window) are appended to it, where the layout puts them.
+ledger of values that left the window) are appended to it, where the layout puts them
+(to the state's own leading ``SystemMessage`` when the agent has no ``system_prompt``).
+A request whose messages were an earlier call's output (fed back) has those layers
+taken out and replaced, never stacked (:mod:`ctxwarden.build.carried`).
 
 Messages convert both ways without loss (:mod:`._langchain_messages`:
 ``message_from_langchain`` / ``message_to_langchain``, re-exported here).
@@ -111,9 +114,11 @@ class ContextMiddleware(AgentMiddleware):
         # a session's stored prompt (from an earlier run) gives way to this request's
         kept = [m for m in head if m.id in originals and m.id != prompt_id] + rest
         layers = layer_text(head)
-        if layers:
-            system = _with_layers(system, layers)
         messages = cast("list[AnyMessage]", [message_back(m, originals) for m in kept])
+        if layers and system is None and messages and isinstance(messages[0], SystemMessage):
+            messages[0] = _with_layers(messages[0], layers)  # the prompt kept in the state
+        elif layers:
+            system = _with_layers(system, layers)
         return request.override(messages=messages, system_message=system)
 
     def wrap_model_call(
