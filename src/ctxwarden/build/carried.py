@@ -2,7 +2,8 @@
 
 A build adds up to three layers after the system prompt — the facts, the ledger of values
 that left the window, the summary — as system messages of their own or folded into the
-one system prompt (:mod:`~ctxwarden.steps.fold`). Each begins with its heading, which is
+one system prompt (:mod:`~ctxwarden.steps.fold`, and the adapters of frameworks that take
+one prompt). Each begins with its heading, which is
 the marker: the text is the one thing that the OpenAI and Anthropic formats and every
 framework's message types (a LangChain ``SystemMessage``, a pydantic-ai
 ``SystemPromptPart``, the Agents SDK's instructions) carry unchanged, and the heading
@@ -28,11 +29,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ctxwarden.memory.entities import Entity, extract_from_json
-from ctxwarden.memory.entity_ledger import DEFAULT_HEADER, CarriedLedger, EntityLedger
+from ctxwarden.memory.entity_ledger import DEFAULT_HEADER, EntityLedger
 from ctxwarden.memory.facts import FACTS_HEADING
 from ctxwarden.messages import Message, TextPart
+from ctxwarden.steps.fold import FOLD_SEPARATOR
 from ctxwarden.steps.handles import HANDLE_PREFIX
 from ctxwarden.steps.layers import SUMMARY_HEADING
+from ctxwarden.steps.ledger import CarriedLedger
 
 __all__ = [
     "LAYER_HEADINGS",
@@ -51,8 +54,6 @@ LAYER_HEADINGS = {
     "ledger": DEFAULT_HEADER,
     "summary": SUMMARY_HEADING.rstrip("\n"),
 }
-#: How layers folded into one system text are separated (from the prompt and each other).
-FOLD_SEPARATOR = "\n\n"
 
 _STARTS = re.compile(
     "|".join(re.escape(FOLD_SEPARATOR + h + "\n") for h in LAYER_HEADINGS.values())

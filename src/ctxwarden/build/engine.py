@@ -218,6 +218,7 @@ def run_build(
         tools_tokens=tools_tokens,
         summary_text=summary,
         facts_text=facts,
+        one_system=info is not None and info.one_system_message,
     )
     anchors = frozenset(protected)
     draft = Draft(history, sys_end, newest, protected=anchors, anchors=anchors)

@@ -53,7 +53,6 @@ __all__ = [
     "MAX_RANK",
     "MIN_RANKED_CHARS",
     "USER",
-    "CarriedLedger",
     "EntityLedger",
     "LedgerEntry",
     "listed",
@@ -557,16 +556,6 @@ class EntityLedger:
             else:
                 over, jump = mid, 1
         return order[:keep], text, n
-
-
-@dataclass(frozen=True)
-class CarriedLedger(EntityLedger):
-    """The values of a ledger block an earlier build rendered (read back from its
-    ``text``, :mod:`ctxwarden.build.carried`): a build that adds nothing to them shows
-    ``text`` itself when it fits, not a new rendering of values whose ranks the text no
-    longer says, so a built context built again is the same context."""
-
-    text: str = ""
 
 
 def _line(group: Sequence[LedgerEntry], marked: frozenset[str]) -> str:

@@ -281,6 +281,7 @@ class StepContext:
     tools_tokens: int = 0
     summary_text: str | None = None  # caller-managed layers (build_context(summary=...))
     facts_text: str | None = None
+    one_system: bool = False  # the model takes one system message: layers fold into it
 
     def count(self, message: Message) -> int:
         return self.counter.count_message(message)

@@ -24,19 +24,38 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
 from ctxwarden.build.state import LedgerMemo
 from ctxwarden.memory.entities import extract_entities
-from ctxwarden.memory.entity_ledger import CarriedLedger, EntityLedger
+from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.messages import Message
 from ctxwarden.steps.base import Draft, StepContext, system_block
 from ctxwarden.tokens.counter import TokenCounter
 
-__all__ = ["LEDGER_ID", "LedgerBuilder", "Shown", "ledger_of", "seed_tag", "shown_values"]
+__all__ = [
+    "LEDGER_ID",
+    "CarriedLedger",
+    "LedgerBuilder",
+    "Shown",
+    "ledger_of",
+    "seed_tag",
+    "shown_values",
+]
 
 LEDGER_ID = "ctxwarden:ledger"
 _FRAMING = 5  # message framing + role tokens around the ledger text
+
+
+@dataclass(frozen=True)
+class CarriedLedger(EntityLedger):
+    """The values of a ledger block an earlier build rendered (read back from its
+    ``text``, :mod:`ctxwarden.build.carried`): a build that adds nothing to them shows
+    ``text`` itself when it fits, not a new rendering of values whose ranks the text no
+    longer says, so a built context built again is the same context."""
+
+    text: str = ""
 
 
 def seed_tag(earlier: EntityLedger | None) -> str:
