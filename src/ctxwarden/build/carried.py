@@ -58,6 +58,7 @@ LAYER_HEADINGS = {
 _STARTS = re.compile(
     "|".join(re.escape(FOLD_SEPARATOR + h + "\n") for h in LAYER_HEADINGS.values())
 )
+_STANDALONE = re.compile(r"[\d_]")
 _HANDLE = re.compile(r" \(" + re.escape(HANDLE_PREFIX) + r"([^()\s]+)\)")
 _QUOTED_LIST = re.compile(r'"((?:[^"]|"(?!, |$))*)"(?:, |$)|([^,]+(?:,(?! )[^,]*)*)(?:, |$)')
 
@@ -144,21 +145,24 @@ def ledger_entities(text: str) -> list[Entity]:
         runs = _HANDLE.split(rest)  # [values, id, values, id, ..., values]
         for k in range(0, len(runs), 2):
             source = runs[k + 1] if k + 1 < len(runs) else ""
-            for value in _values(runs[k].strip(", "), label, spaced):
+            for value in _values(runs[k].strip(", "), spaced):
                 out.append(_entity(value, label, source))
     return out
 
 
-def _values(text: str, label: str, spaced: bool) -> list[str]:
+def _values(text: str, spaced: bool) -> list[str]:
     """The values of one run of a ledger line. A line whose values hold spaces lists them
-    ", "-separated; a line without ", " is one value with spaces ("281 Spruce Street")
-    when the run read as a tool's value is that value, else space-separated values."""
+    ", "-separated; a line without ", " lists space-free values, or is one value with
+    spaces ("281 Spruce Street", "San Diego"): read as separate values when every word
+    is shaped like a value of its own (a digit, an underscore or capitals: ids, dates,
+    codes, numbers), else as one."""
     if not text:
         return []
     if not spaced:
-        if " " in text and any(e.value == text for e in extract_from_json({label: text})):
-            return [text]
-        return text.split()
+        words = text.split()
+        if all(_STANDALONE.search(w) or (w.isupper() and len(w) > 1) for w in words):
+            return words
+        return [text]
     values = []
     for quoted, plain in _QUOTED_LIST.findall(text):
         value = quoted or plain.strip()
