@@ -91,6 +91,10 @@ def test_a_context_for_a_one_system_model_has_one_first_and_renders() -> None:
     assert [t for _, t in layers] == [m.text for m in separate.messages[1:4]]
     assert folded.messages[1:] == separate.messages[4:]
     assert folded.audit.input_tokens <= 1500
+    # the audit still says what each layer costs (the folded message holds them all)
+    for layer in ("facts", "ledger", "summary"):
+        assert abs(folded.audit.layers[layer] - separate.audit.layers[layer]) <= 4, layer
+    assert folded.audit.input_tokens <= separate.audit.input_tokens  # less framing
     # fed back as history, the folded layers are recognised, not stacked
     again, carried = strip_layers(list(folded.messages))
     assert again[0].text == PROMPT and carried.ledger == layers[1][1]

@@ -241,6 +241,7 @@ class Draft:
     ordered: tuple[Message, ...] = ()
     layer_of: Mapping[str, str] = field(default_factory=dict)
     breakpoints: tuple[str, ...] = ()
+    folded: tuple[tuple[str, str], ...] = ()  # (layer, text) folded into the system prompt
 
     def but(self, **changes: Any) -> Draft:
         """A copy with ``changes`` (drafts are never mutated). Steps make several per

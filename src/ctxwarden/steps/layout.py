@@ -12,7 +12,7 @@ layers, of the pinned messages, and the newest message.
 
 For a model whose chat template takes one system message (the registry's
 ``system_messages = "one"``) the layers are folded into the system prompt, after it
-(:mod:`~ctxwarden.steps.fold`); the folded message is the "system" layer.
+(:mod:`~ctxwarden.steps.fold`); the audit still gives each layer its tokens.
 """
 
 from __future__ import annotations
@@ -61,10 +61,15 @@ class LayoutStep:
             current = current or m.id == newest
             ordered.append(m)
             layer_of[m.id] = "current" if current else "window"
+        folded: tuple[tuple[str, str], ...] = ()
         if ctx.one_system:  # the model's template takes one system message: fold
+            systems = [m for m in ordered if m.role == "system"]
+            folded = tuple((layer_of[m.id], m.text) for m in systems[1:])
             ordered = fold_system(ordered)
         marks = _breakpoints(ordered, layer_of) if ctx.policy.cache_breakpoints else ()
-        return StepResult(draft.but(ordered=tuple(ordered), layer_of=layer_of, breakpoints=marks))
+        return StepResult(
+            draft.but(ordered=tuple(ordered), layer_of=layer_of, breakpoints=marks, folded=folded)
+        )
 
 
 def _breakpoints(ordered: Sequence[Message], layer_of: Mapping[str, str]) -> tuple[str, ...]:
