@@ -111,3 +111,33 @@ def test_a_session_builds_one_system_message_too(tmp_path: Any) -> None:
     assert roles.count("system") == 1 and roles[0] == "system"
     assert "Values from earlier messages:" in built.messages[0].text
     render(list(built.messages))
+
+
+def test_the_proxy_sends_one_system_message_upstream(tmp_path: Any) -> None:
+    """``ctxwarden serve`` for a one-system model: the body it forwards upstream (to an
+    Ollama-style OpenAI-compatible server) holds one system message, first."""
+    import openai
+    from llm_servers import Recorded, Reply, ScriptedServer, openai_completion
+    from service_harness import ProxyServer, add_tenant, sid
+
+    def upstream_model(request: Recorded) -> Reply:
+        return Reply(body=openai_completion("ok", prompt=50, completion=2))
+
+    db = f"sqlite:///{tmp_path / 'service.db'}"
+    upstream = ScriptedServer(upstream_model).start()
+    key = add_tenant(db, "acme")
+    proxy = ProxyServer(db, upstream=upstream.url + "/v1")
+    try:
+        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0)
+        history = ctxwarden.messages_to_openai(chat())
+        headers = {"X-Ctxwarden-Session": sid(), "X-Ctxwarden-Max-Input-Tokens": "900"}
+        client.chat.completions.create(model=MODEL, messages=history, extra_headers=headers)
+        client.close()
+        sent = upstream.requests[-1].json["messages"]
+    finally:
+        proxy.stop()
+        upstream.stop()
+    roles = [m["role"] for m in sent]
+    assert roles.count("system") == 1 and roles[0] == "system"
+    assert sent[0]["content"].startswith(PROMPT + "\n\nValues from earlier messages:\n")
+    assert sent[-1]["content"] == "Which bookings did I mention first?"
