@@ -62,6 +62,7 @@ def _many() -> Registry:
 def test_the_registry_says_which_models_take_one_system_message() -> None:
     assert get_model(MODEL).one_system_message
     assert get_model("mistral-nemo").one_system_message  # an alias
+    assert get_model("mistralai/Mistral-Nemo-Instruct-2407").one_system_message  # vLLM's name
     assert (
         not get_model("gpt-4o").one_system_message and not get_model("qwen3:8b").one_system_message
     )
