@@ -31,11 +31,12 @@ from ctxwarden.errors import UsageError
 from ctxwarden.memory.layer_state import LayerState
 from ctxwarden.memory.summaries import SummaryState
 from ctxwarden.messages import Message
+from ctxwarden.steps.fold import FOLD_SEPARATOR
 
 if TYPE_CHECKING:
     from ctxwarden import Audit, Policy, Session, Summarizer
 
-__all__ = ["ContextBuilder", "layer_text", "split_system", "stable_id"]
+__all__ = ["FOLD_SEPARATOR", "ContextBuilder", "layer_text", "split_system", "stable_id"]
 
 LAYER_ID_PREFIX = "ctxwarden:"
 _KEEP_CONVERSATIONS = 256
@@ -86,7 +87,7 @@ def carried_options(
 def layer_text(messages: Sequence[Message]) -> str:
     """The texts of ctxwarden's layer messages, in order, for a framework that takes one
     system prompt (they are placed right after it, where the layout puts them)."""
-    return "\n\n".join(m.text for m in messages if is_layer(m) and m.text)
+    return FOLD_SEPARATOR.join(m.text for m in messages if is_layer(m) and m.text)
 
 
 @dataclass

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ctxwarden.errors import MissingDependencyError
 from ctxwarden.integrations._common import (
+    FOLD_SEPARATOR,
     ContextBuilder,
     layer_text,
     split_system,
@@ -146,7 +147,7 @@ def _with_layers(system: SystemMessage | None, layers: str) -> SystemMessage:
     if system is None:
         return SystemMessage(content=layers)
     if isinstance(system.content, str):
-        content: str | list[str | dict[str, Any]] = f"{system.content}\n\n{layers}"
+        content: str | list[str | dict[str, Any]] = system.content + FOLD_SEPARATOR + layers
     else:
         content = [*system.content, {"type": "text", "text": layers}]
     return system.model_copy(update={"content": content})

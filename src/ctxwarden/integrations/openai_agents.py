@@ -29,7 +29,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ctxwarden.errors import MissingDependencyError
-from ctxwarden.integrations._common import ContextBuilder, is_layer, layer_text, split_system
+from ctxwarden.integrations._common import (
+    FOLD_SEPARATOR,
+    ContextBuilder,
+    is_layer,
+    layer_text,
+    split_system,
+)
 from ctxwarden.integrations._responses import (
     META,
     item_dict,
@@ -92,7 +98,7 @@ class ContextFilter:
         instructions = next((m.text for m in head if m.id == _INSTRUCTIONS_ID), None)
         layers = layer_text(head)
         if layers:
-            instructions = f"{instructions}\n\n{layers}" if instructions else layers
+            instructions = instructions + FOLD_SEPARATOR + layers if instructions else layers
         items: list[TResponseInputItem] = [
             item  # type: ignore[misc]
             for m in kept
