@@ -288,3 +288,30 @@ def test_output_fed_back_as_history_is_not_stacked() -> None:
         assert ctxwarden.pairing_problems(ours) == [], k
     carried = [c for c in model.received if "\n\nValues from earlier" in str(c[0].content)]
     assert len(carried) > len(model.received) // 2  # the ledger went on being shown
+
+
+def test_a_system_prompt_given_back_with_its_layers_is_not_stacked() -> None:
+    """An agent made with an earlier call's system message (the layers folded in) as its
+    ``system_prompt``: the model gets the prompt once and each layer once."""
+    replay = load_replay()
+    model = _scripted(replay)
+    tools = _tools(replay)
+    first = create_agent(model, tools, system_prompt=replay.system, middleware=[
+        ContextMiddleware(model=MODEL, max_input_tokens=FED_BUDGET)])  # fmt: skip
+    result = first.invoke({"messages": [HumanMessage(u) for u in replay.users[:1]]})
+    for user in replay.users[1:3]:
+        result = first.invoke({"messages": [*result["messages"], HumanMessage(user)]})
+    seen = model.received[-1]
+    assert split_folded(str(seen[0].content))[1]  # the layers came folded in the prompt
+    again = create_agent(model, tools, system_prompt=str(seen[0].content), middleware=[
+        ContextMiddleware(model=MODEL, max_input_tokens=FED_BUDGET)])  # fmt: skip
+    before = len(model.received)
+    again.invoke(
+        {"messages": [*seen[1:], result["messages"][-1], HumanMessage(replay.users[3])]},
+        {"recursion_limit": 200},
+    )
+    for call in model.received[before:]:
+        assert sum(isinstance(m, SystemMessage) for m in call) == 1
+        prompt, layers = split_folded(str(call[0].content))
+        assert prompt == replay.system
+        assert len({name for name, _ in layers}) == len(layers)

@@ -37,10 +37,11 @@ from ctxwarden.integrations._common import (
     layer_text,
     split_system,
 )
+from ctxwarden.messages import Message
 
 try:
     from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
-    from langchain_core.messages import AnyMessage, SystemMessage
+    from langchain_core.messages import AnyMessage, BaseMessage, SystemMessage
     from langchain_core.tools import BaseTool
     from langchain_core.utils.function_calling import convert_to_openai_tool
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
@@ -114,6 +115,8 @@ class ContextMiddleware(AgentMiddleware):
         # leading system messages of this request stay; the prompt is the system message;
         # a session's stored prompt (from an earlier run) gives way to this request's
         kept = [m for m in head if m.id in originals and m.id != prompt_id] + rest
+        if system is not None and self.builder.session is None:
+            system = _prompt_left(head, prompt_id, originals)
         layers = layer_text(head)
         messages = cast("list[AnyMessage]", [message_back(m, originals) for m in kept])
         if layers and system is None and messages and isinstance(messages[0], SystemMessage):
@@ -139,6 +142,20 @@ class ContextMiddleware(AgentMiddleware):
         else:
             built = self.build_request(request)
         return await handler(built)
+
+
+def _prompt_left(
+    head: Sequence[Message],
+    prompt_id: str | None,
+    originals: Mapping[str, tuple[BaseMessage, Message]],
+) -> SystemMessage | None:
+    """The request's system message as the build left it: itself, or without the layers
+    of an earlier build it was given back with (``None`` when it was only those)."""
+    prompt = next((m for m in head if m.id == prompt_id), None)
+    if prompt is None:
+        return None
+    back = message_back(prompt, originals)
+    return back if isinstance(back, SystemMessage) else None
 
 
 def _with_layers(system: SystemMessage | None, layers: str) -> SystemMessage:
