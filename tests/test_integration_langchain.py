@@ -37,6 +37,9 @@ from test_integration_common import (
 )
 
 import ctxwarden
+from ctxwarden.build.carried import layer_name, split_folded
+from ctxwarden.integrations._common import ContextBuilder, split_system
+from ctxwarden.integrations._langchain_messages import convert_history
 from ctxwarden.integrations.langchain import (
     ContextMiddleware,
     message_from_langchain,
@@ -235,3 +238,80 @@ def test_conversion_keeps_tool_calls_ids_and_parts() -> None:
     assert ai.tool_calls == (ctxwarden.ToolCall("call_1", "lookup", '{"q": "cat", "n": [1, 2]}'),)
     assert (tool.role, tool.tool_call_id, tool.id) == ("tool", "call_1", "t1")
     ctxwarden.validate_pairing([human, ai, tool])
+
+
+FED_BUDGET = 1600
+
+
+def _head_and_newest(messages: Sequence[ctxwarden.Message]) -> tuple[list[str | None], Any]:
+    """The prompt and the layers after it (by name), and the newest message."""
+    head, rest = split_system(messages)
+    return [head[0].text, *(layer_name(m.text) for m in head[1:])], (rest[-1].role, rest[-1].text)
+
+
+def test_output_fed_back_as_history_is_not_stacked() -> None:
+    """Each turn's history is what the model saw on the last call and its answer (the
+    middleware's output fed back), through ``create_agent``'s real loop with the prompt
+    in the messages: the layers folded into the prompt are recognised and replaced, never
+    stacked (issue 35, item 4): each turn's context has the prompt and layers the full
+    history gives (their values may differ: the output's cut results say less than the
+    originals, and the window, cut by token counts of random message ids, may too)."""
+    replay = load_replay()
+    model = _scripted(replay)
+    middleware = ContextMiddleware(model=MODEL, max_input_tokens=FED_BUDGET)
+    tools = _tools(replay)
+    defs = [convert_to_openai_tool(t) for t in tools]
+    agent = create_agent(model, tools, middleware=[middleware])
+    fed: list[BaseMessage] = [SystemMessage(replay.system)]
+    full = list(fed)
+    for user in replay.users:
+        turn = [HumanMessage(user)]
+        built = [
+            ContextBuilder(MODEL, FED_BUDGET).build(convert_history(None, [*h, *turn])[0], defs)
+            for h in (fed, full)
+        ]
+        assert _head_and_newest(built[0].messages) == _head_and_newest(built[1].messages)
+        result = agent.invoke({"messages": [*fed, *turn]}, {"recursion_limit": 200})
+        full = [*full, *turn, *result["messages"][len(fed) + 1 :]]
+        fed = [*model.received[-1], result["messages"][-1]]
+    assert len(model.received) == len(replay.script())
+    assert len(full) == len(replay.trace)  # the full history, rebuilt beside the fed one
+    counter = ctxwarden.TokenCounter.for_model(MODEL)
+    for k, call in enumerate(model.received):
+        ours = [message_from_langchain(m, index=i) for i, m in enumerate(call)]
+        # one system message, the prompt first, each layer in it at most once
+        assert [m.role for m in ours].count("system") == 1 and ours[0].role == "system", k
+        prompt, layers = split_folded(ours[0].text)
+        assert prompt == replay.system, k
+        assert len({name for name, _ in layers}) == len(layers), k
+        assert counter.count_messages(ours, model.tool_defs).tokens <= FED_BUDGET, k
+        assert ctxwarden.pairing_problems(ours) == [], k
+    carried = [c for c in model.received if "\n\nValues from earlier" in str(c[0].content)]
+    assert len(carried) > len(model.received) // 2  # the ledger went on being shown
+
+
+def test_a_system_prompt_given_back_with_its_layers_is_not_stacked() -> None:
+    """An agent made with an earlier call's system message (the layers folded in) as its
+    ``system_prompt``: the model gets the prompt once and each layer once."""
+    replay = load_replay()
+    model = _scripted(replay)
+    tools = _tools(replay)
+    first = create_agent(model, tools, system_prompt=replay.system, middleware=[
+        ContextMiddleware(model=MODEL, max_input_tokens=FED_BUDGET)])  # fmt: skip
+    result = first.invoke({"messages": [HumanMessage(u) for u in replay.users[:1]]})
+    for user in replay.users[1:3]:
+        result = first.invoke({"messages": [*result["messages"], HumanMessage(user)]})
+    seen = model.received[-1]
+    assert split_folded(str(seen[0].content))[1]  # the layers came folded in the prompt
+    again = create_agent(model, tools, system_prompt=str(seen[0].content), middleware=[
+        ContextMiddleware(model=MODEL, max_input_tokens=FED_BUDGET)])  # fmt: skip
+    before = len(model.received)
+    again.invoke(
+        {"messages": [*seen[1:], result["messages"][-1], HumanMessage(replay.users[3])]},
+        {"recursion_limit": 200},
+    )
+    for call in model.received[before:]:
+        assert sum(isinstance(m, SystemMessage) for m in call) == 1
+        prompt, layers = split_folded(str(call[0].content))
+        assert prompt == replay.system
+        assert len({name for name, _ in layers}) == len(layers)

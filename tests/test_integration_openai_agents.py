@@ -31,7 +31,8 @@ from test_integration_common import (
     load_replay,
 )
 
-from ctxwarden import Message
+from ctxwarden import Message, TokenCounter, pairing_problems
+from ctxwarden.build.carried import split_folded
 from ctxwarden.integrations._responses import items_from_message
 from ctxwarden.integrations.openai_agents import (
     CtxwardenSession,
@@ -235,3 +236,39 @@ async def test_session_returns_exactly_the_items_it_was_given(
         assert len(list(session._session.messages())) == len(ITEMS) + 1
     finally:
         session.close()
+
+
+FED_BUDGET = 1600
+
+
+async def test_output_fed_back_as_history_is_not_stacked() -> None:
+    """Each turn runs the agent with what the model saw on the last call: its
+    instructions (the layers folded in) and input items, and the answer (the filter's
+    output fed back). The layers are recognised and replaced, never stacked (issue 35)."""
+    replay = load_replay()
+    outputs, _ = _steps(replay)
+    model = ScriptedModel(outputs)
+    agent = Agent(name="airline", instructions=replay.system, model=model, tools=_tools(replay))
+    ctx = context_filter(model=MODEL, max_input_tokens=FED_BUDGET)
+    config = RunConfig(call_model_input_filter=ctx, tracing_disabled=True)
+    fed: list[Any] = []
+    for user in replay.users:
+        turn = [*fed, {"role": "user", "content": user}]
+        result = await Runner.run(agent, turn, run_config=config, max_turns=100)
+        last = model.calls[-1]
+        agent = agent.clone(instructions=last.system_instructions)
+        fed = [*last.input, *(i.to_input_item() for i in result.new_items[-1:])]
+    model.assert_complete()
+    counter = TokenCounter.for_model(MODEL)
+    tools = [_tool_dict(t) for t in model.calls[0].tools]
+    shown = 0
+    for k, c in enumerate(model.calls):
+        prompt, layers = split_folded(c.system_instructions or "")
+        assert prompt == replay.system, k
+        assert len({name for name, _ in layers}) == len(layers), k  # each layer once
+        shown += bool(layers)
+        received = [Message.system(c.system_instructions or ""), *messages_from_items(c.input)]
+        assert [m.role for m in received].count("system") == 1, k
+        assert counter.count_messages(received, tools).tokens <= FED_BUDGET, k
+        assert pairing_problems(received) == [], k
+    assert shown > len(model.calls) // 2

@@ -34,7 +34,8 @@ from test_integration_common import (
     load_replay,
 )
 
-from ctxwarden import Message, pairing_problems
+from ctxwarden import Message, TokenCounter, pairing_problems
+from ctxwarden.build.carried import layer_name
 from ctxwarden.integrations.pydantic_ai import (
     ContextCapability,
     history_processor,
@@ -158,6 +159,50 @@ async def test_history_processor_in_process_history() -> None:
     cut = [a for a in audits if {x.action for x in a.actions} & {"masked", "dropped", "truncated"}]
     assert cut, "no call was cut"
     check_audit(cut[0])
+
+
+FED_BUDGET = 1600
+
+
+def _system_texts(messages: list[ModelMessage]) -> list[str]:
+    return [m.text for m in _ours(messages) if m.role == "system"]
+
+
+async def test_history_processor_fed_its_own_output_runs_to_the_end() -> None:
+    """pydantic-ai keeps what the plain processor returned as the run's history, so every
+    call feeds ctxwarden's layers back in: they are recognised and replaced, never
+    stacked (issue 35: 7 system messages and a BudgetError at 1,600 tokens before)."""
+    tools = [t.tool_def for t in _tools(load_replay())]
+    processor = history_processor(model=MODEL, max_input_tokens=FED_BUDGET, tools=tools)
+    audits: list[Any] = []
+    again: list[tuple[list[str], list[str]]] = []
+
+    def process(messages: list[ModelMessage]) -> list[ModelMessage]:
+        out = processor(messages)
+        audits.append(processor.last_audit)
+        # built again (a fresh processor: no remembered build), the output is itself
+        fresh = history_processor(model=MODEL, max_input_tokens=FED_BUDGET, tools=tools)
+        again.append(([m.text for m in _ours(out)], [m.text for m in _ours(fresh(out))]))
+        return out
+
+    replay, received, infos, _ = await _replay(ProcessHistory(process))
+    assert len(received) == len(replay.script()) == 31  # the run went to its end
+    assert all(a.input_tokens <= FED_BUDGET for a in audits)
+    assert any(m.role == "system" and m.text.startswith("Values") for m in _ours(received[-1]))
+    assert all(first == second for first, second in again)
+    # the original: the same run through the non-destructive capability
+    original = ContextCapability(model=MODEL, max_input_tokens=FED_BUDGET)
+    _, sent, _, _ = await _replay(original)
+    counter = TokenCounter.for_model(MODEL)
+    for k, (fed, orig) in enumerate(zip(received, sent, strict=True)):
+        systems = _system_texts(fed)
+        assert len(systems) <= len(_system_texts(orig)), k
+        assert systems[0] == replay.system, k
+        names = [layer_name(t) for t in systems[1:]]
+        assert None not in names and len(set(names)) == len(names), k  # each layer once
+        ours = _ours(fed)
+        assert pairing_problems(ours) == [], k
+        assert counter.count_messages(ours, _tool_dicts(infos[k])).tokens <= FED_BUDGET, k
 
 
 def test_conversion_keeps_parts_ids_and_compaction() -> None:

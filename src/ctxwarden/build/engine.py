@@ -40,6 +40,7 @@ from ctxwarden.registry.catalog import ModelInfo, Registry
 from ctxwarden.registry.cost import estimate_cost
 from ctxwarden.registry.usage import Usage
 from ctxwarden.steps.base import Action, ActionKind, Draft, StepContext
+from ctxwarden.steps.fold import FOLD_SEPARATOR
 from ctxwarden.steps.layout import STABLE_LAYERS, LayoutStep
 from ctxwarden.steps.pairing import keep_pairs_whole
 from ctxwarden.steps.window import leading_system, newest_call_block, newest_user
@@ -218,6 +219,7 @@ def run_build(
         tools_tokens=tools_tokens,
         summary_text=summary,
         facts_text=facts,
+        one_system=info is not None and info.one_system_message,
     )
     anchors = frozenset(protected)
     draft = Draft(history, sys_end, newest, protected=anchors, anchors=anchors)
@@ -314,6 +316,10 @@ def _finish(
     h, ordered, layer_of = draft.history, draft.ordered, draft.layer_of
     digests = tuple(map(_DIGEST, map(_FINGERPRINT, ordered)))
     layers, cacheable, shared, known = _sums(ordered, layer_of, digests, ctx)
+    for name, text in draft.folded:  # a layer folded into the system prompt keeps its tokens
+        tokens = min(ctx.counter.count_text(FOLD_SEPARATOR + text), layers["system"])
+        layers[name] = layers.get(name, 0) + tokens
+        layers["system"] -= tokens
     exact = ctx.counter.exact and not tools and known
     total = REPLY_PRIMING + ctx.tools_tokens + sum(layers.values())
     layers["tools"] = ctx.tools_tokens

@@ -1,6 +1,13 @@
 """What the three adapters share: stable ids, the builder that keeps each conversation's
 previous build, and the split of a built context into its system prefix and the rest.
 
+Adapters are idempotent: a framework may hand an adapter's output back as the next
+turn's history (pydantic-ai's plain history processor does; a user may with any
+framework). The builder takes the layers an earlier build left in it out first
+(:func:`~ctxwarden.build.carried.strip_layers`) and shows what they said again, each in
+its one place: built again, a built context is that context, and layers are replaced,
+never stacked.
+
 Frameworks call an adapter once per model call with the whole history, and one adapter
 instance often serves many conversations (one middleware per agent, many threads). The
 builder therefore keeps the last build per conversation, keyed by the id of the first
@@ -19,13 +26,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ctxwarden import BuiltContext, build_context
+from ctxwarden.build.carried import Carried, strip_layers
 from ctxwarden.errors import UsageError
+from ctxwarden.memory.layer_state import LayerState
+from ctxwarden.memory.summaries import SummaryState
 from ctxwarden.messages import Message
+from ctxwarden.steps.fold import FOLD_SEPARATOR
 
 if TYPE_CHECKING:
     from ctxwarden import Audit, Policy, Session, Summarizer
 
-__all__ = ["ContextBuilder", "layer_text", "split_system", "stable_id"]
+__all__ = ["FOLD_SEPARATOR", "ContextBuilder", "layer_text", "split_system", "stable_id"]
 
 LAYER_ID_PREFIX = "ctxwarden:"
 _KEEP_CONVERSATIONS = 256
@@ -51,10 +62,32 @@ def is_layer(message: Message) -> bool:
     return message.id.startswith(LAYER_ID_PREFIX)
 
 
+def carried_options(
+    carried: Carried, summarizer: object, previous: BuiltContext | None
+) -> dict[str, Any]:
+    """The ``build_context`` arguments that show ``carried`` layers again: the facts and
+    summary as layer texts, the ledger's values as the ledger of messages the history no
+    longer holds. With a summariser (and no summary state of this conversation's yet) a
+    carried summary is the previous summary its next cycle merges."""
+    options: dict[str, Any] = {
+        "facts": carried.facts,
+        "earlier_entities": carried.earlier_entities(),
+    }
+    if carried.summary is None:
+        return options
+    state = previous.state.layers if previous is not None else None
+    if summarizer is not None and (state is None or not state.summary.text):
+        body = carried.summary.split("\n", 1)[1] if "\n" in carried.summary else ""
+        options["layers"] = LayerState(summary=SummaryState(summaries=(body,)))
+    else:
+        options["summary"] = carried.summary
+    return options
+
+
 def layer_text(messages: Sequence[Message]) -> str:
     """The texts of ctxwarden's layer messages, in order, for a framework that takes one
     system prompt (they are placed right after it, where the layout puts them)."""
-    return "\n\n".join(m.text for m in messages if is_layer(m) and m.text)
+    return FOLD_SEPARATOR.join(m.text for m in messages if is_layer(m) and m.text)
 
 
 @dataclass
@@ -86,17 +119,19 @@ class ContextBuilder:
         if self.session is not None:
             built = self._build_in_session(history, tools)
         else:
+            history, carried = strip_layers(history)
             key = _conversation_key(history)
             with self._lock:
                 previous = self._previous.get(key)
             built = build_context(
-                list(history),
+                history,
                 self.model,
                 self.max_input_tokens,
                 policy=self.policy,
                 previous=previous,
                 tools=tools,
                 summarizer=self.summarizer,
+                **carried_options(carried, self.summarizer, previous),
             )
             with self._lock:
                 self._previous[key] = built

@@ -15,7 +15,10 @@ It is non-destructive, unlike ``SummarizationMiddleware``: ``wrap_model_call`` (
 ``request.override(messages=..., system_message=...)`` and never touches the graph
 state, which keeps the full history. The system prompt arrives as
 ``request.system_message`` and stays there; ctxwarden's layers (facts, summary, the
-ledger of values that left the window) are appended to it, where the layout puts them.
+ledger of values that left the window) are appended to it, where the layout puts them
+(to the state's own leading ``SystemMessage`` when the agent has no ``system_prompt``).
+A request whose messages were an earlier call's output (fed back) has those layers
+taken out and replaced, never stacked (:mod:`ctxwarden.build.carried`).
 
 Messages convert both ways without loss (:mod:`._langchain_messages`:
 ``message_from_langchain`` / ``message_to_langchain``, re-exported here).
@@ -29,14 +32,16 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ctxwarden.errors import MissingDependencyError
 from ctxwarden.integrations._common import (
+    FOLD_SEPARATOR,
     ContextBuilder,
     layer_text,
     split_system,
 )
+from ctxwarden.messages import Message
 
 try:
     from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
-    from langchain_core.messages import AnyMessage, SystemMessage
+    from langchain_core.messages import AnyMessage, BaseMessage, SystemMessage
     from langchain_core.tools import BaseTool
     from langchain_core.utils.function_calling import convert_to_openai_tool
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
@@ -110,10 +115,14 @@ class ContextMiddleware(AgentMiddleware):
         # leading system messages of this request stay; the prompt is the system message;
         # a session's stored prompt (from an earlier run) gives way to this request's
         kept = [m for m in head if m.id in originals and m.id != prompt_id] + rest
+        if system is not None and self.builder.session is None:
+            system = _prompt_left(head, prompt_id, originals)
         layers = layer_text(head)
-        if layers:
-            system = _with_layers(system, layers)
         messages = cast("list[AnyMessage]", [message_back(m, originals) for m in kept])
+        if layers and system is None and messages and isinstance(messages[0], SystemMessage):
+            messages[0] = _with_layers(messages[0], layers)  # the prompt kept in the state
+        elif layers:
+            system = _with_layers(system, layers)
         return request.override(messages=messages, system_message=system)
 
     def wrap_model_call(
@@ -135,13 +144,27 @@ class ContextMiddleware(AgentMiddleware):
         return await handler(built)
 
 
+def _prompt_left(
+    head: Sequence[Message],
+    prompt_id: str | None,
+    originals: Mapping[str, tuple[BaseMessage, Message]],
+) -> SystemMessage | None:
+    """The request's system message as the build left it: itself, or without the layers
+    of an earlier build it was given back with (``None`` when it was only those)."""
+    prompt = next((m for m in head if m.id == prompt_id), None)
+    if prompt is None:
+        return None
+    back = message_back(prompt, originals)
+    return back if isinstance(back, SystemMessage) else None
+
+
 def _with_layers(system: SystemMessage | None, layers: str) -> SystemMessage:
     """The system prompt with ctxwarden's layers after it (a new message; the prompt's
     own text, and so the cacheable prefix, unchanged)."""
     if system is None:
         return SystemMessage(content=layers)
     if isinstance(system.content, str):
-        content: str | list[str | dict[str, Any]] = f"{system.content}\n\n{layers}"
+        content: str | list[str | dict[str, Any]] = system.content + FOLD_SEPARATOR + layers
     else:
         content = [*system.content, {"type": "text", "text": layers}]
     return system.model_copy(update={"content": content})

@@ -15,7 +15,8 @@ The session keeps the full history in ctxwarden's store (SQLite or PostgreSQL, o
 schema) and returns exactly the items it was given; the filter builds what each model
 call receives. The agent's instructions arrive as ``ModelInputData.instructions``: they
 are the system prompt, count against the budget, and go back as instructions, with
-ctxwarden's layers (facts, summary, ledger) after them. The agent's function tools
+ctxwarden's layers (facts, summary, ledger) after them; instructions (or input items)
+fed back from an earlier call have those layers replaced, never stacked. The agent's function tools
 count too. Items convert as :mod:`ctxwarden.integrations._responses` describes: a
 reasoning item stays with the item after it.
 """
@@ -28,7 +29,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ctxwarden.errors import MissingDependencyError
-from ctxwarden.integrations._common import ContextBuilder, is_layer, layer_text, split_system
+from ctxwarden.integrations._common import (
+    FOLD_SEPARATOR,
+    ContextBuilder,
+    is_layer,
+    layer_text,
+    split_system,
+)
 from ctxwarden.integrations._responses import (
     META,
     item_dict,
@@ -87,9 +94,11 @@ class ContextFilter:
         built = self.builder.build(history, tools or None)
         head, rest = split_system(built.messages)
         kept = [m for m in head if not is_layer(m) and m.id != _INSTRUCTIONS_ID] + rest
+        # instructions that were an earlier call's output (fed back) lost their layers
+        instructions = next((m.text for m in head if m.id == _INSTRUCTIONS_ID), None)
         layers = layer_text(head)
         if layers:
-            instructions = f"{instructions}\n\n{layers}" if instructions else layers
+            instructions = instructions + FOLD_SEPARATOR + layers if instructions else layers
         items: list[TResponseInputItem] = [
             item  # type: ignore[misc]
             for m in kept

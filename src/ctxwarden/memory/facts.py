@@ -30,6 +30,7 @@ from ctxwarden.memory.cut_answer import cut_value_path, drop_path
 from ctxwarden.messages import Message
 
 __all__ = [
+    "FACTS_HEADING",
     "MAX_FACT_HISTORY",
     "FactExtractor",
     "FactRecord",
@@ -316,6 +317,10 @@ class FactRecord:
     source: str | None = None
 
 
+#: The facts layer's first line (also what marks a facts layer fed back as history).
+FACTS_HEADING = "Known facts (exact values from the conversation; newer values replace older):"
+
+
 @dataclass(frozen=True)
 class Facts(Mapping[str, Any]):
     """The current facts, read like a dict (``facts["budget"]``), with their history.
@@ -384,7 +389,7 @@ class Facts(Mapping[str, Any]):
         shown = [(k, rs) for k, rs in self.history.items() if k not in leave_out]
         if not shown:
             return ""
-        lines = ["Known facts (exact values from the conversation; newer values replace older):"]
+        lines = [FACTS_HEADING]
         for key, records in shown:
             line = f"{key}: {_render_value(records[-1].value)}"
             if with_changes and len(records) > 1:

@@ -117,6 +117,13 @@ class ModelInfo:
     estimate_factor: float | None = None
     long_context: LongContextPrice | None = None
     aliases: tuple[str, ...] = ()
+    system_messages: str = "many"
+
+    @property
+    def one_system_message(self) -> bool:
+        """Whether the model's chat template takes one system message, first (many local
+        models' templates raise on a second): a build folds its layers into it."""
+        return self.system_messages == "one"
 
     @property
     def exact(self) -> bool:
@@ -330,8 +337,10 @@ _MODEL_KEYS = frozenset(
         "price",
         "long_context",
         "aliases",
+        "system_messages",
     ]
 )
+SYSTEM_MESSAGES = ("many", "one")
 _PRICE_KEYS = frozenset({"input", "output", "cached_input", "cache_write"})
 
 
@@ -456,6 +465,13 @@ def _build(name: str, t: Mapping[str, Any], source: str) -> ModelInfo:
     aliases = t.get("aliases", [])
     if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
         raise bad("aliases", "must be a list of names")
+    system_messages = t.get("system_messages", "many")
+    if system_messages not in SYSTEM_MESSAGES:
+        raise bad(
+            "system_messages",
+            f"must be 'many' (layers as system messages of their own) or 'one' (the chat "
+            f"template takes one system message, first), got {system_messages!r}",
+        )
     return ModelInfo(
         name=name,
         provider=provider,
@@ -467,4 +483,5 @@ def _build(name: str, t: Mapping[str, Any], source: str) -> ModelInfo:
         estimate_factor=None if factor is None else float(factor),
         long_context=long_context,
         aliases=tuple(dict.fromkeys(aliases)),
+        system_messages=system_messages,
     )

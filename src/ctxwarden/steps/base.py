@@ -241,6 +241,7 @@ class Draft:
     ordered: tuple[Message, ...] = ()
     layer_of: Mapping[str, str] = field(default_factory=dict)
     breakpoints: tuple[str, ...] = ()
+    folded: tuple[tuple[str, str], ...] = ()  # (layer, text) folded into the system prompt
 
     def but(self, **changes: Any) -> Draft:
         """A copy with ``changes`` (drafts are never mutated). Steps make several per
@@ -281,6 +282,7 @@ class StepContext:
     tools_tokens: int = 0
     summary_text: str | None = None  # caller-managed layers (build_context(summary=...))
     facts_text: str | None = None
+    one_system: bool = False  # the model takes one system message: layers fold into it
 
     def count(self, message: Message) -> int:
         return self.counter.count_message(message)

@@ -9,6 +9,10 @@ window before it stays cached.
 
 and the Anthropic cache breakpoints (at most four): the end of the system prompt, of the
 layers, of the pinned messages, and the newest message.
+
+For a model whose chat template takes one system message (the registry's
+``system_messages = "one"``) the layers are folded into the system prompt, after it
+(:mod:`~ctxwarden.steps.fold`); the audit still gives each layer its tokens.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 from ctxwarden.formats.anthropic import MAX_CACHE_BREAKPOINTS
 from ctxwarden.messages import Message
 from ctxwarden.steps.base import Draft, StepContext, StepResult
+from ctxwarden.steps.fold import fold_system
 
 __all__ = ["STABLE_LAYERS", "LayoutStep"]
 
@@ -56,8 +61,15 @@ class LayoutStep:
             current = current or m.id == newest
             ordered.append(m)
             layer_of[m.id] = "current" if current else "window"
+        folded: tuple[tuple[str, str], ...] = ()
+        if ctx.one_system:  # the model's template takes one system message: fold
+            systems = [m for m in ordered if m.role == "system"]
+            folded = tuple((layer_of[m.id], m.text) for m in systems[1:])
+            ordered = fold_system(ordered)
         marks = _breakpoints(ordered, layer_of) if ctx.policy.cache_breakpoints else ()
-        return StepResult(draft.but(ordered=tuple(ordered), layer_of=layer_of, breakpoints=marks))
+        return StepResult(
+            draft.but(ordered=tuple(ordered), layer_of=layer_of, breakpoints=marks, folded=folded)
+        )
 
 
 def _breakpoints(ordered: Sequence[Message], layer_of: Mapping[str, str]) -> tuple[str, ...]:

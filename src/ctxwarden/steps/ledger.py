@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ctxwarden.build.state import LedgerMemo
 from ctxwarden.caching import BoundedCache, memoize
@@ -31,10 +32,28 @@ from ctxwarden.messages import Message
 from ctxwarden.steps.base import Draft, StepContext, system_block
 from ctxwarden.tokens.counter import TokenCounter
 
-__all__ = ["LEDGER_ID", "LedgerBuilder", "Shown", "ledger_of", "seed_tag", "shown_values"]
+__all__ = [
+    "LEDGER_ID",
+    "CarriedLedger",
+    "LedgerBuilder",
+    "Shown",
+    "ledger_of",
+    "seed_tag",
+    "shown_values",
+]
 
 LEDGER_ID = "ctxwarden:ledger"
 _FRAMING = 5  # message framing + role tokens around the ledger text
+
+
+@dataclass(frozen=True)
+class CarriedLedger(EntityLedger):
+    """The values of a ledger block an earlier build rendered (read back from its
+    ``text``, :mod:`ctxwarden.build.carried`): a build that adds nothing to them shows
+    ``text`` itself when it fits, not a new rendering of values whose ranks the text no
+    longer says, so a built context built again is the same context."""
+
+    text: str = ""
 
 
 def seed_tag(earlier: EntityLedger | None) -> str:
@@ -130,8 +149,11 @@ class LedgerBuilder:
         ledger = self._dropped(history, first, start, frozenset(pinned))
         key = _render_key(history, start, pinned, edited, self.cap, self.counter.model, self.shown)
         memo = self.memo
+        carried = ledger.text if isinstance(ledger, CarriedLedger) and not edited else ""
         if memo is not None and memo.key == key and memo.ledger is ledger:
             text = memo.text
+        elif carried and self.counter.count_text(carried) + _FRAMING <= self.cap:
+            text = carried  # nothing added to a carried block: the block as it was
         else:
             above = [*self.shown, *(history[i] for i in pinned)]
             text = self._text(ledger, self.cap - _FRAMING, edited, above)
