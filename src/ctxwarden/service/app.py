@@ -26,7 +26,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ctxwarden import Registry
 from ctxwarden._version import __version__
 from ctxwarden.errors import StoreUnavailable
-from ctxwarden.service import anthropic_proxy, openai_proxy, sessions_api, ui_routes
+from ctxwarden.service import (
+    anthropic_proxy,
+    openai_proxy,
+    responses_proxy,
+    sessions_api,
+    ui_routes,
+)
 from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.config import ServiceConfig
 from ctxwarden.service.direct import Direct, Endpoint
@@ -136,6 +142,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
     )
     app.include_router(openai_proxy.router)
     app.include_router(anthropic_proxy.router)
+    app.include_router(responses_proxy.router)
     app.include_router(sessions_api.router)
     app.include_router(ui_routes.router)  # /ui/: the session pages
     app.add_middleware(_CountRequests, metrics=metrics)
@@ -151,6 +158,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
     proxied: dict[str, Endpoint] = {
         "/v1/chat/completions": openai_proxy.chat_completions,
         "/v1/messages": anthropic_proxy.messages,
+        "/v1/responses": responses_proxy.responses,
     }
     app.direct = Direct(proxied, app.exception_handlers, metrics)
 
