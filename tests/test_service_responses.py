@@ -82,6 +82,7 @@ def env(module_db: str) -> Iterator[Env]:
 @pytest.fixture(autouse=True)
 def _fresh_script(env: Env) -> None:
     env.upstream._replies.clear()
+    env.model.unknown_output = True
 
 
 def hdr(session: str, budget: int | None = None) -> dict[str, str]:
@@ -313,3 +314,59 @@ def test_upstream_without_store_and_a_stored_json_reply(env: Env) -> None:
     assert "previous_response_id" not in body  # upstream did not keep it: the proxy rebuilds
     assert body["input"] == [{"role": "user", "content": "q"}, *output,
                              {"role": "user", "content": "q2"}]  # fmt: skip
+
+
+async def test_agents_sdk_runner_with_its_default_responses_model(env: Env) -> None:
+    """``Runner.run`` with the Agents SDK's default model (``OpenAIResponsesModel``, the
+    SDK's own provider) and a function tool, turn after turn, through the proxy."""
+    agents = pytest.importorskip("agents", reason="needs ctxwarden[openai-agents]")
+    from agents.models.openai_responses import OpenAIResponsesModel
+
+    env.model.unknown_output = False  # (the SDK refuses an output item type it lacks)
+    session = sid()
+    budget = 1500
+    client = openai.AsyncOpenAI(
+        base_url=env.proxy.url + "/v1", api_key=env.key, max_retries=0,
+        default_headers=hdr(session, budget),
+    )  # fmt: skip
+    ran: list[int] = []
+
+    @agents.function_tool
+    def lookup(q: int) -> str:
+        """Find an order."""
+        ran.append(q)
+        return _lookup(json.dumps({"q": q}))
+
+    provider = agents.OpenAIProvider(openai_client=client, use_responses=True)
+    config = agents.RunConfig(model_provider=provider, tracing_disabled=True)
+    agent = agents.Agent(name="support", instructions=INSTRUCTIONS, model=MODEL, tools=[lookup])
+    assert isinstance(provider.get_model(MODEL), OpenAIResponsesModel)
+    first = len(env.upstream.requests)
+    conversation: list[Any] = []
+    try:
+        for t in range(5):
+            conversation.append({"role": "user", "content": _question(t)})
+            result = await agents.Runner.run(agent, conversation, run_config=config)
+            assert str(result.final_output).startswith("seen ")
+            conversation = result.to_input_list()
+    finally:
+        await client.close()
+    assert len(ran) == 5
+    forwarded = env.upstream.requests[first:]
+    assert len(forwarded) == 10
+    counter = TokenCounter.for_model(MODEL)
+    produced = {json.dumps(i, sort_keys=True) for r in env.model.responses for i in r["output"]}
+    for request in forwarded:
+        body = request.json
+        assert body["instructions"] == INSTRUCTIONS
+        messages = messages_from_responses(body["input"], body["instructions"])
+        assert pairing_problems(messages) == []
+        tools = tools_as_openai(body["tools"])
+        assert counter.count_messages(messages, tools=tools).tokens <= budget
+        for item in body["input"]:
+            if item.get("type") == "reasoning":  # the model's own, byte for byte
+                assert json.dumps(item, sort_keys=True) in produced
+    assert len(forwarded[-1].json["input"]) < len(conversation) - 1  # cut to the budget
+    instructions, stored = env.stored(session)
+    assert instructions == INSTRUCTIONS
+    assert stored == conversation
