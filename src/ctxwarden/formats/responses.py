@@ -43,6 +43,8 @@ from ctxwarden.messages import ImagePart, Message, Part, RawPart, TextPart, Tool
 
 __all__ = [
     "META",
+    "convert_items",
+    "instructions_message",
     "message_items",
     "messages_from_responses",
     "messages_to_responses",
@@ -200,10 +202,11 @@ def _with_items(message: Message, items: list[dict[str, Any]], **more: Any) -> M
     return replace(message, meta={**message.meta, META: kept})
 
 
-def _groups(items: Sequence[Any]) -> list[tuple[str, int, list[dict[str, Any]]]]:
-    """The items in groups of one message each: ``(side, first index, items)``."""
+def _groups(items: Sequence[Any], start: int) -> list[tuple[str, int, list[dict[str, Any]]]]:
+    """``items[start:]`` in groups of one message each: ``(side, first index, items)``."""
     groups: list[tuple[str, int, list[dict[str, Any]]]] = []
-    for i, item in enumerate(items):
+    for i in range(start, len(items)):
+        item = items[i]
         if not isinstance(item, Mapping):
             raise InvalidMessageError(
                 f"an input item must be an object, got {type(item).__name__}", index=i
@@ -229,25 +232,15 @@ def _groups(items: Sequence[Any]) -> list[tuple[str, int, list[dict[str, Any]]]]
     return groups
 
 
-def messages_from_responses(input: Any, instructions: Any = None) -> list[Message]:
-    """A Responses request's ``instructions`` and ``input`` (a string or a list of
-    items) as our messages (see the module docstring); a malformed item is an
-    :class:`~ctxwarden.errors.InvalidMessageError` naming its index."""
-    out: list[Message] = []
-    if instructions is not None:
-        if not isinstance(instructions, str):
-            raise InvalidMessageError("instructions must be a string", field="instructions")
-        system = Message.system(instructions)
-        out.append(replace(system, meta={META: {"instructions": True}}))
-    if isinstance(input, str):
-        out.append(Message.user(input))
-        return out
-    if not isinstance(input, list):
-        raise InvalidMessageError(
-            f"input must be a string or a list of items, got {type(input).__name__}",
-            field="input",
-        )
-    for side, index, group in _groups(input):
+def convert_items(items: Sequence[Any], start: int = 0) -> list[tuple[int, int, Message]]:
+    """The messages of the input items ``items[start:]``, each with the span of items it
+    came from, ``(first, end)``. A message depends only on its own items and on which
+    items follow it in its turn, so converting from the first item of any message gives
+    that message and the ones after it as converting the whole list does (the proxy
+    converts only what a client added since its last call)."""
+    out: list[tuple[int, int, Message]] = []
+    groups = _groups(items, start)
+    for n, (side, index, group) in enumerate(groups):
         try:
             if side == "assistant":
                 message = _assistant(group, index)
@@ -257,8 +250,32 @@ def messages_from_responses(input: Any, instructions: Any = None) -> list[Messag
                 message = _input(group, index)
         except InvalidMessageError as exc:
             raise InvalidMessageError(exc.reason, index=index, field=exc.field) from None
-        out.append(_with_items(message, group))
+        end = groups[n + 1][1] if n + 1 < len(groups) else len(items)
+        out.append((index, end, _with_items(message, group)))
     return out
+
+
+def instructions_message(instructions: str) -> Message:
+    """``instructions`` as the system message that goes back as ``instructions``."""
+    if not isinstance(instructions, str):
+        raise InvalidMessageError("instructions must be a string", field="instructions")
+    return replace(Message.system(instructions), meta={META: {"instructions": True}})
+
+
+def messages_from_responses(input: Any, instructions: Any = None) -> list[Message]:
+    """A Responses request's ``instructions`` and ``input`` (a string or a list of
+    items) as our messages (see the module docstring); a malformed item is an
+    :class:`~ctxwarden.errors.InvalidMessageError` naming its index."""
+    out = [instructions_message(instructions)] if instructions is not None else []
+    if isinstance(input, str):
+        out.append(Message.user(input))
+        return out
+    if not isinstance(input, list):
+        raise InvalidMessageError(
+            f"input must be a string or a list of items, got {type(input).__name__}",
+            field="input",
+        )
+    return out + [message for _, _, message in convert_items(input)]
 
 
 def reply_from_output(output: Any, response: Mapping[str, Any] | None = None) -> Message | None:

@@ -38,6 +38,7 @@ from ctxwarden import BuiltContext, Usage
 from ctxwarden.errors import CtxwardenError
 from ctxwarden.formats.responses import (
     META,
+    instructions_message,
     message_items,
     messages_from_responses,
     reply_from_output,
@@ -48,12 +49,13 @@ from ctxwarden.messages import Message
 from ctxwarden.service.anthropic_json import object_bytes
 from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.body import max_input_tokens_header, parse_json, read_body
-from ctxwarden.service.calls import client_session_id, upstream_for
+from ctxwarden.service.calls import SESSION_HEADER, client_session_id, upstream_for
 from ctxwarden.service.errors import ServiceError, from_library
 from ctxwarden.service.forward import forward
 from ctxwarden.service.history import message_key
 from ctxwarden.service.hub import Hub, Tenant
 from ctxwarden.service.prepared import Call, Prepared
+from ctxwarden.service.responses_memo import ItemsMemo
 from ctxwarden.service.responses_stream import ResponsesReader, responses_usage
 from ctxwarden.service.schema import PROXY_ERRORS, RESPONSES_BODY
 from ctxwarden.store.service_tables import get_head
@@ -81,11 +83,13 @@ class _Plan:
     def decide(self, built: BuiltContext) -> BuiltContext:
         """Forward ``previous_response_id`` or rebuild (see the module docstring); the
         reason goes into the audit's warnings."""
-        sent = built.messages
-        whole = len(sent) == len(self.history) and all(
-            a is b or a.fingerprint == b.fingerprint
-            for a, b in zip(sent, self.history, strict=True)
-        )
+        sent, audit = built.messages, built.audit
+        whole = (  # the audit first: what it reports cut needs no comparing
+            not audit.actions
+            and len(sent) == len(self.history)
+            and all(a is b or a.fingerprint == b.fingerprint
+                    for a, b in zip(sent, self.history, strict=True))
+        )  # fmt: skip
         self.state = WHOLE if whole else CUT
         if self.previous is None:
             return built
@@ -110,7 +114,6 @@ class _Plan:
             note = (f"previous_response_id {self.previous!r} not forwarded ({reason}): the "
                     f"proxy rebuilt the context and sent the full built input "
                     f"({len(sent)} messages)")  # fmt: skip
-        audit = built.audit
         return replace(built, audit=replace(audit, warnings=(*audit.warnings, note)))
 
 
@@ -202,6 +205,15 @@ def _stored_before(
     return [], None
 
 
+def _memo(request: Request) -> ItemsMemo:
+    """The app's :class:`~ctxwarden.service.responses_memo.ItemsMemo` (made on first use)."""
+    state = request.app.state
+    memo: ItemsMemo | None = getattr(state, "responses_items", None)
+    if memo is None:
+        memo = state.responses_items = ItemsMemo()
+    return memo
+
+
 def _without_instructions(messages: list[Message]) -> list[Message]:
     return messages[1:] if messages and _is_instructions(messages[0]) else messages
 
@@ -211,7 +223,8 @@ async def responses(request: Request, tenant: CurrentTenant) -> Response:
     """Build the context from the stored session and forward it (see the module)."""
     hub = hub_of(request)
     upstream = upstream_for(request, "openai")
-    data = parse_json(await read_body(request, hub.config.max_body_bytes))
+    raw = await read_body(request, hub.config.max_body_bytes)
+    data = parse_json(raw)
     model, given, previous = data.get("model"), data.get("input"), data.get("previous_response_id")
     if not isinstance(model, str) or not model:
         raise ServiceError(400, "model must be a non-empty string")
@@ -219,25 +232,35 @@ async def responses(request: Request, tenant: CurrentTenant) -> Response:
         raise ServiceError(400, "previous_response_id must be a non-empty string")
     if not (isinstance(given, str) or (isinstance(given, list) and (given or previous))):
         raise ServiceError(400, "input must be a string or a non-empty list of items")
+    instructions = data.get("instructions")
     try:
-        parsed = messages_from_responses(given, data.get("instructions"))
+        head = [instructions_message(instructions)] if instructions is not None else []
+        if isinstance(given, list):
+            scope = (tenant.name, request.headers.get(SESSION_HEADER))
+            items, item_keys = _memo(request).convert(scope, given, len(raw))
+        else:
+            items = messages_from_responses(given)
+            item_keys = [message_key(m) for m in items]
     except CtxwardenError as exc:
         raise from_library(exc) from exc
+    parsed = [*head, *items]
+    keys = [*(message_key(m) for m in head), *item_keys]
     system_text = next((m.text for m in parsed if m.role == "system"), "")
     first_user = next((m.text for m in parsed if m.role == "user"), "")
     client_id = client_session_id(request, tenant, system_text, first_user)
     plan = _Plan(previous, None)
     if previous is not None:
         earlier, plan.found = await hub.run(_stored_before, hub, tenant, client_id, previous)
-        head = [parsed[0]] if parsed and _is_instructions(parsed[0]) else []
-        parsed = [*head, *_without_instructions(earlier), *parsed[len(head) :]]
+        earlier = _without_instructions(earlier)
+        parsed = [*head, *earlier, *items]
+        keys = [*keys[: len(head)], *(message_key(m) for m in earlier), *item_keys]
     plan.history = parsed
     call = Call(
         api="responses",
         tenant=tenant,
         client_id=client_id,
         model=model,
-        keys=[message_key(m) for m in parsed],
+        keys=keys,
         parse=lambda start: parsed[start:],
         max_input_tokens=max_input_tokens_header(request),
         tools=tools_as_openai(data.get("tools")),
