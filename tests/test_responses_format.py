@@ -137,3 +137,27 @@ def test_function_tools_are_counted_in_chat_shape() -> None:
     assert tools_as_openai(tools) == [
         {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     ]
+
+
+def test_the_routes_memo_converts_as_a_fresh_conversion_does() -> None:
+    """:class:`ItemsMemo` reuses the last call's messages for the items a client resent
+    and converts the rest: the same messages and keys as converting everything, whether
+    the new items continue the last turn, follow it, or an earlier item was edited."""
+    from ctxwarden.service.history import message_key
+    from ctxwarden.service.responses_memo import ItemsMemo
+
+    memo = ItemsMemo()
+
+    def check(items: list[dict[str, Any]]) -> list[Any]:
+        got, keys = memo.convert("scope", [json.loads(json.dumps(i)) for i in items], 100)
+        want = messages_from_responses(items)
+        assert got == want and keys == [message_key(m) for m in want]
+        return got
+
+    first = check(ITEMS[:5])  # ends inside a run of model-side items
+    second = check(ITEMS[:9])  # the run goes on, then outputs
+    assert second[:2] == first[:2] and second[0] is first[0]  # reused, not converted
+    check(ITEMS)
+    edited = [*ITEMS[:6], {**ITEMS[6], "output": "edited"}, *ITEMS[7:]]
+    check(edited)
+    check(ITEMS[:3])  # a shorter history

@@ -14,7 +14,7 @@ import httpx2
 import openai
 import pytest
 from llm_servers import Reply, ScriptedServer, openai_error
-from responses_servers import ToolLoopModel, response_json
+from responses_servers import ToolLoopModel, response_events, response_json
 from service_harness import ProxyServer, add_tenant, module_db, sid
 
 from ctxwarden import TokenCounter, messages_from_openai, pairing_problems
@@ -370,3 +370,28 @@ async def test_agents_sdk_runner_with_its_default_responses_model(env: Env) -> N
     instructions, stored = env.stored(session)
     assert instructions == INSTRUCTIONS
     assert stored == conversation
+
+
+def test_a_failed_stream_passes_through_and_keeps_what_arrived(env: Env) -> None:
+    session = sid()
+    text = {"type": "output_text", "text": "Half an answer", "annotations": []}
+    output = [{"type": "message", "id": "msg_f", "role": "assistant", "status": "completed",
+               "content": [text]}]  # fmt: skip
+    events = response_events(response_json(output))
+    failed = {"type": "response.failed", "sequence_number": 99,
+              "response": {**response_json([]), "status": "failed",
+                           "error": {"code": "server_error", "message": "boom"}}}  # fmt: skip
+    cut = [e for e in events if "output_text.delta" in e or "response.created" in e]
+    env.upstream.reply(
+        Reply(events=[*cut, f"event: response.failed\ndata: {json.dumps(failed)}\n\n"])
+    )
+    seen = []
+    with env.client().responses.create(
+        model=MODEL, input="q", stream=True, extra_headers=hdr(session)
+    ) as stream:
+        seen = [e.type for e in stream]
+    assert seen[0] == "response.created" and seen[-1] == "response.failed"
+    assert env.builds(session)[-1]["status"] == "upstream_error"
+    _, body = env.proxy.get(f"/v1/sessions/{session}/messages?meta=true", env.key)
+    last = body["messages"][-1]
+    assert last["content"] == "Half an answer" and last["ctxwarden"]["meta"]["partial"] is True
