@@ -46,7 +46,7 @@ from ctxwarden.formats.responses import message_items, messages_from_responses
 from ctxwarden.messages import Message
 from ctxwarden.store import open_store
 
-__all__ = ["ProxyBuilder", "ScriptedUpstream", "main"]
+__all__ = ["ProxyBuilder", "ScriptedUpstream", "main", "with_history_ids"]
 
 MODEL = "gpt-4o"
 
@@ -131,7 +131,33 @@ class ProxyBuilder:
         )
         self.seconds.append(time.perf_counter() - started)
         sent = self.upstream.last
-        return messages_from_responses(sent["input"], sent.get("instructions"))
+        return with_history_ids(
+            before, messages_from_responses(sent["input"], sent.get("instructions"))
+        )
+
+
+def with_history_ids(before: Sequence[Message], ctx: Sequence[Message]) -> list[Message]:
+    """``ctx`` (read back from the wire, where messages have no ids) with the ids of the
+    history's messages they are, so that the checks keyed by id (a message sent twice, the
+    newest kept) read it as they read the library's build: the first unused history
+    message with the same meaning, or the result of the same call (a cut result); a
+    message the build made keeps an id of its own."""
+    from ctxwarden.service.history import message_key
+
+    by_key: dict[bytes, list[str]] = {}
+    for m in before:
+        by_key.setdefault(message_key(m), []).append(m.id)
+    by_call = {m.tool_call_id: m.id for m in before if m.role == "tool"}
+    used: set[str] = set()
+    out = []
+    for i, m in enumerate(ctx):
+        found = next((x for x in by_key.get(message_key(m), ()) if x not in used), None)
+        if found is None and m.tool_call_id is not None:
+            found = by_call.get(m.tool_call_id)
+        found = found or f"built-{i}"
+        used.add(found)
+        out.append(m.with_id(found))
+    return out
 
 
 def _row(name: str, r: Retention, budget: int, extra: str = "") -> str:
