@@ -19,7 +19,14 @@ if this build keeps the whole history too, the request goes as the client wrote 
 Otherwise the proxy rebuilds: it sends the full built input without
 ``previous_response_id`` and says why in the build's audit (a warning). A response the
 proxy never saw is forwarded as sent (upstream holds a history the proxy does not
-know), and the audit says so too.
+know), and the audit says so too. A client that chains calls by ``previous_response_id``
+should name its session: without ``X-Ctxwarden-Session`` the session id is derived from
+the instructions and the first user message of the request, which a call carrying only
+new items does not hold, so the proxy would not find the response it follows.
+
+Usage is recorded as on the chat route: ``input_tokens`` with
+``input_tokens_details.cached_tokens``, and ``output_tokens``, of which
+``output_tokens_details.reasoning_tokens`` are a part (priced as output).
 """
 
 from __future__ import annotations
