@@ -82,6 +82,9 @@ def test_a_changed_tool_result_keeps_its_item_and_what_rode_with_it() -> None:
         ITEMS[10],
         ITEMS[11],
     ]  # fmt: skip
+    user = messages[0].with_content((TextPart("hi, shorter"), RawPart(ITEMS[1])))
+    assert message_items(user) == [{"role": "user", "content": "hi, shorter"}, ITEMS[1]]
+    assert message_items(messages[0].with_content("cut")) == [{"role": "user", "content": "cut"}]
     assert message_items(messages[5].with_content("cut")) == [  # its raw parts gone too
         {**ITEMS[9], "content": [{"type": "output_text", "text": "cut", "annotations": []}]}
     ]

@@ -361,7 +361,7 @@ def _changed(message: Message, items: list[dict[str, Any]]) -> list[dict[str, An
         output = _parts_out(message.content, "input_text")
         return [{**items[0], "output": output}, *items[1:]]
     if message.role in ("user", "system") and _kind(items[0]) == "message":
-        return [{**items[0], "content": _parts_out(message.content, "input_text")}]
+        return _changed_input(message.content, items)
     if message.role == "assistant":
         calls = {c.id: c for c in message.tool_calls}
         raws = [dict(p.data) for p in message.content or () if isinstance(p, RawPart)]
@@ -382,6 +382,24 @@ def _changed(message: Message, items: list[dict[str, Any]]) -> list[dict[str, An
         out += _plain_assistant(Message.assistant(None, tuple(calls.values())))
         return out
     return _plain(message)
+
+
+def _changed_input(
+    content: str | tuple[Part, ...] | None, items: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """A changed input message: its item with the new content, then the items that rode
+    with it (raw parts of its content) where they still are."""
+    riding = items[1:]
+    parts = content if isinstance(content, tuple) else None
+    if parts is not None and riding:
+        kept = [dict(p.data) for p in parts if isinstance(p, RawPart) and p.data in riding]
+        rest = [p for p in parts if not (isinstance(p, RawPart) and p.data in riding)]
+        if isinstance(items[0].get("content"), str) and all(isinstance(p, TextPart) for p in rest):
+            new: str | list[Any] = "".join(p.text for p in rest if isinstance(p, TextPart))
+        else:
+            new = _parts_out(tuple(rest), "input_text")
+        return [{**items[0], "content": new}, *kept]
+    return [{**items[0], "content": _parts_out(content, "input_text")}]
 
 
 def message_items(message: Message) -> list[dict[str, Any]]:
