@@ -14,11 +14,14 @@ echoes what the proxy stored, as a real loop does.
 
 What upstream received is measured as the library's build is
 (:func:`ctxwarden.bench.swebench.swebench_retention`): the needed-later tokens kept,
-the reduction, pair violations, calls over the budget. The library's own figure on
-the same runs (:func:`~ctxwarden.bench.retention.engine_builder`, an agent loop) is
-printed beside, and so are the proxy process's CPU per call (from ``/proc``) and its
-sync-and-build time per call (``ctxwarden_build_seconds``). At the end every stored
-session is checked: no branch (each call's history extended the stored one).
+the reduction, pair violations, calls over the budget. Beside it, on the same runs: the
+library's ``build_context`` in an agent loop
+(:func:`~ctxwarden.bench.retention.engine_builder`), and a stored
+:class:`~ctxwarden.Session` built in process (:class:`SessionBuilder`: the build path
+the proxy takes, its sticky decisions kept in the store); and the proxy process's CPU
+per call (from ``/proc``) and its sync-and-build time per call
+(``ctxwarden_build_seconds``). At the end every stored session is checked: no branch
+(each call's history extended the stored one).
 """
 
 from __future__ import annotations
@@ -44,9 +47,10 @@ from ctxwarden.bench.retention import Retention, engine_builder
 from ctxwarden.bench.swebench import BUDGETS, load_swebench, swebench_retention
 from ctxwarden.formats.responses import message_items, messages_from_responses
 from ctxwarden.messages import Message
+from ctxwarden.session import Session
 from ctxwarden.store import open_store
 
-__all__ = ["ProxyBuilder", "ScriptedUpstream", "main", "with_history_ids"]
+__all__ = ["ProxyBuilder", "ScriptedUpstream", "SessionBuilder", "main", "with_history_ids"]
 
 MODEL = "gpt-4o"
 
@@ -100,6 +104,26 @@ class ScriptedUpstream:
         finally:
             self._server.shutdown()
             self._server.server_close()
+
+
+class SessionBuilder:
+    """A :data:`~ctxwarden.bench.retention.Builder` that appends each call's new messages
+    to a stored session (one per run) and builds it: the proxy's build, without HTTP."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self._sessions: dict[int, tuple[Session, list[int]]] = {}
+
+    def __call__(
+        self, before: Sequence[Message], counts: Sequence[int], budget: int
+    ) -> list[Message]:
+        found = self._sessions.get(id(before[0]))
+        if found is None:
+            found = self._sessions[id(before[0])] = (Session(self.store, uuid.uuid4().hex), [0])
+        session, seen = found
+        session.append(before[seen[0] :])
+        seen[0] = len(before)
+        return list(session.build(model=MODEL, max_input_tokens=budget).messages)
 
 
 class ProxyBuilder:
@@ -213,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
                 for budget in budgets:
                     library = swebench_retention(runs, budget, engine_builder(MODEL))
                     print(_row("library", library, budget), flush=True)
+                    with open_store(f"sqlite:///{Path(tmp) / f'session-{budget}.db'}") as own:
+                        stored = swebench_retention(runs, budget, SessionBuilder(own))
+                    print(_row("session", stored, budget), flush=True)
                     builder = ProxyBuilder(client, upstream, runs)
                     cpu0, built0 = read_cpu(proxy.pid), _build_seconds(base, "responses")
                     proxied = swebench_retention(runs, budget, builder)
@@ -226,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
                             f"SDK call p50 {p50:.0f} ms")  # fmt: skip
                     print(_row("proxy", proxied, budget, note), flush=True)
                     figures["budgets"][str(budget)] = {
-                        "library": library.to_json(), "proxy": proxied.to_json(),
+                        "library": library.to_json(), "session": stored.to_json(),
+                        "proxy": proxied.to_json(),
                         "proxy_cpu_ms_per_call": cpu_ms, "proxy_build_ms": build_ms,
                         "sdk_call_p50_ms": p50, "calls": len(builder.seconds),
                     }  # fmt: skip
