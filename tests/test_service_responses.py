@@ -395,3 +395,14 @@ def test_a_failed_stream_passes_through_and_keeps_what_arrived(env: Env) -> None
     _, body = env.proxy.get(f"/v1/sessions/{session}/messages?meta=true", env.key)
     last = body["messages"][-1]
     assert last["content"] == "Half an answer" and last["ctxwarden"]["meta"]["partial"] is True
+
+
+def test_a_body_with_nan_reaches_upstream_as_written(env: Env) -> None:
+    """Python's JSON writes NaN (a client's body may hold one): upstream gets NaN, not the
+    null a faster writer would put in its place."""
+    body = b'{"model": "gpt-4o", "input": "hi", "metadata": {"score": NaN}}'
+    headers = {"authorization": f"Bearer {env.key}", "content-type": "application/json",
+               "x-ctxwarden-session": sid()}  # fmt: skip
+    r = httpx2.post(env.proxy.url + "/v1/responses", content=body, headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    assert b'"score": NaN' in env.upstream.requests[-1].body

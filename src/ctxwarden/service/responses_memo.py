@@ -76,6 +76,6 @@ def _common(before: Sequence[Any], now: Sequence[Any]) -> int:
     """How many leading items ``before`` and ``now`` share (equal values)."""
     n = min(len(before), len(now))
     for i in range(n):
-        if before[i] != now[i]:
+        if before[i] is not now[i] and before[i] != now[i]:
             return i
     return n

@@ -128,10 +128,13 @@ class ResponsesWire:
     api = "responses"
     path = "/responses"
 
-    def __init__(self, data: dict[str, Any], stream: bool, plan: _Plan) -> None:
+    def __init__(
+        self, data: dict[str, Any], stream: bool, plan: _Plan, nonfinite: bool = False
+    ) -> None:
         self.data = data
         self.stream = stream
         self.plan = plan
+        self.nonfinite = nonfinite  # the client's body holds NaN or Infinity
 
     def body(
         self, prepared: Prepared, extra: tuple[Message, ...] = (), recall: bool = False
@@ -146,12 +149,10 @@ class ResponsesWire:
             chat = recall_tool("openai")["function"]
             out["tools"] = [*(tools if isinstance(tools, list) else ()), {"type": "function",
                                                                            **chat}]  # fmt: skip
-        pieces: list[bytes] = []
+        given: list[Any] = []  # the client's own items, forwarding previous_response_id
         if self.plan.forward_previous:
-            given = self.data.get("input")
-            if isinstance(given, str):
-                given = [{"role": "user", "content": given}]
-            pieces = [orjson.dumps(i) for i in given or ()]
+            raw = self.data.get("input")
+            given = [{"role": "user", "content": raw}] if isinstance(raw, str) else list(raw or ())
             context: Sequence[Message] = extra
         else:
             out.pop("previous_response_id", None)
@@ -161,13 +162,15 @@ class ResponsesWire:
                 context = context[1:]
             else:
                 out.pop("instructions", None)
-        pieces += [_item_bytes(m) for m in context]
         out["input"] = None  # written in its place
-        try:
-            return object_bytes(out, {"input": b"[" + b",".join(pieces) + b"]"})
-        except (orjson.JSONEncodeError, TypeError):  # NaN, a huge int: the stdlib writes them
-            out["input"] = [json.loads(p) for p in pieces]
-            return json.dumps(out, ensure_ascii=False).encode()
+        if not self.nonfinite:  # orjson would write NaN as null: only without any
+            try:
+                pieces = [*map(orjson.dumps, given), *(_item_bytes(m) for m in context)]
+                return object_bytes(out, {"input": b"[" + b",".join(pieces) + b"]"})
+            except (orjson.JSONEncodeError, TypeError):  # a huge int: the stdlib writes it
+                pass
+        out["input"] = [*given, *(i for m in context for i in message_items(m))]
+        return json.dumps(out, ensure_ascii=False).encode()
 
     def _response(self, data: Mapping[str, Any]) -> dict[str, Any]:
         return {"id": data.get("id"), "store": bool(data.get("store")), "state": self.plan.state}
@@ -231,7 +234,9 @@ async def responses(request: Request, tenant: CurrentTenant) -> Response:
     hub = hub_of(request)
     upstream = upstream_for(request, "openai")
     raw = await read_body(request, hub.config.max_body_bytes)
-    data = parse_json(raw)
+    scope = ("responses", tenant.name, request.headers.get(SESSION_HEADER))
+    reading = hub.bodies.read(scope, raw, field="input")  # the resent front: not parsed again
+    data = reading.data if reading is not None else parse_json(raw)
     model, given, previous = data.get("model"), data.get("input"), data.get("previous_response_id")
     if not isinstance(model, str) or not model:
         raise ServiceError(400, "model must be a non-empty string")
@@ -243,13 +248,14 @@ async def responses(request: Request, tenant: CurrentTenant) -> Response:
     try:
         head = [instructions_message(instructions)] if instructions is not None else []
         if isinstance(given, list):
-            scope = (tenant.name, request.headers.get(SESSION_HEADER))
             items, item_keys = _memo(request).convert(scope, given, len(raw))
         else:
             items = messages_from_responses(given)
             item_keys = [message_key(m) for m in items]
     except CtxwardenError as exc:
         raise from_library(exc) from exc
+    if reading is not None:
+        hub.bodies.keep(reading, None)
     parsed = [*head, *items]
     keys = [*(message_key(m) for m in head), *item_keys]
     system_text = next((m.text for m in parsed if m.role == "system"), "")
@@ -274,5 +280,7 @@ async def responses(request: Request, tenant: CurrentTenant) -> Response:
         amend=plan.decide,
     )
     stream = bool(data.get("stream"))
-    wire = ResponsesWire(data, stream, plan)
+    # NaN and Infinity can only come from the client's text (orjson would write them null)
+    nonfinite = reading.nonfinite if reading is not None else b"NaN" in raw or b"Infinity" in raw
+    wire = ResponsesWire(data, stream, plan, nonfinite)
     return await forward(request, hub, upstream, wire, call, stream=stream)
