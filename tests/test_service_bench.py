@@ -124,3 +124,24 @@ def test_the_bench_collects_before_a_case_and_not_during_it() -> None:
     with pytest.raises(RuntimeError), _collector_off():
         raise RuntimeError("a case failed")
     assert gc.isenabled()
+
+
+def test_bench_runs_the_responses_route_beside_chat(tmp_path: Path) -> None:
+    """``--kinds responses``: the openai SDK's ``responses.create`` through
+    ``/v1/responses``, with the chat route's cases in the same run, its stored sessions
+    checked as the conversation it sent."""
+    out = tmp_path / "figures.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "ctxwarden.bench.proxy", "--clients", "2", "--steps", "2",
+         "--messages", "20", "--kinds", "sdk,responses", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    figures = json.loads(out.read_text())
+    assert figures["problems"] == []
+    clients = {(c["target"], c["client"], c["mode"]) for c in figures["cases"]}
+    assert {("proxy", "responses", "stream"), ("direct", "responses", "json")} <= clients
+    assert all(c["errors"] == 0 and c["requests"] == 4 for c in figures["cases"])
+    assert "stored sessions checked: 8; problems: 0" in done.stdout
+    judged = {t["target"]: t for t in figures["targets"]}["p50 added <= 5 ms at 2 clients"]
+    assert "responses json " in judged["figures"] and "sdk json " in judged["figures"]

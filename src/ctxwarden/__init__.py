@@ -34,8 +34,10 @@ from ctxwarden.errors import (
 from ctxwarden.formats import (
     messages_from_anthropic,
     messages_from_openai,
+    messages_from_responses,
     messages_to_anthropic,
     messages_to_openai,
+    messages_to_responses,
 )
 from ctxwarden.formats.transcript import Transcript, load_example, parse_transcript, read_transcript
 from ctxwarden.llm import ChatModel, Completion, RetryPolicy, complete_sync, parse_spec
@@ -163,8 +165,10 @@ __all__ = [
     "load_registry",
     "messages_from_anthropic",
     "messages_from_openai",
+    "messages_from_responses",
     "messages_to_anthropic",
     "messages_to_openai",
+    "messages_to_responses",
     "open_store",
     "pairing_problems",
     "parse_spec",

@@ -24,6 +24,11 @@ judged on the run (:mod:`ctxwarden.bench.proxy_targets`): met, MISSED or unknown
 with the figures it was judged on. The exit status is 1 for an error or a stored-session
 problem, not for a missed target: those figures belong to the machine and the minute.
 
+``--kinds responses`` adds a third client: the ``openai`` SDK's ``responses.create``
+through ``/v1/responses``, the same conversation as Responses items (the system prompt as
+``instructions``, tool calls as ``function_call`` / ``function_call_output`` items), the
+upstream answering with a response object or its stream of events.
+
 ``--api anthropic`` runs the same through ``/v1/messages``: the conversation in
 Anthropic's format (``system``, alternating turns with ``tool_use`` and ``tool_result``
 blocks), the ``anthropic`` SDK as the second client, the upstream answering with
@@ -119,6 +124,17 @@ def anthropic_request(base: list[dict[str, Any]], step: int) -> dict[str, Any]:
     return {"max_tokens": 256, "messages": turns, "model": ANTHROPIC_MODEL, "system": system}
 
 
+def responses_request(base: list[dict[str, Any]], step: int) -> dict[str, Any]:
+    """:func:`history_at` as a Responses request (the system prompt as ``instructions``,
+    the rest as input items)."""
+    from ctxwarden.formats import message_from_openai
+    from ctxwarden.formats.responses import messages_to_responses
+
+    history = history_at(base, step)
+    _, items = messages_to_responses([message_from_openai(m) for m in history[1:]])
+    return {"model": MODEL, "instructions": history[0]["content"], "input": items}
+
+
 def prepared(
     base: list[dict[str, Any]], steps: int, api: str
 ) -> tuple[list[Any], dict[bool, list[bytes]]]:
@@ -133,6 +149,8 @@ def prepared(
     histories: list[Any]
     if api == "anthropic":
         histories = requests = anthropic_bodies(base, steps)
+    elif api == "responses":
+        histories = requests = [responses_request(base, k) for k in range(steps)]
     else:
         histories = [history_at(base, k) for k in range(steps)]
         requests = [{"model": MODEL, "messages": h} for h in histories]
@@ -157,6 +175,20 @@ async def _anthropic_sdk(sdk: Any, mode: str, session: str, request: dict[str, A
     else:
         done = await sdk.messages.create(**request, extra_headers=extra)
         text = done.content[0].text
+    if text != REPLY_TEXT:
+        raise AssertionError(f"unexpected reply {text!r}")
+
+
+async def _responses_sdk(sdk: Any, mode: str, session: str, request: dict[str, Any]) -> None:
+    """One call through the ``openai`` SDK's ``responses.create``."""
+    extra = {"X-Ctxwarden-Session": session}
+    if mode == "stream":
+        stream = await sdk.responses.create(**request, stream=True, extra_headers=extra)
+        kinds = ("response.output_text.delta",)
+        text = "".join([e.delta async for e in stream if e.type in kinds])
+    else:
+        done = await sdk.responses.create(**request, extra_headers=extra)
+        text = done.output_text
     if text != REPLY_TEXT:
         raise AssertionError(f"unexpected reply {text!r}")
 
@@ -251,6 +283,9 @@ async def _one(kind: str, mode: str, http: Any, sdk: Any, url: str, session: str
                body: bytes, messages: Any, key: str) -> None:  # fmt: skip
     headers = {"authorization": f"Bearer {key}", "x-api-key": key,
                "x-ctxwarden-session": session, "content-type": "application/json"}  # fmt: skip
+    if kind == "responses":
+        await _responses_sdk(sdk, mode, session, messages)  # the request
+        return
     if kind == "sdk" and url.endswith("/v1/messages"):
         await _anthropic_sdk(sdk, mode, session, messages)  # the request, for Anthropic
         return
@@ -366,7 +401,7 @@ class _Run:
 
             self.sdk = openai.AsyncOpenAI(base_url=base, api_key=key, http_client=http,
                                           max_retries=0)  # fmt: skip
-            self.url = base + "/chat/completions"
+            self.url = base + ("/responses" if api == "responses" else "/chat/completions")
         self.sessions = [f"bench-{mode}-{kind}-{clients}-{uuid.uuid4().hex[:8]}"
                          for _ in range(clients)]  # fmt: skip
         self.errors = 0
@@ -388,6 +423,7 @@ def _check_store(
     """Every proxied session holds exactly what was sent plus each reply, once, in order
     (for Anthropic: what the turns sent are as our messages)."""
     from ctxwarden.formats import message_from_openai, messages_from_anthropic
+    from ctxwarden.formats.responses import messages_from_responses
 
     problems = []
     with open_store(db) as store:
@@ -400,6 +436,10 @@ def _check_store(
             if api == "anthropic":
                 request = anthropic_request(base, steps)
                 want = messages_from_anthropic(request["system"], [*request["messages"], reply])
+            elif api == "responses":
+                request = responses_request(base, steps)
+                sent = messages_from_responses(request["input"], request["instructions"])
+                want = [*sent, message_from_openai(reply)]
             else:
                 want = [message_from_openai(m) for m in [*history_at(base, steps), reply]]
             got = [m.message for m in store.iter_messages(tenant, session)]
@@ -437,7 +477,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", default="40,10", help="measured calls per client, per --clients")
     ap.add_argument("--messages", type=int, default=200)
     ap.add_argument("--modes", default="json,stream")
-    ap.add_argument("--kinds", default="httpx,sdk", help="httpx (pre-built bodies) and/or sdk")
+    ap.add_argument("--kinds", default="httpx,sdk",
+                    help="httpx (pre-built bodies), sdk, and/or responses (the openai SDK's "
+                    "responses.create through /v1/responses)")  # fmt: skip
     ap.add_argument("--api", choices=("openai", "anthropic"), default="openai",
                     help="the route: /v1/chat/completions or /v1/messages")  # fmt: skip
     ap.add_argument("--paired-up-to", type=int, default=1, metavar="CLIENTS",
@@ -475,34 +517,39 @@ def main(argv: list[str] | None = None) -> int:
         started.callback(_stop, proxy)
         _wait(f"http://127.0.0.1:{px_port}/healthz", proxy)
         base = conversation(args.messages)
-        histories, bodies = prepared(base, max(steps) + 1, args.api)
-        print(f"conversation: {len(base)} messages, {len(bodies[False][0]) / 1024:.0f} KB body; "
-              f"store {db.split('?')[0]}", flush=True)  # fmt: skip
+        kinds = args.kinds.split(",")
+        routes = {k: "responses" if k == "responses" else args.api for k in kinds}
+        made = {r: prepared(base, max(steps) + 1, r) for r in dict.fromkeys(routes.values())}
+        for route, (_, bodies) in made.items():
+            print(f"conversation: {len(base)} messages, {len(bodies[False][0]) / 1024:.0f} KB "
+                  f"{route} body; store {db.split('?')[0]}", flush=True)  # fmt: skip
         speed = [reference_ms()]
         print(f"machine before: reference loop {speed[0]:.1f} ms ({REFERENCE_LOOP})", flush=True)
         cases: list[Case] = []
-        stored: dict[str, int] = {}
+        stored: dict[str, dict[str, int]] = {r: {} for r in made}
         for clients, n in zip(counts, steps, strict=True):
             for mode in args.modes.split(","):
-                for kind in args.kinds.split(","):
+                for kind in kinds:
+                    histories, bodies = made[routes[kind]]
                     targets = [("direct", f"http://127.0.0.1:{up_port}/v1", None),
                                ("proxy", f"http://127.0.0.1:{px_port}/v1", proxy.pid)]  # fmt: skip
                     groups = [targets] if clients <= args.paired_up_to else [[t] for t in targets]
                     for group in groups:
-                        run = (group, kind, mode, clients, n, key, bodies, histories, args.api)
+                        run = (group, kind, mode, clients, n, key, bodies, histories, routes[kind])
                         with _collector_off():
                             results = asyncio.run(_cases(*run))
                         for case, sessions in results:
                             cases.append(case)
                             if case.target == "proxy":
-                                stored.update((s, n) for s in sessions)
+                                stored[routes[kind]].update((s, n) for s in sessions)
                             tally = f"{case.requests} calls, {case.errors} errors"
                             print(f"  {case.target} {kind} {mode} x{clients}: {tally}", flush=True)
         speed.append(reference_ms())
         print(f"machine after: reference loop {speed[1]:.1f} ms (lower is faster)", flush=True)
         _report(cases)
-        problems = _check_store(db, stored, base, args.api, tenant)
-        print(f"stored sessions checked: {len(stored)}; problems: {len(problems)}")
+        problems = [p for r in made for p in _check_store(db, stored[r], base, r, tenant)]
+        checked = sum(len(v) for v in stored.values())
+        print(f"stored sessions checked: {checked}; problems: {len(problems)}")
         for problem in problems[:10]:
             print("  " + problem)
         verdicts = judge(cases, problems)

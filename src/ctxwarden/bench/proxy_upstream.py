@@ -6,7 +6,10 @@ text deltas, finish, usage, ``[DONE]``) in chunked encoding — and, on ``/v1/me
 of Anthropic's: a JSON message, or its stream of events (``message_start``, a text block
 in five deltas, ``ping``, ``message_delta`` with the usage, ``message_stop``). It reads
 the whole body (the proxy's cost of sending it is real) but parses none of it, so what
-the benchmark measures is the proxy, not the upstream. It runs in its own process.
+the benchmark measures is the proxy, not the upstream. On ``/v1/responses`` it speaks the
+Responses API: a response object, or its events (``response.created``, the message item
+added, five ``response.output_text.delta``, the item done, ``response.completed`` with
+the usage). It runs in its own process.
 """
 
 from __future__ import annotations
@@ -102,6 +105,44 @@ def _anthropic_events() -> bytes:
 
 _EVENTS = _anthropic_events()
 
+_TEXT_PART = {"type": "output_text", "text": REPLY_TEXT, "annotations": []}
+_OUTPUT = [{"type": "message", "id": "msg_bench", "role": "assistant", "status": "completed",
+            "content": [_TEXT_PART]}]  # fmt: skip
+_RESPONSE_USAGE = {"input_tokens": 1000, "input_tokens_details": {"cached_tokens": 0},
+                   "output_tokens": 7, "output_tokens_details": {"reasoning_tokens": 0},
+                   "total_tokens": 1007}  # fmt: skip
+_RESPONSE_OBJECT = {"id": "resp_bench", "object": "response", "created_at": 1_700_000_000,
+                    "status": "completed", "model": "gpt-4o", "output": _OUTPUT,
+                    "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+                    "store": False, "usage": _RESPONSE_USAGE}  # fmt: skip
+_RESPONSE = json.dumps(_RESPONSE_OBJECT).encode()
+
+
+def _response_events() -> bytes:
+    words = REPLY_TEXT.split(" ")
+    pieces = [" ".join(words[:2]), *(" " + w for w in words[2:])]
+    start = {**_RESPONSE_OBJECT, "status": "in_progress", "output": [], "usage": None}
+    item = {**_OUTPUT[0], "status": "in_progress", "content": []}
+    ids = {"item_id": "msg_bench", "output_index": 0, "content_index": 0}
+    events: list[dict[str, object]] = [
+        {"type": "response.created", "response": start},
+        {"type": "response.output_item.added", "output_index": 0, "item": item},
+        {"type": "response.content_part.added", **ids,
+         "part": {"type": "output_text", "text": "", "annotations": []}},
+        *({"type": "response.output_text.delta", **ids, "delta": p, "logprobs": []}
+          for p in pieces),
+        {"type": "response.output_text.done", **ids, "text": REPLY_TEXT, "logprobs": []},
+        {"type": "response.content_part.done", **ids, "part": _TEXT_PART},
+        {"type": "response.output_item.done", "output_index": 0, "item": _OUTPUT[0]},
+        {"type": "response.completed", "response": _RESPONSE_OBJECT},
+    ]  # fmt: skip
+    frames = (f"event: {e['type']}\ndata: {json.dumps({**e, 'sequence_number': i})}\n\n"
+              for i, e in enumerate(events))  # fmt: skip
+    return "".join(frames).encode()
+
+
+_RESPONSE_EVENTS = _response_events()
+
 
 def _chunked(payload: bytes) -> bytes:
     return b"%x\r\n%s\r\n0\r\n\r\n" % (len(payload), payload)
@@ -111,7 +152,9 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
-            anthropic = head.split(b" ", 2)[1].startswith(b"/v1/messages")
+            path = head.split(b" ", 2)[1]
+            anthropic = path.startswith(b"/v1/messages")
+            responses = path.startswith(b"/v1/responses")
             length = 0
             for line in head.split(b"\r\n")[1:]:
                 name, _, value = line.partition(b":")
@@ -120,13 +163,13 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
             body = await reader.readexactly(length) if length else b""
             if b'"stream": true' in body or b'"stream":true' in body:
                 usage = b'"include_usage": true' in body or b'"include_usage":true' in body
-                events = _EVENTS if anthropic else _SSE[usage]
+                events = _EVENTS if anthropic else _RESPONSE_EVENTS if responses else _SSE[usage]
                 writer.write(
                     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                     b"transfer-encoding: chunked\r\n\r\n" + _chunked(events)
                 )
             else:
-                reply = _MESSAGE if anthropic else _COMPLETION
+                reply = _MESSAGE if anthropic else _RESPONSE if responses else _COMPLETION
                 writer.write(
                     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                     b"content-length: %d\r\n\r\n%s" % (len(reply), reply)

@@ -1,4 +1,4 @@
-"""Wire formats at the edges: OpenAI chat and Anthropic messages."""
+"""Wire formats at the edges: OpenAI chat, Anthropic messages and OpenAI Responses items."""
 
 from ctxwarden.formats.anthropic import messages_from_anthropic, messages_to_anthropic
 from ctxwarden.formats.openai import (
@@ -7,12 +7,15 @@ from ctxwarden.formats.openai import (
     messages_from_openai,
     messages_to_openai,
 )
+from ctxwarden.formats.responses import messages_from_responses, messages_to_responses
 
 __all__ = [
     "message_from_openai",
     "message_to_openai",
     "messages_from_anthropic",
     "messages_from_openai",
+    "messages_from_responses",
     "messages_to_anthropic",
     "messages_to_openai",
+    "messages_to_responses",
 ]

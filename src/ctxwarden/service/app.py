@@ -27,7 +27,13 @@ from ctxwarden import Registry
 from ctxwarden._version import __version__
 from ctxwarden.errors import StoreUnavailable
 from ctxwarden.mcp.http import mount_mcp
-from ctxwarden.service import anthropic_proxy, openai_proxy, sessions_api, ui_routes
+from ctxwarden.service import (
+    anthropic_proxy,
+    openai_proxy,
+    responses_proxy,
+    sessions_api,
+    ui_routes,
+)
 from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.config import ServiceConfig
 from ctxwarden.service.direct import Direct, Endpoint
@@ -137,6 +143,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
     )
     app.include_router(openai_proxy.router)
     app.include_router(anthropic_proxy.router)
+    app.include_router(responses_proxy.router)
     app.include_router(sessions_api.router)
     app.include_router(ui_routes.router)  # /ui/: the session pages
     mount_mcp(app)  # /mcp: recall and search over MCP (ctxwarden.mcp.http)
@@ -153,6 +160,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
     proxied: dict[str, Endpoint] = {
         "/v1/chat/completions": openai_proxy.chat_completions,
         "/v1/messages": anthropic_proxy.messages,
+        "/v1/responses": responses_proxy.responses,
     }
     app.direct = Direct(proxied, app.exception_handlers, metrics)
 

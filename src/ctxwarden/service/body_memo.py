@@ -103,7 +103,7 @@ def _messages(s: str, i: int, into: list[dict[str, Any]]) -> tuple[int, int]:
         i = _skip(s, i + 1)
 
 
-def _pairs(s: str, i: int, into: list[tuple[str, Any]]) -> None:
+def _pairs(s: str, i: int, into: list[tuple[str, Any]], field: str = "messages") -> None:
     """Read the object's remaining pairs from ``i`` (after a value: ``,`` or ``}`` next)
     to its end, which must end the text."""
     while True:
@@ -116,7 +116,7 @@ def _pairs(s: str, i: int, into: list[tuple[str, Any]]) -> None:
         if mark != ",":
             raise _Unwalkable
         key, i = _key(s, _skip(s, i + 1))
-        if key == "messages":
+        if key == field:
             raise _Unwalkable
         value, i = _value(s, i)
         into.append((key, value))
@@ -133,7 +133,9 @@ def _key(s: str, i: int) -> tuple[str, int]:
     return key, _skip(s, i + 1)
 
 
-def _walk(s: str) -> tuple[list[tuple[str, Any]], list[dict[str, Any]], int, list[tuple[str, Any]]]:
+def _walk(
+    s: str, field: str = "messages"
+) -> tuple[list[tuple[str, Any]], list[dict[str, Any]], int, list[tuple[str, Any]]]:
     """The whole body: ``(pairs before messages, messages, end of the last, pairs after)``."""
     i = _skip(s, 0)
     if s[i : i + 1] != "{":
@@ -142,7 +144,7 @@ def _walk(s: str) -> tuple[list[tuple[str, Any]], list[dict[str, Any]], int, lis
     i = _skip(s, i + 1)
     while True:
         key, i = _key(s, i)
-        if key == "messages":
+        if key == field:
             break
         value, i = _value(s, i)
         head.append((key, value))
@@ -155,11 +157,13 @@ def _walk(s: str) -> tuple[list[tuple[str, Any]], list[dict[str, Any]], int, lis
     messages: list[dict[str, Any]] = []
     i, last = _messages(s, _skip(s, i + 1), messages)
     tail: list[tuple[str, Any]] = []
-    _pairs(s, i, tail)
+    _pairs(s, i, tail, field)
     return head, messages, last, tail
 
 
-def _after(s: str) -> tuple[list[dict[str, Any]], int, list[tuple[str, Any]]]:
+def _after(
+    s: str, field: str = "messages"
+) -> tuple[list[dict[str, Any]], int, list[tuple[str, Any]]]:
     """The rest ``s`` of a body after a front: ``(new messages, end of the last message
     in ``s`` (0: none), pairs after)``."""
     last = 0
@@ -172,7 +176,7 @@ def _after(s: str) -> tuple[list[dict[str, Any]], int, list[tuple[str, Any]]]:
     else:
         raise _Unwalkable
     tail: list[tuple[str, Any]] = []
-    _pairs(s, i, tail)
+    _pairs(s, i, tail, field)
     return new, last, tail
 
 
@@ -195,9 +199,10 @@ class BodyMemo:
         self._max_scopes, self._max_bytes, self._bytes = scopes, max_bytes, 0
         self._lock = threading.Lock()
 
-    def read(self, scope: Hashable, raw: bytes) -> Reading | None:
+    def read(self, scope: Hashable, raw: bytes, field: str = "messages") -> Reading | None:
         """``raw`` read as ``json.loads`` would, reusing what an earlier body of ``scope``
-        shares with it; ``None`` for a body the memo does not walk (see the class)."""
+        shares with it; ``None`` for a body the memo does not walk (see the class).
+        ``field`` names the list that grows (the Responses route's ``input``)."""
         with self._lock:
             kept = self._scopes.get(scope)
             fronts = list(kept.fronts) if kept is not None else []
@@ -215,14 +220,14 @@ class BodyMemo:
             # the front ends with a message's "}": the rest starts on a character
             s = raw[seen:].decode("utf-8")  # (raw[0:] is raw itself: no copy)
             if known is not None:
-                new, last, tail = _after(s)
+                new, last, tail = _after(s, field)
                 head, messages = list(known.head), [*known.messages, *new]
             else:
-                head, messages, last, tail = _walk(s)
+                head, messages, last, tail = _walk(s, field)
         except (_Unwalkable, UnicodeDecodeError):
             return None
         data = dict(head)  # json.loads's order: each key where first written, last value
-        data["messages"] = messages
+        data[field] = messages
         for key, value in tail:
             data[key] = value
         early = known is not None and known.nonfinite

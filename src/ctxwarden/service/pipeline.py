@@ -69,6 +69,16 @@ def _with_summary_job(
     return amend
 
 
+def _amend(
+    first: Callable[[BuiltContext], BuiltContext] | None,
+    then: Callable[[BuiltContext], BuiltContext] | None,
+) -> Callable[[BuiltContext], BuiltContext] | None:
+    """``first`` and then the route's own amendment (:attr:`Call.amend`), either absent."""
+    if first is None or then is None:
+        return first or then
+    return lambda built: then(first(built))
+
+
 def prepare(hub: Hub, call: Call) -> Prepared:
     """Sync the history, build the context, store the build's audit (see the module)."""
     tenant = call.tenant.name
@@ -97,7 +107,7 @@ def prepare(hub: Hub, call: Call) -> Prepared:
         tools=tools,
         build_id=uuid.uuid4().hex,
         status="forwarded",
-        amend=_with_summary_job(hub, call, synced.session),
+        amend=_amend(_with_summary_job(hub, call, synced.session), call.amend),
         **kw,
     )
     built = pending.built

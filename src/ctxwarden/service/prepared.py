@@ -32,6 +32,8 @@ class Call:
     parse: Callable[[int], list[Message]]
     max_input_tokens: int | None = None
     tools: Sequence[Mapping[str, Any]] | None = None
+    amend: Callable[[BuiltContext], BuiltContext] | None = None
+    """The route's last word on the build before it is logged (a warning in its audit)."""
 
 
 @dataclass(frozen=True)

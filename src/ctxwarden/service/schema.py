@@ -7,7 +7,15 @@ from typing import Any
 
 from pydantic import BaseModel
 
-__all__ = ["ANTHROPIC_BODY", "COUNT_BODY", "ERRORS", "OPENAI_BODY", "PROXY_ERRORS", "ErrorBody"]
+__all__ = [
+    "ANTHROPIC_BODY",
+    "COUNT_BODY",
+    "ERRORS",
+    "OPENAI_BODY",
+    "PROXY_ERRORS",
+    "RESPONSES_BODY",
+    "ErrorBody",
+]
 
 
 class ErrorDetail(BaseModel):
@@ -73,3 +81,25 @@ def _body(system: bool, *, count: bool = False) -> dict[str, Any]:
 OPENAI_BODY = _body(system=False)
 ANTHROPIC_BODY = _body(system=True)
 COUNT_BODY = _body(system=True, count=True)
+
+RESPONSES_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["model"],
+                    "properties": {
+                        "model": {"type": "string", "minLength": 1},
+                        "input": {"oneOf": [{"type": "string"}, {"type": "array"}]},
+                        "instructions": {"type": "string"},
+                        "previous_response_id": {"type": "string"},
+                        "stream": {"type": "boolean"},
+                    },
+                    "additionalProperties": True,
+                }
+            }
+        },
+    }
+}

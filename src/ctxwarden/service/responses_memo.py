@@ -1,0 +1,81 @@
+"""The Responses route's conversion of a client's input items, reused from its last call
+(speed only).
+
+An agent sends its whole history as ``input`` on every call: the last call's items, then
+a few new ones. Converting 200 items to messages (and keying each for the history's
+chain) took ~25 ms a call here, five times the proxy's whole budget. :class:`ItemsMemo`
+keeps, per scope (tenant and session header), the last call's items and the messages
+made of them with their keys; a call whose items begin with the same items (compared by
+value: the parsed dicts are new each call) reuses the messages of that common front,
+all but the last (new items may continue its turn), and converts from there
+(:func:`~ctxwarden.formats.responses.convert_items` gives the same messages converting
+from any message's first item). Bounded in scopes and in the bytes of the bodies they
+came from; without it every call converts everything, with the same result.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ctxwarden.formats.responses import convert_items
+from ctxwarden.messages import Message
+from ctxwarden.service.history import message_key
+
+__all__ = ["ItemsMemo"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Span:
+    first: int
+    end: int
+    message: Message
+    key: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class _Last:
+    items: Sequence[Any]
+    spans: tuple[_Span, ...]
+    size: int
+
+
+class ItemsMemo:
+    """Per scope, the last input's messages and keys (see the module docstring)."""
+
+    def __init__(self, scopes: int = 256, max_bytes: int = 64 * 1024 * 1024) -> None:
+        self._last: OrderedDict[Hashable, _Last] = OrderedDict()
+        self._scopes, self._max_bytes, self._bytes = scopes, max_bytes, 0
+
+    def convert(
+        self, scope: Hashable, items: Sequence[Any], size: int
+    ) -> tuple[list[Message], list[bytes]]:
+        """The messages of ``items`` (a body of ``size`` bytes) and their keys."""
+        last = self._last.pop(scope, None)
+        kept: list[_Span] = []
+        if last is not None:
+            self._bytes -= last.size
+            same = _common(last.items, items)
+            kept = [s for s in last.spans if s.end <= same][:-1]
+        start = kept[-1].end if kept else 0
+        spans = kept + [
+            _Span(first, end, m, message_key(m)) for first, end, m in convert_items(items, start)
+        ]
+        if size <= self._max_bytes:
+            self._last[scope] = _Last(items, tuple(spans), size)
+            self._bytes += size
+            while len(self._last) > self._scopes or self._bytes > self._max_bytes:
+                _, dropped = self._last.popitem(last=False)
+                self._bytes -= dropped.size
+        return [s.message for s in spans], [s.key for s in spans]
+
+
+def _common(before: Sequence[Any], now: Sequence[Any]) -> int:
+    """How many leading items ``before`` and ``now`` share (equal values)."""
+    n = min(len(before), len(now))
+    for i in range(n):
+        if before[i] is not now[i] and before[i] != now[i]:
+            return i
+    return n
