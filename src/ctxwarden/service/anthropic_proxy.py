@@ -31,8 +31,8 @@ from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.body import (
     max_input_tokens_header,
     model_and_messages,
-    parse_json,
     read_body,
+    read_chat,
     read_json,
 )
 from ctxwarden.service.calls import SESSION_HEADER, client_session_id, upstream_for
@@ -189,8 +189,8 @@ async def messages(request: Request, tenant: CurrentTenant) -> Response:
     hub = hub_of(request)
     upstream = upstream_for(request, "anthropic")
     raw = await read_body(request, hub.config.max_body_bytes)
-    reading = hub.bodies.read(("anthropic", tenant.name, request.headers.get(SESSION_HEADER)), raw)
-    data = reading.data if reading is not None else parse_json(raw)
+    scope = ("anthropic", tenant.name, request.headers.get(SESSION_HEADER))
+    reading, data = read_chat(hub.bodies, scope, raw)
     model, turns = model_and_messages(data)
     system = data.get("system")
     known = _NO_TURNS

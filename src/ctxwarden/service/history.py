@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +31,7 @@ from ctxwarden import Session
 from ctxwarden.errors import InvalidMessageError, VersionConflict
 from ctxwarden.messages import Message, RawPart, TextPart
 from ctxwarden.store import SessionStore
+from ctxwarden.store.ids import new_id_problem
 from ctxwarden.store.service_tables import Head, get_head, put_head
 
 __all__ = [
@@ -46,17 +46,14 @@ __all__ = [
 ]
 
 BRANCH_MARK = "~b"
-_ID = re.compile(r"^[A-Za-z0-9._:@/-]{1,200}$")
 
 
 def valid_session_id(value: str) -> str:
-    """A client session id: 1–200 of ``A-Z a-z 0-9 . _ : @ / -`` (``~`` is kept for the
-    proxy's branches)."""
-    if not _ID.match(value):
-        raise InvalidMessageError(
-            f"X-Ctxwarden-Session must be 1-200 characters of A-Z a-z 0-9 . _ : @ / -, "
-            f"got {value[:60]!r}"
-        )
+    """A client session id: the one grammar (:mod:`ctxwarden.store.ids`; ``~`` is kept
+    for the proxy's branches, ``/`` for no new id)."""
+    problem = new_id_problem(value)
+    if problem is not None:
+        raise InvalidMessageError(f"X-Ctxwarden-Session: {problem}")
     return value
 
 

@@ -28,8 +28,8 @@ from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.body import (
     max_input_tokens_header,
     model_and_messages,
-    parse_json,
     read_body,
+    read_chat,
 )
 from ctxwarden.service.calls import SESSION_HEADER, client_session_id, upstream_for
 from ctxwarden.service.errors import ServiceError
@@ -154,8 +154,8 @@ async def chat_completions(request: Request, tenant: CurrentTenant) -> Response:
     hub = hub_of(request)
     upstream = upstream_for(request, "openai")
     raw = await read_body(request, hub.config.max_body_bytes)
-    reading = hub.bodies.read(("openai", tenant.name, request.headers.get(SESSION_HEADER)), raw)
-    data = reading.data if reading is not None else parse_json(raw)
+    scope = ("openai", tenant.name, request.headers.get(SESSION_HEADER))
+    reading, data = read_chat(hub.bodies, scope, raw)
     model, messages = model_and_messages(data)
     for i, m in enumerate(messages):
         if not isinstance(m, dict):

@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager, nullcontext
 from functools import lru_cache
 from typing import Any, Literal, overload
 
-from ctxwarden.errors import ConfigError, StoreError, VersionConflict
+from ctxwarden.errors import ConfigError, InvalidMessageError, StoreError, VersionConflict
 from ctxwarden.messages import Message
 from ctxwarden.registry.usage import Usage
 from ctxwarden.store.base import (
@@ -34,8 +34,10 @@ from ctxwarden.store.base import (
     encode_usage,
     json_text,
     read_as_pinned,
+    readable_json,
     storable_text,
 )
+from ctxwarden.store.ids import storable_id_problem
 from ctxwarden.store.migrations import Tx
 
 __all__ = ["SqlStore"]
@@ -54,7 +56,7 @@ def _session(row: Sequence[Any]) -> StoredSession:
         tenant=row[0],
         session_id=row[1],
         summary=row[2],
-        facts=json.loads(row[3]),
+        facts=readable_json(row[3]),
         sticky=_sticky(row[4]),
         version=int(row[5]),
         created_at=float(row[6]),
@@ -63,7 +65,7 @@ def _session(row: Sequence[Any]) -> StoredSession:
         next_seq=int(row[9]),
         usage=dict(by_model),
         dollars=dollars,
-        summary_levels=json.loads(row[11]),
+        summary_levels=readable_json(row[11]),
     )
 
 
@@ -135,6 +137,9 @@ class SqlStore(ABC):
         """Get the session, creating it when new (idempotent, safe under concurrency)."""
         if not tenant or not session_id:
             raise ValueError("tenant and session_id must be non-empty strings")
+        problem = storable_id_problem(session_id)
+        if problem is not None:  # (ids.py: the one grammar; the store refuses what it cannot hold)
+            raise InvalidMessageError(problem, field="session_id")
         now = time.time()
         with self._write() as tx:
             tx.execute(
@@ -148,6 +153,8 @@ class SqlStore(ABC):
         return _session(rows[0])
 
     def get_session(self, tenant: str, session_id: str) -> StoredSession | None:
+        if storable_id_problem(session_id) is not None:
+            return None  # not one the store could hold
         with self._read_one() as tx:
             rows = tx.execute(
                 f"SELECT {_SESSION_COLS} FROM ctxwarden_sessions {_WHERE}", (tenant, session_id)
