@@ -159,7 +159,10 @@ class AnthropicWire:
                 return orjson.dumps(out)
             except (orjson.JSONEncodeError, TypeError):  # a huge int, a non-string key
                 pass
-        return json.dumps(out, ensure_ascii=False).encode()
+        try:
+            return json.dumps(out, ensure_ascii=False).encode()
+        except UnicodeEncodeError:  # a lone surrogate a session stored before the text rule
+            return json.dumps(out).encode()  # (as an escape, as the client sent it)
 
     def from_json(self, data: Any) -> tuple[Message | None, Usage | None]:
         return _reply(list(data["content"])), anthropic_usage(data.get("usage"))

@@ -41,6 +41,7 @@ __all__ = [
     "json_depth",
     "lone_surrogate",
     "parse_checked",
+    "readable",
     "too_deep",
 ]
 
@@ -155,3 +156,30 @@ def _texts(value: Any) -> Iterator[tuple[str, str]]:
                 stack.append((where, sub))
         elif isinstance(item, list):
             stack.extend((f"{path}[{i}]", sub) for i, sub in reversed(list(enumerate(item))))
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def readable(value: Any) -> Any:
+    """``value`` with every lone surrogate read as U+FFFD, for an answer that must be
+    UTF-8: a session stored before the text rule may hold one, and reading it never
+    fails (the stored value is unchanged). Copies only the containers that change."""
+    if isinstance(value, str):
+        if value.isascii():
+            return value
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return _SURROGATE.sub("\ufffd", value)
+        return value
+    if isinstance(value, dict):
+        pairs = [(readable(k), readable(v)) for k, v in value.items()]
+        same = all(k is a and v is b for (k, v), (a, b) in zip(pairs, value.items(), strict=True))
+        return value if same else dict(pairs)
+    if isinstance(value, list | tuple):
+        items = [readable(v) for v in value]
+        return (
+            value if all(a is b for a, b in zip(items, value, strict=True)) else type(value)(items)
+        )
+    return value

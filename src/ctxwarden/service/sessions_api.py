@@ -27,6 +27,7 @@ from ctxwarden.errors import CtxwardenError
 from ctxwarden.formats import message_to_openai
 from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.body import read_json
+from ctxwarden.service.edge import readable
 from ctxwarden.service.errors import ServiceError, from_library
 from ctxwarden.service.hub import Hub, Tenant
 from ctxwarden.service.schema import ERRORS
@@ -106,8 +107,10 @@ class Recalled(BaseModel):
 
 
 async def _run(hub: Hub, fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` in a worker thread, its answer readable as UTF-8 (:func:`~.edge.readable`:
+    a session stored before the text rule may hold a lone surrogate)."""
     try:
-        return await hub.run_aside(fn, *args)
+        return readable(await hub.run_aside(fn, *args))
     except CtxwardenError as exc:
         raise from_library(exc) from exc
 

@@ -34,7 +34,6 @@ from ctxwarden.store.base import (
     encode_usage,
     json_text,
     read_as_pinned,
-    readable_json,
     storable_text,
 )
 from ctxwarden.store.ids import storable_id_problem
@@ -56,7 +55,7 @@ def _session(row: Sequence[Any]) -> StoredSession:
         tenant=row[0],
         session_id=row[1],
         summary=row[2],
-        facts=readable_json(row[3]),
+        facts=json.loads(row[3]),
         sticky=_sticky(row[4]),
         version=int(row[5]),
         created_at=float(row[6]),
@@ -65,7 +64,7 @@ def _session(row: Sequence[Any]) -> StoredSession:
         next_seq=int(row[9]),
         usage=dict(by_model),
         dollars=dollars,
-        summary_levels=readable_json(row[11]),
+        summary_levels=json.loads(row[11]),
     )
 
 

@@ -37,7 +37,6 @@ __all__ = [
     "encode_message",
     "encode_usage",
     "read_as_pinned",
-    "readable_json",
     "unstorable",
 ]
 
@@ -253,25 +252,9 @@ def read_as_pinned(message: Message) -> bool:
     return message.pinned or message.role == "system"
 
 
-#: a lone surrogate escape in stored JSON text (an odd run of backslashes before it)
-_LONE_ESCAPE = re.compile(
-    r"(?<!\\)((?:\\\\)*)\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
-    r"|(?<![\\][uU][dD][89abAB][0-9a-fA-F]{2})(?<!\\)((?:\\\\)*)\\u[dD][c-fC-F][0-9a-fA-F]{2}"
-)
-
-
-def readable_json(text: str) -> Any:
-    """Stored JSON text as values any reader can encode again: a lone surrogate, which
-    versions before the service's text rule (:mod:`ctxwarden.service.edge`) stored
-    escaped, is read as U+FFFD. Reads never fail on such a row; the row is unchanged."""
-    if ("\\ud" in text or "\\uD" in text) and _LONE_ESCAPE.search(text):
-        text = _LONE_ESCAPE.sub(lambda m: (m.group(1) or m.group(2) or "") + "\\ufffd", text)
-    return json.loads(text)
-
-
 def decode_message(text: str, seq: int) -> Message:
     try:
-        return message_from_openai(readable_json(text), index=seq)
+        return message_from_openai(json.loads(text), index=seq)
     except (ValueError, TypeError) as exc:  # InvalidMessageError is a ValueError too
         raise StoreError(f"stored message {seq} cannot be read back: {exc}") from exc
 

@@ -25,14 +25,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ctxwarden.store._sql import sql_store
-from ctxwarden.store.base import SessionStore, readable_json
+from ctxwarden.store.base import SessionStore
 
 __all__ = ["audit_from_text", "based_on", "build_context", "context_from_rows", "one_row_each"]
 
 
 def audit_from_text(text: str) -> Any:
     """A logged audit, with its actions as objects (logged as rows, or as the objects)."""
-    audit = readable_json(text)
+    audit = json.loads(text)
     actions = audit.get("actions") if isinstance(audit, dict) else None
     if isinstance(actions, dict) and "rows" in actions:
         names = actions["fields"]
