@@ -248,6 +248,35 @@ def test_the_body_cap_holds_on_the_session_api(conn: Conn, edge: Edge) -> None:
     )
 
 
+def test_a_call_the_budget_cannot_hold_stores_nothing(conn: Conn) -> None:
+    session = sid()
+    first = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    assert conn.chat(session, first)[0] == 200
+    before = conn.stored(session)
+    huge = [
+        *first,
+        {"role": "assistant", "content": "fine"},
+        {"role": "user", "content": "word " * 400_000},
+    ]
+    for api in ("openai", "anthropic"):
+        if api == "openai":
+            status, body = conn.chat(session, huge, **{"x-ctxwarden-max-input-tokens": "5000"})
+        else:
+            turns = [{"role": m["role"], "content": m["content"]} for m in huge[1:]]
+            status, body = conn.call(
+                "POST", "/v1/messages",
+                {"model": CLAUDE, "max_tokens": 5, "system": "be brief", "messages": turns},
+                headers={"x-ctxwarden-session": session, "x-ctxwarden-max-input-tokens": "5000"},
+            )  # fmt: skip
+        error = _error(body, api)
+        assert (status, error["code"]) == (400, "context_budget_too_small"), body
+        assert error["minimum_budget"] > 5000
+    assert conn.stored(session) == before  # refused: nothing of it stored
+    follow = [*first, {"role": "assistant", "content": "fine"}, {"role": "user", "content": "ok"}]
+    assert conn.chat(session, follow)[0] == 200
+    assert [m["content"] for m in conn.stored(session)][-2:] == ["ok", "fine"]
+
+
 def test_session_ids_follow_one_grammar(conn: Conn, edge: Edge) -> None:
     msg = [{"role": "user", "content": "x"}]
     for bad in ("a/b/c", "..", ".hidden", "x" * 201, "tab\tbed", "branch~b7"):

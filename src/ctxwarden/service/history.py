@@ -168,15 +168,17 @@ def sync_history(
     count: Callable[[Message], int],
     *,
     attempts: int = 3,
+    check: Callable[[list[Message]], None] | None = None,
 ) -> Synced:
     """Append the new suffix of the client's history (``keys``, one per message;
     ``parse(start)`` gives the messages from ``start`` on) to the session its head names,
-    or to a new branch when the history does not extend it (see the module docstring)."""
+    or to a new branch when the history does not extend it (see the module docstring).
+    ``check(new)`` may refuse the new messages before anything is stored."""
     recount = False  # (see _try_sync)
     for _ in range(attempts):
         head = get_head(store, tenant, client_id)
         synced = _try_sync(
-            store, open_session, tenant, client_id, head, keys, parse, count, recount
+            store, open_session, tenant, client_id, head, keys, parse, count, recount, check
         )
         if synced is not None:
             return synced
@@ -196,6 +198,7 @@ def _try_sync(
     parse: Callable[[int], list[Message]],
     count: Callable[[Message], int],
     recount: bool = False,
+    check: Callable[[list[Message]], None] | None = None,
 ) -> Synced | None:
     """One attempt (``None``: lost a race, read the head again and retry). Whether the
     store moved without the head (a crash, another writer) is read from the store when
@@ -232,6 +235,8 @@ def _try_sync(
                 break
             branch += 1
         new, tokens = parse(0), 0
+    if check is not None and new:
+        check(new)
     tokens += sum(count(m) for m in new)
     moved = Head(
         tenant, client_id, session.session_id, branch, len(keys), running.hexdigest(), tokens

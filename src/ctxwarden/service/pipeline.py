@@ -19,18 +19,19 @@ the next call extends the head as before).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from ctxwarden import BuiltContext, Session, TokenCounter, Usage, estimate_cost, get_model
-from ctxwarden.errors import UnknownModelError, VersionConflict
+from ctxwarden.errors import BudgetError, ConfigError, UnknownModelError, VersionConflict
 from ctxwarden.messages import Message
 from ctxwarden.service.history import message_key, sync_history
 from ctxwarden.service.hub import Hub
 from ctxwarden.service.prepared import Call, Prepared
 from ctxwarden.service.recall_rounds import proxy_recall
 from ctxwarden.store.service_tables import CallEnd, add_spend, end_call
+from ctxwarden.tokens.counter import REPLY_PRIMING
 
 __all__ = ["Call", "Prepared", "charge", "finish", "prepare"]
 
@@ -48,6 +49,54 @@ def _budget(hub: Hub, call: Call) -> int | None:
     if policy.max_input_tokens is not None or window is not None:
         asks.append(policy.budget_for(window))
     return min(asks)
+
+
+def _fits(
+    hub: Hub,
+    call: Call,
+    counter: TokenCounter,
+    budget: int | None,
+    tools: Sequence[Mapping[str, Any]] | None,
+) -> Callable[[list[Message]], None]:
+    """The build's first refusal, made before the call's messages are stored: a newest
+    user message that, with the system prompt it brings and the tools, the budget cannot
+    hold (a 30 MB message) is a :class:`~ctxwarden.errors.BudgetError` and nothing of the
+    call is kept. The same sum the build makes (:mod:`ctxwarden.build.engine`), over the
+    new messages only, so it refuses nothing the build would take; a system prompt stored
+    earlier is left to the build."""
+
+    def check(new: list[Message]) -> None:
+        newest = next((m for m in reversed(new) if m.role == "user"), None)
+        limit = budget if budget is not None else _policy_budget(hub, call)
+        if newest is None or limit is None:
+            return
+        system = 0
+        for m in new:
+            if m.role != "system":
+                break
+            system += counter.count_message(m)
+        minimum = REPLY_PRIMING + counter.count_tools(tools) + system
+        minimum += counter.count_message(newest)
+        if minimum > limit:
+            raise BudgetError(
+                f"budget of {limit:,} tokens cannot hold the system prompt and the newest "
+                f"user message: budget must be at least {minimum:,} tokens",
+                minimum=minimum,
+            )
+
+    return check
+
+
+def _policy_budget(hub: Hub, call: Call) -> int | None:
+    """The budget a build without an asked one takes: the policy's for the model."""
+    try:
+        window: int | None = get_model(call.model, hub.config.registry).context_window
+    except UnknownModelError:
+        window = None
+    try:
+        return call.tenant.policy.budget_for(window)
+    except ConfigError:
+        return None
 
 
 def _with_summary_job(
@@ -73,6 +122,12 @@ def prepare(hub: Hub, call: Call) -> Prepared:
     """Sync the history, build the context, store the build's audit (see the module)."""
     tenant = call.tenant.name
     counter = TokenCounter.for_model(call.model, hub.config.registry)
+    budget = _budget(hub, call)
+    tools = call.tools or None
+    if proxy_recall(call.tenant.policy, call.tools):  # offered upstream: counted in the budget
+        from ctxwarden.memory.recall import recall_tool
+
+        tools = [*(tools or ()), recall_tool()]
     synced = sync_history(
         hub.store,
         lambda sid: hub.session(tenant, sid, call.model),
@@ -81,16 +136,11 @@ def prepare(hub: Hub, call: Call) -> Prepared:
         call.keys,
         call.parse,
         counter.count_message,
+        check=_fits(hub, call, counter, budget, tools),
     )
     if synced.forked:
         hub.metrics.branches.labels(call.api).inc()
-    budget = _budget(hub, call)
     kw: dict[str, Any] = {"max_input_tokens": budget} if budget is not None else {}
-    tools = call.tools or None
-    if proxy_recall(call.tenant.policy, call.tools):  # offered upstream: counted in the budget
-        from ctxwarden.memory.recall import recall_tool
-
-        tools = [*(tools or ()), recall_tool()]
     pending = synced.session.build_unlogged(
         model=call.model,
         policy=call.tenant.policy,
