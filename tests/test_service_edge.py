@@ -16,7 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from llm_servers import Recorded, Reply, ScriptedServer, anthropic_message, openai_completion
+from llm_servers import (
+    Recorded,
+    Reply,
+    ScriptedServer,
+    anthropic_message,
+    anthropic_stream,
+    openai_completion,
+    openai_stream,
+)
 from service_harness import ProxyServer, add_tenant, cli, module_db, sid
 
 from ctxwarden import Session
@@ -28,8 +36,13 @@ CLAUDE = "claude-sonnet-4-5"
 
 
 def _answer(request: Recorded) -> Reply:
+    stream = bool(request.json.get("stream"))
     if request.path.endswith("/messages"):
+        if stream:
+            return Reply(events=anthropic_stream(["fi", "ne"], input_tokens=9, output_tokens=1))
         return Reply(body=anthropic_message("fine", input_tokens=9, output_tokens=1))
+    if stream:
+        return Reply(events=openai_stream(["fi", "ne"], prompt=9, completion=1))
     return Reply(body=openai_completion("fine", prompt=9, completion=1))
 
 
@@ -275,6 +288,63 @@ def test_a_call_the_budget_cannot_hold_stores_nothing(conn: Conn) -> None:
     follow = [*first, {"role": "assistant", "content": "fine"}, {"role": "user", "content": "ok"}]
     assert conn.chat(session, follow)[0] == 200
     assert [m["content"] for m in conn.stored(session)][-2:] == ["ok", "fine"]
+
+
+def _ask(
+    clients: tuple[Any, Any], api: str, stream: bool, turns: list[Any], session: str
+) -> tuple[str, str | None]:
+    """One call through the real SDK of ``api``: the reply's text and whether it was
+    replayed (``x-ctxwarden-replayed``)."""
+    oai, ant = clients
+    head = {"x-ctxwarden-session": session}
+    if api == "openai":
+        raw = oai.chat.completions.with_raw_response.create(
+            model="gpt-4o", messages=turns, stream=stream, extra_headers=head
+        )
+        got = raw.parse()
+        if stream:
+            text = "".join(c.choices[0].delta.content or "" for c in got if c.choices)
+        else:
+            text = got.choices[0].message.content or ""
+        return text, raw.headers.get("x-ctxwarden-replayed")
+    if stream:
+        with ant.messages.stream(
+            model=CLAUDE, max_tokens=9, messages=turns, extra_headers=head
+        ) as s:
+            return "".join(s.text_stream), s.response.headers.get("x-ctxwarden-replayed")
+    raw = ant.messages.with_raw_response.create(
+        model=CLAUDE, max_tokens=9, messages=turns, extra_headers=head
+    )
+    return raw.parse().content[0].text, raw.headers.get("x-ctxwarden-replayed")
+
+
+def test_a_retried_call_gets_the_stored_reply_and_forks_nothing(edge: Edge) -> None:
+    """A client that timed out sends the same request again: the stored reply comes back
+    (JSON or streamed, read by the real SDKs), upstream is not called again, and the
+    session holds the exchange once, on no branch."""
+    import anthropic
+    import openai
+
+    oai = openai.OpenAI(base_url=edge.proxy.url + "/v1", api_key=edge.key, max_retries=0)
+    ant = anthropic.Anthropic(base_url=edge.proxy.url, api_key=edge.key, max_retries=0)
+    for api in ("openai", "anthropic"):
+        for stream in (False, True):
+            session = sid()
+            turns: list[Any] = [{"role": "user", "content": "what is 2+2?"}]
+            calls = len(edge.upstream.requests)
+            assert _ask((oai, ant), api, stream, turns, session) == ("fine", None)
+            again = _ask((oai, ant), api, stream, turns, session)  # the same request again
+            assert again == ("fine", "1"), (api, stream)
+            assert len(edge.upstream.requests) == calls + 1  # upstream was called once
+            with Conn(edge) as c:
+                assert [m["content"] for m in c.stored(session)] == ["what is 2+2?", "fine"]
+                listed = c.call("GET", "/v1/sessions")[1]["sessions"]
+                assert not [x for x in listed if x["id"].startswith(session + "~")]  # no fork
+            # the conversation goes on from there as usual
+            turns += [{"role": "assistant", "content": "fine"}, {"role": "user", "content": "3+3?"}]
+            assert _ask((oai, ant), api, stream, turns, session) == ("fine", None)
+    oai.close()
+    ant.close()
 
 
 def test_session_ids_follow_one_grammar(conn: Conn, edge: Edge) -> None:

@@ -145,6 +145,9 @@ class Synced:
     chain: Any  # the running hash after the client's messages, to extend with the reply
     appended: int
     forked: bool
+    #: a retry of the call whose reply the session ends with: that reply, given back
+    #: (:mod:`ctxwarden.service.replay`); nothing was appended
+    replayed: Message | None = None
 
 
 def _chain(keys: Sequence[bytes], upto: int) -> tuple[Any, str | None]:
@@ -207,6 +210,10 @@ def _try_sync(
     has the next attempt read it."""
     seen = head.count if head is not None else 0
     running, at = _chain(keys, seen)
+    if head is not None and seen == len(keys) + 1:  # one short: a retry of the last call?
+        retried = _retried(open_session, head, running)
+        if retried is not None:
+            return Synced(retried[0], head, running, 0, False, replayed=retried[1])
     session: Session | None = None
     if head is not None and seen <= len(keys) and at == head.chain:
         session = open_session(head.session_id)
@@ -260,6 +267,27 @@ def _try_sync(
     elif not put_head(store, moved, expected=head):
         return None
     return Synced(session, moved, running, len(new), forked)
+
+
+def _retried(
+    open_session: Callable[[str], Session], head: Head, running: Any
+) -> tuple[Session, Message] | None:
+    """The session and its last message when the client's history (hashed in
+    ``running``) plus that message is exactly what the head says the client has, and
+    the message is a complete reply: the client sent its last call again."""
+    session = open_session(head.session_id)
+    store, tenant, sid = session.store, session.tenant, session.session_id
+    if store.count(tenant, sid) != head.count:
+        return None
+    rows = store.range(tenant, sid, head.count - 1, head.count)
+    if len(rows) != 1:
+        return None
+    reply = rows[0].message
+    if reply.role != "assistant" or reply.meta.get("partial"):
+        return None
+    chain = running.copy()
+    chain.update(message_key(reply))
+    return (session, reply) if chain.hexdigest() == head.chain else None
 
 
 class _HeadMoved(Exception):

@@ -28,12 +28,12 @@ from ctxwarden.errors import BudgetError, ConfigError, UnknownModelError, Versio
 from ctxwarden.messages import Message
 from ctxwarden.service.history import message_key, sync_history
 from ctxwarden.service.hub import Hub
-from ctxwarden.service.prepared import Call, Prepared
+from ctxwarden.service.prepared import Call, Prepared, Replay
 from ctxwarden.service.recall_rounds import proxy_recall
 from ctxwarden.store.service_tables import CallEnd, add_spend, end_call
 from ctxwarden.tokens.counter import REPLY_PRIMING
 
-__all__ = ["Call", "Prepared", "charge", "finish", "prepare"]
+__all__ = ["Call", "Prepared", "Replay", "charge", "finish", "prepare"]
 
 
 def _budget(hub: Hub, call: Call) -> int | None:
@@ -118,8 +118,9 @@ def _with_summary_job(
     return amend
 
 
-def prepare(hub: Hub, call: Call) -> Prepared:
-    """Sync the history, build the context, store the build's audit (see the module)."""
+def prepare(hub: Hub, call: Call) -> Prepared | Replay:
+    """Sync the history, build the context, store the build's audit (see the module);
+    a retry of the session's last call is its :class:`Replay` (:mod:`.replay`)."""
     tenant = call.tenant.name
     counter = TokenCounter.for_model(call.model, hub.config.registry)
     budget = _budget(hub, call)
@@ -138,6 +139,8 @@ def prepare(hub: Hub, call: Call) -> Prepared:
         counter.count_message,
         check=_fits(hub, call, counter, budget, tools),
     )
+    if synced.replayed is not None:
+        return Replay(call, synced.replayed, synced.session.session_id)
     if synced.forked:
         hub.metrics.branches.labels(call.api).inc()
     kw: dict[str, Any] = {"max_input_tokens": budget} if budget is not None else {}

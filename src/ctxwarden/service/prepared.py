@@ -14,7 +14,7 @@ from ctxwarden.service.history import Synced
 from ctxwarden.service.hub import Tenant
 from ctxwarden.session.pending_log import PendingLog
 
-__all__ = ["Call", "Prepared"]
+__all__ = ["Call", "Prepared", "Replay"]
 
 
 @dataclass(frozen=True)
@@ -63,3 +63,13 @@ class Prepared:
             "x-ctxwarden-build-id": self.build_id,
             "x-ctxwarden-session": self.synced.session.session_id,
         }
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A retried call whose reply the session already holds (:mod:`.replay`): nothing is
+    built, stored or forwarded; ``reply`` is given back."""
+
+    call: Call
+    reply: Message
+    session_id: str
