@@ -400,7 +400,7 @@ def test_the_anthropic_route_refuses_nan_and_forwards_the_word(tmp_path: Path) -
         headers = {"x-api-key": key, "content-type": "application/json", "x-ctxwarden-session": "n"}
         turns = [{"role": "user", "content": "hi NaN"}]
         with client:
-            for value, status in (("0.5", 200), ("NaN", 400), ("Infinity", 400), ("0.5", 200)):
+            for value, status in (("0.5", 200), ("NaN", 400), ("Infinity", 400), ("0.25", 200)):
                 head = '{"model": "claude-sonnet-4-5", "max_tokens": 9, "temperature": '
                 raw = (head + value + ', "messages": ' + json.dumps(turns) + "}").encode()
                 got = client.post("/v1/messages", content=raw, headers=headers)

@@ -16,7 +16,6 @@ extra values, whose key order the fingerprint does not see) is written afresh.
 from __future__ import annotations
 
 import json
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
@@ -150,23 +149,15 @@ def messages_json(messages: Sequence[Message]) -> str:
     return "[" + ", ".join(map(message_json, messages)) + "]"
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 def _utf8(message: Message, json_of: Callable[[Message], str], text_attr: str, attr: str) -> bytes:
     """``json_of(message)`` as UTF-8, kept on the message (as ``attr``) when its text is
     (as ``text_attr``): a context's bytes are then joined, not encoded again on every
-    call. A text that UTF-8 cannot hold (a lone surrogate, which a session stored before
-    the service refused them may hold) is written with that character as a JSON escape,
-    as the client sent it."""
+    call. A text that UTF-8 cannot hold (a lone surrogate) raises as ``str.encode`` does."""
     found: bytes | None = message.__dict__.get(attr)
     if found is not None:
         return found
     text = json_of(message)
-    try:
-        data = text.encode()
-    except UnicodeEncodeError:  # (JSON text: a raw surrogate can only be inside a string)
-        data = _SURROGATE.sub(lambda m: f"\\u{ord(m[0]):04x}", text).encode()
+    data = text.encode()
     if message.__dict__.get(text_attr) is text:  # the text is memoised: so are its bytes
         message.__dict__[attr] = data
     return data

@@ -67,7 +67,12 @@ def read_chat(memo: BodyMemo, scope: Hashable, raw: bytes) -> tuple[Reading | No
     reading = memo.read(scope, raw)
     if reading is None:
         return None, parse_json(raw)
-    check_raw(raw, nonfinite=reading.nonfinite)
+    # the front it reused was checked when it was new: only the text after it is
+    start = reading.replaces.size if reading.replaces is not None else 0
+    nonfinite = reading.nonfinite and (
+        raw.find(b"NaN", start) >= 0 or raw.find(b"Infinity", start) >= 0
+    )
+    check_raw(raw, start=start, nonfinite=nonfinite)
     return reading, reading.data
 
 

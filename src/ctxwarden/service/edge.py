@@ -49,12 +49,8 @@ MAX_PARSE_DEPTH = 512
 """How deep a request body may nest (objects and arrays): well above any real request,
 well below what the stdlib's recursive parser and encoder can take."""
 
-#: a lone surrogate escape in JSON text: a high one not followed by a low one, or a low
-#: one not preceded by a high one (a pair is a valid character, written the ASCII way)
-_LONE_ESCAPE = re.compile(
-    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
-    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
-)
+#: a surrogate escape in JSON text (``\ud83d``): half of a pair, or alone
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _STRUCTURE = bytes(range(256)).translate(None, b'[]{}"\\')  # every byte but these
 _ESCAPED = re.compile(rb"\\.", re.S)
 
@@ -117,12 +113,28 @@ def parse_checked(raw: bytes) -> Any:
     return data
 
 
-def check_raw(raw: bytes, *, nonfinite: bool = False) -> None:
-    """Apply :func:`parse_checked`'s refusals to a body another reader parsed (the
-    body memo): only when its bytes may hold a lone surrogate, or ``nonfinite`` says
-    they may hold ``NaN``/``Infinity``."""
-    if nonfinite or _LONE_ESCAPE.search(raw):
+def check_raw(raw: bytes, *, start: int = 0, nonfinite: bool = False) -> None:
+    """Apply :func:`parse_checked`'s refusals to a body another reader parsed (the body
+    memo, which reads only the text after ``start``: what came before was checked when
+    it was new): parsed again only when that text may hold a lone surrogate escape, or
+    ``nonfinite`` says it may hold ``NaN``/``Infinity``."""
+    if nonfinite or _lone_escape(raw, start):
         parse_checked(raw)
+
+
+def _lone_escape(raw: bytes, start: int = 0) -> bool:
+    """Whether ``raw`` after ``start`` may hold a lone surrogate escape: a high one not
+    followed at once by a low one, or a low one not right after a high one (a pair is
+    one character written the ASCII way)."""
+    if raw.find(b"\\u", start) < 0:
+        return False
+    expect_low_at = -1
+    for found in _SURROGATE_ESCAPE.finditer(raw, start):
+        low = found.group()[3] in b"cdefCDEF"
+        if low != (found.start() == expect_low_at):
+            return True
+        expect_low_at = -1 if low else found.end()
+    return expect_low_at != -1
 
 
 def check_model(model: str) -> None:

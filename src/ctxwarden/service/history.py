@@ -172,16 +172,29 @@ def sync_history(
     *,
     attempts: int = 3,
     check: Callable[[list[Message]], None] | None = None,
+    request: str | None = None,
 ) -> Synced:
     """Append the new suffix of the client's history (``keys``, one per message;
     ``parse(start)`` gives the messages from ``start`` on) to the session its head names,
     or to a new branch when the history does not extend it (see the module docstring).
-    ``check(new)`` may refuse the new messages before anything is stored."""
+    ``check(new)`` may refuse the new messages before anything is stored; ``request``
+    (the call's :func:`~ctxwarden.service.replay.request_digest`) lets a retry of the
+    session's last call be recognised (:attr:`Synced.replayed`)."""
     recount = False  # (see _try_sync)
     for _ in range(attempts):
         head = get_head(store, tenant, client_id)
         synced = _try_sync(
-            store, open_session, tenant, client_id, head, keys, parse, count, recount, check
+            store,
+            open_session,
+            tenant,
+            client_id,
+            head,
+            keys,
+            parse,
+            count,
+            recount,
+            check,
+            request,
         )
         if synced is not None:
             return synced
@@ -202,6 +215,7 @@ def _try_sync(
     count: Callable[[Message], int],
     recount: bool = False,
     check: Callable[[list[Message]], None] | None = None,
+    request: str | None = None,
 ) -> Synced | None:
     """One attempt (``None``: lost a race, read the head again and retry). Whether the
     store moved without the head (a crash, another writer) is read from the store when
@@ -210,8 +224,8 @@ def _try_sync(
     has the next attempt read it."""
     seen = head.count if head is not None else 0
     running, at = _chain(keys, seen)
-    if head is not None and seen == len(keys) + 1:  # one short: a retry of the last call?
-        retried = _retried(open_session, head, running)
+    if request is not None and head is not None and seen == len(keys) + 1:  # a retry?
+        retried = _retried(open_session, head, running, request)
         if retried is not None:
             return Synced(retried[0], head, running, 0, False, replayed=retried[1])
     session: Session | None = None
@@ -270,11 +284,12 @@ def _try_sync(
 
 
 def _retried(
-    open_session: Callable[[str], Session], head: Head, running: Any
+    open_session: Callable[[str], Session], head: Head, running: Any, request: str
 ) -> tuple[Session, Message] | None:
     """The session and its last message when the client's history (hashed in
     ``running``) plus that message is exactly what the head says the client has, and
-    the message is a complete reply: the client sent its last call again."""
+    the message is a complete reply to the same ``request``: the client sent its last
+    call again."""
     session = open_session(head.session_id)
     store, tenant, sid = session.store, session.tenant, session.session_id
     if store.count(tenant, sid) != head.count:
@@ -284,6 +299,8 @@ def _retried(
         return None
     reply = rows[0].message
     if reply.role != "assistant" or reply.meta.get("partial"):
+        return None
+    if reply.meta.get("request") != request:  # (replay.REQUEST_META)
         return None
     chain = running.copy()
     chain.update(message_key(reply))

@@ -30,6 +30,7 @@ from ctxwarden.service.history import message_key, sync_history
 from ctxwarden.service.hub import Hub
 from ctxwarden.service.prepared import Call, Prepared, Replay
 from ctxwarden.service.recall_rounds import proxy_recall
+from ctxwarden.service.replay import REQUEST_META
 from ctxwarden.store.service_tables import CallEnd, add_spend, end_call
 from ctxwarden.tokens.counter import REPLY_PRIMING
 
@@ -138,6 +139,7 @@ def prepare(hub: Hub, call: Call) -> Prepared | Replay:
         call.parse,
         counter.count_message,
         check=_fits(hub, call, counter, budget, tools),
+        request=call.request,
     )
     if synced.replayed is not None:
         return Replay(call, synced.replayed, synced.session.session_id)
@@ -203,6 +205,8 @@ def finish(
         model=call.model,
         dollars=dollars,
     )
+    if reply is not None and call.request is not None:  # what a retry is recognised by
+        reply = replace(reply, meta={**reply.meta, REQUEST_META: call.request})
     if reply is not None:
         chain = synced.chain.copy()
         chain.update(message_key(reply))

@@ -32,6 +32,9 @@ class Call:
     parse: Callable[[int], list[Message]]
     max_input_tokens: int | None = None
     tools: Sequence[Mapping[str, Any]] | None = None
+    #: the request apart from its messages (:func:`~ctxwarden.service.replay.request_digest`):
+    #: kept with the reply, a retry's is the same; None gives no replay
+    request: str | None = None
 
 
 @dataclass(frozen=True)
