@@ -11,11 +11,13 @@ exactly); it is refused where a value goes to a plain text column: a session id
 (:mod:`ctxwarden.store.ids`) and the model name. ``NaN`` and ``Infinity``, which are
 not JSON, are refused too (``invalid_json``).
 
-**Nesting.** A body nested deeper than :data:`MAX_PARSE_DEPTH` is refused (400,
-``nesting_too_deep``) before any recursive parser or encoder meets it: orjson refuses
-past its own limit, and the stdlib's parser (used only for what orjson refuses) runs
-after :func:`json_depth` measured the body. Message values are held to
-:data:`ctxwarden.formats.checks.MAX_DEPTH` when parsed.
+**Nesting.** Deep nesting is refused (400, ``nesting_too_deep``) by a limit before a
+recursive parser can fail: orjson refuses past its own 1,024 levels, and the stdlib's
+parser (used only for what orjson refuses) runs after :func:`json_depth` measured the
+body against :data:`MAX_PARSE_DEPTH`. Message values are held to
+:data:`ctxwarden.formats.checks.MAX_DEPTH` (100) when parsed; a value elsewhere in the
+body nested deep enough to exhaust a later recursive step (the stdlib's encoder) is
+answered with the same 400 (:func:`ctxwarden.service.failures.unexpected`).
 
 The checks cost nothing on a clean body: orjson refuses exactly lone surrogates,
 ``NaN`` and deep nesting, so the walk that names the field runs only on a body orjson
