@@ -1,5 +1,6 @@
 """Faults as an automated test (issue 41): ``ctxwarden serve`` killed with SIGKILL while
-clients are mid-call, restarted on the same store, and the clients retrying what failed;
+clients are mid-call, restarted on the same store, and the clients retrying what failed
+(or what they gave up waiting for: every third call times out on the client's side);
 with a broker, the summary worker killed and restarted too. Afterwards every stored
 session is compared with what its client sent: nothing lost, nothing twice, nothing out
 of order, no branch (a retry whose reply was stored gets that reply back:
@@ -82,12 +83,14 @@ class Agent(threading.Thread):
             with httpx2.Client(timeout=10) as http:
                 for turn in range(TURNS):
                     self.history.append({"role": "user", "content": f"{self.session} turn {turn}"})
-                    reply = self._call(http)
+                    # every third turn the client gives up before upstream answers (60 ms)
+                    # and sends the same request again: the stored reply comes back
+                    reply = self._call(http, impatient=turn % 3 == 1)
                     self.history.append({"role": "assistant", "content": reply})
         except BaseException as exc:  # reported by the test
             self.error = exc
 
-    def _call(self, http: httpx2.Client) -> str:
+    def _call(self, http: httpx2.Client, *, impatient: bool = False) -> str:
         body = json.dumps({"model": "gpt-4o", "messages": self.history})
         headers = {
             "authorization": f"Bearer {self.key}",
@@ -95,16 +98,21 @@ class Agent(threading.Thread):
             "x-ctxwarden-session": self.session,
         }
         deadline = time.monotonic() + 60
+        timeout = 0.02 if impatient else 10.0
         while True:
             try:
                 got = http.post(
-                    self.served.url + "/v1/chat/completions", content=body, headers=headers
+                    self.served.url + "/v1/chat/completions",
+                    content=body,
+                    headers=headers,
+                    timeout=timeout,
                 )
+                timeout = 10.0
                 if got.status_code == 200:
                     return str(got.json()["choices"][0]["message"]["content"])
                 assert got.status_code >= 500, got.text  # only a failure of ours is retried
-            except httpx2.TransportError:
-                pass
+            except httpx2.TransportError:  # (a timeout too)
+                timeout = 10.0
             assert time.monotonic() < deadline, "the call was never answered"
             self.retries += 1
             time.sleep(0.1)
