@@ -390,23 +390,29 @@ def test_the_anthropic_route_sends_and_stores_the_same_with_and_without_the_memo
         upstream.stop()
 
 
-def test_the_anthropic_route_forwards_nan_as_json_writes_it(tmp_path: Path) -> None:
-    """Bodies are written with orjson, which would turn NaN into null: a client body that
-    holds NaN or Infinity is written by json, as before."""
+def test_the_anthropic_route_refuses_nan_and_forwards_the_word(tmp_path: Path) -> None:
+    """``NaN`` is not JSON: a body holding it as a value is a 400 naming it, whether the
+    memo read the body or the ordinary parse did (the memo's flag only says the text may
+    hold it); the word inside a text is forwarded as it is."""
     upstream = ScriptedServer(_anthropic_answer).start()
     try:
         client, key = _app(tmp_path, "nan.db", anthropic_upstream=upstream.url)
-        headers = {"x-api-key": key, "content-type": "application/json"}
-        turns = [{"role": "user", "content": "hi"}]
+        headers = {"x-api-key": key, "content-type": "application/json", "x-ctxwarden-session": "n"}
+        turns = [{"role": "user", "content": "hi NaN"}]
         with client:
-            for extra, written in (("", b'"temperature":0.5'), ("NaN", b'"temperature": NaN')):
-                value = extra or "0.5"
+            for value, status in (("0.5", 200), ("NaN", 400), ("Infinity", 400), ("0.25", 200)):
                 head = '{"model": "claude-sonnet-4-5", "max_tokens": 9, "temperature": '
                 raw = (head + value + ', "messages": ' + json.dumps(turns) + "}").encode()
-                assert client.post("/v1/messages", content=raw, headers=headers).status_code == 200
-                sent = upstream.requests[-1].body
-                assert written in sent
-                assert json.loads(sent)["messages"][0]["content"][0]["text"] == "hi"
+                got = client.post("/v1/messages", content=raw, headers=headers)
+                assert got.status_code == status, got.text
+                if status == 400:
+                    assert got.json()["error"]["code"] == "invalid_json"
+                    assert value in got.json()["error"]["message"]
+            assert len(upstream.requests) == 2  # the refused bodies never went upstream
+            assert (
+                json.loads(upstream.requests[-1].body)["messages"][0]["content"][0]["text"]
+                == "hi NaN"
+            )
     finally:
         upstream.stop()
 

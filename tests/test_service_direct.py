@@ -157,7 +157,10 @@ def test_other_methods_on_the_proxied_paths_still_go_through_the_stack(
 
 
 def test_a_failure_of_the_proxy_itself_is_a_500_and_counted(
-    tmp_path: Path, upstream: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    upstream: ScriptedServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     import ctxwarden.service.openai_proxy as openai_proxy
 
@@ -169,7 +172,12 @@ def test_a_failure_of_the_proxy_itself_is_a_500_and_counted(
     with client:
         answer = client.post(CHAT, json=_chat("hi"), headers={"authorization": "Bearer cwk_direct"})
         assert answer.status_code == 500
+        assert answer.json()["error"]["code"] == "internal_error"  # JSON, the route's shape
         assert _counts(client) == {f"{CHAT} 500": "1.0"}
-    loud = TestClient(create_app(_config(f"sqlite:///{tmp_path / 'cwk_direct'}", upstream)))
-    with loud, pytest.raises(RuntimeError, match="a bug"):  # reaches the server, as before
-        loud.post(CHAT, json=_chat("hi"), headers={"authorization": "Bearer cwk_direct"})
+    # answered, logged with its traceback, and kept from the server (which would end the
+    # connection): the failures layer (service/failures.py)
+    quiet = TestClient(create_app(_config(f"sqlite:///{tmp_path / 'cwk_direct'}", upstream)))
+    with quiet, caplog.at_level("ERROR", logger="ctxwarden.service"):
+        got = quiet.post(CHAT, json=_chat("hi"), headers={"authorization": "Bearer cwk_direct"})
+        assert got.status_code == 500 and "RuntimeError" in got.json()["error"]["message"]
+    assert any(r.exc_info and "a bug" in str(r.exc_info[1]) for r in caplog.records)

@@ -397,12 +397,13 @@ def test_a_failed_stream_passes_through_and_keeps_what_arrived(env: Env) -> None
     assert last["content"] == "Half an answer" and last["ctxwarden"]["meta"]["partial"] is True
 
 
-def test_a_body_with_nan_reaches_upstream_as_written(env: Env) -> None:
-    """Python's JSON writes NaN (a client's body may hold one): upstream gets NaN, not the
-    null a faster writer would put in its place."""
+def test_a_body_with_nan_is_refused_as_on_the_other_routes(env: Env) -> None:
+    """NaN is no JSON (the edge's rule on every route): a clear 400, nothing forwarded."""
     body = b'{"model": "gpt-4o", "input": "hi", "metadata": {"score": NaN}}'
     headers = {"authorization": f"Bearer {env.key}", "content-type": "application/json",
                "x-ctxwarden-session": sid()}  # fmt: skip
+    sent = len(env.upstream.requests)
     r = httpx2.post(env.proxy.url + "/v1/responses", content=body, headers=headers, timeout=30)
-    assert r.status_code == 200, r.text
-    assert b'"score": NaN' in env.upstream.requests[-1].body
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    assert len(env.upstream.requests) == sent

@@ -53,6 +53,14 @@ def serve(
     upstream_timeout: Annotated[
         float, typer.Option("--upstream-timeout", help="Seconds before an upstream call is a 504.")
     ] = 600.0,
+    max_header_kb: Annotated[
+        float,
+        typer.Option("--max-header-kb", help="Refuse request headers above this in all (431)."),
+    ] = 64.0,
+    header_timeout: Annotated[
+        float,
+        typer.Option("--header-timeout", help="Seconds a client has to send its headers (408)."),
+    ] = 15.0,
     summarizer: Annotated[
         str | None,
         typer.Option(
@@ -106,6 +114,8 @@ def serve(
         registry=registry_from(registry) if registry else None,
         max_body_bytes=int(max_body_mb * 1024 * 1024),
         upstream_timeout=upstream_timeout,
+        max_head_bytes=int(max_header_kb * 1024),
+        head_timeout=header_timeout,
         summarizer=summarizer,
         broker=broker,
         keep_builds=keep_builds,
@@ -201,6 +211,18 @@ def revoke(name: Annotated[str, typer.Argument(help="Tenant name.")], db: Db) ->
     with open_store(db) as store:
         revoke_tenant(store, name)
     typer.echo(f"tenant {name!r} revoked")
+
+
+@tenant_app.command("rotate-page-secret")
+@handle_errors
+def rotate_page_secret(db: Db) -> None:
+    """Replace the secret that signs the session pages' cookies: every browser signed in
+    to /ui/ must sign in again (on every replica at once)."""
+    from ctxwarden.store.page_auth import rotate_secret
+
+    with open_store(db) as store:
+        rotate_secret(store)
+    typer.echo("page secret rotated: every /ui/ sign-in must be made again")
 
 
 @tenant_app.command("caps")

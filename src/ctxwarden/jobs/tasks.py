@@ -8,6 +8,12 @@ transaction, the model call with no connection held, a short write guarded by th
 session's version. Messages stored meanwhile lie after what the cycle folded and wait
 for the next one.
 
+Every job of a worker process runs on one event loop, in a thread of its own
+(:class:`JobLoop`): the summariser's HTTP client belongs to the loop that opened its
+connections, so a loop per job (``asyncio.run``) left each job's client to be collected
+after its loop had closed ("Task exception was never retrieved ... Event loop is
+closed"). At the worker's shutdown the clients are closed on that loop, then the loop.
+
 Each attempt is logged (:mod:`ctxwarden.store.job_log`). A failure of the model or
 the store is retried with exponential backoff (Celery's ``autoretry_for``); the last
 failure is logged as ``failed`` and nothing stored is touched. The session's pending
@@ -22,8 +28,11 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from celery.signals import worker_shutdown
 
 from ctxwarden.errors import ConfigError, StoreError, SummarizationError
 from ctxwarden.jobs.app import app
@@ -31,7 +40,17 @@ from ctxwarden.jobs.metrics import observe
 from ctxwarden.jobs.pending import clear_pending
 from ctxwarden.jobs.settings import JobSettings
 
-__all__ = ["MAX_RETRIES", "WorkerResources", "resources", "summarize"]
+__all__ = [
+    "MAX_RETRIES",
+    "JobLoop",
+    "WorkerResources",
+    "job_loop",
+    "resources",
+    "shutdown",
+    "summarize",
+]
+
+T = TypeVar("T")
 
 log = logging.getLogger("ctxwarden.jobs")
 
@@ -51,6 +70,70 @@ class WorkerResources:
 
 _RESOURCES: WorkerResources | None = None
 _LOCK = threading.Lock()
+
+
+class JobLoop:
+    """One event loop for the jobs of this process, run in a daemon thread; jobs (in
+    Celery's threads) hand it their coroutine and wait (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="ctxwarden-jobs-loop", daemon=True
+        )
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def close(self, closers: list[Callable[[], Coroutine[Any, Any, Any]]]) -> None:
+        """Run each ``closer`` on the loop (each within 5 s), then stop and close it."""
+        for closer in closers:
+            try:
+                asyncio.run_coroutine_threadsafe(closer(), self.loop).result(timeout=5)
+            except Exception as exc:  # a client that fails to close must not stop the rest
+                log.warning("closing a summariser client failed: %s", exc)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+_LOOP: JobLoop | None = None
+
+
+def job_loop() -> JobLoop:
+    """This process's :class:`JobLoop`, started on first use."""
+    global _LOOP
+    with _LOCK:
+        if _LOOP is None:
+            _LOOP = JobLoop()
+        return _LOOP
+
+
+def shutdown() -> None:
+    """Close the summariser's clients on the jobs' loop, the loop and the store (the
+    worker's shutdown signal calls this; safe to call twice)."""
+    global _LOOP, _RESOURCES
+    with _LOCK:
+        loop, res, _LOOP, _RESOURCES = _LOOP, _RESOURCES, None, None
+    closers: list[Callable[[], Coroutine[Any, Any, Any]]] = []
+    if res is not None:
+        seen: set[int] = set()
+        for part in (res.summarizer, res.extractor):
+            model = getattr(part, "model", None)
+            if model is not None and hasattr(model, "aclose") and id(model) not in seen:
+                seen.add(id(model))
+                closers.append(model.aclose)
+    if loop is not None:
+        loop.close(closers)
+    if res is not None:
+        res.store.close()
+
+
+@worker_shutdown.connect  # type: ignore[untyped-decorator]
+def _on_worker_shutdown(**_: Any) -> None:
+    shutdown()
 
 
 def resources() -> WorkerResources:
@@ -106,7 +189,7 @@ def summarize(
     started = start_attempt(res.store, tenant, session_id, job_id, retries + 1)
     try:
         session = Session(res.store, session_id, tenant=tenant, model=model)
-        written = asyncio.run(
+        written = job_loop().run(
             session.summarize(
                 res.summarizer,
                 res.extractor,

@@ -42,10 +42,23 @@ def serve(
         "access_log": False,
         "timeout_keep_alive": 75,
     }
+    options["http"] = _http_protocol(config)
     options.update(uvicorn)
     app = create_app(config)
     _tune_gc()
     server.run(app, host=host, port=port, **options)
+
+
+def _http_protocol(config: ServiceConfig) -> Any:
+    """uvicorn's httptools protocol with the request-head limits
+    (:mod:`ctxwarden.service.http_limits`); h11, which caps a head's size itself, where
+    httptools is not installed."""
+    try:
+        from ctxwarden.service.http_limits import HeadLimits, protocol
+    except ImportError:  # pragma: no cover (uvicorn without httptools)
+        return "h11"
+    limits = HeadLimits(config.max_head_bytes, config.max_headers, config.head_timeout)
+    return protocol(limits)
 
 
 def _tune_gc() -> None:

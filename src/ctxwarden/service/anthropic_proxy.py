@@ -31,8 +31,8 @@ from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.body import (
     max_input_tokens_header,
     model_and_messages,
-    parse_json,
     read_body,
+    read_chat,
     read_json,
 )
 from ctxwarden.service.calls import SESSION_HEADER, client_session_id, upstream_for
@@ -40,6 +40,7 @@ from ctxwarden.service.errors import ServiceError, from_library
 from ctxwarden.service.forward import forward, read_whole
 from ctxwarden.service.history import message_key
 from ctxwarden.service.prepared import Call, Prepared
+from ctxwarden.service.replay import request_digest
 from ctxwarden.service.schema import ANTHROPIC_BODY, COUNT_BODY, PROXY_ERRORS
 from ctxwarden.service.sse import AnthropicReply, parse_frame
 from ctxwarden.service.upstream import UpstreamFailure
@@ -159,7 +160,10 @@ class AnthropicWire:
                 return orjson.dumps(out)
             except (orjson.JSONEncodeError, TypeError):  # a huge int, a non-string key
                 pass
-        return json.dumps(out, ensure_ascii=False).encode()
+        try:
+            return json.dumps(out, ensure_ascii=False).encode()
+        except UnicodeEncodeError:  # a lone surrogate a session stored before the text rule
+            return json.dumps(out).encode()  # (as an escape, as the client sent it)
 
     def from_json(self, data: Any) -> tuple[Message | None, Usage | None]:
         return _reply(list(data["content"])), anthropic_usage(data.get("usage"))
@@ -189,8 +193,8 @@ async def messages(request: Request, tenant: CurrentTenant) -> Response:
     hub = hub_of(request)
     upstream = upstream_for(request, "anthropic")
     raw = await read_body(request, hub.config.max_body_bytes)
-    reading = hub.bodies.read(("anthropic", tenant.name, request.headers.get(SESSION_HEADER)), raw)
-    data = reading.data if reading is not None else parse_json(raw)
+    scope = ("anthropic", tenant.name, request.headers.get(SESSION_HEADER))
+    reading, data = read_chat(hub.bodies, scope, raw)
     model, turns = model_and_messages(data)
     system = data.get("system")
     known = _NO_TURNS
@@ -224,6 +228,7 @@ async def messages(request: Request, tenant: CurrentTenant) -> Response:
         parse=lambda start: parsed[start:],
         max_input_tokens=max_input_tokens_header(request),
         tools=_tools_as_openai(data.get("tools")),
+        request=request_digest(data),
     )
     stream = bool(data.get("stream"))
     # NaN and Infinity can only come from the client's text: its body, the history it

@@ -38,6 +38,7 @@ from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.config import ServiceConfig
 from ctxwarden.service.direct import Direct, Endpoint
 from ctxwarden.service.errors import ServiceError, error_body, from_library
+from ctxwarden.service.failures import Failures, api_of, install
 from ctxwarden.service.hub import Hub, Tenant
 from ctxwarden.service.metrics import Metrics
 from ctxwarden.service.schema import PROXY_ERRORS
@@ -73,15 +74,8 @@ class _CountRequests:
 
 
 def _api_of(request: Request) -> str:
-    """Whose shape the answer takes: Anthropic's for ``/v1/messages``, and for the model
-    routes when the request carries ``anthropic-version`` (the anthropic SDK's always
-    does); OpenAI's everywhere else."""
-    path = request.url.path
-    if path.startswith("/v1/messages"):
-        return "anthropic"
-    if path.startswith("/v1/models") and "anthropic-version" in request.headers:
-        return "anthropic"
-    return "openai"
+    """Whose shape the answer takes (:func:`~ctxwarden.service.failures.api_of`)."""
+    return api_of(request.scope)
 
 
 class _App(FastAPI):
@@ -91,6 +85,9 @@ class _App(FastAPI):
     direct: Direct | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await Failures(self._serve)(scope, receive, send)  # (every failure answered as JSON)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         direct = self.direct
         endpoint = direct.endpoint(scope) if direct is not None else None
         if direct is None or endpoint is None:
@@ -148,6 +145,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
     app.include_router(ui_routes.router)  # /ui/: the session pages
     mount_mcp(app)  # /mcp: recall and search over MCP (ctxwarden.mcp.http)
     app.add_middleware(_CountRequests, metrics=metrics)
+    install(app)  # what no route expected: a JSON error too (failures.py)
 
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> Response:

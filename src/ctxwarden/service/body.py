@@ -2,21 +2,31 @@
 
 An agent's body is its whole history (hundreds of kilobytes each call), so it is parsed
 with ``orjson`` (a few times faster than :mod:`json`); what orjson refuses and
-:mod:`json` takes (a lone surrogate escape, ``NaN``, an integer beyond 64 bits, UTF-16)
-is parsed by :mod:`json`, so the result and every error are the stdlib's.
+:mod:`json` takes (an integer beyond 64 bits, UTF-16) is parsed by :mod:`json`, under the
+edge's rules (:mod:`.edge`): a lone surrogate, ``NaN`` and nesting past
+:data:`~.edge.MAX_PARSE_DEPTH` are a 400 naming what was wrong. Every route that takes a
+body reads it here (:func:`read_json`), so the size cap and those rules hold on each.
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Hashable
 from typing import Any
 
-import orjson
 from starlette.requests import Request
 
+from ctxwarden.service.body_memo import BodyMemo, Reading
+from ctxwarden.service.edge import check_model, check_raw, parse_checked
 from ctxwarden.service.errors import ServiceError
 
-__all__ = ["max_input_tokens_header", "model_and_messages", "parse_json", "read_body", "read_json"]
+__all__ = [
+    "max_input_tokens_header",
+    "model_and_messages",
+    "parse_json",
+    "read_body",
+    "read_chat",
+    "read_json",
+]
 
 
 async def read_json(request: Request, limit: int) -> dict[str, Any]:
@@ -42,19 +52,31 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
-    """``raw`` as a JSON object; 400 if it is not JSON or not an object."""
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        data = None
-    try:
-        if data is None:
-            data = json.loads(raw)
-    except ValueError as exc:
-        raise ServiceError(400, f"request body is not JSON: {exc}") from None
+    """``raw`` as a JSON object; 400 if it is not JSON (under the edge's rules,
+    :func:`~.edge.parse_checked`) or not an object."""
+    data = parse_checked(raw)
     if not isinstance(data, dict):
         raise ServiceError(400, "request body must be a JSON object")
     return data
+
+
+def read_chat(
+    memo: BodyMemo, scope: Hashable, raw: bytes, field: str = "messages"
+) -> tuple[Reading | None, dict[str, Any]]:
+    """A chat body read through the proxy's body memo (``scope``: route, tenant, session
+    header; ``field``: the list the client resends, ``input`` on ``/v1/responses``), under
+    the same rules as :func:`parse_json`: the memo's reading (or None when it did not read
+    this body) and the body."""
+    reading = memo.read(scope, raw, field=field)
+    if reading is None:
+        return None, parse_json(raw)
+    # the front it reused was checked when it was new: only the text after it is
+    start = reading.replaces.size if reading.replaces is not None else 0
+    nonfinite = reading.nonfinite and (
+        raw.find(b"NaN", start) >= 0 or raw.find(b"Infinity", start) >= 0
+    )
+    check_raw(raw, start=start, nonfinite=nonfinite)
+    return reading, reading.data
 
 
 def model_and_messages(data: dict[str, Any]) -> tuple[str, list[Any]]:
@@ -63,6 +85,7 @@ def model_and_messages(data: dict[str, Any]) -> tuple[str, list[Any]]:
     model, messages = data.get("model"), data.get("messages")
     if not isinstance(model, str) or not model:
         raise ServiceError(400, "model must be a non-empty string")
+    check_model(model)
     if not isinstance(messages, list) or not messages:
         raise ServiceError(400, "messages must be a non-empty list")
     return model, messages

@@ -224,7 +224,7 @@ class BodyMemo:
                 head, messages = list(known.head), [*known.messages, *new]
             else:
                 head, messages, last, tail = _walk(s, field)
-        except (_Unwalkable, UnicodeDecodeError):
+        except (_Unwalkable, UnicodeDecodeError, RecursionError):  # (the parse refuses depth)
             return None
         data = dict(head)  # json.loads's order: each key where first written, last value
         data[field] = messages

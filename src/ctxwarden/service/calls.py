@@ -25,7 +25,9 @@ def client_session_id(request: Request, tenant: Tenant, system: str, first_user:
     try:
         return valid_session_id(given)
     except InvalidMessageError as exc:
-        raise ServiceError(400, str(exc)) from None
+        raise ServiceError(
+            400, str(exc), code="invalid_session_id", param="x-ctxwarden-session"
+        ) from None
 
 
 def upstream_for(request: Request, api: str) -> Upstream:

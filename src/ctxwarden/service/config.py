@@ -52,6 +52,12 @@ class ServiceConfig:
     #: On an SQLite file, copy its log into the database in a thread of its own rather
     #: than in the commit that fills it (:mod:`ctxwarden.store.sqlite_checkpoint`).
     background_checkpoint: bool = True
+    #: A request's head (line and headers): at most this many bytes and headers, sent
+    #: within this many seconds; past any of them the connection gets 431/408 and ends
+    #: (:mod:`ctxwarden.service.http_limits`).
+    max_head_bytes: int = 64 * 1024
+    max_headers: int = 128
+    head_timeout: float = 15.0
 
     def __post_init__(self) -> None:
         if self.upstream is None and self.anthropic_upstream is None:
@@ -82,6 +88,11 @@ class ServiceConfig:
             )
         if self.store_threads is not None and not 0 <= self.store_threads <= 64:
             raise ConfigError(f"--store-threads must be between 0 and 64, got {self.store_threads}")
+        if self.max_head_bytes < 1024 or self.max_headers < 8 or self.head_timeout <= 0:
+            raise ConfigError(
+                "request head limits: at least 1 KB, 8 headers and a timeout > 0 s, got "
+                f"{self.max_head_bytes} bytes, {self.max_headers}, {self.head_timeout} s"
+            )
         if self.upstream_timeout <= 0:
             raise ConfigError(f"upstream timeout must be > 0 seconds, got {self.upstream_timeout}")
 

@@ -40,8 +40,9 @@ from ctxwarden.service.calls import check_spend
 from ctxwarden.service.errors import ServiceError, from_library
 from ctxwarden.service.hub import Hub
 from ctxwarden.service.pipeline import charge, finish, prepare
-from ctxwarden.service.prepared import Call, Prepared
+from ctxwarden.service.prepared import Call, Prepared, Replay
 from ctxwarden.service.recall_rounds import proxy_recall, settle
+from ctxwarden.service.replay import replayed
 from ctxwarden.service.sse import FrameSplitter
 from ctxwarden.service.upstream import Upstream, UpstreamFailure
 from ctxwarden.service.wire import StreamReader, Wire
@@ -72,6 +73,13 @@ async def forward(
             prepared = await hub.run(prepare, hub, call)
         except CtxwardenError as exc:
             raise from_library(exc) from exc
+        if isinstance(prepared, Replay):  # a retry: its stored reply (replay.py)
+            again = replayed(
+                wire.api, prepared.reply, call.model, stream=stream, session_id=prepared.session_id
+            )
+            if again is not None:
+                return again
+            raise ServiceError(409, "this request repeats the session's last call", code="retry")
         hub.metrics.labelled(hub.metrics.build_seconds, wire.api).observe(
             time.perf_counter() - started
         )

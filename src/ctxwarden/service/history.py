@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +31,7 @@ from ctxwarden import Session
 from ctxwarden.errors import InvalidMessageError, VersionConflict
 from ctxwarden.messages import Message, RawPart, TextPart
 from ctxwarden.store import SessionStore
+from ctxwarden.store.ids import new_id_problem
 from ctxwarden.store.service_tables import Head, get_head, put_head
 
 __all__ = [
@@ -46,17 +46,14 @@ __all__ = [
 ]
 
 BRANCH_MARK = "~b"
-_ID = re.compile(r"^[A-Za-z0-9._:@/-]{1,200}$")
 
 
 def valid_session_id(value: str) -> str:
-    """A client session id: 1–200 of ``A-Z a-z 0-9 . _ : @ / -`` (``~`` is kept for the
-    proxy's branches)."""
-    if not _ID.match(value):
-        raise InvalidMessageError(
-            f"X-Ctxwarden-Session must be 1-200 characters of A-Z a-z 0-9 . _ : @ / -, "
-            f"got {value[:60]!r}"
-        )
+    """A client session id: the one grammar (:mod:`ctxwarden.store.ids`; ``~`` is kept
+    for the proxy's branches, ``/`` for no new id)."""
+    problem = new_id_problem(value)
+    if problem is not None:
+        raise InvalidMessageError(f"X-Ctxwarden-Session: {problem}")
     return value
 
 
@@ -148,6 +145,9 @@ class Synced:
     chain: Any  # the running hash after the client's messages, to extend with the reply
     appended: int
     forked: bool
+    #: a retry of the call whose reply the session ends with: that reply, given back
+    #: (:mod:`ctxwarden.service.replay`); nothing was appended
+    replayed: Message | None = None
 
 
 def _chain(keys: Sequence[bytes], upto: int) -> tuple[Any, str | None]:
@@ -171,15 +171,30 @@ def sync_history(
     count: Callable[[Message], int],
     *,
     attempts: int = 3,
+    check: Callable[[list[Message]], None] | None = None,
+    request: str | None = None,
 ) -> Synced:
     """Append the new suffix of the client's history (``keys``, one per message;
     ``parse(start)`` gives the messages from ``start`` on) to the session its head names,
-    or to a new branch when the history does not extend it (see the module docstring)."""
+    or to a new branch when the history does not extend it (see the module docstring).
+    ``check(new)`` may refuse the new messages before anything is stored; ``request``
+    (the call's :func:`~ctxwarden.service.replay.request_digest`) lets a retry of the
+    session's last call be recognised (:attr:`Synced.replayed`)."""
     recount = False  # (see _try_sync)
     for _ in range(attempts):
         head = get_head(store, tenant, client_id)
         synced = _try_sync(
-            store, open_session, tenant, client_id, head, keys, parse, count, recount
+            store,
+            open_session,
+            tenant,
+            client_id,
+            head,
+            keys,
+            parse,
+            count,
+            recount,
+            check,
+            request,
         )
         if synced is not None:
             return synced
@@ -199,6 +214,8 @@ def _try_sync(
     parse: Callable[[int], list[Message]],
     count: Callable[[Message], int],
     recount: bool = False,
+    check: Callable[[list[Message]], None] | None = None,
+    request: str | None = None,
 ) -> Synced | None:
     """One attempt (``None``: lost a race, read the head again and retry). Whether the
     store moved without the head (a crash, another writer) is read from the store when
@@ -207,6 +224,10 @@ def _try_sync(
     has the next attempt read it."""
     seen = head.count if head is not None else 0
     running, at = _chain(keys, seen)
+    if request is not None and head is not None and seen == len(keys) + 1:  # a retry?
+        retried = _retried(open_session, head, running, request)
+        if retried is not None:
+            return Synced(retried[0], head, running, 0, False, replayed=retried[1])
     session: Session | None = None
     if head is not None and seen <= len(keys) and at == head.chain:
         session = open_session(head.session_id)
@@ -235,6 +256,8 @@ def _try_sync(
                 break
             branch += 1
         new, tokens = parse(0), 0
+    if check is not None and new:
+        check(new)
     tokens += sum(count(m) for m in new)
     moved = Head(
         tenant, client_id, session.session_id, branch, len(keys), running.hexdigest(), tokens
@@ -258,6 +281,30 @@ def _try_sync(
     elif not put_head(store, moved, expected=head):
         return None
     return Synced(session, moved, running, len(new), forked)
+
+
+def _retried(
+    open_session: Callable[[str], Session], head: Head, running: Any, request: str
+) -> tuple[Session, Message] | None:
+    """The session and its last message when the client's history (hashed in
+    ``running``) plus that message is exactly what the head says the client has, and
+    the message is a complete reply to the same ``request``: the client sent its last
+    call again."""
+    session = open_session(head.session_id)
+    store, tenant, sid = session.store, session.tenant, session.session_id
+    if store.count(tenant, sid) != head.count:
+        return None
+    rows = store.range(tenant, sid, head.count - 1, head.count)
+    if len(rows) != 1:
+        return None
+    reply = rows[0].message
+    if reply.role != "assistant" or reply.meta.get("partial"):
+        return None
+    if reply.meta.get("request") != request:  # (replay.REQUEST_META)
+        return None
+    chain = running.copy()
+    chain.update(message_key(reply))
+    return (session, reply) if chain.hexdigest() == head.chain else None
 
 
 class _HeadMoved(Exception):

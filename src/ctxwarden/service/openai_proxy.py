@@ -20,7 +20,7 @@ from starlette.responses import Response
 
 from ctxwarden import Usage
 from ctxwarden.errors import InvalidMessageError
-from ctxwarden.formats import message_from_openai
+from ctxwarden.formats import message_from_openai, message_to_openai
 from ctxwarden.formats.openai_json import messages_json_pieces, object_json_bytes
 from ctxwarden.memory.recall import recall_tool
 from ctxwarden.messages import Message
@@ -28,14 +28,15 @@ from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.body import (
     max_input_tokens_header,
     model_and_messages,
-    parse_json,
     read_body,
+    read_chat,
 )
 from ctxwarden.service.calls import SESSION_HEADER, client_session_id, upstream_for
 from ctxwarden.service.errors import ServiceError
 from ctxwarden.service.forward import forward
 from ctxwarden.service.history import content_text, wire_key
 from ctxwarden.service.prepared import Call, Prepared
+from ctxwarden.service.replay import request_digest
 from ctxwarden.service.schema import OPENAI_BODY, PROXY_ERRORS
 from ctxwarden.service.sse import OpenAIReply, parse_frame
 
@@ -128,7 +129,12 @@ class OpenAIWire:
             options = self.data.get("stream_options")
             out["stream_options"] = {**(options if isinstance(options, dict) else {})}
             out["stream_options"]["include_usage"] = True
-        messages = messages_json_pieces([*prepared.built.messages, *extra])
+        context = [*prepared.built.messages, *extra]
+        try:
+            messages = messages_json_pieces(context)
+        except UnicodeEncodeError:  # a lone surrogate a session stored before the text rule
+            out["messages"] = [message_to_openai(m) for m in context]
+            return json.dumps(out).encode()  # (as an escape, as the client sent it)
         return object_json_bytes(out, {"messages": messages})
 
     def from_json(self, data: Any) -> tuple[Message | None, Usage | None]:
@@ -154,8 +160,8 @@ async def chat_completions(request: Request, tenant: CurrentTenant) -> Response:
     hub = hub_of(request)
     upstream = upstream_for(request, "openai")
     raw = await read_body(request, hub.config.max_body_bytes)
-    reading = hub.bodies.read(("openai", tenant.name, request.headers.get(SESSION_HEADER)), raw)
-    data = reading.data if reading is not None else parse_json(raw)
+    scope = ("openai", tenant.name, request.headers.get(SESSION_HEADER))
+    reading, data = read_chat(hub.bodies, scope, raw)
     model, messages = model_and_messages(data)
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
@@ -182,6 +188,7 @@ async def chat_completions(request: Request, tenant: CurrentTenant) -> Response:
         parse=parse,
         max_input_tokens=max_input_tokens_header(request),
         tools=tools if isinstance(tools, list) else None,
+        request=request_digest(data),
     )
     stream = bool(data.get("stream"))
     return await forward(request, hub, upstream, OpenAIWire(data, stream), call, stream=stream)

@@ -19,20 +19,22 @@ the next call extends the head as before).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from ctxwarden import BuiltContext, Session, TokenCounter, Usage, estimate_cost, get_model
-from ctxwarden.errors import UnknownModelError, VersionConflict
+from ctxwarden.errors import BudgetError, ConfigError, UnknownModelError, VersionConflict
 from ctxwarden.messages import Message
 from ctxwarden.service.history import message_key, sync_history
 from ctxwarden.service.hub import Hub
-from ctxwarden.service.prepared import Call, Prepared
+from ctxwarden.service.prepared import Call, Prepared, Replay
 from ctxwarden.service.recall_rounds import proxy_recall
+from ctxwarden.service.replay import REQUEST_META
 from ctxwarden.store.service_tables import CallEnd, add_spend, end_call
+from ctxwarden.tokens.counter import REPLY_PRIMING
 
-__all__ = ["Call", "Prepared", "charge", "finish", "prepare"]
+__all__ = ["Call", "Prepared", "Replay", "charge", "finish", "prepare"]
 
 
 def _budget(hub: Hub, call: Call) -> int | None:
@@ -48,6 +50,55 @@ def _budget(hub: Hub, call: Call) -> int | None:
     if policy.max_input_tokens is not None or window is not None:
         asks.append(policy.budget_for(window))
     return min(asks)
+
+
+def _fits(
+    hub: Hub,
+    call: Call,
+    counter: TokenCounter,
+    budget: int | None,
+    tools: Sequence[Mapping[str, Any]] | None,
+) -> Callable[[list[Message]], None]:
+    """The build's first refusal, made before the call's messages are stored: a newest
+    user message that, with the system prompt it brings, the budget cannot hold (a 30 MB
+    message) is a :class:`~ctxwarden.errors.BudgetError` and nothing of the call is kept.
+    A part of the sum the build makes (:mod:`ctxwarden.build.engine`), so it refuses
+    nothing the build would take; what it leaves out (the tools, which cost a rendering
+    to count on every call, and a system prompt stored earlier) is left to the build,
+    which refuses as before. The tools are counted into the minimum it reports."""
+
+    def check(new: list[Message]) -> None:
+        newest = next((m for m in reversed(new) if m.role == "user"), None)
+        limit = budget if budget is not None else _policy_budget(hub, call)
+        if newest is None or limit is None:
+            return
+        system = 0
+        for m in new:
+            if m.role != "system":
+                break
+            system += counter.count_message(m)
+        minimum = REPLY_PRIMING + system + counter.count_message(newest)
+        if minimum > limit:
+            minimum += counter.count_tools(tools)
+            raise BudgetError(
+                f"budget of {limit:,} tokens cannot hold the system prompt and the newest "
+                f"user message: budget must be at least {minimum:,} tokens",
+                minimum=minimum,
+            )
+
+    return check
+
+
+def _policy_budget(hub: Hub, call: Call) -> int | None:
+    """The budget a build without an asked one takes: the policy's for the model."""
+    try:
+        window: int | None = get_model(call.model, hub.config.registry).context_window
+    except UnknownModelError:
+        window = None
+    try:
+        return call.tenant.policy.budget_for(window)
+    except ConfigError:
+        return None
 
 
 def _with_summary_job(
@@ -79,10 +130,17 @@ def _amend(
     return lambda built: then(first(built))
 
 
-def prepare(hub: Hub, call: Call) -> Prepared:
-    """Sync the history, build the context, store the build's audit (see the module)."""
+def prepare(hub: Hub, call: Call) -> Prepared | Replay:
+    """Sync the history, build the context, store the build's audit (see the module);
+    a retry of the session's last call is its :class:`Replay` (:mod:`.replay`)."""
     tenant = call.tenant.name
     counter = TokenCounter.for_model(call.model, hub.config.registry)
+    budget = _budget(hub, call)
+    tools = call.tools or None
+    if proxy_recall(call.tenant.policy, call.tools):  # offered upstream: counted in the budget
+        from ctxwarden.memory.recall import recall_tool
+
+        tools = [*(tools or ()), recall_tool()]
     synced = sync_history(
         hub.store,
         lambda sid: hub.session(tenant, sid, call.model),
@@ -91,16 +149,14 @@ def prepare(hub: Hub, call: Call) -> Prepared:
         call.keys,
         call.parse,
         counter.count_message,
+        check=_fits(hub, call, counter, budget, tools),
+        request=call.request,
     )
+    if synced.replayed is not None:
+        return Replay(call, synced.replayed, synced.session.session_id)
     if synced.forked:
         hub.metrics.branches.labels(call.api).inc()
-    budget = _budget(hub, call)
     kw: dict[str, Any] = {"max_input_tokens": budget} if budget is not None else {}
-    tools = call.tools or None
-    if proxy_recall(call.tenant.policy, call.tools):  # offered upstream: counted in the budget
-        from ctxwarden.memory.recall import recall_tool
-
-        tools = [*(tools or ()), recall_tool()]
     pending = synced.session.build_unlogged(
         model=call.model,
         policy=call.tenant.policy,
@@ -160,6 +216,8 @@ def finish(
         model=call.model,
         dollars=dollars,
     )
+    if reply is not None and call.request is not None:  # what a retry is recognised by
+        reply = replace(reply, meta={**reply.meta, REQUEST_META: call.request})
     if reply is not None:
         chain = synced.chain.copy()
         chain.update(message_key(reply))

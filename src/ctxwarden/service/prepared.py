@@ -14,7 +14,7 @@ from ctxwarden.service.history import Synced
 from ctxwarden.service.hub import Tenant
 from ctxwarden.session.pending_log import PendingLog
 
-__all__ = ["Call", "Prepared"]
+__all__ = ["Call", "Prepared", "Replay"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,9 @@ class Call:
     tools: Sequence[Mapping[str, Any]] | None = None
     amend: Callable[[BuiltContext], BuiltContext] | None = None
     """The route's last word on the build before it is logged (a warning in its audit)."""
+    #: the request apart from its messages (:func:`~ctxwarden.service.replay.request_digest`):
+    #: kept with the reply, a retry's is the same; None gives no replay
+    request: str | None = None
 
 
 @dataclass(frozen=True)
@@ -65,3 +68,13 @@ class Prepared:
             "x-ctxwarden-build-id": self.build_id,
             "x-ctxwarden-session": self.synced.session.session_id,
         }
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A retried call whose reply the session already holds (:mod:`.replay`): nothing is
+    built, stored or forwarded; ``reply`` is given back."""
+
+    call: Call
+    reply: Message
+    session_id: str

@@ -55,7 +55,7 @@ from ctxwarden.memory.recall import recall_tool
 from ctxwarden.messages import Message
 from ctxwarden.service.anthropic_json import object_bytes
 from ctxwarden.service.auth import CurrentTenant, hub_of
-from ctxwarden.service.body import max_input_tokens_header, parse_json, read_body
+from ctxwarden.service.body import max_input_tokens_header, read_body, read_chat
 from ctxwarden.service.calls import SESSION_HEADER, client_session_id, upstream_for
 from ctxwarden.service.errors import ServiceError, from_library
 from ctxwarden.service.forward import forward
@@ -235,8 +235,8 @@ async def responses(request: Request, tenant: CurrentTenant) -> Response:
     upstream = upstream_for(request, "openai")
     raw = await read_body(request, hub.config.max_body_bytes)
     scope = ("responses", tenant.name, request.headers.get(SESSION_HEADER))
-    reading = hub.bodies.read(scope, raw, field="input")  # the resent front: not parsed again
-    data = reading.data if reading is not None else parse_json(raw)
+    # the resent front is not parsed again; the text is checked under the edge's rules
+    reading, data = read_chat(hub.bodies, scope, raw, field="input")
     model, given, previous = data.get("model"), data.get("input"), data.get("previous_response_id")
     if not isinstance(model, str) or not model:
         raise ServiceError(400, "model must be a non-empty string")

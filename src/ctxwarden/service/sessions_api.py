@@ -4,14 +4,21 @@ Every route is scoped by the tenant the API key names: a session of another tena
 a 404, exactly like one that does not exist, so ids never leak across tenants. Routes
 parse, call :class:`ctxwarden.Session` (the library's API) in a worker thread, and
 answer JSON; the OpenAPI schema (``/openapi.json``) describes them.
+
+Bodies are read as the proxy reads its own (:func:`~ctxwarden.service.body.read_json`:
+the ``--max-body-mb`` cap, the edge's text and nesting rules), then validated against
+the route's model: every refusal is a 400 (413 above the cap) in OpenAI's error shape.
+Session ids follow the one grammar (:mod:`ctxwarden.store.ids`): a new one is refused
+unless it fits; an id outside it is still read and deleted when the store holds it
+(made before the rule), so the id is the rest of the path and may hold ``/``.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -19,12 +26,17 @@ from ctxwarden import Session
 from ctxwarden.errors import CtxwardenError
 from ctxwarden.formats import message_to_openai
 from ctxwarden.service.auth import CurrentTenant, hub_of
+from ctxwarden.service.body import read_json
+from ctxwarden.service.edge import readable
 from ctxwarden.service.errors import ServiceError, from_library
 from ctxwarden.service.hub import Hub, Tenant
 from ctxwarden.service.schema import ERRORS
+from ctxwarden.store.ids import new_id_problem, readable_id_problem, storable_id_problem
 from ctxwarden.store.service_tables import delete_session, list_builds
 
 __all__ = ["router"]
+
+_Body = TypeVar("_Body", bound="BaseModel")
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"], responses=ERRORS)
 
@@ -95,16 +107,55 @@ class Recalled(BaseModel):
 
 
 async def _run(hub: Hub, fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` in a worker thread, its answer readable as UTF-8 (:func:`~.edge.readable`:
+    a session stored before the text rule may hold a lone surrogate)."""
     try:
-        return await hub.run_aside(fn, *args)
+        return readable(await hub.run_aside(fn, *args))
     except CtxwardenError as exc:
         raise from_library(exc) from exc
 
 
 def _existing(hub: Hub, tenant: Tenant, session_id: str) -> Session:
     if hub.store.get_session(tenant.name, session_id) is None:
-        raise ServiceError(404, f"no session {session_id!r}")
+        problem = readable_id_problem(session_id)  # (not stored: say why it never could be)
+        raise ServiceError(400 if problem else 404, problem or f"no session {session_id!r}")
     return hub.session(tenant.name, session_id)
+
+
+def _storable(session_id: str) -> str:
+    """400 for an id the store could never hold (NUL, a lone surrogate, too long)."""
+    problem = storable_id_problem(session_id)
+    if problem is not None:
+        raise ServiceError(400, problem, code="invalid_session_id", param="session_id")
+    return session_id
+
+
+def _new(hub: Hub, tenant: Tenant, session_id: str) -> str:
+    """An id a write may use: the grammar's, or one the store already holds."""
+    _storable(session_id)
+    problem = new_id_problem(session_id)
+    if problem is not None and hub.store.get_session(tenant.name, session_id) is None:
+        raise ServiceError(400, problem, code="invalid_session_id", param="session_id")
+    return session_id
+
+
+def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The route's body in the OpenAPI schema (the route reads it itself, see the module)."""
+    schema = {"schema": model.model_json_schema()}
+    return {"requestBody": {"required": True, "content": {"application/json": schema}}}
+
+
+async def _body(request: Request, hub: Hub, model: type[_Body]) -> _Body:
+    """The request's body as ``model``: 413 above the cap, 400 for anything else wrong."""
+    data = await read_json(request, hub.config.max_body_bytes)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        detail = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ())) or 'body'}: {e.get('msg')}"
+            for e in exc.errors()
+        )
+        raise ServiceError(400, detail, code="invalid_request") from None
 
 
 def _info(record: Any) -> dict[str, Any]:
@@ -124,33 +175,7 @@ async def list_all(request: Request, tenant: CurrentTenant) -> Any:
     return {"sessions": [_info(r) for r in records]}
 
 
-@router.get("/{session_id}", response_model=SessionDetail)
-async def show(session_id: str, request: Request, tenant: CurrentTenant) -> Any:
-    hub = hub_of(request)
-
-    def detail() -> dict[str, Any]:
-        session = _existing(hub, tenant, session_id)
-        record = session.record
-        usage = record.total_usage
-        return {
-            **_info(record),
-            "summary": record.summary,
-            "facts": dict(record.facts),
-            "ledger": {"upto": session.ledger.upto, "entries": session.ledger.ledger.to_dict()},
-            "usage": {
-                "input_tokens": usage.input_tokens,
-                "output_tokens": usage.output_tokens,
-                "cached_input_tokens": usage.cached_input_tokens,
-                "cache_write_tokens": usage.cache_write_tokens,
-                "calls": usage.calls,
-            },
-            "cost_usd": record.dollars,
-        }
-
-    return await _run(hub, detail)
-
-
-@router.get("/{session_id}/messages", response_model=MessagePage)
+@router.get("/{session_id:path}/messages", response_model=MessagePage)
 async def messages(
     session_id: str,
     request: Request,
@@ -175,19 +200,27 @@ async def messages(
     return await _run(hub, page)
 
 
-@router.post("/{session_id}/messages", response_model=Appended)
-async def append(session_id: str, body: AppendBody, request: Request, tenant: CurrentTenant) -> Any:
+@router.post(
+    "/{session_id:path}/messages", response_model=Appended, openapi_extra=_body_schema(AppendBody)
+)
+async def append(session_id: str, request: Request, tenant: CurrentTenant) -> Any:
     """Append messages (creating the session when new); all or nothing."""
     hub = hub_of(request)
+    body = await _body(request, hub, AppendBody)
+    await _run(hub, _new, hub, tenant, session_id)
     async with hub.locked(tenant.name, session_id):
         seqs = await _run(hub, lambda: hub.session(tenant.name, session_id).append(body.messages))
     return {"seqs": seqs}
 
 
-@router.post("/{session_id}/build", response_model=BuildResult)
-async def build(session_id: str, body: BuildBody, request: Request, tenant: CurrentTenant) -> Any:
+@router.post(
+    "/{session_id:path}/build", response_model=BuildResult, openapi_extra=_body_schema(BuildBody)
+)
+async def build(session_id: str, request: Request, tenant: CurrentTenant) -> Any:
     """Build the context from the store as the proxy would (nothing is forwarded)."""
     hub = hub_of(request)
+    body = await _body(request, hub, BuildBody)
+    _storable(session_id)
     caps = [b for b in (body.max_input_tokens, tenant.record.max_input_tokens) if b]
     budget = min(caps) if caps else None
 
@@ -200,7 +233,7 @@ async def build(session_id: str, body: BuildBody, request: Request, tenant: Curr
         return await _run(hub, run)
 
 
-@router.get("/{session_id}/builds", response_model=BuildPage)
+@router.get("/{session_id:path}/builds", response_model=BuildPage)
 async def builds(
     session_id: str,
     request: Request,
@@ -226,7 +259,7 @@ async def builds(
     return await _run(hub, page)
 
 
-@router.get("/{session_id}/recall/{handle}", response_model=Recalled)
+@router.get("/{session_id:path}/recall/{handle}", response_model=Recalled)
 async def recall(session_id: str, handle: str, request: Request, tenant: CurrentTenant) -> Any:
     """The original of a stored message by its handle: ``cw:msg:<id>`` as the context
     shows it, ``m<seq>`` (the id the store gives a message without one of its own) or
@@ -250,13 +283,41 @@ async def recall(session_id: str, handle: str, request: Request, tenant: Current
     return await _run(hub, find)
 
 
-@router.delete("/{session_id}", status_code=204, response_class=Response)
+@router.get("/{session_id:path}", response_model=SessionDetail)  # (after the longer paths)
+async def show(session_id: str, request: Request, tenant: CurrentTenant) -> Any:
+    hub = hub_of(request)
+
+    def detail() -> dict[str, Any]:
+        session = _existing(hub, tenant, session_id)
+        record = session.record
+        usage = record.total_usage
+        return {
+            **_info(record),
+            "summary": record.summary,
+            "facts": dict(record.facts),
+            "ledger": {"upto": session.ledger.upto, "entries": session.ledger.ledger.to_dict()},
+            "usage": {
+                "input_tokens": usage.input_tokens,
+                "output_tokens": usage.output_tokens,
+                "cached_input_tokens": usage.cached_input_tokens,
+                "cache_write_tokens": usage.cache_write_tokens,
+                "calls": usage.calls,
+            },
+            "cost_usd": record.dollars,
+        }
+
+    return await _run(hub, detail)
+
+
+@router.delete("/{session_id:path}", status_code=204, response_class=Response)
 async def delete(session_id: str, request: Request, tenant: CurrentTenant) -> Response:
     """Delete the session with its messages, ledger and builds."""
     hub = hub_of(request)
+    _storable(session_id)
     async with hub.locked(tenant.name, session_id):
         found = await _run(hub, delete_session, hub.store, tenant.name, session_id)
     if not found:
-        raise ServiceError(404, f"no session {session_id!r}")
+        problem = readable_id_problem(session_id)
+        raise ServiceError(400 if problem else 404, problem or f"no session {session_id!r}")
     hub.forget(tenant.name, session_id)
     return Response(status_code=204)

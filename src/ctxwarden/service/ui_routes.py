@@ -1,13 +1,16 @@
 """``/ui/``: the session pages in a browser, signed in with a tenant key (R15).
 
 The sign-in form posts the key in its body (never in an address). The answer sets a
-cookie holding the key's SHA-256 (what the store keeps, see :mod:`.keys`), ``HttpOnly``
-(no script reads it), ``SameSite=Strict`` (no other site's page sends it) and
-``Secure`` behind HTTPS, on ``/ui`` only: it opens these read-only pages and nothing
-else, the proxy and the session API still want the key itself. Every request looks the
-hash up among the active tenants, so ``ctxwarden tenant revoke`` signs the browser out
-at once, in every replica, without a server secret to share. A session of another
-tenant is a 404, like one that does not exist.
+cookie signed by the server (:mod:`.ui_cookie`: the tenant and an expiry under an HMAC
+with the server's secret, kept in the store), ``HttpOnly`` (no script reads it),
+``SameSite=Strict`` (no other site's page sends it) and ``Secure`` behind HTTPS, on
+``/ui`` only: it opens these read-only pages and nothing else, the proxy and the
+session API still want the key itself. It holds nothing the store holds, so a leaked
+database row signs no one in. Every request checks the signature against the tenant's
+current key hash, so ``ctxwarden tenant revoke`` signs the browser out at once, in
+every replica; a cookie that does not check (forged, expired, signed before a rotation)
+is a 401 that clears it. A session of another tenant is a 404, like one that does not
+exist.
 
 Pages are rendered by :mod:`ctxwarden.ui` in a worker thread (the store is blocking),
 with a Content-Security-Policy that lets them load nothing from anywhere and run no
@@ -25,9 +28,12 @@ from fastapi import APIRouter, Query
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
+from ctxwarden.service import ui_cookie
 from ctxwarden.service.auth import hub_of
+from ctxwarden.service.edge import readable
 from ctxwarden.service.hub import Hub
 from ctxwarden.service.keys import hash_key
+from ctxwarden.store.page_auth import active_key_hash, page_secret
 from ctxwarden.store.service_tables import TenantRecord, list_builds, tenant_by_key_hash
 from ctxwarden.ui import (
     render_login,
@@ -63,7 +69,7 @@ router = APIRouter(prefix=ROOT, include_in_schema=False)
 def _html(body: str, status: int = 200, *, nonce: str = "none") -> HTMLResponse:
     """A page that may load nothing from anywhere, nor run any script but its own."""
     headers = {**_HEADERS, "Content-Security-Policy": _CSP.format(nonce=nonce)}
-    return HTMLResponse(body, status, headers=headers)
+    return HTMLResponse(readable(body), status, headers=headers)  # (edge.readable: old rows)
 
 
 def _not_found(what: str) -> HTMLResponse:
@@ -72,11 +78,38 @@ def _not_found(what: str) -> HTMLResponse:
 
 
 async def _tenant(request: Request) -> TenantRecord | None:
-    token = request.cookies.get(COOKIE)
-    if not token or len(token) != 64:
+    """The signed-in tenant, or None without a cookie; a cookie that does not check is
+    a 401 (:class:`_BadCookie`)."""
+    cookie = request.cookies.get(COOKIE)
+    if not cookie:
         return None
+    claim = ui_cookie.claimed_tenant(cookie)
     hub = hub_of(request)
-    return await hub.run_aside(tenant_by_key_hash, hub.store, token)
+    record = await hub.run_aside(_signed_in, hub, claim) if claim is not None else None
+    if record is None:
+        raise _BadCookie
+    return record
+
+
+def _signed_in(hub: Hub, claim: tuple[str, int, str]) -> TenantRecord | None:
+    tenant, expiry, mac = claim
+    key_hash = active_key_hash(hub.store, tenant)
+    if key_hash is None or not ui_cookie.check(
+        page_secret(hub.store), tenant, expiry, mac, key_hash
+    ):
+        return None
+    return tenant_by_key_hash(hub.store, key_hash)
+
+
+class _BadCookie(Exception):
+    """The request's cookie is forged, expired or no longer valid."""
+
+
+def _signed_out(request: Request) -> Response:
+    """401: the sign-in form, the cookie cleared."""
+    answer = _html(render_login(ROOT, error="signed out: sign in again"), 401)
+    answer.delete_cookie(COOKIE, path=ROOT, httponly=True, samesite="strict")
+    return answer
 
 
 def _to_login() -> Response:
@@ -97,7 +130,10 @@ async def root() -> Response:
 @router.get("/")
 async def sessions(request: Request) -> Response:
     """The tenant's sessions, or the sign-in form."""
-    tenant = await _tenant(request)
+    try:
+        tenant = await _tenant(request)
+    except _BadCookie:
+        return _signed_out(request)
     if tenant is None:
         return _html(render_login(ROOT))
     hub = hub_of(request)
@@ -117,9 +153,11 @@ async def login(request: Request) -> Response:
     if record is None:
         return _html(render_login(ROOT, error="unknown or revoked tenant key"), 401)
     answer = RedirectResponse(ROOT + "/", 303, headers=_HEADERS)
+    secret = await hub.run_aside(page_secret, hub.store)
     answer.set_cookie(
         COOKIE,
-        hash_key(key),
+        ui_cookie.sign(secret, record.tenant, hash_key(key)),
+        max_age=ui_cookie.LIFETIME,
         httponly=True,
         samesite="strict",
         secure=request.url.scheme == "https",
@@ -163,7 +201,10 @@ def _turn(hub: Hub, tenant: str, session_id: str, turn: int) -> str | None:
 @router.get("/sessions/{session_id:path}/turns/{turn}")
 async def turn_fragment(session_id: str, turn: int, request: Request) -> Response:
     """One turn's details alone, for the page's script (the page works without it)."""
-    tenant = await _tenant(request)
+    try:
+        tenant = await _tenant(request)
+    except _BadCookie:
+        return _signed_out(request)
     if tenant is None:
         return _html("sign in first", 401)
     hub = hub_of(request)
@@ -178,7 +219,10 @@ async def session(
     turn: Annotated[int | None, Query(ge=0)] = None,
 ) -> Response:
     """A session's page: the chart, the selected turn (default the newest), summary, facts."""
-    tenant = await _tenant(request)
+    try:
+        tenant = await _tenant(request)
+    except _BadCookie:
+        return _signed_out(request)
     if tenant is None:
         return _to_login()
     hub = hub_of(request)

@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Literal, overload
 
 from ctxwarden.caching import memoize
-from ctxwarden.errors import ConfigError, StoreError, VersionConflict
+from ctxwarden.errors import ConfigError, InvalidMessageError, StoreError, VersionConflict
 from ctxwarden.messages import Message
 from ctxwarden.registry.usage import Usage
 from ctxwarden.store.base import (
@@ -36,6 +36,7 @@ from ctxwarden.store.base import (
     read_as_pinned,
     storable_text,
 )
+from ctxwarden.store.ids import storable_id_problem
 from ctxwarden.store.migrations import Tx
 
 __all__ = ["SqlStore"]
@@ -135,6 +136,9 @@ class SqlStore(ABC):
         """Get the session, creating it when new (idempotent, safe under concurrency)."""
         if not tenant or not session_id:
             raise ValueError("tenant and session_id must be non-empty strings")
+        problem = storable_id_problem(session_id)
+        if problem is not None:  # (ids.py: the one grammar; the store refuses what it cannot hold)
+            raise InvalidMessageError(problem, field="session_id")
         now = time.time()
         with self._write() as tx:
             tx.execute(
@@ -148,6 +152,8 @@ class SqlStore(ABC):
         return _session(rows[0])
 
     def get_session(self, tenant: str, session_id: str) -> StoredSession | None:
+        if storable_id_problem(session_id) is not None:
+            return None  # not one the store could hold
         with self._read_one() as tx:
             rows = tx.execute(
                 f"SELECT {_SESSION_COLS} FROM ctxwarden_sessions {_WHERE}", (tenant, session_id)

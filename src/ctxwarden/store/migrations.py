@@ -242,6 +242,18 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE ctxwarden_build_contexts ADD COLUMN base TEXT",
         ),
     ),
+    Migration(
+        "011_service_secrets",
+        (
+            # the server secret that signs the session page's cookies
+            # (ctxwarden.store.page_auth): shared by every replica, rotated on request
+            """CREATE TABLE IF NOT EXISTS ctxwarden_secrets (
+                name TEXT PRIMARY KEY,
+                value TEXT NOT NULL,
+                created_at DOUBLE PRECISION NOT NULL
+            )""",
+        ),
+    ),
 )
 
 REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
