@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from ctxwarden._version import __version__
-from ctxwarden.cli import bench, build, count, models, serve, worker
+from ctxwarden.cli import bench, build, count, models, serve, tune, worker
 from ctxwarden.cli._common import handle_errors
 
 app = typer.Typer(
@@ -53,6 +53,7 @@ _register("explain", build.explain)
 _register("bench", bench.bench)
 _register("serve", serve.serve)
 _register("worker", worker.worker)
+_register("tune", tune.tune)
 app.add_typer(serve.tenant_app, name="tenant")
 
 from ctxwarden.cli.session import session_app  # noqa: E402  (needs the registered app above)
