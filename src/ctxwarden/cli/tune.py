@@ -121,7 +121,9 @@ def tune(
 
         output = run_tune(
             request,
-            on_problem=lambda p: err.print(f"[yellow]skipped[/] {p}", highlight=False),
+            on_problem=lambda p: err.print(
+                f"skipped {p}", highlight=False, markup=False, soft_wrap=True
+            ),
             progress=progress,
         )
     console = Console()

@@ -78,6 +78,7 @@ class Score:
     full_tokens: int
     prefix_calls: float  # share of calls whose previous context is a whole prefix
     kept_values: frozenset[tuple[int, int, str]] = frozenset()  # (session, call, value)
+    cost_per_session: tuple[float, ...] = ()  # effective input cost, session by session
 
     @property
     def feasible(self) -> bool:
@@ -153,7 +154,9 @@ def score_policy(
     tokens = full_tokens = prefix_hits = 0
     ours_cost = full_cost = 0.0
     kept_values: set[tuple[int, int, str]] = set()
+    per_session: list[float] = []
     for n, (run, plan) in enumerate(zip(sessions, plans, strict=True)):
+        cost_before = ours_cost
         builder = (
             EngineBuilder(model, loop=True, policy=policy)
             if summarizer is None
@@ -190,6 +193,7 @@ def score_policy(
                 previous = ctx
             full += counts[k]
         errors += builder.errors
+        per_session.append(ours_cost - cost_before)
     return Score(
         retention=kept / wanted if wanted else 1.0,
         cost=ours_cost / full_cost if full_cost else 1.0,
@@ -203,6 +207,7 @@ def score_policy(
         full_tokens=full_tokens,
         prefix_calls=prefix_hits / calls if calls else 0.0,
         kept_values=frozenset(kept_values),
+        cost_per_session=tuple(per_session),
     )
 
 

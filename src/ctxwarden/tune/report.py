@@ -36,11 +36,11 @@ def _row(label: str, s: Score) -> list[str]:
 HEADERS = (
     "policy",
     "retention",
-    "cost vs full + cache",
+    "cost vs full+cache",
     "tokens saved",
-    "whole-prefix calls",
+    "prefix kept",
     "violations",
-    "build errors",
+    "errors",
 )
 
 
@@ -58,10 +58,10 @@ def comparison(result: TuneResult) -> Grid:
     )
     fit = r.trials[r.tuned_trial].score if r.tuned_trial is not None else r.base_fit
     rows = [
-        _row("default, checking half", r.base_check),
-        _row("tuned, checking half", r.tuned_check),
-        _row("default, fitting half", r.base_fit),
-        _row("tuned, fitting half", fit),
+        _row("default, check", r.base_check),
+        _row("tuned, check", r.tuned_check),
+        _row("default, fit", r.base_fit),
+        _row("tuned, fit", fit),
     ]
     return title, HEADERS, rows
 
@@ -150,7 +150,13 @@ def _figure(result: TuneResult) -> Any:
         )
     pts = sorted((t.score.cost, t.score.retention) for t in ok if t.number in on_front)
     if pts:
-        front.plot(*zip(*pts, strict=True), "-o", c="#2a6", ms=4, label="front (fitting half)")
+        front.plot(
+            *zip(*pts, strict=True),
+            "-o",
+            c="#2a6",
+            ms=4,
+            label="front (no value the default keeps lost)",
+        )
     base = result.base_fit
     front.scatter([base.cost], [base.retention], s=60, c="#24c", marker="s", label="default")
     if result.tuned_trial is not None:
