@@ -5,6 +5,7 @@ policy holds on the checking half, the search is deterministic for a seed whatev
 from __future__ import annotations
 
 import json
+import tomllib
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from conftest import SHARED_DATA
 from typer.testing import CliRunner
 
-from ctxwarden import Message, Policy
+from ctxwarden import Message, Policy, build_context
 from ctxwarden.cli.main import app
 from ctxwarden.tune import read_sessions, score_policy, tune_policy
 from ctxwarden.tune.policy_file import tuned_tables
@@ -142,6 +143,36 @@ def test_default_params_round_trip_to_the_default_policy() -> None:
     bigger = apply_params(base, {"ledger.max_tokens": 900, "window.refill_ratio": 0.9})
     assert (bigger.ledger.max_tokens, bigger.window.refill_ratio) == (900, 0.9)
     assert replace(bigger, ledger=base.ledger, window=base.window) == base
+
+
+def test_the_written_policy_file_carries_the_knobs_into_a_build(tmp_path: Path) -> None:
+    """``policy_toml`` over a base policy file keeps the base's own keys and sets the
+    tuned ones; the build that loads it masks as the tuned knobs say."""
+    from ctxwarden.tune.policy_file import policy_toml
+
+    base_text = "recall_tool = true\n\n[recall]\nshare = 0.2\n"
+    base_data = tomllib.loads(base_text)
+    eager = apply_params(Policy(), {"mask.keep_last": 1, "mask.batch_tokens": 0})
+    path = tmp_path / "policy.toml"
+    path.write_text(policy_toml(eager, budget=5000, summarizer=False, base=base_data))
+    loaded = Policy.from_toml(path)
+    assert loaded.recall_tool and loaded.recall is not None and loaded.recall.share == 0.2
+    assert (loaded.mask.keep_last, loaded.mask.batch_tokens, loaded.max_input_tokens) == (
+        1,
+        0,
+        5000,
+    )
+    history: list[dict[str, object]] = [{"role": "system", "content": "Agent."}]
+    for i in range(4):
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "read", "arguments": "{}"}}
+        history += [
+            {"role": "user", "content": f"Read part {i}."},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{i}", "content": f"part {i} " * 200},
+        ]
+    masked = len(build_context(history, policy=loaded).audit.by_action("masked"))
+    default = len(build_context(history, max_input_tokens=5000).audit.by_action("masked"))
+    assert (masked, default) == (3, 0)
 
 
 @needs_data

@@ -15,6 +15,7 @@ from llm_servers import Recorded, Reply, ScriptedServer, openai_completion, open
 from service_harness import ProxyServer, add_tenant, cli
 
 from ctxwarden import Policy, TokenCounter, build_context, messages_from_openai, pairing_problems
+from ctxwarden.integrations._common import ContextBuilder
 
 pytest.importorskip("optuna")
 
@@ -128,7 +129,8 @@ def test_record_through_the_proxy_tune_on_the_store_and_serve_the_policy(tmp_pat
         serving.stop()
         upstream.stop()
 
-    # in-process: the same file, the same budget and knobs
+    # in-process, and the adapters' shared builder (LangChain, Agents SDK, pydantic-ai)
     built = build_context(SCRIPTS[1][:-1], model="gpt-4o", policy=Policy.from_toml(policy))
     assert built.audit.input_tokens <= BUDGET
-    assert Policy.from_toml(policy).mask == Policy.from_toml(policy.read_text("utf-8")).mask
+    adapter = ContextBuilder("gpt-4o", policy=Policy.from_toml(policy))
+    assert adapter.build(messages_from_openai(SCRIPTS[2][:-1])).audit.input_tokens <= BUDGET
