@@ -5,6 +5,8 @@ policy holds on the checking half, the search is deterministic for a seed whatev
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +17,7 @@ from typer.testing import CliRunner
 
 from ctxwarden import Message, Policy, build_context
 from ctxwarden.cli.main import app
+from ctxwarden.errors import MissingDependencyError
 from ctxwarden.tune import read_sessions, score_policy, tune_policy
 from ctxwarden.tune.policy_file import tuned_tables
 from ctxwarden.tune.replay import Score
@@ -125,6 +128,22 @@ def test_a_candidate_loses_nothing_the_default_keeps_and_saves_enough() -> None:
         TrialResult(6, {}, replace(_score({a, b}, 0.7), cost_per_session=(0.1, 0.6))),  # one
     ]
     assert [t.number for t in _candidates(trials)] == [5, 4]  # retention first, then cost
+
+
+def test_without_optuna_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "optuna", None)  # as if not installed
+    sessions = [("a", (Message.user("hi"),)), ("b", (Message.user("ho"),))]
+    with pytest.raises(MissingDependencyError, match=r"ctxwarden\[tune\]"):
+        tune_policy(sessions, 1000)
+
+
+def test_the_cli_imports_neither_optuna_nor_matplotlib() -> None:
+    code = (
+        "import sys, ctxwarden.cli.main\n"
+        "print('optuna' in sys.modules, 'matplotlib' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
 
 
 def test_split_is_by_session_seeded_and_needs_two() -> None:

@@ -21,8 +21,6 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from ctxwarden.tune.replay import CachePrices
-
 __all__ = ["tune"]
 
 
@@ -82,6 +80,7 @@ def tune(
 ) -> None:
     """Fit the policy to recorded sessions: retention kept, cost at cache prices cut."""
     from ctxwarden.errors import ConfigError
+    from ctxwarden.tune.replay import CachePrices
     from ctxwarden.tune.report import comparison, knobs, rich_table
     from ctxwarden.tune.run import TuneRequest, run_tune
 
