@@ -18,6 +18,7 @@ same history on one core or many.
 from __future__ import annotations
 
 import random
+import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -324,6 +325,8 @@ class _pool:
 
     def __enter__(self) -> Callable[[Callable[[Any], Score], Sequence[Any]], list[Score]]:
         if self.jobs > 1:
+            sys.stdout.flush()  # a forked worker would write out what is buffered again
+            sys.stderr.flush()
             self.executor = ProcessPoolExecutor(
                 self.jobs,
                 mp_context=get_context("fork"),
