@@ -2,13 +2,13 @@
 
 Sessions are split by session (never inside one) into a fitting half and a checking
 half, shuffled by the seed. The study has two objectives on the fitting half — needed-
-later retention (up) and cost at cache prices (down) — and one constraint: no invariant
-violation and no build over budget. The base policy is the first trial, so the search
-starts from it and the front always holds a point at least as good.
+later retention (up) and cost at cache prices (down) — and two constraints: no invariant
+violation or build over budget, and no needed value lost that the base policy keeps
+(:func:`losses`). The base policy is the first trial, so the search starts from it.
 
-The tuned policy is the cheapest feasible trial that keeps at least the base policy's
-retention on the fitting half; when none costs less, it is the base policy itself (the
-report says so). Both are then scored on the checking half, which the search never saw.
+The tuned policy is the best of :func:`_candidates` (it says which trials qualify and
+why); when none does, it is the base policy itself (the report says so). Both are then
+scored on the checking half, which the search never saw.
 
 Deterministic for a seed: trials are asked in batches of :data:`BATCH` whatever
 ``jobs`` is, scored (in ``jobs`` processes) and told in order, so the sampler sees the
