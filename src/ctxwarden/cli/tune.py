@@ -33,7 +33,9 @@ def tune(
             "with 'traj'), folders of them, ctxwarden SQLite stores.",
         ),
     ] = None,
-    budget: Annotated[int, typer.Option("--budget", help="Input token budget to tune for.")] = 0,
+    budget: Annotated[
+        int | None, typer.Option("--budget", help="Input token budget to tune for (required).")
+    ] = None,
     model: Annotated[str, typer.Option("--model", help="Model whose tokens are counted.")] = (
         "gpt-4o"
     ),
@@ -74,7 +76,8 @@ def tune(
     shrink: Annotated[
         bool,
         typer.Option(
-            "--shrink", help="Also search below the default's room (ledger, masking, truncation)."
+            "--shrink",
+            help="Also search below the default's room (ledger, masking, truncation, window).",
         ),
     ] = False,
 ) -> None:
@@ -84,7 +87,7 @@ def tune(
     from ctxwarden.tune.report import comparison, knobs, rich_table
     from ctxwarden.tune.run import TuneRequest, run_tune
 
-    if budget < 1:
+    if budget is None:
         raise ConfigError("give the budget to tune for: --budget N (input tokens)")
     err = Console(stderr=True)
     request = TuneRequest(
