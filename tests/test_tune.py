@@ -246,3 +246,18 @@ def test_cli_without_sessions_or_budget_is_a_one_line_error(tmp_path: Path) -> N
     assert "no readable session" in missing.stderr
     no_budget = runner.invoke(app, ["tune", str(tmp_path)])
     assert no_budget.exit_code == 2 and "--budget" in no_budget.stderr
+
+
+@needs_data
+def test_with_a_summariser_the_summary_trigger_is_searched_and_written(tmp_path: Path) -> None:
+    from ctxwarden.tune.policy_file import policy_toml
+
+    result = tune_policy(_sessions(TAU, 4), 2000, trials=3, summarizer="offline", seed=1)
+    assert {"summary.max_messages", "summary.keep_share", "summary.fill_ratio"} <= set(
+        result.trials[1].params
+    )
+    assert result.base_check.feasible and result.holds
+    text = policy_toml(result.tuned, budget=2000, summarizer=True)
+    loaded = Policy.from_toml(text)
+    assert loaded.summary.max_messages == result.tuned.summary.max_messages
+    assert loaded.summary.keep_recent < loaded.summary.max_messages
