@@ -88,7 +88,7 @@ def params_for(
     fitting sessions and 0.65 points on the 60 checking ones; a window dropping to a
     third of its room when it moves (0.30-0.34 instead of 0.75) lost nothing on 20
     fitting sessions, re-checked at 0.9 and 1.1 times the budget too, and 1-2 values
-    of 387-541 on the checking half (three seeds). The mask's batch, the other cache
+    of 387-541 on the checking half (two seeds of three). The mask's batch, the other cache
     knob, moves freely.
     """
     out: dict[str, float] = {}
