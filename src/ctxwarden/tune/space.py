@@ -84,8 +84,8 @@ def params_for(
     whole, the truncation threshold and depth, the window's low-water mark) is searched
     only from the ``base`` value up, unless ``shrink``: the fitting half can show that
     room went unused in the sessions it holds, not in the next ones. Measured on
-    tau-bench dev @2,000: a 100-token ledger instead of 600 lost no value in any of 60
-    fitting sessions and 0.65 points on the 60 checking ones; a window dropping to a
+    tau-bench dev @2,000: a 100-token ledger instead of 600 kept as many values in each
+    of 60 fitting sessions and lost 0.65 points on the 60 checking ones; a window dropping to a
     third of its room when it moves (0.30-0.34 instead of 0.75) lost nothing on 20
     fitting sessions, re-checked at 0.9 and 1.1 times the budget too, and 1-2 values
     of 387-541 on the checking half (two seeds of three). The mask's batch, the other cache
