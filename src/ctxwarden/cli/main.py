@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from ctxwarden._version import __version__
-from ctxwarden.cli import bench, build, count, mcp, models, serve, worker, wrap
+from ctxwarden.cli import bench, build, count, mcp, models, serve, tune, worker, wrap
 from ctxwarden.cli._common import handle_errors
 
 app = typer.Typer(
@@ -56,6 +56,7 @@ _register("worker", worker.worker)
 # wrap passes the agent's own options (after --, or unknown to wrap) through as COMMAND
 _register("wrap", wrap.wrap, context_settings={"ignore_unknown_options": True})
 _register("mcp", mcp.mcp)
+_register("tune", tune.tune)
 app.add_typer(serve.tenant_app, name="tenant")
 
 from ctxwarden.cli.session import session_app  # noqa: E402  (needs the registered app above)
