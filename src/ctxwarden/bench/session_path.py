@@ -216,3 +216,88 @@ def engine_path(
     last build of the same run), with ``summarizer`` when given."""
     engine = EngineBuilder(model, policy=policy, summarizer=summarizer)
     return engine.build
+
+
+LoCoMoPath = Callable[[Sequence[Message], int], list[dict[str, Any]]]
+"""(the messages of one question, budget) -> the context a path sends, as OpenAI dicts."""
+
+
+def session_locomo_path(store: str, model: str = "gpt-4o", *, prefix: str | None = None) -> Any:
+    """The session path of one LoCoMo question: a new session, ``append`` the messages,
+    ``summarize_sync("offline")``, ``build()`` with no summariser given (the stored
+    summary is laid out as the summariser that wrote it says)."""
+    from ctxwarden.session import Session
+
+    names = itertools.count()
+    tag = prefix or f"locomo-{uuid.uuid4().hex[:8]}"
+
+    def path(messages: Sequence[Message], budget: int) -> list[dict[str, Any]]:
+        with Session(store, f"{tag}-{next(names)}", model=model) as s:
+            s.append(messages)
+            s.summarize_sync("offline", max_input_tokens=budget)
+            return sent(s.build(model, max_input_tokens=budget).messages)
+
+    return path
+
+
+def locomo_paths(
+    convs: Sequence[dict[str, Any]],
+    budget: int = 4000,
+    model: str = "gpt-4o",
+    *,
+    paths: dict[str, LoCoMoPath],
+    questions: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """LoCoMo answer recall and fill per path, and how many questions each path sent the
+    in-memory context for. Each question is asked of the whole transcript with the
+    default policy and the offline summariser: in memory ``build_context(messages,
+    summarizer="offline")``, and through each of ``paths`` (``questions``: the first
+    that many of each conversation, all by default)."""
+    from ctxwarden import build_context
+    from ctxwarden.bench.traces import _vocabulary, answer_recall, locomo_transcript
+    from ctxwarden.tokens.counter import TokenCounter
+
+    counter = TokenCounter.for_model(model)
+    names = ["build_context", *paths]
+    recall: dict[str, list[float]] = {n: [] for n in names}
+    fill: dict[str, list[float]] = {n: [] for n in names}
+    equal = dict.fromkeys(paths, 0)
+    asked = 0
+    for n, conv in enumerate(convs):
+        transcript = locomo_transcript(conv)
+        qas = [q for q in conv["qa"] if q.get("category") in (1, 2, 3, 4) and "answer" in q]
+        for qa in qas[:questions]:
+            question = Message.user(str(qa["question"]), id="question")
+            messages = [*transcript, question]
+            want = sent(build_context(messages, model, budget, summarizer="offline").messages)
+            contexts = {"build_context": want}
+            for name, path in paths.items():
+                contexts[name] = got = path(messages, budget)
+                equal[name] += got == want
+            asked += 1
+            for name, context in contexts.items():
+                shown = [m for m in _parsed(context) if m.text != question.text]
+                r = answer_recall(str(qa["answer"]), *_vocabulary(shown))
+                if r is not None:
+                    recall[name].append(r)
+                fill[name].append(counter.count_messages(_parsed(context)).tokens / budget)
+        if progress:
+            progress(f"LoCoMo conversation {n + 1}/{len(convs)}")
+    return {
+        name: {
+            "answer_recall": round(sum(recall[name]) / len(recall[name]), 4)
+            if recall[name]
+            else 0.0,
+            "fill": round(sum(fill[name]) / len(fill[name]), 4) if fill[name] else 0.0,
+            "questions": asked,
+            **({"same_as_build_context": equal[name]} if name in equal else {}),
+        }
+        for name in names
+    }
+
+
+def _parsed(context: list[dict[str, Any]]) -> list[Message]:
+    from ctxwarden.formats.openai import messages_from_openai
+
+    return messages_from_openai(context)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ctxwarden.memory.facts import FactSchema
     from ctxwarden.memory.summaries import SummaryTrigger
 
-__all__ = ["SummaryWrite", "focusing", "summary_cycle"]
+__all__ = ["SummaryWrite", "summary_cycle"]
 
 
 @dataclass(frozen=True)
@@ -126,14 +126,3 @@ def _model_name(summarizer: Any) -> str:
     model = getattr(summarizer, "model", None)
     name = getattr(model, "name", model)
     return name if isinstance(name, str) and name else "summarizer"
-
-
-def focusing(summarizer: Any) -> Any:
-    """The summariser a build focuses the stored summary with: the spec ``"offline"``
-    as the offline summariser (focusing reads the stored text, whatever store size
-    wrote it); a provider spec cannot focus and is not resolved (no client is made)."""
-    if summarizer == "offline":
-        from ctxwarden.llm.offline import OfflineSummarizer
-
-        return OfflineSummarizer()
-    return summarizer

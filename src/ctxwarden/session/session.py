@@ -50,7 +50,7 @@ from ctxwarden.registry.catalog import Registry
 from ctxwarden.registry.usage import Usage
 from ctxwarden.session import state as session_state
 from ctxwarden.session.build_log import KEEP_BUILDS, KEEP_CONTEXTS, ContextMemo, log_build
-from ctxwarden.session.cycle import SummaryWrite, focusing, summary_cycle
+from ctxwarden.session.cycle import SummaryWrite, summary_cycle
 from ctxwarden.session.ledger_memo import SeqMemo
 from ctxwarden.session.pending_log import PendingLog
 from ctxwarden.session.tail_memo import TailMemo, check_appended, count_key, with_tail
@@ -462,7 +462,7 @@ class Session:
         model: str | None = None,
         policy: Policy | None = None,
         *,
-        summarizer: _SummarizerLike | None = None,
+        summarizer: str | _SummarizerLike | None = None,
         build_id: str | None = None,
         status: str = "built",
         amend: Callable[[BuiltContext], BuiltContext] | None = None,
@@ -497,6 +497,7 @@ class Session:
         from ctxwarden.build.engine import model_info, run_build
         from ctxwarden.build.inputs import check_build_options
         from ctxwarden.build.policy import Policy as PolicyClass
+        from ctxwarden.memory.cycle import summary_viewer
 
         check_build_options(model, policy, kw, session=True)
         model = model or self.model
@@ -520,6 +521,7 @@ class Session:
         notes: tuple[str, ...] = ()
         if policy.ledger.enabled:
             ckpt, notes = self._ledger_before(record, start, frozenset(seqs))
+        layers = session_state.layers_for(record, history, seqs)
         previous = session_state.state_for(record.sticky, seqs, self._saved)
         if previous is not None and self._ledger_memo is not None:
             previous = self._ledger_memo.for_slice(previous, seqs)
@@ -531,8 +533,10 @@ class Session:
             counter=TokenCounter.for_model(model, self.registry),
             state=previous if previous is not None else BuildState(),
             info=info,
-            layer_state=session_state.layers_for(record, history, seqs),
-            summarizer=focusing(summarizer if summarizer is not None else self.summarizer),
+            layer_state=layers,
+            summarizer=summary_viewer(
+                summarizer if summarizer is not None else self.summarizer, layers.summary
+            ),
             earlier=ckpt.ledger if ckpt is not None and len(ckpt.ledger) else None,
             tools=kw.get("tools"),
             pre=((), notes),
