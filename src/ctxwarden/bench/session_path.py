@@ -253,7 +253,8 @@ def locomo_paths(
     in-memory context for. Each question is asked of the whole transcript with the
     default policy and the offline summariser: in memory ``build_context(messages,
     summarizer="offline")``, and through each of ``paths`` (``questions``: the first
-    that many of each conversation, all by default)."""
+    that many of each conversation, all by default). Messages carry the ids a store
+    gives them (``m<seq>``), the question last."""
     from ctxwarden import build_context
     from ctxwarden.bench.traces import _vocabulary, answer_recall, locomo_transcript
     from ctxwarden.tokens.counter import TokenCounter
@@ -268,8 +269,10 @@ def locomo_paths(
         transcript = locomo_transcript(conv)
         qas = [q for q in conv["qa"] if q.get("category") in (1, 2, 3, 4) and "answer" in q]
         for qa in qas[:questions]:
-            question = Message.user(str(qa["question"]), id="question")
-            messages = [*transcript, question]
+            question = Message.user(str(qa["question"]))
+            # ids as a store names them: a proxy's client sends none, and the summary
+            # names the span it folded by them
+            messages = [m.with_id(f"m{i}") for i, m in enumerate([*transcript, question])]
             want = sent(build_context(messages, model, budget, summarizer="offline").messages)
             contexts = {"build_context": want}
             for name, path in paths.items():

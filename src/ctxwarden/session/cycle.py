@@ -72,13 +72,20 @@ async def summary_cycle(
             return None
         record = batch.session
         seen_seq = int(record.summary_levels.get("seen_seq", -1)) if record.summary_levels else -1
-        seen = sum(1 for s in batch.messages if s.seq <= seen_seq)
+        # the system prompt and pinned messages the summary never folds, though older than
+        # what it covers: the fill ratio counts them, as it does over a whole history
+        held = [
+            m.message
+            for m in session.store.pinned(session.tenant, session.session_id)
+            if m.seq <= record.summary_upto
+        ]
+        seen = len(held) + sum(1 for s in batch.messages if s.seq <= seen_seq)
         facts = Facts.from_json(record.facts)
         previous = LayerState(session_state.summary_state(record), facts, 0, seen)
         # 2. the model: no transaction, and no connection held while it thinks
         session.store.release()
         update = await summarize_history(
-            [m.message for m in batch.messages],
+            [*held, *(m.message for m in batch.messages)],
             previous,
             summarizer=chosen,
             trigger=trigger,
