@@ -268,3 +268,27 @@ def test_every_call_of_every_dev_run_through_serve(
     runs = _runs(which, tau_bench_path)
     calls, equal = _replay_served(runs, BUDGETS[which], route, served)
     assert equal == calls == sum(len(model_calls(r)) for r in runs)
+
+
+# -- the bench's rows through Session ------------------------------------------------------------
+
+
+def test_the_bench_rows_through_a_session_are_the_in_memory_rows(
+    tmp_path: Path, tau_bench_path: Path, locomo_path: Path
+) -> None:
+    """``ctxwarden bench`` reports the service's path beside the in-memory one: a tau-bench
+    row through a stored session at each budget, and LoCoMo questions through a session's
+    append → summarize_sync → build. Any difference between them fails here."""
+    from ctxwarden.bench.report import SESSION_ROW, TAU_BUDGETS, _locomo_paths, _tau
+    from ctxwarden.bench.traces import load_locomo
+
+    runs = json.loads(tau_bench_path.read_text("utf-8"))[:4]
+    small = tmp_path / "tau.json"
+    small.write_text(json.dumps(runs), "utf-8")
+    rows = _tau(small, None, False)["strategies"]
+    for budget in TAU_BUDGETS:
+        memory = rows[f"ctxwarden (agent loop) @{budget}"]
+        assert rows[f"{SESSION_ROW} @{budget}"] == memory and memory["calls"] > 0
+    paths = _locomo_paths(load_locomo(locomo_path)[:1], None)["rows"]
+    assert paths["session"]["same_as_build_context"] == paths["session"]["questions"] > 0
+    assert paths["session"]["answer_recall"] == paths["build_context"]["answer_recall"]
