@@ -73,15 +73,6 @@ def test_every_locomo_dev_question_through_a_session(
 # -- the agent loops with the offline summariser ---------------------------------------------
 
 
-_LOOP_GAP = (
-    "open (issue 35): with the offline summariser run before every call, the session's "
-    "context differs from build_context's on 5 of 85 calls of the tau subset (the facts "
-    "layer: a restated fact held back in memory, shown by the session) and 3 of 73 of the "
-    "swebench subset (the entity ledger after a fold)"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=_LOOP_GAP)
 @pytest.mark.parametrize("which", ["tau", "swe"])
 def test_dev_agent_loops_with_the_offline_summariser_through_a_session(
     which: str, tmp_path: Path, tau_bench_path: Path
@@ -91,7 +82,6 @@ def test_dev_agent_loops_with_the_offline_summariser_through_a_session(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=_LOOP_GAP)
 @pytest.mark.parametrize("which", ["tau", "swe"])
 def test_every_dev_call_with_the_offline_summariser_through_a_session(
     which: str, tmp_path: Path, tau_bench_path: Path

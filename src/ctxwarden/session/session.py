@@ -84,6 +84,9 @@ counted as at most one budget: a cold engine build walks back until it has passe
 times the room its window has (each message counted as at most that room, the last one
 crossing the line), and the room is at most the budget, so this reach holds that walk."""
 _ALL = 2**62  # tokens: every message of the window region is read
+RECENT_USERS = 2
+"""A build reads this many newest user messages: the newest is always kept, and the
+facts layer holds back a fact each of them restated (:mod:`ctxwarden.steps.layers`)."""
 LEDGER_SAVE_EVERY = 32
 """A build stores the advanced entity-ledger checkpoint when none is stored yet, or when
 it covers this many more messages than the stored one. Encoding a full ledger costs a
@@ -387,18 +390,22 @@ class Session:
         self, record: StoredSession, budget: int, counter: TokenCounter, from_seq: int | None
     ) -> tuple[int, list[StoredMessage] | None]:
         """The seq from which a build must read every message: where the engine's window
-        over the whole history would start. A build keeps messages of its window only
-        (pinned and first messages aside, read on their own), and the window starts at
-        the sticky start (``from_seq``) or, cold, where the engine's walk back from the
-        newest message stops (:data:`COLD_REACH`), never before
-        the summary's end, and never after the newest user message, which every build
-        keeps. Which messages of the window fit is decided by the build from their sizes
-        after truncation and masking; the session reads them all, so it never holds
-        less than the build over the full history would keep. Also returns the cold
-        walk's messages, when it walked."""
+        over the whole history would start — the sticky start (``from_seq``) or, cold,
+        where the engine's walk back from the newest message stops (:data:`COLD_REACH`),
+        never before the summary's end — and no later than the last
+        :data:`RECENT_USERS` user messages (the newest is always kept; the facts layer
+        reads both). Once there is a summary, every message it does not cover: its view
+        fills what they leave (:func:`~ctxwarden.steps.layers.fill_room`), and the
+        summary trigger bounds them. Pinned and first messages are read on their own.
+        Which messages of the window fit is decided by the build from their sizes after
+        truncation and masking; the session reads them all, so it never holds less than
+        the build over the full history would keep. Also returns the cold walk's
+        messages, when it walked."""
         floor = record.summary_upto + 1
         walk: list[StoredMessage] | None = None
-        if from_seq is not None:
+        if record.summary_upto >= 0:
+            begin = floor  # a summary's view fills what the messages it does not cover leave
+        elif from_seq is not None:
             begin = max(floor, from_seq)
         else:
             walk = self.store.tail(
@@ -412,21 +419,20 @@ class Session:
                 cap=budget,
             )
             begin = walk[0].seq if walk else floor
-        user = self._tails.newest_user(record.created_at, record.next_seq, self._read_newest_user)
-        return (begin if user is None else min(begin, user)), walk
+        read = partial(self._read_newest_users, RECENT_USERS)
+        users = self._tails.newest_users(record.created_at, record.next_seq, RECENT_USERS, read)
+        return (min(begin, users[0]) if users else begin), walk
 
-    def _read_newest_user(self) -> int | None:
+    def _read_newest_users(self, n: int) -> list[int]:
         store, tenant, sid = self.store, self.tenant, self.session_id
         if isinstance(store, SqlStore):
-            return store.newest_user(tenant, sid)
-        end, page = store.count(tenant, sid), 64
-        while end > 0:
+            return store.newest_users(tenant, sid, n)
+        end, page, found = store.count(tenant, sid), 64, list[int]()
+        while end > 0 and len(found) < n:  # pages back from the end, newest first
             rows = store.range(tenant, sid, max(0, end - page), end)
-            users = [m.seq for m in rows if m.message.role == "user"]
-            if users:
-                return users[-1]
+            found += [m.seq for m in reversed(rows) if m.message.role == "user"]
             end, page = end - page, page * 2
-        return None
+        return sorted(found[:n])
 
     def _ledger_before(
         self, record: StoredSession, start: int, skip: Container[int]

@@ -351,17 +351,18 @@ class SqlStore(ABC):
             )
         return [_message(r) for r in rows]
 
-    def newest_user(self, tenant: str, session_id: str, before_seq: int = _MAX_SEQ) -> int | None:
-        """The seq of the newest user message before ``before_seq`` (``None``: none): the
-        message every build keeps. Walks the primary key back from ``before_seq`` and
-        stops at the first, so it costs the messages after it, which a build reads anyway."""
+    def newest_users(self, tenant: str, session_id: str, n: int = 1) -> list[int]:
+        """The seqs of the ``n`` newest user messages, oldest first (fewer when there are
+        not): what every build reads. Walks the primary key back from the newest message
+        and stops at the ``n``-th, so it costs the messages after it, which a build reads
+        anyway."""
         with self._read_one() as tx:
             rows = tx.execute(
-                f"SELECT seq FROM ctxwarden_messages {_WHERE} AND seq < ? AND role = 'user' "
-                "ORDER BY seq DESC LIMIT 1",
-                (tenant, session_id, before_seq),
+                f"SELECT seq FROM ctxwarden_messages {_WHERE} AND role = 'user' "
+                "ORDER BY seq DESC LIMIT ?",
+                (tenant, session_id, n),
             )
-        return int(rows[0][0]) if rows else None
+        return sorted(int(r[0]) for r in rows)
 
     def count(self, tenant: str, session_id: str) -> int:
         """Messages stored (the session's next sequence number; no scan)."""
