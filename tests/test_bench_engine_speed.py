@@ -90,6 +90,23 @@ def test_prefix_stability_figures(report: dict[str, object]) -> None:
     assert set(report["passed"]) >= {"loop_ms", "cold_ms", "speedup", "cache_hit"}  # type: ignore[arg-type]
 
 
+def test_the_three_cold_build_figures_stand_beside_their_targets(
+    report: dict[str, object],
+) -> None:
+    """Issue 35: a stored session in a fresh process, and a cold build with no stored
+    state against trim_messages and alone, each judged (or ``None`` when not run)."""
+    targets, passed = report["targets"], report["passed"]
+    assert isinstance(targets, dict) and isinstance(passed, dict)
+    assert targets["fresh_session_ms"] == targets["fresh_cold_small_ms"] == 20.0
+    assert targets["fresh_cold_trim_ratio"] == 0.25
+    (row,) = report["sizes"]  # type: ignore[misc]
+    assert passed["fresh_session_ms"] == (row["fresh_session_ms"] <= 20.0)
+    assert passed["fresh_cold_small_ms"] == (row["cold_fresh_ms"] <= 20.0)
+    if "trim_ms" in row:
+        ratio = row["cold_fresh_ms"] / row["trim_ms"]
+        assert passed["fresh_cold_trim_ratio"] == (ratio <= 0.25)
+
+
 def test_traffic_is_deterministic_and_well_formed() -> None:
     a = list(islice(engine_speed.agent_traffic(3), 300))
     b = list(islice(engine_speed.agent_traffic(3), 300))

@@ -113,13 +113,20 @@ def test_the_bench_collects_before_a_case_and_not_during_it() -> None:
 
     from ctxwarden.bench.proxy import _collector_off
 
-    garbage: list[object] = []
-    garbage.append(garbage)  # a cycle only a collection frees
-    del garbage
+    collections: list[int] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop":
+            collections.append(info["generation"])
+
     assert gc.isenabled()
-    with _collector_off():
-        assert not gc.isenabled()
-        assert gc.get_count()[0] < 10  # just collected
+    gc.callbacks.append(seen)
+    try:
+        with _collector_off():
+            assert not gc.isenabled()
+            assert 2 in collections  # a full collection just before the case
+    finally:
+        gc.callbacks.remove(seen)
     assert gc.isenabled()
     with pytest.raises(RuntimeError), _collector_off():
         raise RuntimeError("a case failed")

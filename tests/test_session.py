@@ -495,12 +495,16 @@ def test_a_damaged_ledger_of_a_long_session_is_rebuilt_from_the_look_back_only(
         assert stored.to_dict() == _expected_ledger(s, upto, set(), s.ledger.since).to_dict()
 
 
-def test_a_bulk_append_to_a_built_session_keeps_the_old_values_and_seeds_the_rest(
-    url: str, sid: str
-) -> None:
+def test_a_bulk_append_to_a_built_session_is_read_from_the_window_start(url: str, sid: str) -> None:
+    """A built session has a stored window start, and the build over the whole history
+    starts its window there: the session reads every message appended since (the
+    values of those that do not fit reach the ledger as they do in ``build_context``),
+    not a backfill of the newest ones."""
+    history = [{"role": "system", "content": "You are a travel agent."}, *filler(300)]
     with Session(url, sid) as s:
-        s.append([{"role": "system", "content": "You are a travel agent."}, *filler(300)])
+        s.append(history)
         s.build(max_input_tokens=400)
+        full = build_context(history, max_input_tokens=400)
         before = s.ledger
         assert before.since == 0 and {"ZFA04Y", "#W2378156"} <= set(before.ledger.values())
         s.ledger_backfill = 100
@@ -508,18 +512,15 @@ def test_a_bulk_append_to_a_built_session_keeps_the_old_values_and_seeds_the_res
         added[600 - 301]["content"] = "Old ticket KPL93Z was closed."
         added[780 - 301]["content"] = "Late booking QXR8T2 is paid with gift_card_5550001."
         s.append(added)
+        history += added
         ranges = _recording(s.store)
         built = s.build(max_input_tokens=400)
-        after = s.ledger
-        start = ranges[-1][1]
-        assert (after.since, after.upto) == (start - 100, start - 1)
-        assert ranges == [(start - 101, start)]  # only the look-back was read
-        assert 600 < after.since <= 780 < start  # the premise: one skipped, one read
-        values = set(after.ledger.values())
-        assert set(before.ledger.values()) <= values  # the values it had stay
-        assert "QXR8T2" in values and "KPL93Z" not in values
-        (warning,) = built.audit.warnings
-        assert f"the older ones (seq {before.upto + 1}-{after.since - 1})" in warning
+        full = build_context(history, max_input_tokens=400, previous=full)
+        assert built.to_openai() == full.to_openai()
+        assert all(before <= 301 for _, before in ranges)  # no look-back into the append
+        for value in ("ZFA04Y", "#W2378156", "KPL93Z", "QXR8T2"):
+            assert value in _context_text(built)
+        assert not built.audit.warnings
 
 
 def test_without_the_ledger_the_session_build_is_the_full_build(url: str, sid: str) -> None:
@@ -597,6 +598,16 @@ def _summary_layer(built: Any) -> str | None:
     return text[len(SUMMARY_HEADING) :]
 
 
+class _Unfocused:
+    """A summariser that cannot focus a stored summary (as a model's)."""
+
+    async def summarize(self, messages: Any, previous: str | None = None) -> Any:
+        raise AssertionError("not called")
+
+    async def merge(self, summaries: Any) -> Any:
+        raise AssertionError("not called")
+
+
 def test_build_shows_the_summary_focused_on_the_question(url: str, sid: str) -> None:
     from test_engine_summary import travel_chat  # each trip told once
 
@@ -629,9 +640,10 @@ def test_build_shows_the_summary_focused_on_the_question(url: str, sid: str) -> 
             views[city] = shown
         assert "matcha ice cream" in views["Kyoto"] and "mole negro" in views["Oaxaca"]
         assert views["Kyoto"].count("Kyoto") > views["Oaxaca"].count("Kyoto")
-        # without a summariser that can focus, or without a share: as stored
+        # a session given no summariser shows it as the one that wrote it says (the
+        # offline one: focused), the same view on every path (the proxy's, a replica's)
         with Session(url, sid, policy=policy) as plain:
-            assert _summary_layer(plain.build(max_input_tokens=1200)) == stored
+            assert _summary_layer(plain.build(max_input_tokens=1200)) == views["Oaxaca"]
         # without a share, a summariser that can focus fills what the rest leaves: more
         # of the stored lines than the 25 % share shows, the budget held
         unshared = s.build(max_input_tokens=1200, policy=Policy())
@@ -642,7 +654,7 @@ def test_build_shows_the_summary_focused_on_the_question(url: str, sid: str) -> 
         # a summariser that cannot focus: the summary as stored within
         # summary.max_summary_share, its newest lines (the rest stays stored), and the
         # audit says so
-        with Session(url, sid) as plain:
+        with Session(url, sid, summarizer=_Unfocused()) as plain:
             written = plain.build(max_input_tokens=1200, policy=Policy())
         written_lines = (_summary_layer(written) or "").splitlines()
         assert 0 < len(written_lines) < len(stored.splitlines())

@@ -96,6 +96,12 @@ TARGETS = {
     # the smallest size (what a stateless replica pays for a session it has not seen)
     "loop_speedup": 1000.0,
     "fresh_cold_ms": 20.0,
+    # issue 35, the three cold-build figures: a replica's first build of a stored session
+    # in a fresh process <= 20 ms at the largest size; a cold build with no stored state
+    # <= 0.25x trim_messages at the largest size and <= 20 ms at the smallest
+    "fresh_session_ms": 20.0,
+    "fresh_cold_trim_ratio": 0.25,
+    "fresh_cold_small_ms": 20.0,
 }
 SIZES = (100, 1_000, 10_000)
 MODEL = "gpt-4o"
@@ -425,6 +431,10 @@ def run(
         small = min(rows, key=lambda r: r["messages"])
         if small.get("cold_fresh_ms") and "trim_ms" in small:
             passed["fresh_cold_small"] = small["cold_fresh_ms"] < small["trim_ms"]
+        if big.get("cold_fresh_ms"):
+            ratio = big["cold_fresh_ms"] / big["trim_ms"]
+            passed["fresh_cold_trim_ratio"] = ratio <= TARGETS["fresh_cold_trim_ratio"]
+    passed.update(_cold_targets(rows))
     return {
         "model": MODEL,
         "budget": budget,
@@ -436,6 +446,19 @@ def run(
         "prefix": prefix,
         "targets": dict(TARGETS),
         "passed": passed,
+    }
+
+
+def _cold_targets(rows: Sequence[dict[str, Any]]) -> dict[str, bool | None]:
+    """Verdicts of the cold-build figures that need no ``trim_messages`` (``None``: not
+    run): a stored session in a fresh process at the largest size, and a cold build in a
+    fresh process at the smallest."""
+    big = max(rows, key=lambda r: r["messages"])
+    small = min(rows, key=lambda r: r["messages"])
+    session, cold = big.get("fresh_session_ms"), small.get("cold_fresh_ms")
+    return {
+        "fresh_session_ms": None if session is None else session <= TARGETS["fresh_session_ms"],
+        "fresh_cold_small_ms": None if cold is None else cold <= TARGETS["fresh_cold_small_ms"],
     }
 
 

@@ -158,3 +158,30 @@ def print_report(report: dict[str, Any], *, per_call: bool = True) -> None:
         f"  cache hits {p['hit_rate']:.1%} >= {t['cache_hit']:.0%}  {_verdict(ok['cache_hit'])}"
     )
     console.print(f"  every context within budget  {_verdict(ok['within_budget'])}")
+    _cold_build_targets(console, report)
+
+
+def _cold_build_targets(console: Any, report: dict[str, Any]) -> None:
+    """The three cold-build figures beside their targets (issue 35)."""
+    t, ok = report["targets"], report["passed"]
+    big = max(report["sizes"], key=lambda r: r["messages"])
+    small = min(report["sizes"], key=lambda r: r["messages"])
+    trim = big.get("trim_ms")
+    cold = big.get("cold_fresh_ms")
+    ratio = cold / trim if cold and trim else None
+    console.print("[bold]cold builds[/] (timings on a shared machine: compare side by side)")
+    console.print(
+        f"  a replica's first build of a stored session, fresh process, at "
+        f"{big['messages']:,} messages {_f(big.get('fresh_session_ms'))} <= "
+        f"{t['fresh_session_ms']} ms  {_verdict(ok.get('fresh_session_ms'))}"
+    )
+    console.print(
+        f"  a cold build, no stored state, fresh process, at {big['messages']:,} messages "
+        f"{_f(cold)} = {_ratio(ratio)} trim_messages ({_f(trim, digits=1)}) <= "
+        f"{t['fresh_cold_trim_ratio']}x  {_verdict(ok.get('fresh_cold_trim_ratio'))}"
+    )
+    console.print(
+        f"  a cold build, no stored state, fresh process, at {small['messages']:,} messages "
+        f"{_f(small.get('cold_fresh_ms'))} <= {t['fresh_cold_small_ms']} ms  "
+        f"{_verdict(ok.get('fresh_cold_small_ms'))}"
+    )

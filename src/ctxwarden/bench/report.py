@@ -11,7 +11,9 @@ scripted laptop-shop agent with a real one. The report names both.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,10 @@ Progress = Callable[[str], None] | None
 TAU_BUDGETS = (2000, 1600)
 SWEBENCH_BUDGETS = (4000, 8000)
 LOCOMO_BUDGET = 4000
+LOCOMO_PATH_QUESTIONS = 5
+SESSION_ROW = "ctxwarden (session)"
+"""The row built through a stored Session (append, build before each call): the
+service's path, which must equal the in-memory agent-loop row."""
 SWEBENCH_FILE = Path("swebench-mini") / "swebench-verified-mini-gemini3-dev.json"
 
 
@@ -68,15 +74,17 @@ def _tau(path: Path, progress: Progress, peers: bool) -> dict[str, Any]:
     runs = load_tau_bench(path)
     strategies: dict[str, Any] = {}
     for budget in TAU_BUDGETS:
-        builders = {
-            "plain window": plain_builder(),
-            "ctxwarden (agent loop)": engine_builder(),
-            "ctxwarden (cold builds)": engine_builder(loop=False),
-            **_peer_builders(peers),
-        }
-        for name, builder in builders.items():
-            r = tau_retention(runs, budget, builder, progress=progress).to_json()
-            strategies[f"{name} @{budget}"] = _priced(_with_errors(r, builder))
+        with _session_builder() as session:
+            builders = {
+                "plain window": plain_builder(),
+                "ctxwarden (agent loop)": engine_builder(),
+                SESSION_ROW: session,
+                "ctxwarden (cold builds)": engine_builder(loop=False),
+                **_peer_builders(peers),
+            }
+            for name, builder in builders.items():
+                r = tau_retention(runs, budget, builder, progress=progress).to_json()
+                strategies[f"{name} @{budget}"] = _priced(_with_errors(r, builder))
     return {
         "description": "tau-bench airline: at every tool call, the share of its argument "
         "values (>= 3 characters) seen earlier that are still in the built context, per "
@@ -93,14 +101,16 @@ def _swebench(path: Path, progress: Progress, peers: bool) -> dict[str, Any]:
     runs = load_swebench(path)
     strategies: dict[str, Any] = {}
     for budget in SWEBENCH_BUDGETS:
-        builders = {
-            "plain window": plain_builder(),
-            "ctxwarden (agent loop)": engine_builder(),
-            **_peer_builders(peers),
-        }
-        for name, builder in builders.items():
-            r = swebench_retention(runs, budget, builder, progress=progress).to_json()
-            strategies[f"{name} @{budget}"] = _priced(_with_errors(r, builder))
+        with _session_builder() as session:
+            builders = {
+                "plain window": plain_builder(),
+                "ctxwarden (agent loop)": engine_builder(),
+                SESSION_ROW: session,
+                **_peer_builders(peers),
+            }
+            for name, builder in builders.items():
+                r = swebench_retention(runs, budget, builder, progress=progress).to_json()
+                strategies[f"{name} @{budget}"] = _priced(_with_errors(r, builder))
     return {
         "description": "swebench-mini (a bash coding agent): at every command, the share of "
         "its needed-later tokens (paths, dotted names, identifiers seen earlier; data "
@@ -128,12 +138,46 @@ def _with_errors(row: dict[str, Any], builder: Any) -> dict[str, Any]:
     return row
 
 
+@contextmanager
+def _session_builder() -> Iterator[Any]:
+    """A :class:`~ctxwarden.bench.session_path.SessionBuilder` on a fresh SQLite file:
+    the service's path (one stored session per run, built before each call)."""
+    from ctxwarden.bench.session_path import SessionBuilder
+
+    with tempfile.TemporaryDirectory() as tmp, SessionBuilder(f"sqlite:///{tmp}/bench.db") as b:
+        yield b
+
+
+def _locomo_paths(convs: list[dict[str, Any]], progress: Progress) -> dict[str, Any]:
+    """The first :data:`LOCOMO_PATH_QUESTIONS` questions of each conversation asked of
+    the whole transcript, in memory and through a session (append → summarize_sync →
+    build), with the offline summariser: recall, fill, and contexts equal."""
+    from ctxwarden.bench.session_path import locomo_paths, session_locomo_path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = session_locomo_path(f"sqlite:///{tmp}/locomo.db")
+        rows = locomo_paths(
+            convs,
+            LOCOMO_BUDGET,
+            paths={"session": path},
+            questions=LOCOMO_PATH_QUESTIONS,
+            progress=progress,
+        )
+    return {
+        "description": f"the first {LOCOMO_PATH_QUESTIONS} questions of each conversation, "
+        'each asked of the whole transcript: build_context(summarizer="offline") and a '
+        "session's append → summarize_sync → build (default policy)",
+        "rows": rows,
+    }
+
+
 def _locomo(path: Path, progress: Progress, summarizer: BenchSummarizer) -> dict[str, Any]:
     from ctxwarden.registry.cost import estimate_cost
     from ctxwarden.registry.usage import Usage
 
+    convs = load_locomo(path)
     result = locomo_recall(
-        load_locomo(path),
+        convs,
         LOCOMO_BUDGET,
         progress=progress,
         summarizer=summarizer if summarizer.real else None,
@@ -144,13 +188,16 @@ def _locomo(path: Path, progress: Progress, summarizer: BenchSummarizer) -> dict
             + r.get("summarizer_cost_usd", 0.0),
             6,
         )
-    return {
+    out = {
         "description": f"LoCoMo: answer recall of each question's context at "
         f"{LOCOMO_BUDGET:,} tokens (gpt-4o counts); ctxwarden's summaries by "
         f"{result['ctxwarden']['summarizer']}.",
         "file": str(path),
         "strategies": result,
     }
+    if not summarizer.real:  # the service's path, beside the in-memory one
+        out["paths"] = _locomo_paths(convs, progress)
+    return out
 
 
 def run_bench(

@@ -164,44 +164,60 @@ def plain_builder() -> Builder:
 class EngineBuilder:
     """ctxwarden's ``build_context`` with the default policy (or ``policy``). ``loop``:
     given its previous build of the same run, as an agent loop calls it; else every
-    build is cold (no ``previous``), as after a restart. A build that raises
+    build is cold (no ``previous``), as after a restart. ``summarizer`` (a spec such as
+    ``"offline"``) is passed to ``build_context``. A build that raises
     :class:`~ctxwarden.errors.BudgetError` (the budget cannot hold the system prompt
     and the newest turn) is counted in ``errors`` and the plain window is sent instead,
     as a caller's fallback would."""
 
-    def __init__(self, model: str = "gpt-4o", *, loop: bool = True, policy: Any = None):
-        self.model, self.loop, self.policy = model, loop, policy
+    def __init__(
+        self,
+        model: str = "gpt-4o",
+        *,
+        loop: bool = True,
+        policy: Any = None,
+        summarizer: Any = None,
+    ):
+        self.model, self.loop, self.policy, self.summarizer = model, loop, policy, summarizer
         self.errors = 0
         self.error_examples: list[str] = []
         self._run: list[Message] | None = None
         self._built: Any = None
 
-    def __call__(
-        self, before: Sequence[Message], counts: Sequence[int], budget: int
-    ) -> list[Message]:
+    def build(self, before: Sequence[Message], budget: int) -> Any:
+        """The :class:`~ctxwarden.BuiltContext` of ``before`` (raises what the build
+        raises; after an error the next build is cold)."""
         from ctxwarden import build_context
-        from ctxwarden.errors import BudgetError
 
         previous = None
         if self.loop and self._run is not None:
             n = len(self._run)
             if len(before) >= n and before[n - 1].fingerprint == self._run[-1].fingerprint:
                 previous = self._built
+        self._run = self._built = None
+        built = build_context(
+            before,
+            model=self.model,
+            max_input_tokens=budget,
+            previous=previous,
+            policy=self.policy,
+            summarizer=self.summarizer,
+        )
+        self._run, self._built = list(before), built
+        return built
+
+    def __call__(
+        self, before: Sequence[Message], counts: Sequence[int], budget: int
+    ) -> list[Message]:
+        from ctxwarden.errors import BudgetError
+
         try:
-            built = build_context(
-                before,
-                model=self.model,
-                max_input_tokens=budget,
-                previous=previous,
-                policy=self.policy,
-            )
+            built = self.build(before, budget)
         except BudgetError as exc:
             self.errors += 1
             if len(self.error_examples) < 3:
                 self.error_examples.append(str(exc)[:200])
-            self._run = self._built = None
             return plain_builder()(before, counts, budget)
-        self._run, self._built = list(before), built
         return list(built.messages)
 
 

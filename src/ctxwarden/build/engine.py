@@ -145,6 +145,10 @@ def build_context(
             resolved=resolved,
         )
         layer_state, pre, focus = update.state, (update.actions, update.warnings), resolved[0]
+    elif layer_state is not None:  # shown as the summariser that wrote it says
+        from ctxwarden.memory.cycle import summary_viewer
+
+        focus = summary_viewer(None, layer_state.summary)
     return run_build(
         history,
         model=model,

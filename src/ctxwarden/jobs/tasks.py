@@ -66,6 +66,7 @@ class WorkerResources:
     summarizer: Any
     extractor: Any
     settings: JobSettings
+    spec: str = ""  # as CTXWARDEN_SUMMARIZER gives it
 
 
 _RESOURCES: WorkerResources | None = None
@@ -154,7 +155,7 @@ def resources() -> WorkerResources:
                 )
             summarizer, extractor, _ = resolve_summarizer(spec)
             _RESOURCES = WorkerResources(
-                open_store(db), summarizer, extractor, JobSettings.from_env()
+                open_store(db), summarizer, extractor, JobSettings.from_env(), spec
             )
         return _RESOURCES
 
@@ -180,6 +181,7 @@ def summarize(
 ) -> str:
     """Run one summary cycle for the session; returns ``landed`` or ``unchanged``."""
     from ctxwarden import Session
+    from ctxwarden.memory.cycle import cycle_summarizer
     from ctxwarden.memory.summaries import SummaryTrigger
     from ctxwarden.store.job_log import end_attempt, start_attempt
 
@@ -189,10 +191,11 @@ def summarize(
     started = start_attempt(res.store, tenant, session_id, job_id, retries + 1)
     try:
         session = Session(res.store, session_id, tenant=tenant, model=model)
+        chosen, extractor = cycle_summarizer(res.spec, (res.summarizer, res.extractor, True))
         written = job_loop().run(
             session.summarize(
-                res.summarizer,
-                res.extractor,
+                chosen,
+                extractor,
                 trigger=SummaryTrigger(**trigger),
                 window=window,
             )

@@ -31,6 +31,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import ClassVar
 
 from ctxwarden.caching import memoize
 from ctxwarden.errors import CtxwardenError
@@ -201,8 +202,11 @@ class OfflineSummarizer:
     """Extractive summaries within ``max_tokens`` (meta-summaries within ``meta_max_tokens``).
 
     ``count_text`` counts tokens of a string (default: gpt-4o's tokenizer, offline).
+    ``summary_view``: builds given no summariser show what it wrote focused on each
+    request (:func:`ctxwarden.memory.cycle.summary_viewer`).
     """
 
+    summary_view: ClassVar[str] = "offline"
     max_tokens: int = 500
     meta_max_tokens: int = 1000
     count_text: Callable[[str], int] | None = field(default=None, compare=False)

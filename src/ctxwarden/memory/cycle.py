@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ctxwarden.errors import ConfigError
 from ctxwarden.memory.facts import FactExtractor, FactSchema
 from ctxwarden.memory.layer_state import LayerState
-from ctxwarden.memory.summaries import Summarizer, SummaryTrigger, summarize_cycle
+from ctxwarden.memory.summaries import Summarizer, SummaryState, SummaryTrigger, summarize_cycle
 from ctxwarden.messages import Message
 from ctxwarden.registry.usage import Usage
 from ctxwarden.steps.base import Action
@@ -80,6 +81,38 @@ def resolve_summarizer(
     if isinstance(model, str):  # pragma: no cover - parse_spec returns "offline" only
         raise ConfigError(f"unexpected summarizer spec {spec!r}")
     return LLMSummarizer(model), LLMFactExtractor(model, schema), False
+
+
+def summary_viewer(summarizer: Any, state: SummaryState | None) -> Any:
+    """The one decision of how the summary is laid out, and so what a fold plans for
+    (:func:`~ctxwarden.memory.summaries.view_fills`): the summariser a build is given
+    (the spec ``"offline"`` as the offline summariser; a provider spec cannot focus and is
+    not resolved), else the one the stored summary says wrote it
+    (:attr:`~ctxwarden.memory.summaries.SummaryState.view`). ``build_context``,
+    ``Session.build`` (the proxy's build, whose summary-due signal a worker acts on) and
+    the summary cycle all take it from here, so one summary is shown the same way on
+    every path, whichever of them wrote it."""
+    if summarizer is None and state is not None and state.view == "offline":
+        summarizer = "offline"
+    if summarizer == "offline":
+        from ctxwarden.llm.offline import OfflineSummarizer
+
+        return OfflineSummarizer()
+    return summarizer
+
+
+def cycle_summarizer(
+    spec: str, resolved: tuple[Summarizer, FactExtractor, bool]
+) -> tuple[str | Summarizer, FactExtractor | None]:
+    """What a long-lived process (the worker, ``serve --summarizer``) passes to
+    :meth:`ctxwarden.Session.summarize` for its configured ``spec``: the spec
+    ``"offline"`` itself, so each cycle sizes the offline summary for the budget it is
+    measured against as ``build_context(summarizer="offline")`` does (``resolved``
+    once, without a budget, would store another size); a provider spec's resolved
+    summariser and extractor (one client per process)."""
+    if spec == "offline":
+        return spec, None
+    return resolved[0], resolved[1]
 
 
 async def summarize_history(

@@ -35,6 +35,7 @@ class LayerState:
                 "as_of_id": s.as_of_id,
                 "version": s.version,
                 "cycles": s.cycles,
+                "view": s.view,
             },
             "facts": self.facts.to_json(),
             "cut": self.cut,
@@ -52,6 +53,7 @@ class LayerState:
             as_of_id=s.get("as_of_id"),
             version=int(s.get("version", 0)),
             cycles=int(s.get("cycles", 0)),
+            view=s.get("view"),
         )
         facts = Facts.from_json(data["facts"])
         return cls(summary, facts, int(data.get("cut", 0)), int(data.get("seen", 0)))

@@ -139,6 +139,9 @@ class SummaryState:
     ``covered_ids`` are the messages folded so far (the layout leaves them out);
     ``as_of_id`` is the newest message that existed at the last cycle (user turns are
     counted from there); ``version`` grows with every change (optimistic writes).
+    ``view`` says how builds given no summariser show it
+    (:func:`~ctxwarden.memory.cycle.summary_viewer`): ``"offline"`` when the offline
+    summariser wrote it (its sentences focused on each request), ``None`` as written.
     """
 
     summaries: tuple[str, ...] = ()
@@ -148,6 +151,7 @@ class SummaryState:
     as_of_id: str | None = None
     version: int = 0
     cycles: int = 0
+    view: str | None = None
 
     @property
     def text(self) -> str:
@@ -371,6 +375,14 @@ class QueryAwareSummarizer(Summarizer, Protocol):
         ...
 
 
+def view_of(summarizer: object) -> str | None:
+    """How a summary ``summarizer`` wrote is shown by builds that are given none: the
+    offline summariser's as a focused view (its ``summary_view``, ``"offline"``), any
+    other as written (see :func:`ctxwarden.memory.cycle.summary_viewer`)."""
+    view = getattr(type(summarizer), "summary_view", None)
+    return view if isinstance(view, str) else None
+
+
 def view_fills(trigger: SummaryTrigger, summarizer: object) -> bool:
     """Whether builds show the summary as a view that fills what the rest of the context
     leaves: no ``summary_share`` set and a summariser that can focus (the offline one).
@@ -451,7 +463,7 @@ async def summarize_cycle(
     usage = usage + result.usage
     if not result.text.strip():
         return CycleResult(state, facts, plan, usage, error="the summariser returned nothing")
-    new_state = state.apply(plan, result.text)
+    new_state = replace(state.apply(plan, result.text), view=view_of(summarizer))
     if not new_state.needs_meta(trigger.max_summaries):
         return CycleResult(new_state, new_facts, plan, usage)
     parts = [p for p in (new_state.meta_summary, new_state.level_one) if p]

@@ -161,6 +161,10 @@ def prepare(hub: Hub, call: Call) -> Prepared | Replay:
         model=call.model,
         policy=call.tenant.policy,
         tools=tools,
+        # the summary is laid out, and a due one planned, as the summariser the service
+        # runs (--summarizer, also given with --broker) would: the worker's fold and the
+        # next build's view are the ones build_context(summarizer=...) makes
+        summarizer=hub.config.summarizer,
         build_id=uuid.uuid4().hex,
         status="forwarded",
         amend=_amend(_with_summary_job(hub, call, synced.session), call.amend),

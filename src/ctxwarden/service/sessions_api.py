@@ -226,7 +226,12 @@ async def build(session_id: str, request: Request, tenant: CurrentTenant) -> Any
 
     def run() -> dict[str, Any]:
         session = _existing(hub, tenant, session_id)
-        built = session.build(model=body.model, policy=tenant.policy, max_input_tokens=budget)
+        built = session.build(
+            model=body.model,
+            policy=tenant.policy,
+            max_input_tokens=budget,
+            summarizer=hub.config.summarizer,  # laid out as the proxy lays it out
+        )
         return {"messages": built.to_openai(), "audit": built.audit.to_dict()}
 
     async with hub.locked(tenant.name, session_id):

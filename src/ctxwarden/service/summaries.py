@@ -37,6 +37,7 @@ class Summaries:
         from ctxwarden.memory.cycle import resolve_summarizer
 
         self.hub = hub
+        self.spec = spec
         self.summarizer, self.extractor, _ = resolve_summarizer(spec)
         self._running: set[tuple[str, str]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -83,10 +84,13 @@ class Summaries:
             self._running.discard(key)
 
     def _run(self, session: Session, tenant: Tenant, budget: int) -> Any:
+        from ctxwarden.memory.cycle import cycle_summarizer
+
+        chosen, extractor = cycle_summarizer(self.spec, (self.summarizer, self.extractor, True))
         return asyncio.run(
             session.summarize(
-                self.summarizer,
-                self.extractor,
+                chosen,
+                extractor,
                 trigger=tenant.policy.summary,
                 window=budget,
             )

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ctxwarden.memory.facts import FactSchema
     from ctxwarden.memory.summaries import SummaryTrigger
 
-__all__ = ["SummaryWrite", "focusing", "summary_cycle"]
+__all__ = ["SummaryWrite", "summary_cycle"]
 
 
 @dataclass(frozen=True)
@@ -72,13 +72,20 @@ async def summary_cycle(
             return None
         record = batch.session
         seen_seq = int(record.summary_levels.get("seen_seq", -1)) if record.summary_levels else -1
-        seen = sum(1 for s in batch.messages if s.seq <= seen_seq)
+        # the system prompt and pinned messages the summary never folds, though older than
+        # what it covers: the fill ratio counts them, as it does over a whole history
+        held = [
+            m.message
+            for m in session.store.pinned(session.tenant, session.session_id)
+            if m.seq <= record.summary_upto
+        ]
+        seen = len(held) + sum(1 for s in batch.messages if s.seq <= seen_seq)
         facts = Facts.from_json(record.facts)
         previous = LayerState(session_state.summary_state(record), facts, 0, seen)
         # 2. the model: no transaction, and no connection held while it thinks
         session.store.release()
         update = await summarize_history(
-            [m.message for m in batch.messages],
+            [*held, *(m.message for m in batch.messages)],
             previous,
             summarizer=chosen,
             trigger=trigger,
@@ -126,14 +133,3 @@ def _model_name(summarizer: Any) -> str:
     model = getattr(summarizer, "model", None)
     name = getattr(model, "name", model)
     return name if isinstance(name, str) and name else "summarizer"
-
-
-def focusing(summarizer: Any) -> Any:
-    """The summariser a build focuses the stored summary with: the spec ``"offline"``
-    as the offline summariser (focusing reads the stored text, whatever store size
-    wrote it); a provider spec cannot focus and is not resolved (no client is made)."""
-    if summarizer == "offline":
-        from ctxwarden.llm.offline import OfflineSummarizer
-
-        return OfflineSummarizer()
-    return summarizer

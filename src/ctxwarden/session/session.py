@@ -7,11 +7,12 @@
         built = s.build(model="gpt-4o", max_input_tokens=2000)
 
 ``build`` has the contract of :func:`ctxwarden.build_context` but reads only what can end
-up in the context — pinned messages, the newest tail that can fit (by the token counts
-stored at insert; from the last window's start once there is one), the summary, the
-facts and the previous build's sticky decisions — so it costs the same at 100 and
-100,000 messages. The entity ledger of everything older than that slice is a stored
-checkpoint each build advances by the messages that left the slice since
+up in the context — pinned messages, every message from where the build's window starts
+(the stored window start, else the engine's own walk back, and never after the newest
+user message, which every build keeps), the summary, the facts and the previous build's
+sticky decisions — so it costs what the window holds, not the whole history. The
+entity ledger of everything older than that slice is a stored checkpoint each build
+advances by the messages that left the slice since
 (:mod:`ctxwarden.store.ledger_checkpoint`), so in a session built turn by turn the ids
 and amounts of message 3 still reach the context at message 100,000, as they do in
 ``build_context`` over the full list. A session filled without builds (an import, a
@@ -49,11 +50,12 @@ from ctxwarden.registry.catalog import Registry
 from ctxwarden.registry.usage import Usage
 from ctxwarden.session import state as session_state
 from ctxwarden.session.build_log import KEEP_BUILDS, KEEP_CONTEXTS, ContextMemo, log_build
-from ctxwarden.session.cycle import SummaryWrite, focusing, summary_cycle
+from ctxwarden.session.cycle import SummaryWrite, summary_cycle
 from ctxwarden.session.ledger_memo import SeqMemo
 from ctxwarden.session.pending_log import PendingLog
 from ctxwarden.session.tail_memo import TailMemo, check_appended, count_key, with_tail
 from ctxwarden.store import SessionStore, StoredMessage, StoredSession, open_store
+from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.ledger_checkpoint import (
     LEDGER_BACKFILL,
     LedgerCheckpoint,
@@ -76,10 +78,15 @@ __all__ = ["PendingLog", "Session", "SummaryWrite", "count_key"]
 
 _HEAD_SLACK = 8  # system messages that may precede the first pinned conversation messages
 _CACHE_SIZE = 20_000
-TAIL_SLACK = 3
-"""The tail is read up to this many budgets of raw tokens: truncation and masking can make
-more messages fit than raw counts say, and a cold engine build walks back three budgets
-to place its window; still bounded by the budget, never by the history."""
+COLD_REACH = 4
+"""A session without a stored window start reads back this many budgets, each message
+counted as at most one budget: a cold engine build walks back until it has passed three
+times the room its window has (each message counted as at most that room, the last one
+crossing the line), and the room is at most the budget, so this reach holds that walk."""
+_ALL = 2**62  # tokens: every message of the window region is read
+RECENT_USERS = 2
+"""A build reads this many newest user messages: the newest is always kept, and the
+facts layer holds back a fact each of them restated (:mod:`ctxwarden.steps.layers`)."""
 LEDGER_SAVE_EVERY = 32
 """A build stores the advanced entity-ledger checkpoint when none is stored yet, or when
 it covers this many more messages than the stored one. Encoding a full ledger costs a
@@ -327,9 +334,9 @@ class Session:
         from_seq: int | None = None,
     ) -> list[StoredMessage]:
         """What a build reads: system and pinned messages, the first ``pin_first``
-        conversation messages, and the unsummarised tail that can fit (``TAIL_SLACK``
-        budgets of raw tokens, from ``from_seq`` on when given), in order; the tail
-        starts on a whole block."""
+        conversation messages, and every message from where the build's window starts
+        (``from_seq``, the stored window start, when given; see :meth:`_window_region`)
+        on, in order; the tail starts on a whole block."""
         return self._slice(budget, model, pin_first, from_seq, self.record)[0]
 
     def _slice(
@@ -356,17 +363,19 @@ class Session:
         read = partial(self.store.pinned, self.tenant, self.session_id)
         for m in self._tails.pinned(record.created_at, record.next_seq, read):  # as cached
             merged[m.seq] = replace(m, message=self._cache.setdefault(m.seq, m.message))
-        after = record.summary_upto if from_seq is None else max(record.summary_upto, from_seq - 1)
-        key, most = count_key(counter), budget * TAIL_SLACK
-        scope = (record.created_at, after, most, key)
-        tail = self._tails.tail(scope, record.next_seq, after, most, key, counter.count_message)
+        begin, walked = self._window_region(record, budget, counter, from_seq)
+        key = count_key(counter)
+        scope = (record.created_at, begin - 1, _ALL, key)
+        tail = self._tails.tail(scope, record.next_seq, begin - 1, _ALL, key, counter.count_message)
+        if tail is None and walked and walked[0].seq == begin:
+            tail = walked  # (every message from ``begin`` on: the walk read no more)
         if tail is None:
             tail = self.store.tail(
                 self.tenant,
                 self.session_id,
-                most,
+                _ALL,
                 key,
-                after_seq=after,
+                after_seq=begin - 1,
                 count=counter.count_message,
                 cache=self._cache,
             )
@@ -374,8 +383,56 @@ class Session:
         self._trim_cache()
         while len(tail) > 1 and tail[0].message.role == "tool":
             tail = tail[1:]  # its call is older than the tail: never send an orphan result
-        start = tail[0].seq if tail else after + 1
+        start = tail[0].seq if tail else begin
         return with_tail(merged, tail), start
+
+    def _window_region(
+        self, record: StoredSession, budget: int, counter: TokenCounter, from_seq: int | None
+    ) -> tuple[int, list[StoredMessage] | None]:
+        """The seq from which a build must read every message: where the engine's window
+        over the whole history would start — the sticky start (``from_seq``) or, cold,
+        where the engine's walk back from the newest message stops (:data:`COLD_REACH`),
+        never before the summary's end — and no later than the last
+        :data:`RECENT_USERS` user messages (the newest is always kept; the facts layer
+        reads both). Once there is a summary, every message it does not cover: its view
+        fills what they leave (:func:`~ctxwarden.steps.layers.fill_room`), and the
+        summary trigger bounds them. Pinned and first messages are read on their own.
+        Which messages of the window fit is decided by the build from their sizes after
+        truncation and masking; the session reads them all, so it never holds less than
+        the build over the full history would keep. Also returns the cold walk's
+        messages, when it walked."""
+        floor = record.summary_upto + 1
+        walk: list[StoredMessage] | None = None
+        if record.summary_upto >= 0:
+            begin = floor  # a summary's view fills what the messages it does not cover leave
+        elif from_seq is not None:
+            begin = max(floor, from_seq)
+        else:
+            walk = self.store.tail(
+                self.tenant,
+                self.session_id,
+                COLD_REACH * budget,
+                count_key(counter),
+                after_seq=record.summary_upto,
+                count=counter.count_message,
+                cache=self._cache,
+                cap=budget,
+            )
+            begin = walk[0].seq if walk else floor
+        read = partial(self._read_newest_users, RECENT_USERS)
+        users = self._tails.newest_users(record.created_at, record.next_seq, RECENT_USERS, read)
+        return (min(begin, users[0]) if users else begin), walk
+
+    def _read_newest_users(self, n: int) -> list[int]:
+        store, tenant, sid = self.store, self.tenant, self.session_id
+        if isinstance(store, SqlStore):
+            return store.newest_users(tenant, sid, n)
+        end, page, found = store.count(tenant, sid), 64, list[int]()
+        while end > 0 and len(found) < n:  # pages back from the end, newest first
+            rows = store.range(tenant, sid, max(0, end - page), end)
+            found += [m.seq for m in reversed(rows) if m.message.role == "user"]
+            end, page = end - page, page * 2
+        return sorted(found[:n])
 
     def _ledger_before(
         self, record: StoredSession, start: int, skip: Container[int]
@@ -411,7 +468,7 @@ class Session:
         model: str | None = None,
         policy: Policy | None = None,
         *,
-        summarizer: _SummarizerLike | None = None,
+        summarizer: str | _SummarizerLike | None = None,
         build_id: str | None = None,
         status: str = "built",
         amend: Callable[[BuiltContext], BuiltContext] | None = None,
@@ -446,6 +503,7 @@ class Session:
         from ctxwarden.build.engine import model_info, run_build
         from ctxwarden.build.inputs import check_build_options
         from ctxwarden.build.policy import Policy as PolicyClass
+        from ctxwarden.memory.cycle import summary_viewer
 
         check_build_options(model, policy, kw, session=True)
         model = model or self.model
@@ -469,6 +527,7 @@ class Session:
         notes: tuple[str, ...] = ()
         if policy.ledger.enabled:
             ckpt, notes = self._ledger_before(record, start, frozenset(seqs))
+        layers = session_state.layers_for(record, history, seqs)
         previous = session_state.state_for(record.sticky, seqs, self._saved)
         if previous is not None and self._ledger_memo is not None:
             previous = self._ledger_memo.for_slice(previous, seqs)
@@ -480,8 +539,10 @@ class Session:
             counter=TokenCounter.for_model(model, self.registry),
             state=previous if previous is not None else BuildState(),
             info=info,
-            layer_state=session_state.layers_for(record, history, seqs),
-            summarizer=focusing(summarizer if summarizer is not None else self.summarizer),
+            layer_state=layers,
+            summarizer=summary_viewer(
+                summarizer if summarizer is not None else self.summarizer, layers.summary
+            ),
             earlier=ckpt.ledger if ckpt is not None and len(ckpt.ledger) else None,
             tools=kw.get("tools"),
             pre=((), notes),

@@ -43,6 +43,7 @@ def levels_of(state: SummaryState, seen_seq: int = -1) -> dict[str, Any]:
         "as_of_id": state.as_of_id,
         "cycles": state.cycles,
         "seen_seq": seen_seq,
+        "view": state.view,
     }
 
 
@@ -62,6 +63,7 @@ def summary_state(record: StoredSession) -> SummaryState:
         as_of_id=levels.get("as_of_id"),
         version=record.version,
         cycles=int(levels.get("cycles", 0)),
+        view=levels.get("view"),
     )
 
 

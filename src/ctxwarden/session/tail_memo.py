@@ -61,10 +61,12 @@ class TailMemo:
         self._whole: tuple[list[StoredMessage], int] | None = None
         self._last_whole: int | None = None  # the tokens of ``_last``'s rows, when known
         self._pinned: tuple[float, int, tuple[StoredMessage, ...]] | None = None
+        self._user: tuple[float, int, tuple[int, ...]] | None = None  # newest user seqs
 
     def clear(self) -> None:
         self._appended.clear()
         self._last = self._pinned = None
+        self._user = None
         self._whole = self._last_whole = None
 
     def pinned(
@@ -85,6 +87,24 @@ class TailMemo:
         upto = max(next_seq, found[-1].seq + 1) if found else next_seq
         self._pinned = (created_at, upto, tuple(found))
         return found
+
+    def newest_users(
+        self, created_at: float, next_seq: int, n: int, read: Callable[[], list[int]]
+    ) -> list[int]:
+        """The seqs of the session's ``n`` newest user messages (oldest first) while it
+        holds ``next_seq`` messages: the last ones ``read()`` gave, moved on by the
+        messages this session appended since, else ``read()``."""
+        if self._user is not None:
+            was, upto, found = self._user
+            new = [self._appended.get(seq) for seq in range(upto, next_seq)]
+            if was == created_at and next_seq >= upto and None not in new and len(found) <= n:
+                users = [r.seq for r in new if r is not None and r.message.role == "user"]
+                found = (*found, *users)[-n:]
+                self._user = (created_at, next_seq, found)
+                return list(found)
+        got = tuple(read())  # (read after next_seq was: it may have seen newer ones)
+        self._user = (created_at, max(next_seq, got[-1] + 1) if got else next_seq, got)
+        return list(got)
 
     def appended(self, seq: int, message: Message, counts: Mapping[str, int]) -> None:
         """A message this session stored at ``seq`` (as the store reads it back)."""

@@ -274,9 +274,12 @@ class SqlStore(ABC):
         min_messages: int = 1,
         count: Callable[[Message], int] | None = None,
         cache: MutableMapping[int, Message] | None = None,
+        cap: int | None = None,
     ) -> list[StoredMessage]:
         """The newest messages (seq > ``after_seq``) whose ``encoding`` counts fit in
-        ``max_tokens``, oldest first; at least ``min_messages`` whatever their size.
+        ``max_tokens``, oldest first; at least ``min_messages`` whatever their size. With
+        ``cap``, a message counts as at most ``cap`` tokens (the engine's cold walk back
+        counts so, :mod:`ctxwarden.steps.window`).
 
         Reads ``(seq, token_counts)`` backwards along the primary key in growing chunks
         and stops at the first message that does not fit, so the cost is bounded by the
@@ -306,6 +309,8 @@ class SqlStore(ABC):
                             f"message {seq} has no token count for {encoding!r} "
                             f"(stored: {', '.join(counts) or 'none'}); pass count="
                         )
+                    if cap is not None:
+                        size = min(size, cap)
                     if used + size > max_tokens and len(chosen) >= min_messages:
                         full = True
                         break
@@ -351,6 +356,19 @@ class SqlStore(ABC):
                 (tenant, session_id),
             )
         return [_message(r) for r in rows]
+
+    def newest_users(self, tenant: str, session_id: str, n: int = 1) -> list[int]:
+        """The seqs of the ``n`` newest user messages, oldest first (fewer when there are
+        not): what every build reads. Walks the primary key back from the newest message
+        and stops at the ``n``-th, so it costs the messages after it, which a build reads
+        anyway."""
+        with self._read_one() as tx:
+            rows = tx.execute(
+                f"SELECT seq FROM ctxwarden_messages {_WHERE} AND role = 'user' "
+                "ORDER BY seq DESC LIMIT ?",
+                (tenant, session_id, n),
+            )
+        return sorted(int(r[0]) for r in rows)
 
     def count(self, tenant: str, session_id: str) -> int:
         """Messages stored (the session's next sequence number; no scan)."""

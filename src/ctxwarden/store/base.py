@@ -133,6 +133,7 @@ class SessionStore(Protocol):
         min_messages: int = 1,
         count: Callable[[Message], int] | None = None,
         cache: MutableMapping[int, Message] | None = None,
+        cap: int | None = None,
     ) -> list[StoredMessage]: ...
 
     def pinned(self, tenant: str, session_id: str) -> list[StoredMessage]:
