@@ -25,6 +25,7 @@ from ctxwarden.memory.summaries import Summarizer, SummaryTrigger, summarize_cyc
 from ctxwarden.messages import Message
 from ctxwarden.registry.usage import Usage
 from ctxwarden.steps.base import Action
+from ctxwarden.telemetry import SUMMARIZE_SPAN, layer_update_attributes, traced_async
 
 __all__ = ["LayerUpdate", "resolve_summarizer", "summarize_history", "summarize_history_sync"]
 
@@ -82,6 +83,7 @@ def resolve_summarizer(
     return LLMSummarizer(model), LLMFactExtractor(model, schema), False
 
 
+@traced_async(SUMMARIZE_SPAN, layer_update_attributes)
 async def summarize_history(
     history: Sequence[Message],
     previous: LayerState | None,

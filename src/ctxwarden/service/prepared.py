@@ -13,6 +13,7 @@ from ctxwarden.messages import Message
 from ctxwarden.service.history import Synced
 from ctxwarden.service.hub import Tenant
 from ctxwarden.session.pending_log import PendingLog
+from ctxwarden.telemetry import CallTrace
 
 __all__ = ["Call", "Prepared"]
 
@@ -32,6 +33,7 @@ class Call:
     parse: Callable[[int], list[Message]]
     max_input_tokens: int | None = None
     tools: Sequence[Mapping[str, Any]] | None = None
+    trace: CallTrace | None = None  # the call's span, when the process traces
 
 
 @dataclass(frozen=True)

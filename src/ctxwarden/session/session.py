@@ -62,6 +62,14 @@ from ctxwarden.store.ledger_checkpoint import (
     load_checkpoint,
     remember_checkpoint,
 )
+from ctxwarden.telemetry import (
+    BUILD_SPAN,
+    SUMMARIZE_SPAN,
+    pending_attributes,
+    summary_write_attributes,
+    traced,
+    traced_async,
+)
 from ctxwarden.tokens.counter import TokenCounter
 
 if TYPE_CHECKING:
@@ -406,6 +414,7 @@ class Session:
         pending.log()
         return pending.built
 
+    @traced(BUILD_SPAN, pending_attributes)
     def build_unlogged(
         self,
         model: str | None = None,
@@ -527,6 +536,7 @@ class Session:
 
     # -- summarisation cycle ----------------------------------------------------------------
 
+    @traced_async(SUMMARIZE_SPAN, summary_write_attributes)
     async def summarize(
         self,
         summarizer: str | _SummarizerLike | None = None,
