@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -355,3 +356,124 @@ def test_proxy_without_an_sdk_adds_no_span_and_no_header(tmp_path: Path) -> None
     assert out["status"] == 200 and out["reply"] == "ok"
     assert out["traceparent"] is None  # as before: the proxy adds no header of its own
     assert out["sdk"] is False
+
+
+# -- ctxwarden serve, configured the standard way -----------------------------------------
+
+
+def test_serve_exports_the_call_and_its_build_over_otlp(tmp_path: Path) -> None:
+    """The real server process with ``OTEL_EXPORTER_OTLP_ENDPOINT``: its spans reach an
+    OTLP/HTTP receiver (a scripted one here: it decodes what the SDK's exporter sent)."""
+    import urllib.request
+
+    from service_harness import ProxyServer
+    from service_harness import add_tenant as cli_add_tenant
+
+    receiver = ScriptedServer(lambda r: Reply(body={})).start()
+    upstream = ScriptedServer(_upstream_answer).start()
+    db = f"sqlite:///{tmp_path / 'serve.db'}"
+    key = cli_add_tenant(db, "t")
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "50",
+           "OTEL_SERVICE_NAME": "ctxwarden-test"}  # fmt: skip
+    server = ProxyServer(db, upstream=upstream.url + "/v1", env=env)
+    try:
+        body = json.dumps({"model": "gpt-4o", "messages": _agent_history(4)}).encode()
+        request = urllib.request.Request(server.url + "/v1/chat/completions", data=body,
+            headers={"authorization": f"Bearer {key}", "content-type": "application/json",
+                     "traceparent": TRACEPARENT})  # fmt: skip
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            assert answer.status == 200
+    finally:
+        server.stop()  # the provider flushes its spans on the way out
+        receiver.stop()
+        upstream.stop()
+    found = {
+        span.name: span for service, span in _exported(receiver) if service == "ctxwarden-test"
+    }
+    call, build = found["chat gpt-4o"], found["ctxwarden.build"]
+    assert call.trace_id.hex() == CLIENT_TRACE and call.parent_span_id.hex() == CLIENT_PARENT
+    assert build.trace_id == call.trace_id and build.parent_span_id == call.span_id
+    attrs = {a.key: a.value for a in call.attributes}
+    assert attrs["gen_ai.provider.name"].string_value == "openai"
+    assert attrs["gen_ai.usage.input_tokens"].int_value == 42
+    assert attrs["gen_ai.usage.output_tokens"].int_value == 4
+    [forwarded] = upstream.requests
+    assert forwarded.headers["traceparent"] == f"00-{CLIENT_TRACE}-{call.span_id.hex()}-01"
+
+
+def _exported(receiver: ScriptedServer) -> list[tuple[str, Any]]:
+    """(service name, span) of every span an OTLP/HTTP exporter sent ``receiver``."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    out = []
+    for sent in receiver.requests:
+        assert sent.path == "/v1/traces"
+        message = ExportTraceServiceRequest.FromString(sent.body)
+        for resource in message.resource_spans:
+            named = {a.key: a.value.string_value for a in resource.resource.attributes}
+            for scope in resource.scope_spans:
+                out += [(named["service.name"], span) for span in scope.spans]
+    return out
+
+
+def test_the_workers_summary_job_joins_the_calls_trace(
+    pg_schema_url: str | None, tmp_path: Path
+) -> None:
+    """``serve --broker`` enqueues the summary a build found due with the build's
+    ``traceparent``; the Celery worker's ``ctxwarden.summarize`` span continues it."""
+    import os
+    import urllib.request
+    import uuid
+
+    from service_harness import ProxyServer
+    from service_harness import add_tenant as cli_add_tenant
+    from test_replicas import Worker
+
+    from ctxwarden.bench.scale_upstream import ScaleUpstream
+    from ctxwarden.store.job_log import job_attempts
+
+    redis = os.environ.get("CTXWARDEN_TEST_REDIS")
+    if not redis or not pg_schema_url:
+        pytest.skip("set CTXWARDEN_TEST_REDIS and CTXWARDEN_TEST_POSTGRES to run the worker")
+    db, queue = pg_schema_url, f"ctxw-otel-{uuid.uuid4().hex[:8]}"
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[summary]\nmax_messages = 6\nkeep_recent = 2\n")
+    receiver = ScriptedServer(lambda r: Reply(body={})).start()
+    upstream = ScaleUpstream(summary_delay=0.0).start()
+    key = cli_add_tenant(db, "t")
+    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    server = ProxyServer(db, upstream=upstream.url, env={**otel, "CTXWARDEN_JOB_QUEUE": queue},
+                         extra=("--policy", str(policy), "--broker", redis))  # fmt: skip
+    worker = Worker(db, redis, queue, upstream.url, tmp_path / "worker.log", **otel)
+    try:
+        turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " * 30}
+                 for i in range(13)]  # fmt: skip
+        body = json.dumps({"model": "gpt-4o", "messages": turns}).encode()
+        request = urllib.request.Request(server.url + "/v1/chat/completions", data=body,
+            headers={"authorization": f"Bearer {key}", "content-type": "application/json",
+                     "traceparent": TRACEPARENT, "x-ctxwarden-session": "otel-job"})  # fmt: skip
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            assert answer.status == 200
+        deadline = time.monotonic() + 40
+        with open_store(db) as store:
+            while time.monotonic() < deadline:
+                attempts = job_attempts(store, "t", "otel-job")
+                if attempts and all(a.outcome for a in attempts):
+                    break
+                time.sleep(0.2)
+        assert attempts and attempts[-1].outcome == "landed", attempts
+    finally:
+        worker.stop()  # both flush their spans on the way out
+        server.stop()
+        receiver.stop()
+        upstream.stop()
+    spans = _exported(receiver)
+    [job] = [span for service, span in spans if service == "ctxwarden-worker"]
+    [build] = [span for service, span in spans if span.name == "ctxwarden.build"]
+    assert job.name == "ctxwarden.summarize"
+    assert job.trace_id.hex() == CLIENT_TRACE and job.parent_span_id == build.span_id
+    attrs = {a.key: a.value for a in job.attributes}
+    assert attrs["ctxwarden.summarize.outcome"].string_value == "folded"
+    assert attrs["ctxwarden.summarize.folded_messages"].int_value > 0

@@ -52,6 +52,8 @@ __all__ = [
     "build_attributes",
     "call_trace",
     "configure_from_env",
+    "continued",
+    "trace_headers",
     "traced",
     "traced_async",
 ]
@@ -293,6 +295,36 @@ def call_trace(api: str, model: str, client_headers: Mapping[str, str]) -> CallT
         f"chat {model}", context=parent, kind=trace.SpanKind.CLIENT, attributes=attributes
     )
     return CallTrace(trace, span)
+
+
+def trace_headers() -> dict[str, str]:
+    """The current span's ``traceparent`` (and ``tracestate``) for work handed to another
+    process now (a summary job); empty when the process does not trace."""
+    trace = _trace()
+    if trace is None:
+        return {}
+    from opentelemetry import propagate
+
+    out: dict[str, str] = {}
+    propagate.inject(out)
+    return out
+
+
+@contextmanager
+def continued(carrier: Mapping[str, Any]) -> Iterator[None]:
+    """Run the block inside the trace ``carrier`` names (what :func:`trace_headers` gave
+    the process that handed the work over); as is when there is none or no tracing."""
+    trace = _trace()
+    if trace is None or not carrier.get("traceparent"):
+        yield
+        return
+    from opentelemetry import context, propagate
+
+    token = context.attach(propagate.extract(carrier))
+    try:
+        yield
+    finally:
+        context.detach(token)
 
 
 def configure_from_env(default_service: str = "ctxwarden") -> bool:

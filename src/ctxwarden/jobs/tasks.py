@@ -30,6 +30,7 @@ from ctxwarden.jobs.app import app
 from ctxwarden.jobs.metrics import observe
 from ctxwarden.jobs.pending import clear_pending
 from ctxwarden.jobs.settings import JobSettings
+from ctxwarden.telemetry import continued
 
 __all__ = ["MAX_RETRIES", "WorkerResources", "resources", "summarize"]
 
@@ -106,14 +107,15 @@ def summarize(
     started = start_attempt(res.store, tenant, session_id, job_id, retries + 1)
     try:
         session = Session(res.store, session_id, tenant=tenant, model=model)
-        written = asyncio.run(
-            session.summarize(
-                res.summarizer,
-                res.extractor,
-                trigger=SummaryTrigger(**trigger),
-                window=window,
+        with continued(_headers(self.request)):  # the call that enqueued it: same trace
+            written = asyncio.run(
+                session.summarize(
+                    res.summarizer,
+                    res.extractor,
+                    trigger=SummaryTrigger(**trigger),
+                    window=window,
+                )
             )
-        )
     except (SummarizationError, StoreError) as exc:
         final = retries >= MAX_RETRIES
         log.warning("summary job %s of %s/%s failed: %s", job_id, tenant, session_id, exc)
@@ -131,6 +133,14 @@ def summarize(
     clear_pending(res.settings, tenant, session_id)
     log.info("summary job %s of %s/%s: %s", job_id, tenant, session_id, outcome)
     return outcome
+
+
+def _headers(request: Any) -> dict[str, Any]:
+    """The trace headers the enqueuing call added (Celery puts a message's own headers on
+    the request, or under ``headers`` in older protocol paths)."""
+    nested = getattr(request, "headers", None) or {}
+    return {name: getattr(request, name, None) or nested.get(name)
+            for name in ("traceparent", "tracestate")}  # fmt: skip
 
 
 def _end(
