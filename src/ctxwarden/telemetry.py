@@ -64,6 +64,8 @@ P = ParamSpec("P")
 BUILD_SPAN = "ctxwarden.build"
 SUMMARIZE_SPAN = "ctxwarden.summarize"
 _ACTION_KINDS = ("dropped", "evicted", "masked", "truncated", "summarized", "rejected", "recalled")
+_UNSET = object()
+_PROVIDER_FROM_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ  # the API loads that one
 # gen_ai.provider.name's well-known values, by the proxy's wire format
 _PROVIDERS = {"openai": "openai", "responses": "openai", "anthropic": "anthropic",
               "gemini": "gcp.gemini"}  # fmt: skip
@@ -76,8 +78,14 @@ def _trace() -> Any:
     trace = sys.modules.get("opentelemetry.trace")
     if trace is None:
         return None
-    provider = trace.get_tracer_provider()
-    if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
+    # the global as set: ``get_tracer_provider`` reads the environment on every call
+    # until one is set (microseconds); that variable is read once, at import
+    provider = getattr(trace, "_TRACER_PROVIDER", _UNSET)
+    if provider is _UNSET or (provider is None and _PROVIDER_FROM_ENV):
+        provider = trace.get_tracer_provider()
+    if provider is None or isinstance(
+        provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+    ):
         return None
     return trace
 
