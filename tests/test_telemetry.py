@@ -32,11 +32,11 @@ from opentelemetry.util._once import Once
 from starlette.testclient import TestClient
 
 from ctxwarden import Policy, Session, build_context
-from ctxwarden import telemetry as telemetry_module
 from ctxwarden.service import ServiceConfig, create_app
 from ctxwarden.service.keys import hash_key, shown_prefix
 from ctxwarden.store import open_store
 from ctxwarden.store.service_tables import add_tenant
+from ctxwarden.telemetry import attributes as telemetry_attributes
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_PARENT = "00f067aa0ba902b7"
@@ -153,7 +153,7 @@ def test_no_attributes_computed_when_the_span_does_not_record(
     def boom(audit: Any) -> dict[str, Any]:
         raise AssertionError("attributes computed for a span that does not record")
 
-    monkeypatch.setattr(telemetry_module, "build_attributes", boom)
+    monkeypatch.setattr(telemetry_attributes, "build_attributes", boom)
     try:
         built = build_context(_agent_history(5), "gpt-4o", 4_000)
     finally:
