@@ -477,3 +477,27 @@ def test_the_workers_summary_job_joins_the_calls_trace(
     attrs = {a.key: a.value for a in job.attributes}
     assert attrs["ctxwarden.summarize.outcome"].string_value == "folded"
     assert attrs["ctxwarden.summarize.folded_messages"].int_value > 0
+
+
+GRPC = {
+    "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317",
+    "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+}
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER='zipkin'"),
+        (GRPC, "opentelemetry-exporter-otlp-proto-grpc"),
+    ],
+)
+def test_serve_refuses_traces_it_cannot_export(
+    tmp_path: Path, env: dict[str, str], says: str
+) -> None:
+    from service_harness import cli
+
+    done = cli("serve", "--db", f"sqlite:///{tmp_path / 'x.db'}", "--upstream",
+               "http://127.0.0.1:9/v1", "--port", "9", env=env)  # fmt: skip
+    assert done.returncode != 0
+    assert says in done.stderr
