@@ -231,6 +231,8 @@ def test_proxied_call_span_parents_the_build_and_continues_the_client_trace(
     assert attrs["gen_ai.usage.output_tokens"] == 4
     assert attrs["gen_ai.usage.cache_read.input_tokens"] == 12
     assert call.kind == trace.SpanKind.CLIENT
+    assert attrs["ctxwarden.build.id"] == answer.headers["x-ctxwarden-build-id"]
+    assert attrs["ctxwarden.session.id"] == answer.headers["x-ctxwarden-session"]
     # the client's trace, continued; the build a child of the call
     assert call.context is not None and build.context is not None
     assert f"{call.context.trace_id:032x}" == CLIENT_TRACE

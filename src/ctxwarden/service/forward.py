@@ -90,6 +90,8 @@ async def forward(
         headers = upstream.headers(key, request.headers)
         if traced is not None:
             traced.inject(headers)  # upstream's traceparent: this call's span
+            session_id, tokens = prepared.synced.session.session_id, prepared.built.input_tokens
+            traced.built(call.tenant.name, session_id, prepared.build_id, tokens)
         sent = time.perf_counter()
 
         async def log() -> None:  # while upstream reads the context (see the module)

@@ -39,6 +39,16 @@ class CallTrace:
 
         propagate.inject(headers, context=self._trace.set_span_in_context(self.span))
 
+    def built(self, tenant: str, session_id: str, build_id: str, sent_tokens: int) -> None:
+        """Where to find the call in ctxwarden: its tenant, session and build's audit."""
+        if self.span.is_recording():
+            self.span.set_attributes({
+                "ctxwarden.tenant": tenant,
+                "ctxwarden.session.id": session_id,
+                "ctxwarden.build.id": build_id,
+                "ctxwarden.build.input_tokens": sent_tokens,
+            })  # fmt: skip
+
     def end(self, usage: Usage | None, status: str) -> None:
         if self._ended:
             return
