@@ -503,3 +503,19 @@ def test_serve_refuses_traces_it_cannot_export(
                "http://127.0.0.1:9/v1", "--port", "9", env=env)  # fmt: skip
     assert done.returncode != 0
     assert says in done.stderr
+
+
+def test_a_refused_build_ends_the_call_span_with_its_error(
+    spans: InMemorySpanExporter, tmp_path: Path, upstream: ScriptedServer
+) -> None:
+    body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hello " * 200}]}
+    headers = {**AUTH, "x-ctxwarden-max-input-tokens": "20", "traceparent": TRACEPARENT}
+    with _app(tmp_path, upstream) as client:
+        answer = client.post("/v1/chat/completions", json=body, headers=headers)
+    assert answer.status_code == 400, answer.text
+    [call] = _named(spans, "chat gpt-4o")
+    assert call.status.status_code == trace.StatusCode.ERROR
+    assert call.attributes["error.type"] == "http_400"  # type: ignore[index]
+    assert [e.name for e in call.events] == ["exception"]  # recorded once
+    assert f"{call.context.trace_id:032x}" == CLIENT_TRACE  # type: ignore[union-attr]
+    assert upstream.requests == []

@@ -30,7 +30,9 @@ class CallTrace:
     @contextmanager
     def current(self) -> Iterator[None]:
         """The span as the current one (spans started inside, the build's, are children)."""
-        with self._trace.use_span(self.span, end_on_exit=False):
+        with self._trace.use_span(  # an error is recorded once, by :meth:`fail`
+            self.span, end_on_exit=False, record_exception=False, set_status_on_exception=False
+        ):
             yield
 
     def inject(self, headers: MutableMapping[str, str]) -> None:
