@@ -44,6 +44,7 @@ from ctxwarden.steps.fold import FOLD_SEPARATOR
 from ctxwarden.steps.layout import STABLE_LAYERS, LayoutStep
 from ctxwarden.steps.pairing import keep_pairs_whole
 from ctxwarden.steps.window import leading_system, newest_call_block, newest_user
+from ctxwarden.telemetry import BUILD_SPAN, built_attributes, traced
 from ctxwarden.tokens.counter import REPLY_PRIMING, TokenCounter
 
 __all__ = ["BuiltContext", "build_context", "run_build"]
@@ -86,6 +87,7 @@ def model_info(model: str, registry: Registry | None = None) -> ModelInfo | None
         return None
 
 
+@traced(BUILD_SPAN, built_attributes)  # at the edge: the steps stay pure
 def build_context(
     messages: Iterable[Message | Mapping[str, Any]],
     model: str = "gpt-4o",

@@ -123,7 +123,10 @@ def serve(
         store_threads=store_threads,
     )
     from ctxwarden.service.config import unkeyed_warnings
+    from ctxwarden.telemetry import configure_from_env
 
+    if configure_from_env():  # OTEL_* variables asked for traces (docs/tracing.md)
+        typer.echo("ctxwarden: OpenTelemetry traces on", err=True)
     typer.echo(f"ctxwarden serving on http://{host}:{port} (store {db})", err=True)
     for line in unkeyed_warnings(config):
         typer.echo(line, err=True)

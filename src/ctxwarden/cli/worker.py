@@ -64,6 +64,9 @@ def worker(
     from ctxwarden.jobs.app import configure
 
     configure(settings)
+    from ctxwarden.telemetry import configure_from_env
+
+    configure_from_env("ctxwarden-worker")  # OTEL_* variables: the jobs' summarize spans
     if metrics_port is not None:
         from ctxwarden.jobs.metrics import serve_metrics
 

@@ -39,6 +39,7 @@ from ctxwarden.jobs.app import app
 from ctxwarden.jobs.metrics import observe
 from ctxwarden.jobs.pending import clear_pending
 from ctxwarden.jobs.settings import JobSettings
+from ctxwarden.telemetry import continued
 
 __all__ = [
     "MAX_RETRIES",
@@ -192,14 +193,15 @@ def summarize(
     try:
         session = Session(res.store, session_id, tenant=tenant, model=model)
         chosen, extractor = cycle_summarizer(res.spec, (res.summarizer, res.extractor, True))
-        written = job_loop().run(
-            session.summarize(
-                chosen,
-                extractor,
-                trigger=SummaryTrigger(**trigger),
-                window=window,
+        with continued(_headers(self.request)):  # the call that enqueued it: same trace
+            written = job_loop().run(
+                session.summarize(
+                    chosen,
+                    extractor,
+                    trigger=SummaryTrigger(**trigger),
+                    window=window,
+                )
             )
-        )
     except (SummarizationError, StoreError) as exc:
         final = retries >= MAX_RETRIES
         log.warning("summary job %s of %s/%s failed: %s", job_id, tenant, session_id, exc)
@@ -217,6 +219,14 @@ def summarize(
     clear_pending(res.settings, tenant, session_id)
     log.info("summary job %s of %s/%s: %s", job_id, tenant, session_id, outcome)
     return outcome
+
+
+def _headers(request: Any) -> dict[str, Any]:
+    """The trace headers the enqueuing call added (Celery puts a message's own headers on
+    the request, or under ``headers`` in older protocol paths)."""
+    nested = getattr(request, "headers", None) or {}
+    return {name: getattr(request, name, None) or nested.get(name)
+            for name in ("traceparent", "tracestate")}  # fmt: skip
 
 
 def _end(

@@ -26,6 +26,7 @@ from ctxwarden.memory.summaries import Summarizer, SummaryState, SummaryTrigger,
 from ctxwarden.messages import Message
 from ctxwarden.registry.usage import Usage
 from ctxwarden.steps.base import Action
+from ctxwarden.telemetry import SUMMARIZE_SPAN, layer_update_attributes, traced_async
 
 __all__ = ["LayerUpdate", "resolve_summarizer", "summarize_history", "summarize_history_sync"]
 
@@ -115,6 +116,7 @@ def cycle_summarizer(
     return resolved[0], resolved[1]
 
 
+@traced_async(SUMMARIZE_SPAN, layer_update_attributes)
 async def summarize_history(
     history: Sequence[Message],
     previous: LayerState | None,

@@ -25,7 +25,8 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Mapping
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, nullcontext
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -46,6 +47,7 @@ from ctxwarden.service.replay import replayed
 from ctxwarden.service.sse import FrameSplitter
 from ctxwarden.service.upstream import Upstream, UpstreamFailure
 from ctxwarden.service.wire import StreamReader, Wire
+from ctxwarden.telemetry import call_trace
 
 __all__ = ["ProxyStream", "StreamReader", "Wire", "forward", "read_whole"]
 
@@ -53,7 +55,11 @@ __all__ = ["ProxyStream", "StreamReader", "Wire", "forward", "read_whole"]
 async def _finish(
     hub: Hub, prepared: Prepared, reply: Message | None, usage: Usage | None, status: str
 ) -> None:
-    await hub.run(finish, hub, prepared, reply, usage, status)
+    try:
+        await hub.run(finish, hub, prepared, reply, usage, status)
+    finally:
+        if prepared.call.trace is not None:
+            prepared.call.trace.end(usage, status)
     if reply is not None and hub.summaries is not None:
         call = prepared.call
         hub.summaries.after_call(call.tenant, prepared.synced.session, call.model, prepared.built)
@@ -66,11 +72,15 @@ async def forward(
     check_spend(call.tenant)
     stack = AsyncExitStack()
     await stack.enter_async_context(hub.locked(call.tenant.name, call.client_id))
+    traced = call_trace(wire.api, call.model, request.headers)
+    if traced is not None:
+        call = replace(call, trace=traced)
     handed_over = False
     try:
         started = time.perf_counter()
         try:
-            prepared = await hub.run(prepare, hub, call)
+            with traced.current() if traced is not None else nullcontext():
+                prepared = await hub.run(prepare, hub, call)  # the build: a child span
         except CtxwardenError as exc:
             raise from_library(exc) from exc
         if isinstance(prepared, Replay):  # a retry: its stored reply (replay.py)
@@ -86,6 +96,10 @@ async def forward(
         record = call.tenant.record
         key = record.anthropic_api_key if wire.api == "anthropic" else record.upstream_api_key
         headers = upstream.headers(key, request.headers)
+        if traced is not None:
+            traced.inject(headers)  # upstream's traceparent: this call's span
+            session_id, tokens = prepared.synced.session.session_id, prepared.built.input_tokens
+            traced.built(call.tenant.name, session_id, prepared.build_id, tokens)
         sent = time.perf_counter()
 
         async def log() -> None:  # while upstream reads the context (see the module)
@@ -114,6 +128,10 @@ async def forward(
         handed_over = True
         ours["cache-control"] = "no-cache"
         return ProxyStream(relay, ours, response.headers.get("content-type", "text/event-stream"))
+    except BaseException as exc:
+        if traced is not None:
+            traced.fail(exc)  # (a call ended by _finish keeps its own end)
+        raise
     finally:
         if not handed_over:
             await stack.aclose()

@@ -13,6 +13,7 @@ from ctxwarden.messages import Message
 from ctxwarden.service.history import Synced
 from ctxwarden.service.hub import Tenant
 from ctxwarden.session.pending_log import PendingLog
+from ctxwarden.telemetry import CallTrace
 
 __all__ = ["Call", "Prepared", "Replay"]
 
@@ -37,6 +38,7 @@ class Call:
     #: the request apart from its messages (:func:`~ctxwarden.service.replay.request_digest`):
     #: kept with the reply, a retry's is the same; None gives no replay
     request: str | None = None
+    trace: CallTrace | None = None  # the call's span, when the process traces
 
 
 @dataclass(frozen=True)

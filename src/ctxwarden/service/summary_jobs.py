@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from ctxwarden import Session
 from ctxwarden.jobs.settings import JobSettings
+from ctxwarden.telemetry import trace_headers
 
 if TYPE_CHECKING:
     from ctxwarden import BuiltContext
@@ -88,6 +89,7 @@ class SummaryJobs:
                 (tenant.name, session_id, model, trigger, window),
                 queue=self.settings.queue,
                 retry=False,
+                headers=trace_headers() or None,  # the job's span joins the call's trace
             )
         except BaseException:
             clear_pending(self.settings, tenant.name, session_id)

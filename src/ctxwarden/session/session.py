@@ -64,6 +64,14 @@ from ctxwarden.store.ledger_checkpoint import (
     load_checkpoint,
     remember_checkpoint,
 )
+from ctxwarden.telemetry import (
+    BUILD_SPAN,
+    SUMMARIZE_SPAN,
+    pending_attributes,
+    summary_write_attributes,
+    traced,
+    traced_async,
+)
 from ctxwarden.tokens.counter import TokenCounter
 
 if TYPE_CHECKING:
@@ -463,6 +471,7 @@ class Session:
         pending.log()
         return pending.built
 
+    @traced(BUILD_SPAN, pending_attributes)
     def build_unlogged(
         self,
         model: str | None = None,
@@ -588,6 +597,7 @@ class Session:
 
     # -- summarisation cycle ----------------------------------------------------------------
 
+    @traced_async(SUMMARIZE_SPAN, summary_write_attributes)
     async def summarize(
         self,
         summarizer: str | _SummarizerLike | None = None,
