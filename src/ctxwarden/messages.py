@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any, Literal, get_args
@@ -261,6 +261,41 @@ class Message:
         """A copy with new content (and extra ``meta`` keys), same id and metadata."""
         new_meta = {**self.meta, **meta} if meta else self.meta
         return replace(self, content=content, meta=new_meta)
+
+    # -- wire formats (thin: the converters live in ctxwarden.formats) ----------------------
+
+    @classmethod
+    def from_openai(cls, data: Mapping[str, Any], *, index: int | None = None) -> Message:
+        """Parse one OpenAI chat message dict (the inverse of :meth:`to_openai`); errors
+        name ``index`` and the field. A whole transcript:
+        :func:`~ctxwarden.formats.openai.messages_from_openai` (it numbers the ids)."""
+        parse: Callable[..., Message] = _codec("from_openai")
+        return parse(data, index=index)
+
+    def to_openai(self, *, with_meta: bool = False) -> dict[str, Any]:
+        """This message as an OpenAI chat-completions dict; ``with_meta`` adds our
+        metadata under the ``"ctxwarden"`` key (providers reject it: for storage only).
+        A list: :func:`~ctxwarden.formats.openai.messages_to_openai`."""
+        write: Callable[..., dict[str, Any]] = _codec("to_openai")
+        return write(self, with_meta=with_meta)
+
+
+# The wire converters register here when their module is imported (``ctxwarden/__init__``
+# imports them before any submodule runs): the model delegates to them without importing
+# the formats, which import the model (no import circle).
+_CODECS: dict[str, Callable[..., Any]] = {}
+
+
+def register_codec(name: str, function: Callable[..., Any]) -> None:
+    """Make ``function`` the converter a :class:`Message` method ``name`` delegates to."""
+    _CODECS[name] = function
+
+
+def _codec(name: str) -> Callable[..., Any]:
+    found = _CODECS.get(name)
+    if found is None:  # only if ctxwarden's own __init__ was bypassed
+        raise RuntimeError(f"Message.{name} needs ctxwarden.formats (import ctxwarden first)")
+    return found
 
 
 # -- the canonical form ------------------------------------------------------------------------
