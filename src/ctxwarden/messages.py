@@ -16,6 +16,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
+from itertools import repeat
 from typing import Any, Literal, get_args
 
 from ctxwarden.errors import InvalidMessageError
@@ -31,6 +32,7 @@ __all__ = [
     "Role",
     "TextPart",
     "ToolCall",
+    "check_message_list",
     "detect_kind",
     "wire_dict",
 ]
@@ -296,6 +298,22 @@ def _codec(name: str) -> Callable[..., Any]:
     if found is None:  # only if ctxwarden's own __init__ was bypassed
         raise RuntimeError(f"Message.{name} needs ctxwarden.formats (import ctxwarden first)")
     return found
+
+
+def check_message_list(items: Any, name: str = "messages") -> None:
+    """Raise :class:`InvalidMessageError` naming ``name`` unless ``items`` is a list (or
+    tuple) of :class:`Message` s: the functions that take the model, not wire dicts, say
+    so before any work instead of failing on a missing attribute deep inside. One C-level
+    pass (``map(isinstance, ...)``), so the hot paths may call it."""
+    if not isinstance(items, list | tuple):
+        got = "None" if items is None else type(items).__name__
+        raise InvalidMessageError(f"{name} must be a list of Message, got {got}")
+    if all(map(isinstance, items, repeat(Message))):
+        return
+    index = next(i for i, m in enumerate(items) if not isinstance(m, Message))
+    got = type(items[index]).__name__
+    hint = " (parse OpenAI dicts with messages_from_openai)" if got == "dict" else ""
+    raise InvalidMessageError(f"{name}[{index}] must be a Message, got {got}{hint}", index=index)
 
 
 # -- the canonical form ------------------------------------------------------------------------
