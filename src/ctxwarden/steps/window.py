@@ -17,11 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ctxwarden.build.state import BuildState
 from ctxwarden.messages import Message
 from ctxwarden.steps.base import Action, CountedAction, Draft, StepContext, StepResult
 from ctxwarden.tokens.counter import TokenCounter
+
+if TYPE_CHECKING:
+    from ctxwarden.build.policy import Policy
 
 __all__ = ["WindowStep", "is_pinned", "leading_system", "newest_call_block", "newest_user"]
 
@@ -65,12 +69,26 @@ def _align(history: Sequence[Message], start: int) -> int:
     return start
 
 
-def _cold_start(history: Sequence[Message], sys_end: int, room: int, counter: TokenCounter) -> int:
-    """Walk back from the newest message until well past what the room can hold."""
-    acc, i = 0, len(history)
+def _cold_start(
+    history: Sequence[Message], sys_end: int, room: int, counter: TokenCounter, policy: Policy
+) -> int:
+    """Walk back from the newest message until well past what the room can hold, a result
+    the model has answered counted at most as its cut (``truncate.sent_tokens``): walking
+    raw sizes stopped early on a history of long results that truncation shrinks, and the
+    build dropped turns its budget had room for (issue 35). Masking shrinks more, but
+    counting placeholders made the walk, and a cold build, about twice as long; what it
+    leaves before the window goes to the entity ledger."""
+    cut = policy.truncate
+    acc, i, answered = 0, len(history), False
     while i > sys_end and acc <= 3 * room:
         i -= 1
-        acc += min(counter.count_message(history[i]), room)
+        m = history[i]
+        tokens = counter.count_message(m)
+        if m.role == "assistant":
+            answered = True
+        elif m.role == "tool" and answered and cut is not None:
+            tokens = cut.sent_tokens(m, tokens)
+        acc += min(tokens, room)
     return i
 
 
@@ -155,7 +173,8 @@ class WindowStep:
         h, sys_end, prev = draft.history, draft.sys_end, ctx.previous
         layers = ctx.total([m for _, m in draft.layers])
         if prev.history_length == 0:
-            start = _cold_start(h, sys_end, max(ctx.budget - ctx.fixed - layers, 1), ctx.counter)
+            room = max(ctx.budget - ctx.fixed - layers, 1)
+            start = _cold_start(h, sys_end, room, ctx.counter, ctx.policy)
         else:
             start = max(prev.window_start, sys_end)
         start = _align(h, max(start, draft.floor, sys_end))
