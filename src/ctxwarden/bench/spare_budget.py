@@ -3,13 +3,13 @@ and the random sweep share.
 
 What the policy asks for *by count or age* — ``window.max_messages``, masking older than
 ``mask.keep_last``, cutting results the model has already answered over the threshold —
-does not depend on the budget. So a build whose budget holds the context those rules
-alone give (the same history built with a budget nothing binds) must be exactly that
-context: no message dropped, evicted, masked or cut beyond it, and no warning it does not
-have (the entity ledger's cap counted as reserved when the reference has a ledger: it
-is a layer the policy reserves). A build whose budget is binding may do more, but each
-drop must name its real cause: a message the cap alone excludes says
-``window.max_messages``, one the cap would keep says ``budget``.
+does not depend on the budget. So a build whose budget holds, with room to spare (10%),
+the context those rules alone give (the same history built with a budget nothing binds)
+must be exactly that context: no message dropped, evicted, masked or cut beyond it, and
+no warning it does not have (the entity ledger's cap counted as reserved when the
+reference has a ledger: it is a layer the policy reserves). A build whose budget is
+binding may do more, but each drop must name its real cause: a message the cap alone
+excludes says ``window.max_messages``, one the cap would keep says ``budget``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,14 @@ from typing import Any
 from ctxwarden.build.engine import BuiltContext, build_context
 from ctxwarden.messages import Message
 
-__all__ = ["UNBOUND", "ledger_reserve", "reference_build", "spare_budget_problems"]
+__all__ = [
+    "SPARE",
+    "UNBOUND",
+    "ledger_reserve",
+    "reference_build",
+    "spare_budget",
+    "spare_budget_problems",
+]
 
 UNBOUND = 10_000_000
 """A budget no test history comes near: only the policy's count and age rules apply."""
@@ -46,6 +53,18 @@ def ledger_reserve(reference: BuiltContext, budget: int, policy: Any = None) -> 
     return max(min(max(cfg.max_tokens, int(free * cfg.free_share)), int(free * cfg.max_share)), 0)
 
 
+SPARE = 1.1
+"""A budget is *to spare* from 10% over what the rules need: before the fit, the build
+knows an answered result's cut by its bound (``target_tokens + cut_values_tokens``), not
+its size, so at the exact boundary it may count a few tokens more than it will send."""
+
+
+def spare_budget(reference: BuiltContext, budget: int, policy: Any = None) -> int:
+    """The least budget with room to spare for ``reference`` 's context: what it needs,
+    10% more, and the ledger's reserve (:func:`ledger_reserve`)."""
+    return int(reference.input_tokens * SPARE) + ledger_reserve(reference, budget, policy)
+
+
 def _sent(built: BuiltContext) -> dict[str, str]:
     """History message id -> the text sent for it (layers left out)."""
     return {m.id: m.text for m in built.messages if built.layers.get(m.id) != "ledger"}
@@ -65,7 +84,7 @@ def spare_budget_problems(
     """What ``built`` (``history`` at ``budget``) does that its budget did not call for,
     given the ``reference`` build (:func:`reference_build`); empty when it holds."""
     problems: list[str] = []
-    if reference.input_tokens + ledger_reserve(reference, budget, policy) <= budget:
+    if spare_budget(reference, budget, policy) <= budget:
         want, got = _sent(reference), _sent(built)
         lost = [i for i in want if i not in got]
         if lost:

@@ -28,11 +28,7 @@ from collections import Counter
 from typing import Any
 
 from ctxwarden.bench.random_histories import check_build, random_history
-from ctxwarden.bench.spare_budget import (
-    ledger_reserve,
-    reference_build,
-    spare_budget_problems,
-)
+from ctxwarden.bench.spare_budget import reference_build, spare_budget, spare_budget_problems
 from ctxwarden.build.engine import build_context
 from ctxwarden.build.policy import Policy, WindowConfig
 from ctxwarden.errors import BudgetError
@@ -101,8 +97,7 @@ def _with_policy(
     """The policy's count and age rules at each budget and at the one they need."""
     policy = random_policy(seed)
     reference = reference_build(history, policy)
-    need = reference.input_tokens
-    spare = need + ledger_reserve(reference, need + 600, policy)
+    spare = spare_budget(reference, int(reference.input_tokens * 1.2), policy)
     for budget in (*budgets, spare, spare + spare // 2):
         try:
             built = build_context(history, "gpt-4o", budget, policy=policy)

@@ -65,6 +65,22 @@ def newest_room(draft: Draft, ctx: StepContext) -> int:
     fed = (
         any(i not in pins for i in range(draft.sys_end, draft.start))
         or bool(ctx.earlier)
-        or room - (ctx.total(window) - kept) < 0
+        or room < _rest_as_sent(window, draft.protected - waiting, ctx)
     )
     return room - (ledger_cap(draft, ctx) if fed else 0)
+
+
+def _rest_as_sent(window: Sequence[Message], kept: frozenset[str], ctx: StepContext) -> int:
+    """The window's messages but ``kept``, the answered results counted as their cut will
+    be (the truncation runs after this is measured) and the unanswered whole."""
+    cut = ctx.policy.truncate
+    waiting = set(unanswered_results(window))
+    total = 0
+    for i, m in enumerate(window):
+        if m.id in kept:
+            continue
+        tokens = ctx.count(m)
+        if m.role == "tool" and cut is not None and i not in waiting:
+            tokens = cut.sent_tokens(m, tokens)
+        total += tokens
+    return total
