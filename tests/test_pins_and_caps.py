@@ -43,10 +43,26 @@ def test_pins_do_not_count_against_max_messages() -> None:
     assert counted == ["r24", "a25", "t25", "r25"]
     assert not built.audit.warnings
     assert not built.audit.by_action("evicted")
-    reasons = {a.reason for a in built.audit.by_action("dropped")}
-    assert reasons <= {"left the window (window.max_messages=5)"} | {
-        r for r in reasons if "before the window" in r
-    }
+    (span,) = built.audit.by_action("dropped")  # a cold build: one span, its cause named
+    assert span.reason.endswith("older message(s) before the window (window.max_messages=5)")
+
+
+def test_chained_builds_name_the_cap_and_keep_the_pins() -> None:
+    """An agent loop under the cap: the sticky start moves by the cap, each message it
+    passes is reported as dropped by the cap, pins stay, nothing is cut or warned."""
+    history = _agent_history()
+    policy = Policy(window=WindowConfig(max_messages=5, pin_first=2))
+    built = build_context(history[:20], "gpt-4o", 8_000, policy=policy)  # cold
+    passed = 0
+    for n in range(21, len(history) + 1):
+        built = build_context(history[:n], "gpt-4o", 8_000, policy=policy, previous=built)
+        assert not built.audit.warnings
+        dropped = built.audit.by_action("dropped")
+        assert {a.reason for a in dropped} <= {"left the window (window.max_messages=5)"}
+        passed += len(dropped)
+        ids = {m.id for m in built.messages}
+        assert {m.id for m in history[:n] if m.pinned} <= ids and "u0" in ids
+    assert passed > 50  # the start moved by the cap, each message it passed reported
 
 
 def test_the_issue_case_evicts_and_cuts_nothing_with_the_budget_free() -> None:

@@ -79,16 +79,13 @@ def wanted_in(doc: Any, terms: Sequence[str], fields: Sequence[str] = ()) -> Wan
             return any(t in text for t in lowered)
         if isinstance(node, int | float) and not isinstance(node, bool):
             return str(node).lower() in lowered
-        children = node.values() if isinstance(node, dict) else node
-        if not isinstance(node, dict | list):
-            return False
-        found = False
-        for child in children:
-            if named(child):
-                found = True
-                if isinstance(node, list):
-                    items.add(id(child))
-        return found
+        if isinstance(node, dict):
+            return any([named(child) for child in node.values()])  # (every child walked)
+        if isinstance(node, list):
+            hits = [id(child) for child in node if named(child)]
+            items.update(hits)
+            return bool(hits)
+        return False
 
     if lowered:
         named(doc)
