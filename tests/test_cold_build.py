@@ -102,7 +102,7 @@ def test_the_span_before_a_cold_window_is_counted_only_when_read() -> None:
     from ctxwarden.steps.base import Action, CountedAction
     from ctxwarden.tokens.counter import TokenCounter
 
-    history = list(islice(agent_traffic(7), 120))
+    history = list(islice(agent_traffic(7), 240))  # (the walk counts answered results cut)
     counter = TokenCounter("gpt-4o")  # a counter of its own: what it has cached is ours
     built = build_context(history, "gpt-4o", 2000)
     span = next(a for a in built.audit.actions if ".." in a.message_id)

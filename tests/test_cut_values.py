@@ -59,6 +59,8 @@ def _session_with_a_big_result() -> list[Message]:
     msgs = [Message.system("You are a shop agent.", id="sys"), Message.user("Find orders", id="u0")]
     msgs.append(Message.assistant(None, (ToolCall("c1", "search", "{}"),), id="a0"))
     msgs.append(_search_result())
+    # answered: the size threshold applies (a result not answered yet is kept whole)
+    msgs.append(Message.assistant("I found 40 orders.", id="a0r"))
     msgs.append(Message.user("Thanks, and the refund policy?", id="u1"))
     return msgs
 

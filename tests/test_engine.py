@@ -421,5 +421,8 @@ def test_a_ledger_cut_to_fit_leaves_out_what_the_window_shows() -> None:
     assert "SKU-411X" in ledger and "ORD-711" in ledger
     # with room, the block is the cacheable one: it does not follow the window
     roomy = build_context(history, "gpt-4o", 1300)
-    assert not roomy.audit.warnings
+    # the result, not answered yet, is cut to what the budget leaves it (after the
+    # ledger's cap), and the warning says so; nothing is evicted or cut harder
+    (warning,) = roomy.audit.warnings
+    assert warning.startswith("newest tool result tr cut from 1,648 to ")
     assert "ORD-700" in next(m.text for m in roomy.messages if m.id == "ctxwarden:ledger")

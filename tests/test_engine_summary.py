@@ -312,6 +312,7 @@ def test_one_long_tool_result_does_not_fire_the_fill_trigger() -> None:
         Message.user("Find rooms in Lisbon", id="u0"),
         Message.assistant(None, (ToolCall("c0", "search", "{}"),), id="a0"),
         Message.tool(page, "c0", name="search", id="t0"),
+        Message.assistant("I found 60 rooms.", id="a0r"),  # answered: the threshold applies
         Message.user("Which is cheapest?", id="u1"),
     ]
     counter = TokenCounter.for_model("gpt-4o")

@@ -70,3 +70,7 @@ def test_the_sweep_reports_no_violation_on_a_small_run() -> None:
     result = sweep(30, (300, 1500))
     assert result["builds"] > 100
     assert result["violations"] == 0, result["examples"]
+    # max_messages + pin_first + masking drawn per history (issue 35): nothing evicted
+    # or cut with budget to spare, every drop naming its cause
+    assert result["policy_builds"] > 60
+    assert result["spare_budget_violations"] == 0, result["examples"]

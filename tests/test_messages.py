@@ -43,6 +43,23 @@ def test_openai_round_trip_is_identity_on_tau_bench(tau_bench_path: Path) -> Non
         validate_pairing(parsed)
 
 
+def test_message_methods_round_trip_the_tau_bench_messages(tau_bench_path: Path) -> None:
+    """Issue 2's per-message contract, kept through the layout change (issue 35): thin
+    methods over the converters of ``ctxwarden.formats.openai``."""
+    runs = json.loads(tau_bench_path.read_text())
+    for run in runs:
+        for i, raw in enumerate(run["traj"]):
+            message = Message.from_openai(raw, index=i)
+            assert message.to_openai() == raw
+            assert message == message_from_openai(raw, index=i)
+    stored = Message.tool("{}", "c1", id="r1", pinned=True).to_openai(with_meta=True)
+    assert stored["ctxwarden"]["id"] == "r1" and stored["ctxwarden"]["pinned"] is True
+    assert Message.from_openai(stored).pinned
+    with pytest.raises(InvalidMessageError, match="role") as err:
+        Message.from_openai({"content": "x"}, index=7)
+    assert err.value.index == 7
+
+
 def test_anthropic_round_trip_keeps_text_calls_results_and_pairing(tau_bench_path: Path) -> None:
     runs = json.loads(tau_bench_path.read_text())
     for run in runs:

@@ -135,6 +135,9 @@ def test_a_recall_result_is_sent_whole_when_it_fits_and_cut_only_to_fit() -> Non
         Message.tool(log, "r1"),  # a client's answer: no name, its call says what it is
         Message.assistant(None, (other,)),
         Message.tool(log, "r2"),
+        # answered: the size threshold applies to r2 (a result not answered yet is kept
+        # whole while it fits, issue 35)
+        Message.assistant("Step 211 made artifact-1477.tar."),
     ]
     built = build_context(history, max_input_tokens=20_000)
     sent = {m.tool_call_id: m.text for m in built.messages if m.role == "tool"}

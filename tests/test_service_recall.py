@@ -129,6 +129,9 @@ def _history() -> list[dict[str, Any]]:
         {"role": "user", "content": "Fetch the build log."},
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_0", "content": SECRET_LOG},
+        # answered: the log is cut by the size threshold (a result the model has not
+        # answered yet is sent whole while it fits: issue 35)
+        {"role": "assistant", "content": "I have the build log."},
         {"role": "user", "content": "Which artifact did step 321 make?"},
     ]
 
@@ -140,6 +143,7 @@ def _anthropic_history() -> tuple[str, list[dict[str, Any]]]:
             {"type": "tool_use", "id": "toolu_0", "name": "build_log", "input": {}}]},
         {"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": "toolu_0", "content": SECRET_LOG}]},
+        {"role": "assistant", "content": "I have the build log."},  # answered (see above)
         {"role": "user", "content": "Which artifact did step 321 make?"},
     ]  # fmt: skip
 

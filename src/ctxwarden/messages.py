@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
+from itertools import repeat
 from typing import Any, Literal, get_args
 
 from ctxwarden.errors import InvalidMessageError
@@ -31,6 +32,7 @@ __all__ = [
     "Role",
     "TextPart",
     "ToolCall",
+    "check_message_list",
     "detect_kind",
     "wire_dict",
 ]
@@ -266,6 +268,57 @@ class Message:
         """A copy with new content (and extra ``meta`` keys), same id and metadata."""
         new_meta = {**self.meta, **meta} if meta else self.meta
         return replace(self, content=content, meta=new_meta)
+
+    # -- wire formats (thin: the converters live in ctxwarden.formats) ----------------------
+
+    @classmethod
+    def from_openai(cls, data: Mapping[str, Any], *, index: int | None = None) -> Message:
+        """Parse one OpenAI chat message dict (the inverse of :meth:`to_openai`); errors
+        name ``index`` and the field. A whole transcript:
+        :func:`~ctxwarden.formats.openai.messages_from_openai` (it numbers the ids)."""
+        parse: Callable[..., Message] = _codec("from_openai")
+        return parse(data, index=index)
+
+    def to_openai(self, *, with_meta: bool = False) -> dict[str, Any]:
+        """This message as an OpenAI chat-completions dict; ``with_meta`` adds our
+        metadata under the ``"ctxwarden"`` key (providers reject it: for storage only).
+        A list: :func:`~ctxwarden.formats.openai.messages_to_openai`."""
+        write: Callable[..., dict[str, Any]] = _codec("to_openai")
+        return write(self, with_meta=with_meta)
+
+
+# The wire converters register here when their module is imported (``ctxwarden/__init__``
+# imports them before any submodule runs): the model delegates to them without importing
+# the formats, which import the model (no import circle).
+_CODECS: dict[str, Callable[..., Any]] = {}
+
+
+def register_codec(name: str, function: Callable[..., Any]) -> None:
+    """Make ``function`` the converter a :class:`Message` method ``name`` delegates to."""
+    _CODECS[name] = function
+
+
+def _codec(name: str) -> Callable[..., Any]:
+    found = _CODECS.get(name)
+    if found is None:  # only if ctxwarden's own __init__ was bypassed
+        raise RuntimeError(f"Message.{name} needs ctxwarden.formats (import ctxwarden first)")
+    return found
+
+
+def check_message_list(items: Any, name: str = "messages") -> None:
+    """Raise :class:`InvalidMessageError` naming ``name`` unless ``items`` is a list (or
+    tuple) of :class:`Message` s: the functions that take the model, not wire dicts, say
+    so before any work instead of failing on a missing attribute deep inside. One C-level
+    pass (``map(isinstance, ...)``), so the hot paths may call it."""
+    if not isinstance(items, list | tuple):
+        got = "None" if items is None else type(items).__name__
+        raise InvalidMessageError(f"{name} must be a list of Message, got {got}")
+    if all(map(isinstance, items, repeat(Message))):
+        return
+    index = next(i for i, m in enumerate(items) if not isinstance(m, Message))
+    got = type(items[index]).__name__
+    hint = " (parse OpenAI dicts with messages_from_openai)" if got == "dict" else ""
+    raise InvalidMessageError(f"{name}[{index}] must be a Message, got {got}{hint}", index=index)
 
 
 # -- the canonical form ------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ctxwarden.bench.metrics import OursStrategy, price_strategy
+from ctxwarden.bench.scenarios_laptop import SEED_POLICY
 from ctxwarden.bench.summarizers import Account, BenchSummarizer, SummarizerSpec, summarizer_for
 from ctxwarden.messages import Message, ToolCall
 from ctxwarden.registry.usage import Usage
@@ -404,6 +405,7 @@ def _run(
             trigger=SummaryTrigger(max_messages=30, keep_recent=15, fill_ratio=None),
             tools=TOOLS,
             summarizer=summ,
+            policy=SEED_POLICY,  # the seed's experiment keeps its own setting (issue 35)
         ),
     }
     history = [Message.system(_system_prompt(), id="system")]

@@ -33,8 +33,10 @@ from typing import Any
 
 from ctxwarden.bench.metrics import OursStrategy, price_strategy, reduction_table
 from ctxwarden.bench.summarizers import Account, BenchSummarizer, SummarizerSpec, summarizer_for
+from ctxwarden.build.policy import Policy
 from ctxwarden.errors import ConfigError, InvalidMessageError
 from ctxwarden.messages import Message, ToolCall
+from ctxwarden.steps.truncate import TruncateToolResults
 from ctxwarden.tokens.counter import TokenCounter
 
 __all__ = [
@@ -377,6 +379,12 @@ def run_tool(call: ToolCall) -> str:
     return json.dumps({"error": f"Unknown tool '{call.name}'. The tools are: {known}."})
 
 
+SEED_POLICY = Policy(truncate=TruncateToolResults(newest_whole=False))
+"""The seed's experiment keeps its own setting: every tool result over the threshold is
+cut at once, the newest too (the default keeps a result the model has not answered yet
+whole while it fits: issue 35), so its per-turn token figures stay the seed's."""
+
+
 def _strategies(
     model: str, summarizer: BenchSummarizer, ours_budget: int, every: int
 ) -> dict[str, Strategy]:
@@ -387,7 +395,12 @@ def _strategies(
         "Summarization": SeedStrategy(False, True, summarizer, every),
         "OMask+Summ": SeedStrategy(True, True, summarizer, every),
         "ctxwarden": OursStrategy(
-            model, ours_budget, schema=FACTS_SCHEMA, tools=TOOLS, summarizer=summarizer
+            model,
+            ours_budget,
+            schema=FACTS_SCHEMA,
+            tools=TOOLS,
+            summarizer=summarizer,
+            policy=SEED_POLICY,
         ),
     }
 

@@ -38,6 +38,8 @@ __all__ = [
     "check_build_arguments",
     "check_build_options",
     "check_messages_argument",
+    "check_summarize_arguments",
+    "check_summarizer_argument",
     "check_unique_ids",
 ]
 
@@ -87,16 +89,85 @@ def _check_tools(tools: Any) -> None:
             raise ConfigError(f"tools[{i}] must be an object, got {type(tool).__name__}")
 
 
+def check_summarizer_argument(value: Any, name: str = "summarizer") -> None:
+    """A summariser is ``None``, ``"offline"``, a provider spec (read, not connected:
+    ``"nope:x"`` is refused here, not when a summary first falls due) or an object with
+    ``summarize`` and ``merge`` (:class:`~ctxwarden.memory.summaries.Summarizer`)."""
+    if value is None:
+        return
+    if isinstance(value, str):
+        from ctxwarden.llm.spec import check_spec
+
+        try:
+            check_spec(value)
+        except ConfigError as exc:
+            raise ConfigError(f"{name}: {exc}") from None
+        return
+    missing = [m for m in ("summarize", "merge") if not callable(getattr(value, m, None))]
+    if missing:
+        raise ConfigError(
+            f"{name} must be 'offline', a provider spec such as 'openai:gpt-4o-mini', or a "
+            f"summariser object (async summarize() and merge()), got {type(value).__name__} "
+            f"(no {' or '.join(missing)})"
+        )
+
+
+def check_layers_argument(value: Any, name: str = "layers") -> None:
+    """Stored layers are ``None`` or a :class:`~ctxwarden.memory.layer_state.LayerState`
+    (``built.state.layers``, or what :func:`ctxwarden.summarize_history` returned)."""
+    from ctxwarden.memory.layer_state import LayerState
+
+    if value is not None and not isinstance(value, LayerState):
+        raise ConfigError(
+            f"{name} must be a LayerState (built.state.layers, or summarize_history's "
+            f".state) or None, got {type(value).__name__}"
+        )
+
+
+def _check_facts_schema(value: Any) -> None:
+    if value is None:
+        return
+    from ctxwarden.memory.facts import schema_fields
+
+    try:
+        schema_fields(value)
+    except ConfigError as exc:
+        raise ConfigError(f"facts_schema: {exc}") from None
+
+
+def check_summarize_arguments(
+    summarizer: Any, policy: Any, schema: Any, window: Any, max_input_tokens: Any
+) -> None:
+    """``Session.summarize`` 's arguments, every one checked before any work, whether or
+    not a summary is due."""
+    check_build_options(
+        None,
+        policy,
+        {"max_input_tokens": max_input_tokens, "facts_schema": schema},
+        summarizer=summarizer,
+    )
+    check_budget_argument(window, "window")
+
+
 _SESSION_OPTIONS = frozenset({"max_input_tokens", "tools", "facts_schema"})
 
 
 def check_build_options(
-    model: Any, policy: Any, options: Mapping[str, Any], *, session: bool = False
+    model: Any,
+    policy: Any,
+    options: Mapping[str, Any],
+    *,
+    session: bool = False,
+    summarizer: Any = None,
 ) -> None:
     """The arguments besides the messages (``Session.build`` checks these first, with
-    ``session=True``: then only the options it passes on to the build may be given)."""
+    ``session=True``: then only the options it passes on to the build may be given).
+    Every one is checked whether or not the build would use it (a summariser when no
+    summary is due, a schema without a summariser): a mistake shows at the first call."""
     from ctxwarden.build.policy import Policy
     from ctxwarden.build.state import BuildState
+    from ctxwarden.memory.entity_ledger import EntityLedger
+    from ctxwarden.registry.catalog import Registry
 
     if session and not set(options) <= _SESSION_OPTIONS:
         unknown = ", ".join(sorted(set(options) - _SESSION_OPTIONS))
@@ -117,6 +188,13 @@ def check_build_options(
         raise ConfigError(
             f"previous must be the last BuiltContext (or its state), got {type(previous).__name__}"
         )
+    check_summarizer_argument(options.get("summarizer", summarizer))
+    _check_facts_schema(options.get("facts_schema"))
+    check_layers_argument(options.get("layers"))
+    _check_optional(
+        options.get("earlier_entities"), "earlier_entities", EntityLedger, "an EntityLedger"
+    )
+    _check_optional(options.get("registry"), "registry", Registry, "a Registry")
 
 
 def check_messages_argument(messages: Any) -> list[Any]:

@@ -22,7 +22,7 @@ from operator import is_
 from typing import Literal, NamedTuple
 
 from ctxwarden.errors import InvalidMessageError
-from ctxwarden.messages import Message
+from ctxwarden.messages import Message, check_message_list
 
 __all__ = [
     "Block",
@@ -78,6 +78,7 @@ class PairingProblem:
 def group_blocks(messages: Sequence[Message], offset: int = 0) -> list[Block]:
     """Split a conversation into blocks, pairing tool results with calls by position;
     block starts count from ``offset`` (the position of ``messages[0]`` in a history)."""
+    check_message_list(messages)
     blocks: list[Block] = []
     i, n = 0, len(messages)
     while i < n:
@@ -205,6 +206,7 @@ def validate_pairing(messages: Sequence[Message], *, allow_pending_tail: bool = 
     ``allow_pending_tail`` accepts a final assistant tool call still waiting for its
     results (an agent mid-turn).
     """
+    check_message_list(messages)
     last_block_start = group_blocks(messages)[-1].start if messages else -1
     for p in pairing_problems(messages):
         if p.problem == "unanswered_call" and allow_pending_tail and p.index == last_block_start:

@@ -8,6 +8,7 @@ A :class:`Policy` is a frozen dataclass that loads from TOML::
     threshold_tokens = 500
     target_tokens = 300
     cut_values_tokens = 120        # list the ids, dates, amounts the cut removed (0: off)
+    newest_whole = true            # results not answered yet: whole while they fit
 
     [mask]
     keep_last = 3

@@ -22,6 +22,7 @@ from ctxwarden.messages import (
     RawPart,
     TextPart,
     ToolCall,
+    register_codec,
     wire_dict,
 )
 
@@ -250,3 +251,7 @@ def messages_to_openai(
 ) -> list[dict[str, Any]]:
     """Write a list of messages in OpenAI chat format."""
     return [message_to_openai(m, with_meta=with_meta) for m in messages]
+
+
+register_codec("from_openai", message_from_openai)  # Message.from_openai
+register_codec("to_openai", message_to_openai)  # Message.to_openai

@@ -31,7 +31,14 @@ from ctxwarden.errors import ConfigError
 from ctxwarden.llm.base import ChatModel
 from ctxwarden.llm.retry import RetryPolicy
 
-__all__ = ["PROVIDERS", "SPEC_OPTIONS", "check_timeout", "parse_spec", "split_options"]
+__all__ = [
+    "PROVIDERS",
+    "SPEC_OPTIONS",
+    "check_spec",
+    "check_timeout",
+    "parse_spec",
+    "split_options",
+]
 
 PROVIDERS = ("openai", "anthropic", "openrouter", "ollama", "vllm", "lmstudio")
 _URL = re.compile(r"^(?P<model>.+?)@(?P<url>https?://\S+)$")
@@ -44,20 +51,15 @@ _FORMS = (
 )
 
 
-def parse_spec(
-    spec: str, *, timeout: float | None = None, retry: RetryPolicy | None = None
-) -> ChatModel | str:
-    """Build the client a spec names (``"offline"`` stays a string).
-
-    Raises :class:`ConfigError` listing the valid forms for anything else.
-    """
+def check_spec(spec: str) -> tuple[str, str, str | None, float | None, RetryPolicy | None]:
+    """``(provider, model, base_url, timeout, retry)`` a spec names, read without making a
+    client (an argument check up front costs nothing); ``("offline", "", ...)`` for the
+    offline one. Raises :class:`ConfigError` listing the valid forms for anything else."""
     if not isinstance(spec, str):
         raise ConfigError(f"a model spec must be a str, got {type(spec).__name__}")
-    text, spec_timeout, spec_retry = split_options(spec.strip())
-    timeout = check_timeout(timeout) if timeout is not None else spec_timeout
-    retry = retry if retry is not None else spec_retry
+    text, timeout, retry = split_options(spec.strip())
     if text.lower() == "offline":
-        return "offline"
+        return "offline", "", None, timeout, retry
     provider, sep, rest = text.partition(":")
     provider = provider.lower()
     if not sep or not rest or provider not in PROVIDERS:
@@ -71,6 +73,21 @@ def parse_spec(
         model, base_url = match["model"], match["url"]
     if not model or model.startswith("@"):
         raise ConfigError(f"bad model spec {spec!r} (no model); valid forms: {_FORMS}")
+    return provider, model, base_url, timeout, retry
+
+
+def parse_spec(
+    spec: str, *, timeout: float | None = None, retry: RetryPolicy | None = None
+) -> ChatModel | str:
+    """Build the client a spec names (``"offline"`` stays a string).
+
+    Raises :class:`ConfigError` listing the valid forms for anything else.
+    """
+    provider, model, base_url, spec_timeout, spec_retry = check_spec(spec)
+    timeout = check_timeout(timeout) if timeout is not None else spec_timeout
+    retry = retry if retry is not None else spec_retry
+    if provider == "offline":
+        return "offline"
     options: dict[str, Any] = {}
     if timeout is not None:
         options["timeout"] = timeout

@@ -134,8 +134,21 @@ async def summarize_history(
     (``built.state.layers``); ``trigger`` defaults to :class:`SummaryTrigger` ();
     ``window`` is the input budget the fill-ratio trigger is measured against (off when
     ``None``); ``count`` counts one message (default: ``model``'s counter)."""
+    from ctxwarden.build.inputs import (
+        check_budget_argument,
+        check_layers_argument,
+        check_summarizer_argument,
+    )
+    from ctxwarden.messages import check_message_list
     from ctxwarden.tokens.counter import TokenCounter
 
+    # every argument checked before any work, whether or not the trigger fires
+    check_message_list(history, "history")
+    check_layers_argument(previous, "previous")
+    check_summarizer_argument(summarizer)
+    check_budget_argument(window, "window")
+    if trigger is not None and not isinstance(trigger, SummaryTrigger):
+        raise ConfigError(f"trigger must be a SummaryTrigger or None, got {type(trigger).__name__}")
     trigger = trigger or SummaryTrigger()
     count = count or TokenCounter.for_model(model).count_message
     state = previous or LayerState()

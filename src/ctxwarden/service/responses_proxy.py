@@ -191,10 +191,10 @@ def _is_instructions(message: Message) -> bool:
 def _item_bytes(message: Message) -> bytes:
     """A message's items as compact JSON without the list's brackets, kept on the message
     (a message never changes; the proxy sends the same ones call after call)."""
-    found: bytes | None = message.__dict__.get("_cw_responses_items")
+    found: bytes | None = message._memo.get("_cw_responses_items")
     if found is None:
         found = b",".join(orjson.dumps(i) for i in message_items(message))
-        message.__dict__["_cw_responses_items"] = found
+        message._memo["_cw_responses_items"] = found
     return found
 
 

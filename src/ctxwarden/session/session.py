@@ -42,6 +42,7 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ctxwarden.build.inputs import check_build_options, check_summarize_arguments
 from ctxwarden.build.state import BuildState
 from ctxwarden.errors import ConfigError, StoreError, UnknownModelError
 from ctxwarden.formats.openai import message_from_openai, message_to_openai
@@ -143,6 +144,7 @@ class Session:
         summarizer: _SummarizerLike | None = None,
         **store_options: Any,
     ) -> None:
+        check_build_options(model, policy, {"registry": registry}, summarizer=summarizer)
         self._owns_store = isinstance(store, str)
         self.store: SessionStore = (
             open_store(store, **store_options) if isinstance(store, str) else store
@@ -510,11 +512,10 @@ class Session:
         summarised here: :meth:`summarize` writes the summary.
         """
         from ctxwarden.build.engine import model_info, run_build
-        from ctxwarden.build.inputs import check_build_options
         from ctxwarden.build.policy import Policy as PolicyClass
         from ctxwarden.memory.cycle import summary_viewer
 
-        check_build_options(model, policy, kw, session=True)
+        check_build_options(model, policy, kw, session=True, summarizer=summarizer)
         model = model or self.model
         policy = policy if policy is not None else (self.policy or PolicyClass())
         info = model_info(model, self.registry)
@@ -630,6 +631,7 @@ class Session:
         from ctxwarden.memory.cycle import resolve_summarizer
 
         summarizer = summarizer if summarizer is not None else self.summarizer
+        check_summarize_arguments(summarizer, policy, schema, window, max_input_tokens)
         if summarizer is None:
             raise ConfigError(
                 "no summariser: pass one to summarize(), or to Session(..., summarizer=...)"
@@ -655,10 +657,8 @@ class Session:
         if extractor is not None:
             extract_with, free = extractor, False
         count = _as_sent(counter, replace(policy, summary=trigger))
-        resolved = (chosen, extract_with, free)
-        return await summary_cycle(
-            self, resolved, trigger, count, window, schema, max_messages, retries
-        )
+        rest = (trigger, count, window, schema, max_messages, retries)
+        return await summary_cycle(self, (chosen, extract_with, free), *rest)
 
     def summarize_sync(
         self,

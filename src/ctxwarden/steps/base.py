@@ -154,7 +154,9 @@ class StrategyContext:
     ``sticky`` maps message id -> the action an earlier build took on it, so a message
     masked or truncated at turn t stays so at t+1 and the prompt prefix stays stable.
     ``count_text`` counts a bare string (no framing): strategies that try drafts use it
-    instead of wrapping each draft in a message.
+    instead of wrapping each draft in a message. ``newest_room`` is what the tool results
+    the model has not answered yet may take whole (:func:`~ctxwarden.steps.newest.newest_room`;
+    the build always gives it, ``None`` when a strategy is called on its own).
     """
 
     count: Callable[[Message], int]
@@ -163,12 +165,14 @@ class StrategyContext:
     protected: frozenset[str] = frozenset()
     sticky: Mapping[str, ActionKind] = field(default_factory=dict)
     count_text: Callable[[str], int] | None = None  # a bare string, when the caller has one
+    newest_room: int | None = None
 
 
 @dataclass(frozen=True)
 class StrategyResult:
     messages: list[Message]
     actions: list[Action] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 @runtime_checkable

@@ -66,16 +66,24 @@ def truncate_by_kind(
     terms: Sequence[str] = (),
     total: int | None = None,
     max_chars: int = MAX_CHARS,
+    fields: Sequence[str] = (),
 ) -> str:
     """Truncate ``text`` with the method for its ``kind`` (``None`` or unknown: plain text).
 
     ``terms`` are what the agent was looking for (code, logs and diffs keep the lines
-    with them); ``total`` is ``count(text)`` when the caller knows it (a huge text is
+    with them, JSON the list items that hold them; ``fields`` are key names JSON keeps);
+    ``total`` is ``count(text)`` when the caller knows it (a huge text is
     then never counted whole); ``max_chars`` caps what is examined.
     """
     if kind == "json" and len(text) <= max_chars * JSON_CAP_FACTOR:  # parsed whole
         return truncate_json(
-            text, target_tokens=target_tokens, count=count, keep_fields=keep_fields, total=total
+            text,
+            target_tokens=target_tokens,
+            count=count,
+            keep_fields=keep_fields,
+            total=total,
+            terms=terms,
+            fields=fields,
         )
     total = estimate_tokens(text, count) if total is None else total
     if total <= target_tokens:

@@ -16,12 +16,13 @@ from typing import Any
 from ctxwarden.kinds import load_json
 from ctxwarden.messages import Message
 
-__all__ = ["request_terms"]
+__all__ = ["argument_values", "request_terms", "stated_terms"]
 
 _SPLIT = re.compile(r"[^\w./-]+")
 _QUOTED = re.compile(r"""["'`]([^"'`\n]{3,80})["'`]""")
 _CAMEL = re.compile(r"[a-z][A-Z]")
 _MAX_TERMS = 48
+_LETTER, _DIGIT = re.compile(r"[A-Za-z]"), re.compile(r"\d")
 
 
 def _distinctive(token: str) -> bool:
@@ -76,4 +77,56 @@ def request_terms(request: Message | None, call_id: str | None = None) -> tuple[
             token = token.strip(".-")
             if _distinctive(token):
                 found.setdefault(token, None)
+    return tuple(found)[:_MAX_TERMS]
+
+
+def argument_values(request: Message | None, call_id: str | None = None) -> tuple[str, ...]:
+    """The values a call's arguments name, whole (3 to 80 characters; numbers too): what
+    a JSON result is searched for (``{"reservation_id": "ZFA04Y"}`` asks for the item
+    holding ``ZFA04Y``, which no token rule would call distinctive). First seen first."""
+    if request is None:
+        return ()
+    found: dict[str, None] = {}
+    for call in request.tool_calls:
+        if call_id is not None and call.id != call_id:
+            continue
+        ok, doc = load_json(call.arguments)
+        leaves = _leaves(doc) if ok else []
+        for value in leaves:
+            if 3 <= len(value) <= 80:
+                found.setdefault(value, None)
+    return tuple(found)[:_MAX_TERMS]
+
+
+def _leaves(value: Any) -> list[str]:
+    """String and number leaves of a parsed JSON value, as text (booleans left out)."""
+    out: list[str] = []
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            out.append(node)
+        elif isinstance(node, int | float) and not isinstance(node, bool):
+            out.append(str(node))
+        elif isinstance(node, dict):
+            stack.extend(reversed(list(node.values())))
+        elif isinstance(node, list):
+            stack.extend(reversed(node))
+    return out
+
+
+def stated_terms(text: str) -> tuple[str, ...]:
+    """What a user message names that a tool result may hold: its quoted phrases and its
+    identifiers — a token with letters and digits (``ORD-10117``, ``ZFA04Y``), a path, a
+    dotted or snake name. Used for the results the model has not answered yet, which are
+    read for this message (results already answered are cut by their request only, so
+    their cut stays the same at every turn)."""
+    found: dict[str, None] = {}
+    for quoted in _QUOTED.findall(text):
+        found.setdefault(quoted.strip(), None)
+    for token in _SPLIT.split(text):
+        token = token.strip(".-/")
+        mixed = len(token) >= 4 and bool(_LETTER.search(token)) and bool(_DIGIT.search(token))
+        if mixed or _distinctive(token):
+            found.setdefault(token, None)
     return tuple(found)[:_MAX_TERMS]

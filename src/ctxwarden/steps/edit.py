@@ -19,6 +19,7 @@ from ctxwarden.steps.base import (
     StrategyContext,
     edit_marker,
 )
+from ctxwarden.steps.newest import newest_room
 from ctxwarden.tokens.counter import REPLY_PRIMING
 
 __all__ = ["EditStep"]
@@ -36,15 +37,18 @@ class EditStep:
 
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
         # The newest call block is kept by the fit, but may be cut or masked like any other
-        # result (shrunk first); only the newest user message is untouchable here.
+        # result (shrunk first); the newest user message and the window's pins (pinned,
+        # critical, pin_first: protected, not anchors) are untouchable here.
         newest = draft.history[draft.newest].id if draft.newest is not None else None
+        pins = draft.protected - draft.anchors
         sctx = StrategyContext(
             count=ctx.counter.count_message,
             budget=ctx.budget,
             total=lambda ms: REPLY_PRIMING + ctx.counter.total(ms),  # count_messages' tokens
-            protected=frozenset({newest} if newest else ()),
+            protected=pins | {newest} if newest else pins,
             sticky=ctx.previous.sticky,
             count_text=ctx.counter.count_text,
+            newest_room=newest_room(draft, ctx),
         )
         result = self.strategy(list(draft.window), sctx)
         edits = dict(draft.edits)
@@ -59,4 +63,4 @@ class EditStep:
                 if m.id in cut and "values_listed" in m.meta and "masked_from" not in m.meta:
                     edits[m.id] = edit_marker(edits[m.id].action, listed=True)
         new = draft.but(window=tuple(result.messages), edits=edits)
-        return StepResult(new, tuple(result.actions))
+        return StepResult(new, tuple(result.actions), tuple(result.warnings))

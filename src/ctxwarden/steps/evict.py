@@ -192,6 +192,9 @@ class EvictStep:
         base = ctx.policy.truncate or TruncateToolResults()
         window = list(draft.window)
         edits = dict(draft.edits)
+        # what the calls asked for and the newest user message names survive the cut
+        requests = {c.id: m for m in window for c in m.tool_calls}
+        stated = draft.history[draft.newest].text if draft.newest is not None else ""
         for i, m in enumerate(window):
             if m.id not in sizes:
                 continue
@@ -207,7 +210,8 @@ class EvictStep:
                 if not (m.pinned or m.priority == "critical")
                 else replace(m, pinned=False, priority="high")
             )
-            cut = cutter.truncate(unpinned, ctx.count, ctx.counter.count_text)
+            request = requests.get(m.tool_call_id or "")
+            cut = cutter.truncate(unpinned, ctx.count, ctx.counter.count_text, request, stated)
             if cut is unpinned:
                 continue
             cut = replace(cut, pinned=m.pinned, priority=m.priority)

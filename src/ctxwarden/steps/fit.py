@@ -9,6 +9,12 @@ moving it again and consecutive requests share a byte-identical prefix.
 A block is dropped whole; protected blocks (the newest user message, the newest tool-call
 block, pinned and critical messages) are never dropped here. Pinned blocks the new window
 start passes join the pinned layer. What still does not fit is the eviction step's.
+
+``window.max_messages`` caps the window's own messages: pinned, critical and ``pin_first``
+blocks live outside it (issue 35: counting them let five pins fill a cap of five and
+pushed out every unpinned turn with the budget 91% free). Each drop names its cause: the
+cap (``left the window (window.max_messages=N)``) when the cap alone excludes the block,
+else the budget.
 """
 
 from __future__ import annotations
@@ -22,7 +28,14 @@ from ctxwarden.steps.base import Action, Draft, StepContext, StepResult
 from ctxwarden.steps.ledger import LedgerBuilder, ledger_cap, ledger_from
 from ctxwarden.steps.window import is_pinned
 
-__all__ = ["FitStep", "ledger_sources", "shown_blocks", "window_positions"]
+__all__ = [
+    "FitStep",
+    "capped_count",
+    "ledger_sources",
+    "pin_ids",
+    "shown_blocks",
+    "window_positions",
+]
 
 
 def window_positions(draft: Draft) -> dict[str, int]:
@@ -85,13 +98,13 @@ class FitStep:
                 - (ctx.count(ledger) if ledger else 0)
             )
             used = ctx.total(window)  # the blocks' messages, in order
-            over_count = limit is not None and len(window) > limit
+            over_count = limit is not None and capped_count(window, draft) > limit
             if used <= room and not over_count:
                 break
             target = int(room * ctx.policy.window.refill_ratio) if used > room else room
             if blocks is None:
                 blocks, pos = group_blocks(draft.window), window_positions(draft)
-            blocks, dropped = _drop_oldest(blocks, target, draft.protected, limit, ctx)
+            blocks, dropped = _drop_oldest(blocks, target, draft, limit, ctx)
             actions.extend(dropped)
             start, pinned = _new_start(blocks, pos, start, pinned, draft)
             blocks = [b for b in blocks if pos[b.head.id] >= start]  # the rest is pinned now
@@ -131,31 +144,63 @@ def _new_start(
     return new_start, sorted({*pinned, *keep_moved})
 
 
+def pin_ids(draft: Draft) -> frozenset[str]:
+    """Ids of the window's pins: pinned, critical and ``pin_first`` messages (protected
+    but not anchors, or pinned anchors). They do not count against ``max_messages``."""
+    pins = draft.protected - draft.anchors
+    pinned_anchors = {m.id for m in draft.window if m.id in draft.anchors and is_pinned(m)}
+    return pins | pinned_anchors if pinned_anchors else pins
+
+
+def capped_count(messages: Sequence[Message], draft: Draft) -> int:
+    """How many of ``messages`` count against ``window.max_messages``: all but the
+    messages of blocks that hold a pin (a pinned call brings its results)."""
+    pins = pin_ids(draft)
+    if not any(m.id in pins for m in messages):
+        return len(messages)
+    return sum(
+        len(b.messages) for b in group_blocks(messages) if not any(m.id in pins for m in b.messages)
+    )
+
+
 def _drop_oldest(
     blocks: Sequence[Block],
     target: int,
-    protected: frozenset[str],
+    draft: Draft,
     max_messages: int | None,
     ctx: StepContext,
 ) -> tuple[list[Block], list[Action]]:
-    """Keep the protected blocks and the newest contiguous blocks that fit ``target``."""
+    """Keep the protected blocks and the newest contiguous blocks that fit ``target``
+    and, pins apart, ``max_messages``; each dropped message says why: the cap when the
+    cap alone excludes it (whatever the budget), else the budget."""
+    protected, pins = draft.protected, pin_ids(draft)
     is_protected = [any(m.id in protected for m in b.messages) for b in blocks]
-    used = sum(ctx.total(b.messages) for b, p in zip(blocks, is_protected, strict=True) if p)
-    count = sum(len(b.messages) for b, p in zip(blocks, is_protected, strict=True) if p)
-    keep = list(is_protected)
+    counted = [not any(m.id in pins for m in b.messages) for b in blocks]
+    pairs = list(zip(blocks, is_protected, strict=True))
+    used = sum(ctx.total(b.messages) for b, p in pairs if p)
+    base = sum(len(b.messages) for (b, p), c in zip(pairs, counted, strict=True) if p and c)
+    count, capped_from = base, -1  # blocks at or before capped_from: the cap excludes them
     for i in range(len(blocks) - 1, -1, -1):
+        if not is_protected[i]:
+            count += len(blocks[i].messages)
+            if max_messages is not None and count > max_messages:
+                capped_from = i
+                break
+    keep = list(is_protected)
+    for i in range(len(blocks) - 1, capped_from, -1):
         if is_protected[i]:
             continue
-        tokens, size = ctx.total(blocks[i].messages), len(blocks[i].messages)
-        if used + tokens > target or (max_messages is not None and count + size > max_messages):
+        tokens = ctx.total(blocks[i].messages)
+        if used + tokens > target:
             break
         keep[i] = True
         used += tokens
-        count += size
+    by_cap = f"left the window (window.max_messages={max_messages})"
     actions = [
-        Action(m.id, "dropped", "left the window (budget)", ctx.count(m), 0, "window")
-        for b, kept in zip(blocks, keep, strict=True)
+        Action(m.id, "dropped", by_cap if i <= capped_from else "left the window (budget)",
+               ctx.count(m), 0, "window")
+        for i, (b, kept) in enumerate(zip(blocks, keep, strict=True))
         if not kept
         for m in b.messages
-    ]
+    ]  # fmt: skip
     return [b for b, k in zip(blocks, keep, strict=True) if k], actions

@@ -38,8 +38,9 @@ the session reads it back without computing the memo's key or counting again.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ctxwarden.caching import BoundedCache
 from ctxwarden.errors import ConfigError
@@ -49,11 +50,12 @@ from ctxwarden.messages import Message
 from ctxwarden.steps.base import Action, StrategyContext, StrategyResult, same_action
 from ctxwarden.steps.cut_json import truncate_json
 from ctxwarden.steps.cut_kinds import MAX_CHARS, truncate_by_kind
-from ctxwarden.steps.cut_terms import request_terms
+from ctxwarden.steps.cut_terms import argument_values, request_terms, stated_terms
 from ctxwarden.steps.cut_text import fmt, truncate_article, truncate_text
 from ctxwarden.steps.cut_trace import DEFAULT_LIBRARY_PATTERNS, library_regex, truncate_stack_trace
 from ctxwarden.steps.cut_values import with_cut_values
 from ctxwarden.steps.handles import handle_for
+from ctxwarden.steps.newest import newest_user_text, unanswered_results
 from ctxwarden.tokens.counter import counting_key
 
 __all__ = [
@@ -103,6 +105,22 @@ def _with_mark(text: str, message: Message) -> str:
     return text + _full_result_mark(message)
 
 
+def _terms(request: Message | None, call_id: str | None, stated: str) -> tuple[str, ...]:
+    """What a cut keeps: the request's terms and the values its arguments name, and for
+    a result not answered yet what the newest user message states."""
+    terms = request_terms(request, call_id) + argument_values(request, call_id)
+    return terms + stated_terms(stated) if stated else terms
+
+
+def stated_words(stated: str) -> tuple[str, ...]:
+    """The words of the newest user message (4+ letters), as the key names a JSON cut of
+    a result not answered yet keeps ("the status and total of ..." keeps those keys)."""
+    return tuple(dict.fromkeys(w.lower() for w in _WORDS.findall(stated)))[:48] if stated else ()
+
+
+_WORDS = re.compile(r"[A-Za-z_][A-Za-z0-9_]{3,40}")
+
+
 def _recall_result(message: Message, request: Message | None = None) -> bool:
     """The result of a ``ctxwarden_recall`` call: named so, or its call is."""
     if message.role != "tool":
@@ -133,6 +151,14 @@ class TruncateToolResults:
     longer one; JSON is parsed whole up to 16 times that). ``count_text`` (a text
     counter, e.g. ``TokenCounter.count_text``) is used while searching for the cut;
     without it each candidate is counted as a whole message through ``ctx.count``.
+
+    ``newest_whole`` (default on): the threshold applies to results the model has
+    already answered; the ones it has not (after the last assistant message) are kept
+    verbatim while they fit the room the build leaves them (``ctx.newest_room``, see
+    :mod:`~ctxwarden.steps.newest`), and when they must be cut each keeps its share of
+    that room (at least ``target_tokens``) and what its call's arguments and the newest
+    user message name, with an action and a warning saying so. Off, every result over
+    the threshold is cut at once (the seeds' rule; their bench scenarios set it).
     """
 
     threshold_tokens: int = 500
@@ -141,6 +167,7 @@ class TruncateToolResults:
     keep_fields: tuple[str, ...] = ()
     cut_values_tokens: int = 120
     max_chars: int = MAX_CHARS
+    newest_whole: bool = True
     count_text: Callable[[str], int] | None = field(default=None, compare=False, repr=False)
     name: str = field(default="truncate")
     _config_key: str = field(default="", init=False, compare=False, repr=False)
@@ -178,13 +205,16 @@ class TruncateToolResults:
         count: Callable[[Message], int],
         count_text: Callable[[str], int] | None = None,
         request: Message | None = None,
+        stated: str = "",
     ) -> Message:
         """``message`` cut to the target (the same object when nothing is cut);
         ``count_text`` counts the drafts (else ``self.count_text``, else ``count``);
-        ``request`` is the assistant message that made the call (its terms are kept)."""
+        ``request`` is the assistant message that made the call (its terms are kept);
+        ``stated`` the newest user message's text, for a result the model has not
+        answered yet (what it names is kept too)."""
         drafts = self.count_text or count_text
         counter = counting_key(drafts) if drafts is not None else counting_key(count)
-        return self._truncate(message, count, drafts, counter, request)
+        return self._truncate(message, count, drafts, counter, request, stated)
 
     def _truncate(
         self,
@@ -193,6 +223,7 @@ class TruncateToolResults:
         drafts: Callable[[str], int] | None,
         counter: Hashable | None,
         request: Message | None,
+        stated: str = "",
     ) -> Message:
         if not self._cuttable(message):
             return message
@@ -204,11 +235,12 @@ class TruncateToolResults:
             # the cut message itself is memoised (per id: the fingerprint ignores ids),
             # so every build sends the very same object and its count is cached
             asked = request.fingerprint if request is not None else ""
-            key = (message.id, message.fingerprint, asked, self._config_key, counter, before)
+            key = (message.id, message.fingerprint, asked, stated, self._config_key, counter)
+            key += (before,)
             hit = _MEMO.get(key)
             if hit is not None:
                 return message if hit.content == message.content else hit
-        cut = self._cut(message, count, drafts, request, before)
+        cut = self._cut(message, count, drafts, request, before, stated)
         if key is not None:
             _MEMO.put(key, cut)
         return cut
@@ -220,6 +252,7 @@ class TruncateToolResults:
         drafts: Callable[[str], int] | None,
         request: Message | None,
         before: int,
+        stated: str = "",
     ) -> Message:
         overhead = max(count(message.with_content("")), 0)
         count_text = drafts or (lambda s: count(message.with_content(s)) - overhead)
@@ -231,9 +264,10 @@ class TruncateToolResults:
             count=count_text,
             library_patterns=self.library_patterns,
             keep_fields=self.keep_fields,
-            terms=request_terms(request, message.tool_call_id),
+            terms=_terms(request, message.tool_call_id, stated),
             total=max(before - overhead, 1),
             max_chars=self.max_chars,
+            fields=stated_words(stated),
         )
         listed = 0
         if text != message.content:
@@ -277,13 +311,17 @@ class TruncateToolResults:
         # what this call's outcome for a message depends on besides the message and its
         # request (see _KEPT_ATTR); None: a counter not known to be pure, nothing is kept
         inputs = None if counter is None else (self._config_key, counter, counting_key(count))
-        for message in messages:
+        newest = self._unanswered(messages, ctx)
+        for index, message in enumerate(messages):
             if message.role != "tool":  # only tool results are cut (see _cuttable)
                 for call in message.tool_calls:
                     requests[call.id] = message
                 out.append(message)
                 continue
             request = requests.get(message.tool_call_id or "")
+            if index in newest:  # not answered yet: cut only to fit (see _newest)
+                out.append(message)
+                continue
             kept = message._memo.get(_KEPT_ATTR)
             if kept is not None and kept[0] is request and kept[1] == inputs:
                 new, action = kept[2] or message, kept[3]
@@ -301,4 +339,59 @@ class TruncateToolResults:
             if action is not None:
                 actions.append(action)
             out.append(new)
-        return StrategyResult(out, actions)
+        warnings: list[str] = []
+        if newest:
+            self._newest(out, newest, requests, ctx, drafts, counter, actions, warnings)
+        return StrategyResult(out, actions, warnings)
+
+    def _unanswered(self, messages: Sequence[Message], ctx: StrategyContext) -> dict[int, int]:
+        """Position -> tokens of each result the model has not answered yet, when this
+        build keeps them whole while they fit (``newest_whole`` and a room given)."""
+        if not self.newest_whole or ctx.newest_room is None:
+            return {}
+        return {i: ctx.count(messages[i]) for i in unanswered_results(messages)}
+
+    def _newest(
+        self,
+        out: list[Message],
+        newest: dict[int, int],
+        requests: dict[str, Message],
+        ctx: StrategyContext,
+        drafts: Callable[[str], int] | None,
+        counter: Hashable | None,
+        actions: list[Action],
+        warnings: list[str],
+    ) -> None:
+        """Keep the unanswered results whole while they fit the room; else cut each over
+        its share of it (at least ``target_tokens``), keeping what its call and the newest
+        user message name, and say so (in ``out``, ``actions`` and ``warnings``)."""
+        room = ctx.newest_room if ctx.newest_room is not None else ctx.budget
+        total = sum(newest.values())
+        if total <= room:
+            return
+        stated = newest_user_text(out)
+        for index, before in newest.items():
+            message = out[index]
+            share = max(room * before // max(total, 1), self.target_tokens)
+            if before <= max(share, self.threshold_tokens) or not self._cuttable(message):
+                continue
+            if _recall_result(message, requests.get(message.tool_call_id or "")):
+                continue  # the eviction step cuts a recalled original only if it must
+            cutter = replace(self, threshold_tokens=share, target_tokens=share)
+            request = requests.get(message.tool_call_id or "")
+            new = cutter._truncate(message, ctx.count, drafts, counter, request, stated)
+            if new is message:
+                continue
+            out[index] = new
+            after = ctx.count(new)
+            reason = (
+                f"newest {message.kind} tool result, not answered yet: over the "
+                f"{fmt(max(room, 0))} tokens the budget leaves it"
+            )
+            actions.append(same_action(message.id, "truncated", reason, before, after, self.name))
+            warnings.append(
+                f"newest tool result {message.id} cut from {before:,} to {after:,} tokens: "
+                f"the budget leaves it {max(room, 0):,} after the system prompt, layers and "
+                "the rest of the newest turn (the cut keeps what its call and the newest "
+                "user message name; the whole result is recallable by its handle)"
+            )

@@ -17,11 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ctxwarden.build.state import BuildState
 from ctxwarden.messages import Message
 from ctxwarden.steps.base import Action, CountedAction, Draft, StepContext, StepResult
 from ctxwarden.tokens.counter import TokenCounter
+
+if TYPE_CHECKING:
+    from ctxwarden.build.policy import Policy
 
 __all__ = ["WindowStep", "is_pinned", "leading_system", "newest_call_block", "newest_user"]
 
@@ -65,12 +69,26 @@ def _align(history: Sequence[Message], start: int) -> int:
     return start
 
 
-def _cold_start(history: Sequence[Message], sys_end: int, room: int, counter: TokenCounter) -> int:
-    """Walk back from the newest message until well past what the room can hold."""
-    acc, i = 0, len(history)
+def _cold_start(
+    history: Sequence[Message], sys_end: int, room: int, counter: TokenCounter, policy: Policy
+) -> int:
+    """Walk back from the newest message until well past what the room can hold, a result
+    the model has answered counted at most as its cut (``truncate.sent_tokens``): walking
+    raw sizes stopped early on a history of long results that truncation shrinks, and the
+    build dropped turns its budget had room for (issue 35). Masking shrinks more, but
+    counting placeholders made the walk, and a cold build, about twice as long; what it
+    leaves before the window goes to the entity ledger."""
+    cut = policy.truncate
+    acc, i, answered = 0, len(history), False
     while i > sys_end and acc <= 3 * room:
         i -= 1
-        acc += min(counter.count_message(history[i]), room)
+        m = history[i]
+        tokens = counter.count_message(m)
+        if m.role == "assistant":
+            answered = True
+        elif m.role == "tool" and answered and cut is not None:
+            tokens = cut.sent_tokens(m, tokens)
+        acc += min(tokens, room)
     return i
 
 
@@ -104,6 +122,47 @@ def _first_messages(history: Sequence[Message], sys_end: int, n: int) -> list[in
     return out
 
 
+def _capped_start(
+    history: Sequence[Message], start: int, newest: int | None, cap: int, first: set[int]
+) -> int:
+    """The latest start at or after ``start`` whose window holds no more than ``cap``
+    messages that count against ``window.max_messages`` (pins — pinned, critical,
+    ``pin_first`` — do not), on a message that is not a tool result, never after the
+    newest user message. The fit keeps whole blocks within the cap from there."""
+    counted, i = 0, len(history)
+    while i > start:
+        j = i - 1
+        if not (j in first or is_pinned(history[j])):
+            if counted == cap:
+                break
+            counted += 1
+        i = j
+    i = _align(history, i)
+    if newest is not None and i > newest:
+        i = newest
+    return max(i, start)
+
+
+def _left_by_cap(
+    history: Sequence[Message],
+    old: int,
+    new: int,
+    pinned: set[int],
+    cap: int | None,
+    ctx: StepContext,
+) -> tuple[Action, ...]:
+    """Dropped actions for the messages the cap moved the (sticky) start past; the pins
+    among them went to the pinned layer."""
+    if new <= old:
+        return ()
+    reason = f"left the window (window.max_messages={cap})"
+    return tuple(
+        Action(history[i].id, "dropped", reason, ctx.count(history[i]), 0, "window")
+        for i in range(old, new)
+        if i not in pinned
+    )
+
+
 @dataclass(frozen=True)
 class WindowStep:
     """Places the window start and collects the pinned messages before it."""
@@ -114,14 +173,22 @@ class WindowStep:
         h, sys_end, prev = draft.history, draft.sys_end, ctx.previous
         layers = ctx.total([m for _, m in draft.layers])
         if prev.history_length == 0:
-            start = _cold_start(h, sys_end, max(ctx.budget - ctx.fixed - layers, 1), ctx.counter)
+            room = max(ctx.budget - ctx.fixed - layers, 1)
+            start = _cold_start(h, sys_end, room, ctx.counter, ctx.policy)
         else:
             start = max(prev.window_start, sys_end)
         start = _align(h, max(start, draft.floor, sys_end))
         if draft.newest is not None and start > draft.newest:
             start = draft.newest
-        flagged, upto = self._flagged(h, sys_end, start, prev)
         first = _first_messages(h, sys_end, ctx.policy.window.pin_first)
+        # Issue 35: the message cap places the start too, so truncation and masking see
+        # the window the cap leaves (a 100-message window over the budget made masking
+        # flush every result although the cap keeps five); pins are outside the cap.
+        cap = ctx.policy.window.max_messages
+        uncapped = start
+        if cap is not None:
+            start = _capped_start(h, start, draft.newest, cap, set(first))
+        flagged, upto = self._flagged(h, sys_end, start, prev)
         pinned = _whole_blocks(h, [*(j for j in first if j < start), *flagged], start)
         window = tuple(h[start:])
         protected = set(draft.protected)
@@ -129,9 +196,11 @@ class WindowStep:
             [m.id for m in window if (m.pinned or m.priority == "critical") and m.role != "system"]
         )
         protected.update(h[j].id for j in first if j >= start)  # pin_first inside the window
-        actions = (
-            self._cold_prefix(draft, ctx, start, set(pinned)) if not prev.history_length else ()
-        )
+        if not prev.history_length:
+            capped = f" (window.max_messages={cap})" if start > uncapped else ""
+            actions = self._cold_prefix(draft, ctx, start, set(pinned), capped)
+        else:
+            actions = _left_by_cap(h, uncapped, start, set(pinned), cap, ctx)
         new = draft.but(
             start=start,
             window=window,
@@ -144,7 +213,7 @@ class WindowStep:
 
     @staticmethod
     def _cold_prefix(
-        draft: Draft, ctx: StepContext, start: int, pinned: set[int]
+        draft: Draft, ctx: StepContext, start: int, pinned: set[int], cause: str = ""
     ) -> tuple[Action, ...]:
         """One action for everything before a cold build's window (its tokens counted when
         small, and only when read: :class:`~ctxwarden.steps.base.CountedAction`);
@@ -160,7 +229,7 @@ class WindowStep:
             return ()
         count = hi - lo + 1 - sum(1 for i in pinned if lo < i < hi)
         span = h[lo].id if count == 1 else f"{h[lo].id}..{h[hi].id}"
-        reason = f"{count} older message(s) before the window"
+        reason = f"{count} older message(s) before the window{cause}"
         if count > 2000:
             return (Action(span, "dropped", reason, 0, 0, "window"),)
         old = [h[i] for i in range(lo, hi + 1) if i not in pinned]
