@@ -42,6 +42,10 @@ def serve(
     anthropic_upstream: Annotated[
         str | None, typer.Option("--anthropic-upstream", help="Anthropic base URL (no /v1).")
     ] = None,
+    gemini_upstream: Annotated[
+        str | None,
+        typer.Option("--gemini-upstream", help="Gemini API base URL (no /v1beta)."),
+    ] = None,
     policy: Annotated[
         Path | None, typer.Option("--policy", help="Policy TOML for tenants without their own.")
     ] = None,
@@ -91,9 +95,10 @@ def serve(
     ] = None,
     registry: RegistryOpt = None,
 ) -> None:
-    """Run the context-managing proxy (OpenAI /v1/chat/completions, Anthropic /v1/messages),
-    the session API and /metrics. Upstream keys: CTXWARDEN_UPSTREAM_API_KEY and
-    CTXWARDEN_ANTHROPIC_API_KEY (or per tenant)."""
+    """Run the context-managing proxy (OpenAI /v1/chat/completions, Anthropic /v1/messages,
+    Gemini /v1beta/models/M:generateContent), the session API and /metrics. Upstream keys:
+    CTXWARDEN_UPSTREAM_API_KEY and CTXWARDEN_ANTHROPIC_API_KEY (or per tenant),
+    CTXWARDEN_GEMINI_API_KEY."""
     from ctxwarden import Policy
     from ctxwarden.service import ServiceConfig
     from ctxwarden.service import serve as run
@@ -102,6 +107,7 @@ def serve(
         db,
         upstream=upstream,
         anthropic_upstream=anthropic_upstream,
+        gemini_upstream=gemini_upstream,
         policy=Policy.from_toml(policy) if policy is not None else None,
         registry=registry_from(registry) if registry else None,
         max_body_bytes=int(max_body_mb * 1024 * 1024),

@@ -4,7 +4,7 @@ Routers per concern: the OpenAI proxy, the Anthropic proxy, the session API, the
 pages (``/ui/``, :mod:`.ui_routes`), and the operational routes here (``/healthz``,
 ``/readyz``, ``/metrics``, ``/v1/models``).
 Errors raised before a response starts become the provider's error shape: Anthropic's
-for ``/v1/messages``, OpenAI's everywhere else.
+for ``/v1/messages``, Gemini's for its routes (``/v1beta/``), OpenAI's everywhere else.
 """
 
 from __future__ import annotations
@@ -27,8 +27,14 @@ from ctxwarden import Registry
 from ctxwarden._version import __version__
 from ctxwarden.errors import StoreUnavailable
 from ctxwarden.mcp.http import mount_mcp
-from ctxwarden.service import anthropic_proxy, openai_proxy, sessions_api, ui_routes
-from ctxwarden.service.auth import CurrentTenant, hub_of
+from ctxwarden.service import (
+    anthropic_proxy,
+    gemini_proxy,
+    openai_proxy,
+    sessions_api,
+    ui_routes,
+)
+from ctxwarden.service.auth import CurrentTenant, hub_of, is_gemini_path
 from ctxwarden.service.config import ServiceConfig
 from ctxwarden.service.direct import Direct, Endpoint
 from ctxwarden.service.errors import ServiceError, error_body, from_library
@@ -71,6 +77,8 @@ def _api_of(request: Request) -> str:
     routes when the request carries ``anthropic-version`` (the anthropic SDK's always
     does); OpenAI's everywhere else."""
     path = request.url.path
+    if is_gemini_path(path):
+        return "gemini"
     if path.startswith("/v1/messages"):
         return "anthropic"
     if path.startswith("/v1/models") and "anthropic-version" in request.headers:
@@ -111,6 +119,10 @@ def create_app(config: ServiceConfig) -> FastAPI:
             upstreams["anthropic"] = Upstream(
                 config.anthropic_upstream, config.anthropic_api_key, "anthropic", **timeouts
             )
+        if config.gemini_upstream:
+            upstreams["gemini"] = Upstream(
+                config.gemini_upstream, config.gemini_api_key, "gemini", **timeouts
+            )
         app.state.hub, app.state.upstreams, app.state.started = hub, upstreams, time.time()
         if config.broker:  # summaries as Celery jobs (ctxwarden worker runs them)
             from ctxwarden.service.summary_jobs import SummaryJobs
@@ -137,6 +149,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
     )
     app.include_router(openai_proxy.router)
     app.include_router(anthropic_proxy.router)
+    app.include_router(gemini_proxy.router)  # /v1beta/models/{model}:generateContent...
     app.include_router(sessions_api.router)
     app.include_router(ui_routes.router)  # /ui/: the session pages
     mount_mcp(app)  # /mcp: recall and search over MCP (ctxwarden.mcp.http)

@@ -31,7 +31,9 @@ def client_session_id(request: Request, tenant: Tenant, system: str, first_user:
 def upstream_for(request: Request, api: str) -> Upstream:
     found: Upstream | None = request.app.state.upstreams.get(api)
     if found is None:
-        flag = "--anthropic-upstream" if api == "anthropic" else "--upstream"
+        flag = {"anthropic": "--anthropic-upstream", "gemini": "--gemini-upstream"}.get(
+            api, "--upstream"
+        )
         raise ServiceError(404, f"this server has no {api} upstream (start it with {flag} URL)")
     return found
 

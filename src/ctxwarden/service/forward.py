@@ -76,7 +76,10 @@ async def forward(
             time.perf_counter() - started
         )
         record = call.tenant.record
-        key = record.anthropic_api_key if wire.api == "anthropic" else record.upstream_api_key
+        # a tenant's own upstream key, where the tenant model has one for this API
+        key = {"anthropic": record.anthropic_api_key, "openai": record.upstream_api_key}.get(
+            wire.api
+        )
         headers = upstream.headers(key, request.headers)
         sent = time.perf_counter()
 
