@@ -2,10 +2,10 @@
 tests.
 
 The real ``openai`` / ``anthropic`` / ``google-genai`` SDKs are pointed at
-``ScriptedServer.url``. Each test scripts the replies (status, body, headers, delay, or SSE events) in order, or
-gives a ``responder`` that answers from the request (a fake model), and then inspects
-``server.requests`` to see exactly what the SDK sent. The server binds
-127.0.0.1 on a random port and never reaches past the machine.
+``ScriptedServer.url``. Each test scripts the replies (status, body, headers, delay, or
+SSE events) in order, or gives a ``responder`` that answers from the request (a fake
+model), and then inspects ``server.requests`` to see exactly what the SDK sent. The
+server binds 127.0.0.1 on a random port and never reaches past the machine.
 """
 
 from __future__ import annotations
