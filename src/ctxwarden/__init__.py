@@ -33,8 +33,10 @@ from ctxwarden.errors import (
 )
 from ctxwarden.formats import (
     messages_from_anthropic,
+    messages_from_gemini,
     messages_from_openai,
     messages_to_anthropic,
+    messages_to_gemini,
     messages_to_openai,
 )
 from ctxwarden.formats.transcript import Transcript, load_example, parse_transcript, read_transcript
@@ -162,8 +164,10 @@ __all__ = [
     "load_example",
     "load_registry",
     "messages_from_anthropic",
+    "messages_from_gemini",
     "messages_from_openai",
     "messages_to_anthropic",
+    "messages_to_gemini",
     "messages_to_openai",
     "open_store",
     "pairing_problems",
