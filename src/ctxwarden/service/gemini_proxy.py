@@ -27,6 +27,7 @@ from urllib.parse import urlencode
 
 import orjson
 from fastapi import APIRouter
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -58,6 +59,23 @@ __all__ = ["GeminiWire", "gemini_usage", "router"]
 router = APIRouter()
 
 _MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class _Target(Convertor[str]):
+    """``MODEL:METHOD`` in a route's path: only such a segment matches, so another path
+    under ``/v1/models/`` (a model id the OpenAI route looks up) is not taken for this
+    route's (a near miss would be a 405 instead of that route's 404)."""
+
+    regex = r"[A-Za-z0-9][A-Za-z0-9._-]*:[A-Za-z]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("gemini_target", _Target())
 _SYSTEM_KEYS = ("systemInstruction", "system_instruction")
 
 
@@ -217,14 +235,14 @@ def _upstream_query(request: Request) -> str:
     return f"?{urlencode(kept)}" if kept else ""
 
 
-@router.post("/v1beta/models/{target}", responses=PROXY_ERRORS)
+@router.post("/v1beta/models/{target:gemini_target}", responses=PROXY_ERRORS)
 async def models_call(target: str, request: Request, tenant: CurrentTenant) -> Response:
     """``generateContent``, ``streamGenerateContent`` or ``countTokens`` of ``model``
     (``target`` is ``MODEL:METHOD``; see the module)."""
     return await _models_call("v1beta", target, request, tenant)
 
 
-@router.post("/v1/models/{target}", responses=PROXY_ERRORS)
+@router.post("/v1/models/{target:gemini_target}", responses=PROXY_ERRORS)
 async def models_call_v1(target: str, request: Request, tenant: CurrentTenant) -> Response:
     """The same on the ``v1`` API (google-genai's default), forwarded to ``v1``."""
     return await _models_call("v1", target, request, tenant)
