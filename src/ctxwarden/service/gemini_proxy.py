@@ -22,11 +22,12 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlencode
 
 import orjson
-from fastapi import APIRouter
+from fastapi import APIRouter, Path
+from pydantic import BaseModel
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import Response
@@ -76,6 +77,51 @@ class _Target(Convertor[str]):
 
 
 register_url_convertor("gemini_target", _Target())
+_TargetParam = Annotated[
+    str, Path(pattern=f"^{_Target.regex}$", examples=["gemini-2.5-flash:generateContent"])
+]
+
+
+class GeminiErrorDetail(BaseModel):
+    code: int
+    message: str
+    status: str
+    details: list[dict[str, Any]] | None = None
+
+
+class GeminiErrorBody(BaseModel):
+    """Gemini's error shape (``google.rpc.Status``)."""
+
+    error: GeminiErrorDetail
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": GeminiErrorBody, "description": spec["description"]}
+    for code, spec in PROXY_ERRORS.items()
+}
+_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["contents"],
+                    "properties": {
+                        "contents": {
+                            "type": "array",
+                            "minItems": 1,
+                            "items": {"type": "object", "required": ["parts"]},
+                        },
+                        "systemInstruction": {"type": "object"},
+                        "tools": {"type": "array"},
+                    },
+                    "additionalProperties": True,
+                }
+            }
+        },
+    }
+}
 _SYSTEM_KEYS = ("systemInstruction", "system_instruction")
 
 
@@ -235,15 +281,15 @@ def _upstream_query(request: Request) -> str:
     return f"?{urlencode(kept)}" if kept else ""
 
 
-@router.post("/v1beta/models/{target:gemini_target}", responses=PROXY_ERRORS)
-async def models_call(target: str, request: Request, tenant: CurrentTenant) -> Response:
+@router.post("/v1beta/models/{target:gemini_target}", responses=_ERRORS, openapi_extra=_BODY)
+async def models_call(target: _TargetParam, request: Request, tenant: CurrentTenant) -> Response:
     """``generateContent``, ``streamGenerateContent`` or ``countTokens`` of ``model``
     (``target`` is ``MODEL:METHOD``; see the module)."""
     return await _models_call("v1beta", target, request, tenant)
 
 
-@router.post("/v1/models/{target:gemini_target}", responses=PROXY_ERRORS)
-async def models_call_v1(target: str, request: Request, tenant: CurrentTenant) -> Response:
+@router.post("/v1/models/{target:gemini_target}", responses=_ERRORS, openapi_extra=_BODY)
+async def models_call_v1(target: _TargetParam, request: Request, tenant: CurrentTenant) -> Response:
     """The same on the ``v1`` API (google-genai's default), forwarded to ``v1``."""
     return await _models_call("v1", target, request, tenant)
 
