@@ -150,6 +150,22 @@ def test_messages_from_other_formats_write_valid_gemini() -> None:
     ]  # fmt: skip
 
 
+def test_a_result_added_to_a_replied_call_keeps_its_pairing_without_ids() -> None:
+    """The proxy's recall rounds answer a reply's call with a plain tool message: a
+    synthetic id is not written, so upstream pairs them by name and order as it sent."""
+    from ctxwarden.messages import Message
+
+    call = {"functionCall": {"name": "ctxwarden_recall", "args": {"handle": "cw:msg:m1"}}}
+    reply = reply_from_gemini({"role": "model", "parts": [call]}, 3)
+    result = Message.tool("the original", reply.tool_calls[0].id, name="ctxwarden_recall")
+    _, contents = messages_to_gemini([reply, result])
+    assert contents == [
+        {"role": "model", "parts": [call]},
+        {"role": "user", "parts": [{"functionResponse": {
+            "name": "ctxwarden_recall", "response": {"output": "the original"}}}]},
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("contents", "message"),
     [

@@ -60,6 +60,7 @@ _NEW_TURN = "gemini_new_turn"  # meta: a tool message that started a user turn o
 _ORDER = "gemini_order"  # meta: a user turn's order, "r" a response, "c" another part
 _SYSTEM = "gemini_system"  # meta: systemInstruction's keys other than parts
 _RAW = "gemini"  # the type of a RawPart that holds a Gemini part
+_SYNTHETIC = re.compile(r"^gemini-\d+-\d+$")  # an id of ours (synthetic_id), not Gemini's
 _SLOT: Any = None  # where a value removed from a part sat (its key keeps the place)
 
 
@@ -338,7 +339,10 @@ def _call_part(call: ToolCall, slot: Mapping[str, Any] | None) -> dict[str, Any]
     """A call as its ``functionCall`` part: into its placeholder when it has one (its
     keys, order and signature kept; ``id`` only if it came with one)."""
     if slot is None:
-        return {"functionCall": {"id": call.id, "name": call.name, "args": _args(call)}}
+        fields = {"id": call.id, "name": call.name, "args": _args(call)}
+        if _SYNTHETIC.match(call.id):
+            del fields["id"]
+        return {"functionCall": fields}
     fields = dict(slot["functionCall"])
     fields["name"] = call.name
     args = _args(call)
@@ -376,6 +380,8 @@ def _response_part(message: Message) -> dict[str, Any]:
     slot = message.meta.get(_PART)
     if not isinstance(slot, Mapping) or not isinstance(slot.get("functionResponse"), Mapping):
         fields = {"id": message.tool_call_id, "name": message.name or "", "response": response}
+        if _SYNTHETIC.match(message.tool_call_id or ""):  # (a result the proxy answered)
+            del fields["id"]
         return {"functionResponse": fields}
     fields = dict(slot["functionResponse"])
     fields["response"] = response
