@@ -5,6 +5,7 @@ speaking the Gemini API (``generateContent`` JSON, ``streamGenerateContent`` SSE
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ from service_harness import ProxyServer, add_tenant, module_db, sid
 from ctxwarden import TokenCounter
 from ctxwarden.formats.gemini import messages_from_gemini, messages_to_gemini
 from ctxwarden.formats.openai import message_from_openai
+from ctxwarden.memory.recall import RECALL_TOOL_NAME
 from ctxwarden.service.gemini_proxy import _tools_as_openai
 
 __all__ = ["module_db"]
@@ -35,6 +37,8 @@ MODEL = "gemini-2.5-flash"
 BUDGET = 2_500
 SIGNATURE = "c2lnbmVkLXRob3VnaHQtMQ=="  # base64, as Gemini sends thought signatures
 SYSTEM = "You are a travel agent. Answer with the weather and the local time."
+HANDLE = re.compile(r"cw:msg:m\d+")
+SECRET_LOG = "\n".join(f"line {i}: build step {i} ok, artifact-{i * 7}.tar" for i in range(400))
 FILLER = " ".join(f"reading{i} of the station log, humidity and wind noted;" for i in range(60))
 
 
@@ -58,11 +62,26 @@ def _next_parts(body: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"text": f"Done after {n} turns: sunny and 10:00."}]
 
 
+def _recall_parts(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """With the recall tool offered: recall the last handle in the context, then say how
+    long the recalled text is; None when the tool is not offered."""
+    offered = [d["name"] for t in body.get("tools", []) for d in t.get("functionDeclarations", [])]
+    if RECALL_TOOL_NAME not in offered:
+        return None
+    last = body["contents"][-1]["parts"]
+    for part in last:
+        answer = part.get("functionResponse", {})
+        if answer.get("name") == RECALL_TOOL_NAME:
+            return [{"text": f"recalled {len(answer['response']['output'])} chars"}]
+    handle = HANDLE.findall(json.dumps(body["contents"]))[-1]
+    return [{"functionCall": {"name": RECALL_TOOL_NAME, "args": {"handle": handle}}}]
+
+
 def fake_gemini(request: Recorded) -> Reply:
     body = request.json
     if request.path.split("?")[0].endswith(":countTokens"):
         return Reply(body={"totalTokens": 42})
-    parts = _next_parts(body)
+    parts = _recall_parts(body) or _next_parts(body)
     usage = gemini_usage(prompt=len(request.body) // 4, output=7, cached=16)
     if ":streamGenerateContent" not in request.path:
         return Reply(body=gemini_response(parts, usage=usage))
@@ -324,3 +343,43 @@ def test_a_budget_too_small_is_a_gemini_400(env: Env) -> None:
         )  # fmt: skip
     assert caught.value.code == 400
     assert caught.value.status == "INVALID_ARGUMENT"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_the_recall_round_is_answered_by_the_proxy(env: Env, stream: bool, tmp_path: Any) -> None:
+    """A tenant whose policy offers the recall tool: the model's recall call is answered
+    by the proxy (the whole original, paired by name and order: no synthetic id goes
+    upstream) and the client sees only the final answer."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text("recall_tool = true\n", encoding="utf-8")
+    key = add_tenant(env.proxy.db, f"recaller-{stream}", "--policy", str(policy))
+    session = sid()
+    options = types.HttpOptions(base_url=env.proxy.url, headers={
+        "X-Ctxwarden-Session": session, "X-Ctxwarden-Max-Input-Tokens": "9000"})  # fmt: skip
+    client = genai.Client(api_key=key, http_options=options)
+    contents = [
+        {"role": "user", "parts": [{"text": "Fetch the build log."}]},
+        {"role": "model", "parts": [{"functionCall": {"name": "build_log", "args": {}}}]},
+        {"role": "user", "parts": [
+            {"functionResponse": {"name": "build_log", "response": {"output": SECRET_LOG}}}]},
+        {"role": "user", "parts": [{"text": "Which artifact did step 321 make?"}]},
+    ]  # fmt: skip
+    first = len(env.upstream.requests)
+    if stream:
+        chunks = client.models.generate_content_stream(model=MODEL, contents=contents)
+        text = "".join(c.text or "" for c in chunks)
+    else:
+        text = client.models.generate_content(model=MODEL, contents=contents).text or ""
+    assert text == f"recalled {len(SECRET_LOG)} chars"
+    sent = env.upstream.requests[first:]
+    assert len(sent) == 2
+    assert SECRET_LOG not in sent[0].body.decode()
+    call, answer = sent[1].json["contents"][-2:]
+    assert call["parts"][0]["functionCall"]["name"] == RECALL_TOOL_NAME
+    assert "id" not in call["parts"][0]["functionCall"]
+    response = answer["parts"][0]["functionResponse"]
+    assert response == {"name": RECALL_TOOL_NAME, "response": {"output": SECRET_LOG}}
+    status, body = env.proxy.get(f"/v1/sessions/{session}/messages", key)
+    assert status == 200
+    assert not any(RECALL_TOOL_NAME in json.dumps(m) for m in body["messages"])
+    assert body["messages"][-1]["content"] == text
