@@ -27,7 +27,6 @@ from urllib.parse import urlencode
 
 import orjson
 from fastapi import APIRouter, Path
-from pydantic import BaseModel
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import Response
@@ -48,10 +47,10 @@ from ctxwarden.service.body import max_input_tokens_header, parse_json, read_bod
 from ctxwarden.service.calls import client_session_id, upstream_for
 from ctxwarden.service.errors import ServiceError, from_library
 from ctxwarden.service.forward import forward, read_whole
+from ctxwarden.service.gemini_schema import GEMINI_BODY, GEMINI_ERRORS
 from ctxwarden.service.history import message_key
 from ctxwarden.service.hub import Tenant
 from ctxwarden.service.prepared import Call, Prepared
-from ctxwarden.service.schema import PROXY_ERRORS
 from ctxwarden.service.sse import parse_frame
 from ctxwarden.service.upstream import UpstreamFailure
 
@@ -82,46 +81,6 @@ _TargetParam = Annotated[
 ]
 
 
-class GeminiErrorDetail(BaseModel):
-    code: int
-    message: str
-    status: str
-    details: list[dict[str, Any]] | None = None
-
-
-class GeminiErrorBody(BaseModel):
-    """Gemini's error shape (``google.rpc.Status``)."""
-
-    error: GeminiErrorDetail
-
-
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": GeminiErrorBody, "description": spec["description"]}
-    for code, spec in PROXY_ERRORS.items()
-}
-_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "required": ["contents"],
-                    "properties": {
-                        "contents": {
-                            "type": "array",
-                            "minItems": 1,
-                            "items": {"type": "object", "required": ["parts"]},
-                        },
-                        "systemInstruction": {"type": "object"},
-                        "tools": {"type": "array"},
-                    },
-                    "additionalProperties": True,
-                }
-            }
-        },
-    }
-}
 _SYSTEM_KEYS = ("systemInstruction", "system_instruction")
 
 
@@ -281,14 +240,18 @@ def _upstream_query(request: Request) -> str:
     return f"?{urlencode(kept)}" if kept else ""
 
 
-@router.post("/v1beta/models/{target:gemini_target}", responses=_ERRORS, openapi_extra=_BODY)
+@router.post(
+    "/v1beta/models/{target:gemini_target}", responses=GEMINI_ERRORS, openapi_extra=GEMINI_BODY
+)
 async def models_call(target: _TargetParam, request: Request, tenant: CurrentTenant) -> Response:
     """``generateContent``, ``streamGenerateContent`` or ``countTokens`` of ``model``
     (``target`` is ``MODEL:METHOD``; see the module)."""
     return await _models_call("v1beta", target, request, tenant)
 
 
-@router.post("/v1/models/{target:gemini_target}", responses=_ERRORS, openapi_extra=_BODY)
+@router.post(
+    "/v1/models/{target:gemini_target}", responses=GEMINI_ERRORS, openapi_extra=GEMINI_BODY
+)
 async def models_call_v1(target: _TargetParam, request: Request, tenant: CurrentTenant) -> Response:
     """The same on the ``v1`` API (google-genai's default), forwarded to ``v1``."""
     return await _models_call("v1", target, request, tenant)
