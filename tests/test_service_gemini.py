@@ -19,6 +19,7 @@ from llm_servers import (
     Recorded,
     Reply,
     ScriptedServer,
+    gemini_error,
     gemini_response,
     gemini_stream,
     gemini_usage,
@@ -383,3 +384,17 @@ def test_the_recall_round_is_answered_by_the_proxy(env: Env, stream: bool, tmp_p
     assert status == 200
     assert not any(RECALL_TOOL_NAME in json.dumps(m) for m in body["messages"])
     assert body["messages"][-1]["content"] == text
+
+
+def test_an_upstream_error_passes_through_with_its_status_and_nothing_is_stored(env: Env) -> None:
+    session = sid()
+    env.upstream.reply(Reply(429, gemini_error(429, "Quota exceeded", "RESOURCE_EXHAUSTED")))
+    client = env.client(session)
+    with pytest.raises(genai_errors.ClientError) as caught:
+        client.models.generate_content(model=MODEL, contents="hi")
+    assert caught.value.code == 429 and caught.value.status == "RESOURCE_EXHAUSTED"
+    assert caught.value.message == "Quota exceeded"
+    messages = env.stored(session)
+    assert [m["role"] for m in messages] == ["user"]  # the question, no reply
+    status, builds = env.proxy.get(f"/v1/sessions/{session}/builds", env.key)
+    assert status == 200 and builds["builds"][0]["status"] == "upstream_429"
