@@ -398,3 +398,12 @@ def test_an_upstream_error_passes_through_with_its_status_and_nothing_is_stored(
     assert [m["role"] for m in messages] == ["user"]  # the question, no reply
     status, builds = env.proxy.get(f"/v1/sessions/{session}/builds", env.key)
     assert status == 200 and builds["builds"][0]["status"] == "upstream_429"
+
+
+def test_a_tenants_own_gemini_key_goes_upstream_instead_of_the_servers(env: Env) -> None:
+    key = add_tenant(env.proxy.db, "own-gemini-key", "--gemini-key", "sk-tenant-gemini")
+    client = env.client(sid(), key=key)
+    assert client.models.generate_content(model=MODEL, contents="Hi").function_calls
+    assert env.upstream.requests[-1].headers["x-goog-api-key"] == "sk-tenant-gemini"
+    assert client.models.count_tokens(model=MODEL, contents="Hi").total_tokens == 42
+    assert env.upstream.requests[-1].headers["x-goog-api-key"] == "sk-tenant-gemini"

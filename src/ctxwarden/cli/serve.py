@@ -161,6 +161,14 @@ def add(
             help="This tenant's key for the Anthropic upstream (else the server's).",
         ),
     ] = None,
+    gemini_key: Annotated[
+        str | None,
+        typer.Option(
+            "--gemini-key",
+            envvar="CTXWARDEN_TENANT_GEMINI_API_KEY",
+            help="This tenant's key for the Gemini API upstream (else the server's).",
+        ),
+    ] = None,
 ) -> None:
     """Create a tenant (or re-key a revoked one) and print its new API key, once, alone on
     the last line. Upstream keys given here (better through their environment variables,
@@ -183,6 +191,7 @@ def add(
             policy=text,
             upstream_api_key=upstream_key,
             anthropic_api_key=anthropic_key,
+            gemini_api_key=gemini_key,
         )
     typer.echo(f"tenant {name!r} added; its API key (shown once, stored hashed):")
     typer.echo(key)

@@ -101,7 +101,7 @@ class ServiceConfig:
     def unkeyed_routes(self) -> tuple[str, ...]:
         """The routes (``"openai"``, ``"anthropic"``, ``"gemini"``) with an upstream but no
         server key: their calls go upstream without credentials unless the tenant has its
-        own key (the Gemini route has no per-tenant key: the server's only)."""
+        own key."""
         routes = (
             ("openai", self.upstream, self.upstream_api_key),
             ("anthropic", self.anthropic_upstream, self.anthropic_api_key),
@@ -128,10 +128,10 @@ def unkeyed_warnings(
     out = []
     for api in config.unkeyed_routes:
         line = f"warning: no upstream key for the {api} route ({key_env[api]} is not set): "
-        if tenant_keys and api == "gemini":  # no per-tenant Gemini key
-            line += "its calls go upstream without one"
-        elif tenant_keys:
-            flag = "--anthropic-key" if api == "anthropic" else "--upstream-key"
+        if tenant_keys:
+            flag = {"anthropic": "--anthropic-key", "gemini": "--gemini-key"}.get(
+                api, "--upstream-key"
+            )
             line += f"its calls go without one unless the tenant has its own (tenant add {flag})"
         else:
             line += "its calls go upstream without one"

@@ -36,7 +36,7 @@ from starlette.types import Receive, Scope, Send
 from ctxwarden import Usage
 from ctxwarden.errors import CtxwardenError
 from ctxwarden.messages import Message
-from ctxwarden.service.calls import check_spend
+from ctxwarden.service.calls import check_spend, tenant_key
 from ctxwarden.service.errors import ServiceError, from_library
 from ctxwarden.service.hub import Hub
 from ctxwarden.service.pipeline import charge, finish, prepare
@@ -76,10 +76,7 @@ async def forward(
             time.perf_counter() - started
         )
         record = call.tenant.record
-        # a tenant's own upstream key, where the tenant model has one for this API
-        key = {"anthropic": record.anthropic_api_key, "openai": record.upstream_api_key}.get(
-            wire.api
-        )
+        key = tenant_key(record, wire.api)
         headers = upstream.headers(key, request.headers)
         sent = time.perf_counter()
 

@@ -11,8 +11,8 @@ as one turn, :func:`~ctxwarden.formats.gemini.merge_streamed_parts`) and the usa
 as sent, forwarded with the server's key; nothing is stored.
 
 The tenant key comes in ``x-goog-api-key`` (google-genai) or ``?key=``
-(:mod:`~ctxwarden.service.auth`); it is never forwarded: upstream gets
-``CTXWARDEN_GEMINI_API_KEY`` (the tenant model has no per-tenant Gemini key). Errors are
+(:mod:`~ctxwarden.service.auth`); it is never forwarded: upstream gets the tenant's own
+Gemini key (``tenant add --gemini-key``), else ``CTXWARDEN_GEMINI_API_KEY``. Errors are
 in Gemini's shape, ``{"error": {"code", "message", "status"}}``.
 """
 
@@ -44,7 +44,7 @@ from ctxwarden.memory.recall import recall_tool
 from ctxwarden.messages import Message
 from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.body import max_input_tokens_header, parse_json, read_body
-from ctxwarden.service.calls import client_session_id, upstream_for
+from ctxwarden.service.calls import client_session_id, tenant_key, upstream_for
 from ctxwarden.service.errors import ServiceError, from_library
 from ctxwarden.service.forward import forward, read_whole
 from ctxwarden.service.gemini_schema import GEMINI_BODY, GEMINI_ERRORS
@@ -271,7 +271,7 @@ async def _models_call(version: str, target: str, request: Request, tenant: Tena
     query = _upstream_query(request)
     path = f"/{version}/models/{model}:{method}{query}"
     if method == "countTokens":
-        return await _count_tokens(request, upstream, path, raw)
+        return await _count_tokens(request, tenant, upstream, path, raw)
     stream = method == "streamGenerateContent"
     if stream and request.query_params.get("alt") != "sse":
         raise ServiceError(400, "streamGenerateContent is proxied with alt=sse only")
@@ -299,10 +299,12 @@ async def _models_call(version: str, target: str, request: Request, tenant: Tena
     return await forward(request, hub, upstream, wire, call, stream=stream)
 
 
-async def _count_tokens(request: Request, upstream: Any, path: str, raw: bytes) -> Response:
+async def _count_tokens(
+    request: Request, tenant: Tenant, upstream: Any, path: str, raw: bytes
+) -> Response:
     """Gemini's count of the request as the client sent it, from upstream with the
-    server's key (nothing built, nothing stored)."""
-    headers = upstream.headers(None, request.headers)
+    tenant's or the server's key (nothing built, nothing stored)."""
+    headers = upstream.headers(tenant_key(tenant.record, "gemini"), request.headers)
     try:
         response = await upstream.open(path, raw, headers)
     except UpstreamFailure as failure:
