@@ -1,10 +1,11 @@
-"""In-process HTTP servers that speak the OpenAI and Anthropic wire formats, for tests.
+"""In-process HTTP servers that speak the OpenAI, Anthropic and Gemini wire formats, for
+tests.
 
-The real ``openai`` / ``anthropic`` SDKs are pointed at ``ScriptedServer.url``. Each
-test scripts the replies (status, body, headers, delay, or SSE events) in order, or
-gives a ``responder`` that answers from the request (a fake model), and then inspects
-``server.requests`` to see exactly what the SDK sent. The server binds
-127.0.0.1 on a random port and never reaches past the machine.
+The real ``openai`` / ``anthropic`` / ``google-genai`` SDKs are pointed at
+``ScriptedServer.url``. Each test scripts the replies (status, body, headers, delay, or
+SSE events) in order, or gives a ``responder`` that answers from the request (a fake
+model), and then inspects ``server.requests`` to see exactly what the SDK sent. The
+server binds 127.0.0.1 on a random port and never reaches past the machine.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ __all__ = [
     "anthropic_error",
     "anthropic_message",
     "anthropic_stream",
+    "gemini_error",
+    "gemini_response",
+    "gemini_stream",
     "openai_completion",
     "openai_error",
     "openai_stream",
@@ -394,3 +398,50 @@ def anthropic_stream(
 
 def anthropic_error(message: str, kind: str = "api_error") -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+# --- Gemini generateContent bodies -------------------------------------------------------
+
+
+def gemini_usage(prompt: int = 20, output: int = 5, cached: int = 0) -> dict[str, Any]:
+    usage = {"promptTokenCount": prompt, "candidatesTokenCount": output,
+             "totalTokenCount": prompt + output}  # fmt: skip
+    if cached:
+        usage["cachedContentTokenCount"] = cached
+    return usage
+
+
+def gemini_response(
+    parts: list[dict[str, Any]], *, finish: str = "STOP", usage: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A ``generateContent`` response: one candidate whose content is ``parts``."""
+    return {
+        "candidates": [
+            {"content": {"role": "model", "parts": parts}, "finishReason": finish, "index": 0}
+        ],
+        "usageMetadata": usage or gemini_usage(),
+        "modelVersion": "gemini-2.5-flash",
+        "responseId": "resp-1",
+    }
+
+
+def gemini_stream(
+    chunks: list[list[dict[str, Any]]], *, usage: dict[str, Any] | None = None
+) -> list[str]:
+    """A ``streamGenerateContent?alt=sse`` stream: one ``data:`` frame per chunk of parts
+    (``\\r\\n\\r\\n`` between frames, as Google writes them), the last with the
+    ``finishReason`` and the ``usageMetadata``."""
+    frames = []
+    for i, parts in enumerate(chunks):
+        last = i == len(chunks) - 1
+        candidate: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": 0}
+        body: dict[str, Any] = {"candidates": [candidate], "modelVersion": "gemini-2.5-flash"}
+        if last:
+            candidate["finishReason"] = "STOP"
+            body["usageMetadata"] = usage or gemini_usage()
+        frames.append(f"data: {json.dumps(body)}\r\n\r\n")
+    return frames
+
+
+def gemini_error(code: int, message: str, status: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "status": status}}

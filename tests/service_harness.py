@@ -54,6 +54,7 @@ class ProxyServer:
         *,
         upstream: str | None = None,
         anthropic_upstream: str | None = None,
+        gemini_upstream: str | None = None,
         extra: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
     ) -> None:
@@ -65,12 +66,15 @@ class ProxyServer:
             args += ["--upstream", upstream]
         if anthropic_upstream:
             args += ["--anthropic-upstream", anthropic_upstream]
+        if gemini_upstream:
+            args += ["--gemini-upstream", gemini_upstream]
         self.proc = subprocess.Popen(
             args,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             env={**os.environ, "CTXWARDEN_UPSTREAM_API_KEY": "sk-upstream-openai",
-                 "CTXWARDEN_ANTHROPIC_API_KEY": "sk-upstream-anthropic", **(env or {})},
+                 "CTXWARDEN_ANTHROPIC_API_KEY": "sk-upstream-anthropic",
+                 "CTXWARDEN_GEMINI_API_KEY": "sk-upstream-gemini", **(env or {})},
         )  # fmt: skip
         self._wait_ready()
 

@@ -19,7 +19,14 @@ import anyio
 import httpx2
 import pytest
 from agent_history import file_text
-from llm_servers import Recorded, Reply, ScriptedServer, anthropic_message, openai_completion
+from llm_servers import (
+    Recorded,
+    Reply,
+    ScriptedServer,
+    anthropic_message,
+    gemini_response,
+    openai_completion,
+)
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from service_harness import CLI, free_port
@@ -31,15 +38,18 @@ from ctxwarden.service.config import ServiceConfig, unkeyed_warnings
 TESTS = Path(__file__).resolve().parent
 OPENAI_KEY = "sk-test-openai-5b7d1c"
 ANTHROPIC_KEY = "sk-test-anthropic-93ae0f"
+GEMINI_KEY = "sk-test-gemini-41c2aa"
 
 AGENT = f"""
 import os, sys
 sys.path.insert(0, {str(TESTS)!r})
 import anthropic, openai
 from agent_history import coding_history
+from google import genai
 
 key = os.environ["OPENAI_API_KEY"]
 assert key.startswith("cwk_") and os.environ["ANTHROPIC_API_KEY"] == key, key
+assert os.environ["GEMINI_API_KEY"] == key and "GOOGLE_API_KEY" not in os.environ
 history = coding_history()
 with openai.OpenAI(max_retries=0) as client:  # OPENAI_BASE_URL and OPENAI_API_KEY
     first = client.chat.completions.create(model="gpt-4o", messages=history)
@@ -51,7 +61,10 @@ with anthropic.Anthropic(max_retries=0) as client:  # ANTHROPIC_BASE_URL and ANT
         model="claude-sonnet-4-5", max_tokens=64, system="You review diffs.",
         messages=[{{"role": "user", "content": "Review the diff of parser.py"}}],
     )
-print("openai:", first.choices[0].message.content, "anthropic:", reply.content[0].text)
+google = genai.Client()  # GOOGLE_GEMINI_BASE_URL and GEMINI_API_KEY
+gemini = google.models.generate_content(model="gemini-2.5-flash", contents="Summarise the plan")
+print("openai:", first.choices[0].message.content, "anthropic:", reply.content[0].text,
+      "gemini:", gemini.text)
 sys.exit(int(sys.argv[1]))
 """
 
@@ -59,6 +72,8 @@ sys.exit(int(sys.argv[1]))
 def _reply(request: Recorded) -> Reply:
     if request.path.endswith("/chat/completions"):
         return Reply(body=openai_completion("tests pass"))
+    if request.path.endswith(":generateContent"):
+        return Reply(body=gemini_response([{"text": "plan ok"}]))
     return Reply(body=anthropic_message("looks good", model="claude-sonnet-4-5"))
 
 
@@ -74,12 +89,14 @@ def upstream() -> Iterator[ScriptedServer]:
 def _env(home: Path, upstream: ScriptedServer, **keys: str | None) -> dict[str, str]:
     """The user's environment: the upstream keys, and nothing of ctxwarden's but the data
     dir and the upstream URLs (instead of the providers')."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("CTXWARDEN_", "OPENAI_", "ANTHROPIC_"))}  # fmt: skip
+    ours = ("CTXWARDEN_", "OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ours)}
     env.update(CTXWARDEN_HOME=str(home), CTXWARDEN_UPSTREAM=upstream.url + "/v1",
-               CTXWARDEN_ANTHROPIC_UPSTREAM=upstream.url)  # fmt: skip
+               CTXWARDEN_ANTHROPIC_UPSTREAM=upstream.url,
+               CTXWARDEN_GEMINI_UPSTREAM=upstream.url)  # fmt: skip
     env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
-    given = {"OPENAI_API_KEY": OPENAI_KEY, "ANTHROPIC_API_KEY": ANTHROPIC_KEY, **keys}
+    given = {"OPENAI_API_KEY": OPENAI_KEY, "ANTHROPIC_API_KEY": ANTHROPIC_KEY,
+             "GEMINI_API_KEY": GEMINI_KEY, **keys}  # fmt: skip
     env.update({k: v for k, v in given.items() if v is not None})
     return env
 
@@ -147,28 +164,31 @@ def test_wrap_runs_an_agent_and_a_second_run_reuses_the_tenant(
 
     done = _wrap(env, "--", sys.executable, str(agent), "7")
     assert done.returncode == 7, done.stderr  # the agent's exit code
-    assert "openai: tests pass anthropic: looks good" in done.stdout
+    assert "openai: tests pass anthropic: looks good gemini: plan ok" in done.stdout
     assert "proxy started at http://127.0.0.1:" in done.stderr
     assert "no upstream key" not in done.stderr
 
     # every call went through the proxy with the user's own keys, never the tenant key
     sent = upstream.requests
-    assert [r.path for r in sent] == ["/v1/chat/completions"] * 2 + ["/v1/messages"]
+    assert [r.path for r in sent] == ["/v1/chat/completions"] * 2 + [
+        "/v1/messages", "/v1/models/gemini-2.5-flash:generateContent"]  # fmt: skip
     assert {r.headers.get("authorization") for r in sent[:2]} == {f"Bearer {OPENAI_KEY}"}
     assert sent[2].headers.get("x-api-key") == ANTHROPIC_KEY
+    assert sent[3].headers.get("x-goog-api-key") == GEMINI_KEY
     assert "cwk_" not in json.dumps([r.headers for r in sent])
     assert "[tool result masked" in json.dumps(sent[0].json["messages"])  # built, not passed
 
-    # the table: two sessions (the coding agent's two calls, the review), a total, saved
+    # the table: three sessions (the coding agent's two calls, the review, the Gemini
+    # call), a total, saved
     rows = _table(done.stderr)
-    assert rows.pop("total")[0] == "3"
-    assert sorted(r[0] for r in rows.values()) == ["1", "2"]
+    assert rows.pop("total")[0] == "4"
+    assert sorted(r[0] for r in rows.values()) == ["1", "1", "2"]
     coding = next(r for r in rows.values() if r[0] == "2")
     sent_tokens, history = (int(v.replace(",", "")) for v in coding[1:3])
     assert 0 < sent_tokens < history and coding[3].endswith("%") and coding[4].startswith("$")
     assert float(coding[4].lstrip("$")) > 0
     pages = re.findall(r"page: (http://127\.0\.0\.1:\d+/ui/sessions/\S+)", done.stderr)
-    assert len(pages) == 2
+    assert len(pages) == 3
 
     # the page is real: signed in with the local key, it shows the session
     key = (home / "local-key").read_text().strip()
@@ -182,7 +202,8 @@ def test_wrap_runs_an_agent_and_a_second_run_reuses_the_tenant(
     # the upstream keys were never written to the data dir (store, logs, state)
     for path in home.iterdir():
         data = path.read_bytes()
-        assert OPENAI_KEY.encode() not in data and ANTHROPIC_KEY.encode() not in data, path
+        for secret in (OPENAI_KEY, ANTHROPIC_KEY, GEMINI_KEY):
+            assert secret.encode() not in data, path
 
     # the MCP server an agent starts (claude mcp add ctxwarden -- ctxwarden mcp) reads
     # wrap's store and tenant with no option, and gives the masked result back whole
@@ -202,13 +223,17 @@ def test_wrap_runs_an_agent_and_a_second_run_reuses_the_tenant(
     assert [line.split("\t")[:2] for line in tenants.stdout.splitlines()] == [
         ["local", key[:12] + "…"]
     ]
-    assert _table(again.stderr)["total"][0] == "3"  # this run's calls only
+    assert _table(again.stderr)["total"][0] == "4"  # this run's calls only
 
     # --print-env: the same proxy, the lines a shell evaluates
     printed = _wrap(env, "--print-env")
     assert printed.returncode == 0, printed.stderr
     assert f"export OPENAI_BASE_URL=http://127.0.0.1:{first_state['port']}/v1" in printed.stdout
     assert f"export ANTHROPIC_API_KEY={key}" in printed.stdout
+    assert f"export GOOGLE_GEMINI_BASE_URL=http://127.0.0.1:{first_state['port']}" in (
+        printed.stdout
+    )
+    assert f"export GEMINI_API_KEY={key}" in printed.stdout
 
     # --stop ends the background server
     stopped = _wrap(env, "--stop")
@@ -261,8 +286,14 @@ def test_serve_names_the_routes_without_a_key(tmp_path: Path, upstream: Scripted
 
 
 def test_unkeyed_warnings_name_each_route() -> None:
-    both = ServiceConfig("sqlite:///x.db", upstream="http://u/v1", anthropic_upstream="http://a")
-    assert both.unkeyed_routes == ("openai", "anthropic")
+    both = ServiceConfig("sqlite:///x.db", upstream="http://u/v1", anthropic_upstream="http://a",
+                         gemini_upstream="http://g")  # fmt: skip
+    assert both.unkeyed_routes == ("openai", "anthropic", "gemini")
+    gemini_line = unkeyed_warnings(both)[-1]
+    assert gemini_line.startswith(
+        "warning: no upstream key for the gemini route (CTXWARDEN_GEMINI_API_KEY is not set)"
+    )
+    assert gemini_line.endswith("unless the tenant has its own (tenant add --gemini-key)")
     keyed = ServiceConfig("sqlite:///x.db", upstream="http://u/v1", upstream_api_key="k")
     assert unkeyed_warnings(keyed) == []
     [line] = unkeyed_warnings(
@@ -275,12 +306,14 @@ def test_the_agents_environment() -> None:
     """Each client's own variables point at the proxy with the tenant key; a key or URL
     that is already this proxy's is not taken as the upstream's."""
     agent = AgentEnv("http://127.0.0.1:9", "cwk_x", AgentEnv.run_id("wrap-1"), True)
-    user = {"ANTHROPIC_AUTH_TOKEN": "oauth", "PATH": "/bin"}
+    user = {"ANTHROPIC_AUTH_TOKEN": "oauth", "GOOGLE_API_KEY": "AIza-real", "PATH": "/bin"}
     env = agent.apply(user)
     assert env["OPENAI_BASE_URL"] == "http://127.0.0.1:9/v1"
     assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:9"
     assert env["OPENAI_API_KEY"] == env["ANTHROPIC_API_KEY"] == "cwk_x"
     assert env["ANTHROPIC_CUSTOM_HEADERS"] == "X-Ctxwarden-Session: wrap-1"
+    assert env["GOOGLE_GEMINI_BASE_URL"] == "http://127.0.0.1:9"
+    assert env["GEMINI_API_KEY"] == "cwk_x" and "GOOGLE_API_KEY" not in env
     assert "ANTHROPIC_AUTH_TOKEN" not in env and env["PATH"] == "/bin"
     plain = AgentEnv("u", "k", AgentEnv.run_id())
     assert "ANTHROPIC_CUSTOM_HEADERS" not in plain.variables()
@@ -298,6 +331,8 @@ def test_the_agents_environment() -> None:
         "https://openrouter.ai/api/v1"
     )
     assert upstream_url({}, "anthropic") == "https://api.anthropic.com"
+    assert upstream_url({}, "gemini") == "https://generativelanguage.googleapis.com"
+    assert upstream_key({"GOOGLE_API_KEY": "g", "GEMINI_API_KEY": "m"}, "gemini") == "m"
 
 
 def test_a_lost_key_file_rekeys_the_local_tenant(tmp_path: Path) -> None:

@@ -33,9 +33,11 @@ from ctxwarden.errors import (
 )
 from ctxwarden.formats import (
     messages_from_anthropic,
+    messages_from_gemini,
     messages_from_openai,
     messages_from_responses,
     messages_to_anthropic,
+    messages_to_gemini,
     messages_to_openai,
     messages_to_responses,
 )
@@ -164,9 +166,11 @@ __all__ = [
     "load_example",
     "load_registry",
     "messages_from_anthropic",
+    "messages_from_gemini",
     "messages_from_openai",
     "messages_from_responses",
     "messages_to_anthropic",
+    "messages_to_gemini",
     "messages_to_openai",
     "messages_to_responses",
     "open_store",

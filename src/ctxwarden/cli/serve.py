@@ -42,6 +42,10 @@ def serve(
     anthropic_upstream: Annotated[
         str | None, typer.Option("--anthropic-upstream", help="Anthropic base URL (no /v1).")
     ] = None,
+    gemini_upstream: Annotated[
+        str | None,
+        typer.Option("--gemini-upstream", help="Gemini API base URL (no /v1beta)."),
+    ] = None,
     policy: Annotated[
         Path | None, typer.Option("--policy", help="Policy TOML for tenants without their own.")
     ] = None,
@@ -99,9 +103,10 @@ def serve(
     ] = None,
     registry: RegistryOpt = None,
 ) -> None:
-    """Run the context-managing proxy (OpenAI /v1/chat/completions, Anthropic /v1/messages),
-    the session API and /metrics. Upstream keys: CTXWARDEN_UPSTREAM_API_KEY and
-    CTXWARDEN_ANTHROPIC_API_KEY (or per tenant)."""
+    """Run the context-managing proxy (OpenAI /v1/chat/completions, Anthropic /v1/messages,
+    Gemini /v1beta/models/M:generateContent), the session API and /metrics. Upstream keys:
+    CTXWARDEN_UPSTREAM_API_KEY and CTXWARDEN_ANTHROPIC_API_KEY (or per tenant),
+    CTXWARDEN_GEMINI_API_KEY."""
     from ctxwarden import Policy
     from ctxwarden.service import ServiceConfig
     from ctxwarden.service import serve as run
@@ -110,6 +115,7 @@ def serve(
         db,
         upstream=upstream,
         anthropic_upstream=anthropic_upstream,
+        gemini_upstream=gemini_upstream,
         policy=Policy.from_toml(policy) if policy is not None else None,
         registry=registry_from(registry) if registry else None,
         max_body_bytes=int(max_body_mb * 1024 * 1024),
@@ -168,6 +174,14 @@ def add(
             help="This tenant's key for the Anthropic upstream (else the server's).",
         ),
     ] = None,
+    gemini_key: Annotated[
+        str | None,
+        typer.Option(
+            "--gemini-key",
+            envvar="CTXWARDEN_TENANT_GEMINI_API_KEY",
+            help="This tenant's key for the Gemini API upstream (else the server's).",
+        ),
+    ] = None,
 ) -> None:
     """Create a tenant (or re-key a revoked one) and print its new API key, once, alone on
     the last line. Upstream keys given here (better through their environment variables,
@@ -190,6 +204,7 @@ def add(
             policy=text,
             upstream_api_key=upstream_key,
             anthropic_api_key=anthropic_key,
+            gemini_api_key=gemini_key,
         )
     typer.echo(f"tenant {name!r} added; its API key (shown once, stored hashed):")
     typer.echo(key)

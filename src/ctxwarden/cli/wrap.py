@@ -63,6 +63,14 @@ def wrap(
             help="Anthropic upstream (default: $ANTHROPIC_BASE_URL, else Anthropic's).",
         ),
     ] = None,
+    gemini_upstream: Annotated[
+        str | None,
+        typer.Option(
+            "--gemini-upstream",
+            envvar="CTXWARDEN_GEMINI_UPSTREAM",
+            help="Gemini API upstream (default: $GOOGLE_GEMINI_BASE_URL, else Google's).",
+        ),
+    ] = None,
     policy: Annotated[
         Path | None, typer.Option("--policy", help="Policy TOML the server builds with.")
     ] = None,
@@ -89,10 +97,11 @@ def wrap(
         ),
     ] = False,
 ) -> None:
-    """Run COMMAND with OPENAI_BASE_URL and ANTHROPIC_BASE_URL pointing at a local
-    ctxwarden proxy (started once, in the background, then reused), exit with its exit
-    code, and print what the run's calls sent and saved. Upstream keys come from your
-    environment (OPENAI_API_KEY, ANTHROPIC_API_KEY) and are never written to disk."""
+    """Run COMMAND with OPENAI_BASE_URL, ANTHROPIC_BASE_URL and GOOGLE_GEMINI_BASE_URL
+    pointing at a local ctxwarden proxy (started once, in the background, then reused),
+    exit with its exit code, and print what the run's calls sent and saved. Upstream keys
+    come from your environment (OPENAI_API_KEY, ANTHROPIC_API_KEY, GEMINI_API_KEY) and
+    are never written to disk."""
     from ctxwarden.local.agent_env import AgentEnv, export_lines
     from ctxwarden.local.home import Home
     from ctxwarden.local.proxy import local_proxy
@@ -116,6 +125,7 @@ def wrap(
         db=db,
         upstream=upstream,
         anthropic_upstream=anthropic_upstream,
+        gemini_upstream=gemini_upstream,
         policy=policy,
         port=port,
     )

@@ -6,6 +6,9 @@ For the agent (each client's own variables, so no agent needs to change):
   key: the ``openai`` SDK, the OpenAI Agents SDK and the Codex CLI read both;
 - ``ANTHROPIC_BASE_URL`` = the proxy and ``ANTHROPIC_API_KEY`` = the same key: the
   ``anthropic`` SDK and Claude Code read both;
+- ``GOOGLE_GEMINI_BASE_URL`` = the proxy and ``GEMINI_API_KEY`` = the same key: the
+  Gemini CLI and the ``google-genai`` SDK read both (``GOOGLE_API_KEY``, which the SDK
+  prefers, is removed from the agent's environment);
 - ``CTXWARDEN_SESSION`` = a per-run id (``wrap-`` and 12 hex digits), and
   ``CTXWARDEN_URL``: an agent of your own can send the id as ``X-Ctxwarden-Session``
   (``default_headers=``), and ``ctxwarden mcp`` started by the agent looks there first.
@@ -19,8 +22,9 @@ proxy gives each conversation its own session from its system prompt and first m
 
 For the server, from the user's environment as it was before ``wrap``: the upstream
 keys (``CTXWARDEN_UPSTREAM_API_KEY``, else ``OPENAI_API_KEY``; ``CTXWARDEN_ANTHROPIC_API_KEY``,
-else ``ANTHROPIC_API_KEY``) and the upstream URLs (``OPENAI_BASE_URL`` /
-``ANTHROPIC_BASE_URL`` when set, so an agent already pointed at OpenRouter or a gateway
+else ``ANTHROPIC_API_KEY``; ``CTXWARDEN_GEMINI_API_KEY``, else ``GEMINI_API_KEY``, else
+``GOOGLE_API_KEY``) and the upstream URLs (``OPENAI_BASE_URL`` / ``ANTHROPIC_BASE_URL`` /
+``GOOGLE_GEMINI_BASE_URL`` when set, so an agent already pointed at OpenRouter or a gateway
 stays pointed there, else the providers' own). A value that is already this proxy's (a
 ``cwk_`` key, a URL of a server of this data dir: a shell where ``--print-env`` was
 evaluated) is ignored, so the proxy never forwards to itself.
@@ -37,6 +41,7 @@ from ctxwarden.service.keys import KEY_PREFIX
 
 __all__ = [
     "ANTHROPIC_DEFAULT",
+    "GEMINI_DEFAULT",
     "OPENAI_DEFAULT",
     "AgentEnv",
     "export_lines",
@@ -46,17 +51,24 @@ __all__ = [
 
 OPENAI_DEFAULT = "https://api.openai.com/v1"
 ANTHROPIC_DEFAULT = "https://api.anthropic.com"
+GEMINI_DEFAULT = "https://generativelanguage.googleapis.com"
+_KEYS = {
+    "openai": ("CTXWARDEN_UPSTREAM_API_KEY", "OPENAI_API_KEY"),
+    "anthropic": ("CTXWARDEN_ANTHROPIC_API_KEY", "ANTHROPIC_API_KEY"),
+    "gemini": ("CTXWARDEN_GEMINI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY"),
+}
+_URLS = {
+    "openai": ("OPENAI_BASE_URL", OPENAI_DEFAULT),
+    "anthropic": ("ANTHROPIC_BASE_URL", ANTHROPIC_DEFAULT),
+    "gemini": ("GOOGLE_GEMINI_BASE_URL", GEMINI_DEFAULT),
+}
 SESSION_HEADER = "X-Ctxwarden-Session"
 
 
 def upstream_key(env: Mapping[str, str], api: str) -> str | None:
-    """The user's upstream key for ``api`` ("openai" or "anthropic"), see the module."""
-    names = (
-        ("CTXWARDEN_ANTHROPIC_API_KEY", "ANTHROPIC_API_KEY")
-        if api == "anthropic"
-        else ("CTXWARDEN_UPSTREAM_API_KEY", "OPENAI_API_KEY")
-    )
-    for name in names:
+    """The user's upstream key for ``api`` ("openai", "anthropic" or "gemini"), see the
+    module."""
+    for name in _KEYS[api]:
         value = env.get(name, "").strip()
         if value and not value.startswith(KEY_PREFIX):
             return value
@@ -66,11 +78,7 @@ def upstream_key(env: Mapping[str, str], api: str) -> str | None:
 def upstream_url(env: Mapping[str, str], api: str, own: tuple[str, ...] = ()) -> str:
     """The upstream URL for ``api`` from the user's base URL variable, unless it is one of
     ``own`` (this data dir's servers), else the provider's."""
-    name, default = (
-        ("ANTHROPIC_BASE_URL", ANTHROPIC_DEFAULT)
-        if api == "anthropic"
-        else ("OPENAI_BASE_URL", OPENAI_DEFAULT)
-    )
+    name, default = _URLS[api]
     value = env.get(name, "").strip().rstrip("/")
     if not value or any(value.startswith(url) for url in own):
         return default
@@ -100,6 +108,8 @@ class AgentEnv:
             "OPENAI_API_KEY": self.key,
             "ANTHROPIC_BASE_URL": self.url,
             "ANTHROPIC_API_KEY": self.key,
+            "GOOGLE_GEMINI_BASE_URL": self.url,
+            "GEMINI_API_KEY": self.key,
             "CTXWARDEN_URL": self.url,
             "CTXWARDEN_SESSION": self.session,
         }
@@ -108,10 +118,12 @@ class AgentEnv:
         return out
 
     def apply(self, env: Mapping[str, str]) -> dict[str, str]:
-        """``env`` with :meth:`variables` set, and without ``ANTHROPIC_AUTH_TOKEN``: the
+        """``env`` with :meth:`variables` set, and without ``ANTHROPIC_AUTH_TOKEN`` (the
         ``anthropic`` SDK would send it as ``Authorization: Bearer``, which the proxy reads
-        before ``x-api-key`` as the tenant key."""
-        out = {k: v for k, v in env.items() if k != "ANTHROPIC_AUTH_TOKEN"}
+        before ``x-api-key`` as the tenant key) or ``GOOGLE_API_KEY`` (``google-genai``
+        prefers it to ``GEMINI_API_KEY``)."""
+        dropped = ("ANTHROPIC_AUTH_TOKEN", "GOOGLE_API_KEY")
+        out = {k: v for k, v in env.items() if k not in dropped}
         return {**out, **self.variables()}
 
 

@@ -18,7 +18,11 @@ from ctxwarden.service.config import ServiceConfig, unkeyed_warnings
 
 __all__ = ["LocalProxy", "local_proxy"]
 
-_USER_KEYS = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+_USER_KEYS = {
+    "openai": "OPENAI_API_KEY",
+    "anthropic": "ANTHROPIC_API_KEY",
+    "gemini": "GEMINI_API_KEY",
+}
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ def local_proxy(
     db: str | None = None,
     upstream: str | None = None,
     anthropic_upstream: str | None = None,
+    gemini_upstream: str | None = None,
     policy: Path | None = None,
     port: int | None = None,
 ) -> LocalProxy:
@@ -55,6 +60,8 @@ def local_proxy(
         anthropic_upstream=anthropic_upstream or upstream_url(env, "anthropic", own),
         openai_key=upstream_key(env, "openai"),
         anthropic_key=upstream_key(env, "anthropic"),
+        gemini_upstream=gemini_upstream or upstream_url(env, "gemini", own),
+        gemini_key=upstream_key(env, "gemini"),
         policy=str(policy.resolve()) if policy is not None else None,
         port=port,
         policy_sha256=hashlib.sha256(policy.read_bytes()).hexdigest() if policy else None,
@@ -65,6 +72,8 @@ def local_proxy(
         anthropic_upstream=config.anthropic_upstream,
         upstream_api_key=config.openai_key,
         anthropic_api_key=config.anthropic_key,
+        gemini_upstream=config.gemini_upstream,
+        gemini_api_key=config.gemini_key,
     )
     warnings = tuple(unkeyed_warnings(checked, _USER_KEYS, tenant_keys=False))
     key_file = home.key_file_for(config.db)

@@ -11,7 +11,8 @@ server runs in its own session (a terminal's Ctrl-C stops the agent, not the pro
 its output in ``serve-<id>.log``, until ``ctxwarden wrap --stop``.
 
 Upstream keys reach the server through its environment only
-(``CTXWARDEN_UPSTREAM_API_KEY``, ``CTXWARDEN_ANTHROPIC_API_KEY``), as ``serve`` reads them.
+(``CTXWARDEN_UPSTREAM_API_KEY``, ``CTXWARDEN_ANTHROPIC_API_KEY``,
+``CTXWARDEN_GEMINI_API_KEY``), as ``serve`` reads them.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ class ServeConfig:
     policy: str | None = None  # a policy file's path
     port: int | None = None  # None: a free one
     policy_sha256: str | None = None  # its content: an edited policy starts a new server
+    gemini_upstream: str | None = None
+    gemini_key: str | None = None
 
     def config_id(self, secret: str) -> str:
         """16 hex digits naming this configuration (keys included, not recoverable)."""
@@ -64,6 +67,8 @@ class ServeConfig:
     def args(self, port: int) -> list[str]:
         args = ["serve", "--db", self.db, "--host", "127.0.0.1", "--port", str(port)]
         args += ["--upstream", self.upstream, "--anthropic-upstream", self.anthropic_upstream]
+        if self.gemini_upstream:
+            args += ["--gemini-upstream", self.gemini_upstream]
         return [*args, "--policy", self.policy] if self.policy else args
 
     def env(self) -> dict[str, str]:
@@ -71,6 +76,7 @@ class ServeConfig:
         for name, value in (
             ("CTXWARDEN_UPSTREAM_API_KEY", self.openai_key),
             ("CTXWARDEN_ANTHROPIC_API_KEY", self.anthropic_key),
+            ("CTXWARDEN_GEMINI_API_KEY", self.gemini_key),
         ):
             if value:
                 env[name] = value

@@ -4,7 +4,7 @@ Routers per concern: the OpenAI proxy, the Anthropic proxy, the session API, the
 pages (``/ui/``, :mod:`.ui_routes`), and the operational routes here (``/healthz``,
 ``/readyz``, ``/metrics``, ``/v1/models``).
 Errors raised before a response starts become the provider's error shape: Anthropic's
-for ``/v1/messages``, OpenAI's everywhere else.
+for ``/v1/messages``, Gemini's for its routes (``/v1beta/``), OpenAI's everywhere else.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from ctxwarden.errors import StoreUnavailable
 from ctxwarden.mcp.http import mount_mcp
 from ctxwarden.service import (
     anthropic_proxy,
+    gemini_proxy,
     openai_proxy,
     responses_proxy,
     sessions_api,
@@ -114,6 +115,10 @@ def create_app(config: ServiceConfig) -> FastAPI:
             upstreams["anthropic"] = Upstream(
                 config.anthropic_upstream, config.anthropic_api_key, "anthropic", **timeouts
             )
+        if config.gemini_upstream:
+            upstreams["gemini"] = Upstream(
+                config.gemini_upstream, config.gemini_api_key, "gemini", **timeouts
+            )
         app.state.hub, app.state.upstreams, app.state.started = hub, upstreams, time.time()
         if config.broker:  # summaries as Celery jobs (ctxwarden worker runs them)
             from ctxwarden.service.summary_jobs import SummaryJobs
@@ -141,6 +146,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
     app.include_router(openai_proxy.router)
     app.include_router(anthropic_proxy.router)
     app.include_router(responses_proxy.router)
+    app.include_router(gemini_proxy.router)  # /v1beta/models/{model}:generateContent...
     app.include_router(sessions_api.router)
     app.include_router(ui_routes.router)  # /ui/: the session pages
     mount_mcp(app)  # /mcp: recall and search over MCP (ctxwarden.mcp.http)

@@ -1,9 +1,11 @@
 """Who is calling: the tenant whose API key the request carries, as a dependency.
 
-The key is read from ``Authorization: Bearer <key>`` (the openai SDK) or ``x-api-key``
-(the anthropic SDK), hashed, and looked up among the active tenants on every request, so
-``ctxwarden tenant revoke`` takes effect at once, in every server process. A missing,
-unknown or revoked key is a 401 in the provider's error shape.
+The key is read from ``Authorization: Bearer <key>`` (the openai SDK), ``x-api-key``
+(the anthropic SDK) or ``x-goog-api-key`` (google-genai; on the Gemini routes, also the
+``?key=`` query parameter, as Google's REST examples send it), hashed, and looked up
+among the active tenants on every request, so ``ctxwarden tenant revoke`` takes effect
+at once, in every server process. A missing, unknown or revoked key is a 401 in the
+provider's error shape.
 """
 
 from __future__ import annotations
@@ -18,7 +20,15 @@ from ctxwarden.service.hub import Hub, Tenant
 from ctxwarden.service.keys import hash_key
 from ctxwarden.store.service_tables import tenant_by_key_hash
 
-__all__ = ["CurrentTenant", "authenticate", "hub_of"]
+__all__ = ["CurrentTenant", "authenticate", "hub_of", "is_gemini_path"]
+
+
+def is_gemini_path(path: str) -> bool:
+    """A Gemini API route: ``/v1beta/...``, or ``/v1/models/MODEL:METHOD`` (google-genai
+    calls the ``v1`` API unless told ``api_version="v1beta"``)."""
+    if path.startswith("/v1beta/"):
+        return True
+    return path.startswith("/v1/models/") and ":" in path.rsplit("/", 1)[-1]
 
 
 def hub_of(request: Request) -> Hub:
@@ -32,7 +42,9 @@ def _key(request: Request) -> str | None:
         scheme, _, value = auth.partition(" ")
         if scheme.lower() == "bearer" and value.strip():
             return value.strip()
-    key = request.headers.get("x-api-key")
+    key = request.headers.get("x-api-key") or request.headers.get("x-goog-api-key")
+    if not (key and key.strip()) and is_gemini_path(request.url.path):
+        key = request.query_params.get("key")
     return key.strip() if key and key.strip() else None
 
 

@@ -1,4 +1,5 @@
-"""What both proxy routes ask of a request: its session id, its upstream, the tenant's caps."""
+"""What the proxy routes ask of a request: its session id, its upstream, the tenant's caps
+and upstream keys."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from ctxwarden.service.errors import ServiceError
 from ctxwarden.service.history import derived_session_id, valid_session_id
 from ctxwarden.service.hub import Tenant
 from ctxwarden.service.upstream import Upstream
+from ctxwarden.store.service_tables import TenantRecord
 
-__all__ = ["check_spend", "client_session_id", "upstream_for"]
+__all__ = ["check_spend", "client_session_id", "tenant_key", "upstream_for"]
 
 SESSION_HEADER = "x-ctxwarden-session"
 
@@ -33,9 +35,20 @@ def client_session_id(request: Request, tenant: Tenant, system: str, first_user:
 def upstream_for(request: Request, api: str) -> Upstream:
     found: Upstream | None = request.app.state.upstreams.get(api)
     if found is None:
-        flag = "--anthropic-upstream" if api == "anthropic" else "--upstream"
+        flag = {"anthropic": "--anthropic-upstream", "gemini": "--gemini-upstream"}.get(
+            api, "--upstream"
+        )
         raise ServiceError(404, f"this server has no {api} upstream (start it with {flag} URL)")
     return found
+
+
+def tenant_key(record: TenantRecord, api: str) -> str | None:
+    """The tenant's own upstream key for ``api`` (``None``: the server's is used)."""
+    if api == "anthropic":
+        return record.anthropic_api_key
+    if api == "gemini":
+        return record.gemini_api_key
+    return record.upstream_api_key
 
 
 def check_spend(tenant: Tenant) -> None:

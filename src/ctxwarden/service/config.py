@@ -27,7 +27,8 @@ DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 class ServiceConfig:
     """The service's settings. ``upstream`` is the OpenAI-compatible base URL (ending in
     ``/v1``, as the openai SDK takes it); ``anthropic_upstream`` Anthropic's (without
-    ``/v1``, as the anthropic SDK takes it)."""
+    ``/v1``, as the anthropic SDK takes it); ``gemini_upstream`` the Gemini API's (without
+    ``/v1beta``, as google-genai's ``base_url`` takes it)."""
 
     db: str
     upstream: str | None = None
@@ -36,6 +37,8 @@ class ServiceConfig:
     registry: Registry | None = None
     upstream_api_key: str | None = None
     anthropic_api_key: str | None = None
+    gemini_upstream: str | None = None
+    gemini_api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     upstream_timeout: float = 600.0
     connect_timeout: float = 10.0
@@ -60,12 +63,12 @@ class ServiceConfig:
     head_timeout: float = 15.0
 
     def __post_init__(self) -> None:
-        if self.upstream is None and self.anthropic_upstream is None:
+        if self.upstream is None and self.anthropic_upstream is None and not self.gemini_upstream:
             raise ConfigError(
-                "no upstream: give --upstream URL (OpenAI-compatible, ending in /v1) "
-                "and/or --anthropic-upstream URL"
+                "no upstream: give --upstream URL (OpenAI-compatible, ending in /v1), "
+                "--anthropic-upstream URL and/or --gemini-upstream URL"
             )
-        for name in ("upstream", "anthropic_upstream"):
+        for name in ("upstream", "anthropic_upstream", "gemini_upstream"):
             url = getattr(self, name)
             if url is not None and not url.startswith(("http://", "https://")):
                 raise ConfigError(f"--{name.replace('_', '-')} must be an http(s) URL, got {url!r}")
@@ -99,23 +102,30 @@ class ServiceConfig:
     @classmethod
     def from_env(cls, db: str, **kw: object) -> ServiceConfig:
         """Fill the upstream keys from ``CTXWARDEN_UPSTREAM_API_KEY`` and
-        ``CTXWARDEN_ANTHROPIC_API_KEY`` unless given."""
+        ``CTXWARDEN_ANTHROPIC_API_KEY`` (and ``CTXWARDEN_GEMINI_API_KEY``) unless given."""
         kw.setdefault("upstream_api_key", os.environ.get("CTXWARDEN_UPSTREAM_API_KEY"))
         kw.setdefault("anthropic_api_key", os.environ.get("CTXWARDEN_ANTHROPIC_API_KEY"))
+        kw.setdefault("gemini_api_key", os.environ.get("CTXWARDEN_GEMINI_API_KEY"))
         return cls(db=db, **kw)  # type: ignore[arg-type]
 
     @property
     def unkeyed_routes(self) -> tuple[str, ...]:
-        """The routes (``"openai"``, ``"anthropic"``) with an upstream but no server key:
-        their calls go upstream without credentials unless the tenant has its own key."""
+        """The routes (``"openai"``, ``"anthropic"``, ``"gemini"``) with an upstream but no
+        server key: their calls go upstream without credentials unless the tenant has its
+        own key."""
         routes = (
             ("openai", self.upstream, self.upstream_api_key),
             ("anthropic", self.anthropic_upstream, self.anthropic_api_key),
+            ("gemini", self.gemini_upstream, self.gemini_api_key),
         )
         return tuple(api for api, url, key in routes if url and not key)
 
 
-KEY_ENV = {"openai": "CTXWARDEN_UPSTREAM_API_KEY", "anthropic": "CTXWARDEN_ANTHROPIC_API_KEY"}
+KEY_ENV = {
+    "openai": "CTXWARDEN_UPSTREAM_API_KEY",
+    "anthropic": "CTXWARDEN_ANTHROPIC_API_KEY",
+    "gemini": "CTXWARDEN_GEMINI_API_KEY",
+}
 """The variables ``serve`` reads the upstream keys from."""
 
 
@@ -130,7 +140,9 @@ def unkeyed_warnings(
     for api in config.unkeyed_routes:
         line = f"warning: no upstream key for the {api} route ({key_env[api]} is not set): "
         if tenant_keys:
-            flag = "--anthropic-key" if api == "anthropic" else "--upstream-key"
+            flag = {"anthropic": "--anthropic-key", "gemini": "--gemini-key"}.get(
+                api, "--upstream-key"
+            )
             line += f"its calls go without one unless the tenant has its own (tenant add {flag})"
         else:
             line += "its calls go upstream without one"

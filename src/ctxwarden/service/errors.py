@@ -23,6 +23,21 @@ from ctxwarden.errors import (
 
 __all__ = ["ServiceError", "error_body", "from_library"]
 
+_GEMINI_STATUSES = {  # google.rpc.Code names, as the Gemini API writes them
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ABORTED",
+    413: "INVALID_ARGUMENT",
+    422: "INVALID_ARGUMENT",
+    429: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    502: "UNAVAILABLE",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+
 _OPENAI_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -65,7 +80,14 @@ class ServiceError(Exception):
 
 
 def error_body(exc: ServiceError, api: str) -> bytes:
-    """The error as the provider would send it (``api`` is ``openai`` or ``anthropic``)."""
+    """The error as the provider would send it (``api`` is ``openai``, ``anthropic`` or
+    ``gemini``)."""
+    if api == "gemini":
+        status = _GEMINI_STATUSES.get(exc.status, "UNKNOWN")
+        error_g: dict[str, Any] = {"code": exc.status, "message": exc.message, "status": status}
+        if exc.code or exc.extra:  # ours, where Google puts machine-readable detail
+            error_g["details"] = [{"reason": exc.code, **exc.extra}]
+        return json.dumps({"error": error_g}).encode()
     if api == "anthropic":
         kind = _ANTHROPIC_TYPES.get(exc.status, "api_error")
         error: dict[str, Any] = {"type": kind, "message": exc.message}

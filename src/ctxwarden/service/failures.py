@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
+from ctxwarden.service.auth import is_gemini_path
 from ctxwarden.service.edge import too_deep
 from ctxwarden.service.errors import ServiceError, error_body
 
@@ -30,10 +31,12 @@ log = logging.getLogger("ctxwarden.service")
 
 
 def api_of(scope: Scope) -> str:
-    """Whose shape the answer takes: Anthropic's for ``/v1/messages``, and for the model
-    routes when the request carries ``anthropic-version`` (the anthropic SDK's always
-    does); OpenAI's everywhere else."""
+    """Whose shape the answer takes: Gemini's on the Gemini routes, Anthropic's for
+    ``/v1/messages`` and for the model routes when the request carries
+    ``anthropic-version`` (the anthropic SDK's always does); OpenAI's everywhere else."""
     path: str = scope.get("path", "")
+    if is_gemini_path(path):
+        return "gemini"
     if path.startswith("/v1/messages"):
         return "anthropic"
     if path.startswith("/v1/models") and "anthropic-version" in Headers(scope=scope):

@@ -37,7 +37,7 @@ from starlette.types import Receive, Scope, Send
 from ctxwarden import Usage
 from ctxwarden.errors import CtxwardenError
 from ctxwarden.messages import Message
-from ctxwarden.service.calls import check_spend
+from ctxwarden.service.calls import check_spend, tenant_key
 from ctxwarden.service.errors import ServiceError, from_library
 from ctxwarden.service.hub import Hub
 from ctxwarden.service.pipeline import charge, finish, prepare
@@ -94,7 +94,7 @@ async def forward(
             time.perf_counter() - started
         )
         record = call.tenant.record
-        key = record.anthropic_api_key if wire.api == "anthropic" else record.upstream_api_key
+        key = tenant_key(record, wire.api)
         headers = upstream.headers(key, request.headers)
         if traced is not None:
             traced.inject(headers)  # upstream's traceparent: this call's span

@@ -36,7 +36,8 @@ class UpstreamFailure(Exception):
 
 
 class Upstream:
-    """``kind`` is ``"openai"`` (``Authorization: Bearer``) or ``"anthropic"`` (``x-api-key``)."""
+    """``kind`` is ``"openai"`` (``Authorization: Bearer``), ``"anthropic"`` (``x-api-key``)
+    or ``"gemini"`` (``x-goog-api-key``)."""
 
     def __init__(
         self,
@@ -80,6 +81,9 @@ class Upstream:
             out.setdefault("anthropic-version", "2023-06-01")
             if key:
                 out["x-api-key"] = key
+        elif self.kind == "gemini":
+            if key:
+                out["x-goog-api-key"] = key
         elif key:
             out["authorization"] = f"Bearer {key}"
         return out

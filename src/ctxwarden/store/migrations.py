@@ -254,6 +254,11 @@ MIGRATIONS: tuple[Migration, ...] = (
             )""",
         ),
     ),
+    Migration(
+        "012_tenant_gemini_key",
+        # a tenant's own key for the Gemini API upstream, beside its OpenAI and Anthropic ones
+        ("ALTER TABLE ctxwarden_tenants ADD COLUMN gemini_api_key TEXT",),
+    ),
 )
 
 REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
@@ -301,6 +306,7 @@ REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
             "policy",
             "upstream_api_key",
             "anthropic_api_key",
+            "gemini_api_key",
         ]
     ),
     "ctxwarden_builds": frozenset(

@@ -59,7 +59,7 @@ __all__ = [
 
 _TENANT_COLS = (
     "tenant, key_prefix, created_at, revoked_at, max_input_tokens, spend_cap_usd, spent_usd, "
-    "policy, upstream_api_key, anthropic_api_key"
+    "policy, upstream_api_key, anthropic_api_key, gemini_api_key"
 )
 
 
@@ -77,6 +77,7 @@ class TenantRecord:
     policy: str | None
     upstream_api_key: str | None
     anthropic_api_key: str | None
+    gemini_api_key: str | None = None
 
     @property
     def active(self) -> bool:
@@ -134,6 +135,7 @@ def _tenant(row: Any) -> TenantRecord:
         policy=row[7],
         upstream_api_key=row[8],
         anthropic_api_key=row[9],
+        gemini_api_key=row[10],
     )
 
 
@@ -151,13 +153,14 @@ def add_tenant(
     policy: str | None = None,
     upstream_api_key: str | None = None,
     anthropic_api_key: str | None = None,
+    gemini_api_key: str | None = None,
 ) -> TenantRecord:
     """Store a new tenant, or give a revoked one a new key (its sessions are kept).
     An active tenant is refused: revoke it first, so a key is never replaced by accident."""
     sql = _sql(store)
     now = time.time()
     values = (key_hash, key_prefix, now, max_input_tokens, spend_cap_usd, policy)
-    keys = (upstream_api_key, anthropic_api_key)
+    keys = (upstream_api_key, anthropic_api_key, gemini_api_key)
     with sql._write() as tx:
         rows = tx.execute("SELECT revoked_at FROM ctxwarden_tenants WHERE tenant = ?", (tenant,))
         if rows and rows[0][0] is None:
@@ -168,14 +171,15 @@ def add_tenant(
             tx.execute(
                 "UPDATE ctxwarden_tenants SET key_hash = ?, key_prefix = ?, created_at = ?, "
                 "max_input_tokens = ?, spend_cap_usd = ?, policy = ?, revoked_at = NULL, "
-                "upstream_api_key = ?, anthropic_api_key = ? WHERE tenant = ?",
+                "upstream_api_key = ?, anthropic_api_key = ?, gemini_api_key = ? "
+                "WHERE tenant = ?",
                 (*values, *keys, tenant),
             )
         else:
             tx.execute(
                 "INSERT INTO ctxwarden_tenants (key_hash, key_prefix, created_at, "
                 "max_input_tokens, spend_cap_usd, policy, upstream_api_key, anthropic_api_key, "
-                "tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "gemini_api_key, tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (*values, *keys, tenant),
             )
         found = tx.execute(
