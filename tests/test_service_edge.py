@@ -291,12 +291,20 @@ def test_a_call_the_budget_cannot_hold_stores_nothing(conn: Conn) -> None:
 
 
 def _ask(
-    clients: tuple[Any, Any], api: str, stream: bool, turns: list[Any], session: str
+    clients: tuple[Any, Any],
+    api: str,
+    stream: bool,
+    turns: list[Any],
+    session: str,
+    retry: int = 0,
 ) -> tuple[str, str | None]:
     """One call through the real SDK of ``api``: the reply's text and whether it was
-    replayed (``x-ctxwarden-replayed``)."""
+    replayed (``x-ctxwarden-replayed``); ``retry``: the retry count the SDKs send when
+    they send a request again (``x-stainless-retry-count``)."""
     oai, ant = clients
     head = {"x-ctxwarden-session": session}
+    if retry:
+        head["x-stainless-retry-count"] = str(retry)
     if api == "openai":
         raw = oai.chat.completions.with_raw_response.create(
             model="gpt-4o", messages=turns, stream=stream, extra_headers=head
@@ -333,7 +341,8 @@ def test_a_retried_call_gets_the_stored_reply_and_forks_nothing(edge: Edge) -> N
             turns: list[Any] = [{"role": "user", "content": "what is 2+2?"}]
             calls = len(edge.upstream.requests)
             assert _ask((oai, ant), api, stream, turns, session) == ("fine", None)
-            again = _ask((oai, ant), api, stream, turns, session)  # the same request again
+            # the same request again, as the SDK's own retry sends it
+            again = _ask((oai, ant), api, stream, turns, session, retry=1)
             assert again == ("fine", "1"), (api, stream)
             assert len(edge.upstream.requests) == calls + 1  # upstream was called once
             with Conn(edge) as c:
@@ -489,3 +498,18 @@ def test_a_forged_or_old_page_cookie_is_a_401(conn: Conn, edge: Edge) -> None:
         assert get(sign_in()) == 200
     finally:
         page.close()
+
+
+def test_the_same_request_without_a_retry_mark_is_a_new_call(edge: Edge) -> None:
+    """An evaluation sampling one prompt twice, or an agent run again from its start,
+    sends the same request with no retry mark: upstream answers it anew (a branch holds
+    it), never the stored reply."""
+    import openai
+
+    oai = openai.OpenAI(base_url=edge.proxy.url + "/v1", api_key=edge.key, max_retries=0)
+    session = sid()
+    turns: list[Any] = [{"role": "user", "content": "tell me a joke"}]
+    calls = len(edge.upstream.requests)
+    assert _ask((oai, None), "openai", False, turns, session) == ("fine", None)
+    assert _ask((oai, None), "openai", False, turns, session) == ("fine", None)
+    assert len(edge.upstream.requests) == calls + 2  # upstream called both times

@@ -99,7 +99,10 @@ class Agent(threading.Thread):
         }
         deadline = time.monotonic() + 60
         timeout = 0.02 if impatient else 10.0
+        attempt = 0
         while True:
+            if attempt:  # marked as the SDKs mark their own retries
+                headers["x-stainless-retry-count"] = str(attempt)
             try:
                 got = http.post(
                     self.served.url + "/v1/chat/completions",
@@ -115,6 +118,7 @@ class Agent(threading.Thread):
                 timeout = 10.0
             assert time.monotonic() < deadline, "the call was never answered"
             self.retries += 1
+            attempt += 1
             time.sleep(0.1)
 
 

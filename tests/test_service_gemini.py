@@ -363,6 +363,8 @@ def test_the_recall_round_is_answered_by_the_proxy(env: Env, stream: bool, tmp_p
         {"role": "model", "parts": [{"functionCall": {"name": "build_log", "args": {}}}]},
         {"role": "user", "parts": [
             {"functionResponse": {"name": "build_log", "response": {"output": SECRET_LOG}}}]},
+        # answered: the newest results arrive whole, an answered one is cut (with its handle)
+        {"role": "model", "parts": [{"text": "The build log is in."}]},
         {"role": "user", "parts": [{"text": "Which artifact did step 321 make?"}]},
     ]  # fmt: skip
     first = len(env.upstream.requests)

@@ -469,7 +469,9 @@ def test_migrations_upgrade_a_database_from_the_previous_step(fresh_url: str) ->
             built = s.build(max_input_tokens=200)
             assert "message 10" not in [m.text for m in built.messages]  # summarised
             upto, text = store.load_ledger("t", "old")
-            assert text is not None and upto >= 29  # caught up from the history once
+            # caught up once, to where the build's read starts: the messages the summary
+            # does not cover are read whole (the session path), their values the build's own
+            assert text is not None and upto >= 9
 
 
 def test_a_database_from_a_newer_version_is_refused(fresh_url: str) -> None:

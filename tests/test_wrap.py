@@ -257,7 +257,7 @@ def test_wrap_names_the_route_without_a_key_and_passes_exit_codes(
     typo = _wrap(env, "--prnt-env")
     assert typo.returncode == 2 and "unknown option '--prnt-env'" in typo.stderr
     bad = _wrap(env, "--session", "no spaces", "--print-env")
-    assert bad.returncode == 2 and "X-Ctxwarden-Session must be" in bad.stderr
+    assert bad.returncode == 2 and "a session id must be" in bad.stderr
     port = free_port()  # a fixed port (Codex's config.toml names it): another server
     fixed = _wrap(env, "--print-env", "--port", str(port))
     assert f"export OPENAI_BASE_URL=http://127.0.0.1:{port}/v1" in fixed.stdout, fixed.stderr

@@ -40,7 +40,7 @@ from ctxwarden.service.errors import ServiceError, from_library
 from ctxwarden.service.forward import forward, read_whole
 from ctxwarden.service.history import message_key
 from ctxwarden.service.prepared import Call, Prepared
-from ctxwarden.service.replay import request_digest
+from ctxwarden.service.replay import is_retry, request_digest
 from ctxwarden.service.schema import ANTHROPIC_BODY, COUNT_BODY, PROXY_ERRORS
 from ctxwarden.service.sse import AnthropicReply, parse_frame
 from ctxwarden.service.upstream import UpstreamFailure
@@ -229,6 +229,7 @@ async def messages(request: Request, tenant: CurrentTenant) -> Response:
         max_input_tokens=max_input_tokens_header(request),
         tools=_tools_as_openai(data.get("tools")),
         request=request_digest(data),
+        retry=is_retry(request.headers),
     )
     stream = bool(data.get("stream"))
     # NaN and Infinity can only come from the client's text: its body, the history it

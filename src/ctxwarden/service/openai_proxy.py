@@ -36,7 +36,7 @@ from ctxwarden.service.errors import ServiceError
 from ctxwarden.service.forward import forward
 from ctxwarden.service.history import content_text, wire_key
 from ctxwarden.service.prepared import Call, Prepared
-from ctxwarden.service.replay import request_digest
+from ctxwarden.service.replay import is_retry, request_digest
 from ctxwarden.service.schema import OPENAI_BODY, PROXY_ERRORS
 from ctxwarden.service.sse import OpenAIReply, parse_frame
 
@@ -189,6 +189,7 @@ async def chat_completions(request: Request, tenant: CurrentTenant) -> Response:
         max_input_tokens=max_input_tokens_header(request),
         tools=tools if isinstance(tools, list) else None,
         request=request_digest(data),
+        retry=is_retry(request.headers),
     )
     stream = bool(data.get("stream"))
     return await forward(request, hub, upstream, OpenAIWire(data, stream), call, stream=stream)

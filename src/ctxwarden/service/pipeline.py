@@ -150,7 +150,7 @@ def prepare(hub: Hub, call: Call) -> Prepared | Replay:
         call.parse,
         counter.count_message,
         check=_fits(hub, call, counter, budget, tools),
-        request=call.request,
+        request=call.request if call.retry else None,  # (only a retry is recognised)
     )
     if synced.replayed is not None:
         return Replay(call, synced.replayed, synced.session.session_id)

@@ -38,6 +38,9 @@ class Call:
     #: the request apart from its messages (:func:`~ctxwarden.service.replay.request_digest`):
     #: kept with the reply, a retry's is the same; None gives no replay
     request: str | None = None
+    #: the request says it repeats an earlier one (:func:`~ctxwarden.service.replay.is_retry`):
+    #: only then may the stored reply be given back
+    retry: bool = False
     trace: CallTrace | None = None  # the call's span, when the process traces
 
 

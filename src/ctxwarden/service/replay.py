@@ -12,9 +12,14 @@ reply answered: :func:`request_digest`, kept in the reply's metadata), and the r
 answers with the stored reply in the client's wire
 format, JSON or streamed, marked ``x-ctxwarden-replayed: 1``, with zero usage (nothing
 was called). A reply cut short (``partial``) is not given back: that retry is a new
-call, as before. No idempotency key is needed: an identical request after a stored
-reply is the retry. (A "regenerate" that sends exactly the same request gets the same
-answer back; changing anything in it, a parameter included, makes it a new call.)
+call, as before.
+
+Only a request that says it is a retry is answered so (:func:`is_retry`): the
+``x-stainless-retry-count`` header of 1 or more that the openai and anthropic SDKs send
+on their own retries, or ``x-ctxwarden-retry: 1`` for a client that retries by hand.
+The same request sent again without it is a new call (a new branch), never a stale
+answer: an evaluation that samples one prompt several times, or an agent run again from
+its start, gets fresh replies from upstream.
 """
 
 from __future__ import annotations
@@ -32,11 +37,30 @@ from ctxwarden.formats import message_to_openai
 from ctxwarden.formats.anthropic import messages_to_anthropic
 from ctxwarden.messages import Message
 
-__all__ = ["REPLAYED_HEADER", "REQUEST_META", "replayed", "request_digest"]
+__all__ = [
+    "REPLAYED_HEADER",
+    "REQUEST_META",
+    "RETRY_HEADER",
+    "is_retry",
+    "replayed",
+    "request_digest",
+]
 
 REPLAYED_HEADER = "x-ctxwarden-replayed"
 REQUEST_META = "request"
 """The key of a stored reply's metadata that holds :func:`request_digest` of its call."""
+RETRY_HEADER = "x-ctxwarden-retry"
+"""``1``: this request repeats one the client sent before (see the module docstring)."""
+_SDK_RETRY_HEADER = "x-stainless-retry-count"
+
+
+def is_retry(headers: Mapping[str, str]) -> bool:
+    """Whether the request says it repeats an earlier one: the SDKs' retry count of 1 or
+    more, or :data:`RETRY_HEADER` ``1``."""
+    if headers.get(RETRY_HEADER, "").strip() == "1":
+        return True
+    count = headers.get(_SDK_RETRY_HEADER, "").strip()
+    return count.isdigit() and int(count) > 0
 
 
 def request_digest(data: Mapping[str, Any]) -> str:
