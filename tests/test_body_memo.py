@@ -244,7 +244,7 @@ def _app(tmp_path: Path, name: str, **upstreams: str) -> tuple[TestClient, str]:
 
 
 def _without_memo(client: TestClient) -> None:
-    client.app.state.hub.bodies.read = lambda scope, raw: None  # type: ignore[attr-defined]
+    client.app.state.hub.bodies.read = lambda scope, raw, field="messages": None  # type: ignore[attr-defined]
 
 
 def _reuses(client: TestClient) -> list[int | None]:
@@ -253,8 +253,8 @@ def _reuses(client: TestClient) -> list[int | None]:
     reused: list[int | None] = []
     real = memo.read
 
-    def read(scope: Any, raw: bytes) -> Reading | None:
-        got = real(scope, raw)
+    def read(scope: Any, raw: bytes, field: str = "messages") -> Reading | None:
+        got = real(scope, raw, field=field)
         reused.append(got.reused if got is not None else None)
         return got
 

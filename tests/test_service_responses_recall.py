@@ -71,6 +71,8 @@ def test_the_client_sees_only_the_answer_after_the_recall_round(proxy: Any, stre
         {"role": "user", "content": "Fetch the build log."},
         {"type": "function_call", "call_id": "call_0", "name": "build_log", "arguments": "{}"},
         {"type": "function_call_output", "call_id": "call_0", "output": SECRET_LOG},
+        # answered: the newest results arrive whole, an answered one is cut (with its handle)
+        {"type": "message", "role": "assistant", "content": "The build log is in."},
         {"role": "user", "content": "Which artifact did step 321 make?"},
     ]
     first = len(upstream.requests)

@@ -138,7 +138,7 @@ def test_dev_agent_loops_through_a_session_send_what_build_context_sends(
     _check(runs, BUDGETS[which], store_url)
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("which", ["tau", "swe"])
 def test_every_call_of_every_dev_run_through_a_session(
     which: str, store_url: str, tau_bench_path: Path
@@ -259,7 +259,7 @@ def test_dev_agent_loops_through_serve_send_what_build_context_sends(
     assert equal == calls
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("route", ["openai", "anthropic"])
 @pytest.mark.parametrize("which", ["tau", "swe"])
 def test_every_call_of_every_dev_run_through_serve(

@@ -65,14 +65,14 @@ def every_question(convs: list[dict[str, Any]], tmp_path_factory: Any) -> dict[s
     return locomo_paths(convs, BUDGET, paths={"session": session_locomo_path(store)})
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 def test_every_locomo_dev_question_through_a_session(every_question: dict[str, Any]) -> None:
     """Measured: 885 of 885 questions the same context, recall 0.5407, fill 91.7 %."""
     _assert_same(every_question, "session")
     assert every_question["session"]["fill"] >= 0.85
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.xfail(
     strict=True,
     reason="each question asked cold of the whole transcript reaches 0.541 on dev (both "
@@ -93,7 +93,7 @@ def test_dev_agent_loops_with_the_offline_summariser_through_a_session(
     _check(runs, BUDGETS[which], f"sqlite:///{tmp_path / 'a.db'}", summarizer="offline")
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("which", ["tau", "swe"])
 def test_every_dev_call_with_the_offline_summariser_through_a_session(
     which: str, tmp_path: Path, tau_bench_path: Path
@@ -187,7 +187,7 @@ def test_locomo_questions_through_serve_and_a_worker_are_the_in_memory_contexts(
     _assert_same(rows, "session", "serve + worker")
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.postgres
 def test_every_locomo_dev_question_through_serve_and_a_worker(
     convs: list[dict[str, Any]], served: Served, tmp_path: Path
