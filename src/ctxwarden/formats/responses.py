@@ -80,7 +80,9 @@ _TEXT_PARTS = ("input_text", "output_text")
 _CONTENT_PARTS = ("output_text", "refusal")  # an assistant message item's parts
 
 
-def _kind(item: Mapping[str, Any]) -> str:
+def item_kind(item: Mapping[str, Any]) -> str:
+    """An input item's type; an item with a ``role`` and no ``type`` is a message (the
+    easy input message form)."""
     kind = item.get("type")
     if kind is None and "role" in item:
         return "message"
@@ -89,7 +91,7 @@ def _kind(item: Mapping[str, Any]) -> str:
 
 def _side(item: Mapping[str, Any]) -> str:
     """``assistant``, ``tool``, ``input`` (a user/system message) or ``other``."""
-    kind = _kind(item)
+    kind = item_kind(item)
     if kind == "message":
         return "assistant" if item.get("role") == "assistant" else "input"
     if isinstance(item.get("call_id"), str):
@@ -132,7 +134,7 @@ def _simple(parts: list[Part]) -> str | tuple[Part, ...] | None:
 
 
 def _call(item: Mapping[str, Any]) -> ToolCall:
-    kind = _kind(item)
+    kind = item_kind(item)
     arguments = item.get("arguments")
     if not isinstance(arguments, str):
         payload = item.get("input", item.get("action", arguments if arguments else {}))
@@ -146,7 +148,7 @@ def _assistant(items: Sequence[Mapping[str, Any]], index: int) -> Message:
     parts: list[Part] = []
     calls: list[ToolCall] = []
     for item in items:
-        kind = _kind(item)
+        kind = item_kind(item)
         if kind == "message":
             content = item.get("content")
             if isinstance(content, str):
@@ -212,7 +214,7 @@ def _groups(items: Sequence[Any], start: int) -> list[tuple[str, int, list[dict[
                 f"an input item must be an object, got {type(item).__name__}", index=i
             )
         check_json_value(item, index=i, field="input")
-        kind = _kind(item)
+        kind = item_kind(item)
         if (kind in _PAIRED or kind.endswith("_call_output")) and not (
             isinstance(item.get("call_id"), str) and item["call_id"]
         ):
@@ -360,7 +362,7 @@ def _changed(message: Message, items: list[dict[str, Any]]) -> list[dict[str, An
     if message.role == "tool" and isinstance(items[0].get("output"), str | list):
         output = _parts_out(message.content, "input_text")
         return [{**items[0], "output": output}, *items[1:]]
-    if message.role in ("user", "system") and _kind(items[0]) == "message":
+    if message.role in ("user", "system") and item_kind(items[0]) == "message":
         return _changed_input(message.content, items)
     if message.role == "assistant":
         calls = {c.id: c for c in message.tool_calls}
@@ -372,8 +374,8 @@ def _changed(message: Message, items: list[dict[str, Any]]) -> list[dict[str, An
             call = calls.pop(call_id, None) if isinstance(call_id, str) else None
             if call is not None:
                 out.append({**item, "arguments": call.arguments}
-                           if _kind(item) == "function_call" else item)  # fmt: skip
-            elif _kind(item) == "message" and not text_done:
+                           if item_kind(item) == "function_call" else item)  # fmt: skip
+            elif item_kind(item) == "message" and not text_done:
                 text_done = True
                 plain = _plain_assistant(replace(message, content=message.text, tool_calls=()))
                 out += [{**item, "content": p["content"]} for p in plain[:1]]

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ctxwarden.errors import InvalidMessageError
+from ctxwarden.formats.responses import item_kind as _kind
 from ctxwarden.integrations._common import stable_id
 from ctxwarden.messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
 
@@ -64,13 +65,6 @@ def item_dict(item: Any) -> dict[str, Any]:
     if callable(dump):
         return dict(dump(mode="json", exclude_unset=True))
     raise InvalidMessageError(f"an input item must be a dict, got {type(item).__name__}")
-
-
-def _kind(item: Mapping[str, Any]) -> str:
-    kind = item.get("type")
-    if kind is None and "role" in item:
-        return "message"
-    return str(kind)
 
 
 def _model_side(item: Mapping[str, Any]) -> bool:
