@@ -420,6 +420,35 @@ def test_a_session_holding_a_lone_surrogate_from_before_stays_readable(
     assert conn.stored(session)[0]["content"] == "cut \ufffd emoji"
 
 
+def _read_answer(sock: socket.socket) -> bytes:
+    """One HTTP answer with a Content-Length body, read off ``sock``."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"the connection closed after {data[:80]!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+def _next_request_served(sock: socket.socket, key: str) -> None:
+    """The connection that carried a refused request serves the next one."""
+    sock.sendall(
+        b"GET /v1/sessions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+        + key.encode()
+        + b"\r\n\r\n"
+    )
+    answer = _read_answer(sock)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+
+
 def test_a_huge_or_slow_request_head_is_refused(edge: Edge) -> None:
     pid = edge.proxy.proc.pid
 
@@ -429,35 +458,45 @@ def test_a_huge_or_slow_request_head_is_refused(edge: Edge) -> None:
         return int(line.split()[1]) * 1024
 
     before = rss()
-    sock = socket.create_connection(("127.0.0.1", edge.proxy.port), timeout=30)
-    try:
-        sock.sendall(b"GET /v1/sessions HTTP/1.1\r\nHost: x\r\nX-Junk: ")
-        sent = 0
+    with socket.create_connection(("127.0.0.1", edge.proxy.port), timeout=30) as sock:
+        # a 64 MB header on a request with a body: answered 431 at once, the rest read
+        # past (nothing of it kept), the body after it too
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n")
+        sock.sendall(b"X-Junk: ")
         chunk = b"y" * (1024 * 1024)
-        try:
-            while sent < 64 * 1024 * 1024:
-                sock.sendall(chunk)
-                sent += len(chunk)
-        except OSError:
-            pass  # the server answered and closed
-        answer = sock.recv(65536)
+        for _ in range(64):
+            sock.sendall(chunk)
+        sock.sendall(b"\r\n\r\n{}{}\n")
+        answer = _read_answer(sock)
         assert answer.startswith(b"HTTP/1.1 431"), answer[:80]
-        assert b'"request_head_refused"' in answer and b"connection: close" in answer
-    finally:
-        sock.close()
-    assert sent < 64 * 1024 * 1024  # the server stopped reading long before the end
+        assert b'"request_head_refused"' in answer and b"connection: close" not in answer
+        _next_request_served(sock, edge.key)
     assert rss() - before < 16 * 1024 * 1024
 
     many = "".join(f"X-H{i}: v\r\n" for i in range(200))
     with socket.create_connection(("127.0.0.1", edge.proxy.port), timeout=30) as s:
-        s.sendall(f"GET /healthz HTTP/1.1\r\nHost: x\r\n{many}\r\n".encode())
-        assert s.recv(65536).startswith(b"HTTP/1.1 431")
+        s.sendall(
+            f"POST /healthz HTTP/1.1\r\nHost: x\r\n{many}Content-Length: 3\r\n\r\nabc".encode()
+        )
+        assert _read_answer(s).startswith(b"HTTP/1.1 431")
+        _next_request_served(s, edge.key)
 
     started = time.monotonic()
     with socket.create_connection(("127.0.0.1", edge.proxy.port), timeout=30) as s:
-        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # and never the end of the head
-        answer = s.recv(65536)
-    assert answer.startswith(b"HTTP/1.1 408") and time.monotonic() - started < 10
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # and the end of the head late
+        answer = _read_answer(s)
+        assert answer.startswith(b"HTTP/1.1 408") and time.monotonic() - started < 10
+        s.sendall(b"X-Late: 1\r\n\r\n")
+        _next_request_served(s, edge.key)
+
+    with socket.create_connection(("127.0.0.1", edge.proxy.port), timeout=30) as s:
+        # a refused head whose body's end cannot be known (chunked) ends the connection
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        s.sendall(b"Transfer-Encoding: chunked\r\nX-Junk: " + b"y" * (128 * 1024) + b"\r\n\r\n")
+        answer = _read_answer(s)
+        assert answer.startswith(b"HTTP/1.1 431"), answer[:80]
+        s.settimeout(10)
+        assert s.recv(65536) == b""  # closed
 
     with Conn(edge) as fresh:  # the server serves new connections as before
         assert fresh.call("GET", "/v1/sessions")[0] == 200
@@ -513,3 +552,26 @@ def test_the_same_request_without_a_retry_mark_is_a_new_call(edge: Edge) -> None
     assert _ask((oai, None), "openai", False, turns, session) == ("fine", None)
     assert _ask((oai, None), "openai", False, turns, session) == ("fine", None)
     assert len(edge.upstream.requests) == calls + 2  # upstream called both times
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 4096])
+def test_the_rest_of_a_refused_request_is_read_past_in_any_pieces(step: int) -> None:
+    """Whatever the reads' sizes, the rest of a refused request ends where its head's blank
+    line and its Content-Length say, and what follows (the next request) is given back."""
+    from ctxwarden.service.http_limits import RestOfRequest
+
+    rest = b"X-Junk: " + b"y" * 1000 + b"\r\nContent-Length: 4\r\n\r\nbody" + b"GET / HTTP/1.1\r\n"
+    skipper, after = RestOfRequest(None, b"Host: x\r"), None
+    for at in range(0, len(rest), step):
+        after = skipper.feed(rest[at : at + step])
+        if after is not None:
+            after += rest[at + step :]
+            break
+    assert after == b"GET / HTTP/1.1\r\n" and not skipper.chunked
+    # a blank line whose first half was read before the refusal
+    assert RestOfRequest(0, b"abc\r\n").feed(b"\r\nNEXT") == b"NEXT"
+    # a length the parser already saw; a chunked body cannot be read past
+    assert RestOfRequest(3, b"").feed(b"X: y\r\n\r\nabcNEXT") == b"NEXT"
+    chunked = RestOfRequest(None, b"")
+    assert chunked.feed(b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc") == b""
+    assert chunked.chunked

@@ -6,15 +6,19 @@ as the client likes (its keep-alive timer runs only between requests), so one cl
 hold memory and connections at will. :class:`LimitedHttpTools` is that protocol with
 three limits (:class:`HeadLimits`, set by ``ctxwarden serve``):
 
-- the head (request line and headers) above ``max_bytes`` is answered 431 and the
-  connection closed, counted as the bytes arrive, before the parser buffers more;
-- more than ``max_count`` headers: 431, the connection closed;
+- the head (request line and headers) above ``max_bytes`` is answered 431, counted as the
+  bytes arrive, before the parser buffers more;
+- more than ``max_count`` headers: 431;
 - a head not complete ``timeout`` seconds after its first byte (or after the connection
-  opened): 408, the connection closed.
+  opened): 408.
 
-The connection ends because the rest of such a head cannot be told from the next
-request; every refusal past the head (a body too large, invalid text) keeps it. The
-answers are JSON in the route's shape, like every other error of the service.
+The answer goes out at once and the connection stays open: the rest of the refused request
+(its head up to the blank line, then its ``Content-Length`` of body) is read and thrown
+away by :class:`RestOfRequest`, which keeps a few bytes of it, never the whole, and the
+next request on the connection is served as usual. The rest must arrive within another
+``timeout``; a refused request whose length cannot be known (a chunked body) or that is
+pipelined behind a running one ends the connection instead. The answers are JSON in the
+route's shape, like every other error of the service.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ctxwarden.service.errors import ServiceError, error_body
 
-__all__ = ["HeadLimits", "LimitedHttpTools", "protocol"]
+__all__ = ["HeadLimits", "LimitedHttpTools", "RestOfRequest", "protocol"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,12 @@ class LimitedHttpTools(HttpToolsProtocol):
         self._head_bytes = 0
         self._header_count = 0
         self._head_timer: asyncio.TimerHandle | None = None
-        self._refused = False
+        self._refused = False  # the connection is ending
+        self._skipping: RestOfRequest | None = None  # reading past a refused request
+        self._skip_parsed = False  # the parser reads past a refused request's body
+        self._head_tail = b""  # the head's last bytes, for a blank line split across reads
+        self._content_length: int | None = None
+        self._answered = False  # something was answered on this connection
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -66,14 +75,20 @@ class LimitedHttpTools(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
+        if self._skipping is not None:
+            self._skip(data)
+            return
         if self._in_head:
             end = data.find(b"\r\n\r\n")
             self._head_bytes += len(data) if end < 0 else end + 4
             if self._head_bytes > self.limits.max_bytes:
-                self._refuse(431, f"request headers are over {self.limits.max_bytes:,} bytes")
+                limit = f"request headers are over {self.limits.max_bytes:,} bytes"
+                if self._answer_and_skip(431, limit):
+                    self._skip(data)
                 return
             if self._head_timer is None:
                 self._start_head_timer()
+            self._head_tail = data[-3:]
         self._unset_keepalive_if_required()  # (uvicorn's data_received from here on)
         try:
             self.parser.feed_data(data)
@@ -89,9 +104,12 @@ class LimitedHttpTools(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._header_count = 0
+        self._content_length = None
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_count += 1
+        if name.lower() == b"content-length":
+            self._content_length = _length(value)
         if self._header_count <= self.limits.max_count:
             super().on_header(name, value)
 
@@ -99,13 +117,23 @@ class LimitedHttpTools(HttpToolsProtocol):
         self._stop_head_timer()
         self._in_head = False
         if self._header_count > self.limits.max_count:
-            self._refuse(431, f"a request may send at most {self.limits.max_count} headers")
-            raise _Refused  # stops the parser: this request is not served
+            many = f"a request may send at most {self.limits.max_count} headers"
+            if not self._answer_and_skip(431, many, parsed=True):
+                raise _Refused  # stops the parser: this request is not served
+            return  # the parser reads past its body; no app sees it
         super().on_headers_complete()
 
+    def on_body(self, body: bytes) -> None:
+        if not self._skip_parsed:
+            super().on_body(body)
+
     def on_message_complete(self) -> None:
-        super().on_message_complete()
-        self._in_head, self._head_bytes = True, 0
+        if self._skip_parsed:
+            self._skip_parsed = False
+            self._start_head_timer()  # an idle connection after the refusal still ends
+        else:
+            super().on_message_complete()
+        self._in_head, self._head_bytes, self._head_tail = True, 0, b""
 
     def _start_head_timer(self) -> None:
         self._stop_head_timer()
@@ -120,15 +148,69 @@ class LimitedHttpTools(HttpToolsProtocol):
         self._head_timer = None
         if not self._in_head or self.transport.is_closing():
             return
-        if self._head_bytes == 0 and self.cycle is not None:
+        if self._skipping is not None:
+            self._refuse_quietly()  # the rest of a refused request did not come in time
+            return
+        if self._head_bytes == 0 and (self.cycle is not None or self._answered):
             self.transport.close()  # idle after an answer: the keep-alive timer's case
             return
-        self._refuse(408, f"request headers not sent within {self.limits.timeout:g} s")
+        slow = f"request headers not sent within {self.limits.timeout:g} s"
+        if self._answer_and_skip(408, slow):
+            self._skip(b"")
+
+    def _answer_and_skip(self, status: int, message: str, *, parsed: bool = False) -> bool:
+        """Answer ``status`` at once and read past the rest of the request, keeping the
+        connection; or, where that cannot be done safely, answer and close (False)."""
+        busy = self.cycle is not None and not self.cycle.response_complete
+        if busy or (not parsed and self._chunked()):
+            self._refuse(status, message)
+            return False
+        self._write_error(status, message, close=False)
+        self._answered = True
+        if parsed:
+            self._skip_parsed = True  # (the parser knows the body's length)
+        else:
+            self._skipping = RestOfRequest(self._content_length, self._head_tail)
+            self._start_head_timer()  # the rest must come within another timeout
+        return True
+
+    def _chunked(self) -> bool:
+        return any(
+            name == b"transfer-encoding" and b"chunked" in value.lower()
+            for name, value in getattr(self, "headers", None) or ()
+        )
+
+    def _skip(self, data: bytes) -> None:
+        assert self._skipping is not None
+        rest = self._skipping.feed(data)
+        if rest is None:
+            return
+        if self._skipping.chunked:
+            self._refuse_quietly()
+            return
+        self._skipping = None
+        self._stop_head_timer()
+        self.parser = httptools.HttpRequestParser(self)
+        self._in_head, self._head_bytes, self._head_tail = True, 0, b""
+        self._start_head_timer()
+        if rest:
+            self.data_received(rest)
+
+    def _refuse_quietly(self) -> None:
+        """Close a connection whose refusal was already answered."""
+        self._refused = True
+        self._stop_head_timer()
+        self.transport.close()
 
     def _refuse(self, status: int, message: str) -> None:
         """Answer ``status`` as JSON and close the connection."""
         self._refused = True
         self._stop_head_timer()
+        if not self.transport.is_closing():
+            self._write_error(status, message, close=True)
+            self.transport.close()
+
+    def _write_error(self, status: int, message: str, *, close: bool) -> None:
         url = getattr(self, "url", b"") or b""
         api = "anthropic" if url.startswith(b"/v1/messages") else "openai"
         body = error_body(ServiceError(status, message, code="request_head_refused"), api)
@@ -136,11 +218,74 @@ class LimitedHttpTools(HttpToolsProtocol):
             STATUS_LINE[status],
             b"content-type: application/json\r\n",
             b"content-length: %d\r\n" % len(body),
-            b"connection: close\r\n\r\n",
+            b"connection: close\r\n\r\n" if close else b"\r\n",
         ]
         if not self.transport.is_closing():
             self.transport.write(b"".join(head) + body)
-            self.transport.close()
+
+
+class RestOfRequest:
+    """Reads past the rest of a refused request without keeping it: its head up to the
+    blank line (noting a ``Content-Length`` or chunked ``Transfer-Encoding`` line on the
+    way, from each line's first bytes only), then that many bytes of body.
+
+    :meth:`feed` returns None while more is needed, then the bytes that follow the request
+    (the next request's, possibly empty). ``chunked`` says the body's end cannot be known
+    this way; the caller closes the connection.
+    """
+
+    _LINE_KEPT = 256  # bytes of a header line looked at; a longer value is read past
+
+    def __init__(self, content_length: int | None, seen: bytes = b"") -> None:
+        self.content_length = content_length
+        self.chunked = False
+        self._tail = seen[-3:]  # a blank line may start in bytes already read
+        self._line = bytearray()
+        self._in_head = True
+        self._body_left = 0
+
+    def feed(self, data: bytes) -> bytes | None:
+        if self._in_head:
+            joined = self._tail + data
+            end = joined.find(b"\r\n\r\n")
+            if end < 0:
+                self._lines(data)
+                self._tail = joined[-3:]
+                return None
+            after = end + 4 - len(self._tail)  # where the head ends in ``data``
+            self._lines(data[: max(after - 2, 0)])
+            self._in_head = False
+            self._body_left = self.content_length or 0
+            data = data[after:]
+            if self.chunked:
+                return b""
+        taken = min(len(data), self._body_left)
+        self._body_left -= taken
+        return data[taken:] if self._body_left == 0 else None
+
+    def _lines(self, data: bytes) -> None:
+        *ended, current = data.split(b"\n")
+        for piece in ended:
+            self._header_line(bytes(self._line) + piece[: self._LINE_KEPT])
+            self._line.clear()
+        room = self._LINE_KEPT - len(self._line)
+        if room > 0:
+            self._line += current[:room]
+
+    def _header_line(self, line: bytes) -> None:
+        name, colon, value = line.partition(b":")
+        if not colon:
+            return
+        name = name.strip().lower()
+        if name == b"content-length":
+            self.content_length = _length(value)
+        elif name == b"transfer-encoding" and b"chunked" in value.lower():
+            self.chunked = True
+
+
+def _length(value: bytes) -> int | None:
+    text = value.strip()
+    return int(text) if text.isdigit() and len(text) < 19 else None
 
 
 class _Refused(Exception):
