@@ -28,6 +28,7 @@ from ctxwarden.errors import ConfigError
 from ctxwarden.messages import Message
 from ctxwarden.steps.base import Action, StrategyContext, StrategyResult, same_action
 from ctxwarden.steps.handles import handle_for
+from ctxwarden.steps.tool_rules import clear_call_inputs, maskable_results
 from ctxwarden.tokens.counter import counting_key
 
 __all__ = ["DEFAULT_PLACEHOLDER", "MaskObservations"]
@@ -113,7 +114,11 @@ class MaskObservations:
 
     def __call__(self, messages: Sequence[Message], ctx: StrategyContext) -> StrategyResult:
         results = [i for i, m in enumerate(messages) if m.role == "tool"]
-        older = results[: max(len(results) - self.keep_last, 0)]
+        rules = ctx.tool_rules
+        if rules:  # per-tool depths and exclusions (steps.tool_rules)
+            older = maskable_results(messages, results, self.keep_last, rules)
+        else:
+            older = results[: max(len(results) - self.keep_last, 0)]
         to_mask: set[int] = set()
         maskable: list[int] = []
         for i in older:
@@ -148,6 +153,9 @@ class MaskObservations:
                     applied = None
 
         out, actions = applied if applied is not None else self._apply(messages, to_mask, ctx)
+        if rules:  # a masked result's call loses its arguments where the rule says so
+            masked = {a.message_id for a in actions}
+            actions.extend(clear_call_inputs(out, masked, rules, ctx, self.name))
         return StrategyResult(out, actions)
 
     def _apply(
