@@ -357,33 +357,34 @@ class CheckToolRules:
 
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
         rules = ctx.policy.tools
-        h = draft.history
-        sent = {m.id: m for m in draft.ordered}
-        positions = sorted({*draft.flagged, *range(draft.start, len(h))})
+        h, ordered = draft.history, draft.ordered
         warnings: list[str] = []
-        for i in positions:
-            m = h[i]
-            if m.role != "tool":
+        if rules.pins:  # a pinned result anywhere in the history that is not sent
+            sent = {m.id for m in ordered}
+            for i in range(draft.sys_end, len(h)):
+                m = h[i]
+                if m.role != "tool" or not m.pinned or m.id in sent:
+                    continue
+                name = result_tool(h, i)
+                if rules.for_tool(name).pin:
+                    warnings.append(
+                        f"[{rules.named(name, 'pin')}] pin = true broken: result {m.id} "
+                        "evicted to fit the budget"
+                    )
+        for j, out in enumerate(ordered):
+            if out.role != "tool" or not ("masked_from" in out.meta or "truncated_from" in out.meta):
                 continue
-            name = result_tool(h, i)
+            name = result_tool(ordered, j)
             rule = rules.for_tool(name)
-            out = sent.get(m.id)
-            if rule.pin and m.pinned and out is None:
-                warnings.append(
-                    f"[{rules.named(name, 'pin')}] pin = true broken: result {m.id} evicted "
-                    "to fit the budget"
-                )
-            if out is None:
-                continue
             if rule.mask is False and "masked_from" in out.meta:
                 warnings.append(
-                    f"[{rules.named(name, 'mask')}] mask = false broken: result {m.id} masked "
-                    "to fit the budget"
+                    f"[{rules.named(name, 'mask')}] mask = false broken: result {out.id} "
+                    "masked to fit the budget"
                 )
             if rule.truncate is False and "truncated_from" in out.meta:
                 warnings.append(
                     f"[{rules.named(name, 'truncate')}] truncate = false broken: result "
-                    f"{m.id} cut from {out.meta['truncated_from']:,} tokens to fit the budget"
+                    f"{out.id} cut from {out.meta['truncated_from']:,} tokens to fit the budget"
                 )
         return StepResult(draft, (), tuple(warnings))
 
