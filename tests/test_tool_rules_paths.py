@@ -69,22 +69,55 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     drop_schema(schema)
 
 
+# every other kind of rule at once, at a budget where the window moves past pinned results
+# (the session reads the blocks a rule pins before its tail: session.tool_pins)
+EVERY_KIND = (
+    '[tools."*"]\nkeep_last = 1\nclear_inputs = true\n'
+    '[tools.get_user_details]\npin = true\n'
+    '[tools.search_direct_flight]\ntruncate = "json"\n[tools.list_all_airports]\ntruncate = false\n'
+)
+
+
+@pytest.mark.parametrize(("rule", "budget"), [(RULE, BUDGET), (EVERY_KIND, 3000)])
 def test_a_session_sends_what_build_context_sends_under_the_rule(
-    runs: list[list[Message]], store_url: str
+    runs: list[list[Message]], store_url: str, tau_bench_path: Path, rule: str, budget: int
 ) -> None:
-    policy = Policy.from_toml(RULE)
+    policy = Policy.from_toml(rule)
     reference = engine_path(policy=policy)
     calls = results = 0
+    every = load_tau_bench(tau_bench_path)[:4] if rule == EVERY_KIND else runs
     with SessionBuilder(store_url, policy=policy) as session:
-        for run in runs:
+        for run in every:
             for k in model_calls(run):
-                want = reference(run[:k], BUDGET)
-                got = session.build(run[:k], BUDGET)
+                want = reference(run[:k], budget)
+                got = session.build(run[:k], budget)
                 assert sent(got.messages) == sent(want.messages), f"call {k}"
                 n, hidden = masked_of_tool(got.messages)
-                assert hidden == 0, f"call {k}"
+                assert rule != RULE or hidden == 0, f"call {k}"
                 calls, results = calls + 1, results + n
-    assert calls == sum(len(model_calls(r)) for r in runs) and results > 0
+    assert calls == sum(len(model_calls(r)) for r in every) and results > 0
+
+
+def test_the_pins_a_session_reads_are_kept_where_the_default_drops_them(
+    tau_bench_path: Path, tmp_path: Path
+) -> None:
+    """The case the session's extra read is for: at 3,000 tokens the window leaves
+    the user's details behind; pinned by rule they stay, on both paths."""
+    run = load_tau_bench(tau_bench_path)[0]
+    policy = Policy.from_toml("[tools.get_user_details]\npin = true\n")
+    last = model_calls(run)[-1]
+    default = engine_path()(run[:last], 3000)
+    ruled = engine_path(policy=policy)(run[:last], 3000)
+    with SessionBuilder(f"sqlite:///{tmp_path / 'pins.db'}", policy=policy) as session:
+        for k in model_calls(run):
+            got = session.build(run[:k], 3000)
+    assert sent(got.messages) == sent(ruled.messages)
+
+    def details(messages: Sequence[Message]) -> int:
+        ms = list(messages)
+        return sum(result_tool(ms, i) == "get_user_details" for i in range(len(ms)))
+
+    assert details(ruled.messages) > details(default.messages) == 0
 
 
 # -- ctxwarden serve, the openai SDK as the client ------------------------------------------------
@@ -103,7 +136,7 @@ def _wire(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _through_serve(
     proxy: ProxyServer, upstream: ScriptedServer, key: str, runs: list[list[Message]],
-    policy: Policy,
+    policy: Policy, budget: int = BUDGET,
 ) -> tuple[int, int, int]:  # fmt: skip
     """Each run as an openai SDK client of the proxy; every upstream body against
     build_context's under ``policy``. Returns (calls, results of the tool, masked)."""
@@ -113,7 +146,7 @@ def _through_serve(
     try:
         for run in runs:
             headers = {"X-Ctxwarden-Session": f"run-{uuid.uuid4().hex[:10]}",
-                       "X-Ctxwarden-Max-Input-Tokens": str(BUDGET)}  # fmt: skip
+                       "X-Ctxwarden-Max-Input-Tokens": str(budget)}  # fmt: skip
             for k in model_calls(run):
                 before = run[:k]
                 upstream.reply(Reply(body=_reply(run[k])))
@@ -121,7 +154,7 @@ def _through_serve(
                     model="gpt-4o", messages=sent(before), extra_headers=headers
                 )  # type: ignore[call-overload]
                 body = upstream.requests[-1].json["messages"]
-                assert _wire(body) == _wire(reference(before, BUDGET).to_openai()), f"call {k}"
+                assert _wire(body) == _wire(reference(before, budget).to_openai()), f"call {k}"
                 n, hidden = masked_of_tool(messages_from_openai(body))
                 calls, results, masked = calls + 1, results + n, masked + hidden
     finally:
@@ -156,6 +189,23 @@ def test_serve_policy_applies_the_rule(
         proxy.stop()
     assert calls == sum(len(model_calls(r)) for r in runs) and results > 0
     assert masked == 0
+
+
+def test_serve_applies_every_kind_of_rule_as_build_context(
+    module_db: str, upstream: ScriptedServer, tmp_path: Path, tau_bench_path: Path
+) -> None:
+    path = tmp_path / "every.toml"
+    path.write_text(EVERY_KIND, encoding="utf-8")
+    key = add_tenant(module_db, f"every-{uuid.uuid4().hex[:6]}", "--policy", str(path))
+    proxy = ProxyServer(module_db, upstream=upstream.url + "/v1")
+    runs = load_tau_bench(tau_bench_path)[:2]
+    try:
+        calls, _, _ = _through_serve(
+            proxy, upstream, key, runs, Policy.from_toml(EVERY_KIND), budget=3000
+        )
+    finally:
+        proxy.stop()
+    assert calls == sum(len(model_calls(r)) for r in runs)
 
 
 def test_tenant_add_policy_applies_the_rule_and_the_default_tenant_masks(
