@@ -74,7 +74,7 @@ def test_no_tools_table_adds_no_step_and_a_table_adds_its_own() -> None:
     assert "tool_pins" not in names and "tool_rules" not in names
     names = [s.name for s in steps_for(rules("[tools.a]\nmask = false\n"))]
     assert names[-1] == "tool_rules" and "tool_pins" not in names
-    assert [s.name for s in steps_for(rules("[tools.a]\npin = true\n"))][0] == "tool_pins"
+    assert next(s.name for s in steps_for(rules("[tools.a]\npin = true\n"))) == "tool_pins"
 
 
 def test_explain_shows_the_rules(tmp_path: Path) -> None:
@@ -127,7 +127,9 @@ def test_tau_bench_dev_mask_false_leaves_every_result_of_the_tool_unmasked(
 
 
 def _body(tag: str, lines: int = 40) -> str:
-    return "\n".join(f"{tag} row {i}: value {tag}-{i * 7919 % 1000} status ok" for i in range(lines))
+    return "\n".join(
+        f"{tag} row {i}: value {tag}-{i * 7919 % 1000} status ok" for i in range(lines)
+    )
 
 
 def agent(rounds: list[tuple[str, str]], *, answered: bool = False) -> list[dict[str, Any]]:

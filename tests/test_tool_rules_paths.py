@@ -73,7 +73,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 # (the session reads the blocks a rule pins before its tail: session.tool_pins)
 EVERY_KIND = (
     '[tools."*"]\nkeep_last = 1\nclear_inputs = true\n'
-    '[tools.get_user_details]\npin = true\n'
+    "[tools.get_user_details]\npin = true\n"
     '[tools.search_direct_flight]\ntruncate = "json"\n[tools.list_all_airports]\ntruncate = false\n'
 )
 
@@ -180,11 +180,11 @@ def test_serve_policy_applies_the_rule(
     module_db: str, upstream: ScriptedServer, rule_file: Path, runs: list[list[Message]]
 ) -> None:
     key = add_tenant(module_db, f"served-{uuid.uuid4().hex[:6]}")
-    proxy = ProxyServer(module_db, upstream=upstream.url + "/v1", extra=("--policy", str(rule_file)))
+    proxy = ProxyServer(
+        module_db, upstream=upstream.url + "/v1", extra=("--policy", str(rule_file))
+    )
     try:
-        calls, results, masked = _through_serve(
-            proxy, upstream, key, runs, Policy.from_toml(RULE)
-        )
+        calls, results, masked = _through_serve(proxy, upstream, key, runs, Policy.from_toml(RULE))
     finally:
         proxy.stop()
     assert calls == sum(len(model_calls(r)) for r in runs) and results > 0

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from ctxwarden.errors import ConfigError
@@ -185,11 +185,13 @@ def _rule(name: Any, rule: Any) -> ToolRule:
                 f"unknown key(s) in [{where}]: {', '.join(sorted(map(str, unknown)))} "
                 f"(known: {', '.join(_RULE_KEYS)})"
             )
-        rule = ToolRule(**rule)
-    elif not isinstance(rule, ToolRule):
+        checked = ToolRule(**rule)
+    elif isinstance(rule, ToolRule):
+        checked = rule
+    else:
         raise ConfigError(f"[{where}] must be a table, got {rule!r}")
-    rule.check(where)
-    return rule
+    checked.check(where)
+    return checked
 
 
 # -- what the steps ask ------------------------------------------------------------------------
@@ -372,7 +374,9 @@ class CheckToolRules:
                         "evicted to fit the budget"
                     )
         for j, out in enumerate(ordered):
-            if out.role != "tool" or not ("masked_from" in out.meta or "truncated_from" in out.meta):
+            if out.role != "tool" or not (
+                "masked_from" in out.meta or "truncated_from" in out.meta
+            ):
                 continue
             name = result_tool(ordered, j)
             rule = rules.for_tool(name)
@@ -387,8 +391,3 @@ class CheckToolRules:
                     f"{out.id} cut from {out.meta['truncated_from']:,} tokens to fit the budget"
                 )
         return StepResult(draft, (), tuple(warnings))
-
-
-def rule_keys() -> tuple[str, ...]:
-    """The keys a ``[tools.NAME]`` table may set."""
-    return tuple(f.name for f in fields(ToolRule))
