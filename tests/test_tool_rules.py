@@ -155,6 +155,10 @@ def _results(built: Any) -> dict[str, Message]:
     return {m.tool_call_id: m for m in built.messages if m.role == "tool"}
 
 
+def built_audit(history: list[dict[str, Any]], policy: Policy) -> tuple[Any, ...]:
+    return build_context(history, max_input_tokens=100_000, policy=policy).audit.actions
+
+
 EVERY_RESULT = "[mask]\nbatch_tokens = 0\n"  # mask every maskable result at once
 
 
@@ -166,6 +170,11 @@ def test_keep_last_is_each_tools_own_masking_depth() -> None:
     built = _results(build_context(history, max_input_tokens=100_000, policy=policy))
     kept = {c for c, m in built.items() if "masked_from" not in m.meta}
     assert kept == {"c7", "c9", "c11", "c13", "c15", "c14"}  # read_file's 5, search in the last 3
+    reasons = {a.reason for a in built_audit(history, policy) if a.action == "masked"}
+    assert reasons == {
+        "tool result older than the last 3",
+        "tool result older than the last 5 results of read_file",
+    }
     policy = rules(EVERY_RESULT + '[tools."*"]\nkeep_last = 0\n[tools.read_file]\nkeep_last = 2\n')
     built = _results(build_context(history, max_input_tokens=100_000, policy=policy))
     assert {c for c, m in built.items() if "masked_from" not in m.meta} == {"c13", "c15"}
