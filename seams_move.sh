@@ -151,13 +151,16 @@ for root in roots:
                     if a.name == "build_context":
                         if node.module in STORE:
                             from_store = from_store or a.asname in (None, "build_context")
-                        else:
-                            other = True
+                        elif a.asname in (None, "build_context"):
+                            other = True  # the bare name is the engine's here
         is_def = p.as_posix().endswith("ctxwarden/store/logged_build.py")
         new = text
         new = re.sub(r"\bbuild_context as logged_context\b", "logged_context", new)
         if is_def or (from_store and not other):
             new = re.sub(r"(?<![\w.])build_context\b", "logged_context", new)
+            # the engine's, imported under another name, keeps its name
+            new = re.sub(r"(from ctxwarden(?:\.pipeline(?:\.engine)?)? import )logged_context as ",
+                         r"\1build_context as ", new)
         new = re.sub(r"ctxwarden\.store\.(service_tables|logged_build)\.build_context\b",
                      r"ctxwarden.store.\1.logged_context", new)
         if new != text:

@@ -164,7 +164,7 @@ class Policy:
     def __post_init__(self) -> None:
         if not isinstance(self.tools, ToolRules):  # a mapping of names to rules, checked
             rules: Any = self.tools
-            object.__setattr__(self, "tools", ToolRules(rules.items() if rules else ()))
+            object.__setattr__(self, "tools", ToolRules(rules or ()))
         if self.max_input_tokens is not None and self.max_input_tokens < 1:
             raise ConfigError(f"max_input_tokens must be >= 1, got {self.max_input_tokens}")
         if self.response_reserve < 0:
