@@ -3,6 +3,10 @@
     layers → window → truncate → mask → (your steps) → recall → fit (+ entity ledger)
     → priority → layout
 
+With per-tool rules (``[tools.NAME]``, :mod:`~ctxwarden.steps.tool_rules`), a step that
+pins the results a rule pins runs first, and one that warns of a rule the budget broke
+runs last.
+
 ``Policy(steps=[...])`` adds your own steps after the built-in editing steps and before
 the window is fitted, so what they drop frees budget for the rest. A step is an object
 with a ``name`` and ``__call__(draft, ctx) -> StepResult`` (:class:`~ctxwarden.Step`); an
@@ -29,6 +33,7 @@ from ctxwarden.steps.evict import EvictStep
 from ctxwarden.steps.fit import FitStep
 from ctxwarden.steps.layers import LayersStep
 from ctxwarden.steps.layout import LayoutStep
+from ctxwarden.steps.tool_rules import CheckToolRules, PinResults
 from ctxwarden.steps.window import WindowStep
 
 if TYPE_CHECKING:
@@ -77,11 +82,14 @@ def load_step(spec: Mapping[str, Any], source: str = "policy") -> Any:
 # The built-in steps hold no state (frozen, a name each): one of each serves every build.
 _HEAD: tuple[Step, ...] = (LayersStep(), WindowStep())
 _TAIL: tuple[Step, ...] = (FitStep(), EvictStep(), LayoutStep())
+_PINS, _CHECK_RULES = PinResults(), CheckToolRules()
 
 
 def steps_for(policy: Policy) -> tuple[Step, ...]:
     """The policy's pipeline, in order."""
     steps: list[Step] = list(_HEAD)
+    if policy.tools.pins:  # results pinned by their tool's rule, before the window sees them
+        steps.insert(0, _PINS)
     if policy.truncate is not None:
         steps.append(EditStep(policy.truncate))
     if policy.mask is not None:
@@ -90,4 +98,6 @@ def steps_for(policy: Policy) -> tuple[Step, ...]:
     if policy.recall is not None:
         steps.append(policy.recall)
     steps.extend(_TAIL)
+    if policy.tools:  # the warnings that name a tool rule the budget broke
+        steps.append(_CHECK_RULES)
     return tuple(steps)

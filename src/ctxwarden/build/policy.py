@@ -35,6 +35,11 @@ A :class:`Policy` is a frozen dataclass that loads from TOML::
     use = "mypackage.steps:DropTagged"
     tag = "debug"
 
+    [tools.get_order]              # per-tool rules (steps.tool_rules); "*": every tool
+    mask = false                   # never masked; keep_last = N: this tool's own depth
+    truncate = "json"              # cut as this kind (false: never cut); pin = true;
+    clear_inputs = true            # a masked result's call loses its arguments too
+
     [summary]                      # used when a summarizer is given
     max_messages = 30              # seed 000: summarise at 30, keep the last 15
     keep_recent = 15
@@ -57,6 +62,7 @@ from ctxwarden.errors import ConfigError
 from ctxwarden.memory.summaries import SummaryTrigger
 from ctxwarden.steps.mask import MaskObservations
 from ctxwarden.steps.recall import RecallRelevant
+from ctxwarden.steps.tool_rules import ToolRules
 from ctxwarden.steps.truncate import TruncateToolResults
 
 __all__ = ["LedgerConfig", "Policy", "WindowConfig"]
@@ -153,8 +159,12 @@ class Policy:
     recall_tool: bool = False  # the proxy offers the recall tool and answers its calls
     cache_breakpoints: bool = True
     steps: tuple[Any, ...] = ()  # your own steps (see ctxwarden.build.pipeline)
+    tools: ToolRules = field(default_factory=ToolRules)  # [tools.NAME] (steps.tool_rules)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.tools, ToolRules):  # a mapping of names to rules, checked
+            rules: Any = self.tools
+            object.__setattr__(self, "tools", ToolRules(rules or ()))
         if self.max_input_tokens is not None and self.max_input_tokens < 1:
             raise ConfigError(f"max_input_tokens must be >= 1, got {self.max_input_tokens}")
         if self.response_reserve < 0:
@@ -199,6 +209,8 @@ class Policy:
                 if not isinstance(value, list):
                     raise ConfigError(f"{source}: steps must be an array of [[steps]] tables")
                 kwargs["steps"] = tuple(load_step(s, source) for s in value)
+            elif key == "tools":
+                kwargs["tools"] = ToolRules.from_dict(value, source)
             elif key in sections:
                 kwargs[key] = _section(sections[key], key, value, source)
             elif key in top:

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ctxwarden.build.engine import BuiltContext, build_context
@@ -123,7 +124,24 @@ def explain(
         spec = summarizer_spec(summarizer, summarizer_timeout)
         built = _build(file, model, max_input_tokens, policy, spec, example, registry)
         audit = built.audit.to_dict()
-    render_audit(audit, Console())
+    console = Console()
+    render_audit(audit, console)
+    if policy is not None:
+        render_tool_rules(Policy.from_toml(policy), console)
+
+
+def render_tool_rules(policy: Policy, console: Console) -> None:
+    """Print the policy's per-tool rules (``[tools.NAME]``), as each tool gets them."""
+    if not policy.tools:
+        return
+    table = Table(title=escape('Tool rules ([tools.NAME]; "*": every tool)'))
+    table.add_column("tool")
+    table.add_column("as written")
+    table.add_column("applied")
+    for name, rule in policy.tools.rules:
+        applied = policy.tools.for_tool(name).describe()
+        table.add_row(escape(name), escape(rule.describe()), escape(applied))
+    console.print(table)
 
 
 def render_audit(audit: dict[str, Any], console: Console) -> None:

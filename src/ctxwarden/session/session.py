@@ -55,6 +55,7 @@ from ctxwarden.session.cycle import SummaryWrite, summary_cycle
 from ctxwarden.session.ledger_memo import SeqMemo
 from ctxwarden.session.pending_log import PendingLog
 from ctxwarden.session.tail_memo import TailMemo, check_appended, count_key, with_tail
+from ctxwarden.session.tool_pins import PinnedBlocks
 from ctxwarden.store import SessionStore, StoredMessage, StoredSession, open_store
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.ledger_checkpoint import (
@@ -81,6 +82,7 @@ if TYPE_CHECKING:
     from ctxwarden.memory.facts import Facts, FactSchema
     from ctxwarden.memory.recall import Recalled
     from ctxwarden.memory.summaries import SummaryState, SummaryTrigger
+    from ctxwarden.steps.tool_rules import ToolRules
 
 __all__ = ["PendingLog", "Session", "SummaryWrite", "count_key"]
 
@@ -161,6 +163,7 @@ class Session:
         self._logged = ContextMemo()  # how the last build's context was logged (speed only)
         self._saved: session_state.SavedState | None = None  # the sticky state stored last
         self._tails = TailMemo()  # the last build's tail and what came after (speed only)
+        self._rule_pins = PinnedBlocks()  # blocks a tool rule pins, before it (speed only)
         try:
             self.store.create_session(tenant, session_id)
         except BaseException:
@@ -356,6 +359,7 @@ class Session:
         pin_first: int,
         from_seq: int | None,
         record: StoredSession,
+        rules: ToolRules | None = None,
     ) -> tuple[list[StoredMessage], int]:
         """:meth:`context_messages` and the seq its tail starts at (everything older
         that is not in the slice is what the entity ledger must cover)."""
@@ -394,6 +398,12 @@ class Session:
         while len(tail) > 1 and tail[0].message.role == "tool":
             tail = tail[1:]  # its call is older than the tail: never send an orphan result
         start = tail[0].seq if tail else begin
+        if rules is not None and rules.pins:  # the blocks a tool rule pins (session.tool_pins)
+            found = self._rule_pins.read(
+                self.store, self.tenant, self.session_id, record.created_at, rules, start
+            )
+            for seq, m in found.items():
+                merged.setdefault(seq, replace(m, message=self._cache.setdefault(seq, m.message)))
         return with_tail(merged, tail), start
 
     def _window_region(
@@ -530,6 +540,7 @@ class Session:
             policy.window.pin_first,
             int(warm) if warm is not None else None,
             record,
+            policy.tools,
         )
         seqs = [m.seq for m in read]
         history = [m.message for m in read]

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ctxwarden.build.policy import Policy
     from ctxwarden.build.state import BuildState, SummaryDue
     from ctxwarden.memory.layer_state import LayerState
+    from ctxwarden.steps.tool_rules import ToolRules
     from ctxwarden.tokens.counter import TokenCounter
 
 __all__ = [
@@ -157,6 +158,8 @@ class StrategyContext:
     instead of wrapping each draft in a message. ``newest_room`` is what the tool results
     the model has not answered yet may take whole (:func:`~ctxwarden.steps.newest.newest_room`;
     the build always gives it, ``None`` when a strategy is called on its own).
+    ``tool_rules`` are the policy's per-tool rules (:mod:`~ctxwarden.steps.tool_rules`;
+    ``None``: none).
     """
 
     count: Callable[[Message], int]
@@ -166,6 +169,7 @@ class StrategyContext:
     sticky: Mapping[str, ActionKind] = field(default_factory=dict)
     count_text: Callable[[str], int] | None = None  # a bare string, when the caller has one
     newest_room: int | None = None
+    tool_rules: ToolRules | None = None
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ class EditStep:
             sticky=ctx.previous.sticky,
             count_text=ctx.counter.count_text,
             newest_room=newest_room(draft, ctx),
+            tool_rules=ctx.policy.tools or None,
         )
         result = self.strategy(list(draft.window), sctx)
         edits = dict(draft.edits)

@@ -28,6 +28,7 @@ from ctxwarden.errors import ConfigError
 from ctxwarden.messages import Message
 from ctxwarden.steps.base import Action, StrategyContext, StrategyResult, same_action
 from ctxwarden.steps.handles import handle_for
+from ctxwarden.steps.tool_rules import clear_call_inputs, maskable_results
 from ctxwarden.tokens.counter import counting_key
 
 __all__ = ["DEFAULT_PLACEHOLDER", "MaskObservations"]
@@ -113,7 +114,11 @@ class MaskObservations:
 
     def __call__(self, messages: Sequence[Message], ctx: StrategyContext) -> StrategyResult:
         results = [i for i, m in enumerate(messages) if m.role == "tool"]
-        older = results[: max(len(results) - self.keep_last, 0)]
+        rules = ctx.tool_rules
+        if rules:  # per-tool depths and exclusions (steps.tool_rules)
+            older = maskable_results(messages, results, self.keep_last, rules)
+        else:
+            older = results[: max(len(results) - self.keep_last, 0)]
         to_mask: set[int] = set()
         maskable: list[int] = []
         for i in older:
@@ -148,6 +153,9 @@ class MaskObservations:
                     applied = None
 
         out, actions = applied if applied is not None else self._apply(messages, to_mask, ctx)
+        if rules:  # a masked result's call loses its arguments where the rule says so
+            masked = {a.message_id for a in actions}
+            actions.extend(clear_call_inputs(out, masked, rules, ctx, self.name))
         return StrategyResult(out, actions)
 
     def _apply(
@@ -175,12 +183,16 @@ class MaskObservations:
                 continue
             name = message.name or names.get(message.tool_call_id or "", "tool")
             sticky = ctx.sticky.get(message.id) == "masked"
-            inputs = (name, sticky, self.placeholder, self.name, self.keep_last, counter)
+            depth: int | str = self.keep_last
+            own = ctx.tool_rules.for_tool(name).keep_last if ctx.tool_rules else None
+            if own is not None:  # the tool's own depth (steps.tool_rules)
+                depth = f"{own} results of {name}"
+            inputs = (name, sticky, self.placeholder, self.name, depth, counter)
             kept = message._memo.get(_KEPT_ATTR)
             if kept is not None and kept[0] == inputs:
                 new, action = kept[1], kept[2]
             else:
-                new, action = self._outcome(message, name, sticky, ctx)
+                new, action = self._outcome(message, name, sticky, ctx, depth)
                 if counter is not None:  # (None: a counter not known to be pure)
                     message._memo[_KEPT_ATTR] = (inputs, new, action)
             if new is None:
@@ -191,7 +203,12 @@ class MaskObservations:
         return out, actions
 
     def _outcome(
-        self, message: Message, name: str, sticky: bool, ctx: StrategyContext
+        self,
+        message: Message,
+        name: str,
+        sticky: bool,
+        ctx: StrategyContext,
+        depth: int | str | None = None,
     ) -> tuple[Message | None, Action]:
         """The masked copy of ``message`` (``None``: the placeholder is no shorter) and the
         action that says so."""
@@ -200,7 +217,7 @@ class MaskObservations:
         reason = (
             "masked in an earlier build (kept masked for a stable prefix)"
             if sticky
-            else f"tool result older than the last {self.keep_last}"
+            else f"tool result older than the last {self.keep_last if depth is None else depth}"
         )
         action = same_action(message.id, "masked", reason, before, after, self.name)
         return (new if after < before else None), action

@@ -56,6 +56,7 @@ from ctxwarden.steps.cut_trace import DEFAULT_LIBRARY_PATTERNS, library_regex, t
 from ctxwarden.steps.cut_values import with_cut_values
 from ctxwarden.steps.handles import handle_for
 from ctxwarden.steps.newest import newest_user_text, unanswered_results
+from ctxwarden.steps.tool_rules import as_kind, truncate_rule
 from ctxwarden.tokens.counter import counting_key
 
 __all__ = [
@@ -236,6 +237,7 @@ class TruncateToolResults:
             # so every build sends the very same object and its count is cached
             asked = request.fingerprint if request is not None else ""
             key = (message.id, message.fingerprint, asked, stated, self._config_key, counter)
+            key += (message.kind,)  # (a tool's rule may force the kind it is cut as)
             key += (before,)
             hit = _MEMO.get(key)
             if hit is not None:
@@ -322,6 +324,23 @@ class TruncateToolResults:
             if index in newest:  # not answered yet: cut only to fit (see _newest)
                 out.append(message)
                 continue
+            subject = message
+            if ctx.tool_rules:  # a tool's rule: never cut, or cut as a kind it names
+                rule = truncate_rule(messages, index, ctx.tool_rules)
+                if rule is False:
+                    out.append(message)
+                    continue
+                subject = as_kind(message, rule)
+            if subject is not message and not _recall_result(message, request):
+                new = self._truncate(subject, count, drafts, counter, request)
+                if new is not subject:
+                    reason = f"{subject.kind} tool result over {over} tokens (its tool's rule)"
+                    before, after = count(message), count(new)
+                    actions.append(
+                        same_action(message.id, "truncated", reason, before, after, self.name)
+                    )
+                out.append(message if new is subject else new)
+                continue
             kept = message._memo.get(_KEPT_ATTR)
             if kept is not None and kept[0] is request and kept[1] == inputs:
                 new, action = kept[2] or message, kept[3]
@@ -375,12 +394,16 @@ class TruncateToolResults:
             share = max(room * before // max(total, 1), self.target_tokens)
             if before <= max(share, self.threshold_tokens) or not self._cuttable(message):
                 continue
+            rule = truncate_rule(out, index, ctx.tool_rules) if ctx.tool_rules else None
+            if rule is False:
+                continue  # the budget still binds it: the eviction step cuts it if it must
             if _recall_result(message, requests.get(message.tool_call_id or "")):
                 continue  # the eviction step cuts a recalled original only if it must
             cutter = replace(self, threshold_tokens=share, target_tokens=share)
             request = requests.get(message.tool_call_id or "")
-            new = cutter._truncate(message, ctx.count, drafts, counter, request, stated)
-            if new is message:
+            subject = as_kind(message, rule)
+            new = cutter._truncate(subject, ctx.count, drafts, counter, request, stated)
+            if new is subject:
                 continue
             out[index] = new
             after = ctx.count(new)
