@@ -76,16 +76,17 @@ class EmbeddingSpec:
 def check_embeddings_spec(spec: object) -> EmbeddingSpec:
     """The spec read, without making a client; a :class:`ConfigError` naming it and
     listing the valid forms when it is malformed or names no embeddings provider."""
-    from ctxwarden.llm.spec import check_spec
+    from ctxwarden.llm.spec import PROVIDERS, check_spec
 
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError(f"embeddings must be a spec such as {_FORMS.split(' | ')[0]!r}, "
                           f"got {spec!r}")  # fmt: skip
     head, sep, _ = spec.strip().partition(":")
     if sep and head.lower() not in EMBEDDING_PROVIDERS:
+        what = "provider" if head.lower() in PROVIDERS else "unknown embeddings provider"
         raise ConfigError(
-            f"bad embeddings spec {spec!r}: unknown embeddings provider {head!r} (no "
-            f"OpenAI-compatible /v1/embeddings endpoint); valid forms: {_FORMS}"
+            f"bad embeddings spec {spec!r}: {what} {head!r} has no OpenAI-compatible "
+            f"/v1/embeddings endpoint; valid forms: {_FORMS}"
         )
     try:
         provider, model, base_url, timeout, retry = check_spec(spec)

@@ -133,6 +133,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         finally:
             if hub.summaries is not None:
                 await hub.summaries.aclose()
+            await hub.embeddings.aclose()
             for upstream in upstreams.values():
                 await upstream.aclose()
             hub.close()

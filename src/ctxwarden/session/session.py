@@ -545,12 +545,20 @@ class Session:
         notes: tuple[str, ...] = ()
         if policy.ledger.enabled:
             ckpt, notes = self._ledger_before(record, start, frozenset(seqs))
-        spec = policy.recall.embeddings if policy.recall is not None else None
         vectors, vector_notes = None, ()
-        if spec is not None:  # the query's vector, if new, is computed here: before the build
+        recall = policy.recall
+        if recall is not None and recall.embeddings is not None:
             from ctxwarden.session.vectors import vectors_for_build
 
-            vectors, vector_notes = vectors_for_build(self, spec, read)
+            # the query's vector, if new, is computed here, before the build; the messages
+            # most like it that the slice does not hold are read too (see session.vectors)
+            vectors, extra, vector_notes = vectors_for_build(
+                self, recall.embeddings, read, recall.lookback
+            )
+            if extra:
+                read = sorted([*read, *extra], key=lambda m: m.seq)
+                seqs = [m.seq for m in read]
+                history = [m.message for m in read]
         layers = session_state.layers_for(record, history, seqs)
         previous = session_state.state_for(record.sticky, seqs, self._saved)
         if previous is not None and self._ledger_memo is not None:
@@ -604,11 +612,11 @@ class Session:
             found = self._embedders[spec] = Embedder(spec)
         return found
 
-    def embed(self, embeddings: str | None = None) -> int:
+    def embed(self, embeddings: str | None = None, *, upto_seq: int | None = None) -> int:
         """Compute and store the embedding vectors this session's messages lack (see
         :mod:`ctxwarden.session.vectors`): ``embeddings`` is a spec, default the policy's
-        ``[recall] embeddings``. Each message is embedded once; returns how many were
-        now. A failing endpoint raises :class:`~ctxwarden.errors.ProviderError` naming
+        ``[recall] embeddings``; ``upto_seq`` stops at that message. Each message is
+        embedded once; returns how many were now. A failing endpoint raises :class:`~ctxwarden.errors.ProviderError` naming
         it; what was stored before stays."""
         from ctxwarden.llm.embeddings import check_embeddings_spec
         from ctxwarden.session.vectors import embed_missing
@@ -622,7 +630,7 @@ class Session:
                 "session's policy"
             )
         check_embeddings_spec(embeddings)
-        return embed_missing(self, self.embedder(embeddings))
+        return embed_missing(self, self.embedder(embeddings), upto_seq=upto_seq)
 
     # -- recall -------------------------------------------------------------------------------
 

@@ -19,7 +19,15 @@ from collections.abc import Iterable, Sequence
 from ctxwarden.store._sql import _WHERE, SqlStore, _message
 from ctxwarden.store.base import StoredMessage
 
-__all__ = ["decode_vector", "encode_vector", "missing_vectors", "read_vectors", "write_vectors"]
+__all__ = [
+    "decode_vector",
+    "encode_vector",
+    "messages_at",
+    "missing_vectors",
+    "read_vectors",
+    "text_vectors_between",
+    "write_vectors",
+]
 
 
 def _sqlite(store: SqlStore) -> bool:
@@ -103,3 +111,35 @@ def write_vectors(
             rows,
         )
     return len(rows)
+
+
+def text_vectors_between(
+    store: SqlStore, tenant: str, session_id: str, lo: int, hi: int, model: str
+) -> list[tuple[int, tuple[float, ...]]]:
+    """``(seq, vector)`` of the user and assistant messages with ``lo <= seq < hi`` that
+    have a vector of ``model`` (a session's build looks among them for what to recall)."""
+    with store._read_one() as tx:
+        rows = tx.execute(
+            f"SELECT seq, {_column(store)} FROM ctxwarden_messages {_WHERE} "
+            "AND seq >= ? AND seq < ? AND embedding_model = ? AND embedding IS NOT NULL "
+            "AND role IN ('user', 'assistant') ORDER BY seq",
+            (tenant, session_id, lo, hi, model),
+        )
+    return [(int(r[0]), decode_vector(r[1])) for r in rows]
+
+
+def messages_at(store: SqlStore, tenant: str, session_id: str, seqs: Iterable[int]) -> list[
+    StoredMessage
+]:
+    """The messages with these seqs, in order (one read)."""
+    wanted = sorted(set(seqs))
+    if not wanted:
+        return []
+    marks = ", ".join("?" * len(wanted))
+    with store._read_one() as tx:
+        rows = tx.execute(
+            "SELECT seq, message, token_counts FROM ctxwarden_messages "
+            f"{_WHERE} AND seq IN ({marks}) ORDER BY seq",
+            (tenant, session_id, *wanted),
+        )
+    return [_message(r) for r in rows]
