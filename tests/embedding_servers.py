@@ -35,7 +35,29 @@ CONCEPTS: tuple[frozenset[str], ...] = tuple(
 )
 HASHED = 32
 _WORD = re.compile(r"[a-z]+")
-_STOP = frozenset("a an the was is are my our we i to of in on and or it that this".split())
+_STOP = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "was",
+        "is",
+        "are",
+        "my",
+        "our",
+        "we",
+        "i",
+        "to",
+        "of",
+        "in",
+        "on",
+        "and",
+        "or",
+        "it",
+        "that",
+        "this",
+    ]
+)
 
 
 def toy_vector(text: str) -> list[float]:

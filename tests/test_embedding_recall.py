@@ -199,7 +199,7 @@ def test_the_sdk_retries_a_failing_endpoint_as_its_settings_say(server: Embeddin
 )
 def test_a_bad_embeddings_spec_is_a_config_error_naming_it(spec: str, named: str) -> None:
     text = f'[recall]\nembeddings = "{spec}"\n'
-    with pytest.raises(ConfigError, match="recall.embeddings") as caught:
+    with pytest.raises(ConfigError, match=r"recall\.embeddings") as caught:
         Policy.from_toml(text)
     assert named in str(caught.value) and repr(spec) in str(caught.value)
     with pytest.raises(ConfigError):

@@ -57,11 +57,11 @@ def env(module_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[En
     tmp = tmp_path_factory.mktemp("policy")
     embeddings = EmbeddingServer().start()
     upstream = ScriptedServer(_model).start()
-    key = add_tenant(module_db, "acme", "--policy",
-                     str(_policy(tmp, "acme", f"openai:toy-embed@{embeddings.url}/v1")))  # fmt: skip
+    good = _policy(tmp, "acme", f"openai:toy-embed@{embeddings.url}/v1")
+    key = add_tenant(module_db, "acme", "--policy", str(good))
     dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
-    down_key = add_tenant(module_db, "downco", "--policy",
-                          str(_policy(tmp, "down", f"openai:toy-embed@{dead}?retries=0")))  # fmt: skip
+    down = _policy(tmp, "down", f"openai:toy-embed@{dead}?retries=0")
+    down_key = add_tenant(module_db, "downco", "--policy", str(down))
     proxy = ProxyServer(module_db, upstream=upstream.url + "/v1")
     try:
         yield Env(proxy, upstream, embeddings, key, down_key, dead + "/embeddings")

@@ -77,8 +77,8 @@ from ctxwarden.tokens.counter import TokenCounter
 
 if TYPE_CHECKING:
     from ctxwarden.build.engine import BuiltContext
-    from ctxwarden.llm.embeddings import Embedder
     from ctxwarden.build.policy import Policy
+    from ctxwarden.llm.embeddings import Embedder
     from ctxwarden.memory.facts import Facts, FactSchema
     from ctxwarden.memory.recall import Recalled
     from ctxwarden.memory.summaries import SummaryState, SummaryTrigger
@@ -545,7 +545,7 @@ class Session:
         notes: tuple[str, ...] = ()
         if policy.ledger.enabled:
             ckpt, notes = self._ledger_before(record, start, frozenset(seqs))
-        vectors, vector_notes = None, ()
+        vectors, vector_notes = None, tuple[str, ...]()
         recall = policy.recall
         if recall is not None and recall.embeddings is not None:
             from ctxwarden.session.vectors import vectors_for_build
@@ -616,8 +616,8 @@ class Session:
         """Compute and store the embedding vectors this session's messages lack (see
         :mod:`ctxwarden.session.vectors`): ``embeddings`` is a spec, default the policy's
         ``[recall] embeddings``; ``upto_seq`` stops at that message. Each message is
-        embedded once; returns how many were now. A failing endpoint raises :class:`~ctxwarden.errors.ProviderError` naming
-        it; what was stored before stays."""
+        embedded once; returns how many were now. A failing endpoint raises
+        :class:`~ctxwarden.errors.ProviderError` naming it; what was stored stays."""
         from ctxwarden.llm.embeddings import check_embeddings_spec
         from ctxwarden.session.vectors import embed_missing
 

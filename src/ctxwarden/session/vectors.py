@@ -66,8 +66,9 @@ def embed_missing(
     session: Session, embedder: Embedder, *, upto_seq: int | None = None, batch: int = BATCH
 ) -> int:
     """Compute and store the vectors ``session`` 's messages (up to ``upto_seq``) lack
-    for ``embedder`` 's spec; returns how many messages got one. A :class:`ProviderError` (after the SDK's
-    retries) leaves the messages not yet written without one, for the next run."""
+    for ``embedder`` 's spec; returns how many messages got one. A
+    :class:`ProviderError` (after the SDK's retries) leaves the messages not yet
+    written without one, for the next run."""
     store = _sql(session)
     key = embeddings_key(embedder.spec)
     scope = (key, session.record.created_at)
@@ -124,12 +125,8 @@ def _candidates(
     have = {m.seq for m in read}
     start = min((m.seq for m in read if m.message.role != "system"), default=0)
     lo = max(0, start - lookback)
-    found = [
-        (seq, v)
-        for seq, v in text_vectors_between(store, session.tenant, session.session_id, lo,
-                                           start, key)  # fmt: skip
-        if seq not in have and len(v) == len(query)
-    ]
+    before = text_vectors_between(store, session.tenant, session.session_id, lo, start, key)
+    found = [(seq, v) for seq, v in before if seq not in have and len(v) == len(query)]
     if not found:
         return [], {}
     matrix = np.asarray([v for _, v in found], dtype=np.float64)
@@ -161,9 +158,7 @@ def vectors_for_build(
     key = embeddings_key(spec)
     try:
         store = _sql(session)
-        stored = read_vectors(
-            store, session.tenant, session.session_id, [m.seq for m in read], key
-        )
+        stored = read_vectors(store, session.tenant, session.session_id, [m.seq for m in read], key)
         if not stored.get(query.seq):
             embedder = session.embedder(spec)
             vector = embedder.embed([embedding_text(query.message)])[0]

@@ -141,7 +141,9 @@ class RecallRelevant:
         block = Message.user(text, id=RECALL_ID)  # a system block would join Anthropic's system
         how = "BM25" if vector is None else "BM25 and embeddings, fused"
         actions = tuple(
-            Action(mid, "recalled", f"relevant to the current request ({how})", 0, tokens, self.name)
+            Action(
+                mid, "recalled", f"relevant to the current request ({how})", 0, tokens, self.name
+            )
             for mid, tokens in shown
         )
         return StepResult(new.but(layers=(*new.layers, ("recall", block))), actions)

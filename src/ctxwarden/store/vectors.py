@@ -128,9 +128,9 @@ def text_vectors_between(
     return [(int(r[0]), decode_vector(r[1])) for r in rows]
 
 
-def messages_at(store: SqlStore, tenant: str, session_id: str, seqs: Iterable[int]) -> list[
-    StoredMessage
-]:
+def messages_at(
+    store: SqlStore, tenant: str, session_id: str, seqs: Iterable[int]
+) -> list[StoredMessage]:
     """The messages with these seqs, in order (one read)."""
     wanted = sorted(set(seqs))
     if not wanted:
