@@ -138,3 +138,42 @@ def embedding_text_of(message: dict[str, Any]) -> str:
     from ctxwarden.formats.openai import message_from_openai
 
     return embedding_text(message_from_openai(message))
+
+
+def test_with_a_broker_the_worker_embeds_after_the_call(
+    env: Env, module_db: str, tmp_path: Path
+) -> None:
+    """``serve --broker``: the vectors are a ``ctxwarden worker`` job, not the proxy's."""
+    import uuid
+
+    from test_replicas import REDIS, Worker
+
+    if not REDIS:
+        pytest.skip("set CTXWARDEN_TEST_REDIS to a Redis URL to run the worker's jobs")
+    queue = f"ctxw-embed-{uuid.uuid4().hex[:8]}"
+    proxy = ProxyServer(
+        module_db,
+        upstream=env.upstream.url + "/v1",
+        extra=("--broker", REDIS),
+        env={"CTXWARDEN_JOB_QUEUE": queue},
+    )
+    log = tmp_path / "worker.log"
+    worker = Worker(module_db, REDIS, queue, env.upstream.url + "/v1", log)
+    try:
+        queued = Env(proxy, env.upstream, env.embeddings, env.key, "", "")
+        session = sid()
+        first = [*_first_call()[:-1], {"role": "user", "content": "One more garden note."}]
+        first[1] = {"role": "user", "content": TARGET + " (second trip)"}
+        assert _call(queued, env.key, session, first) == REPLY
+        wanted = embedding_text_of(first[1])
+        _wait_for(lambda: env.embeddings.inputs[wanted] == 1)
+        _wait_for(lambda: "embedding job of acme/" in log.read_text())
+        second = [*first, {"role": "assistant", "content": REPLY},
+                  {"role": "user", "content": QUESTION}]  # fmt: skip
+        assert _call(queued, env.key, session, second) == REPLY
+        assert first[1]["content"] in _recall_block(env.upstream.requests[-1].json)
+        time.sleep(0.5)
+        assert env.embeddings.inputs[wanted] == 1  # embedded once, by the worker
+    finally:
+        proxy.stop()
+        worker.stop()

@@ -124,6 +124,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
             from ctxwarden.service.summary_jobs import SummaryJobs
 
             hub.summaries = SummaryJobs(hub, config.broker)
+            hub.embeddings.use_broker(hub.summaries.settings)
         elif config.summarizer:
             from ctxwarden.service.summaries import Summaries
 

@@ -8,12 +8,19 @@ embeds the messages up to the reply it follows: a message appended by a later ca
 that call's (its build embeds its newest user message, the query, itself), so no
 message is sent to the endpoint twice. The next build reads what it stored. A failing
 endpoint is logged and counted; the messages wait for the next call's run.
+
+With ``--broker`` (:meth:`Embeddings.use_broker`) the run is a job for ``ctxwarden
+worker`` instead (:func:`ctxwarden.jobs.tasks.embed`), at most one queued or running per
+session (a pending mark, as a summary job's); a job already pending takes the next
+call's messages too, or the call after does. When the broker does not answer, the run
+happens here as without one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -35,6 +42,11 @@ class Embeddings:
         self._tasks: set[asyncio.Task[None]] = set()
         self._limiter = anyio.CapacityLimiter(2)
         self.failed = 0  # runs that ended with an error (the log says which)
+        self._jobs: Any = None  # JobSettings, with --broker
+
+    def use_broker(self, settings: Any) -> None:
+        """Enqueue the runs as worker jobs on ``settings.broker`` (``serve --broker``)."""
+        self._jobs = settings
 
     def after_call(self, tenant: Tenant, session: Session, upto_seq: int) -> None:
         """Start a run for ``session`` (messages up to ``upto_seq``) when the tenant's
@@ -51,6 +63,10 @@ class Embeddings:
 
     async def _run(self, key: tuple[str, str], session: Session, spec: str, upto: int) -> None:
         try:
+            if self._jobs is not None:
+                job = (self._jobs, key[0], session.session_id, spec, upto)
+                if await anyio.to_thread.run_sync(_enqueue, *job, limiter=self._limiter):
+                    return
             await anyio.to_thread.run_sync(
                 lambda: session.embed(spec, upto_seq=upto), limiter=self._limiter
             )
@@ -64,3 +80,25 @@ class Embeddings:
         """Wait for the runs under way (at shutdown)."""
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _enqueue(settings: Any, tenant: str, session_id: str, spec: str, upto: int) -> bool:
+    """Publish the session's embedding job unless one is pending; ``False`` when the
+    broker does not answer (the caller runs it itself)."""
+    from ctxwarden.jobs.pending import clear_pending, set_pending
+    from ctxwarden.jobs.tasks import embed, embed_pending_id
+
+    pending = embed_pending_id(session_id)
+    try:
+        if not set_pending(settings, tenant, pending):
+            return True  # a job is queued or running: it, or the next call's, takes these
+    except Exception as exc:  # redis errors: the broker is down
+        log.warning("embedding job of %s/%s not enqueued: %s", tenant, session_id, exc)
+        return False
+    try:
+        embed.apply_async((tenant, session_id, spec, upto), queue=settings.queue, retry=False)
+    except Exception as exc:  # kombu / redis errors
+        clear_pending(settings, tenant, pending)
+        log.warning("embedding job of %s/%s not enqueued: %s", tenant, session_id, exc)
+        return False
+    return True

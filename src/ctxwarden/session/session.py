@@ -612,15 +612,20 @@ class Session:
             found = self._embedders[spec] = Embedder(spec)
         return found
 
-    def embed(self, embeddings: str | None = None, *, upto_seq: int | None = None) -> int:
+    def embed(
+        self, embeddings: str | Embedder | None = None, *, upto_seq: int | None = None
+    ) -> int:
         """Compute and store the embedding vectors this session's messages lack (see
-        :mod:`ctxwarden.session.vectors`): ``embeddings`` is a spec, default the policy's
-        ``[recall] embeddings``; ``upto_seq`` stops at that message. Each message is
+        :mod:`ctxwarden.session.vectors`): ``embeddings`` is a spec (or a client made
+        for one), default the policy's ``[recall] embeddings``; ``upto_seq`` stops at
+        that message. Each message is
         embedded once; returns how many were now. A failing endpoint raises
         :class:`~ctxwarden.errors.ProviderError` naming it; what was stored stays."""
-        from ctxwarden.llm.embeddings import check_embeddings_spec
+        from ctxwarden.llm.embeddings import Embedder, check_embeddings_spec
         from ctxwarden.session.vectors import embed_missing
 
+        if isinstance(embeddings, Embedder):
+            return embed_missing(self, embeddings, upto_seq=upto_seq)
         if embeddings is None:
             recall = getattr(self.policy, "recall", None)
             embeddings = getattr(recall, "embeddings", None)
