@@ -154,6 +154,27 @@ def test_a_session_embeds_once_stores_and_recalls_the_paraphrase(
     assert sum(server.inputs.values()) == asked  # nothing computed again
 
 
+def test_pinned_first_messages_do_not_hide_what_lies_after_them(
+    db_url: str, server: EmbeddingServer
+) -> None:
+    from dataclasses import replace
+
+    from ctxwarden.build.policy import WindowConfig
+
+    spec = f"openai:toy-embed@{server.url}/v1"
+    policy = replace(_policy(spec), window=WindowConfig(pin_first=2))
+    history = _history()
+    history[1:1] = [{"role": "user", "content": "Hello there, the season starts."},
+                    {"role": "assistant", "content": "Hello! Ready when you are."}]  # fmt: skip
+    with Session(db_url, "pinned", policy=policy) as s:
+        s.append(history)
+        s.embed()
+        s.build()  # warm: the next build reads its window region, the pinned two and
+        built = s.build()  # the messages most like the question
+        assert any(m.text.startswith("Hello there") for m in built.messages)  # pinned
+        assert TARGET in _recall_text(built)
+
+
 def test_a_down_endpoint_leaves_the_build_to_bm25_and_says_so(db_url: str) -> None:
     port = free_port()  # nothing listens there
     spec = f"openai:toy-embed@http://127.0.0.1:{port}/v1?retries=0&timeout=2"

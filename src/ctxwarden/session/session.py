@@ -553,7 +553,7 @@ class Session:
             # the query's vector, if new, is computed here, before the build; the messages
             # most like it that the slice does not hold are read too (see session.vectors)
             vectors, extra, vector_notes = vectors_for_build(
-                self, recall.embeddings, read, recall.lookback
+                self, recall.embeddings, read, start, recall.lookback
             )
             if extra:
                 read = sorted([*read, *extra], key=lambda m: m.seq)

@@ -116,14 +116,15 @@ def _candidates(
     key: str,
     query: Sequence[float],
     read: Sequence[StoredMessage],
+    start: int,
     lookback: int,
 ) -> tuple[list[StoredMessage], dict[int, tuple[float, ...]]]:
-    """The :data:`CANDIDATES` user and assistant text messages before the slice (at most
-    ``lookback`` before it) most similar to ``query``, and their vectors."""
+    """The :data:`CANDIDATES` user and assistant text messages before the slice's tail
+    (``start``; at most ``lookback`` before it) that the slice does not hold (pinned and
+    first messages it does) most similar to ``query``, and their vectors."""
     import numpy as np
 
     have = {m.seq for m in read}
-    start = min((m.seq for m in read if m.message.role != "system"), default=0)
     lo = max(0, start - lookback)
     before = text_vectors_between(store, session.tenant, session.session_id, lo, start, key)
     found = [(seq, v) for seq, v in before if seq not in have and len(v) == len(query)]
@@ -147,11 +148,11 @@ def _candidates(
 
 
 def vectors_for_build(
-    session: Session, spec: str, read: Sequence[StoredMessage], lookback: int
+    session: Session, spec: str, read: Sequence[StoredMessage], start: int, lookback: int
 ) -> tuple[RecallVectors | None, list[StoredMessage], tuple[str, ...]]:
-    """The vectors for a build over ``read``, the query's computed when missing, and the
-    messages before the slice to read with it (see the module docstring);
-    ``(None, [], (warning,))`` when the endpoint or the store fails."""
+    """The vectors for a build over ``read`` (its tail from ``start``), the query's
+    computed when missing, and the messages before the slice to read with it (see the
+    module docstring); ``(None, [], (warning,))`` when the endpoint or the store fails."""
     query = _newest_user(read)
     if query is None or not embedding_text(query.message):
         return None, [], ()
@@ -164,7 +165,7 @@ def vectors_for_build(
             vector = embedder.embed([embedding_text(query.message)])[0]
             write_vectors(store, session.tenant, session.session_id, [(query.seq, vector)], key)
             stored[query.seq] = vector
-        extra, theirs = _candidates(store, session, key, stored[query.seq], read, lookback)
+        extra, theirs = _candidates(store, session, key, stored[query.seq], read, start, lookback)
     except (ProviderError, ConfigError) as exc:
         return None, [], (f"embedding recall skipped, recall ranked by BM25 alone: {exc}",)
     stored.update(theirs)
