@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ctxwarden.errors import ConfigError, ProviderError
+from ctxwarden.errors import ConfigError, MissingDependencyError, ProviderError
 from ctxwarden.llm.embeddings import Embedder, embeddings_key
 from ctxwarden.steps.recall_fusion import RecallVectors, embedding_text
 from ctxwarden.store._sql import SqlStore
@@ -122,7 +122,10 @@ def _candidates(
     """The :data:`CANDIDATES` user and assistant text messages before the slice's tail
     (``start``; at most ``lookback`` before it) that the slice does not hold (pinned and
     first messages it does) most similar to ``query``, and their vectors."""
-    import numpy as np
+    try:
+        import numpy as np
+    except ImportError:  # the recall extra brings numpy (with bm25s)
+        raise MissingDependencyError("embedding recall (numpy)", "recall") from None
 
     have = {m.seq for m in read}
     lo = max(0, start - lookback)
