@@ -43,6 +43,7 @@ from ctxwarden.steps.base import Action, ActionKind, Draft, StepContext
 from ctxwarden.steps.fold import FOLD_SEPARATOR
 from ctxwarden.steps.layout import STABLE_LAYERS, LayoutStep
 from ctxwarden.steps.pairing import keep_pairs_whole
+from ctxwarden.steps.recall_fusion import RecallVectors
 from ctxwarden.steps.window import leading_system, newest_call_block, newest_user
 from ctxwarden.telemetry import BUILD_SPAN, built_attributes, traced
 from ctxwarden.tokens.counter import REPLY_PRIMING, TokenCounter
@@ -103,6 +104,7 @@ def build_context(
     earlier_entities: EntityLedger | None = None,
     registry: Registry | None = None,
     layers: LayerState | None = None,
+    recall_vectors: RecallVectors | None = None,
 ) -> BuiltContext:
     """Build the context to send: within budget, pair-safe, stable prefix first, audited.
 
@@ -119,6 +121,9 @@ def build_context(
     ``earlier_entities`` is the ledger of messages older than ``messages`` (a session
     passes the values of the history it did not read). ``registry`` is where ``model`` is
     looked up (default: the built-in registry plus ``CTXWARDEN_MODELS``).
+    ``recall_vectors`` are the embedding vectors for ``[recall] embeddings``
+    (:class:`~ctxwarden.steps.recall_fusion.RecallVectors`, computed by you beforehand;
+    the newest user message's is the query): without them recall ranks by BM25 alone.
     """
     messages = check_build_arguments(messages, model, max_input_tokens, locals())
     policy = policy or Policy()
@@ -166,6 +171,7 @@ def build_context(
         summary=summary,
         facts=facts,
         pre=pre,
+        vectors=recall_vectors,
     )
 
 
@@ -197,8 +203,10 @@ def run_build(
     summary: str | None = None,
     facts: str | None = None,
     pre: tuple[tuple[Action, ...], tuple[str, ...]] = ((), ()),
+    vectors: RecallVectors | None = None,
 ) -> BuiltContext:
-    """The build every caller shares: the steps folded over ``history`` and ``state``."""
+    """The build every caller shares: the steps folded over ``history`` and ``state``
+    (``vectors``: embedding recall's input, computed by the caller before the build)."""
     sys_end = leading_system(history)
     newest = newest_user(history, sys_end)
     tools_tokens = counter.count_tools(tools)
@@ -226,6 +234,7 @@ def run_build(
         summary_text=summary,
         facts_text=facts,
         one_system=info is not None and info.one_system_message,
+        vectors=vectors,
     )
     anchors = frozenset(protected)
     draft = Draft(history, sys_end, newest, protected=anchors, anchors=anchors)

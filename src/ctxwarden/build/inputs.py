@@ -195,6 +195,11 @@ def check_build_options(
         options.get("earlier_entities"), "earlier_entities", EntityLedger, "an EntityLedger"
     )
     _check_optional(options.get("registry"), "registry", Registry, "a Registry")
+    from ctxwarden.steps.recall_fusion import RecallVectors
+
+    _check_optional(
+        options.get("recall_vectors"), "recall_vectors", RecallVectors, "a RecallVectors"
+    )
 
 
 def check_messages_argument(messages: Any) -> list[Any]:

@@ -29,12 +29,12 @@ import os
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from celery.signals import worker_shutdown
 
-from ctxwarden.errors import ConfigError, StoreError, SummarizationError
+from ctxwarden.errors import ConfigError, ProviderError, StoreError, SummarizationError
 from ctxwarden.jobs.app import app
 from ctxwarden.jobs.metrics import observe
 from ctxwarden.jobs.pending import clear_pending
@@ -45,6 +45,8 @@ __all__ = [
     "MAX_RETRIES",
     "JobLoop",
     "WorkerResources",
+    "embed",
+    "embed_pending_id",
     "job_loop",
     "resources",
     "shutdown",
@@ -68,6 +70,17 @@ class WorkerResources:
     extractor: Any
     settings: JobSettings
     spec: str = ""  # as CTXWARDEN_SUMMARIZER gives it
+    embedders: dict[str, Any] = field(default_factory=dict)  # embeddings clients, by spec
+
+    def embedder(self, spec: str) -> Any:
+        """The process's client for an embeddings spec (made on first use)."""
+        from ctxwarden.llm.embeddings import Embedder
+
+        with _LOCK:
+            found = self.embedders.get(spec)
+            if found is None:
+                found = self.embedders[spec] = Embedder(spec)
+            return found
 
 
 _RESOURCES: WorkerResources | None = None
@@ -130,6 +143,8 @@ def shutdown() -> None:
     if loop is not None:
         loop.close(closers)
     if res is not None:
+        for embedder in res.embedders.values():
+            embedder.close()
         res.store.close()
 
 
@@ -219,6 +234,48 @@ def summarize(
     clear_pending(res.settings, tenant, session_id)
     log.info("summary job %s of %s/%s: %s", job_id, tenant, session_id, outcome)
     return outcome
+
+
+def embed_pending_id(session_id: str) -> str:
+    """The id an embedding job's pending mark is kept under (apart from the summary's)."""
+    return f"embed:{session_id}"
+
+
+@app.task(  # type: ignore[untyped-decorator]
+    name="ctxwarden.embed",
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    autoretry_for=(ProviderError, StoreError),
+    retry_backoff=2,
+    retry_backoff_max=120,
+    retry_jitter=True,
+    max_retries=MAX_RETRIES,
+)
+def embed(self: Any, tenant: str, session_id: str, spec: str, upto_seq: int) -> int:
+    """Store the embedding vectors the session's messages up to ``upto_seq`` lack
+    (:meth:`ctxwarden.Session.embed`; each message is embedded once, so a redelivered
+    job asks for none again); returns how many it stored."""
+    from ctxwarden import Session
+
+    res = resources()
+    retries = int(self.request.retries or 0)
+    final = True
+    try:
+        session = Session(res.store, session_id, tenant=tenant)
+        try:
+            made = session.embed(res.embedder(spec), upto_seq=upto_seq)
+        finally:
+            session.close()
+    except (ProviderError, StoreError) as exc:
+        final = retries >= MAX_RETRIES
+        log.warning("embedding job of %s/%s failed: %s", tenant, session_id, exc)
+        raise
+    finally:
+        if final:
+            clear_pending(res.settings, tenant, embed_pending_id(session_id))
+    log.info("embedding job of %s/%s: %d vectors", tenant, session_id, made)
+    return made
 
 
 def _headers(request: Any) -> dict[str, Any]:

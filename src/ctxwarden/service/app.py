@@ -124,6 +124,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
             from ctxwarden.service.summary_jobs import SummaryJobs
 
             hub.summaries = SummaryJobs(hub, config.broker)
+            hub.embeddings.use_broker(hub.summaries.settings)
         elif config.summarizer:
             from ctxwarden.service.summaries import Summaries
 
@@ -133,6 +134,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         finally:
             if hub.summaries is not None:
                 await hub.summaries.aclose()
+            await hub.embeddings.aclose()
             for upstream in upstreams.values():
                 await upstream.aclose()
             hub.close()

@@ -63,6 +63,10 @@ async def _finish(
     if reply is not None and hub.summaries is not None:
         call = prepared.call
         hub.summaries.after_call(call.tenant, prepared.synced.session, call.model, prepared.built)
+    if reply is not None:  # the reply's seq is the head's count before it
+        hub.embeddings.after_call(
+            prepared.call.tenant, prepared.synced.session, prepared.synced.head.count
+        )
 
 
 async def forward(

@@ -97,6 +97,9 @@ class Hub:
         self.keys = KeyMemo()  # the client messages' keys, per client session (speed only)
         self.bodies = BodyMemo()  # the bodies' unchanged fronts, read once (speed only)
         self.summaries: Any = None  # service.summaries.Summaries with --summarizer
+        from ctxwarden.service.embeddings import Embeddings
+
+        self.embeddings = Embeddings()  # vectors after a call ([recall] embeddings)
         threads = config.store_threads
         if threads is None:  # see the module docstring
             sqlite = self.store.url.startswith("sqlite")

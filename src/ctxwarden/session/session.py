@@ -79,6 +79,7 @@ from ctxwarden.tokens.counter import TokenCounter
 if TYPE_CHECKING:
     from ctxwarden.build.engine import BuiltContext
     from ctxwarden.build.policy import Policy
+    from ctxwarden.llm.embeddings import Embedder
     from ctxwarden.memory.facts import Facts, FactSchema
     from ctxwarden.memory.recall import Recalled
     from ctxwarden.memory.summaries import SummaryState, SummaryTrigger
@@ -164,6 +165,9 @@ class Session:
         self._saved: session_state.SavedState | None = None  # the sticky state stored last
         self._tails = TailMemo()  # the last build's tail and what came after (speed only)
         self._rule_pins = PinnedBlocks()  # blocks a tool rule pins, before it (speed only)
+        self._embedders: dict[str, Embedder] = {}  # embeddings clients, by spec
+        self._embedded_upto: dict[tuple[str, float], int] = {}  # (vectors' key, session) ->
+        # the seq up to which every message has a vector (where the next embed reads from)
         try:
             self.store.create_session(tenant, session_id)
         except BaseException:
@@ -173,7 +177,11 @@ class Session:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the store's connections if this session opened the store."""
+        """Close the store's connections if this session opened the store (and the
+        embeddings clients it opened)."""
+        for embedder in self._embedders.values():
+            embedder.close()
+        self._embedders.clear()
         if self._owns_store:
             self.store.close()
 
@@ -548,6 +556,20 @@ class Session:
         notes: tuple[str, ...] = ()
         if policy.ledger.enabled:
             ckpt, notes = self._ledger_before(record, start, frozenset(seqs))
+        vectors, vector_notes = None, tuple[str, ...]()
+        recall = policy.recall
+        if recall is not None and recall.embeddings is not None:
+            from ctxwarden.session.vectors import vectors_for_build
+
+            # the query's vector, if new, is computed here, before the build; the messages
+            # most like it that the slice does not hold are read too (see session.vectors)
+            vectors, extra, vector_notes = vectors_for_build(
+                self, recall.embeddings, read, start, recall.lookback
+            )
+            if extra:
+                read = sorted([*read, *extra], key=lambda m: m.seq)
+                seqs = [m.seq for m in read]
+                history = [m.message for m in read]
         layers = session_state.layers_for(record, history, seqs)
         previous = session_state.state_for(record.sticky, seqs, self._saved)
         if previous is not None and self._ledger_memo is not None:
@@ -566,7 +588,8 @@ class Session:
             ),
             earlier=ckpt.ledger if ckpt is not None and len(ckpt.ledger) else None,
             tools=kw.get("tools"),
-            pre=((), notes),
+            pre=((), (*notes, *vector_notes)),
+            vectors=vectors,
         )
         self._ledger_memo = SeqMemo.of(built.state, seqs)
         ahead = ckpt.upto - ckpt.saved if ckpt is not None else 0  # (LEDGER_SAVE_EVERY)
@@ -588,6 +611,42 @@ class Session:
                 remember_checkpoint(self.store, self.tenant, self.session_id, scope, kept)
 
         return PendingLog(built, build_id, write)
+
+    # -- embedding recall -------------------------------------------------------------------
+
+    def embedder(self, spec: str) -> Embedder:
+        """This session's client for an embeddings spec (made on first use)."""
+        from ctxwarden.llm.embeddings import Embedder
+
+        found = self._embedders.get(spec)
+        if found is None:
+            found = self._embedders[spec] = Embedder(spec)
+        return found
+
+    def embed(
+        self, embeddings: str | Embedder | None = None, *, upto_seq: int | None = None
+    ) -> int:
+        """Compute and store the embedding vectors this session's messages lack (see
+        :mod:`ctxwarden.session.vectors`): ``embeddings`` is a spec (or a client made
+        for one), default the policy's ``[recall] embeddings``; ``upto_seq`` stops at
+        that message. Each message is
+        embedded once; returns how many were now. A failing endpoint raises
+        :class:`~ctxwarden.errors.ProviderError` naming it; what was stored stays."""
+        from ctxwarden.llm.embeddings import Embedder, check_embeddings_spec
+        from ctxwarden.session.vectors import embed_missing
+
+        if isinstance(embeddings, Embedder):
+            return embed_missing(self, embeddings, upto_seq=upto_seq)
+        if embeddings is None:
+            recall = getattr(self.policy, "recall", None)
+            embeddings = getattr(recall, "embeddings", None)
+        if embeddings is None:
+            raise ConfigError(
+                "no embeddings spec: pass one to embed(), or set [recall] embeddings in the "
+                "session's policy"
+            )
+        check_embeddings_spec(embeddings)
+        return embed_missing(self, self.embedder(embeddings), upto_seq=upto_seq)
 
     # -- recall -------------------------------------------------------------------------------
 

@@ -291,6 +291,7 @@ class StepContext:
     summary_text: str | None = None  # caller-managed layers (build_context(summary=...))
     facts_text: str | None = None
     one_system: bool = False  # the model takes one system message: layers fold into it
+    vectors: Any = None  # RecallVectors (steps.recall_fusion): embedding recall's input
 
     def count(self, message: Message) -> int:
         return self.counter.count_message(message)

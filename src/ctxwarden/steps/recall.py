@@ -53,6 +53,7 @@ from ctxwarden.errors import ConfigError, MissingDependencyError
 from ctxwarden.messages import Message
 from ctxwarden.steps.base import Action, Draft, StepContext, StepResult
 from ctxwarden.steps.handles import handle_for
+from ctxwarden.steps.recall_fusion import fuse, vector_ranking
 from ctxwarden.steps.window import is_pinned, newest_call_block
 
 __all__ = ["RECALL_HEADING", "RECALL_ID", "RecallRelevant"]
@@ -85,6 +86,9 @@ class RecallRelevant:
     history. ``query_calls`` adds the newest tool call's arguments to the query (the
     step an agent is in); off by default, so builds for one user message share the layer.
     ``only_summarized``: only in builds that keep a summary (see above).
+    ``embeddings`` (a spec such as ``"openai:text-embedding-3-small"``, default none)
+    also ranks the sources by vector similarity and fuses both rankings
+    (:mod:`~ctxwarden.steps.recall_fusion`), with the vectors the build is given.
     """
 
     share: float = 0.1
@@ -94,6 +98,7 @@ class RecallRelevant:
     max_chars: int = 20_000
     query_calls: bool = False
     only_summarized: bool = False
+    embeddings: str | None = None
     name: str = field(default="recall")
 
     def __post_init__(self) -> None:
@@ -102,6 +107,13 @@ class RecallRelevant:
         for key in ("max_tokens", "passage_tokens", "lookback", "max_chars"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"recall.{key} must be >= 1, got {getattr(self, key)}")
+        if self.embeddings is not None:
+            from ctxwarden.llm.embeddings import check_embeddings_spec
+
+            try:
+                check_embeddings_spec(self.embeddings)
+            except ConfigError as exc:
+                raise ConfigError(f"recall.embeddings: {exc}") from None
 
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
         if self.only_summarized and not _summarized(ctx):
@@ -114,18 +126,24 @@ class RecallRelevant:
         sources = self._sources(draft, lo, hi)
         if not sources:
             return StepResult(draft)
+        vector = self._query_vector(draft, ctx)
         key = _key(draft, query, lo, hi, sources, cap, ctx.counter.model, self)
+        if vector is not None:
+            key += ctx.vectors.digest(vector, [m.id for _, m in sources])
         memo = ctx.previous.recall if ctx.previous.history_length else None
         if memo is not None and memo.key == key:
             text, shown = memo.text, memo.shown
         else:
-            text, shown = self._render(sources, query, cap, draft, ctx)
+            text, shown = self._render(sources, query, cap, draft, ctx, vector)
         new = draft.but(recall_memo=RecallMemo(key, text, shown))
         if text is None:
             return StepResult(new)
         block = Message.user(text, id=RECALL_ID)  # a system block would join Anthropic's system
+        how = "BM25" if vector is None else "BM25 and embeddings, fused"
         actions = tuple(
-            Action(mid, "recalled", "relevant to the current request (BM25)", 0, tokens, self.name)
+            Action(
+                mid, "recalled", f"relevant to the current request ({how})", 0, tokens, self.name
+            )
             for mid, tokens in shown
         )
         return StepResult(new.but(layers=(*new.layers, ("recall", block))), actions)
@@ -140,6 +158,18 @@ class RecallRelevant:
             for i in newest_call_block(h, after):
                 parts.extend(f"{c.name} {c.arguments}" for c in h[i].tool_calls)
         return "\n".join(p for p in parts if p)
+
+    def _query_vector(self, draft: Draft, ctx: StepContext) -> Sequence[float] | None:
+        """The newest user message's vector, when this step ranks by embeddings and the
+        build was given vectors of its spec (else ``None``: BM25 alone)."""
+        vectors = ctx.vectors
+        if self.embeddings is None or vectors is None or draft.newest is None:
+            return None
+        from ctxwarden.llm.embeddings import embeddings_key
+
+        if vectors.model != embeddings_key(self.embeddings):
+            return None
+        return vectors.by_id.get(draft.history[draft.newest].id) or None
 
     def _span(self, draft: Draft, ctx: StepContext) -> tuple[int, int]:
         """``[lo, hi)``: the history before the window that this build certainly leaves
@@ -193,9 +223,12 @@ class RecallRelevant:
         cap: int,
         draft: Draft,
         ctx: StepContext,
+        vector: Sequence[float] | None = None,
     ) -> tuple[str | None, tuple[tuple[str, int], ...]]:
         passages = self._passages(sources)
         ranked = _rank(passages, query)
+        if vector is not None:
+            ranked = fuse(ranked, passages, vector_ranking(vector, sources, ctx.vectors))
         if not ranked:
             return None, ()
         labels = _labels(draft.history, sources)

@@ -30,10 +30,35 @@ class Tx(Protocol):
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None: ...
 
 
+Statement = str | Callable[[Tx], None]
+"""SQL text, or a function that runs its own statements (a step that must look first)."""
+
+
 @dataclass(frozen=True)
 class Migration:
+    """A named step; ``postgres``, when given, replaces ``statements`` on PostgreSQL (a
+    type the two backends spell differently)."""
+
     name: str
-    statements: tuple[str, ...]
+    statements: tuple[Statement, ...]
+    postgres: tuple[Statement, ...] | None = None
+
+
+def _pg_embedding_column(tx: Tx) -> None:
+    """``embedding`` as pgvector's ``vector`` where ``CREATE EXTENSION vector`` works,
+    else a plain ``REAL[]`` (the store reads either as ``REAL[]`` and writes a float
+    array, which pgvector casts on assignment). The attempt runs in a savepoint, so a
+    server without the extension (or a role that may not create it) keeps the step's
+    transaction."""
+    tx.execute("SAVEPOINT ctxwarden_vector")
+    try:
+        tx.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        kind = "vector"
+    except Exception:  # not installed, or not allowed: psycopg's error, whatever it is
+        tx.execute("ROLLBACK TO SAVEPOINT ctxwarden_vector")
+        kind = "REAL[]"
+    tx.execute("RELEASE SAVEPOINT ctxwarden_vector")
+    tx.execute(f"ALTER TABLE ctxwarden_messages ADD COLUMN embedding {kind}")
 
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -259,6 +284,19 @@ MIGRATIONS: tuple[Migration, ...] = (
         # a tenant's own key for the Gemini API upstream, beside its OpenAI and Anthropic ones
         ("ALTER TABLE ctxwarden_tenants ADD COLUMN gemini_api_key TEXT",),
     ),
+    Migration(
+        "013_message_embeddings",
+        # embedding recall (ctxwarden.store.vectors): a message's vector, stored once, and
+        # the embeddings spec that made it (a vector of another model counts as missing)
+        (
+            "ALTER TABLE ctxwarden_messages ADD COLUMN embedding BLOB",
+            "ALTER TABLE ctxwarden_messages ADD COLUMN embedding_model TEXT",
+        ),
+        postgres=(
+            _pg_embedding_column,
+            "ALTER TABLE ctxwarden_messages ADD COLUMN embedding_model TEXT",
+        ),
+    ),
 )
 
 REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
@@ -290,6 +328,8 @@ REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
             "priority",
             "token_counts",
             "created_at",
+            "embedding",
+            "embedding_model",
         ]
     ),
     "ctxwarden_ledgers": frozenset(["tenant", "session_id", "upto", "ledger", "updated_at"]),
@@ -362,12 +402,16 @@ _CREATE_TABLE = (
 
 
 def migrate(
-    begin: Callable[[], AbstractContextManager[Tx]], *, upto: str | None = None
+    begin: Callable[[], AbstractContextManager[Tx]],
+    *,
+    upto: str | None = None,
+    backend: str = "sqlite",
 ) -> list[str]:
     """Apply the pending steps (up to and including ``upto``) in one transaction.
 
     ``begin`` opens a write transaction that holds the backend's migration lock. Returns
-    the names applied. A database that records a step this version does not know was
+    the names applied (``backend``: ``"postgres"`` runs a step's PostgreSQL statements
+    where it has its own). A database that records a step this version does not know was
     migrated by a newer ctxwarden and is refused rather than guessed at.
     """
     known = [m.name for m in MIGRATIONS]
@@ -385,8 +429,12 @@ def migrate(
             )
         for step in MIGRATIONS:
             if step.name not in done:
-                for statement in step.statements:
-                    tx.execute(statement)
+                own = step.postgres if backend == "postgres" else None
+                for statement in own if own is not None else step.statements:
+                    if callable(statement):
+                        statement(tx)
+                    else:
+                        tx.execute(statement)
                 tx.execute(
                     "INSERT INTO ctxwarden_migrations (name, applied_at) VALUES (?, ?)",
                     (step.name, time.time()),

@@ -192,7 +192,7 @@ class PostgresStore(SqlStore):
                 f"schema {self.schema} has tables {', '.join(sorted(ours))} that ctxwarden did "
                 "not create (no ctxwarden_migrations); left untouched — use another schema"
             )
-        migrate(lambda: self._transaction(False, lock=True), upto=migrate_upto)
+        migrate(lambda: self._transaction(False, lock=True), upto=migrate_upto, backend="postgres")
         if migrate_upto is None:
             check_schema(self._columns)
 
