@@ -53,6 +53,7 @@ from ctxwarden.errors import ConfigError, MissingDependencyError
 from ctxwarden.messages import Message
 from ctxwarden.steps.base import Action, Draft, StepContext, StepResult
 from ctxwarden.steps.handles import handle_for
+from ctxwarden.steps.recall_gate import chat_shaped, recall_fraction
 from ctxwarden.steps.window import is_pinned, newest_call_block
 
 __all__ = ["RECALL_HEADING", "RECALL_ID", "RecallRelevant"]
@@ -85,6 +86,13 @@ class RecallRelevant:
     history. ``query_calls`` adds the newest tool call's arguments to the query (the
     step an agent is in); off by default, so builds for one user message share the layer.
     ``only_summarized``: only in builds that keep a summary (see above).
+
+    ``auto`` (the default policy's): the conversation decides whether and how much
+    (:mod:`~ctxwarden.steps.recall_gate`): nothing in an agent loop, in a chat up to
+    the cap when the request names what only the dropped history holds. Its sources
+    are the messages no summary covers (a summary's focused view is the recall of
+    what it folded, and a session reads every message after it, so both paths recall
+    the same), and without ``bm25s`` it recalls nothing and says so in a warning.
     """
 
     share: float = 0.1
@@ -94,6 +102,7 @@ class RecallRelevant:
     max_chars: int = 20_000
     query_calls: bool = False
     only_summarized: bool = False
+    auto: bool = False
     name: str = field(default="recall")
 
     def __post_init__(self) -> None:
@@ -106,14 +115,25 @@ class RecallRelevant:
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
         if self.only_summarized and not _summarized(ctx):
             return StepResult(draft)
+        if self.auto and not chat_shaped(draft):  # an agent loop: before any other work
+            return StepResult(draft)
         query = self._query(draft)
-        cap = min(self.max_tokens, int(self.share * (ctx.budget - ctx.fixed)))
+        cap = self.cap(ctx)
         if not query or cap < self.passage_tokens:  # too small to hold one passage
             return StepResult(draft)
         lo, hi = self._span(draft, ctx)
+        if self.auto:
+            lo = max(lo, draft.floor)
         sources = self._sources(draft, lo, hi)
         if not sources:
             return StepResult(draft)
+        if self.auto:
+            cap = int(cap * recall_fraction(draft, query, sources))
+            if cap < self.passage_tokens:
+                return StepResult(draft)
+            if not _has_bm25s():
+                note = 'relevance recall skipped: pip install "ctxwarden[recall]" (bm25s)'
+                return StepResult(draft, (), (note,))
         key = _key(draft, query, lo, hi, sources, cap, ctx.counter.model, self)
         memo = ctx.previous.recall if ctx.previous.history_length else None
         if memo is not None and memo.key == key:
@@ -129,6 +149,10 @@ class RecallRelevant:
             for mid, tokens in shown
         )
         return StepResult(new.but(layers=(*new.layers, ("recall", block))), actions)
+
+    def cap(self, ctx: StepContext) -> int:
+        """The most the block may take: ``share`` of the budget, at most ``max_tokens``."""
+        return min(self.max_tokens, int(self.share * (ctx.budget - ctx.fixed)))
 
     # -- what to score, and against what -------------------------------------------------------
 
@@ -303,6 +327,14 @@ def _rank(passages: Sequence[_Passage], query: str) -> list[_Passage]:
         key=lambda i: (-round(float(scores[i]), 6), passages[i].pos, passages[i].part),
     )
     return [passages[i] for i in order]
+
+
+def _has_bm25s() -> bool:
+    try:
+        _bm25s()
+    except MissingDependencyError:
+        return False
+    return True
 
 
 def _bm25s() -> Any:
