@@ -9,10 +9,10 @@ call would re-index the dropped history, and the budget it takes is the newest r
 With the default policy (``RecallRelevant(auto=True)``) the step asks this module
 first, and the answer is a share of its cap between 0 and 1:
 
-1. **Tool traffic.** When more than :data:`MAX_TOOL_SHARE` of the window's messages
-   are tool results or tool calls, the conversation is an agent loop: no recall. This is
-   read from the window alone, before any source is gathered, so an agent loop pays one
-   pass over its window and nothing else.
+1. **Tool traffic.** When more than :data:`MAX_TOOL_SHARE` of the newest
+   :data:`SHAPE_SPAN` messages are tool results or tool calls, the conversation is an
+   agent loop: no recall. This is read before any source is gathered, so an agent loop
+   pays fifty role checks and nothing else.
 2. **Out of the window.** With nothing dropped (no source), nothing to recall.
 3. **Named only there.** The newest user message's content words (three letters or
    more, stop words out) that occur in the dropped sources and nowhere in what the
@@ -35,6 +35,7 @@ from ctxwarden.steps.base import Draft, StepContext
 __all__ = [
     "FULL_AT",
     "MAX_TOOL_SHARE",
+    "SHAPE_SPAN",
     "chat_shaped",
     "named_only_there",
     "recall_fraction",
@@ -45,6 +46,11 @@ __all__ = [
 MAX_TOOL_SHARE = 0.3
 """Above this share of the window's messages being tool results and calls, a
 conversation is an agent loop and the ledger, not recall, keeps what it left out."""
+
+SHAPE_SPAN = 50
+"""How many of the newest messages the shape is read from: enough that a few chat turns
+between tool rounds do not make an agent loop look like a chat (a window of ten
+messages does), few enough that the test costs nothing."""
 
 FULL_AT = 2
 """Query words named only in the dropped history at which recall takes its whole cap."""
@@ -75,8 +81,10 @@ def words_of(text: str) -> set[str]:
 
 
 def named_only_there(query: str, shown: Iterable[str], dropped: Iterable[str]) -> int:
-    """How many of ``query``'s content words occur in ``dropped`` texts and in none of
-    the ``shown`` ones."""
+    """How many of ``query``'s content words occur in ``dropped`` texts (give them newest
+    first: the scan stops at :data:`FULL_AT`) and in none of the ``shown`` ones. A word
+    "occurs" in a dropped text when the lower-cased text contains it (a plain substring
+    search, so the scan costs little; "ferry" also meets "ferrys")."""
     asked = words_of(query)
     if not asked:
         return 0
@@ -86,15 +94,18 @@ def named_only_there(query: str, shown: Iterable[str], dropped: Iterable[str]) -
             return 0
     found: set[str] = set()
     for text in dropped:
-        found |= asked & words_of(text)
+        low = text.lower()
+        found |= {w for w in asked - found if w in low}
         if len(found) >= FULL_AT:
             break
     return len(found)
 
 
 def chat_shaped(draft: Draft) -> bool:
-    """Rule 1: the window is not an agent loop's (see the module docstring)."""
-    return tool_share(draft.window) <= MAX_TOOL_SHARE
+    """Rule 1: the conversation's newest :data:`SHAPE_SPAN` messages are not an agent
+    loop's (see the module docstring)."""
+    h = draft.history
+    return tool_share(h[max(draft.sys_end, len(h) - SHAPE_SPAN) :]) <= MAX_TOOL_SHARE
 
 
 def recall_fraction(draft: Draft, query: str, sources: Sequence[tuple[int, Message]]) -> float:
@@ -105,7 +116,7 @@ def recall_fraction(draft: Draft, query: str, sources: Sequence[tuple[int, Messa
     asking = draft.history[draft.newest].id if draft.newest is not None else None
     shown = [m.text for m in draft.window if m.id != asking]
     shown += [m.text for _, m in draft.layers]
-    named = named_only_there(query, shown, (m.text for _, m in sources))
+    named = named_only_there(query, shown, (m.text for _, m in reversed(sources)))
     return min(1.0, named / FULL_AT)
 
 
