@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from pathlib import Path
 
 import pytest
 from conftest import SHARED_DATA
@@ -413,3 +414,27 @@ def test_under_a_tight_budget_no_handle_displaces_a_value() -> None:
     assert "1990" not in roomy  # a year gave its place to a handle
     assert count(roomy) <= count(ledger.render(2000, count))  # a handle never adds tokens
     assert "ORD-5" not in ledger.render(2000, count, skip={"ORD-5"}.__contains__)
+
+
+def test_a_chat_session_recalls_what_build_context_recalls(tmp_path: Path) -> None:
+    """A stored chat without a summary reads the recall's sources before its slice, so a
+    session built turn by turn sends what build_context sends, recall block included;
+    an agent loop's session reads no more than before and recalls nothing."""
+    from ctxwarden.bench.session_path import sent
+
+    history = _chat("What was my booking code for the Lisbon ferry?")
+    with Session(f"sqlite:///{tmp_path}/chat.db", "chat", model="gpt-4o") as s:
+        s.append(history[:-1])
+        s.build(max_input_tokens=1200)
+        s.append(history[-1:])
+        built = s.build(max_input_tokens=1200)
+    first = build_context(history[:-1], max_input_tokens=1200)
+    want = build_context(history, max_input_tokens=1200, previous=first)  # the same loop
+    assert RECALL_ID in want.layers
+    assert sent(built.messages) == sent(want.messages)
+    loop = _agent_loop("What was my booking code for the Lisbon ferry?")
+    with Session(f"sqlite:///{tmp_path}/loop.db", "loop", model="gpt-4o") as s:
+        s.append(loop)
+        built = s.build(max_input_tokens=1200)
+    assert RECALL_ID not in built.layers
+    assert sent(built.messages) == sent(build_context(loop, max_input_tokens=1200).messages)

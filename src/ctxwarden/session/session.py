@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ctxwarden.build.inputs import check_build_options, check_summarize_arguments
 from ctxwarden.build.state import BuildState
+from ctxwarden.steps.recall_gate import recall_reads_back
 from ctxwarden.errors import ConfigError, StoreError, UnknownModelError
 from ctxwarden.formats.openai import message_from_openai, message_to_openai
 from ctxwarden.messages import Message
@@ -396,6 +397,20 @@ class Session:
         start = tail[0].seq if tail else begin
         return with_tail(merged, tail), start
 
+    def _with_older(
+        self, read: list[StoredMessage], start: int, lookback: int
+    ) -> tuple[list[StoredMessage], int]:
+        """``read`` with the ``lookback`` messages before ``start`` (the relevance
+        recall's sources: :func:`~ctxwarden.steps.recall_gate.recall_reads_back`), in
+        seq order, and the new start."""
+        lo = max(0, start - lookback)
+        if lo >= start:
+            return read, start
+        older = self.store.range(self.tenant, self.session_id, lo, start)
+        merged = {m.seq: m for m in older}
+        merged.update((m.seq, m) for m in read)
+        return [merged[seq] for seq in sorted(merged)], lo
+
     def _window_region(
         self, record: StoredSession, budget: int, counter: TokenCounter, from_seq: int | None
     ) -> tuple[int, list[StoredMessage] | None]:
@@ -531,6 +546,13 @@ class Session:
             int(warm) if warm is not None else None,
             record,
         )
+        recall = policy.recall
+        if (
+            recall is not None
+            and record.summary_upto < 0  # else it reads all the summary leaves: the sources
+            and recall_reads_back(recall, [m.message for m in read])
+        ):
+            read, start = self._with_older(read, start, recall.lookback)
         seqs = [m.seq for m in read]
         history = [m.message for m in read]
         ckpt: LedgerCheckpoint | None = None

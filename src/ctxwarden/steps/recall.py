@@ -127,19 +127,19 @@ class RecallRelevant:
         sources = self._sources(draft, lo, hi)
         if not sources:
             return StepResult(draft)
+        if self.auto:  # the gate reads what the window shows now: never taken from a memo
+            cap = int(cap * recall_fraction(draft, query, sources))
+            if cap < self.passage_tokens:  # nothing the request names is only there
+                return StepResult(draft)
+            if not _has_bm25s():
+                note = 'relevance recall skipped: pip install "ctxwarden[recall]" (bm25s)'
+                return StepResult(draft, (), (note,))
         key = _key(draft, query, lo, hi, sources, cap, ctx.counter.model, self)
         memo = ctx.previous.recall if ctx.previous.history_length else None
-        if memo is not None and memo.key == key:  # the same request of the same sources
+        if memo is not None and memo.key == key:
             text, shown = memo.text, memo.shown
-        elif self.auto and (
-            (scaled := int(cap * recall_fraction(draft, query, sources))) < self.passage_tokens
-        ):
-            text, shown = None, ()  # nothing the request names is only there
-        elif self.auto and not _has_bm25s():
-            note = 'relevance recall skipped: pip install "ctxwarden[recall]" (bm25s)'
-            return StepResult(draft, (), (note,))
         else:
-            text, shown = self._render(sources, query, scaled if self.auto else cap, draft, ctx)
+            text, shown = self._render(sources, query, cap, draft, ctx)
         new = draft.but(recall_memo=RecallMemo(key, text, shown))
         if text is None:
             return StepResult(new)

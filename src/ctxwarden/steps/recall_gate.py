@@ -28,9 +28,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from ctxwarden.messages import Message
 from ctxwarden.steps.base import Draft, StepContext
+
+if TYPE_CHECKING:
+    from ctxwarden.steps.recall import RecallRelevant
 
 __all__ = [
     "FULL_AT",
@@ -39,6 +43,7 @@ __all__ = [
     "chat_shaped",
     "named_only_there",
     "recall_fraction",
+    "recall_reads_back",
     "recall_reserve",
     "tool_share",
 ]
@@ -99,6 +104,20 @@ def named_only_there(query: str, shown: Iterable[str], dropped: Iterable[str]) -
         if len(found) >= FULL_AT:
             break
     return len(found)
+
+
+def recall_reads_back(recall: RecallRelevant | None, newest: Sequence[Message]) -> bool:
+    """Whether a :class:`~ctxwarden.Session` reads the ``lookback`` messages before its
+    slice for the recall step (``newest``: what it read, oldest first): when the policy
+    recalls and, with ``auto``, the newest messages are chat-shaped. The build then
+    sees the sources ``build_context`` sees over the whole history, so both recall the
+    same; an agent loop's session reads no more than before."""
+    if recall is None:
+        return False
+    if not recall.auto:
+        return True
+    said = [m for m in newest[-SHAPE_SPAN - 8 :] if m.role != "system"]
+    return tool_share(said[-SHAPE_SPAN:]) <= MAX_TOOL_SHARE
 
 
 def chat_shaped(draft: Draft) -> bool:
