@@ -44,7 +44,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ctxwarden.build.inputs import check_build_options, check_summarize_arguments
 from ctxwarden.build.state import BuildState
-from ctxwarden.steps.recall_gate import recall_reads_back
 from ctxwarden.errors import ConfigError, StoreError, UnknownModelError
 from ctxwarden.formats.openai import message_from_openai, message_to_openai
 from ctxwarden.messages import Message
@@ -56,6 +55,7 @@ from ctxwarden.session.cycle import SummaryWrite, summary_cycle
 from ctxwarden.session.ledger_memo import SeqMemo
 from ctxwarden.session.pending_log import PendingLog
 from ctxwarden.session.tail_memo import TailMemo, check_appended, count_key, with_tail
+from ctxwarden.steps.recall_gate import recall_reads_back
 from ctxwarden.store import SessionStore, StoredMessage, StoredSession, open_store
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.ledger_checkpoint import (
@@ -547,11 +547,7 @@ class Session:
             record,
         )
         recall = policy.recall
-        if (
-            recall is not None
-            and record.summary_upto < 0  # else it reads all the summary leaves: the sources
-            and recall_reads_back(recall, [m.message for m in read])
-        ):
+        if recall is not None and recall_reads_back(recall, [m.message for m in read]):
             read, start = self._with_older(read, start, recall.lookback)
         seqs = [m.seq for m in read]
         history = [m.message for m in read]

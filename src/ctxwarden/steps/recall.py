@@ -13,15 +13,18 @@ message, since Anthropic folds every system message into the system prompt)::
     Recalled from earlier in this conversation (most relevant to the current request):
     [cw:msg:m12 tool search_flights] {"flight_number": "HAT170", "origin": "EWR", ...
 
-It is off by default (``Policy(recall=RecallRelevant())`` or ``[recall]`` in TOML turns
-it on; ``only_summarized`` limits it to builds that keep a summary). Measured: on LoCoMo
-it lifts answer recall from 0.43 to 0.60 (default policy, offline summariser, 4,000
-tokens), almost all of it from summarised messages; on the coding-agent traces it costs
-a little retention and reduction; in a plain agent loop of 10,000 messages it costs far
-more than the build itself (the left-out history is indexed again whenever the query
-changes); and a :class:`~ctxwarden.Session` reads only the unsummarised tail of its
-history, so it recalls from that slice alone — with the step on, a session and
-``build_context`` over the same messages differ by what the session did not read.
+The default policy runs it with ``auto=True``: the conversation decides whether and how
+much (:mod:`~ctxwarden.steps.recall_gate`) — nothing in an agent loop (where it cost
+coding retention and loop speed, and the entity ledger keeps what left the window), up
+to the cap in a chat whose newest request names what only the dropped history holds.
+``Policy(recall=RecallRelevant())`` or ``[recall]`` in TOML recalls at every build;
+``recall = false`` turns it off; ``only_summarized`` limits it to builds that keep a
+summary. Measured with the default policy (LoCoMo dev, 4,000 tokens, fed session by
+session): 0.446 -> 0.593 answer recall without a summariser; with the offline one see
+``docs/recall.md``. A :class:`~ctxwarden.Session` whose newest messages are chat-shaped
+reads the ``lookback`` messages before its slice as well
+(:func:`~ctxwarden.steps.recall_gate.recall_reads_back`), so it recalls from the sources
+``build_context`` recalls from; an agent loop's session reads no more than before.
 
 It runs before the window's fit, so the fit makes room for it. Its sources are the
 messages before the window that the fit will certainly leave out (everything the newest
@@ -89,10 +92,8 @@ class RecallRelevant:
 
     ``auto`` (the default policy's): the conversation decides whether and how much
     (:mod:`~ctxwarden.steps.recall_gate`): nothing in an agent loop, in a chat up to
-    the cap when the request names what only the dropped history holds. Its sources
-    are the messages no summary covers (a summary's focused view is the recall of
-    what it folded, and a session reads every message after it, so both paths recall
-    the same), and without ``bm25s`` it recalls nothing and says so in a warning.
+    the cap when the request names what only the dropped history holds; without
+    ``bm25s`` it recalls nothing and says so in a warning.
     """
 
     share: float = 0.1
@@ -122,8 +123,6 @@ class RecallRelevant:
         if not query or cap < self.passage_tokens:  # too small to hold one passage
             return StepResult(draft)
         lo, hi = self._span(draft, ctx)
-        if self.auto:
-            lo = max(lo, draft.floor)
         sources = self._sources(draft, lo, hi)
         if not sources:
             return StepResult(draft)

@@ -61,14 +61,15 @@ FULL_AT = 2
 """Query words named only in the dropped history at which recall takes its whole cap."""
 
 _WORD = re.compile(r"[a-z0-9]{3,}")
-_STOP = frozenset(
+_STOP_WORDS = (
     "the and for are but not you all any can had her was one our out has him his how its "
-    "may new now old see two way who did get got let say she too use what when where which "
-    "why with this that these those from they them their there then than have will would "
-    "could should about into over after before been being does doing done just like some "
-    "also very really much many more most such only own same other each few both here "
-    "your yours mine ours what's it's i'm don't didn't tell know think remember said".split()
+    "may new now old see two way who did get got let say she too use what when where "
+    "which why with this that these those from they them their there then than have will "
+    "would could should about into over after before been being does doing done just like "
+    "some also very really much many more most such only own same other each few both "
+    "here your yours mine ours what's it's i'm don't didn't tell know think remember said"
 )
+_STOP = frozenset(_STOP_WORDS.split())
 
 
 def tool_share(window: Sequence[Message]) -> float:
