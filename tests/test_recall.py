@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from pathlib import Path
 
 import pytest
 from conftest import SHARED_DATA
@@ -18,6 +19,7 @@ from ctxwarden.formats.openai import message_to_openai
 from ctxwarden.memory.recall import RECALL_TOOL_NAME, original_content, recall_arguments
 from ctxwarden.steps.handles import handle_for, message_id_of
 from ctxwarden.steps.recall import RECALL_HEADING, RECALL_ID, RecallRelevant
+from ctxwarden.steps.recall_gate import MAX_TOOL_SHARE, named_only_there, tool_share
 from ctxwarden.store.service_tables import list_builds
 from ctxwarden.tokens.counter import TokenCounter
 
@@ -253,10 +255,48 @@ def test_the_recall_layer_is_stable_for_an_unchanged_query_and_pure() -> None:
     assert {m.id: m.text for m in warm.messages}[RECALL_ID] == block
 
 
-def test_the_step_is_off_by_default_and_can_wait_for_a_summary() -> None:
+def test_by_default_a_chat_recalls_what_its_question_names_and_an_agent_loop_does_not() -> None:
+    """The default policy decides from the conversation (steps.recall_gate): a chat whose
+    question names what only the dropped history holds recalls it; the same chat asking
+    about what the window shows, and an agent loop, recall nothing."""
     history = _chat("What was my booking code for the Lisbon ferry?")
-    plain = build_context(history, max_input_tokens=1200)
-    assert RECALL_ID not in plain.layers and not plain.audit.by_action("recalled")
+    default = build_context(history, max_input_tokens=1200)
+    block = next(m.text for m in default.messages if m.id == RECALL_ID)
+    assert "[cw:msg:r4 assistant] Your booking code for the Lisbon ferry is FERRY-8812." in block
+    assert default.audit.input_tokens <= 1200
+    order = [default.layers[m.id] for m in default.messages]
+    assert order.index("recall") == order.index("current") - 1  # right before the question
+    shown = build_context(_chat("Tell me about a concert on day 59."), max_input_tokens=1200)
+    assert RECALL_ID not in shown.layers and not shown.audit.by_action("recalled")
+    loop = _agent_loop("What was my booking code for the Lisbon ferry?")
+    assert tool_share(loop[-12:]) > MAX_TOOL_SHARE
+    built = build_context(loop, max_input_tokens=1200)
+    assert RECALL_ID not in built.layers and not built.audit.by_action("recalled")
+
+
+def _agent_loop(question: str) -> list[Message]:
+    """The chat of :func:`_chat`, then tool rounds whose results fill the window."""
+    out = _chat(question)
+    for i in range(20):
+        call = ToolCall(f"c{i}", "lookup", json.dumps({"day": i}))
+        out.append(Message.assistant("", tool_calls=[call], id=f"a{i}"))
+        rows = json.dumps({"day": i, "rows": [f"row {i}.{k}" for k in range(8)]})
+        out.append(Message.tool(rows, f"c{i}", id=f"t{i}"))
+    return out
+
+
+def test_the_gate_reads_the_shape_and_the_names() -> None:
+    assert named_only_there("the Lisbon ferry code", ["a concert"], ["Lisbon ferry FERRY"]) == 2
+    assert named_only_there("the Lisbon ferry code", ["Lisbon ferry"], ["Lisbon ferry"]) == 0
+    assert named_only_there("what did we say?", [], ["anything said"]) == 0  # stop words only
+    chat = [Message.user("hello there friend"), Message.assistant("hi, how can I help")]
+    assert tool_share(chat) == 0.0
+    assert tool_share(_agent_loop("x")[-10:]) > MAX_TOOL_SHARE
+
+
+def test_the_step_can_wait_for_a_summary() -> None:
+    history = _chat("What was my booking code for the Lisbon ferry?")
+    assert RECALL_ID not in build_context(history, max_input_tokens=1200, policy=OFF).layers
     waiting = Policy(recall=RecallRelevant(only_summarized=True))
     assert RECALL_ID not in build_context(history, max_input_tokens=1200, policy=waiting).layers
     summarised = build_context(history, "gpt-4o", 1500, summarizer="offline", policy=waiting)
@@ -270,12 +310,15 @@ def test_the_step_is_off_by_default_and_can_wait_for_a_summary() -> None:
     assert order.index("recall") == order.index("current") - 1  # right before the question
 
 
+OFF = Policy(recall=None)
+
+
 def test_the_recall_step_is_configured_from_toml_and_checked() -> None:
     policy = Policy.from_toml("[recall]\nshare = 0.2\nmax_tokens = 300\n")
     assert policy.recall == RecallRelevant(share=0.2, max_tokens=300)
     assert Policy.from_toml("recall = false\n").recall is None
     assert Policy.from_toml("recall = true\n").recall == RecallRelevant()
-    assert Policy().recall is None
+    assert Policy().recall == RecallRelevant(auto=True)  # the conversation decides
     assert Policy.from_toml("recall_tool = true\n").recall_tool is True
     with pytest.raises(ConfigError, match=r"recall.share must be in \(0, 0.5\]"):
         Policy.from_toml("[recall]\nshare = 0.9\n")
@@ -371,3 +414,27 @@ def test_under_a_tight_budget_no_handle_displaces_a_value() -> None:
     assert "1990" not in roomy  # a year gave its place to a handle
     assert count(roomy) <= count(ledger.render(2000, count))  # a handle never adds tokens
     assert "ORD-5" not in ledger.render(2000, count, skip={"ORD-5"}.__contains__)
+
+
+def test_a_chat_session_recalls_what_build_context_recalls(tmp_path: Path) -> None:
+    """A stored chat without a summary reads the recall's sources before its slice, so a
+    session built turn by turn sends what build_context sends, recall block included;
+    an agent loop's session reads no more than before and recalls nothing."""
+    from ctxwarden.bench.session_path import sent
+
+    history = _chat("What was my booking code for the Lisbon ferry?")
+    with Session(f"sqlite:///{tmp_path}/chat.db", "chat", model="gpt-4o") as s:
+        s.append(history[:-1])
+        s.build(max_input_tokens=1200)
+        s.append(history[-1:])
+        built = s.build(max_input_tokens=1200)
+    first = build_context(history[:-1], max_input_tokens=1200)
+    want = build_context(history, max_input_tokens=1200, previous=first)  # the same loop
+    assert RECALL_ID in want.layers
+    assert sent(built.messages) == sent(want.messages)
+    loop = _agent_loop("What was my booking code for the Lisbon ferry?")
+    with Session(f"sqlite:///{tmp_path}/loop.db", "loop", model="gpt-4o") as s:
+        s.append(loop)
+        built = s.build(max_input_tokens=1200)
+    assert RECALL_ID not in built.layers
+    assert sent(built.messages) == sent(build_context(loop, max_input_tokens=1200).messages)

@@ -25,9 +25,9 @@ A :class:`Policy` is a frozen dataclass that loads from TOML::
     lookback = 1000                # a cold build reads values this many messages back
     lookback_budgets = 3.0         # and at most 3 budgets' worth of text (default: no bound)
 
-    [recall]                       # relevance recall of left-out history (default: off)
+    [recall]                       # relevance recall of left-out history: always on
     share = 0.1                    # of the budget, at most max_tokens
-    max_tokens = 800
+    max_tokens = 800               # (default: auto = true, where the conversation asks)
 
     recall_tool = true             # ctxwarden serve offers the recall tool and answers it
 
@@ -155,7 +155,8 @@ class Policy:
     window: WindowConfig = field(default_factory=WindowConfig)
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
     summary: SummaryTrigger = field(default_factory=SummaryTrigger)
-    recall: RecallRelevant | None = None  # relevance recall (steps.recall), off by default
+    # relevance recall (steps.recall): by default the conversation decides (steps.recall_gate)
+    recall: RecallRelevant | None = field(default_factory=lambda: RecallRelevant(auto=True))
     recall_tool: bool = False  # the proxy offers the recall tool and answers its calls
     cache_breakpoints: bool = True
     steps: tuple[Any, ...] = ()  # your own steps (see ctxwarden.build.pipeline)

@@ -56,6 +56,7 @@ from ctxwarden.session.ledger_memo import SeqMemo
 from ctxwarden.session.pending_log import PendingLog
 from ctxwarden.session.tail_memo import TailMemo, check_appended, count_key, with_tail
 from ctxwarden.session.tool_pins import PinnedBlocks
+from ctxwarden.steps.recall_gate import recall_reads_back
 from ctxwarden.store import SessionStore, StoredMessage, StoredSession, open_store
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.ledger_checkpoint import (
@@ -414,6 +415,20 @@ class Session:
                 merged.setdefault(seq, replace(m, message=self._cache.setdefault(seq, m.message)))
         return with_tail(merged, tail), start
 
+    def _with_older(
+        self, read: list[StoredMessage], start: int, lookback: int
+    ) -> tuple[list[StoredMessage], int]:
+        """``read`` with the ``lookback`` messages before ``start`` (the relevance
+        recall's sources: :func:`~ctxwarden.steps.recall_gate.recall_reads_back`), in
+        seq order, and the new start."""
+        lo = max(0, start - lookback)
+        if lo >= start:
+            return read, start
+        older = self.store.range(self.tenant, self.session_id, lo, start)
+        merged = {m.seq: m for m in older}
+        merged.update((m.seq, m) for m in read)
+        return [merged[seq] for seq in sorted(merged)], lo
+
     def _window_region(
         self, record: StoredSession, budget: int, counter: TokenCounter, from_seq: int | None
     ) -> tuple[int, list[StoredMessage] | None]:
@@ -550,6 +565,9 @@ class Session:
             record,
             policy.tools,
         )
+        recall = policy.recall
+        if recall is not None and recall_reads_back(recall, [m.message for m in read]):
+            read, start = self._with_older(read, start, recall.lookback)
         seqs = [m.seq for m in read]
         history = [m.message for m in read]
         ckpt: LedgerCheckpoint | None = None

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from ctxwarden.messages import Message
 from ctxwarden.steps.base import Draft, StepContext
 from ctxwarden.steps.ledger import ledger_cap
+from ctxwarden.steps.recall_gate import recall_reserve
 
 __all__ = ["newest_room", "newest_user_text", "unanswered_results"]
 
@@ -53,11 +54,7 @@ def newest_room(draft: Draft, ctx: StepContext) -> int:
     layers = ctx.total([m for _, m in draft.layers])
     pinned = ctx.total(draft.pinned_messages)
     kept = ctx.total([m for m in window if m.id in draft.protected and m.id not in waiting])
-    recall = ctx.policy.recall
-    recall_share = (
-        min(recall.max_tokens, int(recall.share * (ctx.budget - ctx.fixed))) if recall else 0
-    )
-    room = ctx.budget - ctx.fixed - layers - recall_share - pinned - kept
+    room = ctx.budget - ctx.fixed - layers - recall_reserve(draft, ctx) - pinned - kept
     # The ledger holds the values of what left the window. When nothing before the window
     # can feed it (all pinned, no earlier entities) and the whole window fits, nothing
     # leaves and it takes no room; else it may take up to its cap.

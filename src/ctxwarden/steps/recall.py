@@ -13,15 +13,18 @@ message, since Anthropic folds every system message into the system prompt)::
     Recalled from earlier in this conversation (most relevant to the current request):
     [cw:msg:m12 tool search_flights] {"flight_number": "HAT170", "origin": "EWR", ...
 
-It is off by default (``Policy(recall=RecallRelevant())`` or ``[recall]`` in TOML turns
-it on; ``only_summarized`` limits it to builds that keep a summary). Measured: on LoCoMo
-it lifts answer recall from 0.43 to 0.60 (default policy, offline summariser, 4,000
-tokens), almost all of it from summarised messages; on the coding-agent traces it costs
-a little retention and reduction; in a plain agent loop of 10,000 messages it costs far
-more than the build itself (the left-out history is indexed again whenever the query
-changes); and a :class:`~ctxwarden.Session` reads only the unsummarised tail of its
-history, so it recalls from that slice alone — with the step on, a session and
-``build_context`` over the same messages differ by what the session did not read.
+The default policy runs it with ``auto=True``: the conversation decides whether and how
+much (:mod:`~ctxwarden.steps.recall_gate`) — nothing in an agent loop (where it cost
+coding retention and loop speed, and the entity ledger keeps what left the window), up
+to the cap in a chat whose newest request names what only the dropped history holds.
+``Policy(recall=RecallRelevant())`` or ``[recall]`` in TOML recalls at every build;
+``recall = false`` turns it off; ``only_summarized`` limits it to builds that keep a
+summary. Measured with the default policy (LoCoMo dev, 4,000 tokens, fed session by
+session): 0.446 -> 0.593 answer recall without a summariser; with the offline one see
+``docs/recall.md``. A :class:`~ctxwarden.Session` whose newest messages are chat-shaped
+reads the ``lookback`` messages before its slice as well
+(:func:`~ctxwarden.steps.recall_gate.recall_reads_back`), so it recalls from the sources
+``build_context`` recalls from; an agent loop's session reads no more than before.
 
 It runs before the window's fit, so the fit makes room for it. Its sources are the
 messages before the window that the fit will certainly leave out (everything the newest
@@ -54,6 +57,7 @@ from ctxwarden.messages import Message
 from ctxwarden.steps.base import Action, Draft, StepContext, StepResult
 from ctxwarden.steps.handles import handle_for
 from ctxwarden.steps.recall_fusion import fuse, vector_ranking
+from ctxwarden.steps.recall_gate import chat_shaped, recall_fraction
 from ctxwarden.steps.window import is_pinned, newest_call_block
 
 __all__ = ["RECALL_HEADING", "RECALL_ID", "RecallRelevant"]
@@ -89,6 +93,11 @@ class RecallRelevant:
     ``embeddings`` (a spec such as ``"openai:text-embedding-3-small"``, default none)
     also ranks the sources by vector similarity and fuses both rankings
     (:mod:`~ctxwarden.steps.recall_fusion`), with the vectors the build is given.
+
+    ``auto`` (the default policy's): the conversation decides whether and how much
+    (:mod:`~ctxwarden.steps.recall_gate`): nothing in an agent loop, in a chat up to
+    the cap when the request names what only the dropped history holds; without
+    ``bm25s`` it recalls nothing and says so in a warning.
     """
 
     share: float = 0.1
@@ -99,6 +108,7 @@ class RecallRelevant:
     query_calls: bool = False
     only_summarized: bool = False
     embeddings: str | None = None
+    auto: bool = False
     name: str = field(default="recall")
 
     def __post_init__(self) -> None:
@@ -118,14 +128,23 @@ class RecallRelevant:
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
         if self.only_summarized and not _summarized(ctx):
             return StepResult(draft)
+        if self.auto and not chat_shaped(draft):  # an agent loop: before any other work
+            return StepResult(draft)
         query = self._query(draft)
-        cap = min(self.max_tokens, int(self.share * (ctx.budget - ctx.fixed)))
+        cap = self.cap(ctx)
         if not query or cap < self.passage_tokens:  # too small to hold one passage
             return StepResult(draft)
         lo, hi = self._span(draft, ctx)
         sources = self._sources(draft, lo, hi)
         if not sources:
             return StepResult(draft)
+        if self.auto:  # the gate reads what the window shows now: never taken from a memo
+            cap = int(cap * recall_fraction(draft, query, sources))
+            if cap < self.passage_tokens:  # nothing the request names is only there
+                return StepResult(draft)
+            if not _has_bm25s():
+                note = 'relevance recall skipped: pip install "ctxwarden[recall]" (bm25s)'
+                return StepResult(draft, (), (note,))
         vector = self._query_vector(draft, ctx)
         key = _key(draft, query, lo, hi, sources, cap, ctx.counter.model, self)
         if vector is not None:
@@ -147,6 +166,10 @@ class RecallRelevant:
             for mid, tokens in shown
         )
         return StepResult(new.but(layers=(*new.layers, ("recall", block))), actions)
+
+    def cap(self, ctx: StepContext) -> int:
+        """The most the block may take: ``share`` of the budget, at most ``max_tokens``."""
+        return min(self.max_tokens, int(self.share * (ctx.budget - ctx.fixed)))
 
     # -- what to score, and against what -------------------------------------------------------
 
@@ -336,6 +359,14 @@ def _rank(passages: Sequence[_Passage], query: str) -> list[_Passage]:
         key=lambda i: (-round(float(scores[i]), 6), passages[i].pos, passages[i].part),
     )
     return [passages[i] for i in order]
+
+
+def _has_bm25s() -> bool:
+    try:
+        _bm25s()
+    except MissingDependencyError:
+        return False
+    return True
 
 
 def _bm25s() -> Any:
