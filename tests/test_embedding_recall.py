@@ -230,7 +230,8 @@ def test_a_bad_embeddings_spec_is_a_config_error_naming_it(spec: str, named: str
 def test_a_good_spec_reads_its_endpoint_and_the_default_needs_none(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert Policy().recall is None  # the offline default: no recall, no embeddings
+    default = Policy().recall  # the offline default: recall decided by the conversation,
+    assert default is not None and default.auto and default.embeddings is None  # no vectors
     assert RecallRelevant().embeddings is None
     parsed = check_embeddings_spec("ollama:nomic-embed-text?timeout=3&retries=4")
     assert (parsed.provider, parsed.model, parsed.timeout, parsed.retries) == (
