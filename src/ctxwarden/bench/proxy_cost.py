@@ -1,7 +1,7 @@
 """What a proxied call costs, counted so that two runs compare: instructions per call
 under callgrind, or CPU per call, with the app in this process (R14).
 
-Run: ``python -m ctxwarden.bench.proxy_cost [--api openai|anthropic] [--stream]
+Run: ``python -m ctxwarden.bench.proxy_cost [--api openai|anthropic|responses] [--stream]
 [--sessions 2] [--calls 11] [--warm 4] [--cold MB] [--callgrind] [--against CHECKOUT]
 [--db URL]``.
 
@@ -55,6 +55,11 @@ from typing import Any
 __all__ = ["checkout_src", "main", "measure"]
 
 _TOTALS = ("totals:", "summary:")
+_ROUTES = {
+    "openai": "/v1/chat/completions",
+    "anthropic": "/v1/messages",
+    "responses": "/v1/responses",
+}
 _POLL = 0.2  # seconds between looks at the marker files (valgrind runs ~50x slower)
 
 
@@ -71,6 +76,10 @@ def _bodies(api: str, stream: bool, count: int) -> list[bytes]:
     base = conversation(200)
     if api == "anthropic":
         requests = anthropic_bodies(base, count)
+    elif api == "responses":  # (a checkout from before the route has no such bodies)
+        from ctxwarden.bench.proxy import responses_request
+
+        requests = [responses_request(base, k) for k in range(count)]
     else:
         requests = [{"model": MODEL, "messages": history_at(base, k)} for k in range(count)]
     return [json.dumps({**r, "stream": stream}).encode() for r in requests]
@@ -107,7 +116,7 @@ async def _run(
             config["background_checkpoint"] = False  # see the module docstring
         app = create_app(ServiceConfig(**config))
         bodies = _bodies(api, stream, 1 + warm + calls)
-        path = "/v1/messages" if api == "anthropic" else "/v1/chat/completions"
+        path = _ROUTES[api]
         headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
         transport = httpx.ASGITransport(app=app)
         async with (
@@ -283,7 +292,7 @@ def _totals(out: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ctxwarden.bench.proxy_cost", description=__doc__)
-    ap.add_argument("--api", choices=("openai", "anthropic"), default="openai")
+    ap.add_argument("--api", choices=tuple(_ROUTES), default="openai")
     ap.add_argument("--stream", action="store_true", help="streamed calls (default: JSON)")
     ap.add_argument("--sessions", type=int, default=2)
     ap.add_argument("--calls", type=int, default=11, help="measured calls per session")
@@ -325,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     figure = _instructions_per_call if args.callgrind else _cpu_per_call
     unit = "M instructions" if args.callgrind else " ms CPU"
     scale = 1e-6 if args.callgrind else 1.0
-    route = "/v1/messages" if args.api == "anthropic" else "/v1/chat/completions"
+    route = _ROUTES[args.api]
     cold = f", caches flushed ({args.cold} MB) before each" if args.cold else ""
     print(f"{route}, {'streams' if args.stream else 'JSON'}: {args.sessions} sessions x "
           f"{args.calls} calls after {args.warm} warm ones each{cold}", flush=True)  # fmt: skip

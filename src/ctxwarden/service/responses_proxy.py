@@ -165,7 +165,9 @@ class ResponsesWire:
         out["input"] = None  # written in its place
         if not self.nonfinite:  # orjson would write NaN as null: only without any
             try:
-                pieces = [*map(orjson.dumps, given), *(_item_bytes(m) for m in context)]
+                # the memo read inline: a context is hundreds of messages, each kept
+                pieces = [*map(orjson.dumps, given)]
+                pieces += [m._memo.get(_ITEMS_ATTR) or _item_bytes(m) for m in context]
                 return object_bytes(out, {"input": b"[" + b",".join(pieces) + b"]"})
             except (orjson.JSONEncodeError, TypeError):  # a huge int: the stdlib writes it
                 pass
@@ -188,13 +190,16 @@ def _is_instructions(message: Message) -> bool:
     return message.role == "system" and isinstance(kept, Mapping) and bool(kept.get("instructions"))
 
 
+_ITEMS_ATTR = "_cw_responses_items"
+
+
 def _item_bytes(message: Message) -> bytes:
     """A message's items as compact JSON without the list's brackets, kept on the message
     (a message never changes; the proxy sends the same ones call after call)."""
-    found: bytes | None = message._memo.get("_cw_responses_items")
+    found: bytes | None = message._memo.get(_ITEMS_ATTR)
     if found is None:
         found = b",".join(orjson.dumps(i) for i in message_items(message))
-        message._memo["_cw_responses_items"] = found
+        message._memo[_ITEMS_ATTR] = found
     return found
 
 

@@ -157,7 +157,8 @@ class StrategyContext:
     ``count_text`` counts a bare string (no framing): strategies that try drafts use it
     instead of wrapping each draft in a message. ``newest_room`` is what the tool results
     the model has not answered yet may take whole (:func:`~ctxwarden.steps.newest.newest_room`;
-    the build always gives it, ``None`` when a strategy is called on its own).
+    the build gives it when its window holds such a result, ``None`` otherwise and when a
+    strategy is called on its own).
     ``tool_rules`` are the policy's per-tool rules (:mod:`~ctxwarden.steps.tool_rules`;
     ``None``: none).
     """

@@ -19,7 +19,7 @@ from ctxwarden.steps.base import (
     StrategyContext,
     edit_marker,
 )
-from ctxwarden.steps.newest import newest_room
+from ctxwarden.steps.newest import newest_room, unanswered_results
 from ctxwarden.tokens.counter import REPLY_PRIMING
 
 __all__ = ["EditStep"]
@@ -48,7 +48,9 @@ class EditStep:
             protected=pins | {newest} if newest else pins,
             sticky=ctx.previous.sticky,
             count_text=ctx.counter.count_text,
-            newest_room=newest_room(draft, ctx),
+            # only a window with results not answered yet has use for their room, which
+            # costs a walk of the window to measure (twice a build: truncate and mask)
+            newest_room=newest_room(draft, ctx) if unanswered_results(draft.window) else None,
             tool_rules=ctx.policy.tools or None,
         )
         result = self.strategy(list(draft.window), sctx)
