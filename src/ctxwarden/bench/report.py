@@ -357,13 +357,15 @@ def render_markdown(report: Mapping[str, Any], plots: Mapping[str, str] | None =
 _CACHE_COLUMNS = (
     "cost vs full+cache",
     "vs full+cache (OpenAI-style)",
+    "vs full+cache (model's prices)",
     "vs sawtooth",
     "whole-prefix calls",
 )
 """The cache-price columns of every retention row (R21): the row's effective input cost
 as an agent loop sends it (a build before every assistant message) at Anthropic's
-0.1x / 1.25x, against the full history with caching; the same at OpenAI-style 0.1x / 1x;
-against the plain sawtooth window; and the share of calls whose previous context is a
+0.1x / 1.25x, against the full history with caching; the same at OpenAI-style 0.1x / 1x
+and at the bench model's own prices (those the default policy weighs its rewrites at);
+against the plain sawtooth window (Anthropic prices); and the share of calls whose previous context is a
 whole prefix (:class:`~ctxwarden.bench.retention.LoopCost`)."""
 
 
@@ -373,6 +375,7 @@ def _cache_cells(row: Mapping[str, Any]) -> list[str]:
     return [
         f"{100 * row['cache_cost_vs_full']:.0f}%",
         f"{100 * row['cache_cost_vs_full_openai']:.0f}%",
+        f"{100 * row.get('cache_cost_vs_full_model', 0):.0f}%",
         f"{100 * row['cache_cost_vs_sawtooth']:.0f}%",
         f"{100 * row['whole_prefix_share']:.0f}%",
     ]

@@ -32,7 +32,6 @@ __all__ = [
     "Mentions",
     "NeededFn",
     "Retention",
-    "bench_policy",
     "call_retention",
     "engine_builder",
     "invariant_problems",
@@ -111,9 +110,11 @@ def newest_kept(before: Sequence[Message], ctx: Sequence[Message]) -> bool:
 @dataclass(frozen=True)
 class LoopCost:
     """A builder's contexts priced as an agent loop sends them (a build before every
-    assistant message), at Anthropic's and OpenAI-style cache prices, beside the full
-    history with caching and the plain sawtooth window of the same calls (units: input
-    tokens at the input price; see :mod:`ctxwarden.registry.cache_cost`)."""
+    assistant message), at Anthropic's and OpenAI-style cache prices and at the bench
+    model's own (the registry's ``cached_input`` / ``cache_write``: the prices the
+    default policy weighs its rewrites at), beside the full history with caching and the
+    plain sawtooth window of the same calls (units: input tokens at the input price; see
+    :mod:`ctxwarden.registry.cache_cost`; every cache idealised: no minimum length)."""
 
     calls: int = 0
     anthropic: float = 0.0
@@ -123,6 +124,10 @@ class LoopCost:
     sawtooth_anthropic: float = 0.0
     sawtooth_openai: float = 0.0
     whole_prefix_share: float = 1.0
+    own: float = 0.0
+    full_own: float = 0.0
+    sawtooth_own: float = 0.0
+    own_label: str = ""
 
     def to_json(self) -> dict[str, Any]:
         def ratio(a: float, b: float) -> float:
@@ -133,8 +138,11 @@ class LoopCost:
             "cache_cost_units": round(self.anthropic),
             "cache_cost_vs_full": ratio(self.anthropic, self.full_anthropic),
             "cache_cost_vs_full_openai": ratio(self.openai, self.full_openai),
+            "cache_cost_vs_full_model": ratio(self.own, self.full_own),
             "cache_cost_vs_sawtooth": ratio(self.anthropic, self.sawtooth_anthropic),
             "cache_cost_vs_sawtooth_openai": ratio(self.openai, self.sawtooth_openai),
+            "cache_cost_vs_sawtooth_model": ratio(self.own, self.sawtooth_own),
+            "model_cache_prices": self.own_label,
             "whole_prefix_share": round(self.whole_prefix_share, 4),
         }
 
@@ -221,20 +229,8 @@ def sawtooth_builder() -> Builder:
     return SawtoothBuilder()
 
 
-def bench_policy() -> Any:
-    """The default policy as the bench runs it: its cost columns are at Anthropic's cache
-    prices while it counts tokens with gpt-4o's tokenizer, so the engine weighs its
-    rewrites at those prices too (``[cache] prices = "anthropic"``: what the default
-    ``"model"`` resolves to for a Claude model; gpt-4o's own cache reads cost 0.5x)."""
-    from ctxwarden.build.compaction import CacheConfig
-    from ctxwarden.build.policy import Policy
-
-    return Policy(cache=CacheConfig(prices="anthropic"))
-
-
 class EngineBuilder:
-    """ctxwarden's ``build_context`` with the default policy (:func:`bench_policy`; or
-    ``policy``). ``loop``:
+    """ctxwarden's ``build_context`` with the default policy (or ``policy``). ``loop``:
     given its previous build of the same run, as an agent loop calls it; else every
     build is cold (no ``previous``), as after a restart. ``summarizer`` (a spec such as
     ``"offline"``) is passed to ``build_context``. A build that raises
@@ -251,7 +247,7 @@ class EngineBuilder:
         summarizer: Any = None,
     ):
         self.model, self.loop, self.summarizer = model, loop, summarizer
-        self.policy = policy if policy is not None else bench_policy()
+        self.policy = policy
         self.errors = 0
         self.error_examples: list[str] = []
         self._run: list[Message] | None = None
@@ -322,7 +318,7 @@ def call_retention(
     violations = over = newest_dropped = 0
     examples: list[str] = []
     per_call: list[int] = []
-    loop = _LoopPricing(counter)
+    loop = _LoopPricing(counter, model)
     for n, run in enumerate(runs):
         counts = [counter.count_message(m) for m in run]
         earlier = Mentions()
@@ -387,13 +383,21 @@ class _LoopPricing:
     """The cache-price figures of :class:`LoopCost`, gathered run by run: the builder's
     contexts, the full history's and the sawtooth window's at the same calls."""
 
-    def __init__(self, counter: TokenCounter) -> None:
-        from ctxwarden.registry.cache_cost import ANTHROPIC, OPENAI, CacheCost
+    def __init__(self, counter: TokenCounter, model: str) -> None:
+        from dataclasses import replace
+
+        from ctxwarden.registry.cache_cost import ANTHROPIC, OPENAI, CacheCost, CachePrices
+        from ctxwarden.errors import UnknownModelError
+        from ctxwarden.registry.catalog import get_model
 
         self.counter = counter
-        self.prices = (ANTHROPIC, OPENAI)
+        try:  # the model's own prices, idealised like the others (no minimum length)
+            own = replace(CachePrices.for_model(get_model(model)), min_tokens=0)
+        except UnknownModelError:  # a model the registry does not know: Anthropic's
+            own = ANTHROPIC
+        self.prices = (ANTHROPIC, OPENAI, own)
         zero = CacheCost(0, 0, 0, 0.0, 0, 0)
-        self.sums = {k: [zero, zero] for k in ("ours", "full", "sawtooth")}
+        self.sums = {k: [zero, zero, zero] for k in ("ours", "full", "sawtooth")}
         self._full: list[Sequence[Message]] = []
         self._sawtooth: list[list[Message]] = []
 
@@ -422,4 +426,8 @@ class _LoopPricing:
             saw[0].units,
             saw[1].units,
             ours[0].whole_prefix_share,
+            ours[2].units,
+            full[2].units,
+            saw[2].units,
+            self.prices[2].label,
         )

@@ -57,10 +57,7 @@ class SessionBuilder:
         summarizer: Any = None,
         prefix: str | None = None,
     ) -> None:
-        from ctxwarden.bench.retention import bench_policy
-
-        self.store, self.model, self.summarizer = store, model, summarizer
-        self.policy = policy if policy is not None else bench_policy()  # the engine row's
+        self.store, self.model, self.policy, self.summarizer = store, model, policy, summarizer
         self.prefix = prefix or f"bench-{uuid.uuid4().hex[:8]}"
         self.errors = 0
         self.error_examples: list[str] = []

@@ -63,7 +63,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -433,11 +432,7 @@ def _locomo_recall(
     for name, peer in others.items():
         rows[name] |= {"over_budget": over[name], "errors": peer.errors}
     if summarizer is None:  # (a model summariser would be called at every step of the loop)
-        from ctxwarden.bench.retention import bench_policy
-
-        policy = bench_policy()
-        if summary_share is not None:
-            policy = replace(locomo_policy(budget, summary_share), cache=policy.cache)
+        policy = Policy() if summary_share is None else locomo_policy(budget, summary_share)
         for name, cost in locomo_loop_cost(transcripts, budget, policy, model).items():
             rows[name] |= cost
     return rows

@@ -54,7 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra = f"  over budget {r['over_budget']}  errors {r['errors']}" if "errors" in r else ""
         cost = (
             f"  cost vs full+cache {r['cache_cost_vs_full']:.0%} (OpenAI-style "
-            f"{r['cache_cost_vs_full_openai']:.0%}), vs sawtooth {r['cache_cost_vs_sawtooth']:.0%}"
+            f"{r['cache_cost_vs_full_openai']:.0%}, model's prices "
+            f"{r['cache_cost_vs_full_model']:.0%}), vs sawtooth {r['cache_cost_vs_sawtooth']:.0%}"
             f", whole-prefix calls {r['whole_prefix_share']:.0%}"
             if "cache_cost_vs_full" in r
             else ""
