@@ -211,12 +211,16 @@ def layers_sent(draft: Draft) -> tuple[tuple[str, str, str], ...]:
     return tuple((name, m.id, m.text) for name, m in draft.layers if name in _HELD_LAYERS)
 
 
-def growth_per_call(prev_tokens: int, compacted_tokens: int, held_calls: int, new: int) -> float:
-    """Tokens a call adds, on average since the last compaction (``new``, the tokens of
-    this call's new messages, when there is no such history yet)."""
+def growth_per_call(
+    prev_tokens: int, compacted_tokens: int, held_calls: int, new: int, per_turn: float
+) -> float:
+    """Tokens a call adds: on average since the last compaction; with no such history
+    yet, the larger of this call's new messages (``new``) and the history's tokens per
+    assistant turn (``per_turn``): one short reply must not make the next compaction
+    look hundreds of calls away, and so a rewrite look paid for many times over."""
     if held_calls > 0 and prev_tokens > compacted_tokens:
         return (prev_tokens - compacted_tokens) / held_calls
-    return float(new)
+    return float(max(new, per_turn))
 
 
 def prefix_break(

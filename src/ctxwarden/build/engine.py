@@ -242,7 +242,11 @@ def run_build(
         hold=hold,
         prices=prices,
         growth=growth_per_call(
-            state.input_tokens, state.compacted_tokens, state.held_calls, new_tokens
+            state.input_tokens,
+            state.compacted_tokens,
+            state.held_calls,
+            new_tokens,
+            _per_turn(history, sys_end, counter) if hold and not state.held_calls else 0.0,
         ),
     )
     anchors = frozenset(protected)
@@ -266,6 +270,14 @@ def run_build(
     return _finish(
         draft, ctx, model, info, tools, actions, warnings, tuple(names), layer_state, cause
     )
+
+
+def _per_turn(history: Sequence[Message], sys_end: int, counter: TokenCounter) -> float:
+    """The history's tokens (after the system prompt) per assistant message: what a call
+    of this loop adds, on average (:func:`growth_per_call`)."""
+    turns = sum(1 for m in history if m.role == "assistant")
+    rest = history[sys_end:]
+    return sum(map(counter.count_message, rest)) / turns if turns else 0.0
 
 
 def _rewrite_pays(
