@@ -365,8 +365,8 @@ _CACHE_COLUMNS = (
 as an agent loop sends it (a build before every assistant message) at Anthropic's
 0.1x / 1.25x, against the full history with caching; the same at OpenAI-style 0.1x / 1x
 and at the bench model's own prices (those the default policy weighs its rewrites at);
-against the plain sawtooth window (Anthropic prices); and the share of calls whose previous context is a
-whole prefix (:class:`~ctxwarden.bench.retention.LoopCost`)."""
+against the plain sawtooth window (Anthropic prices); and the share of calls whose
+previous context is a whole prefix (:class:`~ctxwarden.bench.retention.LoopCost`)."""
 
 
 def _cache_cells(row: Mapping[str, Any]) -> list[str]:

@@ -386,8 +386,8 @@ class _LoopPricing:
     def __init__(self, counter: TokenCounter, model: str) -> None:
         from dataclasses import replace
 
-        from ctxwarden.registry.cache_cost import ANTHROPIC, OPENAI, CacheCost, CachePrices
         from ctxwarden.errors import UnknownModelError
+        from ctxwarden.registry.cache_cost import ANTHROPIC, OPENAI, CacheCost, CachePrices
         from ctxwarden.registry.catalog import get_model
 
         self.counter = counter
