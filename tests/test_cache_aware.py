@@ -183,7 +183,9 @@ def test_explain_shows_the_prefix_and_the_loop_cost(tmp_path: Path) -> None:
 @pytest.mark.skipif(not TAU.exists(), reason=f"tau-bench data not found at {TAU}")
 @pytest.mark.parametrize("budget", [2000, 4000])
 def test_default_builds_cost_less_than_the_full_history_with_caching_on_tau(budget: int) -> None:
-    """The 120 dev runs as an agent loop (measured: 94% @2,000, 98% @4,000)."""
+    """The 120 dev runs as an agent loop, the default policy for gpt-4o (its rewrites
+    weighed at gpt-4o's 0.5x / 1x). Measured at Anthropic prices: 96% @2,000, 102% @4,000
+    (fails: issue 37's target is below 100% at every budget)."""
     from ctxwarden.bench.traces import load_tau_bench, tau_retention
 
     ours = tau_retention(load_tau_bench(TAU), budget, engine_builder())
@@ -199,8 +201,9 @@ def test_default_builds_cost_less_than_the_full_history_with_caching_on_tau(budg
 def test_default_builds_cost_less_than_the_full_history_with_caching_on_coding(
     budget: int,
 ) -> None:
-    """The 44 dev runs as an agent loop (measured: 65% @4,000, 66% @8,000, where it is
-    also below the sawtooth window's cost at a higher retention)."""
+    """The 44 dev runs as an agent loop, the default policy for gpt-4o. Measured at
+    Anthropic prices: 77% @4,000, 93% @8,000 (fails: the target is <= 70% @8,000, at or
+    below the sawtooth window's 69%; at gpt-4o's own prices 29% and 42%)."""
     from ctxwarden.bench.swebench import load_swebench, swebench_retention
 
     runs = load_swebench(SWEBENCH)
