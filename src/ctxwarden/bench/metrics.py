@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxwarden.bench.summarizers import Account, BenchSummarizer, Summarizer, get_summarizer
 from ctxwarden.build.pairing import group_blocks
@@ -31,15 +31,21 @@ from ctxwarden.messages import Message
 from ctxwarden.registry.usage import Usage
 from ctxwarden.tokens.counter import REPLY_PRIMING, TokenCounter
 
+if TYPE_CHECKING:
+    from ctxwarden.registry.cache_cost import CallPrefix
+
 __all__ = [
     "EngineStrategy",
     "OursStrategy",
     "StrategyRun",
+    "cache_calls",
+    "common_prefix_messages",
     "common_prefix_tokens",
     "plain_window",
     "price_run",
     "price_strategy",
     "reduction_table",
+    "sawtooth_window",
 ]
 
 Tools = Sequence[Mapping[str, Any]]
@@ -87,14 +93,43 @@ def common_prefix_tokens(
     everything the provider sees), then converted to tokens; the tool definitions come
     first in the request, so they belong to any non-empty common prefix.
     """
+    same = common_prefix_messages(previous, current)
+    if same == 0:
+        return 0
+    return tools_tokens + sum(counter.count_message(m) for m in current[:same])
+
+
+def common_prefix_messages(previous: Sequence[Message], current: Sequence[Message]) -> int:
+    """How many messages ``current`` opens with that are ``previous``'s, byte for byte."""
     same = 0
     for a, b in zip(previous, current, strict=False):
         if a.fingerprint != b.fingerprint:
             break
         same += 1
-    if same == 0:
-        return 0
-    return tools_tokens + sum(counter.count_message(m) for m in current[:same])
+    return same
+
+
+def cache_calls(
+    contexts: Sequence[Sequence[Message]],
+    counter: TokenCounter,
+    tools: Tools | None = None,
+) -> list[CallPrefix]:
+    """One session's calls as a prompt cache sees them (for
+    :func:`~ctxwarden.registry.cache_cost.session_cache_cost`): each call's input tokens,
+    the tokens it shares with the previous call from the start, and whether the previous
+    context is a whole prefix of it (an append-only call)."""
+    from ctxwarden.registry.cache_cost import CallPrefix
+
+    tools_tokens = counter.count_tools(tools) if tools else 0
+    out: list[CallPrefix] = []
+    previous: Sequence[Message] = ()
+    for ctx in contexts:
+        same = common_prefix_messages(previous, ctx)
+        shared = tools_tokens + sum(map(counter.count_message, ctx[:same])) if same else 0
+        tokens = counter.count_messages(ctx, tools).tokens
+        out.append(CallPrefix(tokens, shared, bool(previous) and same == len(previous)))
+        previous = ctx
+    return out
 
 
 def price_run(
@@ -215,6 +250,34 @@ def plain_window(
     for r in reversed(chosen):
         kept.extend(r)
     return kept, used
+
+
+def sawtooth_window(
+    messages: Sequence[Message], counts: Sequence[int], budget: int, start: int
+) -> tuple[list[int], int]:
+    """The plain *sawtooth* window, the cache-friendly baseline: the system prompt and
+    every message from ``start`` on while that fits the budget (append-only: a prompt
+    cache serves all of it); when it does not, the start moves, whole blocks at a time,
+    until the window holds at most half of the room the system prompt leaves (the newest
+    block is kept even when it alone is larger). Returns the kept indices and the new
+    ``start`` (the caller keeps it for the next call: the window never moves back)."""
+    sys_end = 1 if messages and messages[0].role == "system" else 0
+    fixed = REPLY_PRIMING + sum(counts[:sys_end])
+    start = max(start, sys_end)
+    if fixed + sum(counts[start:]) > budget:
+        target = (budget - fixed) // 2
+        used, new_start = 0, len(messages)
+        for block in reversed(group_blocks(messages[sys_end:], sys_end)):
+            lo, hi = block.start, block.end
+            if lo < start:
+                break
+            size = sum(counts[lo:hi])
+            if used + size > target and new_start < len(messages):
+                break
+            used += size
+            new_start = lo
+        start = new_start
+    return [*range(sys_end), *range(start, len(messages))], start
 
 
 # -- our engine, driven turn by turn ---------------------------------------------------------

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxwarden.bench.metrics import StrategyRun
+from ctxwarden.bench.retention import sawtooth_builder
 from ctxwarden.bench.summarizers import BenchSummarizer, SummarizerSpec, summarizer_for
 from ctxwarden.bench.traces import (
     engine_builder,
@@ -31,7 +32,7 @@ from ctxwarden.bench.traces import (
 __all__ = ["default_trace_paths", "render_markdown", "run_bench", "write_plots"]
 
 Progress = Callable[[str], None] | None
-TAU_BUDGETS = (2000, 1600)
+TAU_BUDGETS = (2000, 4000, 1600)
 SWEBENCH_BUDGETS = (4000, 8000)
 LOCOMO_BUDGET = 4000
 LOCOMO_PATH_QUESTIONS = 5
@@ -77,6 +78,7 @@ def _tau(path: Path, progress: Progress, peers: bool) -> dict[str, Any]:
         with _session_builder() as session:
             builders = {
                 "plain window": plain_builder(),
+                "sawtooth window": sawtooth_builder(),
                 "ctxwarden (agent loop)": engine_builder(),
                 SESSION_ROW: session,
                 "ctxwarden (cold builds)": engine_builder(loop=False),
@@ -104,6 +106,7 @@ def _swebench(path: Path, progress: Progress, peers: bool) -> dict[str, Any]:
         with _session_builder() as session:
             builders = {
                 "plain window": plain_builder(),
+                "sawtooth window": sawtooth_builder(),
                 "ctxwarden (agent loop)": engine_builder(),
                 SESSION_ROW: session,
                 **_peer_builders(peers),
@@ -322,12 +325,13 @@ def render_markdown(report: Mapping[str, Any], plots: Mapping[str, str] | None =
         parts += ["", "## locomo", "", sc["locomo"]["description"], ""]
         parts.append(
             _table(
-                ["strategy", "answer recall", "reduction", "input tokens"],
+                ["strategy", "answer recall", "reduction", *_CACHE_COLUMNS, "input tokens"],
                 [
                     [
                         name,
                         f"{s['answer_recall']:.3f}",
                         f"{100 * s['reduction']:.1f}%",
+                        *_cache_cells(s),
                         f"{s['total_input_tokens']:,}",
                     ]
                     for name, s in sc["locomo"]["strategies"].items()
@@ -350,13 +354,41 @@ def render_markdown(report: Mapping[str, Any], plots: Mapping[str, str] | None =
     return "\n".join(parts) + "\n"
 
 
+_CACHE_COLUMNS = (
+    "cost vs full+cache",
+    "vs full+cache (OpenAI-style)",
+    "vs full+cache (model's prices)",
+    "vs sawtooth",
+    "whole-prefix calls",
+)
+"""The cache-price columns of every retention row (R21): the row's effective input cost
+as an agent loop sends it (a build before every assistant message) at Anthropic's
+0.1x / 1.25x, against the full history with caching; the same at OpenAI-style 0.1x / 1x
+and at the bench model's own prices (those the default policy weighs its rewrites at);
+against the plain sawtooth window (Anthropic prices); and the share of calls whose
+previous context is a whole prefix (:class:`~ctxwarden.bench.retention.LoopCost`)."""
+
+
+def _cache_cells(row: Mapping[str, Any]) -> list[str]:
+    if "cache_cost_vs_full" not in row:
+        return ["n/a"] * len(_CACHE_COLUMNS)
+    return [
+        f"{100 * row['cache_cost_vs_full']:.0f}%",
+        f"{100 * row['cache_cost_vs_full_openai']:.0f}%",
+        f"{100 * row.get('cache_cost_vs_full_model', 0):.0f}%",
+        f"{100 * row['cache_cost_vs_sawtooth']:.0f}%",
+        f"{100 * row['whole_prefix_share']:.0f}%",
+    ]
+
+
 def _retention_table(scenario: Mapping[str, Any]) -> str:
     """Retention rows: every needed value, the id subset (tau-bench), reduction, and
     the invariant and budget checks of the same builds."""
     rows = scenario["strategies"]
     ids = any("retention_ids" in s for s in rows.values())
     header = ["strategy", "retention", *(["ids"] if ids else []), "reduction"]
-    header += ["violations", "newest dropped", "over budget", "errors", "input tokens"]
+    header += [*_CACHE_COLUMNS, "violations", "newest dropped", "over budget", "errors"]
+    header.append("input tokens")
     return _table(
         header,
         [
@@ -365,6 +397,7 @@ def _retention_table(scenario: Mapping[str, Any]) -> str:
                 f"{100 * s['retention']:.1f}%",
                 *([f"{100 * s.get('retention_ids', 0):.1f}%"] if ids else []),
                 f"{100 * s['reduction']:.1f}%",
+                *_cache_cells(s),
                 str(s["violations"]),
                 str(s.get("newest_dropped", 0)),
                 str(s["over_budget"]),

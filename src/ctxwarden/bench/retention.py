@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ctxwarden.bench.metrics import plain_window
+from ctxwarden.bench.metrics import cache_calls, plain_window, sawtooth_window
 from ctxwarden.build.pairing import pairing_problems
 from ctxwarden.messages import Message
 from ctxwarden.tokens.counter import REPLY_PRIMING, TokenCounter
@@ -38,6 +38,7 @@ __all__ = [
     "message_text",
     "newest_kept",
     "plain_builder",
+    "sawtooth_builder",
 ]
 
 _WORD = re.compile(r"\w+")
@@ -107,6 +108,46 @@ def newest_kept(before: Sequence[Message], ctx: Sequence[Message]) -> bool:
 
 
 @dataclass(frozen=True)
+class LoopCost:
+    """A builder's contexts priced as an agent loop sends them (a build before every
+    assistant message), at Anthropic's and OpenAI-style cache prices and at the bench
+    model's own (the registry's ``cached_input`` / ``cache_write``: the prices the
+    default policy weighs its rewrites at), beside the full history with caching and the
+    plain sawtooth window of the same calls (units: input tokens at the input price; see
+    :mod:`ctxwarden.registry.cache_cost`; every cache idealised: no minimum length)."""
+
+    calls: int = 0
+    anthropic: float = 0.0
+    openai: float = 0.0
+    full_anthropic: float = 0.0
+    full_openai: float = 0.0
+    sawtooth_anthropic: float = 0.0
+    sawtooth_openai: float = 0.0
+    whole_prefix_share: float = 1.0
+    own: float = 0.0
+    full_own: float = 0.0
+    sawtooth_own: float = 0.0
+    own_label: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        def ratio(a: float, b: float) -> float:
+            return round(a / b, 4) if b else 0.0
+
+        return {
+            "loop_calls": self.calls,
+            "cache_cost_units": round(self.anthropic),
+            "cache_cost_vs_full": ratio(self.anthropic, self.full_anthropic),
+            "cache_cost_vs_full_openai": ratio(self.openai, self.full_openai),
+            "cache_cost_vs_full_model": ratio(self.own, self.full_own),
+            "cache_cost_vs_sawtooth": ratio(self.anthropic, self.sawtooth_anthropic),
+            "cache_cost_vs_sawtooth_openai": ratio(self.openai, self.sawtooth_openai),
+            "cache_cost_vs_sawtooth_model": ratio(self.own, self.sawtooth_own),
+            "model_cache_prices": self.own_label,
+            "whole_prefix_share": round(self.whole_prefix_share, 4),
+        }
+
+
+@dataclass(frozen=True)
 class Retention:
     """One builder at one budget: needed values kept, per group and overall."""
 
@@ -123,6 +164,7 @@ class Retention:
     newest_dropped: int = 0
     examples: tuple[str, ...] = ()
     per_call_tokens: tuple[int, ...] = ()
+    cost: LoopCost = field(default_factory=LoopCost)
 
     def group(self, name: str) -> float:
         kept, needed = self.groups.get(name, (0, 0))
@@ -148,6 +190,7 @@ class Retention:
             "full_history_tokens": self.full_tokens,
             "input_tokens_per_turn": list(self.per_call_tokens),
         }
+        out |= self.cost.to_json()
         return out
 
 
@@ -159,6 +202,31 @@ def plain_builder() -> Builder:
         return [before[i] for i in kept]
 
     return build
+
+
+class SawtoothBuilder:
+    """The plain sawtooth window (:func:`~ctxwarden.bench.metrics.sawtooth_window`) as a
+    builder: its start is kept from call to call of one run (a new run, whose history
+    does not extend the last one, starts over)."""
+
+    def __init__(self) -> None:
+        self._head: Message | None = None
+        self._length = 0
+        self._start = 0
+
+    def __call__(
+        self, before: Sequence[Message], counts: Sequence[int], budget: int
+    ) -> list[Message]:
+        if not before or before[0] is not self._head or len(before) < self._length:
+            self._start = 0
+        self._head, self._length = (before[0] if before else None), len(before)
+        kept, self._start = sawtooth_window(before, counts, budget, self._start)
+        return [before[i] for i in kept]
+
+
+def sawtooth_builder() -> Builder:
+    """A fresh :class:`SawtoothBuilder` (the cache-friendly baseline's row)."""
+    return SawtoothBuilder()
 
 
 class EngineBuilder:
@@ -178,7 +246,8 @@ class EngineBuilder:
         policy: Any = None,
         summarizer: Any = None,
     ):
-        self.model, self.loop, self.policy, self.summarizer = model, loop, policy, summarizer
+        self.model, self.loop, self.summarizer = model, loop, summarizer
+        self.policy = policy
         self.errors = 0
         self.error_examples: list[str] = []
         self._run: list[Message] | None = None
@@ -249,14 +318,20 @@ def call_retention(
     violations = over = newest_dropped = 0
     examples: list[str] = []
     per_call: list[int] = []
+    loop = _LoopPricing(counter, model)
     for n, run in enumerate(runs):
         counts = [counter.count_message(m) for m in run]
         earlier = Mentions()
         full = REPLY_PRIMING
+        sawtooth = SawtoothBuilder()
+        sent: list[list[Message]] = []
         for k, m in enumerate(run):
-            if m.tool_calls and k:
+            if m.role == "assistant" and k:  # the agent loop: a build before every reply
                 before = run[:k]
                 ctx = builder(before, counts[:k], budget)
+                sent.append(ctx)
+                loop.add_call(before, sawtooth(before, counts[:k], budget))
+            if m.tool_calls and k:
                 tokens = counter.count_messages(ctx).tokens
                 per_call.append(tokens)
                 built_sum += tokens
@@ -282,6 +357,7 @@ def call_retention(
                         per_call_n += 1
             earlier.add(m)
             full += counts[k]
+        loop.end_run(sent)
         if progress:
             progress(f"{label} {n + 1}/{len(runs)}")
     total = sum(need_by.values())
@@ -299,4 +375,59 @@ def call_retention(
         newest_dropped,
         tuple(examples),
         tuple(per_call),
+        loop.total(),
     )
+
+
+class _LoopPricing:
+    """The cache-price figures of :class:`LoopCost`, gathered run by run: the builder's
+    contexts, the full history's and the sawtooth window's at the same calls."""
+
+    def __init__(self, counter: TokenCounter, model: str) -> None:
+        from dataclasses import replace
+
+        from ctxwarden.errors import UnknownModelError
+        from ctxwarden.registry.cache_cost import ANTHROPIC, OPENAI, CacheCost, CachePrices
+        from ctxwarden.registry.catalog import get_model
+
+        self.counter = counter
+        try:  # the model's own prices, idealised like the others (no minimum length)
+            own = replace(CachePrices.for_model(get_model(model)), min_tokens=0)
+        except UnknownModelError:  # a model the registry does not know: Anthropic's
+            own = ANTHROPIC
+        self.prices = (ANTHROPIC, OPENAI, own)
+        zero = CacheCost(0, 0, 0, 0.0, 0, 0)
+        self.sums = {k: [zero, zero, zero] for k in ("ours", "full", "sawtooth")}
+        self._full: list[Sequence[Message]] = []
+        self._sawtooth: list[list[Message]] = []
+
+    def add_call(self, before: Sequence[Message], sawtooth: list[Message]) -> None:
+        self._full.append(before)
+        self._sawtooth.append(sawtooth)
+
+    def end_run(self, sent: Sequence[Sequence[Message]]) -> None:
+        from ctxwarden.registry.cache_cost import session_cache_cost
+
+        for key, contexts in (("ours", sent), ("full", self._full), ("sawtooth", self._sawtooth)):
+            calls = cache_calls(contexts, self.counter)
+            sums = self.sums[key]
+            for i, prices in enumerate(self.prices):
+                sums[i] = sums[i] + session_cache_cost(calls, prices)
+        self._full, self._sawtooth = [], []
+
+    def total(self) -> LoopCost:
+        ours, full, saw = self.sums["ours"], self.sums["full"], self.sums["sawtooth"]
+        return LoopCost(
+            ours[0].calls,
+            ours[0].units,
+            ours[1].units,
+            full[0].units,
+            full[1].units,
+            saw[0].units,
+            saw[1].units,
+            ours[0].whole_prefix_share,
+            ours[2].units,
+            full[2].units,
+            saw[2].units,
+            self.prices[2].label,
+        )

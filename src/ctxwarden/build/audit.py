@@ -8,7 +8,9 @@ that should never drift (a pinned message, a ledger entry) had to be cut.
 
 ``summary_due`` says a summary would fold older messages now (the build never calls a
 model: ``Session.summarize`` or :func:`ctxwarden.summarize_history` makes it); ``steps``
-names the pipeline's steps in the order they ran, a user's own included.
+names the pipeline's steps in the order they ran, a user's own included. ``prefix_break``
+says where this build stopped repeating the previous one, why, and what the rewrite cost at
+the model's cache prices (:mod:`ctxwarden.build.compaction`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ctxwarden.caching import memoize
 from ctxwarden.steps.base import Action, ActionKind
 
 if TYPE_CHECKING:
+    from ctxwarden.build.compaction import PrefixBreak
     from ctxwarden.build.state import SummaryDue
 
 __all__ = ["LAYERS", "Audit"]
@@ -66,6 +69,7 @@ class Audit:
     cache_breakpoints: tuple[str, ...] = ()
     summary_due: SummaryDue | None = None
     steps: tuple[str, ...] = ()
+    prefix_break: PrefixBreak | None = None
 
     @property
     def fill_ratio(self) -> float | None:
@@ -107,4 +111,5 @@ class Audit:
             "cache_breakpoints": list(self.cache_breakpoints),
             "summary_due": None if self.summary_due is None else self.summary_due.to_dict(),
             "steps": list(self.steps),
+            "prefix_break": None if self.prefix_break is None else self.prefix_break.to_dict(),
         }

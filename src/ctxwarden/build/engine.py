@@ -19,11 +19,20 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from operator import attrgetter, itemgetter, ne
 from typing import Any
 
 from ctxwarden.build.audit import LAYERS, Audit
 from ctxwarden.build.built import BuiltContext
+from ctxwarden.build.compaction import (
+    growth_per_call,
+    held_cause,
+    held_layers,
+    layers_key,
+    layers_sent,
+    prefix_break,
+)
 from ctxwarden.build.inputs import all_messages, check_build_arguments
 from ctxwarden.build.pipeline import steps_for
 from ctxwarden.build.policy import Policy
@@ -36,6 +45,7 @@ from ctxwarden.memory.facts import FactSchema
 from ctxwarden.memory.layer_state import LayerState
 from ctxwarden.memory.summaries import Summarizer
 from ctxwarden.messages import Message
+from ctxwarden.registry.cache_cost import CachePrices, rewrite_pays
 from ctxwarden.registry.catalog import ModelInfo, Registry
 from ctxwarden.registry.cost import estimate_cost
 from ctxwarden.registry.usage import Usage
@@ -221,6 +231,9 @@ def run_build(
     protected = {history[newest].id} if newest is not None else set()
     calls = newest_call_block(history, newest if newest is not None else sys_end - 1)
     protected.update(history[i].id for i in calls)
+    prices = policy.cache.prices_for(info)
+    hold = policy.cache.append_only and state.history_length > 0 and bool(state.prefix)
+    new_tokens = sum(counter.count_message(m) for m in history[state.history_length :])
     ctx = StepContext(
         counter=counter,
         budget=budget,
@@ -235,9 +248,80 @@ def run_build(
         facts_text=facts,
         one_system=info is not None and info.one_system_message,
         vectors=vectors,
+        hold=hold,
+        prices=prices,
+        growth=growth_per_call(
+            state.input_tokens,
+            state.compacted_tokens,
+            state.held_calls,
+            new_tokens,
+            _per_turn(history, sys_end, counter) if hold and not state.held_calls else 0.0,
+        ),
     )
     anchors = frozenset(protected)
-    draft = Draft(history, sys_end, newest, protected=anchors, anchors=anchors)
+    start = Draft(history, sys_end, newest, protected=anchors, anchors=anchors)
+    draft, actions, warnings, names = _fold(start, ctx, policy, pre)
+    cause = None
+    if hold:  # cache-aware compaction: send it held, or compact in one move
+        total = REPLY_PRIMING + tools_tokens + ctx.total(draft.ordered)
+        digests = tuple(map(_DIGEST, map(_FINGERPRINT, draft.ordered)))
+        cause = held_cause(draft, actions, total, budget, state.prefix, digests)
+        if cause is not None or draft.compact is not None:
+            unheld = replace(ctx, hold=False, compacting=True)
+            compacted = _fold(start, unheld, policy, pre)
+            if cause is None:  # only edits were held back: compact if the rewrite pays
+                cause = _rewrite_pays(draft, compacted[0], total, unheld, tools_tokens)
+            if cause is not None:
+                ctx = unheld
+                draft, actions, warnings, names = compacted
+    elif state.history_length and not policy.cache.append_only:
+        cause = "cache-aware compaction is off (cache.append_only = false)"
+    return _finish(
+        draft, ctx, model, info, tools, actions, warnings, tuple(names), layer_state, cause
+    )
+
+
+def _per_turn(history: Sequence[Message], sys_end: int, counter: TokenCounter) -> float:
+    """The history's tokens (after the system prompt) per assistant message: what a call
+    of this loop adds, on average (:func:`growth_per_call`)."""
+    turns = sum(1 for m in history if m.role == "assistant")
+    rest = history[sys_end:]
+    return sum(map(counter.count_message, rest)) / turns if turns else 0.0
+
+
+def _rewrite_pays(
+    held: Draft, compacted: Draft, held_total: int, ctx: StepContext, tools_tokens: int
+) -> str | None:
+    """Why sending ``compacted`` (the held-back edits applied, the window at its
+    low-water mark) now is cheaper than the held build at the build's cache prices
+    (``None``: it is not): the tokens it frees are read on every call until the next
+    forced compaction, its rewrite is paid once (:func:`rewrite_pays`)."""
+    total = REPLY_PRIMING + tools_tokens + ctx.total(compacted.ordered)
+    freed = held_total - total
+    if freed <= 0 or ctx.prices is None:
+        return None
+    previous = ctx.previous.prefix
+    digests = tuple(map(_DIGEST, map(_FINGERPRINT, compacted.ordered)))
+    at = next((i for i, (a, b) in enumerate(zip(previous, digests, strict=False)) if a != b), 0)
+    kept = REPLY_PRIMING + tools_tokens + ctx.total(compacted.ordered[:at])
+    rewritten = total - kept
+    calls = max(ctx.budget - held_total, 0) / ctx.growth if ctx.growth > 0 else 0.0
+    if not rewrite_pays(kept, rewritten, freed, calls, ctx.prices):
+        return None
+    return (
+        f"{held.compact}; applying them frees {freed:,} tokens for ~{calls:.0f} call(s), "
+        f"more than rewriting {rewritten:,} tokens costs"
+    )
+
+
+def _fold(
+    draft: Draft,
+    ctx: StepContext,
+    policy: Policy,
+    pre: tuple[tuple[Action, ...], tuple[str, ...]],
+) -> tuple[Draft, list[Action], list[str], list[str]]:
+    """The policy's steps folded over ``draft``: the final draft, the actions, the
+    warnings and the names of the steps that ran."""
     actions: list[Action] = list(pre[0])
     warnings: list[str] = list(pre[1])
     names: list[str] = []
@@ -256,11 +340,13 @@ def run_build(
             draft = result.draft
         warnings.extend(result.warnings)
         names.append(step.name)
+        if step.name == "layers" and ctx.hold:
+            draft = held_layers(draft, ctx)
     final = keep_pairs_whole(draft, ctx, "layout")
     if final.actions:  # a step left a split pair: take it out and lay out again
         actions.extend(final.actions)
         draft = LayoutStep()(final.draft, ctx).draft
-    return _finish(draft, ctx, model, info, tools, actions, warnings, tuple(names), layer_state)
+    return draft, actions, warnings, names
 
 
 _FINGERPRINT, _ID = attrgetter("fingerprint"), attrgetter("id")
@@ -327,6 +413,7 @@ def _finish(
     warnings: list[str],
     steps: tuple[str, ...],
     layer_state: LayerState | None,
+    cause: str | None = None,
 ) -> BuiltContext:
     h, ordered, layer_of = draft.history, draft.ordered, draft.layer_of
     digests = tuple(map(_DIGEST, map(_FINGERPRINT, ordered)))
@@ -335,6 +422,19 @@ def _finish(
         tokens = min(ctx.counter.count_text(FOLD_SEPARATOR + text), layers["system"])
         layers[name] = layers.get(name, 0) + tokens
         layers["system"] -= tokens
+    previous = ctx.previous
+    broken = None
+    if previous.history_length and previous.prefix:
+        broken = prefix_break(
+            previous.prefix,
+            digests,
+            ordered,
+            [ctx.count(m) for m in ordered],
+            frozenset(m.id for m in h[previous.history_length :]),
+            cause or "the previous context changed",
+            ctx.prices or policy_prices(ctx, info),
+            info,
+        )
     exact = ctx.counter.exact and not tools and known
     total = REPLY_PRIMING + ctx.tools_tokens + sum(layers.values())
     layers["tools"] = ctx.tools_tokens
@@ -370,6 +470,7 @@ def _finish(
         cache_breakpoints=draft.breakpoints,
         summary_due=draft.summary_due,
         steps=steps,
+        prefix_break=broken,
     )
     state = BuildState(
         history_length=len(h),
@@ -385,5 +486,17 @@ def _finish(
         summary_due=draft.summary_due,
         recall=draft.recall_memo,
         summary_scan=draft.summary_scan,
+        input_tokens=total,
+        compacted_tokens=previous.compacted_tokens if ctx.hold else total,
+        held_calls=previous.held_calls + 1 if ctx.hold else 0,
+        kept_from=draft.kept_from,
+        layers_sent=layers_sent(draft),
+        layers_key=layers_key(ctx),
+        ledger_sent=draft.ledger.text if draft.ledger is not None else "",
     )
     return BuiltContext(ordered, audit, state, model, layer_of)
+
+
+def policy_prices(ctx: StepContext, info: ModelInfo | None) -> CachePrices:
+    """The cache prices the build weighs (the policy's ``[cache] prices``)."""
+    return ctx.policy.cache.prices_for(info)

@@ -18,6 +18,7 @@ A :class:`Policy` is a frozen dataclass that loads from TOML::
     pin_first = 2                  # pin the first N non-system messages
     max_messages = 200
     refill_ratio = 0.75            # when the window must move, refill to 75% of its room
+                                   # (the low-water mark of a compaction)
 
     [ledger]
     max_tokens = 600               # or free_share of what is free, when more
@@ -30,6 +31,11 @@ A :class:`Policy` is a frozen dataclass that loads from TOML::
     max_tokens = 800               # (default: auto = true, where the conversation asks)
 
     recall_tool = true             # ctxwarden serve offers the recall tool and answers it
+
+    [cache]                        # cache-aware compaction (ctxwarden.build.compaction)
+    append_only = true             # between compactions nothing already sent changes
+    prices = "model"               # weigh rewrites at the model's cache prices
+    hold_layers = false            # hold the facts and summary blocks too (default: no)
 
     [[steps]]                      # your own step, after masking (ctxwarden.build.pipeline)
     use = "mypackage.steps:DropTagged"
@@ -58,6 +64,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from ctxwarden.build.compaction import CacheConfig
 from ctxwarden.errors import ConfigError
 from ctxwarden.memory.summaries import SummaryTrigger
 from ctxwarden.steps.mask import MaskObservations
@@ -79,7 +86,7 @@ class WindowConfig:
 
     max_messages: int | None = None
     pin_first: int = 0
-    refill_ratio: float = 0.75
+    refill_ratio: float = 0.5
 
     def __post_init__(self) -> None:
         if self.max_messages is not None and self.max_messages < 1:
@@ -161,6 +168,7 @@ class Policy:
     cache_breakpoints: bool = True
     steps: tuple[Any, ...] = ()  # your own steps (see ctxwarden.build.pipeline)
     tools: ToolRules = field(default_factory=ToolRules)  # [tools.NAME] (steps.tool_rules)
+    cache: CacheConfig = field(default_factory=CacheConfig)  # cache-aware compaction
 
     def __post_init__(self) -> None:
         if not isinstance(self.tools, ToolRules):  # a mapping of names to rules, checked
@@ -200,6 +208,7 @@ class Policy:
             "ledger": LedgerConfig,
             "summary": SummaryTrigger,
             "recall": RecallRelevant,
+            "cache": CacheConfig,
         }
         top = {f.name for f in fields(cls)} - set(sections)
         kwargs: dict[str, Any] = {}

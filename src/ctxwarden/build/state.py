@@ -15,7 +15,8 @@ ledger block, the pinned positions found so far, the summary and facts
 (:class:`~ctxwarden.steps.layers.LayerState`), when a summary is due, what it would fold,
 and the sums its triggers test
 (:class:`~ctxwarden.memory.summary_scan.SummaryScan`: the next build adds only the new
-messages).
+messages), and what cache-aware compaction weighs (the context's tokens, its tokens after
+the last compaction, the append-only builds since: :mod:`ctxwarden.build.compaction`).
 
 Positions count messages of the list the build was given; a session translates them to
 stored sequence numbers and back (:mod:`ctxwarden.session.state`).
@@ -175,6 +176,15 @@ class BuildState:
     summary_due: SummaryDue | None = None
     recall: RecallMemo | None = None  # the recall step's last block
     summary_scan: SummaryScan | None = None  # the summary triggers' sums over the history
+    # cache-aware compaction (ctxwarden.build.compaction): the context's tokens, its tokens
+    # right after the last compaction, and the held (append-only) builds since
+    input_tokens: int = 0
+    compacted_tokens: int = 0
+    held_calls: int = 0
+    kept_from: str = ""  # the fit's drops inside the window end before this message (its id)
+    layers_sent: tuple[tuple[str, str, str], ...] = ()  # facts / summary: (layer, id, text)
+    layers_key: str = ""  # what those layers were made of (compaction.layers_key)
+    ledger_sent: str = ""  # the ledger block's text as sent (held between compactions)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-ready; :meth:`from_dict` gives back an equal state."""
@@ -193,6 +203,13 @@ class BuildState:
             "summary_due": None if self.summary_due is None else self.summary_due.to_dict(),
             "recall": None if self.recall is None else self.recall.to_dict(),
             "summary_scan": None if self.summary_scan is None else self.summary_scan.to_dict(),
+            "input_tokens": self.input_tokens,
+            "compacted_tokens": self.compacted_tokens,
+            "held_calls": self.held_calls,
+            "kept_from": self.kept_from,
+            "layers_sent": [list(t) for t in self.layers_sent],
+            "layers_key": self.layers_key,
+            "ledger_sent": self.ledger_sent,
         }
 
     @classmethod
@@ -217,6 +234,15 @@ class BuildState:
                 summary_due=None if due is None else SummaryDue.from_dict(due),
                 recall=None if recall is None else RecallMemo.from_dict(recall),
                 summary_scan=None if scan is None else SummaryScan.from_dict(scan),
+                input_tokens=int(data.get("input_tokens", 0)),
+                compacted_tokens=int(data.get("compacted_tokens", 0)),
+                held_calls=int(data.get("held_calls", 0)),
+                kept_from=str(data.get("kept_from", "")),
+                layers_sent=tuple(
+                    (str(n), str(i), str(t)) for n, i, t in data.get("layers_sent", ())
+                ),
+                layers_key=str(data.get("layers_key", "")),
+                ledger_sent=str(data.get("ledger_sent", "")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ConfigError(f"not a stored build state ({type(exc).__name__}: {exc})") from None

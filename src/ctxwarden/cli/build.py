@@ -2,12 +2,17 @@
 
 ``build`` reads a transcript and writes the context to send (OpenAI messages, or
 ``--format anthropic``) to stdout, and the audit to ``--report``. ``explain`` builds the
-same way (or reads a saved report) and prints the audit as tables.
+same way (or reads a saved report) and prints the audit as tables; then it replays the
+transcript as an agent loop (a build before every assistant message, each with the one
+before as ``previous``) and prints the loop's input cost at the model's cache prices
+against the full history with caching, and what its last build shares with the build
+before and what breaking that prefix cost.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,7 +21,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ctxwarden.build.engine import BuiltContext, build_context
+from ctxwarden.build.compaction import LoopReplay, replay_loop
+from ctxwarden.build.engine import BuiltContext, build_context, model_info
 from ctxwarden.build.policy import Policy
 from ctxwarden.cli._common import (
     RegistryOpt,
@@ -26,6 +32,8 @@ from ctxwarden.cli._common import (
     transcript_from,
 )
 from ctxwarden.errors import ConfigError
+from ctxwarden.messages import Message
+from ctxwarden.tokens.counter import TokenCounter
 
 PolicyOpt = Annotated[Path | None, typer.Option("--policy", help="Policy TOML file.")]
 BudgetOpt = Annotated[
@@ -51,7 +59,12 @@ def _build(
     summarizer: str | None,
     example: bool = False,
     registry: list[Path] | None = None,
-) -> BuiltContext:
+    loop: bool = False,
+) -> tuple[BuiltContext, LoopReplay | None]:
+    """The build of the transcript (what ``build`` sends: one build, no previous); with
+    ``loop`` (and no model summariser: it would be called at every step), also the
+    transcript replayed as an agent loop, whose last build has a previous one, and the
+    loop's cost at cache prices."""
     transcript = transcript_from(file, example)
     policy = Policy.from_toml(policy_path) if policy_path else Policy()
     if policy_path is not None and not policy_path.exists():
@@ -59,15 +72,28 @@ def _build(
     kwargs: dict[str, Any] = {}
     if summarizer is not None:
         kwargs["summarizer"] = summarizer
-    return build_context(
-        transcript.messages,
-        model,
-        budget,
-        policy=policy,
-        tools=list(transcript.tools) or None,
-        registry=registry_from(registry),
-        **kwargs,
-    )
+    reg = registry_from(registry)
+    tools = list(transcript.tools) or None
+
+    def one(history: Sequence[Message], previous: BuiltContext | None) -> BuiltContext:
+        return build_context(
+            history,
+            model,
+            budget,
+            policy=policy,
+            tools=tools,
+            registry=reg,
+            previous=previous,
+            **kwargs,
+        )
+
+    built = one(transcript.messages, None)
+    if not loop or summarizer not in (None, "offline"):
+        return built, None
+    counter = TokenCounter.for_model(model, reg)
+    prices = policy.cache.prices_for(model_info(model, reg))
+    replay = replay_loop(transcript.messages, build=one, count=counter.count_message, prices=prices)
+    return built, replay
 
 
 def build(
@@ -90,7 +116,7 @@ def build(
     if output_format not in ("openai", "anthropic"):
         raise ConfigError(f"--format must be openai or anthropic, got {output_format!r}")
     spec = summarizer_spec(summarizer, summarizer_timeout)
-    built = _build(file, model, max_input_tokens, policy, spec, example, registry)
+    built, _ = _build(file, model, max_input_tokens, policy, spec, example, registry)
     if output_format == "openai":
         payload: Any = built.to_openai()
     else:
@@ -122,10 +148,20 @@ def explain(
             raise ConfigError(f"cannot read report {from_report}: {exc}") from None
     else:
         spec = summarizer_spec(summarizer, summarizer_timeout)
-        built = _build(file, model, max_input_tokens, policy, spec, example, registry)
+        built, replay = _build(
+            file, model, max_input_tokens, policy, spec, example, registry, loop=True
+        )
         audit = built.audit.to_dict()
     console = Console()
     render_audit(audit, console)
+    if from_report is None and replay is not None:
+        console.print(
+            f"as an agent loop ({replay.cost.calls} builds, one before every assistant "
+            f"message): input cost at {replay.prices.label} "
+            f"{replay.cost_vs_full:.0%} of the full history with caching; "
+            f"{replay.cost.whole_prefix_share:.0%} of builds kept the previous context whole"
+        )
+        _render_prefix(replay.built.audit.to_dict(), console, "its last build")
     if policy is not None:
         render_tool_rules(Policy.from_toml(policy), console)
 
@@ -179,5 +215,26 @@ def render_audit(audit: dict[str, Any], console: Console) -> None:
             f"prefix cached; cacheable prefix {audit['cacheable_prefix_tokens']:,} tokens; "
             f"prompt_cache_key {audit['prompt_cache_key']}"
         )
+    _render_prefix(audit, console)
     for warning in audit["warnings"]:
         console.print(f"[yellow]warning:[/] {warning}")
+
+
+def _render_prefix(audit: dict[str, Any], console: Console, who: str = "prefix") -> None:
+    """The prefix shared with the previous build, and what breaking it cost (nothing for
+    a build without a previous one)."""
+    shared = audit.get("prefix_shared_tokens", 0)
+    broken = audit.get("prefix_break")
+    if not shared and broken is None:
+        return
+    line = f"{who}: {shared:,} of {audit['input_tokens']:,} tokens shared with the previous build"
+    if broken is None:
+        console.print(line + ("; the previous context kept whole" if shared else ""))
+        return
+    usd = broken.get("cost_usd")
+    console.print(
+        f"{line}; prefix broken at message {broken['at']} ({broken['cause']}): "
+        f"{broken['rewritten_tokens']:,} tokens rewritten, costing "
+        f"{broken['cost_units']:,.0f} input tokens' worth more than reading them"
+        + (f" (${usd:.5f})" if usd is not None else "")
+    )

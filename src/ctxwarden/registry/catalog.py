@@ -105,6 +105,13 @@ class ModelInfo:
     estimate family for the rest. ``estimate_factor`` (tokens per ``o200k_base`` token,
     measured on this model's own tokenizer) replaces the family's factor: a family can
     change tokenizer between versions (Claude Opus 4.7, see ``ctxwarden.tokens.counter``).
+
+    ``cache_min_tokens`` is the shortest prefix the provider's prompt cache stores (a
+    shorter one is billed as plain input every call); ``cache_breakpoints`` how many
+    explicit cache marks a request may carry (Anthropic's ``cache_control``: 4), ``None``
+    where the cache finds the prefix itself (OpenAI, Gemini, DeepSeek). The read and write
+    prices are ``price.cached_input`` and ``price.cache_write``
+    (:class:`~ctxwarden.registry.cache_cost.CachePrices` turns them into multipliers).
     """
 
     name: str
@@ -124,6 +131,9 @@ class ModelInfo:
         """Whether the model's chat template takes one system message, first (many local
         models' templates raise on a second): a build folds its layers into it."""
         return self.system_messages == "one"
+
+    cache_min_tokens: int = 0
+    cache_breakpoints: int | None = None
 
     @property
     def exact(self) -> bool:
@@ -338,9 +348,11 @@ _MODEL_KEYS = frozenset(
         "long_context",
         "aliases",
         "system_messages",
+        "cache",
     ]
 )
 SYSTEM_MESSAGES = ("many", "one")
+_CACHE_KEYS = frozenset({"min_tokens", "breakpoints"})
 _PRICE_KEYS = frozenset({"input", "output", "cached_input", "cache_write"})
 
 
@@ -373,7 +385,7 @@ def _merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, An
     out = dict(base)
     for key, value in override.items():
         if (
-            key in ("price", "long_context")
+            key in ("price", "long_context", "cache")
             and isinstance(value, dict)
             and isinstance(out.get(key), dict)
         ):
@@ -472,6 +484,17 @@ def _build(name: str, t: Mapping[str, Any], source: str) -> ModelInfo:
             f"must be 'many' (layers as system messages of their own) or 'one' (the chat "
             f"template takes one system message, first), got {system_messages!r}",
         )
+    cache = t.get("cache", {})
+    if not isinstance(cache, dict):
+        raise bad("cache", "must be a table like { min_tokens = 1024, breakpoints = 4 }")
+    for key in set(cache) - _CACHE_KEYS:
+        raise bad(f"cache.{key}", f"unknown field (known: {', '.join(sorted(_CACHE_KEYS))})")
+    min_tokens = cache.get("min_tokens", 0)
+    if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0:
+        raise bad("cache.min_tokens", f"must be an integer >= 0, got {min_tokens!r}")
+    marks = cache.get("breakpoints")
+    if marks is not None:
+        marks = positive_int("cache.breakpoints", marks)
     return ModelInfo(
         name=name,
         provider=provider,
@@ -484,4 +507,6 @@ def _build(name: str, t: Mapping[str, Any], source: str) -> ModelInfo:
         long_context=long_context,
         aliases=tuple(dict.fromkeys(aliases)),
         system_messages=system_messages,
+        cache_min_tokens=min_tokens,
+        cache_breakpoints=marks,
     )

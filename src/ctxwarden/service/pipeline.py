@@ -243,5 +243,7 @@ def finish(
             reply, end = None, replace(end, status="reply_not_stored")
     if reply is None:
         end_call(hub.store, end)
+        if status.startswith("upstream_"):  # unanswered: nothing of it is cached upstream
+            session.forget_sent()
     if usage is not None:
         _count_tokens(hub, call, usage)

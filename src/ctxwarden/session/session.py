@@ -630,6 +630,21 @@ class Session:
 
         return PendingLog(built, build_id, write)
 
+    def forget_sent(self) -> None:
+        """The last build's context got no answer (its call failed upstream): the provider
+        cached nothing of it, so the next build must not hold it as sent. Its sticky
+        decisions stay; what cache-aware compaction holds (the context's digests, the
+        drops inside the window) is cleared, so the next build is built as it would be
+        after no call at all (:mod:`ctxwarden.build.compaction`). Only the build this
+        process logged last is cleared: one a replica logged since is left alone."""
+        saved = self._saved
+        if saved is None or not saved.sticky.get("prefix"):
+            return
+        if dict(self.record.sticky) != dict(saved.sticky):
+            return  # another build was logged meanwhile: its context is the one sent
+        self._saved = session_state.SavedState.forgotten(saved)
+        self.store.save_sticky(self.tenant, self.session_id, self._saved.sticky)
+
     # -- embedding recall -------------------------------------------------------------------
 
     def embedder(self, spec: str) -> Embedder:

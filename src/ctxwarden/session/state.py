@@ -147,6 +147,14 @@ class SavedState:
         stored = _stored_part(state)
         return cls(_sticky(stored, seqs), stored)
 
+    @classmethod
+    def forgotten(cls, saved: SavedState) -> SavedState:
+        """``saved`` without what a build holds as sent (:meth:`Session.forget_sent`)."""
+        state = replace(saved.state, prefix=(), kept_from="")
+        fresh = state.to_dict()
+        sticky = {**saved.sticky, "prefix": fresh["prefix"], "kept_from": ""}
+        return cls(sticky, state)
+
 
 def layers_for(record: StoredSession, history: Sequence[Message], seqs: Sequence[int]) -> Any:
     """The stored summary and facts as the engine's layer state for this slice (empty

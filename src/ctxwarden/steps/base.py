@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ctxwarden.build.policy import Policy
     from ctxwarden.build.state import BuildState, SummaryDue
     from ctxwarden.memory.layer_state import LayerState
+    from ctxwarden.registry.cache_cost import CachePrices
     from ctxwarden.steps.tool_rules import ToolRules
     from ctxwarden.tokens.counter import TokenCounter
 
@@ -160,7 +161,9 @@ class StrategyContext:
     the build gives it when its window holds such a result, ``None`` otherwise and when a
     strategy is called on its own).
     ``tool_rules`` are the policy's per-tool rules (:mod:`~ctxwarden.steps.tool_rules`;
-    ``None``: none).
+    ``None``: none). ``compacting`` says the build rewrites
+    the context anyway (:mod:`ctxwarden.build.compaction`): an edit a strategy would
+    batch for later is cheapest now, in the same move.
     """
 
     count: Callable[[Message], int]
@@ -171,6 +174,7 @@ class StrategyContext:
     count_text: Callable[[str], int] | None = None  # a bare string, when the caller has one
     newest_room: int | None = None
     tool_rules: ToolRules | None = None
+    compacting: bool = False  # a cache-aware compaction: apply every pending edit now
 
 
 @dataclass(frozen=True)
@@ -224,7 +228,9 @@ class Draft:
     refuse (an unanswered call, an orphan result); ``protected`` ids no step may drop
     (the newest user message and the newest tool-call block, which are ``anchors``: not
     even eviction removes those, and pinned messages in the window). The layout step fills
-    ``ordered``, ``layer_of`` and ``breakpoints``.
+    ``ordered``, ``layer_of`` and ``breakpoints``. ``compact`` is set by a step of a
+    held build (:attr:`StepContext.hold`) that found a rewrite worth its cost: the engine
+    then compacts (:mod:`ctxwarden.build.compaction`).
     """
 
     history: Sequence[Message]
@@ -251,6 +257,8 @@ class Draft:
     layer_of: Mapping[str, str] = field(default_factory=dict)
     breakpoints: tuple[str, ...] = ()
     folded: tuple[tuple[str, str], ...] = ()  # (layer, text) folded into the system prompt
+    compact: str | None = None  # what a held build held back (the engine weighs a rewrite)
+    kept_from: str = ""  # the first message kept after the fit's drops inside the window
 
     def but(self, **changes: Any) -> Draft:
         """A copy with ``changes`` (drafts are never mutated). Steps make several per
@@ -278,7 +286,9 @@ class StepContext:
     """What a step may read: the counter, the budget, the policy, the previous build's
     state, the summary and facts to show, and the earlier-entities seed. ``fixed`` is
     what the context costs whatever the steps do: reply priming, tool definitions and
-    the system prompt."""
+    the system prompt. ``hold`` marks a build between compactions: the editing steps send
+    every message the previous context held as it was sent (cache-aware compaction,
+    :mod:`ctxwarden.build.compaction`), weighing a change at ``prices`` with ``growth``."""
 
     counter: TokenCounter
     budget: int
@@ -293,6 +303,10 @@ class StepContext:
     facts_text: str | None = None
     one_system: bool = False  # the model takes one system message: layers fold into it
     vectors: Any = None  # RecallVectors (steps.recall_fusion): embedding recall's input
+    hold: bool = False  # between compactions: what was sent is sent again as it was
+    prices: CachePrices | None = None  # the model's cache prices (the rewrite decision)
+    growth: float = 0.0  # tokens a call adds, on average since the last compaction
+    compacting: bool = False  # a held build could not be sent: this one rewrites
 
     def count(self, message: Message) -> int:
         return self.counter.count_message(message)

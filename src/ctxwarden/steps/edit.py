@@ -9,14 +9,18 @@ steps (the ledger reads them), so no step reads another's private message metada
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ctxwarden.messages import Message
 from ctxwarden.steps.base import (
+    Action,
     Draft,
     StepContext,
     StepResult,
     Strategy,
     StrategyContext,
+    StrategyResult,
     edit_marker,
 )
 from ctxwarden.steps.newest import newest_room, unanswered_results
@@ -52,8 +56,15 @@ class EditStep:
             # costs a walk of the window to measure (twice a build: truncate and mask)
             newest_room=newest_room(draft, ctx) if unanswered_results(draft.window) else None,
             tool_rules=ctx.policy.tools or None,
+            compacting=ctx.compacting,
         )
         result = self.strategy(list(draft.window), sctx)
+        compact = draft.compact
+        if ctx.hold and len(result.messages) == len(draft.window):
+            messages, actions, why = hold_sent(draft, result.messages, result.actions, ctx)
+            result = StrategyResult(messages, actions, result.warnings)
+            if why is not None and compact is None:
+                compact = f"{self.name}: {why}"
         edits = dict(draft.edits)
         for action in result.actions:
             if action.action in ("masked", "truncated"):
@@ -65,5 +76,34 @@ class EditStep:
             for m in result.messages:
                 if m.id in cut and "values_listed" in m.meta and "masked_from" not in m.meta:
                     edits[m.id] = edit_marker(edits[m.id].action, listed=True)
-        new = draft.but(window=tuple(result.messages), edits=edits)
+        new = draft.but(window=tuple(result.messages), edits=edits, compact=compact)
         return StepResult(new, tuple(result.actions), tuple(result.warnings))
+
+
+def hold_sent(
+    draft: Draft, out: Sequence[Message], actions: Sequence[Action], ctx: StepContext
+) -> tuple[list[Message], list[Action], str | None]:
+    """Between compactions (cache-aware, :mod:`ctxwarden.build.compaction`): a window
+    message the previous context sent as it was is sent so again, whatever the strategy
+    now makes of it (a mask landing on an older result, a cut of a result once sent
+    whole). Returns the messages, the actions that stand, and what was held back
+    (``None``: nothing), which the engine weighs against the cost of a rewrite."""
+    from ctxwarden.build.state import PREFIX_DIGITS
+
+    sent = frozenset(ctx.previous.prefix)
+    held = list(out)
+    reverted: list[str] = []
+    for i, (before, after) in enumerate(zip(draft.window, out, strict=True)):
+        if after is before or after.fingerprint[:PREFIX_DIGITS] in sent:
+            continue
+        if before.fingerprint[:PREFIX_DIGITS] in sent:
+            held[i] = before
+            reverted.append(before.id)
+    if not reverted:
+        return held, list(actions), None
+    gone = set(reverted)
+    return (
+        held,
+        [a for a in actions if a.message_id not in gone],
+        f"{len(reverted)} sent message(s) held as they were",
+    )

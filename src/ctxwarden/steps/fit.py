@@ -4,7 +4,9 @@ The budget left for the window is what the system prompt, the layers, the pinned
 messages and the entity ledger leave; the ledger grows as the window drops messages, so
 the two are settled together in a few rounds. When the window must move it moves far
 enough to fill only ``window.refill_ratio`` of its room, so the next turns append without
-moving it again and consecutive requests share a byte-identical prefix.
+moving it again and consecutive requests share a byte-identical prefix; a cache-aware
+compaction (:mod:`ctxwarden.build.compaction`) takes it down to that low-water mark even
+when it still fits, since the context is rewritten anyway.
 
 A block is dropped whole; protected blocks (the newest user message, the newest tool-call
 block, pinned and critical messages) are never dropped here. Pinned blocks the new window
@@ -24,8 +26,8 @@ from dataclasses import dataclass
 
 from ctxwarden.build.pairing import Block, group_blocks
 from ctxwarden.messages import Message
-from ctxwarden.steps.base import Action, Draft, StepContext, StepResult
-from ctxwarden.steps.ledger import LedgerBuilder, ledger_cap, ledger_from
+from ctxwarden.steps.base import Action, Draft, StepContext, StepResult, system_block
+from ctxwarden.steps.ledger import LEDGER_ID, LedgerBuilder, ledger_cap, ledger_from
 from ctxwarden.steps.window import is_pinned
 
 __all__ = [
@@ -71,6 +73,8 @@ class FitStep:
     name: str = "fit"
 
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
+        original = draft.window
+        draft, earlier = sticky_drops(draft, ctx)
         h = draft.history
         # the window's blocks (and positions) are made only once something must go: most
         # builds fit as they are, and then the window is the draft's, message for message
@@ -83,7 +87,7 @@ class FitStep:
         )
         fixed = ctx.fixed + ctx.total([m for _, m in draft.layers])
         limit = ctx.policy.window.max_messages
-        actions: list[Action] = []
+        actions: list[Action] = list(earlier)
         start, pinned = draft.start, list(draft.pinned)
         ledger: Message | None = None
         for _ in range(4):
@@ -91,6 +95,9 @@ class FitStep:
             window = draft.window if blocks is None else [m for b in blocks for m in b.messages]
             edited = ledger_sources(current, window)
             ledger = builder.render(h, first, start, pinned, edited)
+            held = held_ledger(start, ctx)
+            if held is not None:
+                ledger = held
             room = (
                 ctx.budget
                 - fixed
@@ -99,24 +106,89 @@ class FitStep:
             )
             used = ctx.total(window)  # the blocks' messages, in order
             over_count = limit is not None and capped_count(window, draft) > limit
-            if used <= room and not over_count:
+            low = int(room * ctx.policy.window.refill_ratio)
+            if used <= room and not over_count and not (ctx.compacting and used > low):
                 break
-            target = int(room * ctx.policy.window.refill_ratio) if used > room else room
+            # the window must move, or a compaction rewrites it anyway: down to the
+            # low-water mark, so the next turns append without moving it again
+            target = low if used > room or ctx.compacting else room
             if blocks is None:
                 blocks, pos = group_blocks(draft.window), window_positions(draft)
             blocks, dropped = _drop_oldest(blocks, target, draft, limit, ctx)
             actions.extend(dropped)
             start, pinned = _new_start(blocks, pos, start, pinned, draft)
             blocks = [b for b in blocks if pos[b.head.id] >= start]  # the rest is pinned now
+        window = draft.window if blocks is None else tuple(m for b in blocks for m in b.messages)
         new = draft.but(
             start=start,
             pinned=tuple(pinned),
-            window=draft.window if blocks is None else tuple(m for b in blocks for m in b.messages),
+            window=window,
             ledger=ledger,
             ledger_from=first,
             ledger_memo=builder.memo,
+            kept_from=_kept_from(original, window, actions),
         )
         return StepResult(new, tuple(actions))
+
+
+EARLIER = "window (earlier build)"
+"""The strategy of the drops :func:`sticky_drops` repeats: not a move of this build."""
+
+
+def sticky_drops(draft: Draft, ctx: StepContext) -> tuple[Draft, tuple[Action, ...]]:
+    """Blocks an earlier build dropped from inside the window stay dropped.
+
+    The window never starts after the newest user message, so in a long turn (a coding
+    agent's one task, then hundreds of tool calls) the fit drops blocks *inside* the
+    window and its start stays put. Without memory the next build would take them back and
+    drop them again, moving the prefix at every call; the previous state's ``kept_from``
+    (the first message kept after such drops, by id) keeps every unprotected block before
+    it out, so the context stays append-only until the next compaction."""
+    keep_from = ctx.previous.kept_from if ctx.previous.history_length else ""
+    if not keep_from:
+        return draft, ()
+    cut = next((i for i, m in enumerate(draft.window) if m.id == keep_from), 0)
+    if cut == 0:
+        return draft, ()
+    kept: list[Message] = []
+    actions: list[Action] = []
+    for block in group_blocks(draft.window[:cut]):
+        if any(m.id in draft.protected for m in block.messages):
+            kept.extend(block.messages)
+            continue
+        actions.extend(
+            Action(m.id, "dropped", "left the window in an earlier build", ctx.count(m), 0, EARLIER)
+            for m in block.messages
+        )
+    if not actions:
+        return draft, ()
+    return draft.but(window=(*kept, *draft.window[cut:])), tuple(actions)
+
+
+def _kept_from(
+    original: Sequence[Message], window: Sequence[Message], actions: Sequence[Action]
+) -> str:
+    """The id of the first message kept after the last window message dropped (from
+    ``original``, the window before the fit); ``""`` when none was dropped, or none kept
+    after."""
+    dropped = {a.message_id for a in actions if a.action == "dropped"}
+    if not dropped:
+        return ""
+    kept = {m.id for m in window}
+    last = max((i for i, m in enumerate(original) if m.id in dropped), default=-1)
+    return next((m.id for m in original[last + 1 :] if m.id in kept), "")
+
+
+def held_ledger(start: int, ctx: StepContext) -> Message | None:
+    """Between compactions (``ctx.hold``, :mod:`ctxwarden.build.compaction`) the ledger
+    block is the one the previous context sent (kept in its state, so a replica holds the
+    same), while the window has not moved: a new result cut on arrival adds its values at
+    the next compaction, not by rewriting the ledger (and everything after it) now.
+    ``None``: send the one just rendered."""
+    previous = ctx.previous
+    if not ctx.hold or previous.window_start != start or not previous.ledger_sent:
+        return None
+    return system_block(previous.ledger_sent, LEDGER_ID)
 
 
 def _new_start(

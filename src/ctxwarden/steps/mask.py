@@ -15,7 +15,10 @@ put until another ``batch_tokens`` of maskable output has piled up beyond the
 ``keep_last`` window, then jumps past all of it at once, so consecutive builds share a
 byte-identical prefix. This depends only on the messages (no state), and because
 messages are only appended, a result once masked stays masked; an earlier build's
-decisions (``ctx.sticky``) are honoured as well.
+decisions (``ctx.sticky``) are honoured as well. A cache-aware compaction
+(``ctx.compacting``, :mod:`ctxwarden.build.compaction`) masks every maskable result at
+once: the context is rewritten anyway, and what is masked in the same move need not
+break the prefix again later.
 """
 
 from __future__ import annotations
@@ -133,7 +136,9 @@ class MaskObservations:
 
         over_budget = None if not self.only_over_budget else ctx.total(messages) > ctx.budget
         applied: tuple[list[Message], list[Action]] | None = None
-        if maskable and over_budget is not False:
+        if maskable and ctx.compacting:  # the prefix is rewritten anyway: mask them all now
+            to_mask.update(maskable)
+        elif maskable and over_budget is not False:
             sizes = [ctx.count(messages[i]) for i in maskable]
             step = self.batch_tokens
             reached = sum(sizes) // step * step if step else sum(sizes)

@@ -52,10 +52,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"LoCoMo answer recall at {args.budget:,} tokens (gpt-4o counts), {args.locomo}")
     for name, r in result.items():
         extra = f"  over budget {r['over_budget']}  errors {r['errors']}" if "errors" in r else ""
+        cost = (
+            f"  cost vs full+cache {r['cache_cost_vs_full']:.0%} (OpenAI-style "
+            f"{r['cache_cost_vs_full_openai']:.0%}, model's prices "
+            f"{r['cache_cost_vs_full_model']:.0%}), vs sawtooth {r['cache_cost_vs_sawtooth']:.0%}"
+            f", whole-prefix calls {r['whole_prefix_share']:.0%}"
+            if "cache_cost_vs_full" in r
+            else ""
+        )
         print(
             f"{name:26} recall {r['answer_recall']:.4f}  reduction {r['reduction']:6.1%}  "
             f"max input {max(r['input_tokens_per_turn'], default=0):,}  questions "
-            f"{r['questions']}{extra}"
+            f"{r['questions']}{extra}{cost}"
         )
     ours = result["ctxwarden"]
     print(f"ctxwarden: {ours['summarizer']}; policy {ours.get('policy', 'bench loop')}")

@@ -1,0 +1,217 @@
+"""Cache-aware compaction (R21): prices from the registry, the append-only builds between
+compactions on the library's and the session's path, the audit's prefix breaks, and the
+dev traces' cost at Anthropic cache prices against the full history with caching."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ctxwarden import build_context
+from ctxwarden.bench.retention import engine_builder, sawtooth_builder
+from ctxwarden.build.compaction import CacheConfig
+from ctxwarden.build.policy import Policy
+from ctxwarden.build.state import BuildState
+from ctxwarden.errors import ConfigError
+from ctxwarden.messages import Message, ToolCall
+from ctxwarden.registry import Registry, get_model
+from ctxwarden.registry.cache_cost import (
+    ANTHROPIC,
+    OPENAI,
+    CachePrices,
+    CallPrefix,
+    rewrite_pays,
+    session_cache_cost,
+)
+from ctxwarden.session.session import Session
+
+DATA = Path(os.environ.get("CTXWARDEN_DATA", Path(__file__).parents[2] / "shared" / "data"))
+TAU = DATA / "tau-bench" / "airline-gpt-4o-dev.json"
+SWEBENCH = DATA / "swebench-mini" / "swebench-verified-mini-gemini3-dev.json"
+
+
+# -- prices --------------------------------------------------------------------------------
+
+
+def test_registry_cache_rules_and_prices_as_multipliers() -> None:
+    sonnet = get_model("claude-sonnet-4-5")
+    assert (sonnet.cache_min_tokens, sonnet.cache_breakpoints) == (1024, 4)
+    prices = CachePrices.for_model(sonnet)
+    assert (round(prices.read, 3), round(prices.write, 3), prices.min_tokens) == (0.1, 1.25, 1024)
+    gpt = CachePrices.for_model(get_model("gpt-4o"))
+    assert (gpt.read, gpt.write, get_model("gpt-4o").cache_breakpoints) == (0.5, 1.0, None)
+    local = CachePrices.for_model(get_model("llama3.1:8b"))  # no prices: no cache discount
+    assert (local.read, local.write, local.min_tokens) == (1.0, 1.0, 0)
+    with pytest.raises(ConfigError, match=r"cache\.min_tokens"):
+        Registry.builtin().with_overrides('[models."gpt-4o"]\ncache = { min_tokens = -1 }')
+    with pytest.raises(ConfigError, match=r"cache\.ttl.*unknown"):
+        Registry.builtin().with_overrides('[models."gpt-4o"]\ncache = { ttl = 5 }')
+
+
+def test_a_call_pays_reads_for_its_shared_prefix_and_writes_for_the_rest() -> None:
+    assert ANTHROPIC.call(1000, 800) == pytest.approx(0.1 * 800 + 1.25 * 200)
+    assert OPENAI.call(1000, 800) == pytest.approx(0.1 * 800 + 200)
+    short = CachePrices(0.1, 1.25, min_tokens=1024)
+    assert short.call(1000, 800) == pytest.approx(1250)  # under the minimum: nothing cached
+    calls = [CallPrefix(100, 0, False), CallPrefix(150, 100, True), CallPrefix(120, 50, False)]
+    cost = session_cache_cost(calls, ANTHROPIC)
+    assert cost.units == pytest.approx(125 + (10 + 62.5) + (5 + 87.5))
+    assert (cost.whole_prefix_calls, cost.later_calls, cost.whole_prefix_share) == (1, 2, 0.5)
+
+
+def test_a_rewrite_pays_when_the_tokens_it_frees_are_read_often_enough() -> None:
+    # (1.25 - 0.1) * 1,000 = 1,150 against 0.1 * 500 * calls
+    assert not rewrite_pays(2000, 1000, 500, 20, ANTHROPIC)
+    assert rewrite_pays(2000, 1000, 500, 30, ANTHROPIC)
+    assert rewrite_pays(100, 500, 10, 0, CachePrices(0.1, 1.25, 1024))  # never cached anyway
+
+
+def test_the_cache_section_of_a_policy() -> None:
+    policy = Policy.from_toml('[cache]\nappend_only = false\nprices = "openai"\n')
+    assert policy.cache == CacheConfig(append_only=False, prices="openai")
+    with pytest.raises(ConfigError, match=r"cache\.prices"):
+        Policy.from_toml('[cache]\nprices = "cheap"\n')
+
+
+# -- the build -----------------------------------------------------------------------------
+
+
+def agent_run(steps: int, result_tokens: int = 120) -> list[Message]:
+    """A tool-calling agent: each step a call and a result with a fresh id in it."""
+    out = [Message.system("You look up orders. " * 20, id="s"), Message.user("Find order 1.")]
+    for i in range(steps):
+        call = ToolCall(f"c{i}", "lookup", json.dumps({"order": f"ORD-{1000 + i}"}))
+        out.append(Message.assistant("", (call,), id=f"a{i}"))
+        body = f"order ORD-{1000 + i} for customer CUST-{7000 + i}: " + "item " * result_tokens
+        out.append(Message.tool(body, f"c{i}", id=f"t{i}"))
+    return out
+
+
+def loop(history: list[Message], budget: int, policy: Policy | None = None) -> list:  # type: ignore[type-arg]
+    builds = []
+    previous = None
+    for k, m in enumerate(history):
+        if m.role == "assistant":
+            previous = build_context(
+                history[:k], "gpt-4o", budget, policy=policy, previous=previous
+            )
+            builds.append(previous)
+    return builds
+
+
+def test_between_compactions_every_build_keeps_the_previous_context_whole() -> None:
+    builds = loop(agent_run(40), 2500)
+    breaks = [b.audit.prefix_break for b in builds[1:] if b.audit.prefix_break is not None]
+    whole = [b for b in builds[1:] if b.audit.prefix_break is None]
+    assert breaks and len(whole) > 2 * len(breaks)  # compactions are rare
+    for before, after in itertools.pairwise(builds):
+        if after.audit.prefix_break is None:  # append-only: the old context is a prefix
+            assert after.messages[: len(before.messages)] == before.messages
+            assert after.audit.prefix_shared_tokens >= before.audit.input_tokens - 3
+        else:
+            assert after.state.held_calls == 0
+    for b in breaks:  # each break says where, why and what it cost
+        assert b.cause and b.rewritten_tokens > 0 and b.cost_units > 0 and b.cost_usd
+    # a compaction shrinks to the low-water mark, so it is followed by appends
+    assert all(b.audit.input_tokens <= 2500 for b in builds)
+    assert any("window must move" in b.cause for b in breaks)
+
+
+def test_without_append_only_the_prefix_moves_more_often_and_costs_more() -> None:
+    run = agent_run(80)
+    held = loop(run, 2000)
+    eager = loop(run, 2000, Policy(cache=CacheConfig(append_only=False)))
+    n_held = sum(b.audit.prefix_break is not None for b in held)
+    n_eager = sum(b.audit.prefix_break is not None for b in eager)
+    assert 2 * n_held < n_eager
+
+    def cost(builds: list) -> float:  # type: ignore[type-arg]
+        calls = [
+            CallPrefix(b.audit.input_tokens, b.audit.prefix_shared_tokens, False) for b in builds
+        ]
+        return session_cache_cost(calls, ANTHROPIC).units
+
+    assert cost(held) < 0.7 * cost(eager)
+
+
+def test_the_compaction_state_round_trips() -> None:
+    builds = loop(agent_run(12), 2500)
+    state = builds[-1].state
+    assert state.input_tokens == builds[-1].audit.input_tokens
+    again = BuildState.from_dict(json.loads(json.dumps(state.to_dict())))
+    assert again == state
+    assert BuildState.from_dict({"history_length": 3}).held_calls == 0  # an older state
+
+
+def test_a_session_builds_the_same_append_only_contexts(tmp_path: Path) -> None:
+    run = agent_run(30)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    previous = None
+    with Session(url, "agent") as s:
+        s.append(run[:2])
+        for k in range(2, len(run)):
+            if run[k].role == "assistant":
+                built = s.build(max_input_tokens=2500)
+                previous = build_context(run[:k], "gpt-4o", 2500, previous=previous)
+                assert built.to_openai() == previous.to_openai()
+                assert built.audit.prefix_break == previous.audit.prefix_break
+            s.append([run[k]])
+    assert previous is not None and previous.state.held_calls >= 0
+
+
+def test_explain_shows_the_prefix_and_the_loop_cost(tmp_path: Path) -> None:
+    from ctxwarden.cli.main import app
+    from ctxwarden.formats.openai import messages_to_openai
+
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(messages_to_openai(agent_run(30))), encoding="utf-8")
+    result = CliRunner().invoke(app, ["explain", str(path), "-b", "2500"])
+    assert result.exit_code == 0, result.output
+    assert "shared with the previous build" in result.output
+    assert "of the full history with caching" in result.output
+
+
+# -- the dev traces ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TAU.exists(), reason=f"tau-bench data not found at {TAU}")
+@pytest.mark.parametrize("budget", [2000, 4000])
+def test_default_builds_cost_less_than_the_full_history_with_caching_on_tau(budget: int) -> None:
+    """The 120 dev runs as an agent loop, the default policy for gpt-4o (its rewrites
+    weighed at gpt-4o's 0.5x / 1x). Measured at Anthropic prices: 96% @2,000, 102% @4,000
+    (fails: issue 37's target is below 100% at every budget)."""
+    from ctxwarden.bench.traces import load_tau_bench, tau_retention
+
+    ours = tau_retention(load_tau_bench(TAU), budget, engine_builder())
+    assert ours.cost.anthropic < ours.cost.full_anthropic
+    assert ours.cost.openai < ours.cost.full_openai
+    assert ours.violations == 0 and ours.over_budget == 0
+    assert ours.retention >= 0.995
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SWEBENCH.exists(), reason=f"swebench-mini data not found at {SWEBENCH}")
+@pytest.mark.parametrize("budget", [4000, 8000])
+def test_default_builds_cost_less_than_the_full_history_with_caching_on_coding(
+    budget: int,
+) -> None:
+    """The 44 dev runs as an agent loop, the default policy for gpt-4o. Measured at
+    Anthropic prices: 77% @4,000, 93% @8,000 (fails: the target is <= 70% @8,000, at or
+    below the sawtooth window's 69%; at gpt-4o's own prices 29% and 42%)."""
+    from ctxwarden.bench.swebench import load_swebench, swebench_retention
+
+    runs = load_swebench(SWEBENCH)
+    ours = swebench_retention(runs, budget, engine_builder())
+    assert ours.cost.anthropic < ours.cost.full_anthropic
+    assert ours.violations == 0 and ours.over_budget == 0
+    if budget == 8000:
+        assert ours.cost.anthropic <= 0.70 * ours.cost.full_anthropic
+        saw = swebench_retention(runs, budget, sawtooth_builder())
+        assert ours.retention > saw.retention
+        assert ours.cost.anthropic <= ours.cost.sawtooth_anthropic
