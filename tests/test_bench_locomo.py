@@ -11,13 +11,6 @@ from typing import Any
 
 import pytest
 
-from ctxwarden.bench.metrics import EngineStrategy
-from ctxwarden.bench.traces import (
-    load_locomo,
-    locomo_recall,
-    locomo_transcript,
-    locomo_trigger,
-)
 from ctxwarden.build.engine import build_context
 from ctxwarden.build.policy import Policy
 from ctxwarden.errors import ConfigError
@@ -25,6 +18,13 @@ from ctxwarden.llm.offline import OfflineSummarizer
 from ctxwarden.memory.cycle import STORE_BUDGETS
 from ctxwarden.messages import Message
 from ctxwarden.tokens.counter import TokenCounter
+from ctxwarden_bench.metrics import EngineStrategy
+from ctxwarden_bench.traces import (
+    load_locomo,
+    locomo_recall,
+    locomo_transcript,
+    locomo_trigger,
+)
 
 BUDGET = 4000
 

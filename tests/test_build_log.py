@@ -7,13 +7,13 @@ import json
 from service_harness import db_url
 
 from ctxwarden import Session
-from ctxwarden.bench.proxy import conversation
 from ctxwarden.session.build_log import context_rows
 from ctxwarden.session.session import count_key
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.base import json_text
 from ctxwarden.store.service_tables import build_context, list_builds, record_build
 from ctxwarden.tokens.counter import TokenCounter
+from ctxwarden_bench.proxy import conversation
 
 __all__ = ["db_url"]  # the store fixture: SQLite, and PostgreSQL when configured
 

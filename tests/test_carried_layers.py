@@ -15,7 +15,6 @@ from test_integration_common import load_replay
 
 import ctxwarden
 from ctxwarden import Message
-from ctxwarden.bench.swebench import load_swebench
 from ctxwarden.build.carried import (
     Carried,
     layer_name,
@@ -26,6 +25,7 @@ from ctxwarden.build.carried import (
 from ctxwarden.errors import BudgetError
 from ctxwarden.formats.anthropic import messages_from_anthropic, messages_to_anthropic
 from ctxwarden.integrations._common import ContextBuilder
+from ctxwarden_bench.swebench import load_swebench
 
 SWEBENCH = SHARED_DATA / "swebench-mini" / "swebench-verified-mini-gemini3-dev.json"
 

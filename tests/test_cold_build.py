@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from ctxwarden import Message, Policy, build_context
-from ctxwarden.bench.traces import load_tau_bench
-from ctxwarden.bench.traffic import agent_traffic
 from ctxwarden.build.policy import LedgerConfig
 from ctxwarden.errors import ConfigError
 from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.steps.ledger import LOOKBACK_CHARS_PER_TOKEN, MIN_LOOKBACK
+from ctxwarden_bench.traces import load_tau_bench
+from ctxwarden_bench.traffic import agent_traffic
 
 UNBOUNDED = Policy()
 BOUNDED = Policy(ledger=LedgerConfig(lookback_budgets=3.0))

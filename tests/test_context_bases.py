@@ -13,13 +13,13 @@ from typing import Any
 from service_harness import db_url
 
 from ctxwarden import Session
-from ctxwarden.bench.proxy import conversation
 from ctxwarden.build.engine import BuiltContext
 from ctxwarden.formats.openai import message_from_openai
 from ctxwarden.session.build_log import ContextMemo, context_delta, context_rows, context_utf8
 from ctxwarden.store import StoredMessage
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.service_tables import build_context, list_builds
+from ctxwarden_bench.proxy import conversation
 
 __all__ = ["db_url"]  # the store fixture: SQLite, and PostgreSQL when configured
 

@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 
 from ctxwarden import Policy, build_context
-from ctxwarden.bench.proxy import conversation
-from ctxwarden.bench.random_histories import random_history
 from ctxwarden.formats.openai import message_from_openai
 from ctxwarden.messages import Message
 from ctxwarden.session.build_log import ContextMemo, context_rows, context_utf8
@@ -21,6 +19,8 @@ from ctxwarden.store import StoredMessage
 from ctxwarden.store.base import json_text
 from ctxwarden.store.service_tables import build_context as logged_context
 from ctxwarden.store.service_tables import delete_session
+from ctxwarden_bench.proxy import conversation
+from ctxwarden_bench.random_histories import random_history
 
 
 def _stored(history: list[Message]) -> list[StoredMessage]:

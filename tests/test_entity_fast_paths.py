@@ -162,7 +162,7 @@ def test_the_longest_fitting_prefix_is_the_one_a_binary_search_finds(
 ) -> None:
     # a name with a space makes its line comma-separated: the estimate of every one-word
     # value on that line is a comma short, so renders search for the prefix that fits
-    from ctxwarden.bench.traffic import agent_traffic
+    from ctxwarden_bench.traffic import agent_traffic
 
     found = [e for m in islice(agent_traffic(3), 400) for e in entities.extract_entities(m)]
     spaced = [

@@ -27,7 +27,7 @@ from conftest import REPO, TAU_BENCH
 
 import ctxwarden
 from ctxwarden import Message, TokenCounter, pairing_problems, validate_pairing
-from ctxwarden.bench.traces import ID_KEYS, json_leaves
+from ctxwarden_bench.traces import ID_KEYS, json_leaves
 
 MODEL = "gpt-4o"
 BUDGET = 4000

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from ctxwarden.bench.proxy import conversation
 from ctxwarden.build.engine import build_context
 from ctxwarden.formats.openai import message_from_openai, messages_to_openai
 from ctxwarden.formats.openai_json import (
@@ -19,6 +18,7 @@ from ctxwarden.formats.openai_json import (
     object_json_bytes,
 )
 from ctxwarden.messages import Message
+from ctxwarden_bench.proxy import conversation
 
 
 def _plain(messages: list[Message]) -> str:

@@ -10,8 +10,6 @@ from typing import Any
 import pytest
 
 from ctxwarden import Session, Usage
-from ctxwarden.bench.proxy import conversation, history_at
-from ctxwarden.bench.proxy_upstream import REPLY_TEXT
 from ctxwarden.errors import InvalidMessageError
 from ctxwarden.formats import message_from_openai, openai_json
 from ctxwarden.service.config import ServiceConfig
@@ -30,6 +28,8 @@ from ctxwarden.store.service_tables import (
     list_builds,
     tenant_by_key_hash,
 )
+from ctxwarden_bench.proxy import conversation, history_at
+from ctxwarden_bench.proxy_upstream import REPLY_TEXT
 
 
 def test_key_memo_gives_every_message_its_own_key() -> None:

@@ -30,7 +30,7 @@ HANDLE = re.compile(r"cw:msg:[\w:.-]+")
 def swebench_run() -> list[Message]:
     if not SWEBENCH.exists():
         pytest.skip(f"swebench-mini data not found at {SWEBENCH} (set CTXWARDEN_DATA)")
-    from ctxwarden.bench.swebench import load_swebench
+    from ctxwarden_bench.swebench import load_swebench
 
     return load_swebench(SWEBENCH)[5]  # a run where a masked result is needed later
 

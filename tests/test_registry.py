@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from ctxwarden.bench.calibrate import claude_version, ctok_version, registry_check
 from ctxwarden.errors import ConfigError, UnknownModelError, UsageError
 from ctxwarden.registry.catalog import ModelInfo, Registry, get_model, load_registry
+from ctxwarden_bench.calibrate import claude_version, ctok_version, registry_check
 
 REQUIRED = [
     "gpt-4o",

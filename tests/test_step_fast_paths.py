@@ -11,12 +11,12 @@ import random
 
 import pytest
 
-from ctxwarden.bench.random_histories import random_history
 from ctxwarden.messages import Message
 from ctxwarden.steps.base import StrategyContext
 from ctxwarden.steps.mask import MaskObservations
 from ctxwarden.steps.truncate import TruncateToolResults
 from ctxwarden.tokens.counter import TokenCounter
+from ctxwarden_bench.random_histories import random_history
 
 COUNTER = TokenCounter.for_model("gpt-4o")
 

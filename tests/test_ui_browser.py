@@ -21,9 +21,9 @@ import pytest
 from service_harness import ProxyServer, add_tenant, cli, db_url
 
 from ctxwarden import Session
-from ctxwarden.bench.traces import load_tau_bench
 from ctxwarden.memory.entities import extract_entities
 from ctxwarden.store.service_tables import BuildRecord, build_context, list_builds
+from ctxwarden_bench.traces import load_tau_bench
 
 __all__ = ["db_url"]
 

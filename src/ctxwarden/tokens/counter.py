@@ -29,7 +29,7 @@ class; the rest by its Latin factor; a message is rounded up once. ASCII text sk
 scan (one ``str.isascii``); other text costs three regex ``findall`` passes over runs
 (about 1.1 ms per 40k characters of Polish, 0.65 ms with two, next to 4.5 ms of
 encoding). Calibration, measured 2026-11-29 with
-``python -m ctxwarden.bench.calibrate`` (pooled ratio family tokens / o200k_base tokens,
+``python -m ctxwarden_bench.calibrate`` (pooled ratio family tokens / o200k_base tokens,
 rounded *up* to 2 decimals so budgets err safe; ``--check`` compares the table). Latin:
 the distinct message texts and tool-call arguments of the tau-bench airline dev file (184k
 o200k tokens), the LoCoMo dev dialogue turns (102k) and built-in code (365). Cyrillic
@@ -140,7 +140,7 @@ class ScriptFactors:
     latin_ext: float  # Latin letters with diacritics (Polish, Czech, ...): U+00C0..U+024F, U+1Exx
 
 
-# Measured by ``python -m ctxwarden.bench.calibrate`` (rounded up; ``--check`` compares
+# Measured by ``python -m ctxwarden_bench.calibrate`` (rounded up; ``--check`` compares
 # this table with what it measures). Unmeasured families keep one round figure for all.
 SCRIPT_FACTORS: dict[str, ScriptFactors] = {
     "claude": ScriptFactors(1.09, 1.31, 1.36, 1.19),  # ctok v3 (Claude 3 .. 4.6)
