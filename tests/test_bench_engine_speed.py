@@ -14,7 +14,7 @@ from itertools import islice
 
 import pytest
 
-from ctxwarden.build.pairing import group_blocks
+from ctxwarden.core.pairing import group_blocks
 from ctxwarden_bench import engine_speed, trim_baseline
 from ctxwarden_bench.traffic import session_calls
 

@@ -27,13 +27,13 @@ from llm_servers import (
 from typer.testing import CliRunner
 
 from ctxwarden.cli.main import app
-from ctxwarden.errors import ConfigError
+from ctxwarden.core.errors import ConfigError
+from ctxwarden.core.messages import Message, ToolCall
+from ctxwarden.core.registry.cost import estimate_cost
+from ctxwarden.core.registry.usage import Usage
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.formats.openai import message_from_openai
 from ctxwarden.llm import OpenAICompatible, RetryPolicy
-from ctxwarden.messages import Message, ToolCall
-from ctxwarden.registry.cost import estimate_cost
-from ctxwarden.registry.usage import Usage
-from ctxwarden.tokens.counter import TokenCounter
 from ctxwarden_bench.metrics import OursStrategy
 from ctxwarden_bench.real_agent import ToolAgent
 from ctxwarden_bench.report import run_bench

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ctxwarden.messages import Message, ToolCall
+from ctxwarden.core.messages import Message, ToolCall
 from ctxwarden_bench.retention import (
     Mentions,
     call_retention,

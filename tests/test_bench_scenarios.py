@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ctxwarden.build.pairing import pairing_problems
-from ctxwarden.messages import Message, ToolCall
-from ctxwarden.tokens.counter import TokenCounter
+from ctxwarden.core.messages import Message, ToolCall
+from ctxwarden.core.pairing import pairing_problems
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden_bench.metrics import common_prefix_tokens, plain_window, reduction_table
 from ctxwarden_bench.scenarios_agent_chat import run_agent_chat
 from ctxwarden_bench.scenarios_laptop import (

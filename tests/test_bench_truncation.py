@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ctxwarden.kinds import load_json
+from ctxwarden.core.kinds import load_json
 from ctxwarden_bench import coding_truncation, hostile
 
 

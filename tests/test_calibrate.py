@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from ctxwarden.tokens.counter import (
+from ctxwarden.core.tokens.counter import (
     O200K_PER_CHAR,
     SCRIPT_FACTORS,
     ScriptFactors,
     TokenCounter,
     script_chars,
 )
-from ctxwarden.tokens.encodings import get_encoding
+from ctxwarden.core.tokens.encodings import get_encoding
 from ctxwarden_bench.calibrate import (
     CJK,
     CODE,

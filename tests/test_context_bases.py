@@ -13,8 +13,8 @@ from typing import Any
 from service_harness import db_url
 
 from ctxwarden import Session
-from ctxwarden.build.engine import BuiltContext
 from ctxwarden.formats.openai import message_from_openai
+from ctxwarden.pipeline.engine import BuiltContext
 from ctxwarden.session.build_log import ContextMemo, context_delta, context_rows, context_utf8
 from ctxwarden.store import StoredMessage
 from ctxwarden.store._sql import SqlStore

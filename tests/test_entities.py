@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from ctxwarden.core.messages import Message, ToolCall
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.formats import messages_from_openai
 from ctxwarden.memory.entities import (
     Entity,
@@ -18,8 +20,6 @@ from ctxwarden.memory.entities import (
     extract_from_text,
 )
 from ctxwarden.memory.entity_ledger import EntityLedger, rank
-from ctxwarden.messages import Message, ToolCall
-from ctxwarden.tokens.counter import TokenCounter
 from ctxwarden_bench.traces import json_leaves
 
 count = TokenCounter.for_model("gpt-4o").count_text

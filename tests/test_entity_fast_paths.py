@@ -15,14 +15,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctxwarden.build.engine import build_context
+from ctxwarden.core.messages import Message
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.memory import entities, entity_ledger
 from ctxwarden.memory.entities import Entity
 from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.memory.entity_patterns import NEEDS, PATTERNS
-from ctxwarden.messages import Message
+from ctxwarden.pipeline.engine import build_context
 from ctxwarden.steps.ledger import ledger_of
-from ctxwarden.tokens.counter import TokenCounter
 
 count = TokenCounter.for_model("gpt-4o").count_text
 

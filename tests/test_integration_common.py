@@ -216,7 +216,7 @@ def test_importing_ctxwarden_loads_no_framework() -> None:
 def test_a_missing_extra_names_itself(module: str, blocked: str, extra: str) -> None:
     code = (
         f"import sys; sys.modules[{blocked!r}] = None\n"
-        "from ctxwarden.errors import MissingDependencyError\n"
+        "from ctxwarden.core.errors import MissingDependencyError\n"
         "try:\n"
         f"    import ctxwarden.integrations.{module}\n"
         "except MissingDependencyError as exc:\n"

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ctxwarden import BuildState, build_context
-from ctxwarden.errors import BudgetError
+from ctxwarden.core.errors import BudgetError
 from ctxwarden_bench.random_histories import check_build, random_history
 from ctxwarden_bench.sweep import sweep
 

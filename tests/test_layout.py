@@ -68,8 +68,8 @@ def test_the_import_graph_is_read() -> None:
     graph = _graph()
     assert len(graph) > 100
     assert "ctxwarden.steps.ledger" in graph["ctxwarden.steps.fit"]  # a plain import
-    assert "ctxwarden.build.engine" in graph["ctxwarden.session.session"]  # in a function
-    assert "ctxwarden.build.policy" in graph["ctxwarden.session.session"]  # TYPE_CHECKING
+    assert "ctxwarden.pipeline.engine" in graph["ctxwarden.session.session"]  # in a function
+    assert "ctxwarden.pipeline.policy" in graph["ctxwarden.session.session"]  # TYPE_CHECKING
 
 
 def test_no_import_circles() -> None:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ctxwarden import Message, Policy, ToolCall, WindowConfig, build_context
-from ctxwarden.errors import BudgetError
+from ctxwarden.core.errors import BudgetError
 from ctxwarden.steps.mask import MaskObservations
 from ctxwarden_bench.random_histories import check_build, random_history
 from ctxwarden_bench.spare_budget import reference_build, spare_budget_problems

@@ -15,11 +15,11 @@ import pytest
 
 import ctxwarden
 from ctxwarden import BuildState, Message, Policy, ToolCall, WindowConfig, build_context
-from ctxwarden.build.pairing import pairing_problems
-from ctxwarden.build.state import PREFIX_DIGITS
-from ctxwarden.errors import BudgetError, ConfigError
+from ctxwarden.core.errors import BudgetError, ConfigError
+from ctxwarden.core.pairing import pairing_problems
 from ctxwarden.formats.openai import messages_from_openai, messages_to_openai
 from ctxwarden.steps.drop_tagged import DropTagged
+from ctxwarden.steps.state import PREFIX_DIGITS
 from ctxwarden_bench.proxy import conversation
 from ctxwarden_bench.traces import load_tau_bench
 

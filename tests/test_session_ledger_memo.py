@@ -6,8 +6,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from ctxwarden.build.policy import Policy
 from ctxwarden.formats.openai import message_from_openai
+from ctxwarden.pipeline.policy import Policy
 from ctxwarden.session.session import Session
 from ctxwarden_bench.proxy import conversation
 

@@ -32,9 +32,9 @@ from service_harness import (
 )
 
 from ctxwarden import Session, build_context
+from ctxwarden.core.messages import Message
 from ctxwarden.formats.anthropic import messages_from_anthropic, messages_to_anthropic
 from ctxwarden.formats.openai import message_to_openai
-from ctxwarden.messages import Message
 from ctxwarden_bench.session_path import (
     SessionBuilder,
     compare_paths,

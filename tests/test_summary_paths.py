@@ -24,7 +24,7 @@ from service_harness import PG_SKIP, ProxyServer, add_tenant
 from test_replicas import Worker
 from test_session_paths import BUDGETS, SUBSET, _check, _runs
 
-from ctxwarden.messages import Message
+from ctxwarden.core.messages import Message
 from ctxwarden.store import open_store
 from ctxwarden.store.job_log import job_attempts
 from ctxwarden_bench.session_path import locomo_paths, sent, session_locomo_path

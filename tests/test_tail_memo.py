@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ctxwarden.core.messages import Message
 from ctxwarden.formats.openai import message_from_openai
-from ctxwarden.messages import Message
 from ctxwarden.session.session import Session
 from ctxwarden.session.tail_memo import TailMemo, with_tail
 from ctxwarden.store import StoredMessage

@@ -291,7 +291,7 @@ def test_without_opentelemetry_the_library_runs_and_never_imports_it(tmp_path: P
         f"""
         import json, os
         from ctxwarden import Session, build_context
-        from ctxwarden.errors import ConfigError
+        from ctxwarden.core.errors import ConfigError
         from ctxwarden.store import open_store
         from ctxwarden.telemetry import configure_from_env
 

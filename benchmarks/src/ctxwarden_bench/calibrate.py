@@ -1,4 +1,4 @@
-"""Measure the estimate factors of :data:`ctxwarden.tokens.counter.SCRIPT_FACTORS`.
+"""Measure the estimate factors of :data:`ctxwarden.core.tokens.counter.SCRIPT_FACTORS`.
 
 ``python -m ctxwarden_bench.calibrate`` counts a fixed corpus with every offline tokenizer
 it can import and prints, per family and per kind of text, the ratio
@@ -36,7 +36,7 @@ Cyrillic (Ukrainian/Russian) and CJK (Chinese/Japanese) samples below, extended 
 MariaDB error messages and GnuPG help when installed), give the Cyrillic and CJK factors;
 the built-in Polish samples, the seeds' Polish paragraphs and the Polish texts of the same
 Debian files give the ``latin-ext`` one (Latin letters with diacritics); all three give
-:data:`ctxwarden.tokens.counter.O200K_PER_CHAR`.
+:data:`ctxwarden.core.tokens.counter.O200K_PER_CHAR`.
 
 A factor is a ratio rounded *up* to 2 decimals (:func:`estimate_factor`); a family with two
 tokenizers takes the larger (:func:`script_factors`). Claude changed tokenizer at 4.7, so
@@ -44,7 +44,7 @@ its factor is per model (``estimate_factor`` in the registry, the Latin factor):
 routes a Claude version below 4.7 to v3 and 4.7 or later to the v4.7 vocabulary (v4.8
 reuses it under another frame, which is removed here), and :func:`registry_check` reads the
 version in each registry Claude name the same way. ``--check`` exits 1 unless
-:data:`ctxwarden.tokens.counter.SCRIPT_FACTORS` and ``O200K_PER_CHAR`` equal what is measured now
+:data:`ctxwarden.core.tokens.counter.SCRIPT_FACTORS` and ``O200K_PER_CHAR`` equal what is measured now
 and every registry Claude model's factor equals its version's Latin factor. Measured
 2026-11-29: v3 Latin 1.0896 -> 1.09 (all 11 registry Claude models, Claude 3 .. 4.5),
 v4.7 1.4506 -> 1.46 (no registry model: the registry lists no Claude 4.7 or later).
@@ -63,15 +63,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ctxwarden.registry.catalog import Registry
-from ctxwarden.tokens.counter import (
+from ctxwarden.core.registry.catalog import Registry
+from ctxwarden.core.tokens.counter import (
     O200K_PER_CHAR,
     SCRIPT_FACTORS,
     ScriptFactors,
     TokenCounter,
     script_chars,
 )
-from ctxwarden.tokens.encodings import get_encoding
+from ctxwarden.core.tokens.encodings import get_encoding
 
 __all__ = [
     "Family",
@@ -458,14 +458,14 @@ def measure(
 
 
 SCRIPT_KINDS = ("latin", "cyrillic", "cjk", "latin-ext")
-"""The :class:`ctxwarden.tokens.counter.ScriptFactors` fields, in order, as measured kinds."""
+"""The :class:`ctxwarden.core.tokens.counter.ScriptFactors` fields, in order, as measured kinds."""
 
 
 def script_factors(
     fams: Sequence[Family], table: Mapping[str, Mapping[str, float]]
 ) -> dict[str, ScriptFactors]:
     """Per family, the Latin / Cyrillic / CJK / Latin-with-diacritics factors (the largest
-    over its tokenizers, so budgets err safe), as :data:`ctxwarden.tokens.counter.SCRIPT_FACTORS`
+    over its tokenizers, so budgets err safe), as :data:`ctxwarden.core.tokens.counter.SCRIPT_FACTORS`
     should hold them."""
     out: dict[str, ScriptFactors] = {}
     for family in dict.fromkeys(f.family for f in fams if f.for_factor):
@@ -479,7 +479,7 @@ def script_factors(
 def o200k_per_char(kinds: Mapping[str, Sequence[str]], base: Count) -> ScriptFactors:
     """o200k tokens per Cyrillic letter (over the ``cyrillic`` kind), per CJK character
     (over ``cjk``) and per Latin letter with a diacritic (over ``latin-ext``), rounded up:
-    :data:`ctxwarden.tokens.counter.O200K_PER_CHAR`."""
+    :data:`ctxwarden.core.tokens.counter.O200K_PER_CHAR`."""
     per = []
     for index, kind in enumerate(SCRIPT_KINDS[1:]):
         chars = sum(script_chars(t)[index] for t in kinds[kind])

@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ctxwarden.core.messages import Message, ToolCall
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.formats.openai import messages_from_openai
-from ctxwarden.messages import Message, ToolCall
-from ctxwarden.tokens.counter import TokenCounter
 
 __all__ = ["CountCacheResult", "build_history", "find_tau_bench", "main", "run"]
 

@@ -23,7 +23,7 @@ ctxwarden is timed three ways, since they answer different questions:
   than ``trim_messages`` at 100); printed with the garbage collector's share of it (the
   history just made is young: a full collection). Beside it, two ways a stateless replica
   meets a session it has not seen, each in a new process: the build from the previous
-  build's stored :class:`~ctxwarden.build.state.BuildState` (JSON), and
+  build's stored :class:`~ctxwarden.steps.state.BuildState` (JSON), and
   :meth:`~ctxwarden.Session.build` of a stored SQLite session (read the row, the slice
   that can fit and the state, build, log the build) — a session's state is stored with
   it, so this, not the cold build, is what a replica pays for a stored session. And
@@ -66,10 +66,10 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from ctxwarden.build.engine import BuiltContext, build_context
-from ctxwarden.build.policy import LedgerConfig, Policy
-from ctxwarden.messages import Message
-from ctxwarden.tokens.counter import TokenCounter
+from ctxwarden.core.messages import Message
+from ctxwarden.core.tokens.counter import TokenCounter
+from ctxwarden.pipeline.engine import BuiltContext, build_context
+from ctxwarden.pipeline.policy import LedgerConfig, Policy
 from ctxwarden_bench.count_cache import build_history, find_tau_bench
 from ctxwarden_bench.engine_speed_report import print_report
 from ctxwarden_bench.prefix_stability import prefix_stability
@@ -283,7 +283,7 @@ def _fresh_state(source: str, n: int, budget: int, seed: int, runs: int) -> dict
 def _fresh_state_child(
     source: str, n: int, budget: int, seed: int, state_file: str
 ) -> dict[str, float]:
-    from ctxwarden.build.state import BuildState
+    from ctxwarden.steps.state import BuildState
 
     build_context([Message.system("Hi."), Message.user("Warm-up 42.")], MODEL, 500)  # tokenizer
     history = history_source(source, n, seed)[0]

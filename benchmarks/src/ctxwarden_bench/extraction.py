@@ -16,8 +16,8 @@ import json
 import time
 from collections.abc import Callable, Sequence
 
+from ctxwarden.core.messages import Message, ToolCall
 from ctxwarden.memory.entities import extract_entities
-from ctxwarden.messages import Message, ToolCall
 
 __all__ = ["SHAPES", "main", "time_shapes"]
 

@@ -125,7 +125,7 @@ def _history(text: str) -> list[dict[str, Any]]:
 def _child(shape: str, size: int, mode: str) -> dict[str, Any]:
     """Run one measurement in this (fresh) process."""
     import ctxwarden
-    from ctxwarden.tokens.counter import TokenCounter
+    from ctxwarden.core.tokens.counter import TokenCounter
 
     counter = TokenCounter.for_model("gpt-4o")
     counter.count_text("warm up the tokenizer")

@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from ctxwarden.errors import UsageError
+from ctxwarden.core.errors import UsageError
 
 __all__ = ["ModelRunner", "describe_failure"]
 

@@ -4,7 +4,7 @@ Every scenario produces, per strategy, the list of messages sent at each turn. F
 those lists alone this module computes what the report shows:
 
 * input tokens per turn, counted exactly (OpenAI models) by one shared
-  :class:`~ctxwarden.tokens.counter.TokenCounter`, whose per-message cache makes a 50-turn run
+  :class:`~ctxwarden.core.tokens.counter.TokenCounter`, whose per-message cache makes a 50-turn run
   cost O(new messages) per turn;
 * the seeds' "% of Basic" and "reduction vs Basic" tables at chosen turns;
 * the prompt-cache share: for each pair of consecutive calls the longest common prefix,
@@ -25,9 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ctxwarden.messages import Message
-from ctxwarden.registry.usage import Usage
-from ctxwarden.tokens.counter import TokenCounter
+from ctxwarden.core.messages import Message
+from ctxwarden.core.registry.usage import Usage
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.tune.measures import common_prefix_tokens, plain_window
 from ctxwarden_bench.summarizers import Account, BenchSummarizer, Summarizer, get_summarizer
 
@@ -91,7 +91,7 @@ def price_run(
     Summariser calls cost ``summarizer_cost`` dollars when given (a real summariser,
     priced at its own model), else ``summarizer_usage`` priced at ``model``.
     """
-    from ctxwarden.registry.cost import estimate_cost
+    from ctxwarden.core.registry.cost import estimate_cost
 
     tools_tokens = counter.count_tools(tools) if tools else 0
     per_turn: list[int] = []
@@ -171,7 +171,7 @@ def reduction_table(
 class OursStrategy:
     """ctxwarden's own pipeline as an agent loop runs it: facts from each new user message
     (rule-based offline, one model call with a real summariser), a rolling summary when
-    ``trigger`` fires, then :func:`ctxwarden.build.engine.build_context` with the previous
+    ``trigger`` fires, then :func:`ctxwarden.pipeline.engine.build_context` with the previous
     build for sticky decisions. A failed summary or extraction changes nothing (the
     window holds every message it can; the next trigger tries again) and is counted in
     :attr:`account`.
@@ -245,7 +245,7 @@ class OursStrategy:
         return list(self._build(history).messages)
 
     def _build(self, history: Sequence[Message]) -> Any:
-        from ctxwarden.build.engine import build_context
+        from ctxwarden.pipeline.engine import build_context
         from ctxwarden.steps.layers import facts_layer_text
 
         covered = self.state.covered_ids
@@ -303,11 +303,11 @@ class EngineStrategy:
         return list(self.built(history).messages)
 
     def built(self, history: Sequence[Message]) -> Any:
-        """:meth:`build`'s :class:`~ctxwarden.build.engine.BuiltContext` (audit included)."""
+        """:meth:`build`'s :class:`~ctxwarden.pipeline.engine.BuiltContext` (audit included)."""
         return self._build(history)
 
     def _build(self, history: Sequence[Message]) -> Any:
-        from ctxwarden.build.engine import build_context
+        from ctxwarden.pipeline.engine import build_context
 
         built = build_context(
             list(history),

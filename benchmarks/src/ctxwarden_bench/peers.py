@@ -30,10 +30,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ctxwarden.errors import MissingDependencyError
+from ctxwarden.core.errors import MissingDependencyError
+from ctxwarden.core.messages import Message
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.formats.openai import messages_from_openai, messages_to_openai
-from ctxwarden.messages import Message
-from ctxwarden.tokens.counter import TokenCounter
 
 __all__ = ["PEERS", "PeerBuilder", "peer_builders"]
 

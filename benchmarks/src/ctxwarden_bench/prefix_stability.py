@@ -15,9 +15,9 @@ import json
 import statistics
 from typing import Any
 
-from ctxwarden.build.engine import BuiltContext, build_context
-from ctxwarden.build.policy import Policy
-from ctxwarden.tokens.counter import TokenCounter
+from ctxwarden.core.tokens.counter import TokenCounter
+from ctxwarden.pipeline.engine import BuiltContext, build_context
+from ctxwarden.pipeline.policy import Policy
 from ctxwarden_bench.traffic import session_calls
 
 __all__ = ["prefix_stability"]

@@ -493,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give one --steps value per --clients value")
     tmp = tempfile.TemporaryDirectory(prefix="ctxwarden-bench-proxy-")
     db = args.db or f"sqlite:///{Path(tmp.name) / 'bench.db'}"
-    from ctxwarden.errors import CtxwardenError
+    from ctxwarden.core.errors import CtxwardenError
     from ctxwarden.service.keys import hash_key, new_key, shown_prefix
     from ctxwarden.store.service_tables import add_tenant
 

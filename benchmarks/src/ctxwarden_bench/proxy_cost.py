@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cold and args.callgrind:
         ap.error("--cold is a CPU figure: a flushed cache changes no instruction count")
     if args.db and args.child is None:  # said here, not as a measured process's traceback
-        from ctxwarden.errors import CtxwardenError
+        from ctxwarden.core.errors import CtxwardenError
         from ctxwarden.store import open_store
 
         try:

@@ -14,9 +14,9 @@ import json
 import random
 from collections.abc import Sequence
 
-from ctxwarden.build.engine import BuiltContext
-from ctxwarden.build.pairing import group_blocks, pairing_problems
-from ctxwarden.messages import Message, ToolCall
+from ctxwarden.core.messages import Message, ToolCall
+from ctxwarden.core.pairing import group_blocks, pairing_problems
+from ctxwarden.pipeline.engine import BuiltContext
 from ctxwarden.steps.window import newest_call_block, newest_user
 
 __all__ = ["check_build", "random_history"]

@@ -25,10 +25,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ctxwarden.errors import ConfigError, ProviderError, RuntimeFailure
-from ctxwarden.messages import Message, ToolCall
-from ctxwarden.registry.usage import Usage
-from ctxwarden.tokens.counter import TokenCounter
+from ctxwarden.core.errors import ConfigError, ProviderError, RuntimeFailure
+from ctxwarden.core.messages import Message, ToolCall
+from ctxwarden.core.registry.usage import Usage
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden_bench.live import ModelRunner
 
 __all__ = ["AGENT_PROVIDERS", "MAX_TOOL_ROUNDS", "Conversation", "ToolAgent", "agent_client"]

@@ -60,8 +60,8 @@ def _scenario_json(result: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _priced(r: dict[str, Any]) -> dict[str, Any]:
-    from ctxwarden.registry.cost import estimate_cost
-    from ctxwarden.registry.usage import Usage
+    from ctxwarden.core.registry.cost import estimate_cost
+    from ctxwarden.core.registry.usage import Usage
 
     r["cost_usd"] = r["effective_cost_usd"] = round(
         estimate_cost(Usage(input_tokens=r["total_input_tokens"]), "gpt-4o"), 6
@@ -172,8 +172,8 @@ def _locomo_paths(convs: list[dict[str, Any]], progress: Progress) -> dict[str, 
 
 
 def _locomo(path: Path, progress: Progress, summarizer: BenchSummarizer) -> dict[str, Any]:
-    from ctxwarden.registry.cost import estimate_cost
-    from ctxwarden.registry.usage import Usage
+    from ctxwarden.core.registry.cost import estimate_cost
+    from ctxwarden.core.registry.usage import Usage
 
     convs = load_locomo(path)
     result = locomo_recall(

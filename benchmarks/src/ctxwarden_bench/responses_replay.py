@@ -40,8 +40,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from ctxwarden.core.messages import Message
 from ctxwarden.formats.responses import message_items, messages_from_responses
-from ctxwarden.messages import Message
 from ctxwarden.session import Session
 from ctxwarden.store import open_store
 from ctxwarden_bench.coding_truncation import find_traces

@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ctxwarden.messages import Message
-from ctxwarden.tokens.counter import REPLY_PRIMING, TokenCounter
+from ctxwarden.core.messages import Message
+from ctxwarden.core.tokens.counter import REPLY_PRIMING, TokenCounter
 from ctxwarden.tune.measures import (
     Builder,
     EngineBuilder,

@@ -24,9 +24,9 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ctxwarden.messages import Message, ToolCall
-from ctxwarden.registry.usage import Usage
-from ctxwarden.tokens.counter import TokenCounter
+from ctxwarden.core.messages import Message, ToolCall
+from ctxwarden.core.registry.usage import Usage
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden_bench.metrics import OursStrategy, price_strategy
 from ctxwarden_bench.scenarios_laptop import SEED_POLICY
 from ctxwarden_bench.summarizers import Account, BenchSummarizer, SummarizerSpec, summarizer_for
@@ -381,7 +381,7 @@ def _run(
     rounds: int,
     progress: Callable[[str], None] | None,
 ) -> dict[str, Any]:
-    from ctxwarden.errors import ConfigError
+    from ctxwarden.core.errors import ConfigError
     from ctxwarden.memory.summaries import SummaryTrigger
 
     if rounds < 1:

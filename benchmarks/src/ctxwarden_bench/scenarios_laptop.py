@@ -18,7 +18,7 @@ the full history so far to the messages sent, as the seed's agent does:
   prompt and a user message "Summary of the conversation so far: ..." (rolling: the
   next summary merges the previous one).
 * ``OMask+Summ``: both, masking first, as the seed does.
-* ``ctxwarden``: :func:`ctxwarden.build.policy.build_context` with the default policy.
+* ``ctxwarden``: :func:`ctxwarden.pipeline.policy.build_context` with the default policy.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from ctxwarden.build.policy import Policy
-from ctxwarden.errors import ConfigError, InvalidMessageError
-from ctxwarden.messages import Message, ToolCall
+from ctxwarden.core.errors import ConfigError, InvalidMessageError
+from ctxwarden.core.messages import Message, ToolCall
+from ctxwarden.core.tokens.counter import TokenCounter
+from ctxwarden.pipeline.policy import Policy
 from ctxwarden.steps.truncate import TruncateToolResults
-from ctxwarden.tokens.counter import TokenCounter
 from ctxwarden_bench.metrics import OursStrategy, price_strategy, reduction_table
 from ctxwarden_bench.summarizers import Account, BenchSummarizer, SummarizerSpec, summarizer_for
 
@@ -435,7 +435,7 @@ def _play_real(
     progress: Callable[[str], None] | None,
 ) -> tuple[dict[str, list[list[Message]]], dict[str, dict[str, Any]]]:
     """Each strategy's own conversation with the real agent (see :mod:`.real_agent`)."""
-    from ctxwarden.registry.cost import estimate_cost
+    from ctxwarden.core.registry.cost import estimate_cost
     from ctxwarden_bench.summarizers import registry_price
 
     priced_as, _ = registry_price(agent.model)

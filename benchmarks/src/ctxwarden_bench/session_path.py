@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ctxwarden.core.messages import Message
 from ctxwarden.formats.openai import message_to_openai
-from ctxwarden.messages import Message
 from ctxwarden_bench.metrics import plain_window
 from ctxwarden_bench.retention import EngineBuilder
 
@@ -45,7 +45,7 @@ class SessionBuilder:
     id whenever the messages do not extend the last run's). ``summarizer`` (a spec such
     as ``"offline"``) is run with ``Session.summarize_sync`` before each build, as the
     worker does when the proxy finds a summary due. A build the budget cannot hold
-    (:class:`~ctxwarden.errors.BudgetError`) counts in ``errors`` and the plain window is
+    (:class:`~ctxwarden.core.errors.BudgetError`) counts in ``errors`` and the plain window is
     sent instead, as :class:`~ctxwarden_bench.retention.EngineBuilder` does."""
 
     def __init__(
@@ -108,7 +108,7 @@ class SessionBuilder:
     def __call__(
         self, before: Sequence[Message], counts: Sequence[int], budget: int
     ) -> list[Message]:
-        from ctxwarden.errors import BudgetError
+        from ctxwarden.core.errors import BudgetError
 
         try:
             self.last = self.build(before, budget)
@@ -162,7 +162,7 @@ def compare_paths(
     """Replay ``runs`` at every model call through ``reference`` (the in-memory build)
     and each of ``paths`` (``(messages before the call, budget) -> BuiltContext``), and
     compare what each sends with the reference's, message for message."""
-    from ctxwarden.errors import BudgetError
+    from ctxwarden.core.errors import BudgetError
 
     checks = {name: PathCheck() for name in paths}
     for n, run in enumerate(runs):
@@ -256,7 +256,7 @@ def locomo_paths(
     that many of each conversation, all by default). Messages carry the ids a store
     gives them (``m<seq>``), the question last."""
     from ctxwarden import build_context
-    from ctxwarden.tokens.counter import TokenCounter
+    from ctxwarden.core.tokens.counter import TokenCounter
     from ctxwarden_bench.traces import _vocabulary, answer_recall, locomo_transcript
 
     counter = TokenCounter.for_model(model)

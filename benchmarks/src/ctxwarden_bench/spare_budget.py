@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ctxwarden.build.engine import BuiltContext, build_context
-from ctxwarden.messages import Message
+from ctxwarden.core.messages import Message
+from ctxwarden.pipeline.engine import BuiltContext, build_context
 
 __all__ = [
     "SPARE",
@@ -44,7 +44,7 @@ def ledger_reserve(reference: BuiltContext, budget: int, policy: Any = None) -> 
     the policy reserves (:func:`~ctxwarden.steps.ledger.ledger_cap`)."""
     if "ctxwarden:ledger" not in reference.layers:
         return 0
-    from ctxwarden.build.policy import LedgerConfig
+    from ctxwarden.pipeline.policy import LedgerConfig
 
     cfg = getattr(policy, "ledger", None) or LedgerConfig()
     layers = reference.audit.layers

@@ -33,11 +33,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ctxwarden.messages import Message
+from ctxwarden.core.messages import Message
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.session.session import Session, count_key
 from ctxwarden.store import SessionStore, open_store
 from ctxwarden.store.ledger_checkpoint import LEDGER_BACKFILL
-from ctxwarden.tokens.counter import TokenCounter
 
 __all__ = ["Row", "main", "measure"]
 

@@ -26,11 +26,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ctxwarden.errors import RuntimeFailure, UnknownModelError
+from ctxwarden.core.errors import RuntimeFailure, UnknownModelError
+from ctxwarden.core.messages import Message
+from ctxwarden.core.registry.usage import Usage
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.memory.facts import Facts, FactSchema
-from ctxwarden.messages import Message
-from ctxwarden.registry.usage import Usage
-from ctxwarden.tokens.counter import TokenCounter
 from ctxwarden_bench.live import ModelRunner, describe_failure
 
 __all__ = [
@@ -191,7 +191,7 @@ class BenchSummarizer:
 
     def cost(self, usage: Usage, scenario_model: str) -> float:
         """Dollars for ``usage`` of this summariser (see ``priced_as``)."""
-        from ctxwarden.registry.cost import estimate_cost
+        from ctxwarden.core.registry.cost import estimate_cost
 
         if not usage.calls:
             return 0.0
@@ -222,7 +222,7 @@ class BenchSummarizer:
 
 def registry_price(model: Any) -> tuple[str | None, str]:
     """``(registry name or None, how calls are priced)`` for a model client."""
-    from ctxwarden.registry.catalog import get_model
+    from ctxwarden.core.registry.catalog import get_model
 
     name = str(getattr(model, "model", None) or getattr(model, "name", "model"))
     try:
@@ -240,7 +240,7 @@ ready :class:`BenchSummarizer`."""
 def get_summarizer(spec: SummarizerSpec = "offline") -> BenchSummarizer:
     """The :class:`BenchSummarizer` for a spec or object (see :data:`SummarizerSpec`).
 
-    A bad spec or a missing key is a :class:`~ctxwarden.errors.ConfigError` raised here,
+    A bad spec or a missing key is a :class:`~ctxwarden.core.errors.ConfigError` raised here,
     before any scenario runs.
     """
     from ctxwarden.llm.base import ChatModel
@@ -266,7 +266,7 @@ def get_summarizer(spec: SummarizerSpec = "offline") -> BenchSummarizer:
     if callable(spec):
         name = getattr(spec, "__name__", type(spec).__name__)
         return BenchSummarizer(str(name), write=spec)
-    from ctxwarden.errors import ConfigError
+    from ctxwarden.core.errors import ConfigError
 
     raise ConfigError(
         f"a bench summariser is 'offline', a provider spec (openai:gpt-4o-mini, ...), a "

@@ -25,9 +25,9 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from ctxwarden.errors import InvalidMessageError
+from ctxwarden.core.errors import InvalidMessageError
+from ctxwarden.core.messages import Message
 from ctxwarden.formats.openai import messages_from_openai
-from ctxwarden.messages import Message
 from ctxwarden.tune.measures import distinctive, needed_tokens
 from ctxwarden_bench.retention import (
     Builder,

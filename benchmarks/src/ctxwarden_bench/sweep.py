@@ -27,9 +27,9 @@ import time
 from collections import Counter
 from typing import Any
 
-from ctxwarden.build.engine import build_context
-from ctxwarden.build.policy import Policy, WindowConfig
-from ctxwarden.errors import BudgetError
+from ctxwarden.core.errors import BudgetError
+from ctxwarden.pipeline.engine import build_context
+from ctxwarden.pipeline.policy import Policy, WindowConfig
 from ctxwarden.steps.mask import MaskObservations
 from ctxwarden_bench.random_histories import check_build, random_history
 from ctxwarden_bench.spare_budget import reference_build, spare_budget, spare_budget_problems

@@ -12,7 +12,7 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-from ctxwarden.messages import Message, ToolCall
+from ctxwarden.core.messages import Message, ToolCall
 
 __all__ = ["agent_traffic", "session_calls"]
 

@@ -10,8 +10,8 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ctxwarden.messages import Message
-from ctxwarden.tokens.counter import TokenCounter
+from ctxwarden.core.messages import Message
+from ctxwarden.core.tokens.counter import TokenCounter
 
 __all__ = ["langchain_messages", "trim_messages_timer"]
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ctxwarden.messages import Message
+from ctxwarden.core.messages import Message
 from ctxwarden.session import session as session_module
 from ctxwarden.session.session import Session
 from ctxwarden.store.service_tables import list_builds

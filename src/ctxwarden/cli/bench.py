@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.markdown import Markdown
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from ctxwarden.errors import ConfigError, UsageError
+from ctxwarden.core.errors import ConfigError, UsageError
 
 DEFAULT_DATA = Path("..") / "shared" / "data"
 INSTALL_HINT = (

@@ -15,8 +15,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ctxwarden.build.engine import BuiltContext, build_context
-from ctxwarden.build.policy import Policy
 from ctxwarden.cli._common import (
     RegistryOpt,
     SummarizerTimeoutOpt,
@@ -24,7 +22,9 @@ from ctxwarden.cli._common import (
     summarizer_spec,
     transcript_from,
 )
-from ctxwarden.errors import ConfigError
+from ctxwarden.core.errors import ConfigError
+from ctxwarden.pipeline.engine import BuiltContext, build_context
+from ctxwarden.pipeline.policy import Policy
 
 PolicyOpt = Annotated[Path | None, typer.Option("--policy", help="Policy TOML file.")]
 BudgetOpt = Annotated[

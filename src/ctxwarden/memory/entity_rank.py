@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ctxwarden.caching import memoize
+from ctxwarden.core.caching import memoize
 from ctxwarden.memory.entities import CATEGORY_TIERS, date_key
 
 __all__ = [

@@ -19,14 +19,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from ctxwarden.caching import memoize
-from ctxwarden.messages import Message
+from ctxwarden.core.caching import memoize
+from ctxwarden.core.messages import Message
 
 if TYPE_CHECKING:
-    from ctxwarden.build.policy import Policy
-    from ctxwarden.build.state import BuildState, SummaryDue
+    from ctxwarden.core.tokens.counter import TokenCounter
     from ctxwarden.memory.layer_state import LayerState
-    from ctxwarden.tokens.counter import TokenCounter
+    from ctxwarden.pipeline.policy import Policy
+    from ctxwarden.steps.state import BuildState, SummaryDue
 
 __all__ = [
     "Action",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ctxwarden.core.tokens.counter import REPLY_PRIMING
 from ctxwarden.steps.base import (
     Draft,
     StepContext,
@@ -20,7 +21,6 @@ from ctxwarden.steps.base import (
     edit_marker,
 )
 from ctxwarden.steps.newest import newest_room
-from ctxwarden.tokens.counter import REPLY_PRIMING
 
 __all__ = ["EditStep"]
 

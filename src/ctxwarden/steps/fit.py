@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ctxwarden.build.pairing import Block, group_blocks
-from ctxwarden.messages import Message
+from ctxwarden.core.messages import Message
+from ctxwarden.core.pairing import Block, group_blocks
 from ctxwarden.steps.base import Action, Draft, StepContext, StepResult
 from ctxwarden.steps.ledger import LedgerBuilder, ledger_cap, ledger_from
 from ctxwarden.steps.window import is_pinned

@@ -23,12 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ctxwarden.caching import BoundedCache
-from ctxwarden.errors import ConfigError
-from ctxwarden.messages import Message
+from ctxwarden.core.caching import BoundedCache
+from ctxwarden.core.errors import ConfigError
+from ctxwarden.core.handles import handle_for
+from ctxwarden.core.messages import Message
+from ctxwarden.core.tokens.counter import counting_key
 from ctxwarden.steps.base import Action, StrategyContext, StrategyResult, same_action
-from ctxwarden.steps.handles import handle_for
-from ctxwarden.tokens.counter import counting_key
 
 __all__ = ["DEFAULT_PLACEHOLDER", "MaskObservations"]
 

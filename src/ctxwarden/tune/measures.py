@@ -22,9 +22,9 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ctxwarden.build.pairing import group_blocks, pairing_problems
-from ctxwarden.messages import Message
-from ctxwarden.tokens.counter import REPLY_PRIMING, TokenCounter
+from ctxwarden.core.messages import Message
+from ctxwarden.core.pairing import group_blocks, pairing_problems
+from ctxwarden.core.tokens.counter import REPLY_PRIMING, TokenCounter
 
 __all__ = [
     "ID_KEYS",
@@ -112,7 +112,7 @@ class EngineBuilder:
     given its previous build of the same run, as an agent loop calls it; else every
     build is cold (no ``previous``), as after a restart. ``summarizer`` (a spec such as
     ``"offline"``) is passed to ``build_context``. A build that raises
-    :class:`~ctxwarden.errors.BudgetError` (the budget cannot hold the system prompt
+    :class:`~ctxwarden.core.errors.BudgetError` (the budget cannot hold the system prompt
     and the newest turn) is counted in ``errors`` and the plain window is sent instead,
     as a caller's fallback would."""
 
@@ -155,7 +155,7 @@ class EngineBuilder:
     def __call__(
         self, before: Sequence[Message], counts: Sequence[int], budget: int
     ) -> list[Message]:
-        from ctxwarden.errors import BudgetError
+        from ctxwarden.core.errors import BudgetError
 
         try:
             built = self.build(before, budget)

@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ctxwarden.build.policy import Policy
-from ctxwarden.messages import Message
-from ctxwarden.tokens.counter import REPLY_PRIMING, TokenCounter
+from ctxwarden.core.messages import Message
+from ctxwarden.core.tokens.counter import REPLY_PRIMING, TokenCounter
+from ctxwarden.pipeline.policy import Policy
 from ctxwarden.tune.measures import (
     EngineBuilder,
     Mentions,
@@ -231,7 +231,7 @@ class _SummarizingBuilder:
         self, before: Sequence[Message], counts: Sequence[int], budget: int
     ) -> list[Message]:
         from ctxwarden import build_context
-        from ctxwarden.errors import BudgetError
+        from ctxwarden.core.errors import BudgetError
 
         try:
             self._built = build_context(

@@ -41,7 +41,7 @@ then one build per question (the question is the newest user message). With no
 ``summary_share`` set the summary view fills what the system line, facts, the
 unsummarised tail and the ledger's cap leave (:func:`~ctxwarden.steps.layers.fill_room`),
 out of a store of two budgets of sentences
-(:data:`~ctxwarden.memory.cycle.STORE_BUDGETS`). Measured at 4,000 tokens: 0.592, mean
+(:data:`~ctxwarden.pipeline.summarize.STORE_BUDGETS`). Measured at 4,000 tokens: 0.592, mean
 input 3,769 tokens (the defaults before: 0.434 on 2,269 tokens, the summary as written
 cut to 35 % of the budget; the fill with a one-budget store 0.550); the same builds
 without a summariser (row ``ctxwarden, no summariser``) 0.446. At 2,000 tokens 0.470
@@ -63,10 +63,10 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from ctxwarden.errors import InvalidMessageError
+from ctxwarden.core.errors import InvalidMessageError
+from ctxwarden.core.messages import Message
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.formats.openai import messages_from_openai
-from ctxwarden.messages import Message
-from ctxwarden.tokens.counter import TokenCounter
 from ctxwarden.tune.measures import ID_KEYS, MIN_VALUE_CHARS, json_leaves, needed_values
 from ctxwarden_bench.metrics import plain_window
 from ctxwarden_bench.retention import (
@@ -242,7 +242,7 @@ _LAYER_ALLOWANCE = 150  # system line + facts layer + the question, in tokens
 def locomo_policy(budget: int, summary_share: float = LOCOMO_SUMMARY_SHARE) -> Any:
     """The policy the LoCoMo row passes to ``build_context``: the defaults, with
     :func:`locomo_trigger` as the summary trigger (the only knobs the bench sets)."""
-    from ctxwarden.build.policy import Policy
+    from ctxwarden.pipeline.policy import Policy
 
     return Policy(summary=locomo_trigger(budget, summary_share))
 
@@ -308,7 +308,7 @@ def _locomo_recall(
     account: Account,
     peers: Sequence[str] = (),
 ) -> dict[str, dict[str, Any]]:
-    from ctxwarden.build.policy import Policy
+    from ctxwarden.pipeline.policy import Policy
     from ctxwarden_bench.metrics import EngineStrategy, OursStrategy
 
     others: dict[str, Any] = {}
