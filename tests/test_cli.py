@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from ctxwarden import __version__
 from ctxwarden.cli.main import app
-from ctxwarden.core.tokens.counter import REPLY_PRIMING, TokenCounter, count_tokens
+from ctxwarden.core.tokens.counter import REPLY_PRIMING, TokenCounter
+from ctxwarden.formats.count import count_tokens
 from ctxwarden.formats.transcript import load_example
 
 runner = CliRunner()

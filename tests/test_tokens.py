@@ -223,7 +223,7 @@ def test_counting_works_with_sockets_blocked(tmp_path: Path) -> None:
         socket.socket.connect = refuse
         socket.create_connection = refuse
         socket.getaddrinfo = refuse
-        from ctxwarden.core.tokens.counter import count_tokens
+        from ctxwarden.formats.count import count_tokens
         n = count_tokens([{"role": "user", "content": "hello world"}], model="gpt-4o")
         m = count_tokens([{"role": "user", "content": "hello world"}], model="gpt-4")
         print(n, m)

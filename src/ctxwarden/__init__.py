@@ -31,7 +31,7 @@ from ctxwarden.core.pairing import Block, group_blocks, pairing_problems, valida
 from ctxwarden.core.registry.catalog import ModelInfo, Price, Registry, get_model, load_registry
 from ctxwarden.core.registry.cost import ModelCost, SessionCost, estimate_cost
 from ctxwarden.core.registry.usage import Usage
-from ctxwarden.core.tokens.counter import TokenCount, TokenCounter, count_tokens
+from ctxwarden.core.tokens.counter import TokenCount, TokenCounter
 from ctxwarden.formats import (
     messages_from_anthropic,
     messages_from_gemini,
@@ -42,6 +42,7 @@ from ctxwarden.formats import (
     messages_to_openai,
     messages_to_responses,
 )
+from ctxwarden.formats.count import count_tokens
 from ctxwarden.formats.transcript import Transcript, load_example, parse_transcript, read_transcript
 from ctxwarden.llm import ChatModel, Completion, RetryPolicy, complete_sync, parse_spec
 from ctxwarden.llm.offline import OfflineSummarizer, RuleBasedFactExtractor

@@ -44,8 +44,8 @@ its factor is per model (``estimate_factor`` in the registry, the Latin factor):
 routes a Claude version below 4.7 to v3 and 4.7 or later to the v4.7 vocabulary (v4.8
 reuses it under another frame, which is removed here), and :func:`registry_check` reads the
 version in each registry Claude name the same way. ``--check`` exits 1 unless
-:data:`ctxwarden.core.tokens.counter.SCRIPT_FACTORS` and ``O200K_PER_CHAR`` equal what is measured now
-and every registry Claude model's factor equals its version's Latin factor. Measured
+:data:`ctxwarden.core.tokens.counter.SCRIPT_FACTORS` and ``O200K_PER_CHAR`` equal what is
+measured now and every registry Claude model's factor equals its version's Latin factor. Measured
 2026-11-29: v3 Latin 1.0896 -> 1.09 (all 11 registry Claude models, Claude 3 .. 4.5),
 v4.7 1.4506 -> 1.46 (no registry model: the registry lists no Claude 4.7 or later).
 """
@@ -465,8 +465,8 @@ def script_factors(
     fams: Sequence[Family], table: Mapping[str, Mapping[str, float]]
 ) -> dict[str, ScriptFactors]:
     """Per family, the Latin / Cyrillic / CJK / Latin-with-diacritics factors (the largest
-    over its tokenizers, so budgets err safe), as :data:`ctxwarden.core.tokens.counter.SCRIPT_FACTORS`
-    should hold them."""
+    over its tokenizers, so budgets err safe), as
+    :data:`ctxwarden.core.tokens.counter.SCRIPT_FACTORS` should hold them."""
     out: dict[str, ScriptFactors] = {}
     for family in dict.fromkeys(f.family for f in fams if f.for_factor):
         rows = [table[f.tokenizer] for f in fams if f.for_factor and f.family == family]

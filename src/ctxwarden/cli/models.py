@@ -23,7 +23,8 @@ def models(
 ) -> None:
     """List known models: window, output limit, tokenizer and prices (USD per 1M tokens).
 
-    Add or override models with a TOML file in the shape of ctxwarden/core/registry/models.toml, e.g.
+    Add or override models with a TOML file in the shape of
+    ctxwarden/core/registry/models.toml, e.g.
 
         \\[models."my-llama"]
         provider = "ollama"

@@ -4,15 +4,18 @@ message it stands for, so the agent (or the proxy) can get the original back.
 A handle is ``cw:msg:`` followed by the message's id. Ids never change (an explicit id,
 the ``m<seq>`` a session store gives, or one derived from the content), so a handle is
 byte-identical at every turn and the prompt prefix that shows it stays cached.
+:data:`RECALL_TOOL_NAME` is the tool that takes a handle and returns the original
+(:mod:`ctxwarden.session.recall`); a step that names it (truncation's marker) reads it here.
 """
 
 from __future__ import annotations
 
 from ctxwarden.core.errors import UnknownHandleError
 
-__all__ = ["HANDLE_PREFIX", "handle_for", "message_id_of"]
+__all__ = ["HANDLE_PREFIX", "RECALL_TOOL_NAME", "handle_for", "message_id_of"]
 
 HANDLE_PREFIX = "cw:msg:"
+RECALL_TOOL_NAME = "ctxwarden_recall"
 
 
 def handle_for(message_id: str) -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from ctxwarden.core.errors import UnknownHandleError
-from ctxwarden.core.handles import handle_for, message_id_of
+from ctxwarden.core.handles import RECALL_TOOL_NAME, handle_for, message_id_of
 from ctxwarden.core.messages import Message
 from ctxwarden.steps.base import Action
 
@@ -41,7 +41,6 @@ __all__ = [
     "recall_tool",
 ]
 
-RECALL_TOOL_NAME = "ctxwarden_recall"
 _STORE_ID = re.compile(r"m[0-9]{1,18}")  # the id a store gives a message without one
 _DESCRIPTION = (
     "Get back, verbatim, an earlier message of this conversation that the context shows "

@@ -44,11 +44,10 @@ from dataclasses import dataclass, field, replace
 
 from ctxwarden.core.caching import BoundedCache
 from ctxwarden.core.errors import ConfigError
-from ctxwarden.core.handles import handle_for
+from ctxwarden.core.handles import RECALL_TOOL_NAME, handle_for
 from ctxwarden.core.kinds import load_json
 from ctxwarden.core.messages import Message
 from ctxwarden.core.tokens.counter import counting_key
-from ctxwarden.session.recall import RECALL_TOOL_NAME
 from ctxwarden.steps.base import Action, StrategyContext, StrategyResult, same_action
 from ctxwarden.steps.cut_json import truncate_json
 from ctxwarden.steps.cut_kinds import MAX_CHARS, truncate_by_kind

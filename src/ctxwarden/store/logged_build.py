@@ -27,7 +27,7 @@ from typing import Any
 from ctxwarden.store._sql import sql_store
 from ctxwarden.store.base import SessionStore
 
-__all__ = ["audit_from_text", "based_on", "logged_context", "context_from_rows", "one_row_each"]
+__all__ = ["audit_from_text", "based_on", "context_from_rows", "logged_context", "one_row_each"]
 
 
 def audit_from_text(text: str) -> Any:

@@ -133,7 +133,7 @@ class EngineBuilder:
     def build(self, before: Sequence[Message], budget: int) -> Any:
         """The :class:`~ctxwarden.BuiltContext` of ``before`` (raises what the build
         raises; after an error the next build is cold)."""
-        from ctxwarden import build_context
+        from ctxwarden.pipeline.engine import build_context
 
         previous = None
         if self.loop and self._run is not None:

@@ -230,7 +230,7 @@ class _SummarizingBuilder:
     def __call__(
         self, before: Sequence[Message], counts: Sequence[int], budget: int
     ) -> list[Message]:
-        from ctxwarden import build_context
+        from ctxwarden.pipeline.engine import build_context
         from ctxwarden.core.errors import BudgetError
 
         try:

@@ -123,7 +123,6 @@ __all__ = [
     "TokenCount",
     "TokenCounter",
     "count_key",
-    "count_tokens",
     "counting_key",
     "script_chars",
 ]
@@ -518,18 +517,6 @@ def count_key(counter: TokenCounter) -> str:
 @memoize(64)
 def _shared_counter(model: str, registry: Registry) -> TokenCounter:
     return TokenCounter(model, registry=registry)
-
-
-def count_tokens(
-    messages: Iterable[Message | Mapping[str, Any]],
-    model: str = "gpt-4o",
-    tools: Sequence[Mapping[str, Any]] | None = None,
-) -> int:
-    """Input tokens of a chat request (OpenAI dicts or :class:`Message` s)."""
-    from ctxwarden.formats.openai import messages_from_openai
-
-    parsed = messages_from_openai(messages)
-    return TokenCounter.for_model(model).count_messages(parsed, tools).tokens
 
 
 # -- tool definitions, rendered as the model sees them ---------------------------------------
