@@ -230,8 +230,8 @@ class _SummarizingBuilder:
     def __call__(
         self, before: Sequence[Message], counts: Sequence[int], budget: int
     ) -> list[Message]:
-        from ctxwarden.pipeline.engine import build_context
         from ctxwarden.core.errors import BudgetError
+        from ctxwarden.pipeline.engine import build_context
 
         try:
             self._built = build_context(
