@@ -24,12 +24,12 @@ from ctxwarden.core.tokens.counter import (
     SCRIPT_FACTORS,
     ScriptFactors,
     TokenCounter,
-    count_tokens,
     render_tools,
     script_chars,
 )
 from ctxwarden.core.tokens.encodings import get_encoding
 from ctxwarden.core.tokens.images import image_size, tile_tokens
+from ctxwarden.formats.count import count_tokens
 from ctxwarden.session.session import count_key
 
 
