@@ -8,11 +8,11 @@ import random
 import orjson
 import pytest
 
-from ctxwarden.bench.random_histories import random_history
-from ctxwarden.errors import InvalidMessageError
+from ctxwarden.core.errors import InvalidMessageError
+from ctxwarden.core.messages import Message, RawPart, ToolCall
 from ctxwarden.formats import messages_from_anthropic, messages_to_anthropic
-from ctxwarden.messages import Message, RawPart, ToolCall
 from ctxwarden.service.anthropic_json import object_bytes, request_json
+from ctxwarden_bench.random_histories import random_history
 
 
 def _ordinary(messages: list[Message], marks: set[str]) -> tuple[bytes | None, bytes]:

@@ -8,8 +8,8 @@ import pytest
 from service_harness import db_url
 
 from ctxwarden import Session
-from ctxwarden.errors import InvalidMessageError, VersionConflict
-from ctxwarden.messages import Message, ToolCall
+from ctxwarden.core.errors import InvalidMessageError, VersionConflict
+from ctxwarden.core.messages import Message, ToolCall
 from ctxwarden.store.service_tables import delete_session
 
 __all__ = ["db_url"]  # the store fixture: SQLite, and PostgreSQL when configured

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ctxwarden.bench import count_cache
+from ctxwarden_bench import count_cache
 
 
 def test_on_tau_bench_history(tau_bench_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

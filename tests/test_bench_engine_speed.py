@@ -14,9 +14,9 @@ from itertools import islice
 
 import pytest
 
-from ctxwarden.bench import engine_speed, trim_baseline
-from ctxwarden.bench.traffic import session_calls
-from ctxwarden.build.pairing import group_blocks
+from ctxwarden.core.pairing import group_blocks
+from ctxwarden_bench import engine_speed, trim_baseline
+from ctxwarden_bench.traffic import session_calls
 
 HAS_LANGCHAIN = importlib.util.find_spec("langchain_core") is not None
 

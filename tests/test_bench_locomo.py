@@ -11,20 +11,20 @@ from typing import Any
 
 import pytest
 
-from ctxwarden.bench.metrics import EngineStrategy
-from ctxwarden.bench.traces import (
+from ctxwarden.core.errors import ConfigError
+from ctxwarden.core.messages import Message
+from ctxwarden.core.tokens.counter import TokenCounter
+from ctxwarden.llm.offline import OfflineSummarizer
+from ctxwarden.pipeline.engine import build_context
+from ctxwarden.pipeline.policy import Policy
+from ctxwarden.pipeline.summarize import STORE_BUDGETS
+from ctxwarden_bench.metrics import EngineStrategy
+from ctxwarden_bench.traces import (
     load_locomo,
     locomo_recall,
     locomo_transcript,
     locomo_trigger,
 )
-from ctxwarden.build.engine import build_context
-from ctxwarden.build.policy import Policy
-from ctxwarden.errors import ConfigError
-from ctxwarden.llm.offline import OfflineSummarizer
-from ctxwarden.memory.cycle import STORE_BUDGETS
-from ctxwarden.messages import Message
-from ctxwarden.tokens.counter import TokenCounter
 
 BUDGET = 4000
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ctxwarden.bench.process_cpu import CpuReading, read_cpu, seconds_between
+from ctxwarden_bench.process_cpu import CpuReading, read_cpu, seconds_between
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="Linux /proc")
 

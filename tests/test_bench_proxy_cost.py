@@ -1,4 +1,4 @@
-"""``python -m ctxwarden.bench.proxy_cost``: a proxied call's cost counted so that two
+"""``python -m ctxwarden_bench.proxy_cost``: a proxied call's cost counted so that two
 checkouts compare (CPU per call in-process, or instructions under callgrind)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ctxwarden.bench.proxy_cost import main, measure
+from ctxwarden_bench.proxy_cost import main, measure
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,9 +33,9 @@ def test_cold_calls_are_made_and_said(capsys: pytest.CaptureFixture[str]) -> Non
 def test_a_given_store_is_measured_and_kept(tmp_path: Path) -> None:
     """``--db``: the calls go to that store, each run's sessions in a tenant of its own,
     so a second run on the same database does not meet the first's."""
-    from ctxwarden.bench.proxy import conversation, history_at
     from ctxwarden.store import open_store
     from ctxwarden.store.service_tables import list_tenants
+    from ctxwarden_bench.proxy import conversation, history_at
 
     base = conversation(200)
     url = f"sqlite:///{tmp_path / 'kept.db'}"

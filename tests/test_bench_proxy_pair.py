@@ -1,4 +1,4 @@
-"""``python -m ctxwarden.bench.proxy_pair``: two servers of two checkouts side by side,
+"""``python -m ctxwarden_bench.proxy_pair``: two servers of two checkouts side by side,
 CPU per call of each and their ratio."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ctxwarden.bench.proxy_pair import main
+from ctxwarden_bench.proxy_pair import main
 
 ROOT = Path(__file__).resolve().parents[1]
 

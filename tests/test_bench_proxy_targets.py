@@ -1,10 +1,10 @@
-"""A run of ``python -m ctxwarden.bench.proxy`` judges issue 13's targets itself: each
+"""A run of ``python -m ctxwarden_bench.proxy`` judges issue 13's targets itself: each
 on the cases it speaks of, missed when one case misses, unknown when the run lacks them."""
 
 from __future__ import annotations
 
-from ctxwarden.bench.proxy import Case
-from ctxwarden.bench.proxy_targets import judge
+from ctxwarden_bench.proxy import Case
+from ctxwarden_bench.proxy_targets import judge
 
 
 def _case(target: str, client: str, mode: str, clients: int, p50_ms: float, *,

@@ -26,27 +26,27 @@ from llm_servers import (
 )
 from typer.testing import CliRunner
 
-from ctxwarden.bench.metrics import OursStrategy
-from ctxwarden.bench.real_agent import ToolAgent
-from ctxwarden.bench.report import run_bench
-from ctxwarden.bench.scenarios_agent_chat import LadderStrategy
-from ctxwarden.bench.scenarios_laptop import (
+from ctxwarden.cli.main import app
+from ctxwarden.core.errors import ConfigError
+from ctxwarden.core.messages import Message, ToolCall
+from ctxwarden.core.registry.cost import estimate_cost
+from ctxwarden.core.registry.usage import Usage
+from ctxwarden.core.tokens.counter import TokenCounter
+from ctxwarden.formats.openai import message_from_openai
+from ctxwarden.llm import OpenAICompatible, RetryPolicy
+from ctxwarden_bench.metrics import OursStrategy
+from ctxwarden_bench.real_agent import ToolAgent
+from ctxwarden_bench.report import run_bench
+from ctxwarden_bench.scenarios_agent_chat import LadderStrategy
+from ctxwarden_bench.scenarios_laptop import (
     MASK,
     TOOLS,
     SeedStrategy,
     run_laptop,
     run_tool,
 )
-from ctxwarden.bench.summarizers import get_summarizer
-from ctxwarden.bench.traces import locomo_recall
-from ctxwarden.cli.main import app
-from ctxwarden.errors import ConfigError
-from ctxwarden.formats.openai import message_from_openai
-from ctxwarden.llm import OpenAICompatible, RetryPolicy
-from ctxwarden.messages import Message, ToolCall
-from ctxwarden.registry.cost import estimate_cost
-from ctxwarden.registry.usage import Usage
-from ctxwarden.tokens.counter import TokenCounter
+from ctxwarden_bench.summarizers import get_summarizer
+from ctxwarden_bench.traces import locomo_recall
 
 FAST = RetryPolicy(max_attempts=2, base_delay=0.01, max_delay=0.02)
 SUMMARY = "Summary: the user compared laptops; budget $1,500, mobile programming."
@@ -307,7 +307,7 @@ def _locomo_file(path: Path) -> Path:
 def test_locomo_recall_uses_the_real_summariser(
     fake: tuple[FakeModel, ScriptedServer], tmp_path: Path
 ) -> None:
-    from ctxwarden.bench.traces import load_locomo
+    from ctxwarden_bench.traces import load_locomo
 
     model, _ = fake
     convs = load_locomo(_locomo_file(tmp_path / "locomo.json"))

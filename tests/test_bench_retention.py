@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ctxwarden.bench.retention import (
+from ctxwarden.core.messages import Message, ToolCall
+from ctxwarden_bench.retention import (
     Mentions,
     call_retention,
     engine_builder,
@@ -18,9 +19,8 @@ from ctxwarden.bench.retention import (
     newest_kept,
     plain_builder,
 )
-from ctxwarden.bench.swebench import distinctive, load_swebench, needed_tokens, swebench_retention
-from ctxwarden.bench.traces import needed_values
-from ctxwarden.messages import Message, ToolCall
+from ctxwarden_bench.swebench import distinctive, load_swebench, needed_tokens, swebench_retention
+from ctxwarden_bench.traces import needed_values
 
 DATA = Path(os.environ.get("CTXWARDEN_DATA", Path(__file__).parents[2] / "shared" / "data"))
 SWEBENCH = DATA / "swebench-mini" / "swebench-verified-mini-gemini3-dev.json"
@@ -120,7 +120,7 @@ def test_swebench_plain_window_on_two_real_runs() -> None:
 def test_peers_are_measured_like_ours() -> None:
     pytest.importorskip("litellm")
     pytest.importorskip("headroom")
-    from ctxwarden.bench.peers import PEERS, peer_builders
+    from ctxwarden_bench.peers import PEERS, peer_builders
 
     builders = peer_builders(names=("litellm trim_messages", "litellm compress"))
     assert set(builders) <= set(PEERS)

@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from ctxwarden.bench.metrics import common_prefix_tokens, plain_window, reduction_table
-from ctxwarden.bench.scenarios_agent_chat import run_agent_chat
-from ctxwarden.bench.scenarios_laptop import (
+from ctxwarden.core.messages import Message, ToolCall
+from ctxwarden.core.pairing import pairing_problems
+from ctxwarden.core.tokens.counter import TokenCounter
+from ctxwarden_bench.metrics import common_prefix_tokens, plain_window, reduction_table
+from ctxwarden_bench.scenarios_agent_chat import run_agent_chat
+from ctxwarden_bench.scenarios_laptop import (
     BUDGET_USD,
     QUESTIONS,
     SYSTEM_PROMPT,
@@ -20,15 +23,12 @@ from ctxwarden.bench.scenarios_laptop import (
     run_laptop,
     scripted_turns,
 )
-from ctxwarden.bench.traces import (
+from ctxwarden_bench.traces import (
     answer_recall,
     load_tau_bench,
     plain_builder,
     tau_retention,
 )
-from ctxwarden.build.pairing import pairing_problems
-from ctxwarden.messages import Message, ToolCall
-from ctxwarden.tokens.counter import TokenCounter
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ctxwarden.bench import coding_truncation, hostile
-from ctxwarden.kinds import load_json
+from ctxwarden.core.kinds import load_json
+from ctxwarden_bench import coding_truncation, hostile
 
 
 def test_hostile_shapes_are_what_they_claim() -> None:

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from llm_servers import Recorded, Reply, ScriptedServer, anthropic_message
 from starlette.testclient import TestClient
 
-from ctxwarden.bench.proxy import conversation, history_at
 from ctxwarden.formats import message_from_openai, messages_from_anthropic, messages_to_anthropic
 from ctxwarden.formats.anthropic import system_from_anthropic, turns_from_anthropic
 from ctxwarden.service import ServiceConfig, create_app
@@ -23,6 +22,7 @@ from ctxwarden.service.body_memo import BodyMemo, Reading
 from ctxwarden.service.keys import hash_key, new_key, shown_prefix
 from ctxwarden.store import open_store
 from ctxwarden.store.service_tables import add_tenant
+from ctxwarden_bench.proxy import conversation, history_at
 
 
 def _same(got: Any, want: Any) -> bool:

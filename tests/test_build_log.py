@@ -7,13 +7,13 @@ import json
 from service_harness import db_url
 
 from ctxwarden import Session
-from ctxwarden.bench.proxy import conversation
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.session.build_log import context_rows
 from ctxwarden.session.session import count_key
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.base import json_text
-from ctxwarden.store.service_tables import build_context, list_builds, record_build
-from ctxwarden.tokens.counter import TokenCounter
+from ctxwarden.store.service_tables import list_builds, logged_context, record_build
+from ctxwarden_bench.proxy import conversation
 
 __all__ = ["db_url"]  # the store fixture: SQLite, and PostgreSQL when configured
 
@@ -50,8 +50,8 @@ def test_the_log_keeps_the_newest_builds_and_contexts_only(db_url: str) -> None:
         builds = list_builds(s.store, "default", "bounded", limit=100)
         assert [b.turn for b in builds] == [5, 6, 7, 8, 9]
         assert [b.has_context for b in builds] == [False, False, False, True, True]
-        assert build_context(s.store, "default", "bounded", builds[0].build_id) is None
-        rows = build_context(s.store, "default", "bounded", builds[-1].build_id)
+        assert logged_context(s.store, "default", "bounded", builds[0].build_id) is None
+        rows = logged_context(s.store, "default", "bounded", builds[-1].build_id)
         assert rows is not None and rows[-1]["layer"] == "current"
         assert rows[-1]["message"]["content"].startswith("question 8")
 
@@ -102,10 +102,10 @@ def test_a_context_logged_as_runs_reads_back_as_one_logged_before_them(db_url: s
             record_build(store, "default", "runs", build_id=build_id, model="gpt-4o",
                          history_tokens=0, input_tokens=0, audit={}, context=rows)  # fmt: skip
         want = context_rows(built)
-        assert build_context(store, "default", "runs", "new") == want
-        assert build_context(store, "default", "runs", "before") == want
-        assert build_context(store, "default", "runs", "gone-before") == [*want, *gone]
-        assert build_context(store, "default", "runs", "gone-runs") == [*want, *gone]
+        assert logged_context(store, "default", "runs", "new") == want
+        assert logged_context(store, "default", "runs", "before") == want
+        assert logged_context(store, "default", "runs", "gone-before") == [*want, *gone]
+        assert logged_context(store, "default", "runs", "gone-runs") == [*want, *gone]
 
 
 def test_an_audit_logged_with_its_actions_as_rows_reads_as_one_logged_before(db_url: str) -> None:

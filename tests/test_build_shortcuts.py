@@ -6,9 +6,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctxwarden.build.pairing import all_sendable, group_blocks
+from ctxwarden.core.messages import Message, ToolCall
+from ctxwarden.core.pairing import all_sendable, group_blocks
 from ctxwarden.memory.summaries import block_start_at
-from ctxwarden.messages import Message, ToolCall
 
 
 @st.composite

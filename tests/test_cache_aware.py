@@ -13,14 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from ctxwarden import build_context
-from ctxwarden.bench.retention import engine_builder, sawtooth_builder
-from ctxwarden.build.compaction import CacheConfig
-from ctxwarden.build.policy import Policy
-from ctxwarden.build.state import BuildState
-from ctxwarden.errors import ConfigError
-from ctxwarden.messages import Message, ToolCall
-from ctxwarden.registry import Registry, get_model
-from ctxwarden.registry.cache_cost import (
+from ctxwarden.core.errors import ConfigError
+from ctxwarden.core.messages import Message, ToolCall
+from ctxwarden.core.registry import Registry, get_model
+from ctxwarden.core.registry.cache_cost import (
     ANTHROPIC,
     OPENAI,
     CachePrices,
@@ -28,7 +24,11 @@ from ctxwarden.registry.cache_cost import (
     rewrite_pays,
     session_cache_cost,
 )
+from ctxwarden.pipeline.compaction import CacheConfig
+from ctxwarden.pipeline.policy import Policy
 from ctxwarden.session.session import Session
+from ctxwarden.steps.state import BuildState
+from ctxwarden_bench.retention import engine_builder, sawtooth_builder
 
 DATA = Path(os.environ.get("CTXWARDEN_DATA", Path(__file__).parents[2] / "shared" / "data"))
 TAU = DATA / "tau-bench" / "airline-gpt-4o-dev.json"
@@ -198,7 +198,7 @@ def test_default_builds_cost_less_than_the_full_history_with_caching_on_tau(budg
     """The 120 dev runs as an agent loop, the default policy for gpt-4o (its rewrites
     weighed at gpt-4o's 0.5x / 1x). Measured at Anthropic prices: 96% @2,000, 102% @4,000
     (fails: issue 37's target is below 100% at every budget)."""
-    from ctxwarden.bench.traces import load_tau_bench, tau_retention
+    from ctxwarden_bench.traces import load_tau_bench, tau_retention
 
     ours = tau_retention(load_tau_bench(TAU), budget, engine_builder())
     assert ours.cost.anthropic < ours.cost.full_anthropic
@@ -219,7 +219,7 @@ def test_default_builds_cost_less_than_the_full_history_with_caching_on_coding(
     """The 44 dev runs as an agent loop, the default policy for gpt-4o. Measured at
     Anthropic prices: 77% @4,000, 93% @8,000 (fails: the target is <= 70% @8,000, at or
     below the sawtooth window's 69%; at gpt-4o's own prices 29% and 42%)."""
-    from ctxwarden.bench.swebench import load_swebench, swebench_retention
+    from ctxwarden_bench.swebench import load_swebench, swebench_retention
 
     runs = load_swebench(SWEBENCH)
     ours = swebench_retention(runs, budget, engine_builder())

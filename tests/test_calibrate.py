@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from ctxwarden.bench.calibrate import (
+from ctxwarden.core.tokens.counter import (
+    O200K_PER_CHAR,
+    SCRIPT_FACTORS,
+    ScriptFactors,
+    TokenCounter,
+    script_chars,
+)
+from ctxwarden.core.tokens.encodings import get_encoding
+from ctxwarden_bench.calibrate import (
     CJK,
     CODE,
     CYRILLIC,
@@ -25,14 +33,6 @@ from ctxwarden.bench.calibrate import (
     script_factors,
     script_samples,
 )
-from ctxwarden.tokens.counter import (
-    O200K_PER_CHAR,
-    SCRIPT_FACTORS,
-    ScriptFactors,
-    TokenCounter,
-    script_chars,
-)
-from ctxwarden.tokens.encodings import get_encoding
 
 
 def _counter(name: str) -> Callable[[str], int]:

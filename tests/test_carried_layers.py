@@ -1,5 +1,5 @@
 """Layers of an earlier build fed back as history: recognised by their headings through
-every format, and replaced, never stacked (issue 35, item 4; :mod:`ctxwarden.build.carried`).
+every format, and replaced, never stacked (issue 35, item 4; :mod:`ctxwarden.pipeline.carried`).
 
 The adapters' own loops are in ``test_integration_*.py``; here the property they rest on,
 over the recorded dev runs: a built context built again is the same context.
@@ -15,17 +15,17 @@ from test_integration_common import load_replay
 
 import ctxwarden
 from ctxwarden import Message
-from ctxwarden.bench.swebench import load_swebench
-from ctxwarden.build.carried import (
+from ctxwarden.core.errors import BudgetError
+from ctxwarden.formats.anthropic import messages_from_anthropic, messages_to_anthropic
+from ctxwarden.integrations._common import ContextBuilder
+from ctxwarden.pipeline.carried import (
     Carried,
     layer_name,
     ledger_entities,
     split_folded,
     strip_layers,
 )
-from ctxwarden.errors import BudgetError
-from ctxwarden.formats.anthropic import messages_from_anthropic, messages_to_anthropic
-from ctxwarden.integrations._common import ContextBuilder
+from ctxwarden_bench.swebench import load_swebench
 
 SWEBENCH = SHARED_DATA / "swebench-mini" / "swebench-verified-mini-gemini3-dev.json"
 

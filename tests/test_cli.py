@@ -13,8 +13,9 @@ from typer.testing import CliRunner
 
 from ctxwarden import __version__
 from ctxwarden.cli.main import app
+from ctxwarden.core.tokens.counter import REPLY_PRIMING, TokenCounter
+from ctxwarden.formats.count import count_tokens
 from ctxwarden.formats.transcript import load_example
-from ctxwarden.tokens.counter import REPLY_PRIMING, TokenCounter, count_tokens
 
 runner = CliRunner()
 
@@ -265,8 +266,8 @@ def test_count_unknown_model_suggests_the_nearest_names() -> None:
 
 
 def test_count_a_registry_model_with_its_own_encoding_or_factor(tmp_path: Path) -> None:
+    from ctxwarden.core.registry.catalog import load_registry
     from ctxwarden.formats.openai import messages_from_openai
-    from ctxwarden.registry.catalog import load_registry
 
     registry = tmp_path / "models.toml"
     registry.write_text(
@@ -300,8 +301,8 @@ def test_build_explain_and_session_with_a_registry_model(tmp_path: Path) -> None
     $1 per 1M input) from ``--registry``: its window, counts and price."""
     from test_registry import MY_LLAMA
 
-    from ctxwarden.build.engine import build_context
-    from ctxwarden.registry.catalog import load_registry
+    from ctxwarden.core.registry.catalog import load_registry
+    from ctxwarden.pipeline.engine import build_context
 
     registry = tmp_path / "models.toml"
     registry.write_text(MY_LLAMA)

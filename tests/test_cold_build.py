@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from ctxwarden import Message, Policy, build_context
-from ctxwarden.bench.traces import load_tau_bench
-from ctxwarden.bench.traffic import agent_traffic
-from ctxwarden.build.policy import LedgerConfig
-from ctxwarden.errors import ConfigError
+from ctxwarden.core.errors import ConfigError
 from ctxwarden.memory.entity_ledger import EntityLedger
+from ctxwarden.pipeline.policy import LedgerConfig
 from ctxwarden.steps.ledger import LOOKBACK_CHARS_PER_TOKEN, MIN_LOOKBACK
+from ctxwarden_bench.traces import load_tau_bench
+from ctxwarden_bench.traffic import agent_traffic
 
 UNBOUNDED = Policy()
 BOUNDED = Policy(ledger=LedgerConfig(lookback_budgets=3.0))
@@ -99,8 +99,8 @@ def test_the_span_before_a_cold_window_is_counted_only_when_read() -> None:
     import dataclasses
     import pickle
 
+    from ctxwarden.core.tokens.counter import TokenCounter
     from ctxwarden.steps.base import Action, CountedAction
-    from ctxwarden.tokens.counter import TokenCounter
 
     history = list(islice(agent_traffic(7), 240))  # (the walk counts answered results cut)
     counter = TokenCounter("gpt-4o")  # a counter of its own: what it has cached is ours

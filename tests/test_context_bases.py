@@ -13,13 +13,13 @@ from typing import Any
 from service_harness import db_url
 
 from ctxwarden import Session
-from ctxwarden.bench.proxy import conversation
-from ctxwarden.build.engine import BuiltContext
 from ctxwarden.formats.openai import message_from_openai
+from ctxwarden.pipeline.engine import BuiltContext
 from ctxwarden.session.build_log import ContextMemo, context_delta, context_rows, context_utf8
 from ctxwarden.store import StoredMessage
 from ctxwarden.store._sql import SqlStore
-from ctxwarden.store.service_tables import build_context, list_builds
+from ctxwarden.store.service_tables import list_builds, logged_context
+from ctxwarden_bench.proxy import conversation
 
 __all__ = ["db_url"]  # the store fixture: SQLite, and PostgreSQL when configured
 
@@ -48,7 +48,7 @@ def _loop(s: Session, turns: int, built: dict[str, Any], *, first: int = 60) -> 
         build_id = f"b{turn}"
         done: BuiltContext = s.build(build_id=build_id, max_input_tokens=8_000)
         built[build_id] = context_rows(done)
-        assert build_context(s.store, s.tenant, s.session_id, build_id) == built[build_id]
+        assert logged_context(s.store, s.tenant, s.session_id, build_id) == built[build_id]
 
 
 def test_contexts_logged_from_a_base_read_back_as_built_and_are_small(db_url: str) -> None:
@@ -58,7 +58,7 @@ def test_contexts_logged_from_a_base_read_back_as_built_and_are_small(db_url: st
         logged = _logged(s)
         assert set(logged) == set(built)  # (40 builds: all kept)
         for build_id, rows in built.items():  # after every later write, too
-            assert build_context(s.store, "t", "bases", build_id) == rows, build_id
+            assert logged_context(s.store, "t", "bases", build_id) == rows, build_id
         based = {b for b, (_, base, _) in logged.items() if base is not None}
         assert len(based) >= 20, "most contexts are logged from a base"
         for b in based:
@@ -86,7 +86,7 @@ def test_a_base_stays_while_a_kept_context_begins_with_it(db_url: str) -> None:
         assert set(logged) == kept | bases  # nothing else outlives the bound
         assert all(logged[b][0] > 40 - 6 - 6 for b in bases)  # (a base is at most 5 older)
         for build_id in logged:
-            assert build_context(s.store, "t", "trimmed", build_id) == built[build_id]
+            assert logged_context(s.store, "t", "trimmed", build_id) == built[build_id]
         has = {b.build_id for b in list_builds(s.store, "t", "trimmed", limit=100) if b.has_context}
         assert has == set(logged)
 
@@ -101,15 +101,15 @@ def test_a_base_gone_has_the_context_logged_whole(db_url: str) -> None:
         assert isinstance(store, SqlStore)
         with store._write() as tx:  # as another writer's trimming would
             tx.execute("DELETE FROM ctxwarden_build_contexts WHERE build_id = 'b0'")
-        assert build_context(store, "t", "gone", "b1") is None  # (its base is gone)
+        assert logged_context(store, "t", "gone", "b1") is None  # (its base is gone)
         s.append(_BASE[70:72])
         done = s.build(build_id="b3", max_input_tokens=8_000)
         assert _logged(s)["b3"][1] is None  # logged whole: the memo's base was gone
-        assert build_context(store, "t", "gone", "b3") == context_rows(done)
+        assert logged_context(store, "t", "gone", "b3") == context_rows(done)
         s.append(_BASE[72:74])
         done = s.build(build_id="b4", max_input_tokens=8_000)
         assert _logged(s)["b4"][1] == "b3"  # the new base
-        assert build_context(store, "t", "gone", "b4") == context_rows(done)
+        assert logged_context(store, "t", "gone", "b4") == context_rows(done)
 
 
 def test_one_context_kept_is_always_logged_whole(db_url: str) -> None:

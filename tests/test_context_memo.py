@@ -11,16 +11,15 @@ from pathlib import Path
 import pytest
 
 from ctxwarden import Policy, build_context
-from ctxwarden.bench.proxy import conversation
-from ctxwarden.bench.random_histories import random_history
+from ctxwarden.core.messages import Message
 from ctxwarden.formats.openai import message_from_openai
-from ctxwarden.messages import Message
 from ctxwarden.session.build_log import ContextMemo, context_rows, context_utf8
 from ctxwarden.session.session import Session
 from ctxwarden.store import StoredMessage
 from ctxwarden.store.base import json_text
-from ctxwarden.store.service_tables import build_context as logged_context
-from ctxwarden.store.service_tables import delete_session
+from ctxwarden.store.service_tables import delete_session, logged_context
+from ctxwarden_bench.proxy import conversation
+from ctxwarden_bench.random_histories import random_history
 
 
 def _stored(history: list[Message]) -> list[StoredMessage]:
@@ -124,7 +123,7 @@ def test_the_state_saved_last_reads_back_as_the_stored_sticky_decodes(tmp_path: 
     (speed only): for every build of an agent loop (masks, cuts, a pin, a moving window),
     the state so taken equals the one decoded from the stored row, and a stored row that
     is not the one saved (another process wrote it) is decoded."""
-    from ctxwarden.session import state as session_state
+    from ctxwarden.session import rows as session_state
 
     url = f"sqlite:///{tmp_path / 's.db'}"
     base = [message_from_openai(m) for m in conversation(120)]

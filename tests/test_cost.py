@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from ctxwarden.errors import UnknownModelError
-from ctxwarden.registry.catalog import get_model
-from ctxwarden.registry.cost import SessionCost, estimate_cost
-from ctxwarden.registry.usage import Usage
+from ctxwarden.core.errors import UnknownModelError
+from ctxwarden.core.registry.catalog import get_model
+from ctxwarden.core.registry.cost import SessionCost, estimate_cost
+from ctxwarden.core.registry.usage import Usage
 
 
 def test_seed_004_figure_100k_history_on_gpt_4o_costs_25_cents() -> None:

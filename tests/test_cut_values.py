@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 from ctxwarden import Policy, build_context
-from ctxwarden.messages import Message, ToolCall
+from ctxwarden.core.messages import Message, ToolCall
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.steps.cut_values import CUT_VALUES_KEY, with_cut_values
 from ctxwarden.steps.mask import MaskObservations
 from ctxwarden.steps.truncate import TruncateToolResults
-from ctxwarden.tokens.counter import TokenCounter
 
 COUNTER = TokenCounter.for_model("gpt-4o")
 

@@ -18,11 +18,11 @@ from llm_servers import Reply
 from service_harness import db_url, free_port
 
 from ctxwarden import Policy, Session, build_context
-from ctxwarden.errors import ConfigError, ProviderError
+from ctxwarden.core.errors import ConfigError, ProviderError
 from ctxwarden.formats.openai import messages_from_openai
 from ctxwarden.llm.embeddings import Embedder, check_embeddings_spec, embeddings_key
-from ctxwarden.steps.recall import RECALL_ID, RecallRelevant
 from ctxwarden.steps.recall_fusion import RecallVectors, embedding_text
+from ctxwarden.steps.recall_relevant import RECALL_ID, RecallRelevant
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.vectors import read_vectors
 
@@ -159,7 +159,7 @@ def test_pinned_first_messages_do_not_hide_what_lies_after_them(
 ) -> None:
     from dataclasses import replace
 
-    from ctxwarden.build.policy import WindowConfig
+    from ctxwarden.pipeline.policy import WindowConfig
 
     spec = f"openai:toy-embed@{server.url}/v1"
     policy = replace(_policy(spec), window=WindowConfig(pin_first=2))

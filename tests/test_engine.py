@@ -9,13 +9,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ctxwarden
-from ctxwarden.build.engine import BuiltContext, build_context
-from ctxwarden.build.pairing import pairing_problems
-from ctxwarden.build.policy import Policy
-from ctxwarden.errors import BudgetError, ConfigError
+from ctxwarden.core.errors import BudgetError, ConfigError
+from ctxwarden.core.messages import Message, ToolCall
+from ctxwarden.core.pairing import pairing_problems
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.formats.openai import message_to_openai
-from ctxwarden.messages import Message, ToolCall
-from ctxwarden.tokens.counter import TokenCounter
+from ctxwarden.pipeline.engine import BuiltContext, build_context
+from ctxwarden.pipeline.policy import Policy
 
 COUNTER = TokenCounter.for_model("gpt-4o")
 WORDS = ["flight", "HAT123", "booking", "ZFA04Y", "please", "2024-05-20", "Mia", "refund", "ok"]
@@ -306,7 +306,7 @@ def test_a_registry_model_builds_with_its_window_counts_and_prices() -> None:
 def test_a_cold_build_reads_ledger_values_a_bounded_way_back() -> None:
     """Cold, the ledger reaches ``lookback`` messages before the window (it was placed);
     with ``previous`` an agent loop keeps where its ledger began, so it loses nothing."""
-    from ctxwarden.build.policy import LedgerConfig
+    from ctxwarden.pipeline.policy import LedgerConfig
 
     history = _agent_session(400)  # 1,601 messages
     cold = build_context(history, "gpt-4o", 1500)
@@ -337,7 +337,7 @@ def test_the_ledger_grows_with_what_the_budget_leaves_free() -> None:
     """With much free budget the ledger may take ``free_share`` of it, more than
     ``max_tokens``: a long session's dropped ids stay at 8,000 tokens that a fixed 600
     cannot hold; at a small budget the cap is the same as before."""
-    from ctxwarden.build.policy import LedgerConfig
+    from ctxwarden.pipeline.policy import LedgerConfig
 
     history = _agent_session(600)
     fixed = Policy(ledger=LedgerConfig(free_share=0.0))

@@ -7,15 +7,15 @@ from collections.abc import Sequence
 
 from typer.testing import CliRunner
 
-from ctxwarden.build.engine import BuiltContext, build_context
-from ctxwarden.build.pairing import pairing_problems
-from ctxwarden.build.policy import Policy
 from ctxwarden.cli.main import app
-from ctxwarden.errors import ProviderError
+from ctxwarden.core.errors import ProviderError
+from ctxwarden.core.messages import Message, ToolCall
+from ctxwarden.core.pairing import pairing_problems
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.formats.openai import message_to_openai
 from ctxwarden.memory.summaries import SummaryResult, SummaryTrigger
-from ctxwarden.messages import Message, ToolCall
-from ctxwarden.tokens.counter import TokenCounter
+from ctxwarden.pipeline.engine import BuiltContext, build_context
+from ctxwarden.pipeline.policy import Policy
 
 
 def shop_chat(turns: int) -> list[Message]:

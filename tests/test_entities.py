@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from ctxwarden.bench.traces import json_leaves
+from ctxwarden.core.messages import Message, ToolCall
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.formats import messages_from_openai
 from ctxwarden.memory.entities import (
     Entity,
@@ -19,8 +20,7 @@ from ctxwarden.memory.entities import (
     extract_from_text,
 )
 from ctxwarden.memory.entity_ledger import EntityLedger, rank
-from ctxwarden.messages import Message, ToolCall
-from ctxwarden.tokens.counter import TokenCounter
+from ctxwarden_bench.traces import json_leaves
 
 count = TokenCounter.for_model("gpt-4o").count_text
 
@@ -351,7 +351,7 @@ def test_date_key_links_one_date_in_any_format() -> None:
 
 def test_extraction_is_bounded_on_any_shape() -> None:
     """Shapes that made the old patterns quadratic, a text past the scan cap, JSON nested
-    10,000 deep: each extracts (their speed: python -m ctxwarden.bench.extraction)."""
+    10,000 deep: each extracts (their speed: python -m ctxwarden_bench.extraction)."""
     for shape in ("100 ", "a.", "a-", "1,000,", "Hello World ", "/a1", "x" * 300 + " "):
         assert isinstance(extract_from_text(shape * (200_000 // len(shape))), list)
     head, tail = "HAT001 " + "word " * 10, " LAST99 end"

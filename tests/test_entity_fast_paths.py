@@ -15,14 +15,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctxwarden.build.engine import build_context
+from ctxwarden.core.messages import Message
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.memory import entities, entity_ledger
 from ctxwarden.memory.entities import Entity
 from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.memory.entity_patterns import NEEDS, PATTERNS
-from ctxwarden.messages import Message
+from ctxwarden.pipeline.engine import build_context
 from ctxwarden.steps.ledger import ledger_of
-from ctxwarden.tokens.counter import TokenCounter
 
 count = TokenCounter.for_model("gpt-4o").count_text
 
@@ -162,7 +162,7 @@ def test_the_longest_fitting_prefix_is_the_one_a_binary_search_finds(
 ) -> None:
     # a name with a space makes its line comma-separated: the estimate of every one-word
     # value on that line is a comma short, so renders search for the prefix that fits
-    from ctxwarden.bench.traffic import agent_traffic
+    from ctxwarden_bench.traffic import agent_traffic
 
     found = [e for m in islice(agent_traffic(3), 400) for e in entities.extract_entities(m)]
     spaced = [

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, Field
 
-from ctxwarden.errors import ConfigError, SummarizationError
+from ctxwarden.core.errors import ConfigError, SummarizationError
 from ctxwarden.memory.facts import (
     MAX_FACT_HISTORY,
     Facts,

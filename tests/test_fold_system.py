@@ -16,10 +16,10 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 import ctxwarden
 from ctxwarden import Message, Policy, Session, build_context
-from ctxwarden.build.carried import split_folded, strip_layers
-from ctxwarden.build.policy import WindowConfig
-from ctxwarden.errors import ConfigError
-from ctxwarden.registry.catalog import Registry, get_model
+from ctxwarden.core.errors import ConfigError
+from ctxwarden.core.registry.catalog import Registry, get_model
+from ctxwarden.pipeline.carried import split_folded, strip_layers
+from ctxwarden.pipeline.policy import WindowConfig
 
 TEMPLATE = Path(__file__).parent / "chat_templates" / "mistral-nemo-instruct-2407.jinja"
 MODEL = "mistral-nemo:12b"

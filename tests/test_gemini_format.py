@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from ctxwarden import Policy, Session, build_context
-from ctxwarden.errors import InvalidMessageError
+from ctxwarden.core.errors import InvalidMessageError
+from ctxwarden.core.messages import ImagePart, RawPart
 from ctxwarden.formats import message_from_openai, message_to_openai
 from ctxwarden.formats.gemini import (
     contents_from_gemini,
@@ -19,7 +20,6 @@ from ctxwarden.formats.gemini import (
     messages_to_gemini,
     reply_from_gemini,
 )
-from ctxwarden.messages import ImagePart, RawPart
 
 SYSTEM = {"parts": [{"text": "You are a bot."}, {"text": "Be brief."}], "role": "user"}
 SIG = "c2lnbmF0dXJl"
@@ -153,7 +153,7 @@ def test_messages_from_other_formats_write_valid_gemini() -> None:
 def test_a_result_added_to_a_replied_call_keeps_its_pairing_without_ids() -> None:
     """The proxy's recall rounds answer a reply's call with a plain tool message: a
     synthetic id is not written, so upstream pairs them by name and order as it sent."""
-    from ctxwarden.messages import Message
+    from ctxwarden.core.messages import Message
 
     call = {"functionCall": {"name": "ctxwarden_recall", "args": {"handle": "cw:msg:m1"}}}
     reply = reply_from_gemini({"role": "model", "parts": [call]}, 3)

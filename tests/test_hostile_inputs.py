@@ -33,19 +33,19 @@ from ctxwarden import (
     build_context,
 )
 from ctxwarden.cli.main import app
-from ctxwarden.errors import (
+from ctxwarden.core.errors import (
     ConfigError,
     CtxwardenError,
     InvalidMessageError,
     ProviderTimeout,
     StoreError,
 )
+from ctxwarden.core.tokens.chunked import count_long, safe_chunks
+from ctxwarden.core.tokens.counter import TokenCounter
+from ctxwarden.core.tokens.encodings import get_encoding
 from ctxwarden.formats import messages_from_anthropic, messages_from_openai
 from ctxwarden.llm import parse_spec
 from ctxwarden.memory.facts import parse_facts_json
-from ctxwarden.tokens.chunked import count_long, safe_chunks
-from ctxwarden.tokens.counter import TokenCounter
-from ctxwarden.tokens.encodings import get_encoding
 
 SYSTEM = {"role": "system", "content": "You are a support agent."}
 CALL = {

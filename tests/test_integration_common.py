@@ -27,7 +27,7 @@ from conftest import REPO, TAU_BENCH
 
 import ctxwarden
 from ctxwarden import Message, TokenCounter, pairing_problems, validate_pairing
-from ctxwarden.bench.traces import ID_KEYS, json_leaves
+from ctxwarden_bench.traces import ID_KEYS, json_leaves
 
 MODEL = "gpt-4o"
 BUDGET = 4000
@@ -216,7 +216,7 @@ def test_importing_ctxwarden_loads_no_framework() -> None:
 def test_a_missing_extra_names_itself(module: str, blocked: str, extra: str) -> None:
     code = (
         f"import sys; sys.modules[{blocked!r}] = None\n"
-        "from ctxwarden.errors import MissingDependencyError\n"
+        "from ctxwarden.core.errors import MissingDependencyError\n"
         "try:\n"
         f"    import ctxwarden.integrations.{module}\n"
         "except MissingDependencyError as exc:\n"

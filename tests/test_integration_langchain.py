@@ -37,7 +37,6 @@ from test_integration_common import (
 )
 
 import ctxwarden
-from ctxwarden.build.carried import layer_name, split_folded
 from ctxwarden.integrations._common import ContextBuilder, split_system
 from ctxwarden.integrations._langchain_messages import convert_history
 from ctxwarden.integrations.langchain import (
@@ -45,6 +44,7 @@ from ctxwarden.integrations.langchain import (
     message_from_langchain,
     message_to_langchain,
 )
+from ctxwarden.pipeline.carried import layer_name, split_folded
 
 
 class ScriptedChatModel(BaseChatModel):

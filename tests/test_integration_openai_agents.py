@@ -32,13 +32,13 @@ from test_integration_common import (
 )
 
 from ctxwarden import Message, TokenCounter, pairing_problems
-from ctxwarden.build.carried import split_folded
 from ctxwarden.integrations._responses import items_from_message
 from ctxwarden.integrations.openai_agents import (
     CtxwardenSession,
     context_filter,
     messages_from_items,
 )
+from ctxwarden.pipeline.carried import split_folded
 
 
 def _steps(replay: Replay) -> tuple[list[list[Any]], dict[str, str]]:

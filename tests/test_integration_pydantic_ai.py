@@ -35,12 +35,12 @@ from test_integration_common import (
 )
 
 from ctxwarden import Message, TokenCounter, pairing_problems
-from ctxwarden.build.carried import layer_name
 from ctxwarden.integrations.pydantic_ai import (
     ContextCapability,
     history_processor,
     messages_from_pydantic,
 )
+from ctxwarden.pipeline.carried import layer_name
 
 
 def _model(

@@ -1,7 +1,7 @@
 """Property tests of the build's promises on random histories (issue 11): within budget,
 pairs whole, system first, newest user message and newest call block kept, pins kept or
 evicted with a warning, no duplicates, deterministic — cold, chained, with the offline
-summariser. The long sweep is ``python -m ctxwarden.bench.sweep``."""
+summariser. The long sweep is ``python -m ctxwarden_bench.sweep``."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ctxwarden import BuildState, build_context
-from ctxwarden.bench.random_histories import check_build, random_history
-from ctxwarden.bench.sweep import sweep
-from ctxwarden.errors import BudgetError
+from ctxwarden.core.errors import BudgetError
+from ctxwarden_bench.random_histories import check_build, random_history
+from ctxwarden_bench.sweep import sweep
 
 SEEDS = st.integers(min_value=0, max_value=2**31)
 BUDGETS = st.sampled_from([200, 300, 450, 800, 1500, 3000])

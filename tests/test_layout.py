@@ -68,8 +68,8 @@ def test_the_import_graph_is_read() -> None:
     graph = _graph()
     assert len(graph) > 100
     assert "ctxwarden.steps.ledger" in graph["ctxwarden.steps.fit"]  # a plain import
-    assert "ctxwarden.build.engine" in graph["ctxwarden.session.session"]  # in a function
-    assert "ctxwarden.build.policy" in graph["ctxwarden.session.session"]  # TYPE_CHECKING
+    assert "ctxwarden.pipeline.engine" in graph["ctxwarden.session.session"]  # in a function
+    assert "ctxwarden.pipeline.policy" in graph["ctxwarden.session.session"]  # TYPE_CHECKING
 
 
 def test_no_import_circles() -> None:
@@ -77,3 +77,25 @@ def test_no_import_circles() -> None:
         TopologicalSorter(_graph()).prepare()
     except CycleError as exc:
         pytest.fail(f"import circle: {' -> '.join(exc.args[1])}")
+
+
+def _package(module: str) -> str:
+    """The package a module belongs to: ``ctxwarden.core.tokens.counter`` -> ``core``;
+    a top-level module (``ctxwarden._version``) is its own."""
+    return module.split(".")[1] if "." in module else module
+
+
+def test_no_package_circles() -> None:
+    """Issue 38: the packages form layers (the contracts in pyproject.toml, checked by
+    ``lint-imports`` in CI); here, at least, no two packages reach each other."""
+    packages: dict[str, set[str]] = {}
+    for module, imported in _graph().items():
+        here = _package(module)
+        packages.setdefault(here, set()).update(
+            _package(m) for m in imported if _package(m) != here
+        )
+    try:
+        TopologicalSorter(packages).prepare()
+    except CycleError as exc:
+        pytest.fail(f"package circle: {' -> '.join(exc.args[1])}")
+    assert packages["core"] <= {"ctxwarden"}, packages["core"]  # core imports no package

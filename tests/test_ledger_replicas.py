@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ctxwarden.core.messages import Message
 from ctxwarden.memory.entities import extract_entities
 from ctxwarden.memory.entity_ledger import EntityLedger
-from ctxwarden.messages import Message
 from ctxwarden.store import open_store
 from ctxwarden.store.ledger_checkpoint import (
     LedgerCheckpoint,

@@ -16,11 +16,16 @@ from llm_servers import (
     scripted_server,
 )
 
-from ctxwarden.errors import ConfigError, MissingDependencyError, ProviderError, ProviderTimeout
+from ctxwarden.core.errors import (
+    ConfigError,
+    MissingDependencyError,
+    ProviderError,
+    ProviderTimeout,
+)
+from ctxwarden.core.messages import Message, ToolCall
+from ctxwarden.core.registry.usage import Usage
 from ctxwarden.llm import AnthropicModel, ChatModel, RetryPolicy, StreamingChatModel
 from ctxwarden.llm.anthropic_client import assistant_message, extract_json_object
-from ctxwarden.messages import Message, ToolCall
-from ctxwarden.registry.usage import Usage
 
 __all__ = ["scripted_server"]  # the fixture, re-exported so pytest finds it here
 

@@ -8,7 +8,7 @@ from email.utils import formatdate
 
 import pytest
 
-from ctxwarden.errors import ConfigError, ProviderError, ProviderTimeout, UsageError
+from ctxwarden.core.errors import ConfigError, ProviderError, ProviderTimeout, UsageError
 from ctxwarden.llm import (
     AnthropicModel,
     OpenAICompatible,

@@ -18,11 +18,16 @@ from llm_servers import (
     scripted_server,
 )
 
-from ctxwarden.errors import ConfigError, MissingDependencyError, ProviderError, ProviderTimeout
+from ctxwarden.core.errors import (
+    ConfigError,
+    MissingDependencyError,
+    ProviderError,
+    ProviderTimeout,
+)
+from ctxwarden.core.messages import Message
+from ctxwarden.core.registry.usage import Usage
 from ctxwarden.llm import ChatModel, OpenAICompatible, RetryPolicy, StreamingChatModel
 from ctxwarden.llm.base import complete_sync
-from ctxwarden.messages import Message
-from ctxwarden.registry.usage import Usage
 
 __all__ = ["scripted_server"]  # the fixture, re-exported so pytest finds it here
 
@@ -372,7 +377,7 @@ def test_complete_sync_runs_without_a_loop_and_twice(scripted_server: ScriptedSe
 async def test_complete_sync_inside_a_running_loop_is_refused(
     scripted_server: ScriptedServer,
 ) -> None:
-    from ctxwarden.errors import UsageError
+    from ctxwarden.core.errors import UsageError
 
     with pytest.raises(UsageError, match="await"):
         complete_sync(client(scripted_server), MESSAGES)

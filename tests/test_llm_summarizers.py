@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from ctxwarden.errors import ConfigError, ProviderError, SummarizationError
+from ctxwarden.core.errors import ConfigError, ProviderError, SummarizationError
+from ctxwarden.core.messages import Message, ToolCall
+from ctxwarden.core.registry.usage import Usage
 from ctxwarden.llm.base import ChatModel, Completion
 from ctxwarden.llm.summarizers import LLMFactExtractor, LLMSummarizer
 from ctxwarden.memory.facts import Facts
@@ -20,8 +22,6 @@ from ctxwarden.memory.prompts import (
     render_transcript,
 )
 from ctxwarden.memory.summaries import SummaryState, SummaryTrigger, summarize_cycle
-from ctxwarden.messages import Message, ToolCall
-from ctxwarden.registry.usage import Usage
 
 
 class ScriptedModel:

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctxwarden.errors import ConfigError
-from ctxwarden.messages import Message, ToolCall
+from ctxwarden.core.errors import ConfigError
+from ctxwarden.core.messages import Message, ToolCall
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.steps.base import ActionKind, Strategy, StrategyContext
 from ctxwarden.steps.mask import MaskObservations
-from ctxwarden.tokens.counter import TokenCounter
 
 COUNTER = TokenCounter.for_model("gpt-4o")
 

@@ -11,7 +11,8 @@ import pytest
 
 import ctxwarden
 from ctxwarden import InvalidMessageError, Message, ToolCall
-from ctxwarden.build.pairing import group_blocks, pairing_problems, validate_pairing
+from ctxwarden.core.messages import ImagePart, RawPart, TextPart
+from ctxwarden.core.pairing import group_blocks, pairing_problems, validate_pairing
 from ctxwarden.formats.anthropic import messages_from_anthropic, messages_to_anthropic
 from ctxwarden.formats.openai import (
     message_from_openai,
@@ -19,7 +20,6 @@ from ctxwarden.formats.openai import (
     messages_from_openai,
     messages_to_openai,
 )
-from ctxwarden.messages import ImagePart, RawPart, TextPart
 
 
 def _shape(messages: list[Message]) -> list[tuple[Any, ...]]:

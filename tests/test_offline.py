@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from ctxwarden.core.messages import Message, ToolCall
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.llm.offline import OfflineSummarizer, RuleBasedFactExtractor
 from ctxwarden.memory.facts import Facts
 from ctxwarden.memory.summaries import SummaryState, SummaryTrigger, summarize_cycle
-from ctxwarden.messages import Message, ToolCall
-from ctxwarden.tokens.counter import TokenCounter
 
 COUNTER = TokenCounter.for_model("gpt-4o")
 

@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from ctxwarden.bench.proxy import conversation
-from ctxwarden.build.engine import build_context
+from ctxwarden.core.messages import Message
 from ctxwarden.formats.openai import message_from_openai, messages_to_openai
 from ctxwarden.formats.openai_json import (
     dumps,
@@ -18,7 +17,8 @@ from ctxwarden.formats.openai_json import (
     object_json,
     object_json_bytes,
 )
-from ctxwarden.messages import Message
+from ctxwarden.pipeline.engine import build_context
+from ctxwarden_bench.proxy import conversation
 
 
 def _plain(messages: list[Message]) -> str:

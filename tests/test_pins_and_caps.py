@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ctxwarden import Message, Policy, ToolCall, WindowConfig, build_context
-from ctxwarden.bench.random_histories import check_build, random_history
-from ctxwarden.bench.spare_budget import reference_build, spare_budget_problems
-from ctxwarden.errors import BudgetError
+from ctxwarden.core.errors import BudgetError
 from ctxwarden.steps.mask import MaskObservations
+from ctxwarden_bench.random_histories import check_build, random_history
+from ctxwarden_bench.spare_budget import reference_build, spare_budget_problems
 
 
 def _agent_history(rounds: int = 26, pin_every: int = 5) -> list[Message]:

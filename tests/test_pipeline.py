@@ -15,13 +15,13 @@ import pytest
 
 import ctxwarden
 from ctxwarden import BuildState, Message, Policy, ToolCall, WindowConfig, build_context
-from ctxwarden.bench.proxy import conversation
-from ctxwarden.bench.traces import load_tau_bench
-from ctxwarden.build.pairing import pairing_problems
-from ctxwarden.build.state import PREFIX_DIGITS
-from ctxwarden.errors import BudgetError, ConfigError
+from ctxwarden.core.errors import BudgetError, ConfigError
+from ctxwarden.core.pairing import pairing_problems
 from ctxwarden.formats.openai import messages_from_openai, messages_to_openai
 from ctxwarden.steps.drop_tagged import DropTagged
+from ctxwarden.steps.state import PREFIX_DIGITS
+from ctxwarden_bench.proxy import conversation
+from ctxwarden_bench.traces import load_tau_bench
 
 
 def _loop(history: list[Message], budget: int, start: int = 4) -> list[ctxwarden.BuiltContext]:
@@ -86,7 +86,7 @@ def test_the_prefix_is_stored_packed_and_a_state_stored_before_still_builds_the_
 _CHILD = """
 import json, sys
 from ctxwarden import BuildState, build_context
-from ctxwarden.bench.traces import load_tau_bench
+from ctxwarden_bench.traces import load_tau_bench
 path, run, n, budget = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 state = BuildState.from_dict(json.loads(sys.stdin.read()))
 history = load_tau_bench(path)[run][:n]
@@ -144,7 +144,7 @@ def _store_urls(tmp_path: Path, pg_schema_url: str | None) -> list[str]:
 def test_session_and_build_context_give_the_same_context(
     tau: list[list[Message]], locomo_path: Path, tmp_path: Path, pg_schema_url: str | None
 ) -> None:
-    from ctxwarden.bench.traces import load_locomo, locomo_transcript
+    from ctxwarden_bench.traces import load_locomo, locomo_transcript
 
     chats = [tau[3], tau[11], tau[27], locomo_transcript(load_locomo(locomo_path)[2])[:120]]
     for url in _store_urls(tmp_path, pg_schema_url):
@@ -172,7 +172,7 @@ def _summarised_both_ways(history: list[Message], url: str, budget: int) -> tupl
 def test_with_a_summariser_the_session_equals_build_context(
     locomo_path: Path, tmp_path: Path, pg_schema_url: str | None
 ) -> None:
-    from ctxwarden.bench.traces import load_locomo, locomo_transcript
+    from ctxwarden_bench.traces import load_locomo, locomo_transcript
 
     chats = [locomo_transcript(c)[:160] for c in load_locomo(locomo_path)[:2]]
     for url in _store_urls(tmp_path, pg_schema_url):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ctxwarden import Message, Policy, ToolCall, WindowConfig, build_context
-from ctxwarden.build.pairing import pairing_problems
+from ctxwarden.core.pairing import pairing_problems
 from ctxwarden.steps.priority import PRIORITY_WEIGHT, eviction_order, importance, is_correction
 
 

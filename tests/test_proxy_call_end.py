@@ -11,20 +11,20 @@ import pytest
 from service_harness import db_url
 
 from ctxwarden import Session, Usage
-from ctxwarden.errors import StoreError, VersionConflict
-from ctxwarden.messages import Message
+from ctxwarden.core.errors import StoreError, VersionConflict
+from ctxwarden.core.messages import Message
 from ctxwarden.store import open_store
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.service_tables import (
     CallEnd,
     Head,
     add_tenant,
-    build_context,
     delete_session,
     end_call,
     get_head,
     latest_builds,
     list_builds,
+    logged_context,
     put_head,
     record_build,
     tenant_by_key_hash,
@@ -130,14 +130,14 @@ def test_contexts_are_rows_of_their_own_and_the_migration_moves_old_ones(
     with Session(url, "s", tenant="t") as s:
         [row] = list_builds(s.store, "t", "s")
         assert row.has_context
-        moved = build_context(s.store, "t", "s", "old")
+        moved = logged_context(s.store, "t", "s", "old")
         assert moved == [{"layer": "current", "message": {"role": "user", "content": "hi"}}]
         s.append([{"role": "user", "content": "next"}])
         s.build(build_id="new", status="forwarded")
         assert end_call(s.store, CallEnd("t", "s", "new", "complete"))
         rows = {b.build_id: b for b in list_builds(s.store, "t", "s")}
         assert rows["new"].status == "complete" and rows["new"].has_context
-        context = build_context(s.store, "t", "s", "new")
+        context = logged_context(s.store, "t", "s", "new")
         assert context is not None and context[-1]["message"]["content"] == "next"
 
 

@@ -10,9 +10,7 @@ from typing import Any
 import pytest
 
 from ctxwarden import Session, Usage
-from ctxwarden.bench.proxy import conversation, history_at
-from ctxwarden.bench.proxy_upstream import REPLY_TEXT
-from ctxwarden.errors import InvalidMessageError
+from ctxwarden.core.errors import InvalidMessageError
 from ctxwarden.formats import message_from_openai, openai_json
 from ctxwarden.service.config import ServiceConfig
 from ctxwarden.service.history import wire_key
@@ -21,15 +19,17 @@ from ctxwarden.service.key_memo import KeyMemo
 from ctxwarden.service.keys import hash_key, new_key, shown_prefix
 from ctxwarden.service.metrics import Metrics
 from ctxwarden.service.openai_proxy import OpenAIWire, _reply
-from ctxwarden.service.pipeline import Call, finish, prepare
+from ctxwarden.service.proxied_call import Call, finish, prepare
 from ctxwarden.session.build_log import context_json, context_rows, context_utf8
 from ctxwarden.store.base import json_text
 from ctxwarden.store.service_tables import (
     add_tenant,
-    build_context,
     list_builds,
+    logged_context,
     tenant_by_key_hash,
 )
+from ctxwarden_bench.proxy import conversation, history_at
+from ctxwarden_bench.proxy_upstream import REPLY_TEXT
 
 
 def test_key_memo_gives_every_message_its_own_key() -> None:
@@ -90,7 +90,7 @@ def test_context_json_is_the_context_rows_as_stored(tmp_path: Path) -> None:
                 assert r.get("seq", by_id.get(m.id)) == by_id.get(m.id)
                 assert r["layer"] == built.layers.get(m.id, "window")
             assert len(row[1]) < len(json_text(context_rows(built))) / 1.5
-            assert build_context(s.store, "default", "c", f"b{_}") == context_rows(built)
+            assert logged_context(s.store, "default", "c", f"b{_}") == context_rows(built)
     odd = message_from_openai({"role": "user", "content": "lone \ud800 surrogate"})
     from dataclasses import replace
 
@@ -160,7 +160,7 @@ class _Proxy:
         store = self.hub.store
         last = list_builds(store, "t", "chat", limit=1_000)[-1]
         stored = [m.message for m in store.iter_messages("t", "chat")]
-        return (last.audit, build_context(store, "t", "chat", last.build_id)), stored
+        return (last.audit, logged_context(store, "t", "chat", last.build_id)), stored
 
 
 def test_a_call_served_warm_equals_one_served_cold(tmp_path: Path) -> None:

@@ -13,15 +13,15 @@ from conftest import SHARED_DATA
 from service_harness import db_url
 
 from ctxwarden import Message, Policy, Session, ToolCall, build_context, recall, recall_tool
-from ctxwarden.build.state import BuildState
-from ctxwarden.errors import ConfigError, UnknownHandleError
+from ctxwarden.core.errors import ConfigError, UnknownHandleError
+from ctxwarden.core.handles import handle_for, message_id_of
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.formats.openai import message_to_openai
-from ctxwarden.memory.recall import RECALL_TOOL_NAME, original_content, recall_arguments
-from ctxwarden.steps.handles import handle_for, message_id_of
-from ctxwarden.steps.recall import RECALL_HEADING, RECALL_ID, RecallRelevant
+from ctxwarden.session.recall import RECALL_TOOL_NAME, original_content, recall_arguments
 from ctxwarden.steps.recall_gate import MAX_TOOL_SHARE, named_only_there, tool_share
+from ctxwarden.steps.recall_relevant import RECALL_HEADING, RECALL_ID, RecallRelevant
+from ctxwarden.steps.state import BuildState
 from ctxwarden.store.service_tables import list_builds
-from ctxwarden.tokens.counter import TokenCounter
 
 SWEBENCH = SHARED_DATA / "swebench-mini" / "swebench-verified-mini-gemini3-dev.json"
 __all__ = ["db_url"]  # the fixture (SQLite, or a fresh PostgreSQL schema), for pytest
@@ -32,7 +32,7 @@ HANDLE = re.compile(r"cw:msg:[\w:.-]+")
 def swebench_run() -> list[Message]:
     if not SWEBENCH.exists():
         pytest.skip(f"swebench-mini data not found at {SWEBENCH} (set CTXWARDEN_DATA)")
-    from ctxwarden.bench.swebench import load_swebench
+    from ctxwarden_bench.swebench import load_swebench
 
     # a run where a masked result is needed later (with cache-aware compaction, issue 37,
     # run 5 keeps what its later commands use: no longer such a run)
@@ -331,7 +331,7 @@ def test_the_recall_step_is_configured_from_toml_and_checked() -> None:
 def test_without_the_extra_the_step_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from ctxwarden.errors import MissingDependencyError
+    from ctxwarden.core.errors import MissingDependencyError
 
     monkeypatch.setitem(sys.modules, "bm25s", None)  # as if not installed
     history = _chat("What was my booking code for the Lisbon ferry?")
@@ -422,7 +422,7 @@ def test_a_chat_session_recalls_what_build_context_recalls(tmp_path: Path) -> No
     """A stored chat without a summary reads the recall's sources before its slice, so a
     session built turn by turn sends what build_context sends, recall block included;
     an agent loop's session reads no more than before and recalls nothing."""
-    from ctxwarden.bench.session_path import sent
+    from ctxwarden_bench.session_path import sent
 
     history = _chat("What was my booking code for the Lisbon ferry?")
     with Session(f"sqlite:///{tmp_path}/chat.db", "chat", model="gpt-4o") as s:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from ctxwarden.bench.calibrate import claude_version, ctok_version, registry_check
-from ctxwarden.errors import ConfigError, UnknownModelError, UsageError
-from ctxwarden.registry.catalog import ModelInfo, Registry, get_model, load_registry
+from ctxwarden.core.errors import ConfigError, UnknownModelError, UsageError
+from ctxwarden.core.registry.catalog import ModelInfo, Registry, get_model, load_registry
+from ctxwarden_bench.calibrate import claude_version, ctok_version, registry_check
 
 REQUIRED = [
     "gpt-4o",
@@ -346,8 +346,8 @@ def my_llama() -> Registry:
 
 
 def test_a_user_registry_prices_its_own_models() -> None:
-    from ctxwarden.registry.cost import SessionCost, estimate_cost
-    from ctxwarden.registry.usage import Usage
+    from ctxwarden.core.registry.cost import SessionCost, estimate_cost
+    from ctxwarden.core.registry.usage import Usage
 
     registry = my_llama()
     assert get_model("my-llama", registry).context_window == 6_000

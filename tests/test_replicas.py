@@ -3,7 +3,7 @@
 The topology runs as processes on this machine: ``ctxwarden serve`` on several ports
 against one PostgreSQL schema, a real ``ctxwarden worker`` (Celery) on the machine's
 Redis (its own queue name, so nothing else's worker takes our jobs), and a local
-upstream (:mod:`ctxwarden.bench.scale_upstream`: a tool-using agent, and a summariser
+upstream (:mod:`ctxwarden_bench.scale_upstream`: a tool-using agent, and a summariser
 whose summary answers take 2 s). The Redis-down test starts a Redis of its own on a free
 port, since it stops it.
 """
@@ -39,9 +39,9 @@ from service_harness import (
 )
 
 from ctxwarden import Session
-from ctxwarden.bench.scale_upstream import ScaleUpstream, first_turn, next_turn, what_it_says
 from ctxwarden.store import open_store
 from ctxwarden.store.job_log import job_attempts
+from ctxwarden_bench.scale_upstream import ScaleUpstream, first_turn, next_turn, what_it_says
 
 pytestmark = pytest.mark.postgres
 

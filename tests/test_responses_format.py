@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from ctxwarden import build_context, pairing_problems
-from ctxwarden.errors import InvalidMessageError
+from ctxwarden.core.errors import InvalidMessageError
+from ctxwarden.core.messages import ImagePart, RawPart, TextPart
 from ctxwarden.formats.responses import (
     message_items,
     messages_from_responses,
@@ -16,7 +17,6 @@ from ctxwarden.formats.responses import (
     reply_from_output,
     tools_as_openai,
 )
-from ctxwarden.messages import ImagePart, RawPart, TextPart
 
 REASONING = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAAB=="}
 ITEMS: list[dict[str, Any]] = [

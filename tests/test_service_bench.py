@@ -1,4 +1,4 @@
-"""``python -m ctxwarden.bench.proxy`` runs end to end on a tiny load (its figures are
+"""``python -m ctxwarden_bench.proxy`` runs end to end on a tiny load (its figures are
 for the machine, not for a test) and checks its stored sessions."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ctxwarden.bench.proxy import anthropic_bodies, conversation, history_at
+from ctxwarden_bench.proxy import anthropic_bodies, conversation, history_at
 
 
 def test_conversation_is_the_documented_size() -> None:
@@ -29,7 +29,7 @@ def test_bench_runs_and_checks_the_store(tmp_path: Path, api: str, paired: str) 
     """Both ways of running a case: direct and proxied calls in turn, or one after the other."""
     out = tmp_path / "figures.json"
     done = subprocess.run(
-        [sys.executable, "-m", "ctxwarden.bench.proxy", "--clients", "3", "--steps", "2",
+        [sys.executable, "-m", "ctxwarden_bench.proxy", "--clients", "3", "--steps", "2",
          "--messages", "20", "--kinds", "httpx,sdk", "--api", api, "--json", str(out),
          "--paired-up-to", paired],
         capture_output=True, text=True, timeout=300,
@@ -61,7 +61,7 @@ def test_the_prepared_requests_are_kept_out_of_collections() -> None:
     :func:`prepared`): they are frozen, every request's turns among them."""
     import gc
 
-    from ctxwarden.bench.proxy import conversation, prepared
+    from ctxwarden_bench.proxy import conversation, prepared
 
     before = gc.get_freeze_count()
     try:
@@ -76,7 +76,7 @@ def test_the_prepared_requests_are_kept_out_of_collections() -> None:
 def test_the_reference_loop_is_timed_as_timeit_times_it() -> None:
     import timeit
 
-    from ctxwarden.bench.machine_speed import REFERENCE_LOOP, reference_ms
+    from ctxwarden_bench.machine_speed import REFERENCE_LOOP, reference_ms
 
     ours = reference_ms(repeat=3, number=5)
     theirs = min(timeit.Timer(REFERENCE_LOOP).repeat(repeat=3, number=5)) / 5 * 1000
@@ -92,7 +92,7 @@ def test_a_database_given_with_db_serves_run_after_run(tmp_path: Path) -> None:
     args = ["--db", db, "--clients", "2", "--steps", "1", "--messages", "10",
             "--kinds", "httpx", "--modes", "json"]  # fmt: skip
     for _ in range(2):
-        done = subprocess.run([sys.executable, "-m", "ctxwarden.bench.proxy", *args],
+        done = subprocess.run([sys.executable, "-m", "ctxwarden_bench.proxy", *args],
                               capture_output=True, text=True, timeout=300)  # fmt: skip
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         assert "stored sessions checked: 2; problems: 0" in done.stdout
@@ -101,7 +101,7 @@ def test_a_database_given_with_db_serves_run_after_run(tmp_path: Path) -> None:
 
     with open_store(db) as store:
         assert len([t for t in list_tenants(store) if t.tenant.startswith("bench-")]) == 2
-    bad = subprocess.run([sys.executable, "-m", "ctxwarden.bench.proxy", "--db", "nonsense://x"],
+    bad = subprocess.run([sys.executable, "-m", "ctxwarden_bench.proxy", "--db", "nonsense://x"],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and "--db: unknown store URL 'nonsense://x'" in bad.stderr
 
@@ -111,7 +111,7 @@ def test_the_bench_collects_before_a_case_and_not_during_it() -> None:
     SDK) and read as the proxy's p99: off for a case, back on after, even on failure."""
     import gc
 
-    from ctxwarden.bench.proxy import _collector_off
+    from ctxwarden_bench.proxy import _collector_off
 
     collections: list[int] = []
 
@@ -139,7 +139,7 @@ def test_bench_runs_the_responses_route_beside_chat(tmp_path: Path) -> None:
     checked as the conversation it sent."""
     out = tmp_path / "figures.json"
     done = subprocess.run(
-        [sys.executable, "-m", "ctxwarden.bench.proxy", "--clients", "2", "--steps", "2",
+        [sys.executable, "-m", "ctxwarden_bench.proxy", "--clients", "2", "--steps", "2",
          "--messages", "20", "--kinds", "sdk,responses", "--json", str(out)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -29,8 +29,8 @@ from service_harness import ProxyServer, add_tenant, module_db, sid
 from ctxwarden import TokenCounter
 from ctxwarden.formats.gemini import messages_from_gemini, messages_to_gemini
 from ctxwarden.formats.openai import message_from_openai
-from ctxwarden.memory.recall import RECALL_TOOL_NAME
 from ctxwarden.service.gemini_proxy import _tools_as_openai
+from ctxwarden.session.recall import RECALL_TOOL_NAME
 
 __all__ = ["module_db"]
 

@@ -29,8 +29,8 @@ from llm_servers import (
 )
 from service_harness import ProxyServer, add_tenant, anthropic_rich_stream, module_db, sid
 
-from ctxwarden.memory.recall import RECALL_TOOL_NAME, recall_tool
 from ctxwarden.service.recall_rounds import MAX_ROUNDS
+from ctxwarden.session.recall import RECALL_TOOL_NAME, recall_tool
 
 __all__ = ["module_db"]  # the fixture, re-exported for pytest
 

@@ -16,7 +16,7 @@ from llm_servers import Recorded, Reply, ScriptedServer
 from responses_servers import response_events, response_json
 from service_harness import ProxyServer, add_tenant, module_db, sid
 
-from ctxwarden.memory.recall import RECALL_TOOL_NAME
+from ctxwarden.session.recall import RECALL_TOOL_NAME
 
 __all__ = ["module_db"]  # the fixture, re-exported for pytest
 

@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import pytest
 
-from ctxwarden.errors import ConfigError
+from ctxwarden.core.errors import ConfigError
 from ctxwarden.service.config import ServiceConfig
 from ctxwarden.service.hub import Hub
 from ctxwarden.service.metrics import Metrics

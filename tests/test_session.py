@@ -18,16 +18,16 @@ from typing import Any
 
 import pytest
 
-from ctxwarden.build.engine import build_context
-from ctxwarden.caching import BoundedCache
-from ctxwarden.errors import ConfigError, InvalidMessageError, StoreError, SummarizationError
+from ctxwarden.core.caching import BoundedCache
+from ctxwarden.core.errors import ConfigError, InvalidMessageError, StoreError, SummarizationError
+from ctxwarden.core.messages import Message
+from ctxwarden.core.registry.usage import Usage
 from ctxwarden.formats.openai import message_from_openai
 from ctxwarden.memory.entities import extract_entities
 from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.memory.facts import Facts
 from ctxwarden.memory.summaries import SummaryResult, SummaryTrigger
-from ctxwarden.messages import Message
-from ctxwarden.registry.usage import Usage
+from ctxwarden.pipeline.engine import build_context
 from ctxwarden.session.session import Session
 from ctxwarden.steps.layers import SUMMARY_HEADING
 from ctxwarden.store import SessionStore, open_store
@@ -147,7 +147,7 @@ def test_import_creates_a_session_and_refuses_a_non_empty_one(url: str, sid: str
 
 
 def test_usage_and_cost_accumulate_per_model(url: str, sid: str) -> None:
-    from ctxwarden.registry.cost import estimate_cost
+    from ctxwarden.core.registry.cost import estimate_cost
 
     with Session(url, sid, model="gpt-4o") as s:
         s.record_usage(Usage(1000, 100))
@@ -524,7 +524,7 @@ def test_a_bulk_append_to_a_built_session_is_read_from_the_window_start(url: str
 
 
 def test_without_the_ledger_the_session_build_is_the_full_build(url: str, sid: str) -> None:
-    from ctxwarden.build.policy import LedgerConfig, Policy
+    from ctxwarden.pipeline.policy import LedgerConfig, Policy
 
     policy = Policy(ledger=LedgerConfig(enabled=False))
     history = [{"role": "system", "content": "sys"}, *chat(300)]
@@ -560,8 +560,8 @@ def test_a_registry_model_counts_budgets_and_prices_in_a_session(url: str, sid: 
     $1 / $2 per 1M) given as ``Session(..., registry=...)``."""
     from test_registry import my_llama
 
+    from ctxwarden.core.tokens.counter import TokenCounter
     from ctxwarden.session.session import count_key
-    from ctxwarden.tokens.counter import TokenCounter
 
     registry = my_llama()
     history = [{"role": "system", "content": "You are a shop assistant."}, *chat(600)]
@@ -611,11 +611,11 @@ class _Unfocused:
 def test_build_shows_the_summary_focused_on_the_question(url: str, sid: str) -> None:
     from test_engine_summary import travel_chat  # each trip told once
 
-    from ctxwarden.build.policy import Policy
+    from ctxwarden.core.tokens.counter import TokenCounter
     from ctxwarden.llm.offline import OfflineSummarizer
     from ctxwarden.memory.summaries import summary_view
+    from ctxwarden.pipeline.policy import Policy
     from ctxwarden.steps.layers import SUMMARY_HEADING
-    from ctxwarden.tokens.counter import TokenCounter
 
     summarizer = OfflineSummarizer(max_tokens=1200, meta_max_tokens=2400)
     policy = Policy(summary=SHARE)
@@ -671,8 +671,8 @@ def test_a_share_too_small_for_any_line_leaves_the_summary_out_and_says_so(
 ) -> None:
     from test_engine_summary import travel_chat
 
-    from ctxwarden.build.policy import Policy
     from ctxwarden.llm.offline import OfflineSummarizer
+    from ctxwarden.pipeline.policy import Policy
 
     tiny = SummaryTrigger(max_messages=16, keep_recent=6, fill_ratio=None, summary_share=0.01)
     with Session(url, sid, summarizer=OfflineSummarizer()) as s:

@@ -6,7 +6,7 @@ import pytest
 from service_harness import db_url
 
 from ctxwarden import Session
-from ctxwarden.errors import InvalidMessageError
+from ctxwarden.core.errors import InvalidMessageError
 from ctxwarden.store import open_store
 from ctxwarden.store.ids import new_id_problem, readable_id_problem, storable_id_problem
 

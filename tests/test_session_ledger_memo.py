@@ -6,10 +6,10 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from ctxwarden.bench.proxy import conversation
-from ctxwarden.build.policy import Policy
 from ctxwarden.formats.openai import message_from_openai
+from ctxwarden.pipeline.policy import Policy
 from ctxwarden.session.session import Session
+from ctxwarden_bench.proxy import conversation
 
 
 def test_a_kept_ledger_memo_changes_no_context(tmp_path: Path) -> None:

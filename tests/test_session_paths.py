@@ -32,16 +32,16 @@ from service_harness import (
 )
 
 from ctxwarden import Session, build_context
-from ctxwarden.bench.session_path import (
+from ctxwarden.core.messages import Message
+from ctxwarden.formats.anthropic import messages_from_anthropic, messages_to_anthropic
+from ctxwarden.formats.openai import message_to_openai
+from ctxwarden_bench.session_path import (
     SessionBuilder,
     compare_paths,
     engine_path,
     model_calls,
     sent,
 )
-from ctxwarden.formats.anthropic import messages_from_anthropic, messages_to_anthropic
-from ctxwarden.formats.openai import message_to_openai
-from ctxwarden.messages import Message
 
 __all__ = ["module_db"]  # the fixture, re-exported for pytest
 
@@ -64,8 +64,8 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 def _runs(which: str, tau_bench_path: Path) -> list[list[Message]]:
-    from ctxwarden.bench.swebench import load_swebench
-    from ctxwarden.bench.traces import load_tau_bench
+    from ctxwarden_bench.swebench import load_swebench
+    from ctxwarden_bench.traces import load_tau_bench
 
     if which == "tau":
         return load_tau_bench(tau_bench_path)
@@ -279,8 +279,8 @@ def test_the_bench_rows_through_a_session_are_the_in_memory_rows(
     """``ctxwarden bench`` reports the service's path beside the in-memory one: a tau-bench
     row through a stored session at each budget, and LoCoMo questions through a session's
     append → summarize_sync → build. Any difference between them fails here."""
-    from ctxwarden.bench.report import SESSION_ROW, TAU_BUDGETS, _locomo_paths, _tau
-    from ctxwarden.bench.traces import load_locomo
+    from ctxwarden_bench.report import SESSION_ROW, TAU_BUDGETS, _locomo_paths, _tau
+    from ctxwarden_bench.traces import load_locomo
 
     runs = json.loads(tau_bench_path.read_text("utf-8"))[:4]
     small = tmp_path / "tau.json"

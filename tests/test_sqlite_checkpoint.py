@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from ctxwarden.errors import ConfigError
-from ctxwarden.messages import Message
+from ctxwarden.core.errors import ConfigError
+from ctxwarden.core.messages import Message
 from ctxwarden.service.config import ServiceConfig
 from ctxwarden.service.hub import Hub
 from ctxwarden.service.metrics import Metrics

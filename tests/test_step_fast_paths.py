@@ -11,12 +11,12 @@ import random
 
 import pytest
 
-from ctxwarden.bench.random_histories import random_history
-from ctxwarden.messages import Message
+from ctxwarden.core.messages import Message
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.steps.base import StrategyContext
 from ctxwarden.steps.mask import MaskObservations
 from ctxwarden.steps.truncate import TruncateToolResults
-from ctxwarden.tokens.counter import TokenCounter
+from ctxwarden_bench.random_histories import random_history
 
 COUNTER = TokenCounter.for_model("gpt-4o")
 
@@ -131,8 +131,8 @@ def replace_text(message: Message) -> Message:
 
 
 def test_a_result_kept_for_one_request_is_cut_again_for_another() -> None:
-    from ctxwarden.memory.recall import RECALL_TOOL_NAME
-    from ctxwarden.messages import ToolCall
+    from ctxwarden.core.messages import ToolCall
+    from ctxwarden.session.recall import RECALL_TOOL_NAME
 
     lines = [f"{i:04d} INFO worker heartbeat ok, queue depth {i % 7}" for i in range(400)]
     result = Message.tool("\n".join(lines), "c1", id="r1")

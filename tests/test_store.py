@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from ctxwarden.errors import ConfigError, MissingDependencyError, StoreError, VersionConflict
-from ctxwarden.messages import Message, TextPart, ToolCall
-from ctxwarden.registry.usage import Usage
+from ctxwarden.core.errors import ConfigError, MissingDependencyError, StoreError, VersionConflict
+from ctxwarden.core.messages import Message, TextPart, ToolCall
+from ctxwarden.core.registry.usage import Usage
 from ctxwarden.store import MIGRATIONS, SessionStore, SQLiteStore, open_store
 from ctxwarden.store.base import encode_message
 

@@ -9,8 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctxwarden.build.pairing import group_blocks
-from ctxwarden.errors import ConfigError, SummarizationError
+from ctxwarden.core.errors import ConfigError, SummarizationError
+from ctxwarden.core.messages import Message, ToolCall
+from ctxwarden.core.pairing import group_blocks
+from ctxwarden.core.registry.usage import Usage
 from ctxwarden.llm.offline import OfflineSummarizer, RuleBasedFactExtractor
 from ctxwarden.memory.facts import Facts
 from ctxwarden.memory.summaries import (
@@ -22,8 +24,6 @@ from ctxwarden.memory.summaries import (
     summarize_cycle,
     summary_view,
 )
-from ctxwarden.messages import Message, ToolCall
-from ctxwarden.registry.usage import Usage
 
 
 def chat(n: int, *, system: bool = True) -> list[Message]:

@@ -24,11 +24,11 @@ from service_harness import PG_SKIP, ProxyServer, add_tenant
 from test_replicas import Worker
 from test_session_paths import BUDGETS, SUBSET, _check, _runs
 
-from ctxwarden.bench.session_path import locomo_paths, sent, session_locomo_path
-from ctxwarden.bench.traces import load_locomo
-from ctxwarden.messages import Message
+from ctxwarden.core.messages import Message
 from ctxwarden.store import open_store
 from ctxwarden.store.job_log import job_attempts
+from ctxwarden_bench.session_path import locomo_paths, sent, session_locomo_path
+from ctxwarden_bench.traces import load_locomo
 
 REDIS = os.environ.get("CTXWARDEN_TEST_REDIS")
 BUDGET = 4000

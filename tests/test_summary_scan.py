@@ -9,13 +9,13 @@ from dataclasses import replace
 import pytest
 
 from ctxwarden import BuildState, build_context
-from ctxwarden.bench.random_histories import random_history
-from ctxwarden.build.policy import Policy
+from ctxwarden.core.messages import Message
+from ctxwarden.core.tokens.counter import TokenCounter, count_key
 from ctxwarden.memory.layer_state import LayerState
 from ctxwarden.memory.summaries import SummaryState, SummaryTrigger, plan_summary
 from ctxwarden.memory.summary_scan import SummaryScan, scan_key, summary_due_of
-from ctxwarden.messages import Message
-from ctxwarden.tokens.counter import TokenCounter, count_key
+from ctxwarden.pipeline.policy import Policy
+from ctxwarden_bench.random_histories import random_history
 
 COUNTER = TokenCounter.for_model("gpt-4o")
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ctxwarden.bench.proxy import conversation
+from ctxwarden.core.messages import Message
 from ctxwarden.formats.openai import message_from_openai
-from ctxwarden.messages import Message
 from ctxwarden.session.session import Session
 from ctxwarden.session.tail_memo import TailMemo, with_tail
 from ctxwarden.store import StoredMessage
+from ctxwarden_bench.proxy import conversation
 
 
 def _ids(rows: list[StoredMessage]) -> list[int]:

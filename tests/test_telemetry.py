@@ -291,7 +291,7 @@ def test_without_opentelemetry_the_library_runs_and_never_imports_it(tmp_path: P
         f"""
         import json, os
         from ctxwarden import Session, build_context
-        from ctxwarden.errors import ConfigError
+        from ctxwarden.core.errors import ConfigError
         from ctxwarden.store import open_store
         from ctxwarden.telemetry import configure_from_env
 
@@ -433,8 +433,8 @@ def test_the_workers_summary_job_joins_the_calls_trace(
     from service_harness import add_tenant as cli_add_tenant
     from test_replicas import Worker
 
-    from ctxwarden.bench.scale_upstream import ScaleUpstream
     from ctxwarden.store.job_log import job_attempts
+    from ctxwarden_bench.scale_upstream import ScaleUpstream
 
     redis = os.environ.get("CTXWARDEN_TEST_REDIS")
     if not redis or not pg_schema_url:

@@ -1,7 +1,7 @@
 """Builds on 16 threads at once give the sequential results (the proxy builds on a pool).
 
-Every memo a build reads or writes between calls is a :class:`ctxwarden.caching.BoundedCache`
-or a :func:`~ctxwarden.caching.memoize` d function, shared by all threads: the token
+Every memo a build reads or writes between calls is a :class:`ctxwarden.core.caching.BoundedCache`
+or a :func:`~ctxwarden.core.caching.memoize` d function, shared by all threads: the token
 counter's, the entity extractor's, masking's and truncation's. Shrunk to a couple of entries
 each, every thread evicts what another just stored, so a get-then-update race (the
 ``KeyError`` of an ``OrderedDict.move_to_end`` after another thread's eviction) or a value
@@ -18,8 +18,8 @@ from collections.abc import Iterator
 import pytest
 
 from ctxwarden import Message, ToolCall, build_context
-from ctxwarden.build.engine import BuiltContext
-from ctxwarden.caching import BoundedCache, all_caches, clear_all, memoize
+from ctxwarden.core.caching import BoundedCache, all_caches, clear_all, memoize
+from ctxwarden.pipeline.engine import BuiltContext
 
 THREADS = 16
 BUILDS = int(os.environ.get("CTXWARDEN_HAMMER_BUILDS", "100000"))

@@ -17,20 +17,20 @@ from typing import Any
 import pytest
 
 import ctxwarden
-from ctxwarden.messages import ImagePart, Message, TextPart, ToolCall
-from ctxwarden.registry.catalog import Registry, load_registry
-from ctxwarden.session.session import count_key
-from ctxwarden.tokens.counter import (
+from ctxwarden.core.messages import ImagePart, Message, TextPart, ToolCall
+from ctxwarden.core.registry.catalog import Registry, load_registry
+from ctxwarden.core.tokens.counter import (
     ESTIMATE_FACTORS,
     SCRIPT_FACTORS,
     ScriptFactors,
     TokenCounter,
-    count_tokens,
     render_tools,
     script_chars,
 )
-from ctxwarden.tokens.encodings import get_encoding
-from ctxwarden.tokens.images import image_size, tile_tokens
+from ctxwarden.core.tokens.encodings import get_encoding
+from ctxwarden.core.tokens.images import image_size, tile_tokens
+from ctxwarden.formats.count import count_tokens
+from ctxwarden.session.session import count_key
 
 
 def cookbook_count(messages: list[dict[str, Any]], encoding_name: str) -> int:
@@ -223,7 +223,7 @@ def test_counting_works_with_sockets_blocked(tmp_path: Path) -> None:
         socket.socket.connect = refuse
         socket.create_connection = refuse
         socket.getaddrinfo = refuse
-        from ctxwarden.tokens.counter import count_tokens
+        from ctxwarden.formats.count import count_tokens
         n = count_tokens([{"role": "user", "content": "hello world"}], model="gpt-4o")
         m = count_tokens([{"role": "user", "content": "hello world"}], model="gpt-4")
         print(n, m)

@@ -12,13 +12,13 @@ import pytest
 from typer.testing import CliRunner
 
 from ctxwarden import Policy, build_context
-from ctxwarden.bench.session_path import model_calls
-from ctxwarden.bench.traces import load_tau_bench
-from ctxwarden.build.pipeline import steps_for
 from ctxwarden.cli.main import app
-from ctxwarden.errors import ConfigError
-from ctxwarden.messages import Message, ToolCall
+from ctxwarden.core.errors import ConfigError
+from ctxwarden.core.messages import Message, ToolCall
+from ctxwarden.pipeline.cascade import steps_for
 from ctxwarden.steps.tool_rules import CLEARED, ToolRule, ToolRules, result_tool
+from ctxwarden_bench.session_path import model_calls
+from ctxwarden_bench.traces import load_tau_bench
 
 TOOL = "get_reservation_details"
 

@@ -17,11 +17,11 @@ from llm_servers import Reply, ScriptedServer, openai_completion
 from service_harness import PG_DSN, PG_SKIP, ProxyServer, add_tenant, drop_schema, module_db, pg_url
 
 from ctxwarden import Policy
-from ctxwarden.bench.session_path import SessionBuilder, engine_path, model_calls, sent
-from ctxwarden.bench.traces import load_tau_bench
+from ctxwarden.core.messages import Message
 from ctxwarden.formats.openai import message_to_openai, messages_from_openai
-from ctxwarden.messages import Message
 from ctxwarden.steps.tool_rules import result_tool
+from ctxwarden_bench.session_path import SessionBuilder, engine_path, model_calls, sent
+from ctxwarden_bench.traces import load_tau_bench
 
 __all__ = ["module_db"]  # the fixture, re-exported for pytest
 

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ctxwarden.errors import ConfigError
-from ctxwarden.messages import Message, ToolCall
+from ctxwarden.core.errors import ConfigError
+from ctxwarden.core.messages import Message, ToolCall
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.steps.base import Strategy, StrategyContext
 from ctxwarden.steps.truncate import (
     TruncateToolResults,
@@ -19,7 +20,6 @@ from ctxwarden.steps.truncate import (
     truncate_stack_trace,
     truncate_text,
 )
-from ctxwarden.tokens.counter import TokenCounter
 
 COUNTER = TokenCounter.for_model("gpt-4o")
 count = COUNTER.count_text

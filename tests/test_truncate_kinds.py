@@ -10,8 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ctxwarden.kinds import load_json, nests_deeper
-from ctxwarden.messages import Message, ToolCall, detect_kind
+from ctxwarden.core.kinds import load_json, nests_deeper
+from ctxwarden.core.messages import Message, ToolCall, detect_kind
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.steps.base import StrategyContext
 from ctxwarden.steps.cut_code import truncate_code
 from ctxwarden.steps.cut_diff import truncate_diff
@@ -20,7 +21,6 @@ from ctxwarden.steps.cut_json import truncate_json
 from ctxwarden.steps.cut_kinds import truncate_by_kind
 from ctxwarden.steps.cut_log import truncate_log
 from ctxwarden.steps.truncate import TruncateToolResults, request_terms
-from ctxwarden.tokens.counter import TokenCounter
 
 COUNTER = TokenCounter.for_model("gpt-4o")
 count = COUNTER.count_text

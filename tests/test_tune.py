@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from ctxwarden import Message, Policy, build_context
 from ctxwarden.cli.main import app
-from ctxwarden.errors import MissingDependencyError
+from ctxwarden.core.errors import MissingDependencyError
 from ctxwarden.tune import read_sessions, score_policy, tune_policy
 from ctxwarden.tune.policy_file import tuned_tables
 from ctxwarden.tune.replay import Score

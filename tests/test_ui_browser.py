@@ -21,9 +21,9 @@ import pytest
 from service_harness import ProxyServer, add_tenant, cli, db_url
 
 from ctxwarden import Session
-from ctxwarden.bench.traces import load_tau_bench
 from ctxwarden.memory.entities import extract_entities
-from ctxwarden.store.service_tables import BuildRecord, build_context, list_builds
+from ctxwarden.store.service_tables import BuildRecord, list_builds, logged_context
+from ctxwarden_bench.traces import load_tau_bench
 
 __all__ = ["db_url"]
 
@@ -56,7 +56,7 @@ def lost_value(url: str, tenant: str, session_id: str) -> tuple[BuildRecord, str
     with Session(url, session_id, tenant=tenant) as s:
         builds = list_builds(s.store, tenant, session_id, limit=1000)
         for prev, b in pairwise(builds[:-1]):  # not the newest: the page shows that one
-            rows = build_context(s.store, tenant, session_id, b.build_id)
+            rows = logged_context(s.store, tenant, session_id, b.build_id)
             if rows is None:
                 continue
             sent = json.dumps(rows, ensure_ascii=False)

@@ -31,7 +31,7 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from service_harness import CLI, free_port
 
-from ctxwarden.errors import ConfigError
+from ctxwarden.core.errors import ConfigError
 from ctxwarden.local.agent_env import AgentEnv, export_lines, upstream_key, upstream_url
 from ctxwarden.service.config import ServiceConfig, unkeyed_warnings
 

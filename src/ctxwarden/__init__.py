@@ -10,12 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ctxwarden._version import __version__
-from ctxwarden.build.audit import Audit
-from ctxwarden.build.engine import BuiltContext, build_context
-from ctxwarden.build.pairing import Block, group_blocks, pairing_problems, validate_pairing
-from ctxwarden.build.policy import LedgerConfig, Policy, WindowConfig
-from ctxwarden.build.state import BuildState, SummaryDue
-from ctxwarden.errors import (
+from ctxwarden.core.errors import (
     BudgetError,
     ConfigError,
     CtxwardenError,
@@ -31,6 +26,12 @@ from ctxwarden.errors import (
     UsageError,
     VersionConflict,
 )
+from ctxwarden.core.messages import ImagePart, Message, RawPart, TextPart, ToolCall, detect_kind
+from ctxwarden.core.pairing import Block, group_blocks, pairing_problems, validate_pairing
+from ctxwarden.core.registry.catalog import ModelInfo, Price, Registry, get_model, load_registry
+from ctxwarden.core.registry.cost import ModelCost, SessionCost, estimate_cost
+from ctxwarden.core.registry.usage import Usage
+from ctxwarden.core.tokens.counter import TokenCount, TokenCounter
 from ctxwarden.formats import (
     messages_from_anthropic,
     messages_from_gemini,
@@ -41,16 +42,15 @@ from ctxwarden.formats import (
     messages_to_openai,
     messages_to_responses,
 )
+from ctxwarden.formats.count import count_tokens
 from ctxwarden.formats.transcript import Transcript, load_example, parse_transcript, read_transcript
 from ctxwarden.llm import ChatModel, Completion, RetryPolicy, complete_sync, parse_spec
 from ctxwarden.llm.offline import OfflineSummarizer, RuleBasedFactExtractor
 from ctxwarden.llm.summarizers import LLMFactExtractor, LLMSummarizer
-from ctxwarden.memory.cycle import summarize_history, summarize_history_sync
 from ctxwarden.memory.entities import Entity, extract_entities
 from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.memory.facts import Facts
 from ctxwarden.memory.layer_state import LayerState
-from ctxwarden.memory.recall import Recalled, recall, recall_tool
 from ctxwarden.memory.summaries import (
     QueryAwareSummarizer,
     Summarizer,
@@ -59,10 +59,11 @@ from ctxwarden.memory.summaries import (
     SummaryTrigger,
     summary_view,
 )
-from ctxwarden.messages import ImagePart, Message, RawPart, TextPart, ToolCall, detect_kind
-from ctxwarden.registry.catalog import ModelInfo, Price, Registry, get_model, load_registry
-from ctxwarden.registry.cost import ModelCost, SessionCost, estimate_cost
-from ctxwarden.registry.usage import Usage
+from ctxwarden.pipeline.audit import Audit
+from ctxwarden.pipeline.engine import BuiltContext, build_context
+from ctxwarden.pipeline.policy import LedgerConfig, Policy, WindowConfig
+from ctxwarden.pipeline.summarize import summarize_history, summarize_history_sync
+from ctxwarden.session.recall import Recalled, recall, recall_tool
 from ctxwarden.session.session import Session
 from ctxwarden.steps.base import (
     Action,
@@ -76,10 +77,10 @@ from ctxwarden.steps.base import (
 )
 from ctxwarden.steps.edit import EditStep
 from ctxwarden.steps.mask import MaskObservations
-from ctxwarden.steps.recall import RecallRelevant
+from ctxwarden.steps.recall_relevant import RecallRelevant
+from ctxwarden.steps.state import BuildState, SummaryDue
 from ctxwarden.steps.truncate import TruncateToolResults
 from ctxwarden.store import SessionStore, open_store
-from ctxwarden.tokens.counter import TokenCount, TokenCounter, count_tokens
 
 if TYPE_CHECKING:
     from ctxwarden.llm import AnthropicModel, OpenAICompatible

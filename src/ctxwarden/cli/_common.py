@@ -11,9 +11,9 @@ from typing import Annotated, ParamSpec, TypeVar
 
 import typer
 
-from ctxwarden.errors import CtxwardenError, InvalidMessageError, UsageError
+from ctxwarden.core.errors import CtxwardenError, InvalidMessageError, UsageError
+from ctxwarden.core.registry.catalog import Registry, load_registry
 from ctxwarden.formats.transcript import Transcript, load_example, parse_transcript, read_transcript
-from ctxwarden.registry.catalog import Registry, load_registry
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -7,6 +7,11 @@ data folder is found (``--data``, ``$CTXWARDEN_DATA``, or ``../shared/data``);
 ``--summarizer SPEC`` makes every strategy's summaries and facts real;
 ``--agent-model SPEC`` lets a real model play the laptop-shop agent (each strategy
 holds its own conversation with it).
+
+The bench is its own distribution, ``ctxwarden_bench`` in ``benchmarks/`` of a clone (the
+runtime wheel carries no bench code and no matplotlib); this command runs it when it is
+installed and otherwise says how to install it. With no tau-bench file in the data folder
+it replays the few tau-bench runs the bench ships (and the report says so).
 """
 
 from __future__ import annotations
@@ -20,9 +25,25 @@ from rich.console import Console
 from rich.markdown import Markdown
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from ctxwarden.errors import ConfigError
+from ctxwarden.core.errors import ConfigError, UsageError
 
 DEFAULT_DATA = Path("..") / "shared" / "data"
+INSTALL_HINT = (
+    "ctxwarden bench needs the bench, a separate distribution (ctxwarden_bench, with "
+    "matplotlib): from the root of a ctxwarden clone run  pip install -e ./benchmarks  "
+    "(or pip install -e . -e ./benchmarks)"
+)
+
+
+def _bench_report() -> Any:
+    """``ctxwarden_bench.report``, or a clear error saying how to install it."""
+    try:
+        from ctxwarden_bench import report
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] != "ctxwarden_bench":
+            raise  # the bench is there but something it needs is not: say that instead
+        raise UsageError(INSTALL_HINT) from exc
+    return report
 
 
 def _data_dir(data: Path | None) -> Path:
@@ -64,7 +85,7 @@ def bench(
         typer.Option(
             "--peers",
             help="Add litellm's and headroom-ai's compressors to the trace tables "
-            '(pip install -e ".[peers]").',
+            '(pip install -e "./benchmarks[peers]").',
         ),
     ] = False,
     summarizer: Annotated[
@@ -87,7 +108,8 @@ def bench(
     no_traces: Annotated[bool, typer.Option("--no-traces", help="Skip the real traces.")] = False,
 ) -> None:
     """Run the benchmark scenarios and write report.json, report.md and PNG plots."""
-    from ctxwarden.bench.report import SWEBENCH_FILE, run_bench
+    report_module = _bench_report()
+    from ctxwarden_bench.sample import TAU_SAMPLE_NOTE, tau_sample
 
     base = _data_dir(data)
     tau = (
@@ -95,8 +117,12 @@ def bench(
         if no_traces
         else _trace(tau_bench, base / "tau-bench" / "airline-gpt-4o-dev.json", "tau-bench")
     )
+    sampled: dict[str, str] = {}
+    if tau is None and not no_traces:
+        tau = tau_sample()  # a fresh clone still shows a real trace
+        sampled["tau-bench"] = TAU_SAMPLE_NOTE
     loc = None if no_traces else _trace(locomo, base / "locomo" / "locomo-dev.json", "locomo")
-    swe = None if no_traces else _trace(swebench, base / SWEBENCH_FILE, "swebench")
+    swe = None if no_traces else _trace(swebench, base / report_module.SWEBENCH_FILE, "swebench")
     console = Console(stderr=True)
     with Progress(
         SpinnerColumn(),
@@ -111,7 +137,7 @@ def bench(
         def report_step(label: str) -> None:
             progress.update(task, description=label)
 
-        report: dict[str, Any] = run_bench(
+        report: dict[str, Any] = report_module.run_bench(
             out,
             tau_bench=tau,
             locomo=loc,
@@ -120,8 +146,11 @@ def bench(
             summarizer=summarizer,
             agent_model=agent_model,
             progress=report_step,
+            sampled=sampled,
         )
     Console().print(Markdown((out / "report.md").read_text("utf-8")))
+    for name, note in report.get("sampled", {}).items():
+        console.print(f"[yellow]{name}[/] {note}")
     for name, note in report.get("skipped", {}).items():
         console.print(f"[yellow]{name} skipped:[/] {note} (or --data DIR, or CTXWARDEN_DATA)")
     console.print(f"report written to {out}/ (report.json, report.md, *.png)")

@@ -21,9 +21,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ctxwarden.build.compaction import LoopReplay, replay_loop
-from ctxwarden.build.engine import BuiltContext, build_context, model_info
-from ctxwarden.build.policy import Policy
 from ctxwarden.cli._common import (
     RegistryOpt,
     SummarizerTimeoutOpt,
@@ -31,9 +28,12 @@ from ctxwarden.cli._common import (
     summarizer_spec,
     transcript_from,
 )
-from ctxwarden.errors import ConfigError
-from ctxwarden.messages import Message
-from ctxwarden.tokens.counter import TokenCounter
+from ctxwarden.core.errors import ConfigError
+from ctxwarden.core.messages import Message
+from ctxwarden.core.tokens.counter import TokenCounter
+from ctxwarden.pipeline.compaction import LoopReplay, replay_loop
+from ctxwarden.pipeline.engine import BuiltContext, build_context, model_info
+from ctxwarden.pipeline.policy import Policy
 
 PolicyOpt = Annotated[Path | None, typer.Option("--policy", help="Policy TOML file.")]
 BudgetOpt = Annotated[

@@ -8,9 +8,9 @@ from typing import Annotated, Any
 import typer
 
 from ctxwarden.cli._common import RegistryOpt, registry_from, transcript_from
+from ctxwarden.core.registry.catalog import ModelInfo
+from ctxwarden.core.tokens.counter import TokenCount, TokenCounter
 from ctxwarden.formats.transcript import Transcript
-from ctxwarden.registry.catalog import ModelInfo
-from ctxwarden.tokens.counter import TokenCount, TokenCounter
 
 DEFAULT_MODEL = "gpt-4o"
 

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ctxwarden.cli._common import RegistryOpt, registry_from
-from ctxwarden.registry.catalog import ModelInfo
+from ctxwarden.core.registry.catalog import ModelInfo
 
 
 def models(
@@ -23,7 +23,8 @@ def models(
 ) -> None:
     """List known models: window, output limit, tokenizer and prices (USD per 1M tokens).
 
-    Add or override models with a TOML file in the shape of ctxwarden/registry/models.toml, e.g.
+    Add or override models with a TOML file in the shape of
+    ctxwarden/core/registry/models.toml, e.g.
 
         \\[models."my-llama"]
         provider = "ollama"

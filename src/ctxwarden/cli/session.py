@@ -23,7 +23,7 @@ from ctxwarden.cli._common import (
     registry_from,
     summarizer_spec,
 )
-from ctxwarden.errors import InvalidMessageError
+from ctxwarden.core.errors import InvalidMessageError
 from ctxwarden.formats.transcript import decode_json, read_text
 
 __all__ = ["session_app"]
@@ -115,7 +115,7 @@ def build(
     summarizer_timeout: SummarizerTimeoutOpt = None,
 ) -> None:
     """Print the context to send (OpenAI messages JSON), read from the store."""
-    from ctxwarden.build.policy import Policy
+    from ctxwarden.pipeline.policy import Policy
     from ctxwarden.session.session import Session
 
     loaded = Policy.from_toml(policy) if policy is not None else None
@@ -151,7 +151,7 @@ def summarize(
     summarizer_timeout: SummarizerTimeoutOpt = None,
 ) -> None:
     """Fold what the policy's summary trigger says into the stored summary and facts."""
-    from ctxwarden.build.policy import Policy
+    from ctxwarden.pipeline.policy import Policy
     from ctxwarden.session.session import Session
 
     trigger = (Policy.from_toml(policy) if policy is not None else Policy()).summary
@@ -175,7 +175,7 @@ def summarize(
 
 def _summarizer(spec: str) -> tuple[Any, Any]:
     """The summariser and fact extractor a spec names ('offline' or a provider spec)."""
-    from ctxwarden.memory.cycle import resolve_summarizer
+    from ctxwarden.pipeline.summarize import resolve_summarizer
 
     chosen, extractor, _free = resolve_summarizer(spec)
     return chosen, extractor
@@ -196,7 +196,7 @@ def show(
 ) -> None:
     """Print the session's size, summary, facts, usage and cost; ``--html`` writes the
     turn-by-turn page (the one ``ctxwarden serve`` shows at /ui/) as one offline file."""
-    from ctxwarden.errors import ConfigError
+    from ctxwarden.core.errors import ConfigError
     from ctxwarden.session.session import Session
     from ctxwarden.store import open_store
 

@@ -82,7 +82,7 @@ def tune(
     ] = False,
 ) -> None:
     """Fit the policy to recorded sessions: retention kept, cost at cache prices cut."""
-    from ctxwarden.errors import ConfigError
+    from ctxwarden.core.errors import ConfigError
     from ctxwarden.tune.replay import CachePrices
     from ctxwarden.tune.report import comparison, knobs, rich_table
     from ctxwarden.tune.run import TuneRequest, run_tune

@@ -50,7 +50,7 @@ def worker(
     """Run summary jobs from the queue `ctxwarden serve --broker` fills: each one is the
     session's summary cycle, written once behind the session's version check."""
     from ctxwarden.jobs.settings import JobSettings
-    from ctxwarden.memory.cycle import resolve_summarizer
+    from ctxwarden.pipeline.summarize import resolve_summarizer
     from ctxwarden.store import open_store
 
     env = {"CTXWARDEN_DB": db, "CTXWARDEN_BROKER": broker, "CTXWARDEN_SUMMARIZER": summarizer}

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from ctxwarden.errors import ConfigError
+from ctxwarden.core.errors import ConfigError
 
 __all__ = ["wrap"]
 

@@ -1,4 +1,4 @@
-"""Anthropic Messages wire format <-> :class:`~ctxwarden.messages.Message`.
+"""Anthropic Messages wire format <-> :class:`~ctxwarden.core.messages.Message`.
 
 Anthropic differs from OpenAI in five ways that matter here:
 
@@ -14,7 +14,7 @@ Anthropic differs from OpenAI in five ways that matter here:
 * an assistant turn may carry ``thinking`` / ``redacted_thinking`` blocks (and server
   tool blocks) that must go back exactly as received, in their place, with their
   ``signature`` (Anthropic requires it in a tool-use loop). They are
-  :class:`~ctxwarden.messages.RawPart` s of the assistant message, so they are counted
+  :class:`~ctxwarden.core.messages.RawPart` s of the assistant message, so they are counted
   in the budget and stay with the ``tool_use`` they precede; nothing rewrites them.
   OpenAI's chat wire has no such blocks: :func:`~ctxwarden.formats.messages_to_openai`
   writes the parts verbatim (its round trip is the identity), so a history holding
@@ -29,10 +29,10 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from ctxwarden.build.pairing import group_blocks
-from ctxwarden.errors import InvalidMessageError
-from ctxwarden.formats.checks import check_json_value
-from ctxwarden.messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
+from ctxwarden.core.checks import check_json_value
+from ctxwarden.core.errors import InvalidMessageError
+from ctxwarden.core.messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
+from ctxwarden.core.pairing import group_blocks
 
 __all__ = [
     "MAX_CACHE_BREAKPOINTS",

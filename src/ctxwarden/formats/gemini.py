@@ -1,4 +1,4 @@
-"""Gemini API wire format (``generateContent``) <-> :class:`~ctxwarden.messages.Message`.
+"""Gemini API wire format (``generateContent``) <-> :class:`~ctxwarden.core.messages.Message`.
 
 A Gemini request holds ``contents``: turns ``{"role": "user" | "model", "parts": [...]}``,
 and a ``systemInstruction`` (a content whose text parts are the system prompt). A part
@@ -9,7 +9,7 @@ mapping, chosen so that :func:`messages_to_gemini` writes back exactly what
 :func:`messages_from_gemini` read:
 
 * a ``model`` turn is one assistant message. Its ``functionCall`` parts become
-  :class:`~ctxwarden.messages.ToolCall` s, and each also leaves a *placeholder* in the
+  :class:`~ctxwarden.core.messages.ToolCall` s, and each also leaves a *placeholder* in the
   content, in its place: the part without ``args`` (so its ``thoughtSignature`` and any
   other key are counted in the budget and go back in place). Plain text parts are
   :class:`TextPart` s; every other part (thoughts, signed text, code, unknown parts) is
@@ -39,9 +39,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ctxwarden.errors import InvalidMessageError
-from ctxwarden.formats.checks import check_json_value
-from ctxwarden.messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
+from ctxwarden.core.checks import check_json_value
+from ctxwarden.core.errors import InvalidMessageError
+from ctxwarden.core.messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
 
 __all__ = [
     "contents_from_gemini",

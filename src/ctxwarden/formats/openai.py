@@ -1,4 +1,4 @@
-"""OpenAI chat-completions wire format <-> :class:`~ctxwarden.messages.Message`.
+"""OpenAI chat-completions wire format <-> :class:`~ctxwarden.core.messages.Message`.
 
 The round trip is the identity: keys we do not model (``refusal``, ``audio``, a
 ``developer`` role, provider extensions) are kept in ``Message.extra`` and written
@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
-from ctxwarden.errors import InvalidMessageError
-from ctxwarden.formats.checks import check_json_value, parse_created_at
-from ctxwarden.messages import (
+from ctxwarden.core.checks import check_json_value, parse_created_at
+from ctxwarden.core.errors import InvalidMessageError
+from ctxwarden.core.messages import (
     ROLES,
     ImagePart,
     Message,

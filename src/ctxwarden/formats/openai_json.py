@@ -18,9 +18,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
-from ctxwarden.caching import BoundedCache
+from ctxwarden.core.caching import BoundedCache
+from ctxwarden.core.messages import Message
 from ctxwarden.formats.openai import META_KEY, message_to_openai
-from ctxwarden.messages import Message
 
 __all__ = [
     "dumps",

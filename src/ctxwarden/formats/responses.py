@@ -1,4 +1,4 @@
-"""OpenAI Responses API input items <-> :class:`~ctxwarden.messages.Message`.
+"""OpenAI Responses API input items <-> :class:`~ctxwarden.core.messages.Message`.
 
 A Responses request is ``instructions`` (the system prompt) and ``input``: a string, or
 a flat list of items. Ours is a list of chat messages. The mapping keeps what a build
@@ -37,9 +37,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ctxwarden.errors import InvalidMessageError
-from ctxwarden.formats.checks import check_json_value
-from ctxwarden.messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
+from ctxwarden.core.checks import check_json_value
+from ctxwarden.core.errors import InvalidMessageError
+from ctxwarden.core.messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
 
 __all__ = [
     "META",
@@ -267,7 +267,7 @@ def instructions_message(instructions: str) -> Message:
 def messages_from_responses(input: Any, instructions: Any = None) -> list[Message]:
     """A Responses request's ``instructions`` and ``input`` (a string or a list of
     items) as our messages (see the module docstring); a malformed item is an
-    :class:`~ctxwarden.errors.InvalidMessageError` naming its index."""
+    :class:`~ctxwarden.core.errors.InvalidMessageError` naming its index."""
     out = [instructions_message(instructions)] if instructions is not None else []
     if isinstance(input, str):
         out.append(Message.user(input))

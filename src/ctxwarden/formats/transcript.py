@@ -20,10 +20,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ctxwarden.build.pairing import validate_pairing
-from ctxwarden.errors import InvalidMessageError
+from ctxwarden.core.errors import InvalidMessageError
+from ctxwarden.core.messages import Message
+from ctxwarden.core.pairing import validate_pairing
 from ctxwarden.formats.openai import messages_from_openai
-from ctxwarden.messages import Message
 
 __all__ = [
     "Transcript",

@@ -4,7 +4,7 @@ previous build, and the split of a built context into its system prefix and the 
 Adapters are idempotent: a framework may hand an adapter's output back as the next
 turn's history (pydantic-ai's plain history processor does; a user may with any
 framework). The builder takes the layers an earlier build left in it out first
-(:func:`~ctxwarden.build.carried.strip_layers`) and shows what they said again, each in
+(:func:`~ctxwarden.pipeline.carried.strip_layers`) and shows what they said again, each in
 its one place: built again, a built context is that context, and layers are replaced,
 never stacked.
 
@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ctxwarden import BuiltContext, build_context
-from ctxwarden.build.carried import Carried, strip_layers
-from ctxwarden.errors import UsageError
+from ctxwarden.core.errors import UsageError
+from ctxwarden.core.messages import Message
 from ctxwarden.memory.layer_state import LayerState
 from ctxwarden.memory.summaries import SummaryState
-from ctxwarden.messages import Message
+from ctxwarden.pipeline.carried import Carried, strip_layers
 from ctxwarden.steps.fold import FOLD_SEPARATOR
 
 if TYPE_CHECKING:

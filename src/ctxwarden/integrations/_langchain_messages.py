@@ -1,4 +1,4 @@
-"""LangChain messages <-> :class:`~ctxwarden.messages.Message`, without loss.
+"""LangChain messages <-> :class:`~ctxwarden.core.messages.Message`, without loss.
 
 Tool calls (``args`` as JSON text), ids, multimodal content blocks (text and
 ``image_url`` parts as ours, any other block kept verbatim as a raw part) and every
@@ -14,9 +14,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ctxwarden.errors import InvalidMessageError, MissingDependencyError
+from ctxwarden.core.errors import InvalidMessageError, MissingDependencyError
+from ctxwarden.core.messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
 from ctxwarden.integrations._common import stable_id
-from ctxwarden.messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
 
 try:
     from langchain_core.messages import (

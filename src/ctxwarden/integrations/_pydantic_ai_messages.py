@@ -1,4 +1,4 @@
-"""pydantic-ai messages <-> :class:`~ctxwarden.messages.Message`, part by part.
+"""pydantic-ai messages <-> :class:`~ctxwarden.core.messages.Message`, part by part.
 
 A ``ModelRequest`` holds several parts; each system prompt, user prompt and tool
 return becomes its own message, so the window can keep a tool return with its call
@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from ctxwarden.errors import MissingDependencyError
+from ctxwarden.core.errors import MissingDependencyError
+from ctxwarden.core.messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
 from ctxwarden.integrations._common import is_layer, stable_id
-from ctxwarden.messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
 
 try:
     from pydantic_ai import messages as pm

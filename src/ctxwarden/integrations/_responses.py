@@ -1,4 +1,4 @@
-"""Responses-API input items <-> :class:`~ctxwarden.messages.Message` (for openai-agents).
+"""Responses-API input items <-> :class:`~ctxwarden.core.messages.Message` (for openai-agents).
 
 A Responses history is a flat list of items; ours is a list of chat messages. The
 mapping keeps what the build needs to decide and what the API needs to accept:
@@ -25,10 +25,10 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ctxwarden.errors import InvalidMessageError
+from ctxwarden.core.errors import InvalidMessageError
+from ctxwarden.core.messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
 from ctxwarden.formats.responses import item_kind as _kind
 from ctxwarden.integrations._common import stable_id
-from ctxwarden.messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
 
 __all__ = ["item_dict", "items_from_message", "messages_from_items"]
 

@@ -18,7 +18,7 @@ state, which keeps the full history. The system prompt arrives as
 ledger of values that left the window) are appended to it, where the layout puts them
 (to the state's own leading ``SystemMessage`` when the agent has no ``system_prompt``).
 A request whose messages were an earlier call's output (fed back) has those layers
-taken out and replaced, never stacked (:mod:`ctxwarden.build.carried`).
+taken out and replaced, never stacked (:mod:`ctxwarden.pipeline.carried`).
 
 Messages convert both ways without loss (:mod:`._langchain_messages`:
 ``message_from_langchain`` / ``message_to_langchain``, re-exported here).
@@ -30,14 +30,14 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from ctxwarden.errors import MissingDependencyError
+from ctxwarden.core.errors import MissingDependencyError
+from ctxwarden.core.messages import Message
 from ctxwarden.integrations._common import (
     FOLD_SEPARATOR,
     ContextBuilder,
     layer_text,
     split_system,
 )
-from ctxwarden.messages import Message
 
 try:
     from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse

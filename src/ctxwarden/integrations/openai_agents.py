@@ -28,7 +28,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ctxwarden.errors import MissingDependencyError
+from ctxwarden.core.errors import MissingDependencyError
+from ctxwarden.core.messages import Message
 from ctxwarden.integrations._common import (
     FOLD_SEPARATOR,
     ContextBuilder,
@@ -42,7 +43,6 @@ from ctxwarden.integrations._responses import (
     items_from_message,
     messages_from_items,
 )
-from ctxwarden.messages import Message
 
 try:
     from agents import FunctionTool

@@ -26,9 +26,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ctxwarden.errors import MissingDependencyError
+from ctxwarden.core.errors import MissingDependencyError
+from ctxwarden.core.messages import Message
 from ctxwarden.integrations._common import ContextBuilder
-from ctxwarden.messages import Message
 
 try:
     from pydantic_ai import messages as pm

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ctxwarden.errors import MissingDependencyError
+from ctxwarden.core.errors import MissingDependencyError
 from ctxwarden.jobs.settings import JobSettings
 
 __all__ = ["app", "configure", "make_app"]

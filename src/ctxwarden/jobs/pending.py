@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ctxwarden.caching import BoundedCache
+from ctxwarden.core.caching import BoundedCache
 from ctxwarden.jobs.settings import JobSettings
 
 __all__ = ["clear_pending", "redis_client", "set_pending"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ctxwarden.errors import ConfigError
+from ctxwarden.core.errors import ConfigError
 
 __all__ = ["DEFAULT_BROKER", "DEFAULT_QUEUE", "JobSettings"]
 

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 from celery.signals import worker_shutdown
 
-from ctxwarden.errors import ConfigError, ProviderError, StoreError, SummarizationError
+from ctxwarden.core.errors import ConfigError, ProviderError, StoreError, SummarizationError
 from ctxwarden.jobs.app import app
 from ctxwarden.jobs.metrics import observe
 from ctxwarden.jobs.pending import clear_pending
@@ -159,7 +159,7 @@ def resources() -> WorkerResources:
     global _RESOURCES
     with _LOCK:
         if _RESOURCES is None:
-            from ctxwarden.memory.cycle import resolve_summarizer
+            from ctxwarden.pipeline.summarize import resolve_summarizer
             from ctxwarden.store import open_store
 
             db = os.environ.get("CTXWARDEN_DB")
@@ -197,8 +197,8 @@ def summarize(
 ) -> str:
     """Run one summary cycle for the session; returns ``landed`` or ``unchanged``."""
     from ctxwarden import Session
-    from ctxwarden.memory.cycle import cycle_summarizer
     from ctxwarden.memory.summaries import SummaryTrigger
+    from ctxwarden.pipeline.summarize import cycle_summarizer
     from ctxwarden.store.job_log import end_attempt, start_attempt
 
     res = resources()

@@ -2,7 +2,7 @@
 
 Importing this package never imports ``openai`` or ``anthropic``: the client classes
 are loaded on first access, and the SDK only when a client is built (a missing SDK is
-a :class:`~ctxwarden.errors.MissingDependencyError` naming the extra to install).
+a :class:`~ctxwarden.core.errors.MissingDependencyError` naming the extra to install).
 """
 
 from __future__ import annotations

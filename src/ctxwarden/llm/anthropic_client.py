@@ -38,12 +38,12 @@ import os
 from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
 from typing import Any
 
-from ctxwarden.errors import ConfigError, MissingDependencyError, ProviderError
+from ctxwarden.core.errors import ConfigError, MissingDependencyError, ProviderError
+from ctxwarden.core.messages import Message, Part, RawPart, TextPart, ToolCall
+from ctxwarden.core.registry.usage import Usage
 from ctxwarden.formats.anthropic import messages_to_anthropic
 from ctxwarden.llm.base import DEFAULT_TIMEOUT, Completion, LoopLocal, SDKModel, TextStream
 from ctxwarden.llm.retry import RetryPolicy, SDKErrors
-from ctxwarden.messages import Message, Part, RawPart, TextPart, ToolCall
-from ctxwarden.registry.usage import Usage
 
 __all__ = [
     "COMPACTION_BETA",

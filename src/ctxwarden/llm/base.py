@@ -22,10 +22,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, Self, TypeVar, runtime_checkable
 
-from ctxwarden.errors import UsageError
+from ctxwarden.core.errors import UsageError
+from ctxwarden.core.messages import Message
+from ctxwarden.core.registry.usage import Usage
 from ctxwarden.llm.retry import RetryPolicy, SDKErrors, call_with_retry
-from ctxwarden.messages import Message
-from ctxwarden.registry.usage import Usage
 
 __all__ = [
     "DEFAULT_TIMEOUT",

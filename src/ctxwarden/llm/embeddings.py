@@ -10,7 +10,7 @@ The spec is the summariser's grammar (:mod:`ctxwarden.llm.spec`):
 ``PROVIDER:MODEL[@http(s)://base-url][?timeout=S&retries=N]`` with an OpenAI-compatible
 provider (``openai``, ``openrouter``, ``ollama``, ``vllm``, ``lmstudio``): Anthropic has
 no embeddings endpoint and the offline summariser no model, so both are a
-:class:`~ctxwarden.errors.ConfigError` naming the spec. The base URL and the key come as
+:class:`~ctxwarden.core.errors.ConfigError` naming the spec. The base URL and the key come as
 they do for the chat client (:class:`~ctxwarden.llm.openai_compat.OpenAICompatible`): the
 spec's ``@url``, else the provider's preset (``OPENAI_BASE_URL`` for ``openai``); the key
 from the provider's variable (``OPENAI_API_KEY``, ``OPENROUTER_API_KEY``,
@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ctxwarden.caching import memoize
-from ctxwarden.errors import ConfigError, ProviderError
+from ctxwarden.core.caching import memoize
+from ctxwarden.core.errors import ConfigError, ProviderError
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -162,7 +162,7 @@ class Embedder:
         return self._client
 
     def embed(self, texts: Sequence[str]) -> list[tuple[float, ...]]:
-        """One vector per text, in order; :class:`~ctxwarden.errors.ProviderError`
+        """One vector per text, in order; :class:`~ctxwarden.core.errors.ProviderError`
         naming the endpoint when it fails (after the SDK's retries) or answers wrong."""
         out: list[tuple[float, ...]] = []
         for start in range(0, len(texts), BATCH):

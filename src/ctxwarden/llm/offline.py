@@ -33,8 +33,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import ClassVar
 
-from ctxwarden.caching import memoize
-from ctxwarden.errors import CtxwardenError
+from ctxwarden.core.caching import memoize
+from ctxwarden.core.errors import CtxwardenError
+from ctxwarden.core.messages import Message
+from ctxwarden.core.registry.usage import Usage
 from ctxwarden.memory.facts import (
     Facts,
     FactSchema,
@@ -44,8 +46,6 @@ from ctxwarden.memory.facts import (
     validate_facts,
 )
 from ctxwarden.memory.summaries import SummaryResult
-from ctxwarden.messages import Message
-from ctxwarden.registry.usage import Usage
 
 __all__ = ["OfflineSummarizer", "RuleBasedFactExtractor"]
 
@@ -95,7 +95,7 @@ def _content(text: str) -> frozenset[str]:
 @memoize(1)
 def _default_counter() -> Callable[[str], int]:
     try:
-        from ctxwarden.tokens.counter import TokenCounter
+        from ctxwarden.core.tokens.counter import TokenCounter
 
         return TokenCounter.for_model("gpt-4o").count_text
     except (ImportError, CtxwardenError):  # pragma: no cover - tokens.py always ships
@@ -203,7 +203,7 @@ class OfflineSummarizer:
 
     ``count_text`` counts tokens of a string (default: gpt-4o's tokenizer, offline).
     ``summary_view``: builds given no summariser show what it wrote focused on each
-    request (:func:`ctxwarden.memory.cycle.summary_viewer`).
+    request (:func:`ctxwarden.pipeline.summarize.summary_viewer`).
     """
 
     summary_view: ClassVar[str] = "offline"

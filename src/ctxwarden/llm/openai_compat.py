@@ -25,12 +25,12 @@ from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
-from ctxwarden.errors import ConfigError, MissingDependencyError, ProviderError
+from ctxwarden.core.errors import ConfigError, MissingDependencyError, ProviderError
+from ctxwarden.core.messages import Message
+from ctxwarden.core.registry.usage import Usage
 from ctxwarden.formats.openai import messages_to_openai
 from ctxwarden.llm.base import DEFAULT_TIMEOUT, Completion, LoopLocal, SDKModel, TextStream
 from ctxwarden.llm.retry import RetryPolicy, SDKErrors
-from ctxwarden.messages import Message
-from ctxwarden.registry.usage import Usage
 
 __all__ = ["OpenAICompatible"]
 

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ctxwarden.errors import ProviderError, ProviderTimeout, UsageError
+from ctxwarden.core.errors import ProviderError, ProviderTimeout, UsageError
 
 __all__ = ["Failure", "RetryPolicy", "SDKErrors", "call_with_retry", "parse_retry_after"]
 

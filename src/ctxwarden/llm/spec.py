@@ -27,7 +27,7 @@ import math
 import re
 from typing import Any
 
-from ctxwarden.errors import ConfigError
+from ctxwarden.core.errors import ConfigError
 from ctxwarden.llm.base import ChatModel
 from ctxwarden.llm.retry import RetryPolicy
 

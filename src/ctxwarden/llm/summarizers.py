@@ -12,7 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ctxwarden.errors import ConfigError, RuntimeFailure, SummarizationError
+from ctxwarden.core.errors import ConfigError, RuntimeFailure, SummarizationError
+from ctxwarden.core.messages import Message
+from ctxwarden.core.registry.usage import Usage
 from ctxwarden.llm.base import ChatModel, Completion, run_sync
 from ctxwarden.memory.facts import (
     Facts,
@@ -34,8 +36,6 @@ from ctxwarden.memory.prompts import (
     render_transcript,
 )
 from ctxwarden.memory.summaries import SummaryResult
-from ctxwarden.messages import Message
-from ctxwarden.registry.usage import Usage
 
 __all__ = ["LLMFactExtractor", "LLMSummarizer", "run_sync"]
 

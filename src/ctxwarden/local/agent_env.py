@@ -97,7 +97,7 @@ class AgentEnv:
     @staticmethod
     def run_id(session: str | None = None) -> str:
         """``session`` checked as the proxy checks the header (a bad one is an
-        :class:`~ctxwarden.errors.InvalidMessageError`), else ``wrap-`` and 12 hex digits."""
+        :class:`~ctxwarden.core.errors.InvalidMessageError`), else ``wrap-`` and 12 hex digits."""
         from ctxwarden.service.history import valid_session_id
 
         return valid_session_id(session) if session else f"wrap-{uuid.uuid4().hex[:12]}"

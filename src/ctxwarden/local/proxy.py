@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ctxwarden.errors import ConfigError
+from ctxwarden.core.errors import ConfigError
 from ctxwarden.local.agent_env import upstream_key, upstream_url
 from ctxwarden.local.home import Home
 from ctxwarden.local.server import Running, ServeConfig, ensure_server, server_urls

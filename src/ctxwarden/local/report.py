@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from ctxwarden.errors import UnknownModelError
-from ctxwarden.registry.catalog import Registry, get_model
+from ctxwarden.core.errors import UnknownModelError
+from ctxwarden.core.registry.catalog import Registry, get_model
 from ctxwarden.session.build_log import KEEP_BUILDS
 from ctxwarden.store.base import SessionStore
 from ctxwarden.store.service_tables import BuildRecord, latest_builds, list_builds

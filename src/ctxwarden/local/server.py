@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ctxwarden.errors import RuntimeFailure
+from ctxwarden.core.errors import RuntimeFailure
 from ctxwarden.local.home import Home
 
 __all__ = ["Running", "ServeConfig", "ensure_server", "server_urls", "stop_servers"]

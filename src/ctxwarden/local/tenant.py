@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ctxwarden.errors import ConfigError
+from ctxwarden.core.errors import ConfigError
 from ctxwarden.store import open_store
 from ctxwarden.store.service_tables import (
     add_tenant,
@@ -51,7 +51,7 @@ def local_tenant_key(
     """The local tenant's key and whether it was made now: the kept key when the store
     knows it as ``tenant``'s active key, else a new key for ``tenant`` (created, or
     re-keyed with its sessions kept; in a store not ``own_store``, an active tenant is
-    a :class:`~ctxwarden.errors.ConfigError` instead), written to ``key_file``."""
+    a :class:`~ctxwarden.core.errors.ConfigError` instead), written to ``key_file``."""
     from ctxwarden.service.keys import hash_key, new_key, shown_prefix
 
     kept = _read_key(key_file)

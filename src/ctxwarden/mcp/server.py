@@ -13,9 +13,9 @@ from typing import Annotated, Any, Protocol, TypeVar
 from pydantic import Field
 
 from ctxwarden._version import __version__
-from ctxwarden.errors import MissingDependencyError, UnknownHandleError
+from ctxwarden.core.errors import MissingDependencyError, UnknownHandleError
 from ctxwarden.mcp.tools import recall_original, search_dropped
-from ctxwarden.memory.recall import RECALL_TOOL_NAME
+from ctxwarden.session.recall import RECALL_TOOL_NAME
 from ctxwarden.store.base import SessionStore
 
 try:  # at module level: the SDK reads the tools' annotations (Context) from here

@@ -23,17 +23,17 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ctxwarden.errors import UnknownHandleError
+from ctxwarden.core.errors import UnknownHandleError
+from ctxwarden.core.handles import handle_for, message_id_of
+from ctxwarden.core.messages import Message
 from ctxwarden.formats.openai import message_from_openai
-from ctxwarden.memory.recall import audit_recall, find_stored, original_content, recalled
-from ctxwarden.messages import Message
-from ctxwarden.steps.handles import handle_for, message_id_of
+from ctxwarden.session.recall import audit_recall, find_stored, original_content, recalled
 from ctxwarden.store.base import SessionStore
 from ctxwarden.store.service_tables import (
     BuildRecord,
-    build_context,
     latest_builds,
     list_builds,
+    logged_context,
 )
 
 __all__ = ["RECENT", "SearchHit", "recall_original", "search_dropped", "which_session"]
@@ -78,7 +78,7 @@ def _newest_context(
     since = max(0, newest.turn - _LOOK_BACK)
     builds = list_builds(store, tenant, session_id, limit=_LOOK_BACK + 1, since_turn=since)
     logged = [b for b in builds if b.has_context]
-    rows = build_context(store, tenant, session_id, logged[-1].build_id) if logged else None
+    rows = logged_context(store, tenant, session_id, logged[-1].build_id) if logged else None
     if rows is None:
         return None
     return [message_from_openai(r["message"]) for r in rows if isinstance(r.get("message"), dict)]
@@ -151,7 +151,7 @@ def search_dropped(
     """``(session id, hits)``: the session's dropped history ranked by BM25 for ``words``
     (best first, at most ``limit``); the session is ``session``, else ``hint`` when it
     exists, else the most recently active."""
-    from ctxwarden.steps.recall import _Passage, _rank  # the relevance step's BM25
+    from ctxwarden.steps.recall_relevant import _Passage, _rank  # the relevance step's BM25
 
     session_id = session or next(iter(_recent(store, tenant, hint)), None)
     if session_id is None:

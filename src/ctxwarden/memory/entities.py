@@ -24,8 +24,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ctxwarden.caching import BoundedCache, memoize
-from ctxwarden.kinds import load_json
+from ctxwarden.core.caching import BoundedCache, memoize
+from ctxwarden.core.kinds import load_json
+from ctxwarden.core.messages import Message
 from ctxwarden.memory.entity_patterns import (
     CAPITAL_WORDS,
     FROM_A_DIGIT,
@@ -39,7 +40,6 @@ from ctxwarden.memory.entity_patterns import (
     matches_from,
     written_dates,
 )
-from ctxwarden.messages import Message
 
 __all__ = [
     "CATEGORY_TIERS",
@@ -518,7 +518,7 @@ _CACHE: BoundedCache[tuple[str, str], tuple[Entity, ...]] = BoundedCache(
 
 def parse_json_text(text: str) -> tuple[bool, Any]:
     """``(True, document)`` when ``text`` is a JSON object or array, else ``(False, None)``;
-    JSON nested past :data:`~ctxwarden.kinds.MAX_JSON_DEPTH` is text here (the
+    JSON nested past :data:`~ctxwarden.core.kinds.MAX_JSON_DEPTH` is text here (the
     depth is checked by a linear scan first: Python's parser and our walk recurse)."""
     return load_json(text)
 

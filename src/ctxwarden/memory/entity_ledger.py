@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from ctxwarden.caching import BoundedCache
+from ctxwarden.core.caching import BoundedCache
+from ctxwarden.core.handles import handle_for
 from ctxwarden.memory.entities import Entity
 from ctxwarden.memory.entity_rank import (
     AGENT,
@@ -42,7 +43,6 @@ from ctxwarden.memory.entity_rank import (
 )
 from ctxwarden.memory.entity_rank import MARKS as _MARKS
 from ctxwarden.memory.entity_rank import rank_of as _rank_of
-from ctxwarden.steps.handles import handle_for
 
 __all__ = [
     "AGENT",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from ctxwarden.caching import memoize
+from ctxwarden.core.caching import memoize
 
 __all__ = [
     "CAPITAL_WORDS",

@@ -27,7 +27,7 @@ without tools, whose words are first-hand (LoCoMo's second speaker). A number in
 agent's prose or in a call's arithmetic (``"expression": "1859 - 140"``) marks nothing.
 Values under three characters and plain numbers take no bonus.
 
-Measured (``python -m ctxwarden.bench.traces --tau --swebench``, default policy),
+Measured (``python -m ctxwarden_bench.traces --tau --swebench``, default policy),
 every tau-bench argument value at 1,600 / 2,000 tokens: 82.5% / 99.3% with the
 bonuses alone; 94.9% / 99.6% with the render's handles and skips; 97.3% / 99.6% with
 the rules for the agent's prose, arithmetic and coincident repeats, schema keys
@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ctxwarden.caching import memoize
+from ctxwarden.core.caching import memoize
 from ctxwarden.memory.entities import CATEGORY_TIERS, date_key
 
 __all__ = [

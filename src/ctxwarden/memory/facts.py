@@ -25,9 +25,9 @@ from typing import Any, Protocol, TypeAlias
 
 import json_repair
 
-from ctxwarden.errors import ConfigError, SummarizationError
+from ctxwarden.core.errors import ConfigError, SummarizationError
+from ctxwarden.core.messages import Message
 from ctxwarden.memory.cut_answer import cut_value_path, drop_path
-from ctxwarden.messages import Message
 
 __all__ = [
     "FACTS_HEADING",

@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ctxwarden.errors import ConfigError
-from ctxwarden.messages import Message
+from ctxwarden.core.errors import ConfigError
+from ctxwarden.core.messages import Message
 
 __all__ = [
     "DOMAIN_TEMPLATES",

@@ -40,11 +40,11 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Protocol, runtime_checkable
 
-from ctxwarden.errors import ConfigError, CtxwardenError
+from ctxwarden.core.errors import ConfigError, CtxwardenError
+from ctxwarden.core.messages import Message
+from ctxwarden.core.registry.usage import Usage
 from ctxwarden.memory.facts import FactExtractor, Facts, FactSchema
 from ctxwarden.memory.summary_scan import block_start_at, cut_for, shown_tokens, trigger_reasons
-from ctxwarden.messages import Message
-from ctxwarden.registry.usage import Usage
 
 __all__ = [
     "CycleResult",
@@ -140,7 +140,7 @@ class SummaryState:
     ``as_of_id`` is the newest message that existed at the last cycle (user turns are
     counted from there); ``version`` grows with every change (optimistic writes).
     ``view`` says how builds given no summariser show it
-    (:func:`~ctxwarden.memory.cycle.summary_viewer`): ``"offline"`` when the offline
+    (:func:`~ctxwarden.pipeline.summarize.summary_viewer`): ``"offline"`` when the offline
     summariser wrote it (its sentences focused on each request), ``None`` as written.
     """
 
@@ -378,7 +378,7 @@ class QueryAwareSummarizer(Summarizer, Protocol):
 def view_of(summarizer: object) -> str | None:
     """How a summary ``summarizer`` wrote is shown by builds that are given none: the
     offline summariser's as a focused view (its ``summary_view``, ``"offline"``), any
-    other as written (see :func:`ctxwarden.memory.cycle.summary_viewer`)."""
+    other as written (see :func:`ctxwarden.pipeline.summarize.summary_viewer`)."""
     view = getattr(type(summarizer), "summary_view", None)
     return view if isinstance(view, str) else None
 

@@ -5,7 +5,7 @@ Every build reports the summary its trigger would make now (``audit.summary_due`
 the whole conversation — how many messages are unsummarised ("live": not system, not
 pinned, not covered), their tokens, the tokens folding cannot reduce — and an agent's
 history only grows, so :class:`SummaryScan` keeps those sums for the history a build was
-given, in its :class:`~ctxwarden.build.state.BuildState`, and the next build adds the
+given, in its :class:`~ctxwarden.steps.state.BuildState`, and the next build adds the
 messages appended since (:func:`summary_due_of`). Where the plan cuts depends only on
 the newest messages (the kept tail), found walking back from the end. The result is the
 plan's, reason for reason and message for message (tests/test_summary_scan.py); a scan
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from ctxwarden.build.pairing import group_blocks
-from ctxwarden.messages import Message
+from ctxwarden.core.messages import Message
+from ctxwarden.core.pairing import group_blocks
 
 if TYPE_CHECKING:
     from ctxwarden.memory.summaries import SummaryState, SummaryTrigger

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ctxwarden.errors import MissingDependencyError
+from ctxwarden.core.errors import MissingDependencyError
 from ctxwarden.service.config import ServiceConfig
 
 if TYPE_CHECKING:

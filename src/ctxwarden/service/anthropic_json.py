@@ -1,7 +1,7 @@
 """A built context as Anthropic request JSON, each message's blocks written once (speed only).
 
 The proxy's ``/v1/messages`` route sends the built context on every call, and from one
-call to the next it is mostly the same :class:`~ctxwarden.messages.Message` objects
+call to the next it is mostly the same :class:`~ctxwarden.core.messages.Message` objects
 (the session's decoded messages, the memoised cuts). Converting all of them with
 :func:`~ctxwarden.formats.anthropic.messages_to_anthropic` and serialising the result
 was the largest single cost of a proxied Anthropic call. :func:`request_json` writes
@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from ctxwarden.core.messages import Message
 from ctxwarden.formats.anthropic import (
     check_breakpoints,
     mark_cached,
@@ -31,7 +32,6 @@ from ctxwarden.formats.anthropic import (
     user_blocks,
 )
 from ctxwarden.formats.openai_json import joined_object
-from ctxwarden.messages import Message
 
 __all__ = ["object_bytes", "request_json"]
 

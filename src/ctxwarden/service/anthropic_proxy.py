@@ -21,11 +21,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ctxwarden import Usage
-from ctxwarden.errors import CtxwardenError
+from ctxwarden.core.errors import CtxwardenError
+from ctxwarden.core.messages import Message
 from ctxwarden.formats import messages_from_anthropic, messages_to_anthropic
 from ctxwarden.formats.anthropic import system_from_anthropic, turns_from_anthropic
-from ctxwarden.memory.recall import recall_tool
-from ctxwarden.messages import Message
 from ctxwarden.service.anthropic_json import object_bytes, request_json
 from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.body import (
@@ -44,6 +43,7 @@ from ctxwarden.service.replay import is_retry, request_digest
 from ctxwarden.service.schema import ANTHROPIC_BODY, COUNT_BODY, PROXY_ERRORS
 from ctxwarden.service.sse import AnthropicReply, parse_frame
 from ctxwarden.service.upstream import UpstreamFailure
+from ctxwarden.session.recall import recall_tool
 
 __all__ = ["AnthropicWire", "router"]
 

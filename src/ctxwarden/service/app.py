@@ -25,8 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ctxwarden import Registry
 from ctxwarden._version import __version__
-from ctxwarden.errors import StoreUnavailable
-from ctxwarden.mcp.http import mount_mcp
+from ctxwarden.core.errors import StoreUnavailable
 from ctxwarden.service import (
     anthropic_proxy,
     gemini_proxy,
@@ -41,6 +40,7 @@ from ctxwarden.service.direct import Direct, Endpoint
 from ctxwarden.service.errors import ServiceError, error_body, from_library
 from ctxwarden.service.failures import Failures, api_of, install
 from ctxwarden.service.hub import Hub, Tenant
+from ctxwarden.service.mcp_http import mount_mcp
 from ctxwarden.service.metrics import Metrics
 from ctxwarden.service.schema import PROXY_ERRORS
 from ctxwarden.service.upstream import Upstream, UpstreamFailure
@@ -126,7 +126,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
             hub.summaries = SummaryJobs(hub, config.broker)
             hub.embeddings.use_broker(hub.summaries.settings)
         elif config.summarizer:
-            from ctxwarden.service.summaries import Summaries
+            from ctxwarden.service.summary_runs import Summaries
 
             hub.summaries = Summaries(hub, config.summarizer)
         try:
@@ -151,7 +151,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
     app.include_router(gemini_proxy.router)  # /v1beta/models/{model}:generateContent...
     app.include_router(sessions_api.router)
     app.include_router(ui_routes.router)  # /ui/: the session pages
-    mount_mcp(app)  # /mcp: recall and search over MCP (ctxwarden.mcp.http)
+    mount_mcp(app)  # /mcp: recall and search over MCP (ctxwarden.service.mcp_http)
     app.add_middleware(_CountRequests, metrics=metrics)
     install(app)  # what no route expected: a JSON error too (failures.py)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from starlette.requests import Request
 
-from ctxwarden.errors import InvalidMessageError
+from ctxwarden.core.errors import InvalidMessageError
 from ctxwarden.service.errors import ServiceError
 from ctxwarden.service.history import derived_session_id, valid_session_id
 from ctxwarden.service.hub import Tenant

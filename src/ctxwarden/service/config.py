@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ctxwarden.errors import ConfigError
+from ctxwarden.core.errors import ConfigError
 from ctxwarden.session.build_log import KEEP_BUILDS, KEEP_CONTEXTS
 
 if TYPE_CHECKING:

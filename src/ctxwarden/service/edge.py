@@ -15,7 +15,7 @@ not JSON, are refused too (``invalid_json``).
 recursive parser can fail: orjson refuses past its own 1,024 levels, and the stdlib's
 parser (used only for what orjson refuses) runs after :func:`json_depth` measured the
 body against :data:`MAX_PARSE_DEPTH`. Message values are held to
-:data:`ctxwarden.formats.checks.MAX_DEPTH` (100) when parsed; a value elsewhere in the
+:data:`ctxwarden.core.checks.MAX_DEPTH` (100) when parsed; a value elsewhere in the
 body nested deep enough to exhaust a later recursive step (the stdlib's encoder) is
 answered with the same 400 (:func:`ctxwarden.service.failures.unexpected`).
 

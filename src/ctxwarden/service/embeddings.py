@@ -26,7 +26,7 @@ import anyio
 import anyio.to_thread
 
 from ctxwarden import Session
-from ctxwarden.errors import CtxwardenError
+from ctxwarden.core.errors import CtxwardenError
 from ctxwarden.service.hub import Tenant
 
 __all__ = ["Embeddings"]

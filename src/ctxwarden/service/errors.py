@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ctxwarden.errors import (
+from ctxwarden.core.errors import (
     BudgetError,
     ConfigError,
     CtxwardenError,

@@ -35,13 +35,13 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from ctxwarden import Usage
-from ctxwarden.errors import CtxwardenError
-from ctxwarden.messages import Message
+from ctxwarden.core.errors import CtxwardenError
+from ctxwarden.core.messages import Message
 from ctxwarden.service.calls import check_spend, tenant_key
 from ctxwarden.service.errors import ServiceError, from_library
 from ctxwarden.service.hub import Hub
-from ctxwarden.service.pipeline import charge, finish, prepare
 from ctxwarden.service.prepared import Call, Prepared, Replay
+from ctxwarden.service.proxied_call import charge, finish, prepare
 from ctxwarden.service.recall_rounds import proxy_recall, settle
 from ctxwarden.service.replay import replayed
 from ctxwarden.service.sse import FrameSplitter

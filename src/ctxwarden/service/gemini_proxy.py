@@ -32,7 +32,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ctxwarden import Usage
-from ctxwarden.errors import CtxwardenError
+from ctxwarden.core.errors import CtxwardenError
+from ctxwarden.core.messages import Message
 from ctxwarden.formats.gemini import (
     contents_from_gemini,
     merge_streamed_parts,
@@ -40,8 +41,6 @@ from ctxwarden.formats.gemini import (
     reply_from_gemini,
     system_from_gemini,
 )
-from ctxwarden.memory.recall import recall_tool
-from ctxwarden.messages import Message
 from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.body import max_input_tokens_header, parse_json, read_body
 from ctxwarden.service.calls import client_session_id, tenant_key, upstream_for
@@ -53,6 +52,7 @@ from ctxwarden.service.hub import Tenant
 from ctxwarden.service.prepared import Call, Prepared
 from ctxwarden.service.sse import parse_frame
 from ctxwarden.service.upstream import UpstreamFailure
+from ctxwarden.session.recall import recall_tool
 
 __all__ = ["GeminiWire", "gemini_usage", "router"]
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ctxwarden import Session
-from ctxwarden.errors import InvalidMessageError, VersionConflict
-from ctxwarden.messages import Message, RawPart, TextPart
+from ctxwarden.core.errors import InvalidMessageError, VersionConflict
+from ctxwarden.core.messages import Message, RawPart, TextPart
 from ctxwarden.store import SessionStore
 from ctxwarden.store.ids import new_id_problem
 from ctxwarden.store.service_tables import Head, get_head, put_head

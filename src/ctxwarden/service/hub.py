@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ctxwarden import Policy, Session
-from ctxwarden.caching import memoize
+from ctxwarden.core.caching import memoize
 from ctxwarden.service.body_memo import BodyMemo
 from ctxwarden.service.config import ServiceConfig
 from ctxwarden.service.key_memo import KeyMemo

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ctxwarden.errors import MissingDependencyError
+from ctxwarden.core.errors import MissingDependencyError
 
 if TYPE_CHECKING:
     from ctxwarden.store.sqlite_checkpoint import BackgroundCheckpoint

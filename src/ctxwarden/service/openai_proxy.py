@@ -19,11 +19,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ctxwarden import Usage
-from ctxwarden.errors import InvalidMessageError
+from ctxwarden.core.errors import InvalidMessageError
+from ctxwarden.core.messages import Message
 from ctxwarden.formats import message_from_openai, message_to_openai
 from ctxwarden.formats.openai_json import messages_json_pieces, object_json_bytes
-from ctxwarden.memory.recall import recall_tool
-from ctxwarden.messages import Message
 from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.body import (
     max_input_tokens_header,
@@ -39,6 +38,7 @@ from ctxwarden.service.prepared import Call, Prepared
 from ctxwarden.service.replay import is_retry, request_digest
 from ctxwarden.service.schema import OPENAI_BODY, PROXY_ERRORS
 from ctxwarden.service.sse import OpenAIReply, parse_frame
+from ctxwarden.session.recall import recall_tool
 
 __all__ = ["OpenAIWire", "router"]
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ctxwarden import BuiltContext
-from ctxwarden.messages import Message
+from ctxwarden.core.messages import Message
 from ctxwarden.service.history import Synced
 from ctxwarden.service.hub import Tenant
 from ctxwarden.session.pending_log import PendingLog

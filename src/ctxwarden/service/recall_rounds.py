@@ -21,7 +21,7 @@ like any other tool call (:func:`proxy_recall`). The handles in the proxy's cont
 the proxy's; such a client resolves them with ``GET /v1/sessions/{id}/recall/{handle}``.
 
 **Accounting.** The rounds' upstream usage is charged like the call's own
-(:func:`~ctxwarden.service.pipeline.charge`): the session's usage, the tenant's spend —
+(:func:`~ctxwarden.service.proxied_call.charge`): the session's usage, the tenant's spend —
 so a spend cap sees it and answers 429 from the next call on — and the token metrics.
 ``ctxwarden_recall_rounds_total{outcome}`` counts the rounds answered (``answered``,
 ``unknown_handle`` when a call named a handle the store lacks, ``cut`` when a recalled
@@ -35,16 +35,16 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ctxwarden.errors import CtxwardenError, UnknownHandleError
-from ctxwarden.memory.recall import RECALL_TOOL_NAME, recall_arguments
-from ctxwarden.messages import Message
-from ctxwarden.registry.usage import Usage
+from ctxwarden.core.errors import CtxwardenError, UnknownHandleError
+from ctxwarden.core.messages import Message
+from ctxwarden.core.registry.usage import Usage
 from ctxwarden.service.prepared import Prepared
 from ctxwarden.service.sse import FrameSplitter
 from ctxwarden.service.wire import Wire
+from ctxwarden.session.recall import RECALL_TOOL_NAME, recall_arguments
 
 if TYPE_CHECKING:
-    from ctxwarden.build.policy import Policy
+    from ctxwarden.pipeline.policy import Policy
     from ctxwarden.service.metrics import Metrics
     from ctxwarden.service.upstream import Upstream
 

@@ -33,9 +33,9 @@ from typing import Any
 import orjson
 from starlette.responses import Response, StreamingResponse
 
+from ctxwarden.core.messages import Message
 from ctxwarden.formats import message_to_openai
 from ctxwarden.formats.anthropic import messages_to_anthropic
-from ctxwarden.messages import Message
 
 __all__ = [
     "REPLAYED_HEADER",

@@ -20,8 +20,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ctxwarden.core.messages import Message
 from ctxwarden.formats.responses import convert_items
-from ctxwarden.messages import Message
 from ctxwarden.service.history import message_key
 
 __all__ = ["ItemsMemo"]

@@ -42,7 +42,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ctxwarden import BuiltContext, Usage
-from ctxwarden.errors import CtxwardenError
+from ctxwarden.core.errors import CtxwardenError
+from ctxwarden.core.messages import Message
 from ctxwarden.formats.responses import (
     META,
     instructions_message,
@@ -51,8 +52,6 @@ from ctxwarden.formats.responses import (
     reply_from_output,
     tools_as_openai,
 )
-from ctxwarden.memory.recall import recall_tool
-from ctxwarden.messages import Message
 from ctxwarden.service.anthropic_json import object_bytes
 from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.body import max_input_tokens_header, read_body, read_chat
@@ -65,6 +64,7 @@ from ctxwarden.service.prepared import Call, Prepared
 from ctxwarden.service.responses_memo import ItemsMemo
 from ctxwarden.service.responses_stream import ResponsesReader, responses_usage
 from ctxwarden.service.schema import PROXY_ERRORS, RESPONSES_BODY
+from ctxwarden.session.recall import recall_tool
 from ctxwarden.store.service_tables import get_head
 
 __all__ = ["ResponsesWire", "router"]

@@ -17,8 +17,8 @@ from dataclasses import replace
 from typing import Any
 
 from ctxwarden import Usage
+from ctxwarden.core.messages import Message
 from ctxwarden.formats.responses import reply_from_output
-from ctxwarden.messages import Message
 from ctxwarden.service.sse import parse_frame
 
 __all__ = ["ResponsesReader", "responses_usage"]

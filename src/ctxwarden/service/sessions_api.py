@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ctxwarden import Session
-from ctxwarden.errors import CtxwardenError
+from ctxwarden.core.errors import CtxwardenError
 from ctxwarden.formats import message_to_openai
 from ctxwarden.service.auth import CurrentTenant, hub_of
 from ctxwarden.service.body import read_json
@@ -269,8 +269,8 @@ async def recall(session_id: str, handle: str, request: Request, tenant: Current
     """The original of a stored message by its handle: ``cw:msg:<id>`` as the context
     shows it, ``m<seq>`` (the id the store gives a message without one of its own) or
     the bare sequence number; the recall is audited (a ``recalled`` row of ``/builds``)."""
-    from ctxwarden.errors import UnknownHandleError
-    from ctxwarden.memory.recall import audit_recall, find_stored, recalled
+    from ctxwarden.core.errors import UnknownHandleError
+    from ctxwarden.session.recall import audit_recall, find_stored, recalled
 
     hub = hub_of(request)
     full = handle if handle.startswith("cw:msg:") else f"cw:msg:m{handle.removeprefix('m')}"

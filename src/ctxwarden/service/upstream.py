@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from http.cookiejar import DefaultCookiePolicy
 from typing import Any
 
-from ctxwarden.errors import MissingDependencyError
+from ctxwarden.core.errors import MissingDependencyError
 from ctxwarden.service.upstream_transport import SENT, Transport
 
 __all__ = ["Upstream", "UpstreamFailure"]

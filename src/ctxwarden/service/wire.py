@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from ctxwarden.messages import Message
-from ctxwarden.registry.usage import Usage
+from ctxwarden.core.messages import Message
+from ctxwarden.core.registry.usage import Usage
 from ctxwarden.service.prepared import Prepared
 
 __all__ = ["StreamReader", "Wire"]

@@ -13,7 +13,7 @@ newest ``keep_builds`` rows of a session are kept. A built message that is a sto
 message as stored (most of a window: stored messages never change) is written as its
 sequence number, ``{"layer": ..., "seq": n}`` (a run of them, consecutive in the context
 and in the store, as one row: ``{"layer": ..., "seq": n, "count": k}``), and read back
-whole (:func:`~ctxwarden.store.service_tables.build_context`): a proxied call logs a few
+whole (:func:`~ctxwarden.store.service_tables.logged_context`): a proxied call logs a few
 kilobytes instead of its whole ~80 KB context again. And the messages a context shares,
 from its start, with the session's last context logged whole (its *base*: the same
 message objects in the same layers) are logged as one first row naming that build and
@@ -44,7 +44,8 @@ from dataclasses import asdict, dataclass, fields
 from operator import attrgetter, is_not, ne, or_
 from typing import TYPE_CHECKING, Any, cast
 
-from ctxwarden.caching import memoize
+from ctxwarden.core.caching import memoize
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.formats.openai import message_to_openai
 from ctxwarden.formats.openai_json import dumps, meta_message_bytes, object_json
 from ctxwarden.session.handle import SessionHandle
@@ -55,12 +56,11 @@ from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.base import json_text, unstorable
 from ctxwarden.store.migrations import Tx
 from ctxwarden.store.service_tables import HistoryTokens, record_build, stored_tokens_in
-from ctxwarden.tokens.counter import TokenCounter
 
 if TYPE_CHECKING:
-    from ctxwarden.build.audit import Audit
-    from ctxwarden.build.engine import BuiltContext
-    from ctxwarden.messages import Message
+    from ctxwarden.core.messages import Message
+    from ctxwarden.pipeline.audit import Audit
+    from ctxwarden.pipeline.engine import BuiltContext
 
 __all__ = [
     "KEEP_BUILDS",

@@ -3,7 +3,7 @@
 Read what to fold in one short read transaction, call the model with **no transaction
 and no connection held** (the store's connection is released first), then write summary
 and facts in one short transaction guarded by the session's version; a lost race
-re-reads and retries. The model step is :func:`ctxwarden.memory.cycle.summarize_history`,
+re-reads and retries. The model step is :func:`ctxwarden.pipeline.summarize.summarize_history`,
 the same as the in-memory cycle, so a session summarised and built sends what
 ``build_context(messages, summarizer=...)`` sends.
 """
@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ctxwarden.errors import SummarizationError, VersionConflict
-from ctxwarden.messages import Message
-from ctxwarden.registry.usage import Usage
+from ctxwarden.core.errors import SummarizationError, VersionConflict
+from ctxwarden.core.messages import Message
+from ctxwarden.core.registry.usage import Usage
 from ctxwarden.session.handle import SessionHandle
 from ctxwarden.store import StoredSession
 
@@ -56,10 +56,10 @@ async def summary_cycle(
 ) -> SummaryWrite | None:
     """One cycle for ``session`` (see the module docstring); ``None`` when nothing
     changed."""
-    from ctxwarden.memory.cycle import summarize_history
     from ctxwarden.memory.facts import Facts
     from ctxwarden.memory.layer_state import LayerState
-    from ctxwarden.session import state as session_state
+    from ctxwarden.pipeline.summarize import summarize_history
+    from ctxwarden.session import rows as session_state
 
     chosen = resolved[0]
     usage = Usage(calls=0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ctxwarden.registry.usage import Usage
+from ctxwarden.core.registry.usage import Usage
 from ctxwarden.store import SessionStore
 
 __all__ = ["SessionHandle"]

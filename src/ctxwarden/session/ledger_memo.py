@@ -1,6 +1,6 @@
 """The last build's memos kept by an open session, by sequence number (speed only).
 
-A build's :class:`~ctxwarden.build.state.LedgerMemo` holds the entity ledger of the
+A build's :class:`~ctxwarden.steps.state.LedgerMemo` holds the entity ledger of the
 messages its window no longer shows and the block it rendered; the engine extends it on
 the next build instead of extracting and ranking those messages again. A session stores
 its sticky decisions without it (the ledger of what lies before the slice has its own
@@ -25,8 +25,8 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ctxwarden.build.state import BuildState, LedgerMemo
 from ctxwarden.memory.summary_scan import SummaryScan
+from ctxwarden.steps.state import BuildState, LedgerMemo
 
 __all__ = ["SeqMemo"]
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ctxwarden.build.built import BuiltContext
+    from ctxwarden.pipeline.built import BuiltContext
 
 __all__ = ["PendingLog"]
 

@@ -42,14 +42,14 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ctxwarden.build.inputs import check_build_options, check_summarize_arguments
-from ctxwarden.build.state import BuildState
-from ctxwarden.errors import ConfigError, StoreError, UnknownModelError
+from ctxwarden.core.errors import ConfigError, StoreError, UnknownModelError
+from ctxwarden.core.messages import Message
+from ctxwarden.core.registry.catalog import Registry
+from ctxwarden.core.registry.usage import Usage
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.formats.openai import message_from_openai, message_to_openai
-from ctxwarden.messages import Message
-from ctxwarden.registry.catalog import Registry
-from ctxwarden.registry.usage import Usage
-from ctxwarden.session import state as session_state
+from ctxwarden.pipeline.inputs import check_build_options, check_summarize_arguments
+from ctxwarden.session import rows as session_state
 from ctxwarden.session.build_log import KEEP_BUILDS, KEEP_CONTEXTS, ContextMemo, log_build
 from ctxwarden.session.cycle import SummaryWrite, summary_cycle
 from ctxwarden.session.ledger_memo import SeqMemo
@@ -57,6 +57,7 @@ from ctxwarden.session.pending_log import PendingLog
 from ctxwarden.session.tail_memo import TailMemo, check_appended, count_key, with_tail
 from ctxwarden.session.tool_pins import PinnedBlocks
 from ctxwarden.steps.recall_gate import recall_reads_back
+from ctxwarden.steps.state import BuildState
 from ctxwarden.store import SessionStore, StoredMessage, StoredSession, open_store
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.ledger_checkpoint import (
@@ -75,15 +76,14 @@ from ctxwarden.telemetry import (
     traced,
     traced_async,
 )
-from ctxwarden.tokens.counter import TokenCounter
 
 if TYPE_CHECKING:
-    from ctxwarden.build.engine import BuiltContext
-    from ctxwarden.build.policy import Policy
     from ctxwarden.llm.embeddings import Embedder
     from ctxwarden.memory.facts import Facts, FactSchema
-    from ctxwarden.memory.recall import Recalled
     from ctxwarden.memory.summaries import SummaryState, SummaryTrigger
+    from ctxwarden.pipeline.engine import BuiltContext
+    from ctxwarden.pipeline.policy import Policy
+    from ctxwarden.session.recall import Recalled
     from ctxwarden.steps.tool_rules import ToolRules
 
 __all__ = ["PendingLog", "Session", "SummaryWrite", "count_key"]
@@ -267,7 +267,7 @@ class Session:
         """Validate, count and store ``messages`` in one transaction; return their seqs.
 
         Every message is validated before anything is written: one bad message raises
-        :class:`~ctxwarden.errors.InvalidMessageError` naming its index, and nothing from
+        :class:`~ctxwarden.core.errors.InvalidMessageError` naming its index, and nothing from
         this call is stored. So is what a build would have to reject: a repeated explicit
         id within the call, a tool result with no call right before it, a call the
         conversation moves on from without its results (checked against the stored last
@@ -275,10 +275,10 @@ class Session:
         skips the pairing check for a store of raw items that are paired only when read
         (the OpenAI Agents SDK session stores one call per item). ``expect_next``: append
         only if the session still holds that many messages, else raise
-        :class:`~ctxwarden.errors.VersionConflict` (see :meth:`SessionStore.append`).
+        :class:`~ctxwarden.core.errors.VersionConflict` (see :meth:`SessionStore.append`).
         ``also(tx, seqs)`` (the SQL stores only) writes more in the same transaction.
         """
-        from ctxwarden.build.inputs import check_messages_argument, check_unique_ids
+        from ctxwarden.pipeline.inputs import check_messages_argument, check_unique_ids
 
         parsed = [
             item if isinstance(item, Message) else message_from_openai(item, index=i)
@@ -335,7 +335,7 @@ class Session:
         name = model or self.model
         dollars = 0.0
         try:
-            from ctxwarden.registry.cost import estimate_cost
+            from ctxwarden.core.registry.cost import estimate_cost
 
             dollars = estimate_cost(usage, name, self.registry)
         except UnknownModelError:
@@ -544,9 +544,9 @@ class Session:
         a share, in what the rest of the context leaves; otherwise as written. Nothing is
         summarised here: :meth:`summarize` writes the summary.
         """
-        from ctxwarden.build.engine import model_info, run_build
-        from ctxwarden.build.policy import Policy as PolicyClass
-        from ctxwarden.memory.cycle import summary_viewer
+        from ctxwarden.pipeline.engine import model_info, run_build
+        from ctxwarden.pipeline.policy import Policy as PolicyClass
+        from ctxwarden.pipeline.summarize import summary_viewer
 
         check_build_options(model, policy, kw, session=True, summarizer=summarizer)
         model = model or self.model
@@ -635,7 +635,7 @@ class Session:
         cached nothing of it, so the next build must not hold it as sent. Its sticky
         decisions stay; what cache-aware compaction holds (the context's digests, the
         drops inside the window) is cleared, so the next build is built as it would be
-        after no call at all (:mod:`ctxwarden.build.compaction`). Only the build this
+        after no call at all (:mod:`ctxwarden.pipeline.compaction`). Only the build this
         process logged last is cleared: one a replica logged since is left alone."""
         saved = self._saved
         if saved is None or not saved.sticky.get("prefix"):
@@ -664,7 +664,7 @@ class Session:
         for one), default the policy's ``[recall] embeddings``; ``upto_seq`` stops at
         that message. Each message is
         embedded once; returns how many were now. A failing endpoint raises
-        :class:`~ctxwarden.errors.ProviderError` naming it; what was stored stays."""
+        :class:`~ctxwarden.core.errors.ProviderError` naming it; what was stored stays."""
         from ctxwarden.llm.embeddings import Embedder, check_embeddings_spec
         from ctxwarden.session.vectors import embed_missing
 
@@ -685,14 +685,14 @@ class Session:
 
     def recall(self, handle: str) -> Recalled:
         """The stored message a handle (``cw:msg:<id>``) names, with its original content
-        byte for byte (:mod:`ctxwarden.memory.recall`), and the recall recorded in the session's
+        byte for byte (:mod:`ctxwarden.session.recall`), and the recall recorded in the session's
         audit trail (a ``recalled`` row of the builds listing, on the SQL stores).
 
         A store-given id (``m<seq>``) is one indexed read; an explicit id of your own is
         looked up by reading the messages in batches. An unknown handle raises
-        :class:`~ctxwarden.errors.UnknownHandleError` and records nothing.
+        :class:`~ctxwarden.core.errors.UnknownHandleError` and records nothing.
         """
-        from ctxwarden.memory.recall import audit_recall, find_stored, recalled
+        from ctxwarden.session.recall import audit_recall, find_stored, recalled
 
         seq, message = find_stored(self.store, self.tenant, self.session_id, handle)
         found = recalled(message, self.model, seq)
@@ -729,9 +729,9 @@ class Session:
         A failing model raises :class:`SummarizationError` and changes nothing; losing
         the version race ``retries`` times in a row raises :class:`VersionConflict`.
         """
-        from ctxwarden.build.engine import _as_sent, model_info
-        from ctxwarden.build.policy import Policy as PolicyClass
-        from ctxwarden.memory.cycle import resolve_summarizer
+        from ctxwarden.pipeline.engine import _as_sent, model_info
+        from ctxwarden.pipeline.policy import Policy as PolicyClass
+        from ctxwarden.pipeline.summarize import resolve_summarizer
 
         summarizer = summarizer if summarizer is not None else self.summarizer
         check_summarize_arguments(summarizer, policy, schema, window, max_input_tokens)

@@ -18,12 +18,12 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
-from ctxwarden.errors import InvalidMessageError
-from ctxwarden.messages import Message
+from ctxwarden.core.errors import InvalidMessageError
+from ctxwarden.core.messages import Message
+from ctxwarden.core.tokens.counter import count_key
 from ctxwarden.store import SessionStore, StoredMessage
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.base import read_as_pinned
-from ctxwarden.tokens.counter import count_key
 
 __all__ = ["TailMemo", "count_key", "last_block", "with_tail"]
 
@@ -223,13 +223,13 @@ def check_appended(
     expect_next: int | None,
 ) -> dict[str, Any]:
     """Check that ``messages`` may follow the stored last block
-    (:func:`~ctxwarden.build.pairing.validate_appended`); return what the store's append
+    (:func:`~ctxwarden.core.pairing.validate_appended`); return what the store's append
     must check more. An append that expects ``expect_next`` messages in the session the
     cache holds (created at ``cache_of``) knows where the session ends without reading
     it, when the SQL store's append checks both in its transaction (``expect_created``).
     Messages refused there are checked against where the session really ends: a session
     that moved on is the append's conflict to report, not theirs."""
-    from ctxwarden.build.pairing import validate_appended
+    from ctxwarden.core.pairing import validate_appended
 
     if expect_next is None or not cache_of or not isinstance(store, SqlStore):
         validate_appended(last_block(store, tenant, session_id, cache, cache_of), messages)

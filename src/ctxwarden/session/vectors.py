@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ctxwarden.errors import ConfigError, MissingDependencyError, ProviderError
+from ctxwarden.core.errors import ConfigError, MissingDependencyError, ProviderError
 from ctxwarden.llm.embeddings import Embedder, embeddings_key
 from ctxwarden.steps.recall_fusion import RecallVectors, embedding_text
 from ctxwarden.store._sql import SqlStore

@@ -19,16 +19,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from ctxwarden.caching import memoize
-from ctxwarden.messages import Message
+from ctxwarden.core.caching import memoize
+from ctxwarden.core.messages import Message
 
 if TYPE_CHECKING:
-    from ctxwarden.build.policy import Policy
-    from ctxwarden.build.state import BuildState, SummaryDue
+    from ctxwarden.core.registry.cache_cost import CachePrices
+    from ctxwarden.core.tokens.counter import TokenCounter
     from ctxwarden.memory.layer_state import LayerState
-    from ctxwarden.registry.cache_cost import CachePrices
+    from ctxwarden.pipeline.policy import Policy
+    from ctxwarden.steps.state import BuildState, SummaryDue
     from ctxwarden.steps.tool_rules import ToolRules
-    from ctxwarden.tokens.counter import TokenCounter
 
 __all__ = [
     "Action",
@@ -162,7 +162,7 @@ class StrategyContext:
     strategy is called on its own).
     ``tool_rules`` are the policy's per-tool rules (:mod:`~ctxwarden.steps.tool_rules`;
     ``None``: none). ``compacting`` says the build rewrites
-    the context anyway (:mod:`ctxwarden.build.compaction`): an edit a strategy would
+    the context anyway (:mod:`ctxwarden.pipeline.compaction`): an edit a strategy would
     batch for later is cheapest now, in the same move.
     """
 
@@ -230,7 +230,7 @@ class Draft:
     even eviction removes those, and pinned messages in the window). The layout step fills
     ``ordered``, ``layer_of`` and ``breakpoints``. ``compact`` is set by a step of a
     held build (:attr:`StepContext.hold`) that found a rewrite worth its cost: the engine
-    then compacts (:mod:`ctxwarden.build.compaction`).
+    then compacts (:mod:`ctxwarden.pipeline.compaction`).
     """
 
     history: Sequence[Message]
@@ -288,7 +288,7 @@ class StepContext:
     what the context costs whatever the steps do: reply priming, tool definitions and
     the system prompt. ``hold`` marks a build between compactions: the editing steps send
     every message the previous context held as it was sent (cache-aware compaction,
-    :mod:`ctxwarden.build.compaction`), weighing a change at ``prices`` with ``growth``."""
+    :mod:`ctxwarden.pipeline.compaction`), weighing a change at ``prices`` with ``growth``."""
 
     counter: TokenCounter
     budget: int

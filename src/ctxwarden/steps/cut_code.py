@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from ctxwarden.kinds import LINE_NUMBER
+from ctxwarden.core.kinds import LINE_NUMBER
 from ctxwarden.steps.cut_lines import select_lines, shorten_line
 from ctxwarden.steps.cut_log import term_hits
 from ctxwarden.steps.cut_text import Count, fmt

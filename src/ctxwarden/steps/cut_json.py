@@ -2,10 +2,10 @@
 
 Arrays keep their first items plus a marker element, long strings are shortened, deep
 containers summarised, and ``keep_fields`` survive everywhere (even in the items that
-were cut). The document is parsed once (:func:`~ctxwarden.kinds.load_json`: a
+were cut). The document is parsed once (:func:`~ctxwarden.core.kinds.load_json`: a
 linear depth scan first, so a document nested 10,000 deep is cut as text instead of
 raising ``RecursionError``); the walks below recurse at most
-:data:`~ctxwarden.kinds.MAX_JSON_DEPTH` deep. Renders of the gentle levels are
+:data:`~ctxwarden.core.kinds.MAX_JSON_DEPTH` deep. Renders of the gentle levels are
 counted only when short enough to fit.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ctxwarden.kinds import load_json
+from ctxwarden.core.kinds import load_json
 from ctxwarden.steps.cut_text import Count, estimate_tokens, fmt, may_fit, truncate_text
 
 __all__ = ["JSON_LEVELS", "Wanted", "prune", "truncate_json", "wanted_in"]
@@ -69,7 +69,7 @@ class Wanted:
 
 def wanted_in(doc: Any, terms: Sequence[str], fields: Sequence[str] = ()) -> Wanted:
     """The :class:`Wanted` of ``doc`` (one walk; ``doc`` is at most ``MAX_JSON_DEPTH``
-    deep, as :func:`~ctxwarden.kinds.load_json` guarantees)."""
+    deep, as :func:`~ctxwarden.core.kinds.load_json` guarantees)."""
     lowered = tuple({t.lower() for t in terms if len(t) >= 3})
     items: set[int] = set()
 

@@ -1,7 +1,7 @@
 """One entry point that cuts a text by its kind, within a hard cap on what is examined.
 
 :func:`truncate_by_kind` sends a result to the cut for its kind (see
-:mod:`~ctxwarden.kinds`) and falls back to head-and-tail text when a line-based
+:mod:`~ctxwarden.core.kinds`) and falls back to head-and-tail text when a line-based
 cut cannot place a single line. Before that, a result longer than ``max_chars`` is
 reduced to its first and last parts (at line ends) with a marker saying how much was
 not examined: every later pass is then bounded by the cap whatever the input's size,

@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ctxwarden.kinds import load_json
-from ctxwarden.messages import Message
+from ctxwarden.core.kinds import load_json
+from ctxwarden.core.messages import Message
 
 __all__ = ["argument_values", "request_terms", "stated_terms"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-from ctxwarden.caching import memoize
-from ctxwarden.errors import ConfigError
+from ctxwarden.core.caching import memoize
+from ctxwarden.core.errors import ConfigError
 from ctxwarden.steps.cut_text import Count, estimate_tokens, fmt, may_fit, truncate_text
 
 __all__ = ["DEFAULT_LIBRARY_PATTERNS", "library_regex", "truncate_stack_trace"]

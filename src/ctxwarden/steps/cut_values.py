@@ -20,7 +20,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ctxwarden.kinds import load_json
+from ctxwarden.core.kinds import load_json
+from ctxwarden.core.messages import Message
 from ctxwarden.memory.entities import (
     CATEGORY_TIERS,
     Entity,
@@ -29,7 +30,6 @@ from ctxwarden.memory.entities import (
     extract_from_text,
 )
 from ctxwarden.memory.entity_ledger import listed
-from ctxwarden.messages import Message
 from ctxwarden.steps.cut_html import html_to_text
 
 __all__ = ["CUT_VALUES_KEY", "with_cut_values"]

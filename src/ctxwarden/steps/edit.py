@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ctxwarden.messages import Message
+from ctxwarden.core.messages import Message
+from ctxwarden.core.tokens.counter import REPLY_PRIMING
 from ctxwarden.steps.base import (
     Action,
     Draft,
@@ -24,7 +25,6 @@ from ctxwarden.steps.base import (
     edit_marker,
 )
 from ctxwarden.steps.newest import newest_room, unanswered_results
-from ctxwarden.tokens.counter import REPLY_PRIMING
 
 __all__ = ["EditStep"]
 
@@ -83,12 +83,12 @@ class EditStep:
 def hold_sent(
     draft: Draft, out: Sequence[Message], actions: Sequence[Action], ctx: StepContext
 ) -> tuple[list[Message], list[Action], str | None]:
-    """Between compactions (cache-aware, :mod:`ctxwarden.build.compaction`): a window
+    """Between compactions (cache-aware, :mod:`ctxwarden.pipeline.compaction`): a window
     message the previous context sent as it was is sent so again, whatever the strategy
     now makes of it (a mask landing on an older result, a cut of a result once sent
     whole). Returns the messages, the actions that stand, and what was held back
     (``None``: nothing), which the engine weighs against the cost of a rewrite."""
-    from ctxwarden.build.state import PREFIX_DIGITS
+    from ctxwarden.steps.state import PREFIX_DIGITS
 
     sent = frozenset(ctx.previous.prefix)
     held = list(out)

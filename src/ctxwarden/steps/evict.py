@@ -14,16 +14,16 @@ warning (drift is silent; the audit makes it visible):
    newest call block is dropped whole.
 
 If the system prompt and the newest user message still do not fit, the build fails with a
-:class:`~ctxwarden.errors.BudgetError` naming the minimum budget.
+:class:`~ctxwarden.core.errors.BudgetError` naming the minimum budget.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ctxwarden.build.pairing import group_blocks
-from ctxwarden.errors import BudgetError
-from ctxwarden.messages import Message
+from ctxwarden.core.errors import BudgetError
+from ctxwarden.core.messages import Message
+from ctxwarden.core.pairing import group_blocks
 from ctxwarden.steps.base import Action, Draft, Edit, StepContext, StepResult
 from ctxwarden.steps.fit import ledger_sources, shown_blocks
 from ctxwarden.steps.ledger import LedgerBuilder, ledger_cap

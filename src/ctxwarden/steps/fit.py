@@ -5,7 +5,7 @@ messages and the entity ledger leave; the ledger grows as the window drops messa
 the two are settled together in a few rounds. When the window must move it moves far
 enough to fill only ``window.refill_ratio`` of its room, so the next turns append without
 moving it again and consecutive requests share a byte-identical prefix; a cache-aware
-compaction (:mod:`ctxwarden.build.compaction`) takes it down to that low-water mark even
+compaction (:mod:`ctxwarden.pipeline.compaction`) takes it down to that low-water mark even
 when it still fits, since the context is rewritten anyway.
 
 A block is dropped whole; protected blocks (the newest user message, the newest tool-call
@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ctxwarden.build.pairing import Block, group_blocks
-from ctxwarden.messages import Message
+from ctxwarden.core.messages import Message
+from ctxwarden.core.pairing import Block, group_blocks
 from ctxwarden.steps.base import Action, Draft, StepContext, StepResult, system_block
 from ctxwarden.steps.ledger import LEDGER_ID, LedgerBuilder, ledger_cap, ledger_from
 from ctxwarden.steps.window import is_pinned
@@ -180,7 +180,7 @@ def _kept_from(
 
 
 def held_ledger(start: int, ctx: StepContext) -> Message | None:
-    """Between compactions (``ctx.hold``, :mod:`ctxwarden.build.compaction`) the ledger
+    """Between compactions (``ctx.hold``, :mod:`ctxwarden.pipeline.compaction`) the ledger
     block is the one the previous context sent (kept in its state, so a replica holds the
     same), while the window has not moved: a new result cut on arrival adds its values at
     the next compaction, not by rewriting the ledger (and everything after it) now.

@@ -8,14 +8,14 @@ system message!"). For a model the registry marks ``system_messages = "one"`` th
 folds every system message of the context into the first, in order, each after
 :data:`FOLD_SEPARATOR`: the prompt's text comes first and unchanged, so the cached
 prefix holds, and each layer still begins with its heading, so a context fed back as
-history is recognised (:mod:`ctxwarden.build.carried`).
+history is recognised (:mod:`ctxwarden.pipeline.carried`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ctxwarden.messages import Message, Part, TextPart
+from ctxwarden.core.messages import Message, Part, TextPart
 
 __all__ = ["FOLD_SEPARATOR", "fold_system"]
 

@@ -1,7 +1,7 @@
 """The summary and facts layers of a build (R7, R8, R10): shown, never made, here.
 
 A build shows the summary and facts of its :class:`LayerState` — made by
-:func:`ctxwarden.memory.cycle.summarize_history` or a session's summary cycle, outside the
+:func:`ctxwarden.pipeline.summarize.summarize_history` or a session's summary cycle, outside the
 build — and, when a summariser is in use, says whether a summary is due
 (``audit.summary_due``); it never calls a model.
 
@@ -26,14 +26,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ctxwarden.core.messages import Message
+from ctxwarden.core.tokens.counter import count_key
 from ctxwarden.memory.facts import Facts
 from ctxwarden.memory.layer_state import LayerState
 from ctxwarden.memory.summaries import plan_summary, summary_view, view_fills
 from ctxwarden.memory.summary_scan import SummaryScan, scan_key, summary_due_of
-from ctxwarden.messages import Message
 from ctxwarden.steps.base import Draft, StepContext, StepResult, system_block
 from ctxwarden.steps.ledger import ledger_cap
-from ctxwarden.tokens.counter import count_key
 
 __all__ = [
     "SUMMARY_HEADING",
@@ -185,7 +185,7 @@ def summary_due(
     and the trigger sums the next build extends. The previous build's sums are extended
     when they fit this history (:mod:`~ctxwarden.memory.summary_scan`), so a build reads
     the messages appended since, not the whole history."""
-    from ctxwarden.build.state import SummaryDue
+    from ctxwarden.steps.state import SummaryDue
 
     trigger = ctx.policy.summary
     fills = view_fills(trigger, ctx.summarizer)

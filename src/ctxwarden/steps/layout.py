@@ -3,7 +3,7 @@
     [system prompt][facts][ledger][summary][other layers][pinned][window ...]
         [recall][newest user message ...]
 
-The recall layer (:mod:`~ctxwarden.steps.recall`) follows the query it answers: it sits
+The recall layer (:mod:`~ctxwarden.steps.recall_relevant`) follows the query it answers: it sits
 right before the newest user message, so a new question changes only the tail and the
 window before it stays cached.
 
@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ctxwarden.core.messages import Message
 from ctxwarden.formats.anthropic import MAX_CACHE_BREAKPOINTS
-from ctxwarden.messages import Message
 from ctxwarden.steps.base import Draft, StepContext, StepResult
 from ctxwarden.steps.fold import fold_system
 

@@ -7,7 +7,7 @@ block near the top of the context.
 
 The region before the window only grows (the window start is sticky), so a conversation's
 ledger is extended, never rebuilt: the previous build's
-:class:`~ctxwarden.build.state.LedgerMemo` (part of its explicit state) holds the ledger
+:class:`~ctxwarden.steps.state.LedgerMemo` (part of its explicit state) holds the ledger
 up to its window start and the block it rendered, so a build costs the messages that left
 the window since, and re-renders only when the window moved or a batch was masked.
 
@@ -24,13 +24,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ctxwarden.build.state import LedgerMemo
-from ctxwarden.caching import BoundedCache, memoize
+from ctxwarden.core.caching import BoundedCache, memoize
+from ctxwarden.core.messages import Message
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.memory.entities import extract_entities
 from ctxwarden.memory.entity_ledger import EntityLedger
-from ctxwarden.messages import Message
 from ctxwarden.steps.base import Draft, StepContext, system_block
-from ctxwarden.tokens.counter import TokenCounter
+from ctxwarden.steps.state import LedgerMemo
 
 __all__ = [
     "LEDGER_ID",
@@ -49,7 +49,7 @@ _FRAMING = 5  # message framing + role tokens around the ledger text
 @dataclass(frozen=True)
 class CarriedLedger(EntityLedger):
     """The values of a ledger block an earlier build rendered (read back from its
-    ``text``, :mod:`ctxwarden.build.carried`): a build that adds nothing to them shows
+    ``text``, :mod:`ctxwarden.pipeline.carried`): a build that adds nothing to them shows
     ``text`` itself when it fits, not a new rendering of values whose ranks the text no
     longer says, so a built context built again is the same context."""
 

@@ -16,7 +16,7 @@ put until another ``batch_tokens`` of maskable output has piled up beyond the
 byte-identical prefix. This depends only on the messages (no state), and because
 messages are only appended, a result once masked stays masked; an earlier build's
 decisions (``ctx.sticky``) are honoured as well. A cache-aware compaction
-(``ctx.compacting``, :mod:`ctxwarden.build.compaction`) masks every maskable result at
+(``ctx.compacting``, :mod:`ctxwarden.pipeline.compaction`) masks every maskable result at
 once: the context is rewritten anyway, and what is masked in the same move need not
 break the prefix again later.
 """
@@ -26,13 +26,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ctxwarden.caching import BoundedCache
-from ctxwarden.errors import ConfigError
-from ctxwarden.messages import Message
+from ctxwarden.core.caching import BoundedCache
+from ctxwarden.core.errors import ConfigError
+from ctxwarden.core.handles import handle_for
+from ctxwarden.core.messages import Message
+from ctxwarden.core.tokens.counter import counting_key
 from ctxwarden.steps.base import Action, StrategyContext, StrategyResult, same_action
-from ctxwarden.steps.handles import handle_for
 from ctxwarden.steps.tool_rules import clear_call_inputs, maskable_results
-from ctxwarden.tokens.counter import counting_key
 
 __all__ = ["DEFAULT_PLACEHOLDER", "MaskObservations"]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ctxwarden.messages import Message
+from ctxwarden.core.messages import Message
 from ctxwarden.steps.base import Draft, StepContext
 from ctxwarden.steps.ledger import ledger_cap
 from ctxwarden.steps.recall_gate import recall_reserve

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from ctxwarden.messages import Message
+from ctxwarden.core.messages import Message
 
 __all__ = ["PRIORITY_WEIGHT", "eviction_order", "importance", "is_correction"]
 

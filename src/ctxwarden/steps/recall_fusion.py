@@ -1,6 +1,6 @@
 """Embedding recall: a vector ranking of left-out messages, fused with BM25's.
 
-BM25 (:mod:`ctxwarden.steps.recall`) finds the passages that share words with the
+BM25 (:mod:`ctxwarden.steps.recall_relevant`) finds the passages that share words with the
 request; it misses a paraphrase ("my flight got scrapped" for "the airline cancelled the
 booking"). With ``[recall] embeddings = "<spec>"`` each stored message has a vector
 (computed outside the build, :mod:`ctxwarden.llm.embeddings`), and the recall step ranks
@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from ctxwarden.messages import Message
+from ctxwarden.core.messages import Message
 
 __all__ = ["DEPTH", "RRF_K", "RecallVectors", "embedding_text", "fuse", "vector_ranking"]
 

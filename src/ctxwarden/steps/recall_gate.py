@@ -1,7 +1,7 @@
 """Whether a build spends budget on recalled history, and how much: read from the
 conversation's shape, not from a switch.
 
-Relevance recall (:mod:`~ctxwarden.steps.recall`) pays where a request asks about
+Relevance recall (:mod:`~ctxwarden.steps.recall_relevant`) pays where a request asks about
 something only the left-out history holds: a chat whose user asks "when did Caroline go
 to the support group?" long after she said so. It does not pay in an agent loop: there
 the entity ledger keeps the values that left the window (ids, paths, amounts), every
@@ -30,11 +30,11 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from ctxwarden.messages import Message
+from ctxwarden.core.messages import Message
 from ctxwarden.steps.base import Draft, StepContext
 
 if TYPE_CHECKING:
-    from ctxwarden.steps.recall import RecallRelevant
+    from ctxwarden.steps.recall_relevant import RecallRelevant
 
 __all__ = [
     "FULL_AT",

@@ -15,7 +15,7 @@ over it)::
     [tools.get_user_details]
     pin = true               # its results are pinned (kept wherever they are)
 
-:class:`ToolRules` is frozen data on the :class:`~ctxwarden.build.policy.Policy`; the steps
+:class:`ToolRules` is frozen data on the :class:`~ctxwarden.pipeline.policy.Policy`; the steps
 that touch tool results read it (masking and truncation through
 :class:`~ctxwarden.steps.base.StrategyContext`, the pins through :class:`PinResults`), so
 no step reads another step's configuration. No ``[tools]`` table: no rule, and every step
@@ -33,11 +33,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
-from ctxwarden.errors import ConfigError
-from ctxwarden.kinds import RESULT_KINDS, ResultKind
-from ctxwarden.messages import Message, ToolCall
+from ctxwarden.core.errors import ConfigError
+from ctxwarden.core.handles import handle_for
+from ctxwarden.core.kinds import RESULT_KINDS, ResultKind
+from ctxwarden.core.messages import Message, ToolCall
 from ctxwarden.steps.base import Action, Draft, StepContext, StepResult, same_action
-from ctxwarden.steps.handles import handle_for
 
 __all__ = [
     "DEFAULT_TOOL",

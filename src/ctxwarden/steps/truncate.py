@@ -1,7 +1,7 @@
 """Type-aware truncation of long tool results (R4), the cheapest step of the cascade.
 
 A tool result over ``threshold_tokens`` is cut to about ``target_tokens`` according to its
-``kind`` (:mod:`~ctxwarden.kinds`), so that what an agent needs from it survives:
+``kind`` (:mod:`~ctxwarden.core.kinds`), so that what an agent needs from it survives:
 
 * a **stack trace** keeps its error lines, the first frame and the application's own
   frames (:mod:`~ctxwarden.steps.cut_trace`);
@@ -42,11 +42,12 @@ import re
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 
-from ctxwarden.caching import BoundedCache
-from ctxwarden.errors import ConfigError
-from ctxwarden.kinds import load_json
-from ctxwarden.memory.recall import RECALL_TOOL_NAME
-from ctxwarden.messages import Message
+from ctxwarden.core.caching import BoundedCache
+from ctxwarden.core.errors import ConfigError
+from ctxwarden.core.handles import RECALL_TOOL_NAME, handle_for
+from ctxwarden.core.kinds import load_json
+from ctxwarden.core.messages import Message
+from ctxwarden.core.tokens.counter import counting_key
 from ctxwarden.steps.base import Action, StrategyContext, StrategyResult, same_action
 from ctxwarden.steps.cut_json import truncate_json
 from ctxwarden.steps.cut_kinds import MAX_CHARS, truncate_by_kind
@@ -54,10 +55,8 @@ from ctxwarden.steps.cut_terms import argument_values, request_terms, stated_ter
 from ctxwarden.steps.cut_text import fmt, truncate_article, truncate_text
 from ctxwarden.steps.cut_trace import DEFAULT_LIBRARY_PATTERNS, library_regex, truncate_stack_trace
 from ctxwarden.steps.cut_values import with_cut_values
-from ctxwarden.steps.handles import handle_for
 from ctxwarden.steps.newest import newest_user_text, unanswered_results
 from ctxwarden.steps.tool_rules import as_kind, truncate_rule
-from ctxwarden.tokens.counter import counting_key
 
 __all__ = [
     "DEFAULT_LIBRARY_PATTERNS",

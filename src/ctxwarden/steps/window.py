@@ -19,13 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ctxwarden.build.state import BuildState
-from ctxwarden.messages import Message
+from ctxwarden.core.messages import Message
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.steps.base import Action, CountedAction, Draft, StepContext, StepResult
-from ctxwarden.tokens.counter import TokenCounter
+from ctxwarden.steps.state import BuildState
 
 if TYPE_CHECKING:
-    from ctxwarden.build.policy import Policy
+    from ctxwarden.pipeline.policy import Policy
 
 __all__ = ["WindowStep", "is_pinned", "leading_system", "newest_call_block", "newest_user"]
 

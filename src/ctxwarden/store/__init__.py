@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ctxwarden.errors import ConfigError
+from ctxwarden.core.errors import ConfigError
 from ctxwarden.store.base import SessionStore, StoredMessage, StoredSession, SummaryInput
 from ctxwarden.store.migrations import MIGRATIONS, Migration
 from ctxwarden.store.sqlite import SQLiteStore

@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequenc
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Literal, overload
 
-from ctxwarden.caching import memoize
-from ctxwarden.errors import ConfigError, InvalidMessageError, StoreError, VersionConflict
-from ctxwarden.messages import Message
-from ctxwarden.registry.usage import Usage
+from ctxwarden.core.caching import memoize
+from ctxwarden.core.errors import ConfigError, InvalidMessageError, StoreError, VersionConflict
+from ctxwarden.core.messages import Message
+from ctxwarden.core.registry.usage import Usage
 from ctxwarden.store.base import (
     StoredMessage,
     StoredSession,

@@ -21,11 +21,11 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequenc
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from ctxwarden.errors import StoreError
+from ctxwarden.core.errors import StoreError
+from ctxwarden.core.messages import Message
+from ctxwarden.core.registry.usage import Usage
 from ctxwarden.formats.openai import message_from_openai, message_to_openai
 from ctxwarden.formats.openai_json import dumps
-from ctxwarden.messages import Message
-from ctxwarden.registry.usage import Usage
 
 __all__ = [
     "SessionStore",

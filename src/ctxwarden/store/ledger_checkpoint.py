@@ -46,11 +46,11 @@ import json
 from collections.abc import Container, MutableMapping
 from dataclasses import dataclass, field, replace
 
-from ctxwarden.caching import BoundedCache
-from ctxwarden.errors import StoreError
+from ctxwarden.core.caching import BoundedCache
+from ctxwarden.core.errors import StoreError
+from ctxwarden.core.messages import Message
 from ctxwarden.memory.entities import extract_entities
 from ctxwarden.memory.entity_ledger import EntityLedger
-from ctxwarden.messages import Message
 from ctxwarden.store.base import SessionStore
 
 __all__ = [

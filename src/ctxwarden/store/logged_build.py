@@ -27,7 +27,7 @@ from typing import Any
 from ctxwarden.store._sql import sql_store
 from ctxwarden.store.base import SessionStore
 
-__all__ = ["audit_from_text", "based_on", "build_context", "context_from_rows", "one_row_each"]
+__all__ = ["audit_from_text", "based_on", "context_from_rows", "logged_context", "one_row_each"]
 
 
 def audit_from_text(text: str) -> Any:
@@ -114,7 +114,7 @@ def _runs(seqs: Sequence[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def build_context(
+def logged_context(
     store: SessionStore, tenant: str, session_id: str, build_id: str
 ) -> list[dict[str, Any]] | None:
     """The built messages stored with a build (``None`` when it is too old to keep them),

@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ctxwarden.errors import StoreError
+from ctxwarden.core.errors import StoreError
 
 __all__ = ["MIGRATIONS", "REQUIRED_COLUMNS", "Migration", "Tx", "check_schema", "migrate"]
 

@@ -25,7 +25,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from ctxwarden.errors import MissingDependencyError, StoreError, StoreUnavailable
+from ctxwarden.core.errors import MissingDependencyError, StoreError, StoreUnavailable
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.migrations import Tx, check_schema, migrate
 

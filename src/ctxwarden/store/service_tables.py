@@ -25,13 +25,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ctxwarden.errors import ConfigError
-from ctxwarden.registry.usage import Usage
+from ctxwarden.core.errors import ConfigError
+from ctxwarden.core.registry.usage import Usage
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store._sql import sql_store as _sql
 from ctxwarden.store.base import SessionStore, json_text
 from ctxwarden.store.build_marks import HistoryTokens, newest_build, stored_tokens_in
-from ctxwarden.store.logged_build import audit_from_text, build_context
+from ctxwarden.store.logged_build import audit_from_text, logged_context
 from ctxwarden.store.migrations import Tx
 
 __all__ = [
@@ -42,13 +42,13 @@ __all__ = [
     "TenantRecord",
     "add_spend",
     "add_tenant",
-    "build_context",
     "delete_session",
     "end_call",
     "get_head",
     "latest_builds",
     "list_builds",
     "list_tenants",
+    "logged_context",
     "put_head",
     "record_build",
     "revoke_tenant",
@@ -512,7 +512,7 @@ def list_builds(
     since_turn: int = 0,
 ) -> list[BuildRecord]:
     """The session's builds from turn ``since_turn`` on, oldest first (their built
-    messages: :func:`build_context`)."""
+    messages: :func:`logged_context`)."""
     with _sql(store)._read() as tx:
         rows = tx.execute(
             "SELECT b.build_id, b.session_id, b.created_at, b.model, b.history_tokens, "

@@ -29,7 +29,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from ctxwarden.errors import ConfigError, StoreError
+from ctxwarden.core.errors import ConfigError, StoreError
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.migrations import Tx, check_schema, migrate
 from ctxwarden.store.sqlite_checkpoint import FALLBACK_PAGES, BackgroundCheckpoint

@@ -7,7 +7,7 @@ the user's choice):
   ``build_unlogged``), its attributes read off the build's audit: tokens per layer, the
   budget, the fill, the messages dropped, masked, truncated and summarised, the prefix
   kept (:func:`build_attributes`). The build itself stays pure: the span is opened where
-  a caller hands the history to :func:`~ctxwarden.build.engine.run_build`, never in a step.
+  a caller hands the history to :func:`~ctxwarden.pipeline.engine.run_build`, never in a step.
 - ``ctxwarden.summarize`` around a summary-and-facts cycle (``Session.summarize``, which
   the Celery worker runs, and :func:`ctxwarden.summarize_history`).
 - one span per proxied call (:class:`CallTrace`), named and attributed after the GenAI

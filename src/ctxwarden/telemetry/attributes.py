@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ctxwarden.build.audit import Audit
-    from ctxwarden.build.built import BuiltContext
-    from ctxwarden.memory.cycle import LayerUpdate
-    from ctxwarden.registry.usage import Usage
+    from ctxwarden.core.registry.usage import Usage
+    from ctxwarden.pipeline.audit import Audit
+    from ctxwarden.pipeline.built import BuiltContext
+    from ctxwarden.pipeline.summarize import LayerUpdate
     from ctxwarden.session.cycle import SummaryWrite
     from ctxwarden.session.pending_log import PendingLog
 

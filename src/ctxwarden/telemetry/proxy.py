@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ctxwarden.telemetry.spans import tracer, tracing
 
 if TYPE_CHECKING:
-    from ctxwarden.registry.usage import Usage
+    from ctxwarden.core.registry.usage import Usage
 
 __all__ = ["CallTrace", "call_trace"]
 

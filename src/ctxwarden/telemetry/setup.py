@@ -7,7 +7,7 @@ import importlib
 import os
 from typing import Any
 
-from ctxwarden.errors import ConfigError
+from ctxwarden.core.errors import ConfigError
 
 __all__ = ["configure_from_env"]
 

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ctxwarden.build.policy import Policy
+from ctxwarden.pipeline.policy import Policy
 
 __all__ = ["dumps_toml", "policy_toml", "tuned_tables"]
 

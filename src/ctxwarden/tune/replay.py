@@ -2,23 +2,23 @@
 
 Each session is replayed as the agent loop that recorded it: before every assistant
 message the context is built from the messages before it, with the previous build
-chained (``previous=``), through the bench's
-:class:`~ctxwarden.bench.retention.EngineBuilder` (a build the budget cannot hold falls
+chained (``previous=``), through the
+:class:`~ctxwarden.tune.measures.EngineBuilder` (a build the budget cannot hold falls
 back to the plain window and is counted in ``errors``). From those contexts:
 
 * **retention** — the bench's needed-later measure: at every assistant tool call, the
   values it passes that an earlier message showed, and the share of them still in the
-  built context (whole-token match, :class:`~ctxwarden.bench.retention.Mentions`). The
+  built context (whole-token match, :class:`~ctxwarden.tune.measures.Mentions`). The
   values of a call are the union of the two trace rules, so one measure serves any
   agent: every argument leaf of at least three characters (tau-bench,
-  :func:`~ctxwarden.bench.traces.needed_values`) and every distinctive token of a string
+  :func:`~ctxwarden.tune.measures.needed_values`) and every distinctive token of a string
   argument not already in the system prompt or task (swebench-mini,
-  :func:`~ctxwarden.bench.swebench.needed_tokens`);
+  :func:`~ctxwarden.tune.measures.needed_tokens`);
 * **cost** — the effective input cost against the full history, both with an idealised
   prefix cache: a call pays ``cache_read`` per token it shares with the previous call's
-  context (:func:`~ctxwarden.bench.metrics.common_prefix_tokens`) and ``cache_write``
+  context (:func:`~ctxwarden.tune.measures.common_prefix_tokens`) and ``cache_write``
   per other token (Anthropic: 0.1 and 1.25). ``cost`` is the ratio of the two sums;
-* **violations** — the invariants (:func:`~ctxwarden.bench.retention.invariant_problems`:
+* **violations** — the invariants (:func:`~ctxwarden.tune.measures.invariant_problems`:
   tool calls paired, system prompt first, no message twice) plus builds over budget.
 """
 
@@ -28,13 +28,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ctxwarden.bench.metrics import common_prefix_tokens
-from ctxwarden.bench.retention import EngineBuilder, Mentions, invariant_problems, plain_builder
-from ctxwarden.bench.swebench import needed_tokens
-from ctxwarden.bench.traces import json_leaves, needed_values
-from ctxwarden.build.policy import Policy
-from ctxwarden.messages import Message
-from ctxwarden.tokens.counter import REPLY_PRIMING, TokenCounter
+from ctxwarden.core.messages import Message
+from ctxwarden.core.tokens.counter import REPLY_PRIMING, TokenCounter
+from ctxwarden.pipeline.policy import Policy
+from ctxwarden.tune.measures import (
+    EngineBuilder,
+    Mentions,
+    common_prefix_tokens,
+    invariant_problems,
+    json_leaves,
+    needed_tokens,
+    needed_values,
+    plain_builder,
+)
 
 __all__ = [
     "ANTHROPIC",
@@ -214,7 +220,7 @@ def score_policy(
 class _SummarizingBuilder:
     """The agent loop with a summariser: ``build_context(summarizer=..., previous=...)``;
     a budget that cannot hold the newest turn falls back to the plain window, as
-    :class:`~ctxwarden.bench.retention.EngineBuilder` does."""
+    :class:`~ctxwarden.tune.measures.EngineBuilder` does."""
 
     def __init__(self, model: str, policy: Policy, summarizer: str) -> None:
         self.model, self.policy, self.summarizer = model, policy, summarizer
@@ -224,8 +230,8 @@ class _SummarizingBuilder:
     def __call__(
         self, before: Sequence[Message], counts: Sequence[int], budget: int
     ) -> list[Message]:
-        from ctxwarden import build_context
-        from ctxwarden.errors import BudgetError
+        from ctxwarden.core.errors import BudgetError
+        from ctxwarden.pipeline.engine import build_context
 
         try:
             self._built = build_context(

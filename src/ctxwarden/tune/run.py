@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ctxwarden.build.policy import Policy
-from ctxwarden.errors import ConfigError, InvalidMessageError
+from ctxwarden.core.errors import ConfigError, InvalidMessageError
+from ctxwarden.pipeline.policy import Policy
 from ctxwarden.tune.policy_file import policy_toml
 from ctxwarden.tune.replay import ANTHROPIC, CachePrices
 from ctxwarden.tune.search import Progress, TuneResult, tune_policy

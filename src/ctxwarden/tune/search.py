@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from typing import Any
 
-from ctxwarden.build.policy import Policy
-from ctxwarden.errors import ConfigError, MissingDependencyError
-from ctxwarden.messages import Message
+from ctxwarden.core.errors import ConfigError, MissingDependencyError
+from ctxwarden.core.messages import Message
+from ctxwarden.pipeline.policy import Policy
 from ctxwarden.tune.replay import ANTHROPIC, CachePrices, Needed, Score, needed_in, score_policy
 from ctxwarden.tune.space import apply_params, default_params, params_for, searched
 

@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ctxwarden.build.pairing import validate_pairing
-from ctxwarden.errors import CtxwardenError, InvalidMessageError
+from ctxwarden.core.errors import CtxwardenError, InvalidMessageError
+from ctxwarden.core.messages import Message
+from ctxwarden.core.pairing import validate_pairing
 from ctxwarden.formats.anthropic import messages_from_anthropic
 from ctxwarden.formats.openai import messages_from_openai
-from ctxwarden.messages import Message
 
 __all__ = ["Problem", "Recorded", "Sessions", "read_sessions", "read_store"]
 

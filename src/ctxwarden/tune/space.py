@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from ctxwarden.build.policy import Policy
 from ctxwarden.memory.summaries import SummaryTrigger
+from ctxwarden.pipeline.policy import Policy
 from ctxwarden.steps.mask import MaskObservations
 from ctxwarden.steps.truncate import TruncateToolResults
 

@@ -20,8 +20,8 @@ from urllib.parse import quote
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup, escape
 
-from ctxwarden.caching import memoize
-from ctxwarden.registry.catalog import Registry
+from ctxwarden.core.caching import memoize
+from ctxwarden.core.registry.catalog import Registry
 from ctxwarden.store import SessionStore, StoredSession
 from ctxwarden.ui.chart import COLORS, Chart, chart
 from ctxwarden.ui.view import SessionPage, TurnView, session_page

@@ -17,21 +17,21 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ctxwarden.errors import UnknownModelError
+from ctxwarden.core.errors import UnknownModelError
+from ctxwarden.core.messages import Message
+from ctxwarden.core.registry.catalog import Registry
+from ctxwarden.core.registry.cost import estimate_cost
+from ctxwarden.core.registry.usage import Usage
 from ctxwarden.formats.openai import message_from_openai
 from ctxwarden.memory.entities import extract_entities
 from ctxwarden.memory.facts import Facts
-from ctxwarden.messages import Message
-from ctxwarden.registry.catalog import Registry
-from ctxwarden.registry.cost import estimate_cost
-from ctxwarden.registry.usage import Usage
-from ctxwarden.session import state as session_state
+from ctxwarden.session import rows as session_state
 from ctxwarden.store import SessionStore, StoredSession
 from ctxwarden.store.service_tables import (
     BuildRecord,
-    build_context,
     latest_builds,
     list_builds,
+    logged_context,
 )
 
 __all__ = [
@@ -203,7 +203,7 @@ def turn_view(
         for a in (previous.audit if previous else {}).get("actions", [])
     }
     rows = (
-        build_context(store, tenant, sid, build.build_id)
+        logged_context(store, tenant, sid, build.build_id)
         if with_context and build.has_context
         else None
     )

@@ -1,0 +1,273 @@
+"""The swebench-mini runs replayed through ``/v1/responses`` with the real ``openai`` SDK.
+
+Run: ``python -m ctxwarden_bench.responses_replay [--data PATH] [--budgets 4000,8000]
+[--runs N]``.
+
+Each recorded run of the coding agent (``../shared/data/swebench-mini``) is replayed as
+a Responses client would hold it: at every bash call, the agent sends its history up to
+there (the system prompt as ``instructions``, the rest as input items) with
+``client.responses.create`` to ``ctxwarden serve`` (its own process, SQLite in a
+temporary file), under ``X-Ctxwarden-Max-Input-Tokens``. The upstream is scripted: it
+records the request the proxy forwarded and answers with the run's own next assistant
+turn as a response (a message and a ``function_call`` item), so the agent's next call
+echoes what the proxy stored, as a real loop does.
+
+What upstream received is measured as the library's build is
+(:func:`ctxwarden_bench.swebench.swebench_retention`): the needed-later tokens kept,
+the reduction, pair violations, calls over the budget. Beside it, on the same runs: the
+library's ``build_context`` in an agent loop
+(:func:`~ctxwarden_bench.retention.engine_builder`), and a stored
+:class:`~ctxwarden.Session` built in process (:class:`SessionBuilder`: the build path
+the proxy takes, its sticky decisions kept in the store); and the proxy process's CPU
+per call (from ``/proc``) and its sync-and-build time per call
+(``ctxwarden_build_seconds``). At the end every stored session is checked: no branch
+(each call's history extended the stored one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from ctxwarden.core.messages import Message
+from ctxwarden.formats.responses import message_items, messages_from_responses
+from ctxwarden.session import Session
+from ctxwarden.store import open_store
+from ctxwarden_bench.coding_truncation import find_traces
+from ctxwarden_bench.process_cpu import read_cpu, seconds_between
+from ctxwarden_bench.proxy import _build_seconds, _free_port, _stop, _wait
+from ctxwarden_bench.retention import Retention, engine_builder
+from ctxwarden_bench.swebench import BUDGETS, load_swebench, swebench_retention
+
+__all__ = ["ProxyBuilder", "ScriptedUpstream", "SessionBuilder", "main", "with_history_ids"]
+
+MODEL = "gpt-4o"
+
+
+class ScriptedUpstream:
+    """A Responses upstream on a free loopback port: answers each request with
+    :attr:`output` as a completed response and keeps the last request's body."""
+
+    def __init__(self) -> None:
+        self.output: list[dict[str, Any]] = []
+        self.last: dict[str, Any] = {}
+        self.calls = 0
+        upstream = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                upstream.last = json.loads(body)
+                upstream.calls += 1
+                reply = json.dumps(upstream.response()).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    def response(self) -> dict[str, Any]:
+        usage = {"input_tokens": 1000, "input_tokens_details": {"cached_tokens": 0},
+                 "output_tokens": 20, "output_tokens_details": {"reasoning_tokens": 0},
+                 "total_tokens": 1020}  # fmt: skip
+        return {"id": f"resp_{self.calls}", "object": "response", "created_at": 1_700_000_000,
+                "status": "completed", "model": MODEL, "output": self.output,
+                "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+                "store": False, "usage": usage}  # fmt: skip
+
+    @contextmanager
+    def running(self) -> Iterator[ScriptedUpstream]:
+        self._thread.start()
+        try:
+            yield self
+        finally:
+            self._server.shutdown()
+            self._server.server_close()
+
+
+class SessionBuilder:
+    """A :data:`~ctxwarden_bench.retention.Builder` that appends each call's new messages
+    to a stored session (one per run) and builds it: the proxy's build, without HTTP."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self._sessions: dict[int, tuple[Session, list[int]]] = {}
+
+    def __call__(
+        self, before: Sequence[Message], counts: Sequence[int], budget: int
+    ) -> list[Message]:
+        found = self._sessions.get(id(before[0]))
+        if found is None:
+            found = self._sessions[id(before[0])] = (Session(self.store, uuid.uuid4().hex), [0])
+        session, seen = found
+        session.append(before[seen[0] :])
+        seen[0] = len(before)
+        return list(session.build(model=MODEL, max_input_tokens=budget).messages)
+
+
+class ProxyBuilder:
+    """A :data:`~ctxwarden_bench.retention.Builder` whose context is what upstream got
+    from the proxy: each call sends the history through ``client.responses.create``
+    (one session per run and budget), upstream answering with the run's next turn."""
+
+    def __init__(self, client: Any, upstream: ScriptedUpstream, runs: Sequence[Sequence[Message]]):
+        self.client, self.upstream = client, upstream
+        self._runs = {id(run[0]): run for run in runs}
+        self._sessions: dict[int, str] = {}
+        self.sessions: list[str] = []
+        self.seconds: list[float] = []
+
+    def __call__(
+        self, before: Sequence[Message], counts: Sequence[int], budget: int
+    ) -> list[Message]:
+        run = self._runs[id(before[0])]
+        session = self._sessions.get(id(run))
+        if session is None:
+            session = self._sessions[id(run)] = f"swe-{budget}-{uuid.uuid4().hex[:10]}"
+            self.sessions.append(session)
+        self.upstream.output = message_items(run[len(before)])
+        items = [i for m in before[1:] for i in message_items(m)]
+        headers = {"X-Ctxwarden-Session": session, "X-Ctxwarden-Max-Input-Tokens": str(budget)}
+        started = time.perf_counter()
+        self.client.responses.create(
+            model=MODEL, instructions=before[0].text, input=items, extra_headers=headers
+        )
+        self.seconds.append(time.perf_counter() - started)
+        sent = self.upstream.last
+        return with_history_ids(
+            before, messages_from_responses(sent["input"], sent.get("instructions"))
+        )
+
+
+def with_history_ids(before: Sequence[Message], ctx: Sequence[Message]) -> list[Message]:
+    """``ctx`` (read back from the wire, where messages have no ids) with the ids of the
+    history's messages they are, so that the checks keyed by id (a message sent twice, the
+    newest kept) read it as they read the library's build: the first unused history
+    message with the same meaning, or the result of the same call (a cut result); a
+    message the build made keeps an id of its own."""
+    from ctxwarden.service.history import message_key
+
+    by_key: dict[bytes, list[str]] = {}
+    for m in before:
+        by_key.setdefault(message_key(m), []).append(m.id)
+    by_call = {m.tool_call_id: m.id for m in before if m.role == "tool"}
+    used: set[str] = set()
+    out = []
+    for i, m in enumerate(ctx):
+        found = next((x for x in by_key.get(message_key(m), ()) if x not in used), None)
+        if found is None and m.tool_call_id is not None:
+            found = by_call.get(m.tool_call_id)
+        found = found or f"built-{i}"
+        used.add(found)
+        out.append(m.with_id(found))
+    return out
+
+
+def _row(name: str, r: Retention, budget: int, extra: str = "") -> str:
+    return (f"{name:<8} {budget:>6} {r.retention:>9.1%} {r.reduction:>9.1%} {r.calls:>6} "
+            f"{r.violations:>10} {r.over_budget:>5} {extra}")  # fmt: skip
+
+
+def _branches(db: str, tenant: str) -> list[str]:
+    with open_store(db) as store:
+        return sorted(s.session_id for s in store.list_sessions(tenant) if "~b" in s.session_id)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ctxwarden_bench.responses_replay",
+                                 description=__doc__)  # fmt: skip
+    ap.add_argument("--data", help="the swebench-mini file or the data folder")
+    ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
+    ap.add_argument("--runs", type=int, default=0, help="replay only the first N runs")
+    ap.add_argument("--json", type=Path, help="write the figures here too")
+    args = ap.parse_args(argv)
+    path = find_traces(args.data)
+    if path is None:
+        ap.error("swebench-mini traces not found (set --data or $CTXWARDEN_DATA)")
+    runs = load_swebench(path)
+    runs = runs[: args.runs] if args.runs else runs
+    budgets = [int(b) for b in args.budgets.split(",")]
+    import openai
+
+    from ctxwarden.service.keys import hash_key, new_key, shown_prefix
+    from ctxwarden.store.service_tables import add_tenant
+
+    figures: dict[str, Any] = {"runs": len(runs), "budgets": {}}
+    with tempfile.TemporaryDirectory(prefix="ctxwarden-replay-") as tmp:
+        db = f"sqlite:///{Path(tmp) / 'replay.db'}"
+        key, tenant = new_key(), "replay"
+        with open_store(db) as store:
+            add_tenant(store, tenant, key_hash=hash_key(key), key_prefix=shown_prefix(key))
+        upstream = ScriptedUpstream()
+        port = _free_port()
+        with upstream.running():
+            proxy = subprocess.Popen(
+                [sys.executable, "-c", "from ctxwarden.cli.main import main; main()", "serve",
+                 "--db", db, "--port", str(port), "--upstream", upstream.url],
+            )  # fmt: skip
+            try:
+                _wait(f"http://127.0.0.1:{port}/healthz", proxy)
+                base = f"http://127.0.0.1:{port}/v1"
+                client = openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=120)
+                print(f"{len(runs)} swebench-mini runs; {'':>6}retention, reduction, "
+                      "pair violations, calls over budget", flush=True)  # fmt: skip
+                print(f"{'builder':<8} {'budget':>6} {'retention':>9} {'reduction':>9} "
+                      f"{'calls':>6} {'violations':>10} {'over':>5}")  # fmt: skip
+                for budget in budgets:
+                    library = swebench_retention(runs, budget, engine_builder(MODEL))
+                    print(_row("library", library, budget), flush=True)
+                    with open_store(f"sqlite:///{Path(tmp) / f'session-{budget}.db'}") as own:
+                        stored = swebench_retention(runs, budget, SessionBuilder(own))
+                    print(_row("session", stored, budget), flush=True)
+                    builder = ProxyBuilder(client, upstream, runs)
+                    cpu0, built0 = read_cpu(proxy.pid), _build_seconds(base, "responses")
+                    proxied = swebench_retention(runs, budget, builder)
+                    cpu = seconds_between(cpu0, read_cpu(proxy.pid))
+                    built1 = _build_seconds(base, "responses")
+                    calls = max(len(builder.seconds), 1)
+                    build_ms = (built1[0] - built0[0]) / max(built1[1] - built0[1], 1) * 1000
+                    cpu_ms = cpu / calls * 1000
+                    p50 = sorted(builder.seconds)[len(builder.seconds) // 2] * 1000
+                    note = (f"proxy CPU {cpu_ms:.1f} ms/call, sync+build {build_ms:.1f} ms, "
+                            f"SDK call p50 {p50:.0f} ms")  # fmt: skip
+                    print(_row("proxy", proxied, budget, note), flush=True)
+                    figures["budgets"][str(budget)] = {
+                        "library": library.to_json(), "session": stored.to_json(),
+                        "proxy": proxied.to_json(),
+                        "proxy_cpu_ms_per_call": cpu_ms, "proxy_build_ms": build_ms,
+                        "sdk_call_p50_ms": p50, "calls": len(builder.seconds),
+                    }  # fmt: skip
+                client.close()
+            finally:
+                _stop(proxy)
+        branches = _branches(db, tenant)
+        figures["branches"] = branches
+        print(f"stored sessions: {len(branches)} branches (each call extended its session)")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+    return 1 if branches else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

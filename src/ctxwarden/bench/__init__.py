@@ -1,1 +1,0 @@
-"""Benchmarks and experiments (R17): each module runs with ``python -m ctxwarden.bench.<name>``."""

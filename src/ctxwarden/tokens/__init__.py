@@ -1,5 +1,0 @@
-"""Token counting (R2): exact offline counts for OpenAI models, labelled estimates else."""
-
-from ctxwarden.tokens.counter import TokenCount, TokenCounter, count_tokens
-
-__all__ = ["TokenCount", "TokenCounter", "count_tokens"]
