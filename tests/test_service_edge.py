@@ -290,6 +290,31 @@ def test_a_call_the_budget_cannot_hold_stores_nothing(conn: Conn) -> None:
     assert [m["content"] for m in conn.stored(session)][-2:] == ["ok", "fine"]
 
 
+def test_a_call_whose_tools_the_budget_cannot_hold_stores_nothing(conn: Conn) -> None:
+    """The system prompt and the newest message fit; with the request's tools they do not:
+    refused before anything is stored, as the build would refuse it after."""
+    session = sid()
+    first = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    assert conn.chat(session, first)[0] == 200
+    before = conn.stored(session)
+    tools = [
+        {"type": "function", "function": {"name": f"tool_{i}", "description": "word " * 200,
+                                          "parameters": {"type": "object", "properties": {}}}}
+        for i in range(30)
+    ]  # fmt: skip
+    turns = [*first, {"role": "assistant", "content": "fine"}, {"role": "user", "content": "go"}]
+    status, body = conn.call(
+        "POST", "/v1/chat/completions", {"model": "gpt-4o", "messages": turns, "tools": tools},
+        headers={"x-ctxwarden-session": session, "x-ctxwarden-max-input-tokens": "2000"},
+    )  # fmt: skip
+    error = _error(body)
+    assert (status, error["code"]) == (400, "context_budget_too_small"), body
+    assert error["minimum_budget"] > 2000
+    assert conn.stored(session) == before  # nothing of the refused call
+    assert conn.chat(session, turns)[0] == 200  # the same turn without the tools goes on
+    assert [m["content"] for m in conn.stored(session)][-2:] == ["go", "fine"]
+
+
 def _ask(
     clients: tuple[Any, Any],
     api: str,

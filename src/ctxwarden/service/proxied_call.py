@@ -60,12 +60,13 @@ def _fits(
     tools: Sequence[Mapping[str, Any]] | None,
 ) -> Callable[[list[Message]], None]:
     """The build's first refusal, made before the call's messages are stored: a newest
-    user message that, with the system prompt it brings, the budget cannot hold (a 30 MB
-    message) is a :class:`~ctxwarden.core.errors.BudgetError` and nothing of the call is kept.
-    A part of the sum the build makes (:mod:`ctxwarden.pipeline.engine`), so it refuses
-    nothing the build would take; what it leaves out (the tools, which cost a rendering
-    to count on every call, and a system prompt stored earlier) is left to the build,
-    which refuses as before. The tools are counted into the minimum it reports."""
+    user message that, with the system prompt it brings and the request's tools, the
+    budget cannot hold (a 30 MB message, a tool list larger than the budget) is a
+    :class:`~ctxwarden.core.errors.BudgetError` and nothing of the call is kept. The
+    same sum the build makes (:mod:`ctxwarden.pipeline.engine`), so it refuses nothing
+    the build would take; the tools cost what the build's own count of them costs (the
+    counter keeps a rendering's count). What it leaves out is a system prompt stored
+    by an earlier call and not sent again: the build counts it, and refuses as before."""
 
     def check(new: list[Message]) -> None:
         newest = next((m for m in reversed(new) if m.role == "user"), None)
@@ -77,9 +78,9 @@ def _fits(
             if m.role != "system":
                 break
             system += counter.count_message(m)
-        minimum = REPLY_PRIMING + system + counter.count_message(newest)
+        minimum = REPLY_PRIMING + counter.count_tools(tools) + system
+        minimum += counter.count_message(newest)
         if minimum > limit:
-            minimum += counter.count_tools(tools)
             raise BudgetError(
                 f"budget of {limit:,} tokens cannot hold the system prompt and the newest "
                 f"user message: budget must be at least {minimum:,} tokens",
