@@ -315,6 +315,30 @@ def test_a_call_whose_tools_the_budget_cannot_hold_stores_nothing(conn: Conn) ->
     assert [m["content"] for m in conn.stored(session)][-2:] == ["go", "fine"]
 
 
+def test_a_call_that_fits_only_without_the_stored_system_prompt_stores_nothing(
+    conn: Conn,
+) -> None:
+    """The system prompt was stored by the session's first call; a later call's newest
+    message fits the budget alone but not beside that prompt: refused before its new
+    messages are stored."""
+    session = sid()
+    system = {"role": "system", "content": "rule " * 1500}
+    first = [system, {"role": "user", "content": "hi"}]
+    assert conn.chat(session, first, **{"x-ctxwarden-max-input-tokens": "8000"})[0] == 200
+    before = conn.stored(session)
+    turns = [
+        *first,
+        {"role": "assistant", "content": "fine"},
+        {"role": "user", "content": "word " * 2500},
+    ]
+    status, body = conn.chat(session, turns, **{"x-ctxwarden-max-input-tokens": "3000"})
+    error = _error(body)
+    assert (status, error["code"]) == (400, "context_budget_too_small"), body
+    assert error["minimum_budget"] > 4000  # the stored prompt counted
+    assert conn.stored(session) == before  # nothing of the refused call
+    assert conn.chat(session, turns, **{"x-ctxwarden-max-input-tokens": "8000"})[0] == 200
+
+
 def _ask(
     clients: tuple[Any, Any],
     api: str,

@@ -171,13 +171,14 @@ def sync_history(
     count: Callable[[Message], int],
     *,
     attempts: int = 3,
-    check: Callable[[list[Message]], None] | None = None,
+    check: Callable[[list[Message], tuple[Session, int] | None], None] | None = None,
     request: str | None = None,
 ) -> Synced:
     """Append the new suffix of the client's history (``keys``, one per message;
     ``parse(start)`` gives the messages from ``start`` on) to the session its head names,
     or to a new branch when the history does not extend it (see the module docstring).
-    ``check(new)`` may refuse the new messages before anything is stored; ``request``
+    ``check(new, extends)`` may refuse the new messages before anything is stored (``extends``:
+    the stored session they extend and its tokens, when they extend one); ``request``
     (the call's :func:`~ctxwarden.service.replay.request_digest`) lets a retry of the
     session's last call be recognised (:attr:`Synced.replayed`)."""
     recount = False  # (see _try_sync)
@@ -214,7 +215,7 @@ def _try_sync(
     parse: Callable[[int], list[Message]],
     count: Callable[[Message], int],
     recount: bool = False,
-    check: Callable[[list[Message]], None] | None = None,
+    check: Callable[[list[Message], tuple[Session, int] | None], None] | None = None,
     request: str | None = None,
 ) -> Synced | None:
     """One attempt (``None``: lost a race, read the head again and retry). Whether the
@@ -257,7 +258,8 @@ def _try_sync(
             branch += 1
         new, tokens = parse(0), 0
     if check is not None and new:
-        check(new)
+        extends = (session, head.history_tokens) if head is not None and not forked else None
+        check(new, extends)
     tokens += sum(count(m) for m in new)
     moved = Head(
         tenant, client_id, session.session_id, branch, len(keys), running.hexdigest(), tokens

@@ -58,17 +58,19 @@ def _fits(
     counter: TokenCounter,
     budget: int | None,
     tools: Sequence[Mapping[str, Any]] | None,
-) -> Callable[[list[Message]], None]:
+) -> Callable[[list[Message], tuple[Session, int] | None], None]:
     """The build's first refusal, made before the call's messages are stored: a newest
-    user message that, with the system prompt it brings and the request's tools, the
-    budget cannot hold (a 30 MB message, a tool list larger than the budget) is a
-    :class:`~ctxwarden.core.errors.BudgetError` and nothing of the call is kept. The
-    same sum the build makes (:mod:`ctxwarden.pipeline.engine`), so it refuses nothing
-    the build would take; the tools cost what the build's own count of them costs (the
-    counter keeps a rendering's count). What it leaves out is a system prompt stored
-    by an earlier call and not sent again: the build counts it, and refuses as before."""
+    user message that, with the system prompt and the request's tools, the budget cannot
+    hold (a 30 MB message, a tool list larger than the budget) is a
+    :class:`~ctxwarden.core.errors.BudgetError` and nothing of the call is kept. The same
+    sum the build makes (:mod:`ctxwarden.pipeline.engine`), so it refuses nothing the
+    build would take. The system prompt is the call's own when it starts the new
+    messages, else the one the session stored (``extends``: the session the messages
+    extend and the tokens it holds), read only when the stored history could not all fit
+    beside the newest message anyway (a read the build makes next, from the session's
+    memo)."""
 
-    def check(new: list[Message]) -> None:
+    def check(new: list[Message], extends: tuple[Session, int] | None) -> None:
         newest = next((m for m in reversed(new) if m.role == "user"), None)
         limit = budget if budget is not None else _policy_budget(hub, call)
         if newest is None or limit is None:
@@ -80,6 +82,10 @@ def _fits(
             system += counter.count_message(m)
         minimum = REPLY_PRIMING + counter.count_tools(tools) + system
         minimum += counter.count_message(newest)
+        if extends is not None and new[0].role != "system":
+            session, stored_tokens = extends
+            if minimum + stored_tokens > limit:
+                minimum += sum(map(counter.count_message, session.leading_system()))
         if minimum > limit:
             raise BudgetError(
                 f"budget of {limit:,} tokens cannot hold the system prompt and the newest "

@@ -204,6 +204,20 @@ class Session:
             raise StoreError(f"session {self.session_id!r} disappeared from {self.store.url}")
         return found
 
+    def leading_system(self) -> list[Message]:
+        """The system prompts the stored session starts with (read as a build reads its
+        pinned messages: from the session's memo once it has them)."""
+        record = self.record
+        if record.created_at != self._cache_of:
+            self._tails.clear()
+        read = partial(self.store.pinned, self.tenant, self.session_id)
+        found: list[Message] = []
+        for i, m in enumerate(self._tails.pinned(record.created_at, record.next_seq, read)):
+            if m.seq != i or m.message.role != "system":
+                break
+            found.append(m.message)
+        return found
+
     @property
     def summary(self) -> str | None:
         return self.record.summary
