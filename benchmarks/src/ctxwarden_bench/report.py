@@ -215,6 +215,7 @@ def run_bench(
     progress: Progress = None,
     laptop_turns: int | None = None,
     chat_rounds: int | None = None,
+    sampled: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run the scenarios (and the traces given), write the report files, return the report.
 
@@ -225,7 +226,8 @@ def run_bench(
     ``peers`` adds litellm's and headroom-ai's compressors to the trace tables (needs
     ``pip install -e ".[peers]"``). ``laptop_turns`` / ``chat_rounds`` shorten the
     scenarios (a quick try of a paid model; the seeds' targets hold only for the full
-    21 turns and 50 rounds).
+    21 turns and 50 rounds). ``sampled`` names the traces that ran on a shipped sample
+    rather than the full data, with a note the report prints (see :mod:`.sample`).
     """
     from ctxwarden_bench.scenarios_agent_chat import ROUNDS, run_agent_chat
     from ctxwarden_bench.scenarios_laptop import laptop_agent, run_laptop
@@ -248,6 +250,8 @@ def run_bench(
                 },
                 "skipped": {},
             }
+            if sampled:
+                report["sampled"] = dict(sampled)
             if tau_bench is None:
                 report["skipped"]["tau-bench"] = "no data file; pass --tau-bench PATH to run it"
             else:
@@ -347,6 +351,8 @@ def render_markdown(report: Mapping[str, Any], plots: Mapping[str, str] | None =
     if failures:
         parts += ["", "Summariser calls that failed (messages kept, the window used instead):"]
         parts += [f"- {line}" for line in failures]
+    for name, note in report.get("sampled", {}).items():
+        parts += ["", f"_{name} {note}_"]
     for name, note in report.get("skipped", {}).items():
         parts += ["", f"_{name} skipped: {note}_"]
     for title, file in (plots or {}).items():
