@@ -94,22 +94,22 @@ def test_a_base_stays_while_a_kept_context_begins_with_it(db_url: str) -> None:
 def test_a_base_gone_has_the_context_logged_whole(db_url: str) -> None:
     built: dict[str, Any] = {}
     with Session(db_url, "gone", tenant="t") as s:
-        _loop(s, 3, built)
+        _loop(s, 2, built)  # (two builds: a third may compact, and be a base of its own)
         logged = _logged(s)
-        assert logged["b1"][1] == "b0" and logged["b2"][1] == "b0"
+        assert logged["b0"][1] is None and logged["b1"][1] == "b0"
         store = s.store
         assert isinstance(store, SqlStore)
         with store._write() as tx:  # as another writer's trimming would
             tx.execute("DELETE FROM ctxwarden_build_contexts WHERE build_id = 'b0'")
         assert logged_context(store, "t", "gone", "b1") is None  # (its base is gone)
-        s.append(_BASE[70:72])
+        s.append(_BASE[64:66])
+        done = s.build(build_id="b2", max_input_tokens=8_000)
+        assert _logged(s)["b2"][1] is None  # logged whole: the memo's base was gone
+        assert logged_context(store, "t", "gone", "b2") == context_rows(done)
+        s.append(_BASE[66:68])
         done = s.build(build_id="b3", max_input_tokens=8_000)
-        assert _logged(s)["b3"][1] is None  # logged whole: the memo's base was gone
+        assert _logged(s)["b3"][1] == "b2"  # the new base
         assert logged_context(store, "t", "gone", "b3") == context_rows(done)
-        s.append(_BASE[72:74])
-        done = s.build(build_id="b4", max_input_tokens=8_000)
-        assert _logged(s)["b4"][1] == "b3"  # the new base
-        assert logged_context(store, "t", "gone", "b4") == context_rows(done)
 
 
 def test_one_context_kept_is_always_logged_whole(db_url: str) -> None:
