@@ -181,8 +181,8 @@ def test_explain_shows_the_prefix_and_the_loop_cost(tmp_path: Path) -> None:
 
 # Issue 37's targets that the default does not meet yet: asserted as they are, expected to
 # fail (strict: a change that meets one makes its test fail until this mark goes).
-TAU_4000_MISSED = "issue 37: tau @4,000 costs 102% of the full history with caching"
-CODING_8000_MISSED = "issue 37: coding @8,000 costs 93% of full + cache (target <= 70%)"
+TAU_4000_MISSED = "issue 37: tau @4,000 costs 101% of the full history with caching"
+CODING_8000_MISSED = "issue 37: coding @8,000 costs 92% of full + cache (target <= 70%)"
 
 
 @pytest.mark.slow
@@ -196,7 +196,7 @@ CODING_8000_MISSED = "issue 37: coding @8,000 costs 93% of full + cache (target 
 )
 def test_default_builds_cost_less_than_the_full_history_with_caching_on_tau(budget: int) -> None:
     """The 120 dev runs as an agent loop, the default policy for gpt-4o (its rewrites
-    weighed at gpt-4o's 0.5x / 1x). Measured at Anthropic prices: 96% @2,000, 102% @4,000
+    weighed at gpt-4o's 0.5x / 1x). Measured at Anthropic prices: 95% @2,000, 101% @4,000
     (fails: issue 37's target is below 100% at every budget)."""
     from ctxwarden_bench.traces import load_tau_bench, tau_retention
 
@@ -217,7 +217,7 @@ def test_default_builds_cost_less_than_the_full_history_with_caching_on_coding(
     budget: int,
 ) -> None:
     """The 44 dev runs as an agent loop, the default policy for gpt-4o. Measured at
-    Anthropic prices: 77% @4,000, 93% @8,000 (fails: the target is <= 70% @8,000, at or
+    Anthropic prices: 77% @4,000, 92% @8,000 (fails: the target is <= 70% @8,000, at or
     below the sawtooth window's 69%; at gpt-4o's own prices 29% and 42%)."""
     from ctxwarden_bench.swebench import load_swebench, swebench_retention
 
@@ -230,3 +230,16 @@ def test_default_builds_cost_less_than_the_full_history_with_caching_on_coding(
         saw = swebench_retention(runs, budget, sawtooth_builder())
         assert ours.retention > saw.retention
         assert ours.cost.anthropic <= ours.cost.sawtooth_anthropic
+
+
+@pytest.mark.skipif(not TAU.exists(), reason=f"tau-bench data not found at {TAU}")
+def test_a_message_kept_among_dropped_blocks_stays_while_held() -> None:
+    """A user message, protected while blocks after it were dropped, is not dropped
+    between compactions once a newer user message comes (it rewrote everything after
+    it: on dev run 3 @4,000, twice). Only a compaction moves the window."""
+    from ctxwarden_bench.traces import load_tau_bench
+
+    builds = loop(list(load_tau_bench(TAU)[3]), 4000)
+    assert any(b.state.kept_from for b in builds)  # blocks were dropped inside a turn
+    causes = [b.audit.prefix_break.cause for b in builds if b.audit.prefix_break is not None]
+    assert causes and not [c for c in causes if "changed" in c]

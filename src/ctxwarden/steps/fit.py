@@ -28,6 +28,7 @@ from ctxwarden.core.messages import Message
 from ctxwarden.core.pairing import Block, group_blocks
 from ctxwarden.steps.base import Action, Draft, StepContext, StepResult, system_block
 from ctxwarden.steps.ledger import LEDGER_ID, LedgerBuilder, ledger_cap, ledger_from
+from ctxwarden.steps.state import PREFIX_DIGITS
 from ctxwarden.steps.window import is_pinned
 
 __all__ = [
@@ -143,17 +144,26 @@ def sticky_drops(draft: Draft, ctx: StepContext) -> tuple[Draft, tuple[Action, .
     window and its start stays put. Without memory the next build would take them back and
     drop them again, moving the prefix at every call; the previous state's ``kept_from``
     (the first message kept after such drops, by id) keeps every unprotected block before
-    it out, so the context stays append-only until the next compaction."""
+    it out, so the context stays append-only until the next compaction.
+
+    Only earlier drops are repeated: between compactions (``ctx.hold``) a block the
+    previous context sent stays. A block kept then because it was protected (the newest
+    user message, among blocks dropped after it) is not protected once a newer user
+    message comes, and dropping it here would rewrite everything after it: a move of the
+    window that is the next compaction's to make."""
     keep_from = ctx.previous.kept_from if ctx.previous.history_length else ""
     if not keep_from:
         return draft, ()
     cut = next((i for i, m in enumerate(draft.window) if m.id == keep_from), 0)
     if cut == 0:
         return draft, ()
+    sent = _sent_digests(ctx)
     kept: list[Message] = []
     actions: list[Action] = []
     for block in group_blocks(draft.window[:cut]):
-        if any(m.id in draft.protected for m in block.messages):
+        if any(m.id in draft.protected for m in block.messages) or (
+            sent and all(m.fingerprint[:PREFIX_DIGITS] in sent for m in block.messages)
+        ):
             kept.extend(block.messages)
             continue
         actions.extend(
@@ -163,6 +173,14 @@ def sticky_drops(draft: Draft, ctx: StepContext) -> tuple[Draft, tuple[Action, .
     if not actions:
         return draft, ()
     return draft.but(window=(*kept, *draft.window[cut:])), tuple(actions)
+
+
+def _sent_digests(ctx: StepContext) -> frozenset[str]:
+    """The digests of the previous context's messages, when the build is held (else
+    empty: a compaction or a build without append-only repeats every earlier drop)."""
+    if not ctx.hold:
+        return frozenset()
+    return frozenset(d[:PREFIX_DIGITS] for d in ctx.previous.prefix)
 
 
 def _kept_from(
