@@ -16,18 +16,43 @@ from datetime import date, timedelta
 
 __all__ = ["dated", "stamp_date"]
 
-_MONTHS = (
-    "january february march april may june july august september october november december"
-).split()
+_MONTHS = [
+    "january",
+    "february",
+    "march",
+    "april",
+    "may",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
+    "december",
+]
 _MONTH = r"(?:" + "|".join(m[:3] + r"[a-z]*\.?" for m in _MONTHS) + r")"
 _DAY_MONTH_YEAR = re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)? ({_MONTH}),? (\d{{4}})\b", re.I)
 _MONTH_DAY_YEAR = re.compile(rf"\b({_MONTH}) (\d{{1,2}})(?:st|nd|rd|th)?,? (\d{{4}})\b", re.I)
 _ISO = re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b")
-_WEEKDAYS = "monday tuesday wednesday thursday friday saturday sunday".split()
+_WEEKDAYS = ["monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"]
 _NUMBERS = {
     w: n
     for n, w in enumerate(
-        "zero one two three four five six seven eight nine ten eleven twelve".split()
+        [
+            "zero",
+            "one",
+            "two",
+            "three",
+            "four",
+            "five",
+            "six",
+            "seven",
+            "eight",
+            "nine",
+            "ten",
+            "eleven",
+            "twelve",
+        ]
     )
 }
 _COUNT = r"(\d{1,2}|" + "|".join(list(_NUMBERS)[1:]) + r"|a|an|a couple of|a few)"
@@ -87,7 +112,9 @@ def _meaning(hit: re.Match[str], on: date) -> str | None:
         sign, unit = (-1 if direction.lower() == "last" else 1), unit.lower()
         if unit in _WEEKDAYS:
             shift = (on.weekday() - _WEEKDAYS.index(unit)) % 7 or 7
-            return _day(on - timedelta(days=shift) if sign < 0 else on + timedelta(days=(7 - shift) or 7))
+            return _day(
+                on - timedelta(days=shift) if sign < 0 else on + timedelta(days=(7 - shift) or 7)
+            )
         if unit in ("week", "weekend"):
             return f"the {unit} {'before' if sign < 0 else 'after'} {_day(on)}"
         if unit == "month":

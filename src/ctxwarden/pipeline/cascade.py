@@ -32,8 +32,8 @@ from ctxwarden.steps.edit import EditStep
 from ctxwarden.steps.evict import EvictStep
 from ctxwarden.steps.fit import FitStep
 from ctxwarden.steps.layers import LayersStep
-from ctxwarden.steps.summary_fill import SummaryFillStep
 from ctxwarden.steps.layout import LayoutStep
+from ctxwarden.steps.summary_fill import SummaryFillStep
 from ctxwarden.steps.tool_rules import CheckToolRules, PinResults
 from ctxwarden.steps.window import WindowStep
 
