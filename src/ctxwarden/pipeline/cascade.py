@@ -33,7 +33,6 @@ from ctxwarden.steps.evict import EvictStep
 from ctxwarden.steps.fit import FitStep
 from ctxwarden.steps.layers import LayersStep
 from ctxwarden.steps.layout import LayoutStep
-from ctxwarden.steps.summary_fill import SummaryFillStep
 from ctxwarden.steps.tool_rules import CheckToolRules, PinResults
 from ctxwarden.steps.window import WindowStep
 
@@ -82,7 +81,7 @@ def load_step(spec: Mapping[str, Any], source: str = "policy") -> Any:
 
 # The built-in steps hold no state (frozen, a name each): one of each serves every build.
 _HEAD: tuple[Step, ...] = (LayersStep(), WindowStep())
-_TAIL: tuple[Step, ...] = (FitStep(), EvictStep(), SummaryFillStep(), LayoutStep())
+_TAIL: tuple[Step, ...] = (FitStep(), EvictStep(), LayoutStep())
 _PINS, _CHECK_RULES = PinResults(), CheckToolRules()
 
 
