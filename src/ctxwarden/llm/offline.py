@@ -14,7 +14,8 @@ sentence nobody said. Sentences are ranked by
 
 then chosen greedily within ``max_tokens`` and printed in conversation order, under
 the timestamp line in force (a message like ``[8 May, 2023]``), so "yesterday" in a
-kept sentence can still be dated.
+kept sentence can still be dated; the date a relative time means is added after it in
+brackets (:mod:`~ctxwarden.memory.relative_dates`), the words said unchanged.
 
 Given the current request (``query``, the newest user message), value is also scaled
 by **relevance** to it (R9): the share of the request's words, weighted by rarity, a
@@ -45,6 +46,7 @@ from ctxwarden.memory.facts import (
     schema_fields,
     validate_facts,
 )
+from ctxwarden.memory.relative_dates import dated
 from ctxwarden.memory.summaries import SummaryResult
 
 __all__ = ["OfflineSummarizer", "RuleBasedFactExtractor"]
@@ -144,8 +146,8 @@ def _message_units(messages: Sequence[Message]) -> list[_Unit]:
         # the user states the facts an agent needs; between named people, neither side does
         by_user = m.role == "user" and speaker == "User"
         bonus = (1.25 if by_user else 1.0) * (1.1 if i == 0 else 1.0)
-        for j, s in enumerate(_sentences(text)):
-            units.append(_Unit(speaker, s, (1, i), (1, i, j), bonus, when))
+        for j, s in enumerate(_sentences(text)):  # "yesterday" given the date it means
+            units.append(_Unit(speaker, dated(s, when), (1, i), (1, i, j), bonus, when))
         for k, call in enumerate(m.tool_calls):
             args = call.arguments if len(call.arguments) <= 160 else call.arguments[:159] + "…"
             units.append(
