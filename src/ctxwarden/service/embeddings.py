@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
 
 from ctxwarden import Session
 from ctxwarden.core.errors import CtxwardenError
-from ctxwarden.service.hub import Tenant
+
+if TYPE_CHECKING:  # (the hub makes this module's Embeddings: a type only here)
+    from ctxwarden.service.hub import Tenant
 
 __all__ = ["Embeddings"]
 
