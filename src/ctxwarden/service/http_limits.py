@@ -15,8 +15,9 @@ three limits (:class:`HeadLimits`, set by ``ctxwarden serve``):
 The answer goes out at once and the connection stays open: the rest of the refused request
 (its head up to the blank line, then its ``Content-Length`` of body) is read and thrown
 away by :class:`RestOfRequest`, which keeps a few bytes of it, never the whole, and the
-next request on the connection is served as usual. The rest must arrive within another
-``timeout``; a refused request whose length cannot be known (a chunked body) or that is
+next request on the connection is served as usual. The rest must keep arriving (at most
+``timeout`` between reads, at most :data:`MAX_READ_PAST` bytes); a refused request whose
+length cannot be known (a chunked body) or that is
 pipelined behind a running one ends the connection instead. The answers are JSON in the
 route's shape, like every other error of the service.
 """
@@ -59,6 +60,7 @@ class LimitedHttpTools(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._refused = False  # the connection is ending
         self._skipping: RestOfRequest | None = None  # reading past a refused request
+        self._skipped = 0  # bytes read past since the last refusal
         self._skip_parsed = False  # the parser reads past a refused request's body
         self._head_tail = b""  # the head's last bytes, for a blank line split across reads
         self._content_length: int | None = None
@@ -171,6 +173,7 @@ class LimitedHttpTools(HttpToolsProtocol):
             self._skip_parsed = True  # (the parser knows the body's length)
         else:
             self._skipping = RestOfRequest(self._content_length, self._head_tail)
+            self._skipped = 0
             self._start_head_timer()  # the rest must come within another timeout
         return True
 
@@ -182,8 +185,14 @@ class LimitedHttpTools(HttpToolsProtocol):
 
     def _skip(self, data: bytes) -> None:
         assert self._skipping is not None
+        self._skipped += len(data)
+        if self._skipped > MAX_READ_PAST:
+            self._refuse_quietly()  # answered already; reading on would be a free stream
+            return
         rest = self._skipping.feed(data)
         if rest is None:
+            if data:
+                self._start_head_timer()  # the rest keeps coming: the timeout is between reads
             return
         if self._skipping.chunked:
             self._refuse_quietly()
@@ -222,6 +231,11 @@ class LimitedHttpTools(HttpToolsProtocol):
         ]
         if not self.transport.is_closing():
             self.transport.write(b"".join(head) + body)
+
+
+MAX_READ_PAST = 256 * 1024 * 1024
+"""Bytes of a refused request read past at most (its head's rest and its body); more ends
+the connection."""
 
 
 class RestOfRequest:
