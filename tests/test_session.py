@@ -28,6 +28,7 @@ from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.memory.facts import Facts
 from ctxwarden.memory.summaries import SummaryResult, SummaryTrigger
 from ctxwarden.pipeline.engine import build_context
+from ctxwarden.pipeline.policy import Policy
 from ctxwarden.session.session import Session
 from ctxwarden.steps.layers import SUMMARY_HEADING
 from ctxwarden.store import SessionStore, open_store
@@ -213,6 +214,14 @@ PLANTED = {
 }
 
 
+LEDGER_PATH = Policy(recall=None)
+"""The ledger tests' policy: the default's relevance recall makes a chat-shaped session
+read the ``lookback`` messages before its slice (a chat of ``filler`` never asks beyond
+them), which the ledger then need not read; an agent loop's session reads only its slice,
+and these tests follow the ledger's reads on that path. The chat path with the ledger:
+``test_a_chat_that_turns_into_an_agent_loop_keeps_every_value``."""
+
+
 def filler(n: int, start: int = 0) -> list[dict[str, Any]]:
     """Chat without values, except the ones planted early (PLANTED, by position)."""
     out: list[dict[str, Any]] = []
@@ -245,11 +254,11 @@ def _recording(store: SessionStore) -> list[tuple[int, int]]:
 def test_early_ids_reach_the_context_through_the_stored_ledger(url: str, sid: str) -> None:
     history = [{"role": "system", "content": "You are a travel agent."}, *filler(400)]
     planted = ["ZFA04Y", "credit_card_7815826", "DE44500105175407324931", "W2378156"]
-    with Session(url, sid) as s:
+    with Session(url, sid, policy=LEDGER_PATH) as s:
         s.append(history)
         ranges = _recording(s.store)
         built = s.build(max_input_tokens=500)
-        full = build_context(history, max_input_tokens=500)
+        full = build_context(history, max_input_tokens=500, policy=LEDGER_PATH)
         sliced = build_context([m.message for m in s.context_messages(500)], max_input_tokens=500)
         for value in planted:
             assert value in _context_text(full) and value in _context_text(built)
@@ -261,7 +270,7 @@ def test_early_ids_reach_the_context_through_the_stored_ledger(url: str, sid: st
             s.append(filler(2, 400 + 2 * turn))
             history += filler(2, 400 + 2 * turn)
             built = s.build(max_input_tokens=500)
-            full = build_context(history, max_input_tokens=500, previous=full)
+            full = build_context(history, max_input_tokens=500, policy=LEDGER_PATH, previous=full)
             assert built.to_openai() == full.to_openai()
             assert all(value in _context_text(built) for value in planted)
         # the first warm build moves the slice from the cold tail to the window start;
@@ -296,7 +305,7 @@ def test_the_stored_ledger_counts_each_message_once_and_skips_pinned(url: str, s
         "content": "Keep booking PIN777X in mind.",
         "ctxwarden": {"pinned": True},
     }
-    with Session(url, sid) as s:
+    with Session(url, sid, policy=LEDGER_PATH) as s:
         s.append(history)
         for turn in range(30):
             s.append(filler(2, 300 + 2 * turn))
@@ -313,7 +322,7 @@ def test_the_stored_ledger_counts_each_message_once_and_skips_pinned(url: str, s
 def test_folded_messages_still_feed_the_ledger(url: str, sid: str) -> None:
     history = [{"role": "system", "content": "You are a travel agent."}, *filler(120)]
     fold_most = SummaryTrigger(max_messages=60, keep_recent=20, fill_ratio=None)
-    with Session(url, sid) as s:
+    with Session(url, sid, policy=LEDGER_PATH) as s:
         s.append(history)
         written = s.summarize_sync(Scripted(), trigger=fold_most)
         assert written is not None and written.covered_up_to_seq > 90
@@ -334,29 +343,67 @@ def test_a_new_process_resumes_from_the_stored_checkpoint(
     from ctxwarden.store import ledger_checkpoint
 
     history = [{"role": "system", "content": "sys"}, *filler(300)]
-    with Session(url, sid) as s:
+    with Session(url, sid, policy=LEDGER_PATH) as s:
         s.append(history)
         full = None
         for turn in range(40):
             s.append(filler(2, 300 + 2 * turn))
             history += filler(2, 300 + 2 * turn)
             s.build(max_input_tokens=400)
-            full = build_context(history, max_input_tokens=400, previous=full)
+            full = build_context(history, max_input_tokens=400, policy=LEDGER_PATH, previous=full)
         stored_upto = _stored_ledger(s)[0]
         assert 0 <= s.ledger.upto - stored_upto < LEDGER_SAVE_EVERY  # saved every so often
     monkeypatch.setattr(
         ledger_checkpoint, "_MEMORY", BoundedCache("test", 16)
     )  # as in a new process
-    with Session(url, sid) as s:
+    with Session(url, sid, policy=LEDGER_PATH) as s:
         ranges = _recording(s.store)
         s.append(filler(2, 380))
         history += filler(2, 380)
         built = s.build(max_input_tokens=400)
         assert (
             built.to_openai()
-            == build_context(history, max_input_tokens=400, previous=full).to_openai()
+            == build_context(
+                history, max_input_tokens=400, policy=LEDGER_PATH, previous=full
+            ).to_openai()
         )
         assert ranges[0][0] == stored_upto and ranges[0][1] - stored_upto <= LEDGER_SAVE_EVERY + 20
+
+
+def tool_rounds(n: int, start: int) -> list[dict[str, Any]]:
+    """``n`` agent-loop rounds: a tool call and its result, each result naming a file."""
+    out: list[dict[str, Any]] = []
+    for i in range(start, start + n):
+        read = {"name": "read_file", "arguments": f'{{"path": "src/m{i}.py"}}'}
+        call = {"id": f"call_{i}", "type": "function", "function": read}
+        out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        out.append({"role": "tool", "tool_call_id": f"call_{i}", "content": f"def f{i}(): pass"})
+    return out
+
+
+def test_a_chat_that_turns_into_an_agent_loop_keeps_every_value(url: str, sid: str) -> None:
+    """A chat-shaped session reads the recall's look-back before its slice, and the ledger
+    covers only what lies before that; when the conversation turns into an agent loop the
+    session reads its slice alone, and the ledger must then cover the whole look-back at
+    once: a gap of a built session, not an import to seed from its newest messages."""
+    from ctxwarden.steps.recall_relevant import RecallRelevant
+
+    policy = Policy(recall=RecallRelevant(auto=True, lookback=300))
+    history = [{"role": "system", "content": "You are a travel agent."}, *filler(400)]
+    history[201]["content"] = "Remember the voucher VCH7731Q for the return leg."
+    with Session(url, sid, policy=policy) as s:
+        s.ledger_backfill = 100
+        s.append(history)
+        full = None
+        for turn in range(40):  # chat turns, then tool rounds
+            new = filler(2, 400 + 2 * turn) if turn < 5 else tool_rounds(1, turn)
+            s.append(new)
+            history += new
+            built = s.build(max_input_tokens=500)
+            full = build_context(history, max_input_tokens=500, policy=policy, previous=full)
+            assert built.to_openai() == full.to_openai(), turn
+            assert not built.audit.warnings, (turn, built.audit.warnings)
+        assert "VCH7731Q" in _context_text(built) and "ZFA04Y" in _context_text(built)
 
 
 def test_a_damaged_stored_ledger_is_rebuilt(
@@ -366,7 +413,7 @@ def test_a_damaged_stored_ledger_is_rebuilt(
     from ctxwarden.store import ledger_checkpoint
 
     history = [{"role": "system", "content": "sys"}, *filler(200)]
-    with Session(url, sid) as s:
+    with Session(url, sid, policy=LEDGER_PATH) as s:
         s.append(history)
         first = s.build(max_input_tokens=500)
         with s.store._write() as tx:  # type: ignore[attr-defined]
@@ -426,7 +473,7 @@ def test_a_bulk_imported_session_seeds_its_ledger_from_a_bounded_look_back(
     from ctxwarden.store.ledger_checkpoint import LEDGER_BACKFILL, LedgerCheckpoint
 
     history = bulk(5000)
-    with Session.import_(url, sid, history) as s:
+    with Session.import_(url, sid, history, policy=LEDGER_PATH) as s:
         assert s.ledger_backfill == LEDGER_BACKFILL == 1000
         read, ranges = _counting(s.store), _recording(s.store)
         built = s.build(max_input_tokens=500)
@@ -479,7 +526,7 @@ def test_a_damaged_ledger_of_a_long_session_is_rebuilt_from_the_look_back_only(
 
     from ctxwarden.store import ledger_checkpoint
 
-    with Session.import_(url, sid, bulk(5000)) as s:
+    with Session.import_(url, sid, bulk(5000), policy=LEDGER_PATH) as s:
         first = s.build(max_input_tokens=500)
         with s.store._write() as tx:  # type: ignore[attr-defined]
             tx.execute("UPDATE ctxwarden_ledgers SET ledger = 'not json'")
@@ -501,10 +548,10 @@ def test_a_bulk_append_to_a_built_session_is_read_from_the_window_start(url: str
     values of those that do not fit reach the ledger as they do in ``build_context``),
     not a backfill of the newest ones."""
     history = [{"role": "system", "content": "You are a travel agent."}, *filler(300)]
-    with Session(url, sid) as s:
+    with Session(url, sid, policy=LEDGER_PATH) as s:
         s.append(history)
         s.build(max_input_tokens=400)
-        full = build_context(history, max_input_tokens=400)
+        full = build_context(history, max_input_tokens=400, policy=LEDGER_PATH)
         before = s.ledger
         assert before.since == 0 and {"ZFA04Y", "#W2378156"} <= set(before.ledger.values())
         s.ledger_backfill = 100
@@ -515,7 +562,7 @@ def test_a_bulk_append_to_a_built_session_is_read_from_the_window_start(url: str
         history += added
         ranges = _recording(s.store)
         built = s.build(max_input_tokens=400)
-        full = build_context(history, max_input_tokens=400, previous=full)
+        full = build_context(history, max_input_tokens=400, policy=LEDGER_PATH, previous=full)
         assert built.to_openai() == full.to_openai()
         assert all(before <= 301 for _, before in ranges)  # no look-back into the append
         for value in ("ZFA04Y", "#W2378156", "KPL93Z", "QXR8T2"):
@@ -1069,13 +1116,13 @@ def _killed_in_ledger_write(url: str, sid: str, reached: Any) -> None:
                 time.sleep(120)
 
     store._write = slow_write  # type: ignore[attr-defined]
-    with Session(store, sid) as s:
+    with Session(store, sid, policy=LEDGER_PATH) as s:
         s.build(max_input_tokens=500)
 
 
 def test_sigkill_during_the_ledger_write_leaves_the_session_consistent(url: str, sid: str) -> None:
     history = [{"role": "system", "content": "You are a travel agent."}, *filler(400)]
-    with Session(url, sid) as s:
+    with Session(url, sid, policy=LEDGER_PATH) as s:
         s.append(history)
     ctx = mp.get_context("spawn")
     reached = ctx.Event()
@@ -1087,10 +1134,11 @@ def test_sigkill_during_the_ledger_write_leaves_the_session_consistent(url: str,
     child.join(10)
     assert child.exitcode == -signal.SIGKILL
 
-    with Session(url, sid) as s:
+    with Session(url, sid, policy=LEDGER_PATH) as s:
         assert _stored_ledger(s) == (-1, None) and s.record.sticky == {}  # all or nothing
         built = s.build(max_input_tokens=500)
-        assert built.to_openai() == build_context(history, max_input_tokens=500).to_openai()
+        alone = build_context(history, max_input_tokens=500, policy=LEDGER_PATH)
+        assert built.to_openai() == alone.to_openai()
         upto, stored = _stored_ledger(s)
         assert stored is not None and stored.to_dict() == _expected_ledger(s, upto, set()).to_dict()
         assert "ZFA04Y" in _context_text(built)

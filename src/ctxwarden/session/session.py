@@ -492,15 +492,22 @@ class Session:
         return sorted(found[:n])
 
     def _ledger_before(
-        self, record: StoredSession, start: int, skip: Container[int]
+        self, record: StoredSession, start: int, skip: Container[int], read_back: int
     ) -> tuple[LedgerCheckpoint, tuple[str, ...]]:
         """The entity-ledger checkpoint advanced to cover the messages before ``start``
         that the slice does not hold (seeded from the last ``ledger_backfill`` when it
         lags further behind; see :mod:`ctxwarden.store.ledger_checkpoint`), and the
-        warnings for the build's audit (a damaged stored ledger, skipped messages)."""
+        warnings for the build's audit (a damaged stored ledger, skipped messages).
+
+        ``read_back`` is how far before its slice a build of this policy may read (the
+        relevance recall's ``lookback``): a built session whose earlier builds read that
+        far back, and whose ledger therefore stopped there, covers the whole gap when this
+        build does not (a chat that turned into an agent loop); those messages were read
+        by a build, they are not an import to seed from its newest ones."""
         ckpt, damage = load_checkpoint(
             self.store, self.tenant, self.session_id, record.created_at, needed_upto=start - 1
         )
+        built_before = "window_start_seq" in record.sticky and damage is None
         advanced = ckpt.advance(
             self.store,
             self.tenant,
@@ -508,7 +515,7 @@ class Session:
             start,
             skip,
             self._cache,
-            backfill=self.ledger_backfill,
+            backfill=self.ledger_backfill + (read_back if built_before else 0),
         )
         return advanced, ledger_warnings(ckpt, advanced, damage)
 
@@ -587,7 +594,8 @@ class Session:
         ckpt: LedgerCheckpoint | None = None
         notes: tuple[str, ...] = ()
         if policy.ledger.enabled:
-            ckpt, notes = self._ledger_before(record, start, frozenset(seqs))
+            read_back = recall.lookback if recall is not None else 0
+            ckpt, notes = self._ledger_before(record, start, frozenset(seqs), read_back)
         vectors, vector_notes = None, tuple[str, ...]()
         recall = policy.recall
         if recall is not None and recall.embeddings is not None:
