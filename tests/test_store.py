@@ -18,6 +18,7 @@ import pytest
 from ctxwarden.core.errors import ConfigError, MissingDependencyError, StoreError, VersionConflict
 from ctxwarden.core.messages import Message, TextPart, ToolCall
 from ctxwarden.core.registry.usage import Usage
+from ctxwarden.pipeline.policy import Policy
 from ctxwarden.store import MIGRATIONS, SessionStore, SQLiteStore, open_store
 from ctxwarden.store.base import encode_message
 
@@ -464,7 +465,9 @@ def test_migrations_upgrade_a_database_from_the_previous_step(fresh_url: str) ->
         rec = store.get_session("t", "old")
         assert rec is not None and rec.summary == "S0" and rec.summary_levels == {}
         assert store.load_ledger("t", "old") == (-1, None)
-        with Session(store, "old", tenant="t") as s:
+        # recall off: a chat-shaped session's build otherwise reads the recall's look-back
+        # (here all 40 messages) and the ledger has nothing before it to catch up on
+        with Session(store, "old", tenant="t", policy=Policy(recall=None)) as s:
             assert s.summary_state.summaries == ("S0",)  # the old summary is level one
             built = s.build(max_input_tokens=200)
             assert "message 10" not in [m.text for m in built.messages]  # summarised

@@ -106,18 +106,22 @@ def test_the_pins_a_session_reads_are_kept_where_the_default_drops_them(
     run = load_tau_bench(tau_bench_path)[0]
     policy = Policy.from_toml("[tools.get_user_details]\npin = true\n")
     last = model_calls(run)[-1]
-    default = engine_path()(run[:last], 3000)
-    ruled = engine_path(policy=policy)(run[:last], 3000)
+    default, ruled = engine_path(), engine_path(policy=policy)  # agent loops, previous chained
     with SessionBuilder(f"sqlite:///{tmp_path / 'pins.db'}", policy=policy) as session:
         for k in model_calls(run):
-            got = session.build(run[:k], 3000)
-    assert sent(got.messages) == sent(ruled.messages)
+            got, want, plain = (
+                session.build(run[:k], 3000),
+                ruled(run[:k], 3000),
+                default(run[:k], 3000),
+            )
+            assert sent(got.messages) == sent(want.messages), f"call {k}"
+    assert k == last
 
     def details(messages: Sequence[Message]) -> int:
         ms = list(messages)
         return sum(result_tool(ms, i) == "get_user_details" for i in range(len(ms)))
 
-    assert details(ruled.messages) > details(default.messages) == 0
+    assert details(want.messages) > details(plain.messages) == 0
 
 
 # -- ctxwarden serve, the openai SDK as the client ------------------------------------------------
