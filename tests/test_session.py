@@ -406,6 +406,38 @@ def test_a_chat_that_turns_into_an_agent_loop_keeps_every_value(url: str, sid: s
         assert "VCH7731Q" in _context_text(built) and "ZFA04Y" in _context_text(built)
 
 
+def test_a_chat_session_reads_the_recall_look_back_once(url: str, sid: str) -> None:
+    """A chat-shaped session reads the ``lookback`` messages before its slice for the
+    relevance recall; the next builds read only the messages that range gained, and
+    still send what ``build_context`` sends over the whole history."""
+    from ctxwarden.steps.recall_relevant import RecallRelevant
+
+    policy = Policy(recall=RecallRelevant(auto=True, lookback=300))
+    history = [{"role": "system", "content": "You are a travel agent."}, *filler(600)]
+    history[151]["content"] = "Remember the voucher VCH7731Q for the return leg."
+    with Session(url, sid, policy=policy) as s:
+        s.append(history)
+        read = _counting(s.store)
+        full = None
+        for turn in range(12):
+            new = filler(2, 600 + 2 * turn)
+            if turn == 11:
+                new[0]["content"] = "Which voucher did I mention for the return leg?"
+            s.append(new)
+            history += new
+            read.clear()
+            built = s.build(max_input_tokens=500)
+            full = build_context(history, max_input_tokens=500, policy=policy, previous=full)
+            assert built.to_openai() == full.to_openai(), turn
+            if turn == 0:
+                assert read["range"] >= 290  # the look-back, once
+            elif turn == 1:  # the first warm build moves from the cold tail to the window start
+                assert read.get("range", 0) <= len(s.context_messages(500)), read
+            else:
+                assert read.get("range", 0) <= 2 * 20, (turn, read)  # what the window passed
+        assert "VCH7731Q" in _context_text(built)  # recalled from before the slice
+
+
 def test_a_damaged_stored_ledger_is_rebuilt(
     url: str, sid: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -54,6 +54,7 @@ from ctxwarden.session.build_log import KEEP_BUILDS, KEEP_CONTEXTS, ContextMemo,
 from ctxwarden.session.cycle import SummaryWrite, summary_cycle
 from ctxwarden.session.ledger_memo import SeqMemo
 from ctxwarden.session.pending_log import PendingLog
+from ctxwarden.session.read_back import ReadBack
 from ctxwarden.session.tail_memo import TailMemo, check_appended, count_key, with_tail
 from ctxwarden.session.tool_pins import PinnedBlocks
 from ctxwarden.steps.recall_gate import recall_reads_back
@@ -166,6 +167,7 @@ class Session:
         self._saved: session_state.SavedState | None = None  # the sticky state stored last
         self._tails = TailMemo()  # the last build's tail and what came after (speed only)
         self._rule_pins = PinnedBlocks()  # blocks a tool rule pins, before it (speed only)
+        self._read_back = ReadBack()  # the recall's read-back before the slice (speed only)
         self._embedders: dict[str, Embedder] = {}  # embeddings clients, by spec
         self._embedded_upto: dict[tuple[str, float], int] = {}  # (vectors' key, session) ->
         # the seq up to which every message has a vector (where the next embed reads from)
@@ -430,7 +432,7 @@ class Session:
         return with_tail(merged, tail), start
 
     def _with_older(
-        self, read: list[StoredMessage], start: int, lookback: int
+        self, read: list[StoredMessage], start: int, lookback: int, created_at: float
     ) -> tuple[list[StoredMessage], int]:
         """``read`` with the ``lookback`` messages before ``start`` (the relevance
         recall's sources: :func:`~ctxwarden.steps.recall_gate.recall_reads_back`), in
@@ -438,7 +440,9 @@ class Session:
         lo = max(0, start - lookback)
         if lo >= start:
             return read, start
-        older = self.store.range(self.tenant, self.session_id, lo, start)
+        older = self._read_back.rows(
+            self.store, self.tenant, self.session_id, created_at, lo, start
+        )
         merged = {m.seq: m for m in older}
         merged.update((m.seq, m) for m in read)
         return [merged[seq] for seq in sorted(merged)], lo
@@ -588,7 +592,7 @@ class Session:
         )
         recall = policy.recall
         if recall is not None and recall_reads_back(recall, [m.message for m in read]):
-            read, start = self._with_older(read, start, recall.lookback)
+            read, start = self._with_older(read, start, recall.lookback, record.created_at)
         seqs = [m.seq for m in read]
         history = [m.message for m in read]
         ckpt: LedgerCheckpoint | None = None
