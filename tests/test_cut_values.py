@@ -7,7 +7,7 @@ import json
 from ctxwarden import Policy, build_context
 from ctxwarden.core.messages import Message, ToolCall
 from ctxwarden.core.tokens.counter import TokenCounter
-from ctxwarden.steps.cut_values import CUT_VALUES_KEY, with_cut_values
+from ctxwarden.cutters.values import CUT_VALUES_KEY, with_cut_values
 from ctxwarden.steps.mask import MaskObservations
 from ctxwarden.steps.truncate import TruncateToolResults
 
@@ -86,7 +86,7 @@ def test_a_listed_truncation_leaves_the_ledger_alone_until_the_result_is_masked(
 
 def test_the_note_lists_the_most_values_that_fit() -> None:
     """The guess-and-step search gives what trying every length would give."""
-    from ctxwarden.steps.cut_values import _lost, _note
+    from ctxwarden.cutters.values import _lost, _note
 
     cases = [(n, cap, "") for n, cap in ((40, 30), (200, 60), (200, 120), (300, 17), (25, 400))]
     cases += [(200, 90, "界" * 300), (200, 90, " " * 900)]  # text unlike the note: a poor guess

@@ -9,6 +9,7 @@ A :class:`Policy` is a frozen dataclass that loads from TOML::
     target_tokens = 300
     cut_values_tokens = 120        # list the ids, dates, amounts the cut removed (0: off)
     newest_whole = true            # results not answered yet: whole while they fit
+    cutters = { csv = "mypackage.cuts:cut_csv" }   # a kind of your own (ctxwarden.cutters)
 
     [mask]
     keep_last = 3
@@ -48,7 +49,8 @@ A :class:`Policy` is a frozen dataclass that loads from TOML::
 
     [tools.get_order]              # per-tool rules (steps.tool_rules); "*": every tool
     mask = false                   # never masked; keep_last = N: this tool's own depth
-    truncate = "json"              # cut as this kind (false: never cut); pin = true;
+    truncate = "json"              # cut as this kind (false: never cut; a kind of
+                                   # [truncate.cutters] too, ctxwarden.cutters); pin = true;
     clear_inputs = true            # a masked result's call loses its arguments too
 
     [summary]                      # used when a summarizer is given
@@ -72,6 +74,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxwarden.core.errors import ConfigError
+from ctxwarden.cutters.by_kind import CUTTERS
 from ctxwarden.memory.summaries import SummaryTrigger
 from ctxwarden.pipeline.cascade import DEFAULT_CASCADE, check_cascade, load_step
 from ctxwarden.pipeline.compaction import CacheConfig
@@ -187,6 +190,8 @@ class Policy:
             raise ConfigError(f"max_input_tokens must be >= 1, got {self.max_input_tokens}")
         if self.response_reserve < 0:
             raise ConfigError(f"response_reserve must be >= 0, got {self.response_reserve}")
+        # a tool's truncate = "kind" names a kind the truncation step has a cutter for
+        self.tools.check_kinds(self.truncate.kinds if self.truncate is not None else CUTTERS)
         object.__setattr__(self, "steps", tuple(self.steps))
         # the steps and their order: a ConfigError now, not at the first build
         object.__setattr__(self, "cascade", check_cascade(self.cascade, self.steps))
