@@ -62,11 +62,20 @@ from ctxwarden.cutters.stack_trace import DEFAULT_LIBRARY_PATTERNS, library_rege
 from ctxwarden.cutters.terms import argument_values, request_terms, stated_terms
 from ctxwarden.cutters.text import fmt
 from ctxwarden.cutters.values import with_cut_values
-from ctxwarden.steps.base import Action, StrategyContext, StrategyResult, same_action
+from ctxwarden.steps.base import (
+    Action,
+    Edit,
+    StepContext,
+    StrategyContext,
+    StrategyResult,
+    edit_marker,
+    same_action,
+)
+from ctxwarden.steps.mask import is_masked
 from ctxwarden.steps.newest import newest_user_text, unanswered_results
 from ctxwarden.steps.tool_rules import as_kind, truncate_rule
 
-__all__ = ["TruncateToolResults"]
+__all__ = ["TruncateToolResults", "cut_to_share", "lists_cut_values"]
 
 
 _MEMO: BoundedCache[Hashable, Message] = BoundedCache("truncate.cuts", 4096)
@@ -389,7 +398,7 @@ class TruncateToolResults:
         warnings: list[str] = []
         if newest:
             self._newest(out, newest, requests, ctx, drafts, counter, actions, warnings)
-        return StrategyResult(out, actions, warnings)
+        return StrategyResult(out, actions, warnings, _listed(out, actions))
 
     def _unanswered(self, messages: Sequence[Message], ctx: StrategyContext) -> dict[int, int]:
         """Position -> tokens of each result the model has not answered yet, when this
@@ -446,6 +455,46 @@ class TruncateToolResults:
                 "the rest of the newest turn (the cut keeps what its call and the newest "
                 "user message name; the whole result is recallable by its handle)"
             )
+
+
+def cut_to_share(
+    message: Message,
+    share: int,
+    ctx: StepContext,
+    request: Message | None,
+    stated: str,
+    *,
+    listed: bool,
+) -> Message:
+    """``message`` cut to about ``share`` tokens as the policy's truncation cuts (its
+    kinds and settings; the defaults when it is off), listing the cut values only when
+    ``listed``: the eviction step's last resort for the newest results, which asks here
+    rather than reading this step's configuration."""
+    base = ctx.policy.truncate or TruncateToolResults()
+    cutter = replace(
+        base,
+        threshold_tokens=share,
+        target_tokens=share,
+        cut_values_tokens=base.cut_values_tokens if listed else 0,
+    )
+    return cutter.truncate(message, ctx.count, ctx.counter.count_text, request, stated)
+
+
+def _listed(out: Sequence[Message], actions: Sequence[Action]) -> dict[str, Edit]:
+    """The markers of the results cut here that list their cut values in place: the ledger
+    need not carry those values (:func:`~ctxwarden.steps.fit.ledger_sources`). A masking
+    placeholder that came back with the key lists nothing."""
+    cut = {a.message_id for a in actions}
+    if not cut:
+        return {}
+    listed = edit_marker("truncated", listed=True)
+    return {m.id: listed for m in out if m.id in cut and lists_cut_values(m)}
+
+
+def lists_cut_values(message: Message) -> bool:
+    """Whether ``message`` is a cut that lists the values it removed (a masking
+    placeholder that came back with the key lists nothing)."""
+    return "values_listed" in message.meta and not is_masked(message)
 
 
 def _rule_kind(message: Message, rule: bool | str | None) -> str | None:
