@@ -10,7 +10,7 @@ The order is ``Policy.cascade``, a list of step names; the default is
 order: after the built-in editing steps and before the window is fitted, so what they drop
 frees budget for the rest. ``tool_pins`` (:class:`~ctxwarden.steps.tool_rules.PinResults`)
 runs only when a ``[tools.NAME]`` rule pins, ``tool_rules``
-(:class:`~ctxwarden.steps.tool_rules.CheckToolRules`, the warnings naming a rule the budget
+(:class:`~ctxwarden.steps.broken_rules.CheckToolRules`, the warnings naming a rule the budget
 broke) only when there are rules; ``truncate``, ``mask`` and ``recall`` only when their
 table is not ``false``.
 
@@ -47,12 +47,13 @@ from typing import TYPE_CHECKING, Any
 
 from ctxwarden.core.errors import ConfigError
 from ctxwarden.steps.base import Step
+from ctxwarden.steps.broken_rules import CheckToolRules
 from ctxwarden.steps.edit import EditStep
 from ctxwarden.steps.evict import EvictStep
 from ctxwarden.steps.fit import FitStep
 from ctxwarden.steps.layers import LayersStep
 from ctxwarden.steps.layout import LayoutStep
-from ctxwarden.steps.tool_rules import CheckToolRules, PinResults
+from ctxwarden.steps.tool_rules import PinResults
 from ctxwarden.steps.window import WindowStep
 
 if TYPE_CHECKING:

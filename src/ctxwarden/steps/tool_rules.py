@@ -23,7 +23,8 @@ behaves exactly as without this module.
 
 **Budget still wins.** A pinned result is evicted, a result that must not be cut is cut,
 when the budget cannot hold it otherwise (:mod:`~ctxwarden.steps.evict`);
-:class:`CheckToolRules` then warns, naming the rule that was broken.
+:class:`~ctxwarden.steps.broken_rules.CheckToolRules` then warns, naming the rule that
+was broken.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ from ctxwarden.steps.base import Action, Draft, StepContext, StepResult, same_ac
 
 __all__ = [
     "DEFAULT_TOOL",
-    "CheckToolRules",
     "PinResults",
     "ToolRule",
     "ToolRules",
@@ -364,47 +364,3 @@ class PinResults:
         if pinned is None:
             return StepResult(draft)
         return StepResult(draft.but(history=pinned))
-
-
-@dataclass(frozen=True)
-class CheckToolRules:
-    """Warns, naming the rule, where the budget broke a tool rule: a pinned result
-    evicted, a result the rule keeps whole cut or masked, a result the rule says not to
-    mask masked. Runs last; changes nothing."""
-
-    name: str = "tool_rules"
-
-    def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
-        rules = ctx.policy.tools
-        h, ordered = draft.history, draft.ordered
-        warnings: list[str] = []
-        if rules.pins:  # a pinned result anywhere in the history that is not sent
-            sent = {m.id for m in ordered}
-            for i in range(draft.sys_end, len(h)):
-                m = h[i]
-                if m.role != "tool" or not m.pinned or m.id in sent:
-                    continue
-                name = result_tool(h, i)
-                if rules.for_tool(name).pin:
-                    warnings.append(
-                        f"[{rules.named(name, 'pin')}] pin = true broken: result {m.id} "
-                        "evicted to fit the budget"
-                    )
-        for j, out in enumerate(ordered):
-            if out.role != "tool" or not (
-                "masked_from" in out.meta or "truncated_from" in out.meta
-            ):
-                continue
-            name = result_tool(ordered, j)
-            rule = rules.for_tool(name)
-            if rule.mask is False and "masked_from" in out.meta:
-                warnings.append(
-                    f"[{rules.named(name, 'mask')}] mask = false broken: result {out.id} "
-                    "masked to fit the budget"
-                )
-            if rule.truncate is False and "truncated_from" in out.meta:
-                warnings.append(
-                    f"[{rules.named(name, 'truncate')}] truncate = false broken: result "
-                    f"{out.id} cut from {out.meta['truncated_from']:,} tokens to fit the budget"
-                )
-        return StepResult(draft, (), tuple(warnings))

@@ -75,7 +75,7 @@ from ctxwarden.steps.mask import is_masked
 from ctxwarden.steps.newest import newest_user_text, unanswered_results
 from ctxwarden.steps.tool_rules import as_kind, truncate_rule
 
-__all__ = ["TruncateToolResults", "cut_to_share", "lists_cut_values"]
+__all__ = ["TruncateToolResults", "cut_to_share", "lists_cut_values", "truncated_from"]
 
 
 _MEMO: BoundedCache[Hashable, Message] = BoundedCache("truncate.cuts", 4096)
@@ -489,6 +489,12 @@ def _listed(out: Sequence[Message], actions: Sequence[Action]) -> dict[str, Edit
         return {}
     listed = edit_marker("truncated", listed=True)
     return {m.id: listed for m in out if m.id in cut and lists_cut_values(m)}
+
+
+def truncated_from(message: Message) -> int | None:
+    """The tokens ``message`` had before a truncation cut it (``None``: not a cut)."""
+    before: int | None = message.meta.get("truncated_from")
+    return before
 
 
 def lists_cut_values(message: Message) -> bool:
