@@ -7,9 +7,10 @@ import json
 from ctxwarden import Policy, build_context
 from ctxwarden.core.messages import Message, ToolCall
 from ctxwarden.core.tokens.counter import TokenCounter
-from ctxwarden.steps.cut_values import CUT_VALUES_KEY, with_cut_values
+from ctxwarden.cutters.values import CUT_VALUES_KEY, with_cut_values
+from ctxwarden.steps.base import Edit, StrategyContext
 from ctxwarden.steps.mask import MaskObservations
-from ctxwarden.steps.truncate import TruncateToolResults
+from ctxwarden.steps.truncate import TruncateToolResults, lists_cut_values
 
 COUNTER = TokenCounter.for_model("gpt-4o")
 
@@ -86,7 +87,7 @@ def test_a_listed_truncation_leaves_the_ledger_alone_until_the_result_is_masked(
 
 def test_the_note_lists_the_most_values_that_fit() -> None:
     """The guess-and-step search gives what trying every length would give."""
-    from ctxwarden.steps.cut_values import _lost, _note
+    from ctxwarden.cutters.values import _lost, _note
 
     cases = [(n, cap, "") for n, cap in ((40, 30), (200, 60), (200, 120), (300, 17), (25, 400))]
     cases += [(200, 90, "界" * 300), (200, 90, " " * 900)]  # text unlike the note: a poor guess
@@ -101,3 +102,18 @@ def test_the_note_lists_the_most_values_that_fit() -> None:
             if COUNTER.count_text(_note(values[:k], len(values) - k)) + 8 <= cap
         ]
         assert listed == (max(fitting) if fitting else 0), (n, cap)
+
+
+def test_the_truncation_marks_what_it_listed_as_a_typed_edit() -> None:
+    """The marker the ledger reads (``Edit.listed``) comes from the truncation itself, in
+    ``StrategyResult.edits``: no later step reads its meta keys."""
+    history = _session_with_a_big_result()
+    ctx = StrategyContext(count=COUNTER.count_message, budget=3000, total=COUNTER.total)
+    result = TruncateToolResults()(history, ctx)
+    assert [a.message_id for a in result.actions] == ["t1"]
+    assert result.edits == {"t1": Edit("truncated", listed=True)}
+    quiet = TruncateToolResults(cut_values_tokens=0)(history, ctx)
+    assert [a.message_id for a in quiet.actions] == ["t1"] and quiet.edits == {}
+    cut = next(m for m in result.messages if m.id == "t1")
+    assert lists_cut_values(cut)
+    assert not lists_cut_values(cut.with_content("[masked]", masked_from=900))

@@ -12,14 +12,11 @@ from hypothesis import strategies as st
 from ctxwarden.core.errors import ConfigError
 from ctxwarden.core.messages import Message, ToolCall
 from ctxwarden.core.tokens.counter import TokenCounter
+from ctxwarden.cutters.json_doc import truncate_json
+from ctxwarden.cutters.stack_trace import truncate_stack_trace
+from ctxwarden.cutters.text import truncate_article, truncate_text
 from ctxwarden.steps.base import Strategy, StrategyContext
-from ctxwarden.steps.truncate import (
-    TruncateToolResults,
-    truncate_article,
-    truncate_json,
-    truncate_stack_trace,
-    truncate_text,
-)
+from ctxwarden.steps.truncate import TruncateToolResults
 
 COUNTER = TokenCounter.for_model("gpt-4o")
 count = COUNTER.count_text
@@ -329,8 +326,8 @@ def test_json_walk_from_a_guess_finds_the_gentlest_fitting_level(
     items: list[dict[str, str]], target: int
 ) -> None:
     """The walk gives what a binary search over every level gives."""
-    from ctxwarden.steps.cut_json import JSON_LEVELS as _JSON_LEVELS
-    from ctxwarden.steps.cut_json import prune as _prune
+    from ctxwarden.cutters.json_doc import JSON_LEVELS as _JSON_LEVELS
+    from ctxwarden.cutters.json_doc import prune as _prune
 
     text = json.dumps({"results": items, "total": len(items)})
     got = truncate_json(text, target_tokens=target, count=words)

@@ -13,14 +13,15 @@ from hypothesis import strategies as st
 from ctxwarden.core.kinds import load_json, nests_deeper
 from ctxwarden.core.messages import Message, ToolCall, detect_kind
 from ctxwarden.core.tokens.counter import TokenCounter
+from ctxwarden.cutters.by_kind import truncate_by_kind
+from ctxwarden.cutters.code import truncate_code
+from ctxwarden.cutters.diff import truncate_diff
+from ctxwarden.cutters.html_page import html_to_text, truncate_html
+from ctxwarden.cutters.json_doc import truncate_json
+from ctxwarden.cutters.log import truncate_log
+from ctxwarden.cutters.terms import request_terms
 from ctxwarden.steps.base import StrategyContext
-from ctxwarden.steps.cut_code import truncate_code
-from ctxwarden.steps.cut_diff import truncate_diff
-from ctxwarden.steps.cut_html import html_to_text, truncate_html
-from ctxwarden.steps.cut_json import truncate_json
-from ctxwarden.steps.cut_kinds import truncate_by_kind
-from ctxwarden.steps.cut_log import truncate_log
-from ctxwarden.steps.truncate import TruncateToolResults, request_terms
+from ctxwarden.steps.truncate import TruncateToolResults
 
 COUNTER = TokenCounter.for_model("gpt-4o")
 count = COUNTER.count_text

@@ -6,7 +6,8 @@ same way (or reads a saved report) and prints the audit as tables; then it repla
 transcript as an agent loop (a build before every assistant message, each with the one
 before as ``previous``) and prints the loop's input cost at the model's cache prices
 against the full history with caching, and what its last build shares with the build
-before and what breaking that prefix cost.
+before and what breaking that prefix cost, and the policy's cascade: its steps in order,
+those that do not run for it struck through.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ctxwarden.cli._common import (
 from ctxwarden.core.errors import ConfigError
 from ctxwarden.core.messages import Message
 from ctxwarden.core.tokens.counter import TokenCounter
+from ctxwarden.pipeline.cascade import REQUIRED, USER_STEPS, as_step, steps_for
 from ctxwarden.pipeline.compaction import LoopReplay, replay_loop
 from ctxwarden.pipeline.engine import BuiltContext, build_context, model_info
 from ctxwarden.pipeline.policy import Policy
@@ -162,8 +164,28 @@ def explain(
             f"{replay.cost.whole_prefix_share:.0%} of builds kept the previous context whole"
         )
         _render_prefix(replay.built.audit.to_dict(), console, "its last build")
-    if policy is not None:
-        render_tool_rules(Policy.from_toml(policy), console)
+    if from_report is None:
+        chosen = Policy.from_toml(policy) if policy is not None else Policy()
+        render_cascade(chosen, console)
+        render_tool_rules(chosen, console)
+
+
+def render_cascade(policy: Policy, console: Console) -> None:
+    """Print the policy's cascade (``cascade = [...]``): the steps in the order they run,
+    each user step under its name, a step this policy turns off struck through."""
+    runs = [step.name for step in steps_for(policy)]
+    shown: list[str] = []
+    for name in policy.cascade:
+        if name == USER_STEPS:
+            placed = set(policy.cascade)
+            own = [as_step(s).name for s in policy.steps]
+            mine = [f"{escape(n)} (steps)" for n in own if n not in placed or n in REQUIRED]
+            shown.extend(mine or [f"[strike]{USER_STEPS}[/] (none)"])
+        elif name in runs:
+            shown.append(escape(name))
+        else:
+            shown.append(f"[strike]{escape(name)}[/] (off)")
+    console.print("cascade: " + " → ".join(shown))
 
 
 def render_tool_rules(policy: Policy, console: Console) -> None:

@@ -1,45 +1,94 @@
 """The cascade as data: the steps a policy runs, in order (seed 000: cheapest first).
 
-    layers → window → truncate → mask → (your steps) → recall → fit (+ entity ledger)
-    → priority → layout
+The order is ``Policy.cascade``, a list of step names; the default is
+:data:`DEFAULT_CASCADE`::
 
-With per-tool rules (``[tools.NAME]``, :mod:`~ctxwarden.steps.tool_rules`), a step that
-pins the results a rule pins runs first, and one that warns of a rule the budget broke
-runs last.
+    tool_pins → layers → window → truncate → mask → steps → recall → fit (+ entity ledger)
+    → priority → layout → tool_rules
 
-``Policy(steps=[...])`` adds your own steps after the built-in editing steps and before
-the window is fitted, so what they drop frees budget for the rest. A step is an object
-with a ``name`` and ``__call__(draft, ctx) -> StepResult`` (:class:`~ctxwarden.Step`); an
-object whose ``__call__`` takes the window's messages instead (``(messages, ctx) ->
-StrategyResult``, :class:`~ctxwarden.Strategy`) is run on the window by
-:class:`~ctxwarden.steps.edit.EditStep`. In TOML::
+``steps`` stands for your own steps (``Policy(steps=[...])`` or ``[[steps]]``), in their
+order: after the built-in editing steps and before the window is fitted, so what they drop
+frees budget for the rest. ``tool_pins`` (:class:`~ctxwarden.steps.tool_rules.PinResults`)
+runs only when a ``[tools.NAME]`` rule pins, ``tool_rules``
+(:class:`~ctxwarden.steps.broken_rules.CheckToolRules`, the warnings naming a rule the budget
+broke) only when there are rules; ``truncate``, ``mask`` and ``recall`` only when their
+table is not ``false``.
+
+A policy may reorder the list, or place one of its own steps by its ``name`` (the steps
+not named stay where ``steps`` is)::
+
+    cascade = ["tool_pins", "layers", "window", "drop_tagged", "truncate", "mask",
+               "recall", "fit", "priority", "layout", "tool_rules"]
 
     [[steps]]
-    use = "mypackage.steps:DropTagged"   # module:attribute, called with the other keys
-    tag = "debug"
+    use = "ctxwarden.steps.drop_tagged:DropTagged"   # module:attribute, called with
+    tag = "debug"                                      # the other keys
+
+Every built-in name must be there once (:data:`REQUIRED`; a step is turned off by its own
+table, ``truncate = false``, not by leaving it out), and ``steps`` too while some of your
+steps are not named; an unknown or repeated name is a :class:`ConfigError` naming it
+(:func:`check_cascade`). The default order is the one the bench measures. What a step
+sees is what the steps before it made: the window is empty before ``window`` chose it, so
+a step that edits the window runs after it; ``layout`` orders the context to send, so the
+steps after it (``tool_rules``) only read it.
+
+A step is an object with a ``name`` and ``__call__(draft, ctx) -> StepResult``
+(:class:`~ctxwarden.Step`); an object whose ``__call__`` takes the window's messages
+instead (``(messages, ctx) -> StrategyResult``, :class:`~ctxwarden.Strategy`) is run on the
+window by :class:`~ctxwarden.steps.edit.EditStep`.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ctxwarden.core.errors import ConfigError
 from ctxwarden.steps.base import Step
+from ctxwarden.steps.broken_rules import CheckToolRules
 from ctxwarden.steps.edit import EditStep
 from ctxwarden.steps.evict import EvictStep
 from ctxwarden.steps.fit import FitStep
 from ctxwarden.steps.layers import LayersStep
 from ctxwarden.steps.layout import LayoutStep
-from ctxwarden.steps.tool_rules import CheckToolRules, PinResults
+from ctxwarden.steps.tool_rules import PinResults
 from ctxwarden.steps.window import WindowStep
 
 if TYPE_CHECKING:
     from ctxwarden.pipeline.policy import Policy
 
-__all__ = ["as_step", "load_step", "steps_for"]
+__all__ = [
+    "DEFAULT_CASCADE",
+    "REQUIRED",
+    "USER_STEPS",
+    "as_step",
+    "check_cascade",
+    "load_step",
+    "steps_for",
+]
+
+#: Where the policy's own steps not named in the cascade run.
+USER_STEPS = "steps"
+
+#: The default order (seed 000: cheapest first); the one place it is written.
+DEFAULT_CASCADE: tuple[str, ...] = (
+    "tool_pins",
+    "layers",
+    "window",
+    "truncate",
+    "mask",
+    USER_STEPS,
+    "recall",
+    "fit",
+    "priority",
+    "layout",
+    "tool_rules",
+)
+
+#: The built-in steps: each must be in a policy's cascade, once.
+REQUIRED: tuple[str, ...] = tuple(n for n in DEFAULT_CASCADE if n != USER_STEPS)
 
 
 def as_step(obj: Any) -> Step:
@@ -79,25 +128,79 @@ def load_step(spec: Mapping[str, Any], source: str = "policy") -> Any:
         raise ConfigError(f"{source}: step {target!r}: {exc}") from None
 
 
+def check_cascade(cascade: Any, steps: tuple[Any, ...]) -> tuple[str, ...]:
+    """``cascade`` as a tuple of names, checked against the built-in steps and the
+    policy's own ``steps``: a :class:`ConfigError` names an entry that is not a string, an
+    unknown or repeated name, a built-in step left out, a name two of the policy's steps
+    share, and ``steps`` left out while some of them are not named."""
+    if isinstance(cascade, str) or not isinstance(cascade, list | tuple):
+        raise ConfigError(f"cascade must be a list of step names, got {cascade!r}")
+    names = tuple(cascade)
+    own = [as_step(s).name for s in steps]
+    builtin = set(DEFAULT_CASCADE)
+    seen: set[str] = set()
+    for name in names:
+        if not isinstance(name, str):
+            raise ConfigError(f"cascade: a step name must be a string, got {name!r}")
+        if name in seen:
+            raise ConfigError(f"cascade: step {name!r} is named twice")
+        seen.add(name)
+        if name in builtin:
+            continue
+        if name not in own:
+            known = ", ".join([*DEFAULT_CASCADE, *dict.fromkeys(own)])
+            raise ConfigError(f"cascade: unknown step {name!r} (known: {known})")
+        if own.count(name) > 1:
+            raise ConfigError(
+                f"cascade: {own.count(name)} of the policy's steps are named {name!r}; "
+                "give them distinct names to place them"
+            )
+    missing = [n for n in REQUIRED if n not in seen]
+    if missing:
+        raise ConfigError(
+            f"cascade: the built-in step(s) {', '.join(map(repr, missing))} are missing "
+            "(turn a step off by its own table, e.g. truncate = false)"
+        )
+    unplaced = [n for n in own if n not in seen or n in builtin]
+    if unplaced and USER_STEPS not in seen:
+        raise ConfigError(
+            f"cascade: the policy's step(s) {', '.join(map(repr, unplaced))} are not "
+            f'placed: name them in the cascade, or add "{USER_STEPS}" where they run'
+        )
+    return names
+
+
 # The built-in steps hold no state (frozen, a name each): one of each serves every build.
-_HEAD: tuple[Step, ...] = (LayersStep(), WindowStep())
-_TAIL: tuple[Step, ...] = (FitStep(), EvictStep(), LayoutStep())
+_LAYERS, _WINDOW = LayersStep(), WindowStep()
+_FIT, _EVICT, _LAYOUT = FitStep(), EvictStep(), LayoutStep()
 _PINS, _CHECK_RULES = PinResults(), CheckToolRules()
+
+#: Each built-in name -> the steps it is for a policy (none: off for this policy).
+_BUILT_IN: Mapping[str, Callable[[Policy], tuple[Step, ...]]] = {
+    "tool_pins": lambda p: (_PINS,) if p.tools.pins else (),  # results a tool's rule pins
+    "layers": lambda p: (_LAYERS,),
+    "window": lambda p: (_WINDOW,),
+    "truncate": lambda p: (EditStep(p.truncate),) if p.truncate is not None else (),
+    "mask": lambda p: (EditStep(p.mask),) if p.mask is not None else (),
+    "recall": lambda p: (p.recall,) if p.recall is not None else (),
+    "fit": lambda p: (_FIT,),
+    "priority": lambda p: (_EVICT,),
+    "layout": lambda p: (_LAYOUT,),
+    "tool_rules": lambda p: (_CHECK_RULES,) if p.tools else (),  # a broken rule's warnings
+}
 
 
 def steps_for(policy: Policy) -> tuple[Step, ...]:
-    """The policy's pipeline, in order."""
-    steps: list[Step] = list(_HEAD)
-    if policy.tools.pins:  # results pinned by their tool's rule, before the window sees them
-        steps.insert(0, _PINS)
-    if policy.truncate is not None:
-        steps.append(EditStep(policy.truncate))
-    if policy.mask is not None:
-        steps.append(EditStep(policy.mask))
-    steps.extend(as_step(s) for s in policy.steps)
-    if policy.recall is not None:
-        steps.append(policy.recall)
-    steps.extend(_TAIL)
-    if policy.tools:  # the warnings that name a tool rule the budget broke
-        steps.append(_CHECK_RULES)
-    return tuple(steps)
+    """The policy's pipeline, in the order of its cascade (a step whose table is off, or
+    a tool-rule step without rules, left out)."""
+    own = [as_step(s) for s in policy.steps]
+    named = {s.name: s for s in own if s.name in policy.cascade and s.name not in _BUILT_IN}
+    out: list[Step] = []
+    for name in policy.cascade:
+        if name == USER_STEPS:
+            out.extend(s for s in own if s.name not in named)
+        elif name in _BUILT_IN:
+            out.extend(_BUILT_IN[name](policy))
+        else:
+            out.append(named[name])
+    return tuple(out)

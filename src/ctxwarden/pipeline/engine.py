@@ -1,8 +1,9 @@
 """``build_context``: one pipeline, folded over an explicit state (R4–R11).
 
-The build is a short loop: the policy's steps (:func:`~ctxwarden.pipeline.cascade.steps_for`:
-layers, window, truncation, masking, a user's own steps, the fit with the entity ledger,
-priority eviction, layout) run in order over a :class:`~ctxwarden.steps.base.Draft`;
+The build is a short loop: the policy's steps (:func:`~ctxwarden.pipeline.cascade.steps_for`,
+in the order of ``Policy.cascade``: by default layers, window, truncation, masking, a
+user's own steps, recall, the fit with the entity ledger, priority eviction, layout) run
+in order over a :class:`~ctxwarden.steps.base.Draft`;
 after each step that changed the window, no tool call may be left without its results
 (:func:`~ctxwarden.steps.keep_pairs.keep_pairs_whole`). The audit is assembled from what the
 steps reported, and the :class:`~ctxwarden.steps.state.BuildState` for the next build from

@@ -9,6 +9,7 @@ A :class:`Policy` is a frozen dataclass that loads from TOML::
     target_tokens = 300
     cut_values_tokens = 120        # list the ids, dates, amounts the cut removed (0: off)
     newest_whole = true            # results not answered yet: whole while they fit
+    cutters = { csv = "mypackage.cuts:cut_csv" }   # a kind of your own (ctxwarden.cutters)
 
     [mask]
     keep_last = 3
@@ -32,6 +33,11 @@ A :class:`Policy` is a frozen dataclass that loads from TOML::
 
     recall_tool = true             # ctxwarden serve offers the recall tool and answers it
 
+    # the order the steps run in (the default; ctxwarden.pipeline.cascade): every built-in
+    # name once, "steps" where your own [[steps]] run (or one of them by its name)
+    cascade = ["tool_pins", "layers", "window", "truncate", "mask", "steps", "recall",
+               "fit", "priority", "layout", "tool_rules"]
+
     [cache]                        # cache-aware compaction (ctxwarden.pipeline.compaction)
     append_only = true             # between compactions nothing already sent changes
     prices = "model"               # weigh rewrites at the model's cache prices
@@ -43,7 +49,8 @@ A :class:`Policy` is a frozen dataclass that loads from TOML::
 
     [tools.get_order]              # per-tool rules (steps.tool_rules); "*": every tool
     mask = false                   # never masked; keep_last = N: this tool's own depth
-    truncate = "json"              # cut as this kind (false: never cut); pin = true;
+    truncate = "json"              # cut as this kind (false: never cut; a kind of
+                                   # [truncate.cutters] too, ctxwarden.cutters); pin = true;
     clear_inputs = true            # a masked result's call loses its arguments too
 
     [summary]                      # used when a summarizer is given
@@ -51,9 +58,11 @@ A :class:`Policy` is a frozen dataclass that loads from TOML::
     keep_recent = 15
     fill_ratio = 0.6               # seed 004: or when the budget is 60% full
 
-The cascade runs cheapest first (seed 000): truncate tool results, mask old
-observations, slide the window (pinned messages kept), add the summary and facts
-layers, and as a last resort evict by priority.
+The cascade runs cheapest first (seed 000), as the ``cascade`` list orders it: pin the
+results a tool's rule pins, add the summary and facts layers, slide the window (pinned
+messages kept), truncate tool results, mask old observations, run your own steps, recall
+relevant left-out history, fit the window to the budget with the entity ledger, as a last
+resort evict by priority, lay the context out, and warn of a tool rule the budget broke.
 """
 
 from __future__ import annotations
@@ -65,7 +74,9 @@ from pathlib import Path
 from typing import Any
 
 from ctxwarden.core.errors import ConfigError
+from ctxwarden.cutters.by_kind import CUTTERS
 from ctxwarden.memory.summaries import SummaryTrigger
+from ctxwarden.pipeline.cascade import DEFAULT_CASCADE, check_cascade, load_step
 from ctxwarden.pipeline.compaction import CacheConfig
 from ctxwarden.steps.mask import MaskObservations
 from ctxwarden.steps.recall_relevant import RecallRelevant
@@ -167,6 +178,7 @@ class Policy:
     recall_tool: bool = False  # the proxy offers the recall tool and answers its calls
     cache_breakpoints: bool = True
     steps: tuple[Any, ...] = ()  # your own steps (see ctxwarden.pipeline.cascade)
+    cascade: tuple[str, ...] = DEFAULT_CASCADE  # the steps' order (pipeline.cascade)
     tools: ToolRules = field(default_factory=ToolRules)  # [tools.NAME] (steps.tool_rules)
     cache: CacheConfig = field(default_factory=CacheConfig)  # cache-aware compaction
 
@@ -178,11 +190,11 @@ class Policy:
             raise ConfigError(f"max_input_tokens must be >= 1, got {self.max_input_tokens}")
         if self.response_reserve < 0:
             raise ConfigError(f"response_reserve must be >= 0, got {self.response_reserve}")
-        from ctxwarden.pipeline.cascade import as_step
-
+        # a tool's truncate = "kind" names a kind the truncation step has a cutter for
+        self.tools.check_kinds(self.truncate.kinds if self.truncate is not None else CUTTERS)
         object.__setattr__(self, "steps", tuple(self.steps))
-        for step in self.steps:
-            as_step(step)  # a ConfigError now, not at the first build
+        # the steps and their order: a ConfigError now, not at the first build
+        object.__setattr__(self, "cascade", check_cascade(self.cascade, self.steps))
 
     def budget_for(self, context_window: int | None, max_input_tokens: int | None = None) -> int:
         """The input budget: explicit, else the model's window minus the response reserve."""
@@ -214,8 +226,6 @@ class Policy:
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
             if key == "steps":
-                from ctxwarden.pipeline.cascade import load_step
-
                 if not isinstance(value, list):
                     raise ConfigError(f"{source}: steps must be an array of [[steps]] tables")
                 kwargs["steps"] = tuple(load_step(s, source) for s in value)

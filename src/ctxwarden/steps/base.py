@@ -179,9 +179,14 @@ class StrategyContext:
 
 @dataclass(frozen=True)
 class StrategyResult:
+    """The new messages, the actions, the warnings; ``edits``: the markers later steps read
+    of a message an action stands for, when the strategy knows more than the action says
+    (a truncated result that lists its cut values: ``Edit("truncated", listed=True)``)."""
+
     messages: list[Message]
     actions: list[Action] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    edits: dict[str, Edit] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -310,6 +315,13 @@ class StepContext:
 
     def count(self, message: Message) -> int:
         return self.counter.count_message(message)
+
+    def sent_tokens(self, message: Message, tokens: int) -> int:
+        """At most how many tokens ``message`` (``tokens`` long) is sent as once the
+        editing steps have run, without running them (the policy's truncation says; a
+        step that must foresee it asks here, not the truncation's configuration)."""
+        cut = self.policy.truncate
+        return tokens if cut is None else cut.sent_tokens(message, tokens)
 
     def total(self, messages: Sequence[Message]) -> int:
         return self.counter.total(messages)

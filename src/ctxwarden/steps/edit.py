@@ -4,7 +4,9 @@ A :class:`~ctxwarden.steps.base.Strategy` sees the window's messages and returns
 :class:`EditStep` gives it the :class:`~ctxwarden.steps.base.StrategyContext` it expects
 (counting, the budget, the protected ids, the previous build's sticky decisions) and
 records what it did as typed :class:`~ctxwarden.steps.base.Edit` markers for later
-steps (the ledger reads them), so no step reads another's private message metadata.
+steps (the ledger reads them): one per masked or truncated message, or the one the
+strategy gives (``StrategyResult.edits``: a truncation that lists its cut values says
+so), so no step reads another's private message metadata.
 """
 
 from __future__ import annotations
@@ -62,20 +64,21 @@ class EditStep:
         compact = draft.compact
         if ctx.hold and len(result.messages) == len(draft.window):
             messages, actions, why = hold_sent(draft, result.messages, result.actions, ctx)
-            result = StrategyResult(messages, actions, result.warnings)
+            result = StrategyResult(messages, actions, result.warnings, result.edits)
             if why is not None and compact is None:
                 compact = f"{self.name}: {why}"
         edits = dict(draft.edits)
         for action in result.actions:
             if action.action in ("masked", "truncated"):
                 edits[action.message_id] = edit_marker(action.action)
-        # a truncation that lists its cut values says so (a message an earlier step edited
-        # and this one did not keeps the marker it has)
-        cut = {a.message_id for a in result.actions if a.action == "truncated"}
-        if cut:
-            for m in result.messages:
-                if m.id in cut and "values_listed" in m.meta and "masked_from" not in m.meta:
-                    edits[m.id] = edit_marker(edits[m.id].action, listed=True)
+        # the strategy's own markers, for the messages whose actions stand (a held build
+        # sends some as they were; a message an earlier step edited and this one did not
+        # keeps the marker it has)
+        if result.edits:
+            stand = {a.message_id for a in result.actions}
+            for message_id, marker in result.edits.items():
+                if message_id in stand:
+                    edits[message_id] = marker
         new = draft.but(window=tuple(result.messages), edits=edits, compact=compact)
         return StepResult(new, tuple(result.actions), tuple(result.warnings))
 

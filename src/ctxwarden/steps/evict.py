@@ -28,7 +28,7 @@ from ctxwarden.steps.base import Action, Draft, Edit, StepContext, StepResult
 from ctxwarden.steps.fit import ledger_sources, shown_blocks
 from ctxwarden.steps.ledger import LedgerBuilder, ledger_cap
 from ctxwarden.steps.priority import eviction_order
-from ctxwarden.steps.truncate import TruncateToolResults
+from ctxwarden.steps.truncate import cut_to_share
 from ctxwarden.steps.window import is_pinned
 
 __all__ = ["EvictStep", "context_tokens"]
@@ -189,7 +189,6 @@ class EvictStep:
         sizes = {m.id: ctx.count(m) for m in results}
         total = sum(sizes.values())
         room = max(total - over, 0)
-        base = ctx.policy.truncate or TruncateToolResults()
         window = list(draft.window)
         edits = dict(draft.edits)
         # what the calls asked for and the newest user message names survive the cut
@@ -199,19 +198,13 @@ class EvictStep:
             if m.id not in sizes:
                 continue
             share = max(room * sizes[m.id] // max(total, 1), 16)
-            cutter = replace(
-                base,
-                threshold_tokens=share,
-                target_tokens=share,
-                cut_values_tokens=base.cut_values_tokens if listed else 0,
-            )
             unpinned = (
                 m
                 if not (m.pinned or m.priority == "critical")
                 else replace(m, pinned=False, priority="high")
             )
             request = requests.get(m.tool_call_id or "")
-            cut = cutter.truncate(unpinned, ctx.count, ctx.counter.count_text, request, stated)
+            cut = cut_to_share(unpinned, share, ctx, request, stated, listed=listed)
             if cut is unpinned:
                 continue
             cut = replace(cut, pinned=m.pinned, priority=m.priority)

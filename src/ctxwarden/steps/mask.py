@@ -76,6 +76,11 @@ def _masked(
     return found
 
 
+def is_masked(message: Message) -> bool:
+    """Whether ``message`` is a masking placeholder (here or in a build it came back from)."""
+    return "masked_from" in message.meta
+
+
 @dataclass(frozen=True)
 class MaskObservations:
     """Replace tool results older than the last ``keep_last`` by a placeholder, in batches.

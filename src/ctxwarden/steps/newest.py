@@ -70,14 +70,13 @@ def newest_room(draft: Draft, ctx: StepContext) -> int:
 def _rest_as_sent(window: Sequence[Message], kept: frozenset[str], ctx: StepContext) -> int:
     """The window's messages but ``kept``, the answered results counted as their cut will
     be (the truncation runs after this is measured) and the unanswered whole."""
-    cut = ctx.policy.truncate
     waiting = set(unanswered_results(window))
     total = 0
     for i, m in enumerate(window):
         if m.id in kept:
             continue
         tokens = ctx.count(m)
-        if m.role == "tool" and cut is not None and i not in waiting:
-            tokens = cut.sent_tokens(m, tokens)
+        if m.role == "tool" and i not in waiting:
+            tokens = ctx.sent_tokens(m, tokens)
         total += tokens
     return total

@@ -23,13 +23,14 @@ behaves exactly as without this module.
 
 **Budget still wins.** A pinned result is evicted, a result that must not be cut is cut,
 when the budget cannot hold it otherwise (:mod:`~ctxwarden.steps.evict`);
-:class:`CheckToolRules` then warns, naming the rule that was broken.
+:class:`~ctxwarden.steps.broken_rules.CheckToolRules` then warns, naming the rule that
+was broken.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -41,7 +42,6 @@ from ctxwarden.steps.base import Action, Draft, StepContext, StepResult, same_ac
 
 __all__ = [
     "DEFAULT_TOOL",
-    "CheckToolRules",
     "PinResults",
     "ToolRule",
     "ToolRules",
@@ -65,7 +65,7 @@ class ToolRule:
 
     mask: bool | None = None
     keep_last: int | None = None
-    truncate: bool | ResultKind | None = None
+    truncate: bool | str | None = None
     pin: bool | None = None
     clear_inputs: bool | None = None
 
@@ -80,10 +80,10 @@ class ToolRule:
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
             raise ConfigError(f"[{where}] keep_last must be an integer >= 0, got {k!r}")
         t = self.truncate
-        if t is not None and not isinstance(t, bool) and t not in RESULT_KINDS:
+        if t is not None and not isinstance(t, bool) and not _kind_name(t):
             raise ConfigError(
                 f"[{where}] truncate must be true, false or a result kind "
-                f"({', '.join(RESULT_KINDS)}), got {t!r}"
+                f"({', '.join(RESULT_KINDS)}, or one the policy's cutters add), got {t!r}"
             )
 
     def over(self, base: ToolRule) -> ToolRule:
@@ -103,6 +103,10 @@ class ToolRule:
     def describe(self) -> str:
         """``mask = false, keep_last = 2``: the keys as the policy file writes them."""
         return ", ".join(f"{k} = {_toml(v)}" for k, v in self.items()) or "(nothing)"
+
+
+def _kind_name(value: Any) -> bool:
+    return isinstance(value, str) and value.isidentifier()
 
 
 def _toml(value: Any) -> str:
@@ -163,6 +167,17 @@ class ToolRules:
         if name is not None and name in own and getattr(own[name], key) is not None:
             return f"tools.{name}"
         return f'tools."{DEFAULT_TOOL}"'
+
+    def check_kinds(self, kinds: Collection[str]) -> None:
+        """A :class:`ConfigError` naming ``[tools.NAME]`` for a ``truncate = "kind"`` that
+        names no kind in ``kinds`` (the truncation step's cutters)."""
+        for name, rule in self.rules:
+            t = rule.truncate
+            if isinstance(t, str) and t not in kinds:
+                raise ConfigError(
+                    f"[tools.{name}] truncate must be true, false or a kind with a cutter "
+                    f"({', '.join(kinds)}), got {t!r}"
+                )
 
     @property
     def pins(self) -> bool:
@@ -250,8 +265,10 @@ _KIND_ATTR = "_cw_rule_kind"
 
 def as_kind(message: Message, rule: bool | str | None) -> Message:
     """``message`` as the kind a rule forces (``truncate = "log"``), the same copy every
-    build; ``message`` itself when the rule names no kind or the kind it has."""
-    if not isinstance(rule, str) or rule == message.kind:
+    build; ``message`` itself when the rule names no kind, the kind it has, or a kind a
+    message cannot have (one a policy's cutters add: the truncation step passes it on
+    beside the message)."""
+    if not isinstance(rule, str) or rule == message.kind or rule not in RESULT_KINDS:
         return message
     kept = message._memo.get(_KIND_ATTR)
     if kept is None or kept.kind != rule:
@@ -347,47 +364,3 @@ class PinResults:
         if pinned is None:
             return StepResult(draft)
         return StepResult(draft.but(history=pinned))
-
-
-@dataclass(frozen=True)
-class CheckToolRules:
-    """Warns, naming the rule, where the budget broke a tool rule: a pinned result
-    evicted, a result the rule keeps whole cut or masked, a result the rule says not to
-    mask masked. Runs last; changes nothing."""
-
-    name: str = "tool_rules"
-
-    def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
-        rules = ctx.policy.tools
-        h, ordered = draft.history, draft.ordered
-        warnings: list[str] = []
-        if rules.pins:  # a pinned result anywhere in the history that is not sent
-            sent = {m.id for m in ordered}
-            for i in range(draft.sys_end, len(h)):
-                m = h[i]
-                if m.role != "tool" or not m.pinned or m.id in sent:
-                    continue
-                name = result_tool(h, i)
-                if rules.for_tool(name).pin:
-                    warnings.append(
-                        f"[{rules.named(name, 'pin')}] pin = true broken: result {m.id} "
-                        "evicted to fit the budget"
-                    )
-        for j, out in enumerate(ordered):
-            if out.role != "tool" or not (
-                "masked_from" in out.meta or "truncated_from" in out.meta
-            ):
-                continue
-            name = result_tool(ordered, j)
-            rule = rules.for_tool(name)
-            if rule.mask is False and "masked_from" in out.meta:
-                warnings.append(
-                    f"[{rules.named(name, 'mask')}] mask = false broken: result {out.id} "
-                    "masked to fit the budget"
-                )
-            if rule.truncate is False and "truncated_from" in out.meta:
-                warnings.append(
-                    f"[{rules.named(name, 'truncate')}] truncate = false broken: result "
-                    f"{out.id} cut from {out.meta['truncated_from']:,} tokens to fit the budget"
-                )
-        return StepResult(draft, (), tuple(warnings))

@@ -1,23 +1,25 @@
 """Type-aware truncation of long tool results (R4), the cheapest step of the cascade.
 
 A tool result over ``threshold_tokens`` is cut to about ``target_tokens`` according to its
-``kind`` (:mod:`~ctxwarden.core.kinds`), so that what an agent needs from it survives:
+``kind`` (:mod:`~ctxwarden.core.kinds`), by the cutter for that kind
+(:mod:`~ctxwarden.cutters`; ``cutters`` adds kinds), so that what an agent needs from it
+survives:
 
 * a **stack trace** keeps its error lines, the first frame and the application's own
-  frames (:mod:`~ctxwarden.steps.cut_trace`);
-* **JSON** stays valid JSON, pruned level by level (:mod:`~ctxwarden.steps.cut_json`);
+  frames (:mod:`~ctxwarden.cutters.stack_trace`);
+* **JSON** stays valid JSON, pruned level by level (:mod:`~ctxwarden.cutters.json_doc`);
 * a **code listing** keeps the lines with what the agent looked for, the signatures and
   the line numbers; **command output and logs** their head, tail, error and warning lines;
-  a **diff** its file and hunk headers and changed lines (:mod:`~ctxwarden.steps.cut_code`,
-  :mod:`~ctxwarden.steps.cut_log`, :mod:`~ctxwarden.steps.cut_diff`);
-* an **HTML** page becomes its visible text and links (:mod:`~ctxwarden.steps.cut_html`);
+  a **diff** its file and hunk headers and changed lines (:mod:`~ctxwarden.cutters.code`,
+  :mod:`~ctxwarden.cutters.log`, :mod:`~ctxwarden.cutters.diff`);
+* an **HTML** page becomes its visible text and links (:mod:`~ctxwarden.cutters.html_page`);
 * an **article** keeps its lead paragraphs; **text** its head and its tail.
 
 What the agent looked for are the *terms* of the request that produced the result: the
 names and paths in the call's arguments and in the assistant's text around the call (a
 fixed message, so the cut is the same at every turn). Every marker says what was cut and
 how much, and the values of the cut part are listed after it
-(:mod:`~ctxwarden.steps.cut_values`). Work is bounded: at most ``max_chars`` of a result
+(:mod:`~ctxwarden.cutters.values`). Work is bounded: at most ``max_chars`` of a result
 are examined, and no draft longer than the target can hold is ever counted.
 
 A **recall result** (the answer to a ``ctxwarden_recall`` call: the original the model
@@ -39,7 +41,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ctxwarden.core.caching import BoundedCache
@@ -48,26 +50,32 @@ from ctxwarden.core.handles import RECALL_TOOL_NAME, handle_for
 from ctxwarden.core.kinds import load_json
 from ctxwarden.core.messages import Message
 from ctxwarden.core.tokens.counter import counting_key
-from ctxwarden.steps.base import Action, StrategyContext, StrategyResult, same_action
-from ctxwarden.steps.cut_json import truncate_json
-from ctxwarden.steps.cut_kinds import MAX_CHARS, truncate_by_kind
-from ctxwarden.steps.cut_terms import argument_values, request_terms, stated_terms
-from ctxwarden.steps.cut_text import fmt, truncate_article, truncate_text
-from ctxwarden.steps.cut_trace import DEFAULT_LIBRARY_PATTERNS, library_regex, truncate_stack_trace
-from ctxwarden.steps.cut_values import with_cut_values
+from ctxwarden.cutters.by_kind import (
+    CUTTERS,
+    MAX_CHARS,
+    Cut,
+    Cutter,
+    truncate_by_kind,
+    with_cutters,
+)
+from ctxwarden.cutters.stack_trace import DEFAULT_LIBRARY_PATTERNS, library_regex
+from ctxwarden.cutters.terms import argument_values, request_terms, stated_terms
+from ctxwarden.cutters.text import fmt
+from ctxwarden.cutters.values import with_cut_values
+from ctxwarden.steps.base import (
+    Action,
+    Edit,
+    StepContext,
+    StrategyContext,
+    StrategyResult,
+    edit_marker,
+    same_action,
+)
+from ctxwarden.steps.mask import is_masked
 from ctxwarden.steps.newest import newest_user_text, unanswered_results
 from ctxwarden.steps.tool_rules import as_kind, truncate_rule
 
-__all__ = [
-    "DEFAULT_LIBRARY_PATTERNS",
-    "TruncateToolResults",
-    "request_terms",
-    "truncate_article",
-    "truncate_by_kind",
-    "truncate_json",
-    "truncate_stack_trace",
-    "truncate_text",
-]
+__all__ = ["TruncateToolResults", "cut_to_share", "lists_cut_values", "truncated_from"]
 
 
 _MEMO: BoundedCache[Hashable, Message] = BoundedCache("truncate.cuts", 4096)
@@ -143,7 +151,7 @@ class TruncateToolResults:
 
     The identifiers, dates and amounts of the cut part are listed after the cut, within
     ``cut_values_tokens`` more tokens (0 turns it off; see
-    :mod:`~ctxwarden.steps.cut_values`): the agent keeps them while the result is
+    :mod:`~ctxwarden.cutters.values`): the agent keeps them while the result is
     in the window, and the entity ledger — whose changes would break the cached prefix —
     takes them only once the result is masked or leaves.
 
@@ -159,6 +167,11 @@ class TruncateToolResults:
     that room (at least ``target_tokens``) and what its call's arguments and the newest
     user message name, with an action and a warning saying so. Off, every result over
     the threshold is cut at once (the seeds' rule; their bench scenarios set it).
+
+    ``cutters`` adds kinds, or replaces a built-in kind's cut: kind name -> a function
+    ``(text, ask) -> str | None``, a :class:`~ctxwarden.cutters.Cutter`, or
+    ``"module:attribute"`` (TOML ``[truncate.cutters]``); a ``[tools.NAME]`` rule's
+    ``truncate = "kind"`` may then name the kind (see :mod:`~ctxwarden.cutters.by_kind`).
     """
 
     threshold_tokens: int = 500
@@ -168,9 +181,13 @@ class TruncateToolResults:
     cut_values_tokens: int = 120
     max_chars: int = MAX_CHARS
     newest_whole: bool = True
+    cutters: Mapping[str, Cut | Cutter | str] | tuple[tuple[str, Cutter], ...] = ()
     count_text: Callable[[str], int] | None = field(default=None, compare=False, repr=False)
     name: str = field(default="truncate")
     _config_key: str = field(default="", init=False, compare=False, repr=False)
+    _kinds: Mapping[str, Cutter] = field(
+        default_factory=lambda: CUTTERS, init=False, compare=False, repr=False, hash=False
+    )
 
     def __post_init__(self) -> None:
         if self.target_tokens < 1:
@@ -187,9 +204,15 @@ class TruncateToolResults:
         object.__setattr__(self, "library_patterns", tuple(self.library_patterns))
         object.__setattr__(self, "keep_fields", tuple(self.keep_fields))
         library_regex(self.library_patterns)  # fail early on a bad regex
+        if self.cutters:  # kind -> Cutter pairs, sorted (hashable, like the policy)
+            given = dict(self.cutters) if isinstance(self.cutters, tuple) else self.cutters
+            kinds = with_cutters(given)
+            added = tuple(sorted((k, kinds[k]) for k in given))
+            object.__setattr__(self, "cutters", added)
+            object.__setattr__(self, "_kinds", kinds)
         # The configuration as one string for the memo's keys: a str caches its hash
         # (hashing the tuple on every message of every build showed in the agent loop).
-        config = (
+        config: tuple[object, ...] = (
             self.threshold_tokens,
             self.target_tokens,
             self.library_patterns,
@@ -197,7 +220,14 @@ class TruncateToolResults:
             self.cut_values_tokens,
             self.max_chars,
         )
+        if self.cutters:  # (the kinds a policy adds cut differently: their own key)
+            config += (self.cutters,)
         object.__setattr__(self, "_config_key", repr(config))
+
+    @property
+    def kinds(self) -> Mapping[str, Cutter]:
+        """Each kind this step cuts -> its cutter: the built-in ones and ``cutters``."""
+        return self._kinds
 
     def truncate(
         self,
@@ -224,24 +254,27 @@ class TruncateToolResults:
         counter: Hashable | None,
         request: Message | None,
         stated: str = "",
+        kind: str | None = None,
     ) -> Message:
+        """``message`` cut as ``kind`` (default: its own), memoised."""
         if not self._cuttable(message):
             return message
         before = count(message)
         if before <= self.threshold_tokens:
             return message
+        kind = message.kind if kind is None else kind
         key: Hashable | None = None
         if counter is not None:
             # the cut message itself is memoised (per id: the fingerprint ignores ids),
             # so every build sends the very same object and its count is cached
             asked = request.fingerprint if request is not None else ""
             key = (message.id, message.fingerprint, asked, stated, self._config_key, counter)
-            key += (message.kind,)  # (a tool's rule may force the kind it is cut as)
+            key += (kind,)  # (a tool's rule may force the kind it is cut as)
             key += (before,)
             hit = _MEMO.get(key)
             if hit is not None:
                 return message if hit.content == message.content else hit
-        cut = self._cut(message, count, drafts, request, before, stated)
+        cut = self._cut(message, count, drafts, request, before, stated, kind)
         if key is not None:
             _MEMO.put(key, cut)
         return cut
@@ -254,13 +287,14 @@ class TruncateToolResults:
         request: Message | None,
         before: int,
         stated: str = "",
+        kind: str | None = None,
     ) -> Message:
         overhead = max(count(message.with_content("")), 0)
         count_text = drafts or (lambda s: count(message.with_content(s)) - overhead)
         mark = _full_result_mark(message)
         text = truncate_by_kind(
             message.text,  # the content itself: _cuttable admits string content only
-            message.kind,
+            message.kind if kind is None else kind,
             target_tokens=max(self.target_tokens - overhead - count_text(mark), 1),
             count=count_text,
             library_patterns=self.library_patterns,
@@ -269,6 +303,7 @@ class TruncateToolResults:
             total=max(before - overhead, 1),
             max_chars=self.max_chars,
             fields=stated_words(stated),
+            cutters=self._kinds,
         )
         listed = 0
         if text != message.content:
@@ -323,17 +358,20 @@ class TruncateToolResults:
             if index in newest:  # not answered yet: cut only to fit (see _newest)
                 out.append(message)
                 continue
-            subject = message
+            kind: str | None = message.kind
             if ctx.tool_rules:  # a tool's rule: never cut, or cut as a kind it names
                 rule = truncate_rule(messages, index, ctx.tool_rules)
                 if rule is False:
                     out.append(message)
                     continue
-                subject = as_kind(message, rule)
-            if subject is not message and not _recall_result(message, request):
-                new = self._truncate(subject, count, drafts, counter, request)
+                kind = _rule_kind(message, rule)
+            if kind != message.kind and not _recall_result(message, request):
+                # (a built-in kind: cut as a copy of that kind; a kind the policy's
+                # cutters add: the message itself, cut as that kind; see as_kind)
+                subject = as_kind(message, kind)
+                new = self._truncate(subject, count, drafts, counter, request, kind=kind)
                 if new is not subject:
-                    reason = f"{subject.kind} tool result over {over} tokens (its tool's rule)"
+                    reason = f"{kind} tool result over {over} tokens (its tool's rule)"
                     before, after = count(message), count(new)
                     actions.append(
                         same_action(message.id, "truncated", reason, before, after, self.name)
@@ -360,7 +398,7 @@ class TruncateToolResults:
         warnings: list[str] = []
         if newest:
             self._newest(out, newest, requests, ctx, drafts, counter, actions, warnings)
-        return StrategyResult(out, actions, warnings)
+        return StrategyResult(out, actions, warnings, _listed(out, actions))
 
     def _unanswered(self, messages: Sequence[Message], ctx: StrategyContext) -> dict[int, int]:
         """Position -> tokens of each result the model has not answered yet, when this
@@ -400,8 +438,8 @@ class TruncateToolResults:
                 continue  # the eviction step cuts a recalled original only if it must
             cutter = replace(self, threshold_tokens=share, target_tokens=share)
             request = requests.get(message.tool_call_id or "")
-            subject = as_kind(message, rule)
-            new = cutter._truncate(subject, ctx.count, drafts, counter, request, stated)
+            subject, kind = as_kind(message, rule), _rule_kind(message, rule)
+            new = cutter._truncate(subject, ctx.count, drafts, counter, request, stated, kind)
             if new is subject:
                 continue
             out[index] = new
@@ -417,3 +455,54 @@ class TruncateToolResults:
                 "the rest of the newest turn (the cut keeps what its call and the newest "
                 "user message name; the whole result is recallable by its handle)"
             )
+
+
+def cut_to_share(
+    message: Message,
+    share: int,
+    ctx: StepContext,
+    request: Message | None,
+    stated: str,
+    *,
+    listed: bool,
+) -> Message:
+    """``message`` cut to about ``share`` tokens as the policy's truncation cuts (its
+    kinds and settings; the defaults when it is off), listing the cut values only when
+    ``listed``: the eviction step's last resort for the newest results, which asks here
+    rather than reading this step's configuration."""
+    base = ctx.policy.truncate or TruncateToolResults()
+    cutter = replace(
+        base,
+        threshold_tokens=share,
+        target_tokens=share,
+        cut_values_tokens=base.cut_values_tokens if listed else 0,
+    )
+    return cutter.truncate(message, ctx.count, ctx.counter.count_text, request, stated)
+
+
+def _listed(out: Sequence[Message], actions: Sequence[Action]) -> dict[str, Edit]:
+    """The markers of the results cut here that list their cut values in place: the ledger
+    need not carry those values (:func:`~ctxwarden.steps.fit.ledger_sources`). A masking
+    placeholder that came back with the key lists nothing."""
+    cut = {a.message_id for a in actions}
+    if not cut:
+        return {}
+    listed = edit_marker("truncated", listed=True)
+    return {m.id: listed for m in out if m.id in cut and lists_cut_values(m)}
+
+
+def truncated_from(message: Message) -> int | None:
+    """The tokens ``message`` had before a truncation cut it (``None``: not a cut)."""
+    before: int | None = message.meta.get("truncated_from")
+    return before
+
+
+def lists_cut_values(message: Message) -> bool:
+    """Whether ``message`` is a cut that lists the values it removed (a masking
+    placeholder that came back with the key lists nothing)."""
+    return "values_listed" in message.meta and not is_masked(message)
+
+
+def _rule_kind(message: Message, rule: bool | str | None) -> str | None:
+    """The kind a tool's rule cuts ``message`` as: the one it names, else its own."""
+    return rule if isinstance(rule, str) else message.kind

@@ -14,7 +14,7 @@ from __future__ import annotations
 import html
 import re
 
-from ctxwarden.steps.cut_text import Count, fmt, may_fit, truncate_article
+from ctxwarden.cutters.text import Count, fmt, may_fit, truncate_article
 
 __all__ = ["html_to_text", "truncate_html"]
 

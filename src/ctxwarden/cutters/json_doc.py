@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ctxwarden.core.kinds import load_json
-from ctxwarden.steps.cut_text import Count, estimate_tokens, fmt, may_fit, truncate_text
+from ctxwarden.cutters.text import Count, estimate_tokens, fmt, may_fit, truncate_text
 
 __all__ = ["JSON_LEVELS", "Wanted", "prune", "truncate_json", "wanted_in"]
 

@@ -3,7 +3,7 @@
 A trace's value is in its error lines, its first frame and the frames of the app itself;
 runs of library frames in the middle become ``[... 14 library frames cut ...]``. Python,
 Java/Kotlin, Node, C# and Go traces are understood. Candidates too long to fit are not
-counted (:func:`~ctxwarden.steps.cut_text.may_fit`), so the cost stays bounded by the target.
+counted (:func:`~ctxwarden.cutters.text.may_fit`), so the cost stays bounded by the target.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 from ctxwarden.core.caching import memoize
 from ctxwarden.core.errors import ConfigError
-from ctxwarden.steps.cut_text import Count, estimate_tokens, fmt, may_fit, truncate_text
+from ctxwarden.cutters.text import Count, estimate_tokens, fmt, may_fit, truncate_text
 
 __all__ = ["DEFAULT_LIBRARY_PATTERNS", "library_regex", "truncate_stack_trace"]
 

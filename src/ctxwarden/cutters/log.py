@@ -13,14 +13,14 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from ctxwarden.steps.cut_lines import (
+from ctxwarden.cutters.lines import (
     line_starts,
     matching_lines,
     prefix_counts,
     select_lines,
     shorten_line,
 )
-from ctxwarden.steps.cut_text import Count, fmt
+from ctxwarden.cutters.text import Count, fmt
 
 __all__ = ["ERROR_LINE", "WARNING_LINE", "flags", "term_hits", "term_regex", "truncate_log"]
 

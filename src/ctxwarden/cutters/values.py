@@ -22,6 +22,7 @@ from typing import Any
 
 from ctxwarden.core.kinds import load_json
 from ctxwarden.core.messages import Message
+from ctxwarden.cutters.html_page import html_to_text
 from ctxwarden.memory.entities import (
     CATEGORY_TIERS,
     Entity,
@@ -30,7 +31,6 @@ from ctxwarden.memory.entities import (
     extract_from_text,
 )
 from ctxwarden.memory.entity_ledger import listed
-from ctxwarden.steps.cut_html import html_to_text
 
 __all__ = ["CUT_VALUES_KEY", "with_cut_values"]
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from ctxwarden.steps.cut_lines import prefix_counts, select_lines, shorten_line
-from ctxwarden.steps.cut_log import term_hits
-from ctxwarden.steps.cut_text import Count, fmt
+from ctxwarden.cutters.lines import prefix_counts, select_lines, shorten_line
+from ctxwarden.cutters.log import term_hits
+from ctxwarden.cutters.text import Count, fmt
 
 __all__ = ["truncate_diff"]
 

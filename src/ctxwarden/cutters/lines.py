@@ -16,7 +16,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from itertools import accumulate
 
-from ctxwarden.steps.cut_text import Count, fmt, may_fit
+from ctxwarden.cutters.text import Count, fmt, may_fit
 
 __all__ = [
     "NOT_EXAMINED_PREFIX",
@@ -29,7 +29,7 @@ __all__ = [
     "shorten_line",
 ]
 
-#: How the marker of a result's unexamined middle starts (see cut_kinds.examined_part):
+#: How the marker of a result's unexamined middle starts (see by_kind.examined_part):
 #: a line that starts so is kept first, so the cut says how much was never looked at.
 NOT_EXAMINED_PREFIX = "[... not examined: "
 

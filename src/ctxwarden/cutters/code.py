@@ -17,9 +17,9 @@ import re
 from collections.abc import Sequence
 
 from ctxwarden.core.kinds import LINE_NUMBER
-from ctxwarden.steps.cut_lines import select_lines, shorten_line
-from ctxwarden.steps.cut_log import term_hits
-from ctxwarden.steps.cut_text import Count, fmt
+from ctxwarden.cutters.lines import select_lines, shorten_line
+from ctxwarden.cutters.log import term_hits
+from ctxwarden.cutters.text import Count, fmt
 
 __all__ = ["SIGNATURE", "truncate_code"]
 
