@@ -34,6 +34,7 @@ from ctxwarden.steps.state import LedgerMemo
 
 __all__ = [
     "LEDGER_ID",
+    "LEDGER_MORE_ID",
     "CarriedLedger",
     "LedgerBuilder",
     "Shown",
@@ -43,6 +44,7 @@ __all__ = [
 ]
 
 LEDGER_ID = "ctxwarden:ledger"
+LEDGER_MORE_ID = "ctxwarden:ledger+"  # the values a kept ledger block does not show
 _FRAMING = 5  # message framing + role tokens around the ledger text
 
 
@@ -159,6 +161,16 @@ class LedgerBuilder:
             text = self._text(ledger, self.cap - _FRAMING, edited, above)
         self.memo = LedgerMemo(first, start, seed_tag(self.earlier), ledger, key, text)
         return system_block(text, LEDGER_ID) if text else None
+
+    def beyond(
+        self, base: Message, edited: Sequence[Message], pinned: Sequence[Message]
+    ) -> str | None:
+        """The values of the last :meth:`render` that ``base`` (a block sent before) does
+        not show, rendered within the cap (``None``: none)."""
+        memo = self.memo
+        if memo is None:
+            return None
+        return self._text(memo.ledger, self.cap - _FRAMING, edited, [*self.shown, *pinned, base])
 
     def shrink(
         self,
