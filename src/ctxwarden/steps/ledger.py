@@ -3,7 +3,9 @@
 Everything before the window start (that is not pinned), and the original text of every
 masked or truncated result that does not list its cut values itself, feeds
 :class:`~ctxwarden.memory.entity_ledger.EntityLedger`; its rendering becomes one system
-block near the top of the context.
+block near the top of the context (two after a cache-aware compaction: the block sent
+before, kept so the prompt cache still serves it, and the values it does not show,
+:func:`~ctxwarden.steps.fit.stacked_ledger`).
 
 The region before the window only grows (the window start is sticky), so a conversation's
 ledger is extended, never rebuilt: the previous build's
