@@ -14,8 +14,9 @@ an editing step found a change worth its rewrite at the model's cache prices
 (:func:`~ctxwarden.core.registry.cache_cost.rewrite_pays`) — the build runs again unheld: a
 *compaction*, one move that applies every pending mask and cut, slides the window down to
 its low-water mark (``window.refill_ratio`` of its room, so the next calls append for a
-while) and renders the ledger once. The audit records the break, its cause and its cost
-(:class:`PrefixBreak`).
+while) and renders the ledger once (the ledger block it sent before stays in place, the
+new values go in a block after it: :func:`~ctxwarden.steps.fit.stacked_ledger`). The
+audit records the break, its cause and its cost (:class:`PrefixBreak`).
 
 What the decision needs from the last builds lives in
 :class:`~ctxwarden.steps.state.BuildState` (the previous context's digests, its tokens,

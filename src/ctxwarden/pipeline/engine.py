@@ -494,6 +494,7 @@ def _finish(
         layers_sent=layers_sent(draft),
         layers_key=layers_key(ctx),
         ledger_sent=draft.ledger.text if draft.ledger is not None else "",
+        ledger_base_sent=draft.ledger_base.text if draft.ledger_base is not None else "",
     )
     return BuiltContext(ordered, audit, state, model, layer_of)
 

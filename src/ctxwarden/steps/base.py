@@ -227,7 +227,9 @@ class Draft:
     window's messages as they will be sent (edited copies, in order; dropped ones gone);
     ``pinned`` the positions before the window kept as pinned; ``layers`` the system
     blocks after the system prompt, as ``(layer name, message)`` in layout order;
-    ``ledger`` the entity-ledger block (placed among the layers by the layout);
+    ``ledger`` the entity-ledger block (placed among the layers by the layout), after
+    ``ledger_base`` when the block a compaction sent is kept and ``ledger`` shows only
+    the values it does not (:func:`~ctxwarden.steps.fit.stacked_ledger`);
     ``floor`` where the summary's coverage ends (the window starts at or after it);
     ``edits`` what editing steps did, by message id; ``rejected`` ids a provider would
     refuse (an unanswered call, an orphan result); ``protected`` ids no step may drop
@@ -246,6 +248,7 @@ class Draft:
     pinned: tuple[int, ...] = ()
     layers: tuple[tuple[str, Message], ...] = ()
     ledger: Message | None = None
+    ledger_base: Message | None = None  # an earlier ledger block kept in place before it
     floor: int = 0
     ledger_from: int = 0
     edits: Mapping[str, Edit] = field(default_factory=dict)

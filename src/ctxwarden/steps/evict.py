@@ -37,11 +37,16 @@ __all__ = ["EvictStep", "context_tokens"]
 def context_tokens(draft: Draft, ctx: StepContext) -> int:
     """What the draft sends, counted as the audit counts it."""
     parts = [m for _, m in draft.layers]
-    if draft.ledger is not None:
-        parts.append(draft.ledger)
+    parts.extend(m for m in (draft.ledger_base, draft.ledger) if m is not None)
     parts.extend(draft.history[i] for i in draft.pinned)
     parts.extend(draft.window)
     return ctx.fixed + ctx.total(parts)
+
+
+def _ledger_tokens(draft: Draft, ctx: StepContext) -> int:
+    """The ledger's tokens as sent (its kept block too, when there is one); cut to fit,
+    it is rendered again as one block."""
+    return ctx.total([m for m in (draft.ledger_base, draft.ledger) if m is not None])
 
 
 @dataclass(frozen=True)
@@ -96,8 +101,8 @@ class EvictStep:
         costs one mention, and the one the next call needs competes on rank."""
         assert draft.ledger is not None
         cap = ledger_cap(draft, ctx)
-        room = min(ctx.count(draft.ledger) - over, cap)
-        draft = draft.but(ledger=_ledger_within(draft, ctx, cap, room))
+        room = min(_ledger_tokens(draft, ctx) - over, cap)
+        draft = draft.but(ledger=_ledger_within(draft, ctx, cap, room), ledger_base=None)
         return draft, context_tokens(draft, ctx) - ctx.budget
 
     @staticmethod
@@ -106,11 +111,11 @@ class EvictStep:
     ) -> tuple[Draft, int]:
         if draft.ledger is None:
             return draft, over
-        before = ctx.count(draft.ledger)
+        before = _ledger_tokens(draft, ctx)
         smaller = _ledger_within(draft, ctx, ledger_cap(draft, ctx), before - over)
         after = ctx.count(smaller) if smaller else 0
         warnings.append(f"entity ledger cut from {before:,} to {after:,} tokens to fit the budget")
-        draft = draft.but(ledger=smaller)
+        draft = draft.but(ledger=smaller, ledger_base=None)
         return draft, context_tokens(draft, ctx) - ctx.budget
 
     @staticmethod

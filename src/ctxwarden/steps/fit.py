@@ -27,7 +27,13 @@ from dataclasses import dataclass
 from ctxwarden.core.messages import Message
 from ctxwarden.core.pairing import Block, group_blocks
 from ctxwarden.steps.base import Action, Draft, StepContext, StepResult, system_block
-from ctxwarden.steps.ledger import LEDGER_ID, LedgerBuilder, ledger_cap, ledger_from
+from ctxwarden.steps.ledger import (
+    LEDGER_ID,
+    LEDGER_MORE_ID,
+    LedgerBuilder,
+    ledger_cap,
+    ledger_from,
+)
 from ctxwarden.steps.state import PREFIX_DIGITS
 from ctxwarden.steps.window import is_pinned
 
@@ -91,6 +97,7 @@ class FitStep:
         actions: list[Action] = list(earlier)
         start, pinned = draft.start, list(draft.pinned)
         ledger: Message | None = None
+        base: Message | None = None
         for _ in range(4):
             current = draft.but(start=start, pinned=tuple(pinned))
             window = draft.window if blocks is None else [m for b in blocks for m in b.messages]
@@ -98,12 +105,14 @@ class FitStep:
             ledger = builder.render(h, first, start, pinned, edited)
             held = held_ledger(start, ctx)
             if held is not None:
-                ledger = held
+                base, ledger = held
+            else:
+                base, ledger = stacked_ledger(ledger, builder, ctx, edited, [h[i] for i in pinned])
             room = (
                 ctx.budget
                 - fixed
                 - ctx.total([h[i] for i in pinned])
-                - (ctx.count(ledger) if ledger else 0)
+                - ctx.total([m for m in (base, ledger) if m is not None])
             )
             used = ctx.total(window)  # the blocks' messages, in order
             over_count = limit is not None and capped_count(window, draft) > limit
@@ -125,6 +134,7 @@ class FitStep:
             pinned=tuple(pinned),
             window=window,
             ledger=ledger,
+            ledger_base=base,
             ledger_from=first,
             ledger_memo=builder.memo,
             kept_from=_kept_from(original, window, actions),
@@ -197,16 +207,62 @@ def _kept_from(
     return next((m.id for m in original[last + 1 :] if m.id in kept), "")
 
 
-def held_ledger(start: int, ctx: StepContext) -> Message | None:
+def held_ledger(start: int, ctx: StepContext) -> tuple[Message | None, Message] | None:
     """Between compactions (``ctx.hold``, :mod:`ctxwarden.pipeline.compaction`) the ledger
-    block is the one the previous context sent (kept in its state, so a replica holds the
-    same), while the window has not moved: a new result cut on arrival adds its values at
-    the next compaction, not by rewriting the ledger (and everything after it) now.
+    blocks are the ones the previous context sent (kept in its state, so a replica holds
+    the same), while the window has not moved: a new result cut on arrival adds its values
+    at the next compaction, not by rewriting the ledger (and everything after it) now.
     ``None``: send the one just rendered."""
     previous = ctx.previous
     if not ctx.hold or previous.window_start != start or not previous.ledger_sent:
         return None
-    return system_block(previous.ledger_sent, LEDGER_ID)
+    if previous.ledger_base_sent:
+        base = system_block(previous.ledger_base_sent, LEDGER_ID)
+        return base, system_block(previous.ledger_sent, LEDGER_MORE_ID)
+    return None, system_block(previous.ledger_sent, LEDGER_ID)
+
+
+def stacked_ledger(
+    rendered: Message | None,
+    builder: LedgerBuilder,
+    ctx: StepContext,
+    edited: Sequence[Message],
+    pinned: Sequence[Message],
+) -> tuple[Message | None, Message | None]:
+    """The ledger a compaction sends: the block sent before kept in place, and after it
+    a block of the values it does not show (``(kept, more)``); else ``(None, rendered)``.
+
+    Values only accumulate in the ledger as the window moves, so the block a compaction
+    sent still holds (the values of messages that are still out of the context); sent
+    again as it was, the prompt cache still serves it, and a compaction rewrites only
+    the new values after it, not the whole ledger. The kept block is the first of the
+    previous context's ledger blocks, so there are never more than two. It is rendered
+    anew as one block (what every build without a previous one sends) when both would
+    not fit the ledger's cap together (a full rendering ranks every value against the
+    cap), or when the new values take more tokens than the kept block: each rendering
+    anew then at least doubles the kept block, and the values written again at
+    compactions stay within about the size of the ledger.
+    """
+    previous = ctx.previous
+    if (
+        rendered is None
+        or not ctx.policy.cache.append_only
+        or not previous.history_length
+        or not previous.ledger_sent
+    ):
+        return None, rendered
+    kept = previous.ledger_base_sent or previous.ledger_sent
+    if rendered.text == kept:
+        return None, rendered
+    base = system_block(kept, LEDGER_ID)
+    text = builder.beyond(base, edited, pinned)
+    if text is None:  # it shows every value still to show
+        return None, base
+    more = system_block(text, LEDGER_MORE_ID)
+    size, extra = ctx.count(base), ctx.count(more)
+    if size + extra > builder.cap or extra > size:
+        return None, rendered
+    return base, more
 
 
 def _new_start(

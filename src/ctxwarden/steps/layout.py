@@ -44,7 +44,7 @@ class LayoutStep:
         facts = [(n, m) for n, m in draft.layers if n == "facts"]
         recall = [m for n, m in draft.layers if n == "recall"]
         others = [(n, m) for n, m in draft.layers if n not in ("facts", "recall")]
-        ledger = [("ledger", draft.ledger)] if draft.ledger is not None else []
+        ledger = [("ledger", m) for m in (draft.ledger_base, draft.ledger) if m is not None]
         for name, m in [*facts, *ledger, *others]:
             ordered.append(m)
             layer_of[m.id] = name

@@ -3,7 +3,9 @@
 Everything before the window start (that is not pinned), and the original text of every
 masked or truncated result that does not list its cut values itself, feeds
 :class:`~ctxwarden.memory.entity_ledger.EntityLedger`; its rendering becomes one system
-block near the top of the context.
+block near the top of the context (two after a cache-aware compaction: the block sent
+before, kept so the prompt cache still serves it, and the values it does not show,
+:func:`~ctxwarden.steps.fit.stacked_ledger`).
 
 The region before the window only grows (the window start is sticky), so a conversation's
 ledger is extended, never rebuilt: the previous build's
@@ -34,6 +36,7 @@ from ctxwarden.steps.state import LedgerMemo
 
 __all__ = [
     "LEDGER_ID",
+    "LEDGER_MORE_ID",
     "CarriedLedger",
     "LedgerBuilder",
     "Shown",
@@ -43,6 +46,7 @@ __all__ = [
 ]
 
 LEDGER_ID = "ctxwarden:ledger"
+LEDGER_MORE_ID = "ctxwarden:ledger+"  # the values a kept ledger block does not show
 _FRAMING = 5  # message framing + role tokens around the ledger text
 
 
@@ -159,6 +163,16 @@ class LedgerBuilder:
             text = self._text(ledger, self.cap - _FRAMING, edited, above)
         self.memo = LedgerMemo(first, start, seed_tag(self.earlier), ledger, key, text)
         return system_block(text, LEDGER_ID) if text else None
+
+    def beyond(
+        self, base: Message, edited: Sequence[Message], pinned: Sequence[Message]
+    ) -> str | None:
+        """The values of the last :meth:`render` that ``base`` (a block sent before) does
+        not show, rendered within the cap (``None``: none)."""
+        memo = self.memo
+        if memo is None:
+            return None
+        return self._text(memo.ledger, self.cap - _FRAMING, edited, [*self.shown, *pinned, base])
 
     def shrink(
         self,

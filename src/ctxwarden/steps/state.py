@@ -185,6 +185,7 @@ class BuildState:
     layers_sent: tuple[tuple[str, str, str], ...] = ()  # facts / summary: (layer, id, text)
     layers_key: str = ""  # what those layers were made of (compaction.layers_key)
     ledger_sent: str = ""  # the ledger block's text as sent (held between compactions)
+    ledger_base_sent: str = ""  # the ledger block kept before it, as sent ("": none)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-ready; :meth:`from_dict` gives back an equal state."""
@@ -210,6 +211,7 @@ class BuildState:
             "layers_sent": [list(t) for t in self.layers_sent],
             "layers_key": self.layers_key,
             "ledger_sent": self.ledger_sent,
+            "ledger_base_sent": self.ledger_base_sent,
         }
 
     @classmethod
@@ -243,6 +245,7 @@ class BuildState:
                 ),
                 layers_key=str(data.get("layers_key", "")),
                 ledger_sent=str(data.get("ledger_sent", "")),
+                ledger_base_sent=str(data.get("ledger_base_sent", "")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ConfigError(f"not a stored build state ({type(exc).__name__}: {exc})") from None
