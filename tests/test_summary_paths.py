@@ -4,8 +4,8 @@ worker`` (Celery on Redis) send the same context, on LoCoMo questions and on the
 loops.
 
 By default a fixed subset runs (the first questions of each LoCoMo conversation, the first
-runs of each agent file); ``-m exhaustive`` runs every question of LoCoMo dev with the recall and
-fill targets, and every call of every dev run.
+runs of each agent file); ``-m exhaustive`` runs every question of LoCoMo dev with the
+recall and fill targets, and every call of every dev run.
 """
 
 from __future__ import annotations
