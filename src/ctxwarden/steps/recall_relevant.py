@@ -315,9 +315,8 @@ def _layer_words(draft: Draft) -> frozenset[str]:
     """The content words the layers before the block show (the facts, the summary's
     view). A passage none of whose words is missing from them repeats what the context
     already says (most often a sentence the summary's view quotes), so the block gives
-    its room to the next passage: LoCoMo dev, every question asked cold at 4,000 tokens,
-    0.6750 answer recall -> 0.6790 (a subset of a third of the questions, both thirds
-    measured)."""
+    its room to the next passage: LoCoMo dev, all 885 questions asked cold at 4,000
+    tokens with the offline summariser, 0.6788 answer recall -> 0.6830."""
     words: set[str] = set()
     for _, layer in draft.layers:
         words |= words_of(layer.text)
