@@ -301,9 +301,10 @@ def test_the_step_can_wait_for_a_summary() -> None:
     assert RECALL_ID not in build_context(history, max_input_tokens=1200, policy=OFF).layers
     waiting = Policy(recall=RecallRelevant(only_summarized=True))
     assert RECALL_ID not in build_context(history, max_input_tokens=1200, policy=waiting).layers
+    assert build_context(history, max_input_tokens=1200, policy=waiting).state.recall is None
     summarised = build_context(history, "gpt-4o", 1500, summarizer="offline", policy=waiting)
-    block = next(m.text for m in summarised.messages if m.id == RECALL_ID)
-    assert "[cw:msg:r4 assistant] Your booking code for the Lisbon ferry is FERRY-8812." in block
+    assert summarised.state.recall is not None  # the step ran: the build keeps a summary
+    # (the summary's view quotes the ferry's line, so the block does not repeat it: below)
     given = build_context(
         history, max_input_tokens=1500, summary="Earlier: travel.", policy=waiting
     )
@@ -313,6 +314,22 @@ def test_the_step_can_wait_for_a_summary() -> None:
 
 
 OFF = Policy(recall=None)
+
+
+def test_the_block_does_not_repeat_what_the_summary_shows() -> None:
+    """A passage whose every word the layers already show (a sentence the summary's view
+    quotes) gives its room to the next one; the same build with a summary that does not
+    quote it recalls it."""
+    history = _chat("What was my booking code for the Lisbon ferry?")
+    line = "Your booking code for the Lisbon ferry is FERRY-8812."
+    summarised = build_context(history, "gpt-4o", 1500, summarizer="offline", policy=ALWAYS)
+    summary = next(m.text for m in summarised.messages if m.id == "ctxwarden:summary")
+    assert line in summary
+    assert "\n".join(m.text for m in summarised.messages).count(line) == 1
+    assert "r4" not in {a.message_id for a in summarised.audit.by_action("recalled")}
+    given = build_context(history, max_input_tokens=1500, summary="Earlier: travel.", policy=ALWAYS)
+    block = next(m.text for m in given.messages if m.id == RECALL_ID)
+    assert f"[cw:msg:r4 assistant] {line}" in block
 
 
 def test_the_recall_step_is_configured_from_toml_and_checked() -> None:

@@ -4,8 +4,8 @@ worker`` (Celery on Redis) send the same context, on LoCoMo questions and on the
 loops.
 
 By default a fixed subset runs (the first questions of each LoCoMo conversation, the first
-runs of each agent file); ``-m slow`` runs every question of LoCoMo dev with the recall and
-fill targets, and every call of every dev run.
+runs of each agent file); ``-m exhaustive`` runs every question of LoCoMo dev with the
+recall and fill targets, and every call of every dev run.
 """
 
 from __future__ import annotations
@@ -67,18 +67,19 @@ def every_question(convs: list[dict[str, Any]], tmp_path_factory: Any) -> dict[s
 
 @pytest.mark.exhaustive
 def test_every_locomo_dev_question_through_a_session(every_question: dict[str, Any]) -> None:
-    """Measured: 885 of 885 questions the same context, recall 0.5407, fill 91.7 %."""
+    """Measured: 885 of 885 questions the same context, recall 0.6830, fill 94.3 %
+    (relevance recall on by default in a chat, the session reading its look-back; the
+    gate not reading the summary's view, the block not repeating it)."""
     _assert_same(every_question, "session")
     assert every_question["session"]["fill"] >= 0.85
 
 
 @pytest.mark.exhaustive
-@pytest.mark.xfail(
-    strict=True,
-    reason="each question asked cold of the whole transcript reaches 0.541 on dev (both "
-    "paths); the bench's row, fed session by session, 0.592",
-)
 def test_locomo_dev_recall_asked_cold_reaches_the_target(every_question: dict[str, Any]) -> None:
+    """Each question asked cold of the whole transcript, on both paths. Measured: 0.6830
+    (fill 94.3 %); 0.541 before relevance recall was on by default for chat-shaped
+    conversations, 0.6478 while its gate read the summary's view (issue 39's dev
+    target for this figure: 0.66)."""
     assert every_question["session"]["answer_recall"] >= 0.56
 
 

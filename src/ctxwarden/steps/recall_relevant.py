@@ -56,7 +56,7 @@ from ctxwarden.core.handles import handle_for
 from ctxwarden.core.messages import Message
 from ctxwarden.steps.base import Action, Draft, StepContext, StepResult
 from ctxwarden.steps.recall_fusion import fuse, vector_ranking
-from ctxwarden.steps.recall_gate import chat_shaped, recall_fraction
+from ctxwarden.steps.recall_gate import chat_shaped, recall_fraction, words_of
 from ctxwarden.steps.state import RecallMemo
 from ctxwarden.steps.window import is_pinned, newest_call_block
 
@@ -260,7 +260,10 @@ class RecallRelevant:
         chosen: dict[int, list[_Passage]] = {}
         cost: dict[int, int] = {}
         skipped = 0
+        shown = _layer_words(draft)
         for p in ranked:
+            if words_of(p.text) <= shown:  # says nothing the layers do not already say
+                continue
             step = count("\n" + p.text) + (0 if p.pos in chosen else count(labels[p.pos]) + 1)
             if used + step > cap:
                 skipped += 1
@@ -306,6 +309,18 @@ class RecallRelevant:
             if current.strip():
                 out.append(_Passage(pos, part, current))
         return [p for p in out if p.text.strip()]
+
+
+def _layer_words(draft: Draft) -> frozenset[str]:
+    """The content words the layers before the block show (the facts, the summary's
+    view). A passage none of whose words is missing from them repeats what the context
+    already says (most often a sentence the summary's view quotes), so the block gives
+    its room to the next passage: LoCoMo dev, all 885 questions asked cold at 4,000
+    tokens with the offline summariser, 0.6788 answer recall -> 0.6830."""
+    words: set[str] = set()
+    for _, layer in draft.layers:
+        words |= words_of(layer.text)
+    return frozenset(words)
 
 
 def _summarized(ctx: StepContext) -> bool:
@@ -391,6 +406,8 @@ def _key(
     h = hashlib.sha1(usedforsecurity=False)
     h.update(f"{lo}|{hi}|{cap}|{model}|{step!r}|{draft.pinned}|".encode())
     h.update(query.encode("utf-8", "surrogatepass"))
+    for name, layer in draft.layers:  # what the block need not repeat (see _layer_words)
+        h.update(f"|{name}:{layer.fingerprint}".encode())
     if hi > 0:
         h.update(draft.history[hi - 1].fingerprint.encode())
     for pos, m in sources:
