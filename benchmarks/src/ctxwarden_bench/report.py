@@ -163,10 +163,12 @@ def _locomo_paths(
     *,
     broker: str | None = None,
     served_db: str | None = None,
+    questions: int = LOCOMO_PATH_QUESTIONS,
 ) -> dict[str, Any]:
-    """The first :data:`LOCOMO_PATH_QUESTIONS` questions of each conversation asked of
-    the whole transcript, in memory and through a session (append → summarize_sync →
-    build), with the offline summariser: recall, fill, and contexts equal. With a
+    """The first ``questions`` (:data:`LOCOMO_PATH_QUESTIONS`) questions of each
+    conversation asked of the whole transcript, in memory and through a session
+    (append → summarize_sync → build), with the offline summariser: recall, fill, and
+    contexts equal. With a
     ``broker`` (Redis URL) also through ``ctxwarden serve`` + ``ctxwarden worker``
     (:class:`~ctxwarden_bench.served_path.ServedPath`, on ``served_db`` or a temporary
     SQLite file); without one, ``not_run`` says why that row is missing."""
@@ -186,12 +188,12 @@ def _locomo_paths(
             convs,
             LOCOMO_BUDGET,
             paths=paths,
-            questions=LOCOMO_PATH_QUESTIONS,
+            questions=questions,
             progress=progress,
         )
     served = " and as a client of ctxwarden serve + ctxwarden worker" if broker else ""
     return {
-        "description": f"the first {LOCOMO_PATH_QUESTIONS} questions of each conversation, "
+        "description": f"the first {questions} questions of each conversation, "
         'each asked of the whole transcript: build_context(summarizer="offline"), a '
         f"session's append → summarize_sync → build{served} (default policy, "
         f"{LOCOMO_BUDGET:,} tokens); each path must send the in-memory context",
