@@ -52,6 +52,35 @@ def test_locomo_questions_through_a_session_are_the_in_memory_contexts(
     assert rows["session"]["fill"] >= 0.85
 
 
+def test_a_build_the_upstream_never_answered_leaves_no_ledger_block_behind(
+    convs: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """What ``serve`` + a worker do with one question: a build finds the summary due, the
+    upstream refuses the call (``forget_sent``), the worker folds, the call again. A
+    compaction keeps the ledger block it sent (issue 37), but a refused call sent nothing
+    the provider cached: the second build is the in-memory one, not that block plus the
+    new values in a second block (what the served row sent before ``forgotten`` cleared
+    the ledger blocks too)."""
+    from ctxwarden import build_context
+    from ctxwarden.core.messages import Message
+    from ctxwarden.session import Session
+    from ctxwarden_bench.session_path import sent
+    from ctxwarden_bench.traces import locomo_transcript
+
+    conv = convs[0]
+    qa = next(q for q in conv["qa"] if q.get("category") in (1, 2, 3, 4) and "answer" in q)
+    history = [*locomo_transcript(conv), Message.user(str(qa["question"]))]
+    messages = [m.with_id(f"m{i}") for i, m in enumerate(history)]
+    want = sent(build_context(messages, "gpt-4o", BUDGET, summarizer="offline").messages)
+    with Session(f"sqlite:///{tmp_path / 's.db'}", "q", model="gpt-4o") as s:
+        s.append(messages)
+        first = s.build("gpt-4o", max_input_tokens=BUDGET)
+        assert first.audit.summary_due is not None
+        s.forget_sent()  # the upstream refused the call
+        s.summarize_sync("offline", max_input_tokens=BUDGET)
+        assert sent(s.build("gpt-4o", max_input_tokens=BUDGET).messages) == want
+
+
 @pytest.fixture(scope="module")
 def every_question(convs: list[dict[str, Any]], tmp_path_factory: Any) -> dict[str, Any]:
     store = f"sqlite:///{tmp_path_factory.mktemp('locomo') / 'locomo.db'}"
