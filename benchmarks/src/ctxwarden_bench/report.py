@@ -168,10 +168,10 @@ def _locomo_paths(
     """The first ``questions`` (:data:`LOCOMO_PATH_QUESTIONS`) questions of each
     conversation asked of the whole transcript, in memory and through a session
     (append → summarize_sync → build), with the offline summariser: recall, fill, and
-    contexts equal. With a
-    ``broker`` (Redis URL) also through ``ctxwarden serve`` + ``ctxwarden worker``
-    (:class:`~ctxwarden_bench.served_path.ServedPath`, on ``served_db`` or a temporary
-    SQLite file); without one, ``not_run`` says why that row is missing."""
+    contexts equal. With a ``broker`` (Redis URL) also through ``ctxwarden serve`` +
+    ``ctxwarden worker`` (:class:`~ctxwarden_bench.served_path.ServedPath`, on
+    ``served_db`` or a temporary SQLite file); without one, ``not_run`` says why that
+    row is missing."""
     from ctxwarden_bench.served_path import SERVED_ROW, ServedPath
     from ctxwarden_bench.session_path import LoCoMoPath, locomo_paths, session_locomo_path
 
