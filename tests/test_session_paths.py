@@ -279,7 +279,8 @@ def test_the_bench_rows_through_a_session_are_the_in_memory_rows(
     """``ctxwarden bench`` reports the service's path beside the in-memory one: a tau-bench
     row through a stored session at each budget, and LoCoMo questions through a session's
     append → summarize_sync → build. Any difference between them fails here."""
-    from ctxwarden_bench.report import SESSION_ROW, TAU_BUDGETS, _locomo_paths, _tau
+    from ctxwarden_bench.report import SESSION_ROW, TAU_BUDGETS, _locomo_paths, _paths_lines, _tau
+    from ctxwarden_bench.served_path import SERVED_ROW
     from ctxwarden_bench.traces import load_locomo
 
     runs = json.loads(tau_bench_path.read_text("utf-8"))[:4]
@@ -289,6 +290,12 @@ def test_the_bench_rows_through_a_session_are_the_in_memory_rows(
     for budget in TAU_BUDGETS:
         memory = rows[f"ctxwarden (agent loop) @{budget}"]
         assert rows[f"{SESSION_ROW} @{budget}"] == memory and memory["calls"] > 0
-    paths = _locomo_paths(load_locomo(locomo_path)[:1], None)["rows"]
+    locomo = _locomo_paths(load_locomo(locomo_path)[:1], None)
+    paths = locomo["rows"]
     assert paths["session"]["same_as_build_context"] == paths["session"]["questions"] > 0
     assert paths["session"]["answer_recall"] == paths["build_context"]["answer_recall"]
+    # no broker given (the README's first command): the serve + worker row is not run,
+    # and the report says so and why, under the paths table it prints
+    assert SERVED_ROW not in paths and "--broker" in locomo["not_run"][SERVED_ROW]
+    shown = "\n".join(_paths_lines(locomo))
+    assert "| session | 5 of 5 |" in shown and f"_{SERVED_ROW} not run: " in shown, shown

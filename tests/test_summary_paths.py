@@ -11,23 +11,16 @@ recall and fill targets, and every call of every dev run.
 from __future__ import annotations
 
 import os
-import time
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import pytest
-from llm_servers import Reply, ScriptedServer, openai_completion, openai_error
-from service_harness import PG_SKIP, ProxyServer, add_tenant
-from test_replicas import Worker
+from service_harness import PG_SKIP
 from test_session_paths import BUDGETS, SUBSET, _check, _runs
 
-from ctxwarden.core.messages import Message
-from ctxwarden.store import open_store
-from ctxwarden.store.job_log import job_attempts
-from ctxwarden_bench.session_path import locomo_paths, sent, session_locomo_path
+from ctxwarden_bench.served_path import SERVED_ROW, ServedPath
+from ctxwarden_bench.session_path import locomo_paths, session_locomo_path
 from ctxwarden_bench.traces import load_locomo
 
 REDIS = os.environ.get("CTXWARDEN_TEST_REDIS")
@@ -57,6 +50,35 @@ def test_locomo_questions_through_a_session_are_the_in_memory_contexts(
     rows = locomo_paths(convs, BUDGET, paths={"session": session_locomo_path(store)}, questions=2)
     _assert_same(rows, "session")
     assert rows["session"]["fill"] >= 0.85
+
+
+def test_a_build_the_upstream_never_answered_leaves_no_ledger_block_behind(
+    convs: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """What ``serve`` + a worker do with one question: a build finds the summary due, the
+    upstream refuses the call (``forget_sent``), the worker folds, the call again. A
+    compaction keeps the ledger block it sent (issue 37), but a refused call sent nothing
+    the provider cached: the second build is the in-memory one, not that block plus the
+    new values in a second block (what the served row sent before ``forgotten`` cleared
+    the ledger blocks too)."""
+    from ctxwarden import build_context
+    from ctxwarden.core.messages import Message
+    from ctxwarden.session import Session
+    from ctxwarden_bench.session_path import sent
+    from ctxwarden_bench.traces import locomo_transcript
+
+    conv = convs[0]
+    qa = next(q for q in conv["qa"] if q.get("category") in (1, 2, 3, 4) and "answer" in q)
+    history = [*locomo_transcript(conv), Message.user(str(qa["question"]))]
+    messages = [m.with_id(f"m{i}") for i, m in enumerate(history)]
+    want = sent(build_context(messages, "gpt-4o", BUDGET, summarizer="offline").messages)
+    with Session(f"sqlite:///{tmp_path / 's.db'}", "q", model="gpt-4o") as s:
+        s.append(messages)
+        first = s.build("gpt-4o", max_input_tokens=BUDGET)
+        assert first.audit.summary_due is not None
+        s.forget_sent()  # the upstream refused the call
+        s.summarize_sync("offline", max_input_tokens=BUDGET)
+        assert sent(s.build("gpt-4o", max_input_tokens=BUDGET).messages) == want
 
 
 @pytest.fixture(scope="module")
@@ -106,95 +128,59 @@ def test_every_dev_call_with_the_offline_summariser_through_a_session(
 # -- ctxwarden serve + ctxwarden worker -----------------------------------------------------------
 
 
-class Served:
-    """``serve --broker --summarizer offline`` and ``worker --summarizer offline`` on one
-    PostgreSQL schema and the machine's Redis (a queue of their own)."""
-
-    def __init__(self, db: str, tmp: Path) -> None:
-        queue = f"ctxw-paths-{uuid.uuid4().hex[:8]}"
-        self.db = db
-        self.upstream = ScriptedServer().start()
-        self.key = add_tenant(db, "acme")
-        env = {"CTXWARDEN_JOB_QUEUE": queue}
-        jobs = ("--broker", str(REDIS), "--summarizer", "offline")
-        self.proxy = ProxyServer(db, upstream=self.upstream.url + "/v1", extra=jobs, env=env)
-        self.worker = Worker(db, str(REDIS), queue, self.upstream.url, tmp / "worker.log",
-                             "--summarizer", "offline")  # fmt: skip
-
-    def close(self) -> None:
-        self.worker.stop()
-        self.proxy.stop()
-        self.upstream.stop()
-
-    def call(self, session: str, messages: Sequence[Message]) -> int:
-        headers = {
-            "Authorization": f"Bearer {self.key}",
-            "X-Ctxwarden-Session": session,
-            "X-Ctxwarden-Max-Input-Tokens": str(BUDGET),
-        }
-        r = httpx2.post(
-            self.proxy.url + "/v1/chat/completions",
-            json={"model": "gpt-4o", "messages": sent(messages)},
-            headers=headers,
-            timeout=60,
-        )
-        return r.status_code
-
-    def wait_jobs(self, session: str, timeout: float = 60.0) -> list[Any]:
-        deadline = time.monotonic() + timeout
-        with open_store(self.db) as store:
-            while True:
-                found = job_attempts(store, "acme", session)
-                if (found and all(a.outcome for a in found)) or time.monotonic() > deadline:
-                    return found
-                time.sleep(0.2)
-
-    def path(self, messages: Sequence[Message], budget: int) -> list[dict[str, Any]]:
-        """One question as a client of the proxy: the first call finds the summary due
-        and enqueues it (the upstream refuses that call, so no reply is stored and the
-        history stays the question's); once the worker has folded, the same call again
-        sends the context the upstream receives."""
-        assert budget == BUDGET
-        session = f"q-{uuid.uuid4().hex[:10]}"
-        self.upstream.reply(Reply(status=400, body=openai_error("refused", "invalid_request")))
-        assert self.call(session, messages) == 400
-        attempts = self.wait_jobs(session)
-        assert attempts and attempts[-1].outcome == "landed", attempts
-        self.upstream.reply(Reply(body=openai_completion("ok")))
-        assert self.call(session, messages) == 200
-        return list(self.upstream.requests[-1].json["messages"])
-
-
-@pytest.fixture
-def served(pg_schema_url: str | None, tmp_path: Path) -> Iterator[Served]:
+def _service(pg_schema_url: str | None) -> tuple[str, str]:
+    """(broker, store) for ``serve --broker`` + ``worker``, or skip saying what is missing."""
     if not pg_schema_url:
         pytest.skip(PG_SKIP)
     if not REDIS:
         pytest.skip("set CTXWARDEN_TEST_REDIS to a Redis URL to run the summary jobs")
-    served = Served(pg_schema_url, tmp_path)
-    try:
+    return REDIS, pg_schema_url
+
+
+@pytest.fixture
+def served(pg_schema_url: str | None) -> Iterator[ServedPath]:
+    """The bench's path through ``ctxwarden serve`` + ``ctxwarden worker`` (the same
+    implementation ``ctxwarden bench --broker`` reports), on a PostgreSQL schema of its own."""
+    broker, db = _service(pg_schema_url)
+    with ServedPath(broker, db) as served:
         yield served
-    finally:
-        served.close()
 
 
 @pytest.mark.postgres
 def test_locomo_questions_through_serve_and_a_worker_are_the_in_memory_contexts(
-    convs: list[dict[str, Any]], served: Served, tmp_path: Path
+    convs: list[dict[str, Any]], served: ServedPath, tmp_path: Path
 ) -> None:
     store = f"sqlite:///{tmp_path / 'locomo.db'}"
-    paths = {"session": session_locomo_path(store), "serve + worker": served.path}
+    paths = {"session": session_locomo_path(store), SERVED_ROW: served.path}
     rows = locomo_paths(convs[:2], BUDGET, paths=paths, questions=2)
-    _assert_same(rows, "session", "serve + worker")
+    _assert_same(rows, "session", SERVED_ROW)
+
+
+@pytest.mark.postgres
+def test_the_bench_report_with_a_broker_has_a_serve_and_worker_row_equal_to_in_memory(
+    convs: list[dict[str, Any]], pg_schema_url: str | None
+) -> None:
+    """``ctxwarden bench --broker`` (the report's LoCoMo paths, here 1 conversation x 2
+    questions): the ``serve + worker`` row is there, sent the in-memory context on every
+    question, and the Markdown report prints it."""
+    from ctxwarden_bench.report import _locomo_paths, _paths_lines
+
+    broker, db = _service(pg_schema_url)
+    paths = _locomo_paths(convs[:1], None, broker=broker, served_db=db, questions=2)
+    rows = paths["rows"]
+    assert rows[SERVED_ROW]["questions"] == 2 and not paths["not_run"]
+    _assert_same(rows, "session", SERVED_ROW)
+    shown = "\n".join(_paths_lines(paths))
+    assert f"| {SERVED_ROW} | 2 of 2 |" in shown, shown
 
 
 @pytest.mark.exhaustive
 @pytest.mark.postgres
 def test_every_locomo_dev_question_through_serve_and_a_worker(
-    convs: list[dict[str, Any]], served: Served, tmp_path: Path
+    convs: list[dict[str, Any]], served: ServedPath, tmp_path: Path
 ) -> None:
     store = f"sqlite:///{tmp_path / 'locomo.db'}"
-    paths = {"session": session_locomo_path(store), "serve + worker": served.path}
+    paths = {"session": session_locomo_path(store), SERVED_ROW: served.path}
     rows = locomo_paths(convs, BUDGET, paths=paths)
-    _assert_same(rows, "session", "serve + worker")
-    assert rows["serve + worker"]["fill"] >= 0.85  # (recall: as the session's, above)
+    _assert_same(rows, "session", SERVED_ROW)
+    assert rows[SERVED_ROW]["fill"] >= 0.85  # (recall: as the session's, above)

@@ -10,6 +10,7 @@ scripted laptop-shop agent with a real one. The report names both.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -39,6 +40,11 @@ LOCOMO_PATH_QUESTIONS = 5
 SESSION_ROW = "ctxwarden (session)"
 """The row built through a stored Session (append, build before each call): the
 service's path, which must equal the in-memory agent-loop row."""
+SERVED_NOT_RUN = (
+    "needs a job broker: pass --broker redis://HOST:6379/N (ctxwarden serve enqueues the "
+    "summary, ctxwarden worker folds it)"
+)
+"""Why the LoCoMo ``serve + worker`` row is missing from a run without a broker."""
 SWEBENCH_FILE = Path("swebench-mini") / "swebench-verified-mini-gemini3-dev.json"
 
 
@@ -151,30 +157,59 @@ def _session_builder() -> Iterator[Any]:
         yield b
 
 
-def _locomo_paths(convs: list[dict[str, Any]], progress: Progress) -> dict[str, Any]:
-    """The first :data:`LOCOMO_PATH_QUESTIONS` questions of each conversation asked of
-    the whole transcript, in memory and through a session (append → summarize_sync →
-    build), with the offline summariser: recall, fill, and contexts equal."""
-    from ctxwarden_bench.session_path import locomo_paths, session_locomo_path
+def _locomo_paths(
+    convs: list[dict[str, Any]],
+    progress: Progress,
+    *,
+    broker: str | None = None,
+    served_db: str | None = None,
+    questions: int = LOCOMO_PATH_QUESTIONS,
+) -> dict[str, Any]:
+    """The first ``questions`` (:data:`LOCOMO_PATH_QUESTIONS`) questions of each
+    conversation asked of the whole transcript, in memory and through a session
+    (append → summarize_sync → build), with the offline summariser: recall, fill, and
+    contexts equal. With a ``broker`` (Redis URL) also through ``ctxwarden serve`` +
+    ``ctxwarden worker`` (:class:`~ctxwarden_bench.served_path.ServedPath`, on
+    ``served_db`` or a temporary SQLite file); without one, ``not_run`` says why that
+    row is missing."""
+    from ctxwarden_bench.served_path import SERVED_ROW, ServedPath
+    from ctxwarden_bench.session_path import LoCoMoPath, locomo_paths, session_locomo_path
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = session_locomo_path(f"sqlite:///{tmp}/locomo.db")
+    not_run: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as started:
+        paths: dict[str, LoCoMoPath] = {
+            "session": session_locomo_path(f"sqlite:///{tmp}/locomo.db")
+        }
+        if broker:
+            paths[SERVED_ROW] = started.enter_context(ServedPath(broker, served_db)).path
+        else:
+            not_run[SERVED_ROW] = SERVED_NOT_RUN
         rows = locomo_paths(
             convs,
             LOCOMO_BUDGET,
-            paths={"session": path},
-            questions=LOCOMO_PATH_QUESTIONS,
+            paths=paths,
+            questions=questions,
             progress=progress,
         )
+    served = " and as a client of ctxwarden serve + ctxwarden worker" if broker else ""
     return {
-        "description": f"the first {LOCOMO_PATH_QUESTIONS} questions of each conversation, "
-        'each asked of the whole transcript: build_context(summarizer="offline") and a '
-        "session's append → summarize_sync → build (default policy)",
+        "description": f"the first {questions} questions of each conversation, "
+        'each asked of the whole transcript: build_context(summarizer="offline"), a '
+        f"session's append → summarize_sync → build{served} (default policy, "
+        f"{LOCOMO_BUDGET:,} tokens); each path must send the in-memory context",
         "rows": rows,
+        "not_run": not_run,
     }
 
 
-def _locomo(path: Path, progress: Progress, summarizer: BenchSummarizer) -> dict[str, Any]:
+def _locomo(
+    path: Path,
+    progress: Progress,
+    summarizer: BenchSummarizer,
+    *,
+    broker: str | None = None,
+    served_db: str | None = None,
+) -> dict[str, Any]:
     from ctxwarden.core.registry.cost import estimate_cost
     from ctxwarden.core.registry.usage import Usage
 
@@ -199,7 +234,7 @@ def _locomo(path: Path, progress: Progress, summarizer: BenchSummarizer) -> dict
         "strategies": result,
     }
     if not summarizer.real:  # the service's path, beside the in-memory one
-        out["paths"] = _locomo_paths(convs, progress)
+        out["paths"] = _locomo_paths(convs, progress, broker=broker, served_db=served_db)
     return out
 
 
@@ -216,6 +251,8 @@ def run_bench(
     laptop_turns: int | None = None,
     chat_rounds: int | None = None,
     sampled: Mapping[str, str] | None = None,
+    broker: str | None = None,
+    served_db: str | None = None,
 ) -> dict[str, Any]:
     """Run the scenarios (and the traces given), write the report files, return the report.
 
@@ -228,6 +265,9 @@ def run_bench(
     scenarios (a quick try of a paid model; the seeds' targets hold only for the full
     21 turns and 50 rounds). ``sampled`` names the traces that ran on a shipped sample
     rather than the full data, with a note the report prints (see :mod:`.sample`).
+    ``broker`` (a Redis URL) adds LoCoMo's ``serve + worker`` path row: ``ctxwarden
+    serve`` and ``ctxwarden worker`` started as processes on ``served_db`` (default: a
+    temporary SQLite file); without it the report says that row was not run and why.
     """
     from ctxwarden_bench.scenarios_agent_chat import ROUNDS, run_agent_chat
     from ctxwarden_bench.scenarios_laptop import laptop_agent, run_laptop
@@ -263,7 +303,9 @@ def run_bench(
             if locomo is None:
                 report["skipped"]["locomo"] = "no data file; pass --locomo PATH to run it"
             else:
-                report["scenarios"]["locomo"] = _locomo(Path(locomo), progress, summ)
+                report["scenarios"]["locomo"] = _locomo(
+                    Path(locomo), progress, summ, broker=broker, served_db=served_db
+                )
         finally:
             if agent is not None and agent is not agent_model:
                 agent.close()
@@ -342,6 +384,8 @@ def render_markdown(report: Mapping[str, Any], plots: Mapping[str, str] | None =
                 ],
             )
         )
+        if "paths" in sc["locomo"]:
+            parts += ["", *_paths_lines(sc["locomo"]["paths"])]
     failures = [
         f"{key} / {name}: {s['summarizer_failures']} ({'; '.join(s.get('summarizer_errors', []))})"
         for key, scenario in sc.items()
@@ -358,6 +402,30 @@ def render_markdown(report: Mapping[str, Any], plots: Mapping[str, str] | None =
     for title, file in (plots or {}).items():
         parts += ["", f"![{title}]({file})"]
     return "\n".join(parts) + "\n"
+
+
+def _paths_lines(paths: Mapping[str, Any]) -> list[str]:
+    """LoCoMo's paths table (one row per path, the in-memory one first) and the rows
+    not run, each with its reason."""
+    rows = [
+        [
+            name,
+            f"{r['same_as_build_context']} of {r['questions']}"
+            if "same_as_build_context" in r
+            else "(the reference)",
+            f"{r['answer_recall']:.3f}",
+            f"{100 * r['fill']:.1f}%",
+        ]
+        for name, r in paths["rows"].items()
+    ]
+    lines = [
+        "Paths: " + paths["description"],
+        "",
+        _table(["path", "same context as build_context", "answer recall", "fill"], rows),
+    ]
+    for name, why in paths.get("not_run", {}).items():
+        lines += ["", f"_{name} not run: {why}_"]
+    return lines
 
 
 _CACHE_COLUMNS = (

@@ -6,7 +6,9 @@ data folder is found (``--data``, ``$CTXWARDEN_DATA``, or ``../shared/data``);
 ``--peers`` adds litellm's and headroom-ai's compressors to the trace tables.
 ``--summarizer SPEC`` makes every strategy's summaries and facts real;
 ``--agent-model SPEC`` lets a real model play the laptop-shop agent (each strategy
-holds its own conversation with it).
+holds its own conversation with it). ``--broker redis://...`` adds LoCoMo's
+``serve + worker`` row: the questions asked through ``ctxwarden serve`` and a
+``ctxwarden worker`` (without a broker the report says that row was not run).
 
 The bench is its own distribution, ``ctxwarden_bench`` in ``benchmarks/`` of a clone (the
 runtime wheel carries no bench code and no matplotlib); this command runs it when it is
@@ -106,8 +108,26 @@ def bench(
         ),
     ] = None,
     no_traces: Annotated[bool, typer.Option("--no-traces", help="Skip the real traces.")] = False,
+    broker: Annotated[
+        str | None,
+        typer.Option(
+            "--broker",
+            help="Redis URL: adds LoCoMo's 'serve + worker' path row (ctxwarden serve and "
+            "ctxwarden worker started as processes, a scripted upstream).",
+        ),
+    ] = None,
+    served_db: Annotated[
+        str | None,
+        typer.Option(
+            "--served-db",
+            help="Store URL the 'serve + worker' row's processes share (default: a "
+            "temporary SQLite file).",
+        ),
+    ] = None,
 ) -> None:
     """Run the benchmark scenarios and write report.json, report.md and PNG plots."""
+    if served_db is not None and broker is None:
+        raise UsageError("--served-db is the store of the 'serve + worker' row: give --broker too")
     report_module = _bench_report()
     from ctxwarden_bench.sample import TAU_SAMPLE_NOTE, tau_sample
 
@@ -147,6 +167,8 @@ def bench(
             agent_model=agent_model,
             progress=report_step,
             sampled=sampled,
+            broker=broker,
+            served_db=served_db,
         )
     Console().print(Markdown((out / "report.md").read_text("utf-8")))
     for name, note in report.get("sampled", {}).items():

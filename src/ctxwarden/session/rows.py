@@ -149,11 +149,14 @@ class SavedState:
 
     @classmethod
     def forgotten(cls, saved: SavedState) -> SavedState:
-        """``saved`` without what a build holds as sent (:meth:`Session.forget_sent`)."""
-        state = replace(saved.state, prefix=(), kept_from="")
+        """``saved`` without what a build holds as sent (:meth:`Session.forget_sent`): the
+        context's digests, and the ledger blocks as sent (a compaction keeps the block it
+        sent in place, :func:`~ctxwarden.steps.fit.stacked_ledger`; one the provider never
+        answered holds nothing in its cache, so the ledger is rendered anew)."""
+        state = replace(saved.state, prefix=(), kept_from="", ledger_sent="", ledger_base_sent="")
         fresh = state.to_dict()
-        sticky = {**saved.sticky, "prefix": fresh["prefix"], "kept_from": ""}
-        return cls(sticky, state)
+        sent = {k: fresh[k] for k in ("prefix", "kept_from", "ledger_sent", "ledger_base_sent")}
+        return cls({**saved.sticky, **sent}, state)
 
 
 def layers_for(record: StoredSession, history: Sequence[Message], seqs: Sequence[int]) -> Any:
