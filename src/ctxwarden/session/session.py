@@ -57,7 +57,7 @@ from ctxwarden.session.pending_log import PendingLog
 from ctxwarden.session.read_back import ReadBack
 from ctxwarden.session.tail_memo import TailMemo, check_appended, count_key, with_tail
 from ctxwarden.session.tool_pins import PinnedBlocks
-from ctxwarden.steps.recall_gate import recall_reads_back
+from ctxwarden.steps.recall_gate import SHAPE_SPAN, recall_reads_back
 from ctxwarden.steps.state import BuildState
 from ctxwarden.store import SessionStore, StoredMessage, StoredSession, open_store
 from ctxwarden.store._sql import SqlStore
@@ -168,6 +168,7 @@ class Session:
         self._tails = TailMemo()  # the last build's tail and what came after (speed only)
         self._rule_pins = PinnedBlocks()  # blocks a tool rule pins, before it (speed only)
         self._read_back = ReadBack()  # the recall's read-back before the slice (speed only)
+        self._shape_back = ReadBack()  # the newest messages the recall gate reads (speed only)
         self._embedders: dict[str, Embedder] = {}  # embeddings clients, by spec
         self._embedded_upto: dict[tuple[str, float], int] = {}  # (vectors' key, session) ->
         # the seq up to which every message has a vector (where the next embed reads from)
@@ -431,6 +432,25 @@ class Session:
                 merged.setdefault(seq, replace(m, message=self._cache.setdefault(seq, m.message)))
         return with_tail(merged, tail), start
 
+    def _newest(
+        self, read: list[StoredMessage], start: int, record: StoredSession
+    ) -> list[Message]:
+        """The newest :data:`~ctxwarden.steps.recall_gate.SHAPE_SPAN` (and a few) stored
+        messages, contiguous, oldest first: what the recall gate reads the conversation's
+        shape from, as ``build_context`` reads it from the whole history. A slice shorter
+        than that (a tight budget) is completed from the messages before it that no summary
+        folds, read once (:class:`ReadBack`); pinned messages read ahead of the slice do
+        not count."""
+        tail = [m.message for m in read if m.seq >= start]
+        need = SHAPE_SPAN + 8 - len(tail)
+        lo = max(record.summary_upto + 1, start - need)  # (a summary's messages are folded)
+        if need <= 0 or lo >= start:
+            return tail
+        before = self._shape_back.rows(
+            self.store, self.tenant, self.session_id, record.created_at, lo, start
+        )
+        return [*(m.message for m in before), *tail]
+
     def _with_older(
         self, read: list[StoredMessage], start: int, lookback: int, created_at: float
     ) -> tuple[list[StoredMessage], int]:
@@ -591,7 +611,7 @@ class Session:
             policy.tools,
         )
         recall = policy.recall
-        if recall is not None and recall_reads_back(recall, [m.message for m in read]):
+        if recall is not None and recall_reads_back(recall, self._newest(read, start, record)):
             read, start = self._with_older(read, start, recall.lookback, record.created_at)
         seqs = [m.seq for m in read]
         history = [m.message for m in read]
