@@ -57,7 +57,7 @@ from ctxwarden.session.pending_log import PendingLog
 from ctxwarden.session.read_back import ReadBack
 from ctxwarden.session.tail_memo import TailMemo, check_appended, count_key, with_tail
 from ctxwarden.session.tool_pins import PinnedBlocks
-from ctxwarden.steps.recall_gate import SHAPE_SPAN, recall_reads_back
+from ctxwarden.steps.recall_gate import SHAPE_READ, recall_reads_back
 from ctxwarden.steps.state import BuildState
 from ctxwarden.store import SessionStore, StoredMessage, StoredSession, open_store
 from ctxwarden.store._sql import SqlStore
@@ -435,14 +435,14 @@ class Session:
     def _newest(
         self, read: list[StoredMessage], start: int, record: StoredSession
     ) -> list[Message]:
-        """The newest :data:`~ctxwarden.steps.recall_gate.SHAPE_SPAN` (and a few) stored
+        """The newest :data:`~ctxwarden.steps.recall_gate.SHAPE_READ` stored
         messages, contiguous, oldest first: what the recall gate reads the conversation's
         shape from, as ``build_context`` reads it from the whole history. A slice shorter
         than that (a tight budget) is completed from the messages before it that no summary
         folds, read once (:class:`ReadBack`); pinned messages read ahead of the slice do
         not count."""
         tail = [m.message for m in read if m.seq >= start]
-        need = SHAPE_SPAN + 8 - len(tail)
+        need = SHAPE_READ - len(tail)
         lo = max(record.summary_upto + 1, start - need)  # (a summary's messages are folded)
         if need <= 0 or lo >= start:
             return tail

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FULL_AT",
     "MAX_TOOL_SHARE",
+    "SHAPE_READ",
     "SHAPE_SPAN",
     "chat_shaped",
     "named_only_there",
@@ -60,6 +61,10 @@ SHAPE_SPAN = 50
 """How many of the newest messages the shape is read from: enough that a few chat turns
 between tool rounds do not make an agent loop look like a chat (a window of ten
 messages does), few enough that the test costs nothing."""
+
+SHAPE_READ = SHAPE_SPAN + 8
+"""How many of the newest messages a caller hands :func:`recall_reads_back`: the
+:data:`SHAPE_SPAN` it reads, and room for system messages among them."""
 
 FULL_AT = 2
 """Query words named only in the dropped history at which recall takes its whole cap."""
@@ -121,7 +126,7 @@ def recall_reads_back(recall: RecallRelevant | None, newest: Sequence[Message]) 
         return False
     if not recall.auto:
         return True
-    said = [m for m in newest[-SHAPE_SPAN - 8 :] if m.role != "system"]
+    said = [m for m in newest[-SHAPE_READ:] if m.role != "system"]
     return tool_share(said[-SHAPE_SPAN:]) <= MAX_TOOL_SHARE
 
 
