@@ -51,6 +51,28 @@ def test_state_round_trips_every_field(tau: list[list[Message]]) -> None:
     assert back.to_dict() == state.to_dict()
 
 
+def test_the_loop_carries_the_whole_history_s_turns_and_tokens(tau: list[list[Message]]) -> None:
+    """A held build weighs compacting against what a call adds on average: the whole
+    history's tokens per assistant turn, summed build by build (a session reads only a
+    slice of its store, so recounting over what a build is given would differ by path);
+    a state stored before the sums counts them over the history it is given."""
+    from ctxwarden.core.tokens.counter import TokenCounter
+    from ctxwarden.steps.state import HistoryTurns
+
+    run = tau[3]
+    built = _loop(run, 1600)[-1]
+    history = run[: built.audit.history_messages]
+    counter = TokenCounter.for_model("gpt-4o")
+    turns = sum(m.role == "assistant" for m in history)
+    assert built.state.turns == HistoryTurns(turns, sum(map(counter.count_message, history[1:])))
+    stored = built.state.to_dict()
+    before = {k: v for k, v in stored.items() if k != "turns"}  # stored before the sums
+    nxt = len(history) + 2
+    new_way = build_context(run[:nxt], "gpt-4o", 1600, previous=BuildState.from_dict(stored))
+    old_way = build_context(run[:nxt], "gpt-4o", 1600, previous=BuildState.from_dict(before))
+    assert old_way.messages == new_way.messages and old_way.state == new_way.state
+
+
 def test_a_damaged_state_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="not a stored build state"):
         BuildState.from_dict({"ledger": {"upto": "x"}})

@@ -138,6 +138,27 @@ def test_dev_agent_loops_through_a_session_send_what_build_context_sends(
     _check(runs, BUDGETS[which], store_url)
 
 
+# Dev runs outside the subset whose calls once differed between the paths, replayed whole:
+# tau-bench run 47 (a held build weighed compacting against the tokens a call adds, counted
+# over the session's slice where build_context counted the whole history: call 26 compacted
+# in memory and held in the session); runs 5 and 15 with the offline summariser (the recall
+# gate read the shape of the few messages after the summary, where build_context read the
+# newest 50, those the summary folds among them: one path recalled, the other did not).
+ONCE_DIFFERED = [
+    pytest.param(47, None, id="tau47"),
+    pytest.param(5, "offline", id="tau5-offline"),
+    pytest.param(15, "offline", id="tau15-offline"),
+]
+
+
+@pytest.mark.parametrize(("run", "summarizer"), ONCE_DIFFERED)
+def test_dev_runs_that_once_differed_send_what_build_context_sends(
+    run: int, summarizer: str | None, store_url: str, tau_bench_path: Path
+) -> None:
+    runs = _runs("tau", tau_bench_path)[run : run + 1]
+    _check(runs, BUDGETS["tau"], store_url, summarizer=summarizer)
+
+
 @pytest.mark.exhaustive
 @pytest.mark.parametrize("which", ["tau", "swe"])
 def test_every_call_of_every_dev_run_through_a_session(

@@ -41,8 +41,10 @@ from ctxwarden.core.registry.cache_cost import (
     session_cache_cost,
 )
 from ctxwarden.core.registry.catalog import ModelInfo
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.steps.base import Action, Draft, StepContext, system_block
 from ctxwarden.steps.fit import EARLIER
+from ctxwarden.steps.state import BuildState, HistoryTurns
 
 __all__ = [
     "CacheConfig",
@@ -51,6 +53,7 @@ __all__ = [
     "growth_per_call",
     "held_cause",
     "held_layers",
+    "history_turns",
     "layers_key",
     "layers_sent",
     "prefix_break",
@@ -210,6 +213,25 @@ def _mostly_shown(now: str, held: str) -> bool:
 def layers_sent(draft: Draft) -> tuple[tuple[str, str, str], ...]:
     """The facts and summary blocks of a build, for the next one to hold."""
     return tuple((name, m.id, m.text) for name, m in draft.layers if name in _HELD_LAYERS)
+
+
+def history_turns(
+    history: Sequence[Message],
+    sys_end: int,
+    new: Sequence[Message],
+    new_tokens: int,
+    state: BuildState,
+    counter: TokenCounter,
+) -> HistoryTurns:
+    """The previous build's sums (:class:`~ctxwarden.steps.state.HistoryTurns`) plus the
+    ``new`` messages (``new_tokens`` of them); counted over ``history`` when there are
+    none to carry (a cold build, or a state stored before the sums)."""
+    carried = state.turns
+    if state.history_length and carried.tokens:
+        turns = sum(m.role == "assistant" for m in new)
+        return HistoryTurns(carried.turns + turns, carried.tokens + new_tokens)
+    turns = sum(m.role == "assistant" for m in history)
+    return HistoryTurns(turns, sum(map(counter.count_message, history[sys_end:])))
 
 
 def growth_per_call(

@@ -44,6 +44,7 @@ from ctxwarden.pipeline.compaction import (
     growth_per_call,
     held_cause,
     held_layers,
+    history_turns,
     layers_key,
     layers_sent,
     prefix_break,
@@ -55,7 +56,7 @@ from ctxwarden.steps.fold import FOLD_SEPARATOR
 from ctxwarden.steps.keep_pairs import keep_pairs_whole
 from ctxwarden.steps.layout import STABLE_LAYERS, LayoutStep
 from ctxwarden.steps.recall_fusion import RecallVectors
-from ctxwarden.steps.state import PREFIX_DIGITS, BuildState
+from ctxwarden.steps.state import PREFIX_DIGITS, BuildState, HistoryTurns
 from ctxwarden.steps.window import leading_system, newest_call_block, newest_user
 from ctxwarden.telemetry import BUILD_SPAN, built_attributes, traced
 
@@ -234,7 +235,9 @@ def run_build(
     protected.update(history[i].id for i in calls)
     prices = policy.cache.prices_for(info)
     hold = policy.cache.append_only and state.history_length > 0 and bool(state.prefix)
-    new_tokens = sum(counter.count_message(m) for m in history[state.history_length :])
+    new = history[state.history_length :]
+    new_tokens = sum(map(counter.count_message, new))
+    turns = history_turns(history, sys_end, new, new_tokens, state, counter)
     ctx = StepContext(
         counter=counter,
         budget=budget,
@@ -256,7 +259,7 @@ def run_build(
             state.compacted_tokens,
             state.held_calls,
             new_tokens,
-            _per_turn(history, sys_end, counter) if hold and not state.held_calls else 0.0,
+            turns.tokens / turns.turns if hold and not state.held_calls and turns.turns else 0.0,
         ),
     )
     anchors = frozenset(protected)
@@ -278,16 +281,8 @@ def run_build(
     elif state.history_length and not policy.cache.append_only:
         cause = "cache-aware compaction is off (cache.append_only = false)"
     return _finish(
-        draft, ctx, model, info, tools, actions, warnings, tuple(names), layer_state, cause
+        draft, ctx, model, info, tools, actions, warnings, tuple(names), layer_state, cause, turns
     )
-
-
-def _per_turn(history: Sequence[Message], sys_end: int, counter: TokenCounter) -> float:
-    """The history's tokens (after the system prompt) per assistant message: what a call
-    of this loop adds, on average (:func:`growth_per_call`)."""
-    turns = sum(1 for m in history if m.role == "assistant")
-    rest = history[sys_end:]
-    return sum(map(counter.count_message, rest)) / turns if turns else 0.0
 
 
 def _rewrite_pays(
@@ -414,7 +409,8 @@ def _finish(
     warnings: list[str],
     steps: tuple[str, ...],
     layer_state: LayerState | None,
-    cause: str | None = None,
+    cause: str | None,
+    turns: HistoryTurns,
 ) -> BuiltContext:
     h, ordered, layer_of = draft.history, draft.ordered, draft.layer_of
     digests = tuple(map(_DIGEST, map(_FINGERPRINT, ordered)))
@@ -495,6 +491,7 @@ def _finish(
         layers_key=layers_key(ctx),
         ledger_sent=draft.ledger.text if draft.ledger is not None else "",
         ledger_base_sent=draft.ledger_base.text if draft.ledger_base is not None else "",
+        turns=turns,
     )
     return BuiltContext(ordered, audit, state, model, layer_of)
 

@@ -432,24 +432,27 @@ class Session:
                 merged.setdefault(seq, replace(m, message=self._cache.setdefault(seq, m.message)))
         return with_tail(merged, tail), start
 
-    def _newest(
+    def _with_shape(
         self, read: list[StoredMessage], start: int, record: StoredSession
-    ) -> list[Message]:
-        """The newest :data:`~ctxwarden.steps.recall_gate.SHAPE_READ` stored
-        messages, contiguous, oldest first: what the recall gate reads the conversation's
-        shape from, as ``build_context`` reads it from the whole history. A slice shorter
-        than that (a tight budget) is completed from the messages before it that no summary
-        folds, read once (:class:`ReadBack`); pinned messages read ahead of the slice do
-        not count."""
-        tail = [m.message for m in read if m.seq >= start]
-        need = SHAPE_READ - len(tail)
-        lo = max(record.summary_upto + 1, start - need)  # (a summary's messages are folded)
+    ) -> tuple[list[StoredMessage], int]:
+        """``read`` completed to the newest :data:`~ctxwarden.steps.recall_gate.SHAPE_READ`
+        stored messages, contiguous, and the new start: what the recall gate reads the
+        conversation's shape from, as ``build_context`` reads it from the whole history
+        (both before the build, :func:`~ctxwarden.steps.recall_gate.recall_reads_back`,
+        and in it). A slice shorter than that (a tight budget, or a summary that folds
+        all but a few messages) is completed from the messages before it, those a
+        summary folds included, read once (:class:`ReadBack`); pinned messages read ahead
+        of the slice do not count."""
+        need = SHAPE_READ - sum(1 for m in read if m.seq >= start)
+        lo = max(0, start - need)
         if need <= 0 or lo >= start:
-            return tail
+            return read, start
         before = self._shape_back.rows(
             self.store, self.tenant, self.session_id, record.created_at, lo, start
         )
-        return [*(m.message for m in before), *tail]
+        merged = {m.seq: m for m in before}
+        merged.update((m.seq, m) for m in read)
+        return [merged[seq] for seq in sorted(merged)], lo
 
     def _with_older(
         self, read: list[StoredMessage], start: int, lookback: int, created_at: float
@@ -611,8 +614,10 @@ class Session:
             policy.tools,
         )
         recall = policy.recall
-        if recall is not None and recall_reads_back(recall, self._newest(read, start, record)):
-            read, start = self._with_older(read, start, recall.lookback, record.created_at)
+        if recall is not None:
+            read, start = self._with_shape(read, start, record)
+            if recall_reads_back(recall, [m.message for m in read if m.seq >= start]):
+                read, start = self._with_older(read, start, recall.lookback, record.created_at)
         seqs = [m.seq for m in read]
         history = [m.message for m in read]
         ckpt: LedgerCheckpoint | None = None

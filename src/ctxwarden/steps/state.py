@@ -35,7 +35,14 @@ from ctxwarden.memory.layer_state import LayerState
 from ctxwarden.memory.summary_scan import SummaryScan
 from ctxwarden.steps.base import ActionKind
 
-__all__ = ["PREFIX_DIGITS", "BuildState", "LedgerMemo", "RecallMemo", "SummaryDue"]
+__all__ = [
+    "PREFIX_DIGITS",
+    "BuildState",
+    "HistoryTurns",
+    "LedgerMemo",
+    "RecallMemo",
+    "SummaryDue",
+]
 
 STATE_VERSION = 3  # 3: ``prefix`` holds digests, packed (2 and 1: whole fingerprints, a list)
 
@@ -160,6 +167,18 @@ class RecallMemo:
 
 
 @dataclass(frozen=True)
+class HistoryTurns:
+    """The whole history's assistant turns and its tokens after the system prompt, summed
+    build by build: what a call of the loop adds on average
+    (:func:`~ctxwarden.pipeline.compaction.growth_per_call`). Carried, not recounted, so
+    a session that reads a slice of its store weighs a rewrite as ``build_context`` over
+    the whole history does. ``tokens`` 0: not known (a state stored before these sums)."""
+
+    turns: int = 0
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
 class BuildState:
     """Decisions carried to the next build; see the module docstring."""
 
@@ -186,6 +205,7 @@ class BuildState:
     layers_key: str = ""  # what those layers were made of (compaction.layers_key)
     ledger_sent: str = ""  # the ledger block's text as sent (held between compactions)
     ledger_base_sent: str = ""  # the ledger block kept before it, as sent ("": none)
+    turns: HistoryTurns = HistoryTurns()
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-ready; :meth:`from_dict` gives back an equal state."""
@@ -212,6 +232,7 @@ class BuildState:
             "layers_key": self.layers_key,
             "ledger_sent": self.ledger_sent,
             "ledger_base_sent": self.ledger_base_sent,
+            "turns": [self.turns.turns, self.turns.tokens],
         }
 
     @classmethod
@@ -246,6 +267,7 @@ class BuildState:
                 layers_key=str(data.get("layers_key", "")),
                 ledger_sent=str(data.get("ledger_sent", "")),
                 ledger_base_sent=str(data.get("ledger_base_sent", "")),
+                turns=HistoryTurns(*map(int, data.get("turns", (0, 0)))),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ConfigError(f"not a stored build state ({type(exc).__name__}: {exc})") from None
