@@ -231,7 +231,7 @@ def history_turns(
         turns = sum(m.role == "assistant" for m in new)
         return HistoryTurns(carried.turns + turns, carried.tokens + new_tokens)
     turns = sum(m.role == "assistant" for m in history)
-    return HistoryTurns(turns, sum(map(counter.count_message, history[sys_end:])))
+    return HistoryTurns(turns, counter.total(history[sys_end:]))
 
 
 def growth_per_call(
