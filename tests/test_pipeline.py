@@ -425,3 +425,32 @@ def test_a_newest_call_too_big_to_fit_is_dropped_loudly_not_an_error() -> None:
     assert {m.id for m in built.messages} >= {h[0].id, h[1].id}
     assert any(w.startswith("newest tool call") for w in built.audit.warnings)
     assert pairing_problems(list(built.messages)) == []
+
+
+def test_a_newest_call_whose_own_text_outgrows_the_budget_keeps_the_call_and_its_result() -> None:
+    """A coding agent's long reasoning beside a short command (swebench-mini dev: a
+    3,000-token thought before a 20-token ``sed``): the text is cut head and tail, the
+    call and the result it asked for stay, where the whole block used to be dropped."""
+    thought = "THOUGHT: Let me look at the handler first. " + " ".join(
+        f"Step {i}: the middleware chain may skip handler_{i} when MiddlewareNotUsed is raised."
+        for i in range(300)
+    )
+    command = json.dumps({"command": "sed -n '97,140p' django/core/handlers/base.py"})
+    h = [
+        Message.system("You are a coding agent."),
+        Message.user("Fix the middleware bug in django/core/handlers/base.py."),
+        Message.assistant(thought, tool_calls=(ToolCall("c1", "bash", command),)),
+        Message.tool("    97  def load_middleware(self, is_async=False):", tool_call_id="c1"),
+    ]
+    built = build_context(h, "gpt-4o", 1000)
+    assert built.input_tokens <= 1000
+    call = next(m for m in built.messages if m.tool_calls)
+    assert call.tool_calls == h[2].tool_calls  # the call whole
+    assert call.text.startswith("THOUGHT: Let me look at the handler first.")
+    assert len(call.text) < len(thought) and "cut" in call.text
+    assert any(m.text == h[3].text for m in built.messages)  # its result whole
+    cut = [a for a in built.audit.actions if a.message_id == h[2].id]
+    assert [a.action for a in cut] == ["truncated"] and cut[0].tokens_after < cut[0].tokens_before
+    assert not any(w.startswith("newest tool call") for w in built.audit.warnings)
+    assert any("text of newest tool call" in w for w in built.audit.warnings)
+    assert pairing_problems(list(built.messages)) == []

@@ -4,13 +4,21 @@ After the window's fit, the context may still be over budget: the pinned message
 protected blocks and the layers are more than the budget holds. In order, each with a
 warning (drift is silent; the audit makes it visible):
 
-1. the entity ledger is rendered smaller;
-2. pinned and critical blocks are evicted by importance, lowest first
+1. the text beside the newest tool calls (the model's reasoning before them) is cut,
+   head and tail, to what the budget leaves (at least :data:`PROSE_KEPT` tokens), the
+   calls whole: the results the model asked for matter more than its own prose about
+   asking (swebench-mini dev @4,000: 19 builds dropped the newest call block whole, a
+   3,000-token thought beside a 20-token command; with this, 4, and retention
+   0.952 -> 0.959; @8,000 0.985 -> 0.986);
+2. the tool results of the newest call block are cut to share what is left (never to
+   something longer: a short result with its values listed grows);
+3. the entity ledger is rendered smaller;
+4. pinned and critical blocks are evicted by importance, lowest first
    (:func:`~ctxwarden.steps.priority.eviction_order`), a tool call with all its results;
-3. the recall layer, the summary layer, then the facts layer, are left out (a build
+5. the recall layer, the summary layer, then the facts layer, are left out (a build
    that fits without its layers never fails because of them);
-4. the tool results of the newest call block are cut harder, to what is left;
-5. if the call itself still does not fit (its own arguments outgrow the budget), the
+6. the tool results of the newest call block are cut harder, to what is left;
+7. if the call itself still does not fit (its own arguments outgrow the budget), the
    newest call block is dropped whole.
 
 If the system prompt and the newest user message still do not fit, the build fails with a
@@ -24,6 +32,7 @@ from dataclasses import dataclass, replace
 from ctxwarden.core.errors import BudgetError
 from ctxwarden.core.messages import Message
 from ctxwarden.core.pairing import group_blocks
+from ctxwarden.cutters.text import truncate_text
 from ctxwarden.steps.base import Action, Draft, Edit, StepContext, StepResult
 from ctxwarden.steps.fit import ledger_sources, shown_blocks
 from ctxwarden.steps.ledger import LedgerBuilder, ledger_cap
@@ -31,7 +40,11 @@ from ctxwarden.steps.priority import eviction_order
 from ctxwarden.steps.truncate import cut_to_share
 from ctxwarden.steps.window import is_pinned
 
-__all__ = ["EvictStep", "context_tokens"]
+__all__ = ["PROSE_KEPT", "EvictStep", "context_tokens"]
+
+PROSE_KEPT = 64
+"""Tokens of the newest call's own text kept at least when it is cut: its opening
+sentences, which most often say what the call is for."""
 
 
 def context_tokens(draft: Draft, ctx: StepContext) -> int:
@@ -61,11 +74,14 @@ class EvictStep:
             return StepResult(draft)
         actions: list[Action] = []
         warnings: list[str] = []
-        draft, over = self._shrink_newest(
-            draft, ctx, over, actions, warnings, listed=draft.ledger is None
-        )
-        if draft.ledger is not None and any(a.strategy == "priority" for a in actions):
-            draft, over = self._refill_ledger(draft, ctx, over)
+        draft, over = self._cut_newest_prose(draft, ctx, over, actions, warnings)
+        if over > 0:
+            cut = len(actions)
+            draft, over = self._shrink_newest(
+                draft, ctx, over, actions, warnings, listed=draft.ledger is None
+            )
+            if draft.ledger is not None and len(actions) > cut:
+                draft, over = self._refill_ledger(draft, ctx, over)
         if over > 0:
             draft, over = self._shrink_ledger(draft, ctx, over, warnings)
         if over > 0:
@@ -156,6 +172,39 @@ class EvictStep:
         return draft, context_tokens(draft, ctx) - ctx.budget
 
     @staticmethod
+    def _cut_newest_prose(
+        draft: Draft, ctx: StepContext, over: int, actions: list[Action], warnings: list[str]
+    ) -> tuple[Draft, int]:
+        """The text beside the newest call's tool calls (the model's reasoning before
+        it) cut head and tail to what the budget leaves, at least :data:`PROSE_KEPT`
+        tokens; the calls themselves stay whole."""
+        window = list(draft.window)
+        count_text = ctx.counter.count_text
+        for i, m in enumerate(window):
+            if over <= 0:
+                break
+            if not (m.role == "assistant" and m.tool_calls and m.id in draft.anchors):
+                continue
+            if not isinstance(m.content, str) or not m.content:
+                continue
+            total = count_text(m.content)
+            keep = max(total - over, PROSE_KEPT)
+            if keep >= total:
+                continue
+            text = truncate_text(m.content, target_tokens=keep, count=count_text, total=total)
+            if text == m.content:
+                continue
+            before = ctx.count(m)
+            window[i] = cut = m.with_content(text)
+            after = ctx.count(cut)
+            over -= before - after
+            reason = "the newest tool call's own text cut: the budget cannot hold it whole"
+            actions.append(Action(m.id, "truncated", reason, before, after, "priority"))
+            warnings.append(f"the text of newest tool call {m.id} was cut to fit the budget")
+        draft = draft.but(window=tuple(window))
+        return draft, context_tokens(draft, ctx) - ctx.budget
+
+    @staticmethod
     def _drop_newest_call(
         draft: Draft, ctx: StepContext, actions: list[Action], warnings: list[str]
     ) -> tuple[Draft, int]:
@@ -210,8 +259,8 @@ class EvictStep:
             )
             request = requests.get(m.tool_call_id or "")
             cut = cut_to_share(unpinned, share, ctx, request, stated, listed=listed)
-            if cut is unpinned:
-                continue
+            if cut is unpinned or ctx.count(cut) >= sizes[m.id]:
+                continue  # (a short result "cut" with its values listed grows)
             cut = replace(cut, pinned=m.pinned, priority=m.priority)
             window[i] = cut
             if not listed:  # its cut values go to the ledger (ledger_sources reads edits)
