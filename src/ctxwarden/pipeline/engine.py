@@ -492,6 +492,7 @@ def _finish(
         input_tokens=total,
         compacted_tokens=previous.compacted_tokens if ctx.hold else total,
         held_calls=previous.held_calls + 1 if ctx.hold else 0,
+        calls=previous.calls + 1 if previous.history_length else 1,
         kept_from=draft.kept_from,
         layers_sent=layers_sent(draft),
         layers_key=layers_key(ctx),

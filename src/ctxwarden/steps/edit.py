@@ -155,7 +155,9 @@ def tail_edit(
     likely to go on). Only cuts that list their cut values in place: the ledger is held
     between compactions, so a value it would take must stay shown."""
     prices = ctx.prices
-    if prices is None or ctx.growth <= 0:
+    # the growth measured since the last compaction (right after one it is read off the
+    # history, which a session holds only a slice of: the paths would differ)
+    if prices is None or ctx.growth <= 0 or ctx.previous.held_calls <= 0:
         return frozenset()
     window = draft.window
     rewritten = [0] * (len(window) + 1)  # what the previous context sent from i on, as now
@@ -165,7 +167,7 @@ def tail_edit(
         rewritten[i] = rewritten[i + 1] + (ctx.count(out[i]) if was_sent else 0)
         answers[i] = answers[i + 1] + (window[i].role == "assistant")
     calls = max(ctx.budget - ctx.previous.input_tokens, 0) / ctx.growth
-    so_far = sum(1 for m in draft.history if m.role == "assistant")
+    so_far = ctx.previous.calls  # from the state: a session's history is a slice
     low_water = ctx.policy.window.refill_ratio
     candidates: list[int] = []
     best = 0
