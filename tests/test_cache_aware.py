@@ -22,12 +22,15 @@ from ctxwarden.core.registry.cache_cost import (
     OPENAI,
     CachePrices,
     CallPrefix,
+    cautious_prices,
     rewrite_pays,
     session_cache_cost,
+    tail_edit_pays,
 )
 from ctxwarden.pipeline.compaction import CacheConfig
 from ctxwarden.pipeline.policy import Policy
 from ctxwarden.session.session import Session
+from ctxwarden.steps.edit import TAIL_EDIT_ANSWERS
 from ctxwarden.steps.ledger import LEDGER_ID, LEDGER_MORE_ID
 from ctxwarden.steps.state import BuildState
 from ctxwarden_bench.retention import engine_builder, sawtooth_builder
@@ -73,9 +76,73 @@ def test_a_rewrite_pays_when_the_tokens_it_frees_are_read_often_enough() -> None
     assert rewrite_pays(100, 500, 10, 0, CachePrices(0.1, 1.25, 1024))  # never cached anyway
 
 
+def test_a_tail_edit_pays_for_the_reads_and_the_room_it_frees_while_the_loop_goes_on() -> None:
+    # 1.15 * 500 = 575 against 0.1 * 1,500 * 10 * ln(1.5) = 608 + 1.15 * 1,500 * 10 / 15
+    assert tail_edit_pays(500, 1500, 5, 10, 0.5, ANTHROPIC)
+    assert not tail_edit_pays(3000, 500, 5, 10, 0.5, ANTHROPIC)
+    # a loop one call old is less likely to go on: the same cut pays less
+    assert tail_edit_pays(1200, 1500, 5, 10, 0.5, ANTHROPIC)
+    assert not tail_edit_pays(1200, 1500, 5, 1, 0.5, ANTHROPIC)
+    assert not tail_edit_pays(10, 0, 5, 10, 0.5, ANTHROPIC)  # frees nothing
+
+
+def test_cautious_prices_weigh_a_rewrite_at_the_dearer_write_premium() -> None:
+    gpt = CachePrices.for_model(get_model("gpt-4o"))  # 0.5x / 1x: writing is cheap
+    assert (cautious_prices(gpt).read, cautious_prices(gpt).write) == (0.1, 1.25)
+    sonnet = CachePrices.for_model(get_model("claude-sonnet-4-5"))
+    assert cautious_prices(sonnet) == sonnet
+    assert cautious_prices(gpt).min_tokens == gpt.min_tokens
+    cautious = CacheConfig()
+    assert cautious.prices == "cautious"
+    assert cautious.decision_prices(get_model("gpt-4o")).write == 1.25
+    assert cautious.prices_for(get_model("gpt-4o")) == gpt  # the audit: the model's own
+    assert CacheConfig(prices="model").decision_prices(get_model("gpt-4o")) == gpt
+
+
+def coding_run(steps: int, lines: int = 120) -> list[Message]:
+    """A coding agent: each step a command and a long output full of values."""
+    out = [Message.system("You fix bugs. " * 20, id="s"), Message.user("Fix issue 1.")]
+    for i in range(steps):
+        call = ToolCall(f"c{i}", "bash", json.dumps({"command": f"grep -n x src/m{i}.py"}))
+        out.append(Message.assistant(f"Looking at module {i}.", (call,), id=f"a{i}"))
+        body = "\n".join(
+            f"src/m{i}.py:{j}: v = f_{i}_{j}(ref=REF-{i:03d}-{j:04d})" for j in range(lines)
+        )
+        out.append(Message.tool(body, f"c{i}", id=f"t{i}"))
+    return out
+
+
+def test_a_result_sent_whole_is_cut_in_a_tail_edit_once_answered_twice() -> None:
+    """Between compactions a long result sent whole (unanswered) is cut once the model
+    has answered it and gone on: the rewrite starts at the cut, the context before it is
+    served from the cache, the cut lists the values it removed, and the build stays held
+    (no window move, the same ledger)."""
+    run = coding_run(12)
+    builds = loop(run, 8000)
+    tails = 0
+    for before, after in itertools.pairwise(builds):
+        pb = after.audit.prefix_break
+        if pb is None or "tail edit" not in pb.cause:
+            continue
+        tails += 1
+        assert after.state.held_calls == before.state.held_calls + 1
+        assert after.messages[: pb.at] == before.messages[: pb.at]
+        cut = after.messages[pb.at]
+        assert cut.role == "tool" and cut.meta.get("truncated_from")
+        assert cut.meta.get("values_listed")
+        answers = [m for m in after.messages[pb.at :] if m.role == "assistant"]
+        assert len(answers) >= TAIL_EDIT_ANSWERS
+        assert pb.rewritten_tokens < before.audit.input_tokens - pb.shared_tokens
+        assert after.state.window_start == before.state.window_start
+        assert after.state.ledger_sent == before.state.ledger_sent
+    assert tails >= 2
+    assert all(b.audit.input_tokens <= 8000 for b in builds)
+
+
 def test_the_cache_section_of_a_policy() -> None:
     policy = Policy.from_toml('[cache]\nappend_only = false\nprices = "openai"\n')
     assert policy.cache == CacheConfig(append_only=False, prices="openai")
+    assert Policy.from_toml('[cache]\nprices = "model"\n').cache.prices == "model"
     with pytest.raises(ConfigError, match=r"cache\.prices"):
         Policy.from_toml('[cache]\nprices = "cheap"\n')
 
@@ -219,31 +286,25 @@ def test_explain_shows_the_prefix_and_the_loop_cost(tmp_path: Path) -> None:
 
 # Issue 37's targets that the default does not meet yet: asserted as they are, expected to
 # fail (strict: a change that meets one makes its test fail until this mark goes).
-TAU_4000_MISSED = "issue 37: tau @4,000 costs 100.2% of the full history with caching"
-CODING_8000_MISSED = "issue 37: coding @8,000 costs 89% of full + cache (target <= 70%)"
+CODING_8000_MISSED = "issue 37: coding @8,000 costs 76% of full + cache (target <= 70%)"
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not TAU.exists(), reason=f"tau-bench data not found at {TAU}")
-@pytest.mark.parametrize(
-    "budget",
-    [
-        2000,
-        pytest.param(4000, marks=pytest.mark.xfail(strict=True, reason=TAU_4000_MISSED)),
-    ],
-)
+@pytest.mark.parametrize("budget", [2000, 4000])
 def test_default_builds_cost_less_than_the_full_history_with_caching_on_tau(budget: int) -> None:
     """The 120 dev runs as an agent loop, the default policy for gpt-4o (its rewrites
-    weighed at gpt-4o's 0.5x / 1x). Measured at Anthropic prices: 89% @2,000, 100.2% @4,000
-    (fails: issue 37's target is below 100% at every budget; weighed at Anthropic's own
-    prices, ``[cache] prices = "anthropic"``, 100.0%)."""
+    weighed at the cautious prices: Anthropic's, whose write premium is the dearer).
+    Measured at Anthropic prices: 89.1% @2,000, 99.5% @4,000 (100.2% when the rewrites
+    were weighed at gpt-4o's own 0.5x / 1x, before the tail edits; at OpenAI-style
+    0.1x / 1x 85.8% and 97.7%)."""
     from ctxwarden_bench.traces import load_tau_bench, tau_retention
 
     ours = tau_retention(load_tau_bench(TAU), budget, engine_builder())
     assert ours.cost.anthropic < ours.cost.full_anthropic
     assert ours.cost.openai < ours.cost.full_openai
     assert ours.violations == 0 and ours.over_budget == 0
-    assert ours.retention >= 0.995
+    assert ours.retention >= (0.996 if budget == 2000 else 1.0)
 
 
 @pytest.mark.slow
@@ -256,15 +317,17 @@ def test_default_builds_cost_less_than_the_full_history_with_caching_on_coding(
     budget: int,
 ) -> None:
     """The 44 dev runs as an agent loop, the default policy for gpt-4o. Measured at
-    Anthropic prices: 75% @4,000, 89% @8,000 (fails: the target is <= 70% @8,000, at or
-    below the sawtooth window's 69%; at gpt-4o's own prices 29% and 42%; weighed at
-    Anthropic's own prices, ``[cache] prices = "anthropic"``, 74% and 78%)."""
+    Anthropic prices: 74.6% @4,000, 76.4% @8,000 (fails: the target is <= 70% @8,000,
+    at or below the sawtooth window's 69%; at gpt-4o's own prices 29% and 45%; 75.5%
+    and 89.0% when the rewrites were weighed at gpt-4o's own prices, before the tail
+    edits). Retention 0.952 and 0.986 (0.952 and 0.985 before)."""
     from ctxwarden_bench.swebench import load_swebench, swebench_retention
 
     runs = load_swebench(SWEBENCH)
     ours = swebench_retention(runs, budget, engine_builder())
     assert ours.cost.anthropic < ours.cost.full_anthropic
     assert ours.violations == 0 and ours.over_budget == 0
+    assert ours.retention >= (0.9516 if budget == 4000 else 0.9849)
     if budget == 8000:
         assert ours.cost.anthropic <= 0.70 * ours.cost.full_anthropic
         saw = swebench_retention(runs, budget, sawtooth_builder())

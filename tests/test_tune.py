@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from ctxwarden import Message, Policy, build_context
 from ctxwarden.cli.main import app
 from ctxwarden.core.errors import MissingDependencyError
+from ctxwarden.pipeline.compaction import CacheConfig
 from ctxwarden.tune import read_sessions, score_policy, tune_policy
 from ctxwarden.tune.policy_file import tuned_tables
 from ctxwarden.tune.replay import Score
@@ -83,12 +84,15 @@ def test_swebench_subset_holds(tmp_path: Path) -> None:
 
 @needs_data
 def test_the_replay_scores_what_the_policy_changes() -> None:
-    """A policy that masks a result on every call moves the prefix on every call: at
-    cache prices it costs more than the default's batched masking, and keeps no more."""
+    """A policy that masks a result on every call moves the prefix more often: at cache
+    prices it costs more than the default's batched masking, and keeps no more. (Weighed
+    at gpt-4o's own prices, ``[cache] prices = "model"``: the default cautious prices
+    hold every mask until a forced compaction, so both policies build the same.)"""
     runs = [m for _, m in _sessions(SWEBENCH, 3, shortest=True)]
-    default = score_policy(runs, Policy(), 4000)
+    base = Policy(cache=CacheConfig(prices="model"))
+    default = score_policy(runs, base, 4000)
     eager = score_policy(
-        runs, apply_params(Policy(), {"mask.keep_last": 1, "mask.batch_tokens": 0}), 4000
+        runs, apply_params(base, {"mask.keep_last": 1, "mask.batch_tokens": 0}), 4000
     )
     assert default.feasible and eager.feasible
     assert default.needed == eager.needed > 0

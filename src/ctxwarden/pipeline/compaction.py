@@ -10,13 +10,21 @@ message the previous context sent is sent again as it was, new messages are appe
 or masked as the policy says, since they were never sent), nothing is dropped. When that
 fits the budget and keeps the previous context whole at the front, it is sent. When it
 does not — over budget, the window would have to move, a layer or the ledger changed, or
-an editing step found a change worth its rewrite at the model's cache prices
-(:func:`~ctxwarden.core.registry.cache_cost.rewrite_pays`) — the build runs again unheld: a
+an editing step found a change worth its rewrite at the build's cache prices
+(:func:`~ctxwarden.core.registry.cache_cost.rewrite_pays`; the policy's ``[cache] prices``,
+cautious by default) — the build runs again unheld: a
 *compaction*, one move that applies every pending mask and cut, slides the window down to
 its low-water mark (``window.refill_ratio`` of its room, so the next calls append for a
 while) and renders the ledger once (the ledger block it sent before stays in place, the
 new values go in a block after it: :func:`~ctxwarden.steps.fit.stacked_ledger`). The
 audit records the break, its cause and its cost (:class:`PrefixBreak`).
+
+One change is made between compactions: a *tail edit*
+(:func:`~ctxwarden.steps.edit.tail_edit`). A long result sent whole while the model had
+not answered it is cut once it has been answered (twice) when that pays: the cut sits near
+the end of the context, so only what follows it is written again, not the whole window,
+and the room it frees puts the next compaction off. The build stays held (the window and
+the ledger as they were); the audit records the break with its cause.
 
 What the decision needs from the last builds lives in
 :class:`~ctxwarden.steps.state.BuildState` (the previous context's digests, its tokens,
@@ -38,6 +46,7 @@ from ctxwarden.core.registry.cache_cost import (
     CacheCost,
     CachePrices,
     CallPrefix,
+    cautious_prices,
     session_cache_cost,
 )
 from ctxwarden.core.registry.catalog import ModelInfo
@@ -70,29 +79,50 @@ class CacheConfig:
     ``append_only`` (default on): between compactions nothing already sent changes (see
     the module docstring); off, every build applies its masks, cuts and window moves at
     once, as before. ``prices`` are the cache prices the rewrite decision weighs:
+    ``"cautious"`` (the default: the model's, or Anthropic's when those put a higher
+    premium on writing over reading, :func:`~ctxwarden.core.registry.cache_cost.cautious_prices`),
     ``"model"`` (the registry's ``cached_input`` / ``cache_write`` for the model; a model
     the registry does not price is taken as Anthropic's), ``"anthropic"`` (0.1x / 1.25x)
-    or ``"openai"`` (0.1x / 1x). ``hold_layers`` (default off) holds the facts and
+    or ``"openai"`` (0.1x / 1x). The audit prices a break at the model's own prices
+    unless a provider is named. ``hold_layers`` (default off) holds the facts and
     summary blocks between compactions too (:func:`held_layers`): a summary view focused
     on each new user message then waits for the next compaction, which is cheaper in a
     chat loop (LoCoMo dev: 68% of the full history with caching instead of 257%) but
     shows less of what a question needs (answer recall 0.530 instead of ~0.58).
+
+    Why cautious (issue 37; the dev traces replayed with gpt-4o, whose cache reads cost
+    0.5x, measured at Anthropic's 0.1x / 1.25x against the full history with caching):
+    weighed at gpt-4o's own prices, a held-back mask or cut looks worth a rewrite of the
+    whole window ~350 times on the coding runs at 8,000 tokens (89.0% of the full
+    history's cost; tau-bench @4,000 100.2%); weighed cautiously, 77.7% and 99.96%
+    (76.4% and 99.5% with the tail edits of :func:`~ctxwarden.steps.edit.tail_edit`), at
+    the same or higher retention. At gpt-4o's own prices the cautious default costs a
+    little more (coding @8,000 45% of the full history instead of 42%), at OpenAI-style
+    0.1x / 1x less (71% instead of 81%).
     """
 
     append_only: bool = True
-    prices: str = "model"
+    prices: str = "cautious"
     hold_layers: bool = False
 
     def __post_init__(self) -> None:
-        if self.prices != "model" and self.prices not in _NAMED:
+        if self.prices not in ("cautious", "model") and self.prices not in _NAMED:
             raise ConfigError(
-                f"cache.prices must be 'model', 'anthropic' or 'openai', got {self.prices!r}"
+                "cache.prices must be 'cautious', 'model', 'anthropic' or 'openai', "
+                f"got {self.prices!r}"
             )
 
     def prices_for(self, info: ModelInfo | None) -> CachePrices:
+        """The prices a break is priced at in the audit: the named provider's, else the
+        model's (Anthropic's for a model the registry does not know)."""
         if self.prices in _NAMED:
             return _NAMED[self.prices]
         return CachePrices.for_model(info) if info is not None else ANTHROPIC
+
+    def decision_prices(self, info: ModelInfo | None) -> CachePrices:
+        """The prices a rewrite is weighed at (see the class docstring)."""
+        own = self.prices_for(info)
+        return cautious_prices(own) if self.prices == "cautious" else own
 
 
 @dataclass(frozen=True)
@@ -153,6 +183,10 @@ def held_cause(
     if moved:
         return f"the window must move ({moved} message(s) leave it)"
     n = len(previous)
+    if draft.edited_from:  # a tail edit: the context may differ from that message on
+        at = next((i for i, m in enumerate(draft.ordered) if m.id == draft.edited_from), n)
+        n = min(n, at)
+        previous = previous[:n]
     if tuple(digests[:n]) != tuple(previous):
         at = next((i for i, (a, b) in enumerate(zip(previous, digests, strict=False)) if a != b), n)
         layer = draft.layer_of.get(draft.ordered[at].id, "?") if at < len(draft.ordered) else "?"

@@ -233,7 +233,7 @@ def run_build(
     protected = {history[newest].id} if newest is not None else set()
     calls = newest_call_block(history, newest if newest is not None else sys_end - 1)
     protected.update(history[i].id for i in calls)
-    prices = policy.cache.prices_for(info)
+    prices = policy.cache.decision_prices(info)
     hold = policy.cache.append_only and state.history_length > 0 and bool(state.prefix)
     new = history[state.history_length :]
     new_tokens = sum(map(counter.count_message, new))
@@ -280,6 +280,8 @@ def run_build(
                 draft, actions, warnings, names = compacted
     elif state.history_length and not policy.cache.append_only:
         cause = "cache-aware compaction is off (cache.append_only = false)"
+    if cause is None and ctx.hold and draft.edited_from:
+        cause = "a tail edit: results sent whole cut once answered"
     return _finish(
         draft, ctx, model, info, tools, actions, warnings, tuple(names), layer_state, cause, turns
     )
@@ -429,7 +431,7 @@ def _finish(
             [ctx.count(m) for m in ordered],
             frozenset(m.id for m in h[previous.history_length :]),
             cause or "the previous context changed",
-            ctx.prices or policy_prices(ctx, info),
+            policy_prices(ctx, info),
             info,
         )
     exact = ctx.counter.exact and not tools and known
@@ -486,6 +488,7 @@ def _finish(
         input_tokens=total,
         compacted_tokens=previous.compacted_tokens if ctx.hold else total,
         held_calls=previous.held_calls + 1 if ctx.hold else 0,
+        calls=previous.calls + 1 if previous.history_length else 1,
         kept_from=draft.kept_from,
         layers_sent=layers_sent(draft),
         layers_key=layers_key(ctx),
@@ -497,5 +500,6 @@ def _finish(
 
 
 def policy_prices(ctx: StepContext, info: ModelInfo | None) -> CachePrices:
-    """The cache prices the build weighs (the policy's ``[cache] prices``)."""
+    """The cache prices the audit prices a break at (the policy's ``[cache] prices``;
+    the rewrite decision weighs ``ctx.prices``: :meth:`CacheConfig.decision_prices`)."""
     return ctx.policy.cache.prices_for(info)

@@ -40,7 +40,8 @@ A :class:`Policy` is a frozen dataclass that loads from TOML::
 
     [cache]                        # cache-aware compaction (ctxwarden.pipeline.compaction)
     append_only = true             # between compactions nothing already sent changes
-    prices = "model"               # weigh rewrites at the model's cache prices
+    prices = "cautious"            # weigh rewrites at the model's cache prices or
+                                   # Anthropic's, whichever makes writing dearer
     hold_layers = false            # hold the facts and summary blocks too (default: no)
 
     [[steps]]                      # your own step, after masking (ctxwarden.pipeline.cascade)

@@ -267,6 +267,7 @@ class Draft:
     folded: tuple[tuple[str, str], ...] = ()  # (layer, text) folded into the system prompt
     compact: str | None = None  # what a held build held back (the engine weighs a rewrite)
     kept_from: str = ""  # the first message kept after the fit's drops inside the window
+    edited_from: str = ""  # the first window message a held build's tail edit changed
 
     def but(self, **changes: Any) -> Draft:
         """A copy with ``changes`` (drafts are never mutated). Steps make several per

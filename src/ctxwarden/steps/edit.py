@@ -11,14 +11,16 @@ so), so no step reads another's private message metadata.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ctxwarden.core.messages import Message
+from ctxwarden.core.registry.cache_cost import tail_edit_pays
 from ctxwarden.core.tokens.counter import REPLY_PRIMING
 from ctxwarden.steps.base import (
     Action,
     Draft,
+    Edit,
     StepContext,
     StepResult,
     Strategy,
@@ -27,8 +29,9 @@ from ctxwarden.steps.base import (
     edit_marker,
 )
 from ctxwarden.steps.newest import newest_room, unanswered_results
+from ctxwarden.steps.state import PREFIX_DIGITS
 
-__all__ = ["EditStep"]
+__all__ = ["TAIL_EDIT_ANSWERS", "EditStep", "hold_sent", "tail_edit"]
 
 
 @dataclass(frozen=True)
@@ -62,11 +65,16 @@ class EditStep:
         )
         result = self.strategy(list(draft.window), sctx)
         compact = draft.compact
+        edited_from = draft.edited_from
         if ctx.hold and len(result.messages) == len(draft.window):
-            messages, actions, why = hold_sent(draft, result.messages, result.actions, ctx)
+            messages, actions, why, tail = hold_sent(
+                draft, result.messages, result.actions, ctx, result.edits
+            )
             result = StrategyResult(messages, actions, result.warnings, result.edits)
             if why is not None and compact is None:
                 compact = f"{self.name}: {why}"
+            if tail and not edited_from:
+                edited_from = tail
         edits = dict(draft.edits)
         for action in result.actions:
             if action.action in ("masked", "truncated"):
@@ -79,34 +87,99 @@ class EditStep:
             for message_id, marker in result.edits.items():
                 if message_id in stand:
                     edits[message_id] = marker
-        new = draft.but(window=tuple(result.messages), edits=edits, compact=compact)
+        new = draft.but(
+            window=tuple(result.messages), edits=edits, compact=compact, edited_from=edited_from
+        )
         return StepResult(new, tuple(result.actions), tuple(result.warnings))
 
 
 def hold_sent(
-    draft: Draft, out: Sequence[Message], actions: Sequence[Action], ctx: StepContext
-) -> tuple[list[Message], list[Action], str | None]:
+    draft: Draft,
+    out: Sequence[Message],
+    actions: Sequence[Action],
+    ctx: StepContext,
+    edits: Mapping[str, Edit] | None = None,
+) -> tuple[list[Message], list[Action], str | None, str]:
     """Between compactions (cache-aware, :mod:`ctxwarden.pipeline.compaction`): a window
     message the previous context sent as it was is sent so again, whatever the strategy
     now makes of it (a mask landing on an older result, a cut of a result once sent
-    whole). Returns the messages, the actions that stand, and what was held back
-    (``None``: nothing), which the engine weighs against the cost of a rewrite."""
-    from ctxwarden.steps.state import PREFIX_DIGITS
-
+    whole), except the cuts of a *tail edit* (:func:`tail_edit`). Returns the messages,
+    the actions that stand, what was held back (``None``: nothing), which the engine
+    weighs against the cost of a rewrite, and the id of the first message the tail edit
+    changed (``""``: none)."""
     sent = frozenset(ctx.previous.prefix)
     held = list(out)
-    reverted: list[str] = []
+    reverted: list[int] = []
     for i, (before, after) in enumerate(zip(draft.window, out, strict=True)):
         if after is before or after.fingerprint[:PREFIX_DIGITS] in sent:
             continue
         if before.fingerprint[:PREFIX_DIGITS] in sent:
             held[i] = before
-            reverted.append(before.id)
+            reverted.append(i)
     if not reverted:
-        return held, list(actions), None
-    gone = set(reverted)
-    return (
-        held,
-        [a for a in actions if a.message_id not in gone],
-        f"{len(reverted)} sent message(s) held as they were",
-    )
+        return held, list(actions), None, ""
+    tail = tail_edit(draft, out, reverted, ctx, edits or {}, sent)
+    for i in tail:
+        held[i] = out[i]
+    first = draft.window[min(tail)].id if tail else ""
+    if tail:
+        reverted = [i for i in reverted if i not in tail]
+    gone = {draft.window[i].id for i in reverted}
+    why = f"{len(reverted)} sent message(s) held as they were" if reverted else None
+    return held, [a for a in actions if a.message_id not in gone], why, first
+
+
+TAIL_EDIT_ANSWERS = 2
+"""A result sent whole is cut between compactions only once this many assistant messages
+follow it: the model answered it and went on. Coding runs (swebench-mini dev) at
+8,000 tokens, the cautious prices: after 1 answer 75.0% of the full history's cost at
+Anthropic prices, retention 0.9846 (values the next calls reuse, lost with the cut);
+after 2, 75.9% and 0.9858; never (hold until the compaction), 77.7% and 0.9855."""
+
+
+def tail_edit(
+    draft: Draft,
+    out: Sequence[Message],
+    reverted: Sequence[int],
+    ctx: StepContext,
+    edits: Mapping[str, Edit],
+    sent: frozenset[str],
+) -> frozenset[int]:
+    """Which of ``reverted`` (window positions of held-back edits, in order) are sent
+    now (a *tail edit*; empty: none). A compaction rewrites the whole window; an edit near
+    the end of the context rewrites only what follows it. So the newest held-back cuts —
+    results sent whole while unanswered, answered :data:`TAIL_EDIT_ANSWERS` times since —
+    are applied at once when what they free pays for that short rewrite at the build's
+    cache prices (:func:`~ctxwarden.core.registry.cache_cost.tail_edit_pays`: the reads
+    until the next compaction, and the room that puts it off, as far as the loop is
+    likely to go on). Only cuts that list their cut values in place: the ledger is held
+    between compactions, so a value it would take must stay shown."""
+    prices = ctx.prices
+    # the growth measured since the last compaction (right after one it is read off the
+    # history, which a session holds only a slice of: the paths would differ)
+    if prices is None or ctx.growth <= 0 or ctx.previous.held_calls <= 0:
+        return frozenset()
+    window = draft.window
+    rewritten = [0] * (len(window) + 1)  # what the previous context sent from i on, as now
+    answers = [0] * (len(window) + 1)  # assistant messages from i on
+    for i in range(len(window) - 1, -1, -1):
+        was_sent = window[i].fingerprint[:PREFIX_DIGITS] in sent
+        rewritten[i] = rewritten[i + 1] + (ctx.count(out[i]) if was_sent else 0)
+        answers[i] = answers[i + 1] + (window[i].role == "assistant")
+    calls = max(ctx.budget - ctx.previous.input_tokens, 0) / ctx.growth
+    so_far = ctx.previous.calls  # from the state: a session's history is a slice
+    low_water = ctx.policy.window.refill_ratio
+    candidates: list[int] = []
+    best = 0
+    freed = 0
+    for i in reversed(reverted):
+        if answers[i] < TAIL_EDIT_ANSWERS:
+            continue  # answered once at most: held whole (its cut waits)
+        marker = edits.get(window[i].id)
+        if marker is None or marker.action != "truncated" or not marker.listed:
+            break
+        freed += ctx.count(window[i]) - ctx.count(out[i])
+        candidates.append(i)
+        if tail_edit_pays(rewritten[i], freed, calls, so_far, low_water, prices):
+            best = len(candidates)
+    return frozenset(candidates[:best])

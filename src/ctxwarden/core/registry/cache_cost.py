@@ -18,8 +18,9 @@ cache (the bench's) has no minimum and never expires.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ctxwarden.core.registry.catalog import ModelInfo
 
@@ -29,8 +30,10 @@ __all__ = [
     "CacheCost",
     "CachePrices",
     "CallPrefix",
+    "cautious_prices",
     "rewrite_pays",
     "session_cache_cost",
+    "tail_edit_pays",
 ]
 
 
@@ -152,3 +155,57 @@ def rewrite_pays(
         return True
     extra = (prices.write - prices.read) * rewritten_tokens
     return extra < prices.read * freed_tokens * calls_until_next
+
+
+def tail_edit_pays(
+    rewritten_tokens: int,
+    freed_tokens: int,
+    calls_until_next: float,
+    calls_so_far: int,
+    low_water: float,
+    prices: CachePrices,
+) -> bool:
+    """Whether an edit near the end of a held context (a cut of a result sent whole)
+    is worth rewriting the ``rewritten_tokens`` that follow it, between compactions.
+
+    The tokens it frees are saved twice: read on each call until the next compaction,
+    and room the context no longer fills, so that compaction comes later. A compaction
+    takes the context down to its low-water mark (``low_water``, a share of the room:
+    ``window.refill_ratio``) and rewrites it, so each token of room saves about
+    ``low_water / (1 - low_water)`` tokens written at compactions over a long loop
+    (0.5: one). Both savings need the loop to go on, and how long it will is unknown;
+    with nothing but the ``calls_so_far`` (``k``) to go by, the chance that it lasts
+    ``n`` more calls is taken as ``k / (k + n)`` (a loop that has run ``k`` calls is as
+    likely to stop before ``k`` more as after), so the reads are expected over
+    ``k * ln(1 + n / k)`` calls and the room pays with chance ``k / (k + n)``, ``n`` the
+    ``calls_until_next`` compaction. It pays when::
+
+        (write - read) * rewritten  <  read * freed * k * ln(1 + n / k)
+                                       + (write - read) * freed * q / (1 - q) * k / (k + n)
+
+    with ``q`` the low-water share (at most 0.9).
+    """
+    if freed_tokens <= 0:
+        return False
+    premium = prices.write - prices.read
+    k = max(calls_so_far, 1)
+    n = max(calls_until_next, 0.0)
+    q = min(max(low_water, 0.0), 0.9)
+    reads = prices.read * freed_tokens * k * math.log1p(n / k)
+    room = premium * freed_tokens * q / (1 - q) * k / (k + n)
+    return premium * rewritten_tokens < reads + room
+
+
+def cautious_prices(own: CachePrices) -> CachePrices:
+    """The prices a rewrite is weighed at when the caller did not name them: the model's
+    own, or Anthropic's when those put a higher premium on writing over reading (a
+    rewrite is paid for certain, its saving is a forecast; and the price a call pays
+    depends on the provider that serves the model, which a model name does not tell: a
+    gateway, a newer cache tier). The model's cache minimum is kept."""
+
+    def premium(p: CachePrices) -> float:
+        return (p.write - p.read) / p.read if p.read > 0 else math.inf
+
+    if premium(own) >= premium(ANTHROPIC):
+        return own
+    return replace(ANTHROPIC, min_tokens=own.min_tokens, label=f"{ANTHROPIC.label} (cautious)")
