@@ -261,6 +261,7 @@ def run_build(
             new_tokens,
             turns.tokens / turns.turns if hold and not state.held_calls and turns.turns else 0.0,
         ),
+        calls=turns.turns,
     )
     anchors = frozenset(protected)
     start = Draft(history, sys_end, newest, protected=anchors, anchors=anchors)
@@ -488,7 +489,6 @@ def _finish(
         input_tokens=total,
         compacted_tokens=previous.compacted_tokens if ctx.hold else total,
         held_calls=previous.held_calls + 1 if ctx.hold else 0,
-        calls=previous.calls + 1 if previous.history_length else 1,
         kept_from=draft.kept_from,
         layers_sent=layers_sent(draft),
         layers_key=layers_key(ctx),

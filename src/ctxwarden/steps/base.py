@@ -315,6 +315,7 @@ class StepContext:
     hold: bool = False  # between compactions: what was sent is sent again as it was
     prices: CachePrices | None = None  # the model's cache prices (the rewrite decision)
     growth: float = 0.0  # tokens a call adds, on average since the last compaction
+    calls: int = 0  # the loop's model calls so far: the whole history's assistant turns
     compacting: bool = False  # a held build could not be sent: this one rewrites
 
     def count(self, message: Message) -> int:

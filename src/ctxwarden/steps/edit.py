@@ -167,7 +167,7 @@ def tail_edit(
         rewritten[i] = rewritten[i + 1] + (ctx.count(out[i]) if was_sent else 0)
         answers[i] = answers[i + 1] + (window[i].role == "assistant")
     calls = max(ctx.budget - ctx.previous.input_tokens, 0) / ctx.growth
-    so_far = ctx.previous.calls  # from the state: a session's history is a slice
+    so_far = ctx.calls  # (carried in the state: a session's history is a slice)
     low_water = ctx.policy.window.refill_ratio
     candidates: list[int] = []
     best = 0

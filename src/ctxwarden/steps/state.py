@@ -200,7 +200,6 @@ class BuildState:
     input_tokens: int = 0
     compacted_tokens: int = 0
     held_calls: int = 0
-    calls: int = 0  # the builds of this loop so far, this one included (1: a cold build)
     kept_from: str = ""  # the fit's drops inside the window end before this message (its id)
     layers_sent: tuple[tuple[str, str, str], ...] = ()  # facts / summary: (layer, id, text)
     layers_key: str = ""  # what those layers were made of (compaction.layers_key)
@@ -228,7 +227,6 @@ class BuildState:
             "input_tokens": self.input_tokens,
             "compacted_tokens": self.compacted_tokens,
             "held_calls": self.held_calls,
-            "calls": self.calls,
             "kept_from": self.kept_from,
             "layers_sent": [list(t) for t in self.layers_sent],
             "layers_key": self.layers_key,
@@ -262,7 +260,6 @@ class BuildState:
                 input_tokens=int(data.get("input_tokens", 0)),
                 compacted_tokens=int(data.get("compacted_tokens", 0)),
                 held_calls=int(data.get("held_calls", 0)),
-                calls=int(data.get("calls", 0)),
                 kept_from=str(data.get("kept_from", "")),
                 layers_sent=tuple(
                     (str(n), str(i), str(t)) for n, i, t in data.get("layers_sent", ())
