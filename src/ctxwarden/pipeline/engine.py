@@ -39,7 +39,7 @@ from ctxwarden.memory.layer_state import LayerState
 from ctxwarden.memory.summaries import Summarizer
 from ctxwarden.pipeline.audit import LAYERS, Audit
 from ctxwarden.pipeline.built import BuiltContext
-from ctxwarden.pipeline.cascade import steps_for
+from ctxwarden.pipeline.cascade import sent_tokens_for, steps_for
 from ctxwarden.pipeline.compaction import (
     growth_per_call,
     held_cause,
@@ -189,12 +189,14 @@ def build_context(
 
 def _as_sent(counter: TokenCounter, policy: Policy) -> Any:
     """A message's tokens as the cascade sends it, for the summary triggers: a long tool
-    result counts as its cut (one long search page must not fire a needless summary)."""
-    cut = policy.truncate
+    result counts as its cut (one long search page must not fire a needless summary;
+    :func:`~ctxwarden.pipeline.cascade.sent_tokens_for`)."""
+    sent = sent_tokens_for(policy)
+    if sent is None:
+        return counter.count_message
 
     def count(message: Message) -> int:
-        tokens = counter.count_message(message)
-        return tokens if cut is None else cut.sent_tokens(message, tokens)
+        return sent(message, counter.count_message(message))
 
     return count
 
@@ -254,6 +256,8 @@ def run_build(
         vectors=vectors,
         hold=hold,
         prices=prices,
+        sent=sent_tokens_for(policy),
+        refill_ratio=policy.window.refill_ratio,
         growth=growth_per_call(
             state.input_tokens,
             state.compacted_tokens,

@@ -296,7 +296,10 @@ class StepContext:
     what the context costs whatever the steps do: reply priming, tool definitions and
     the system prompt. ``hold`` marks a build between compactions: the editing steps send
     every message the previous context held as it was sent (cache-aware compaction,
-    :mod:`ctxwarden.pipeline.compaction`), weighing a change at ``prices`` with ``growth``."""
+    :mod:`ctxwarden.pipeline.compaction`), weighing a change at ``prices`` with ``growth``.
+    ``sent`` (read through :meth:`sent_tokens`) and ``refill_ratio`` are what a step may
+    foresee of the others: the size a message is sent at once cut, and the share of its
+    room the window's fit refills to when it moves (:mod:`~ctxwarden.steps.fit`)."""
 
     counter: TokenCounter
     budget: int
@@ -315,16 +318,20 @@ class StepContext:
     prices: CachePrices | None = None  # the model's cache prices (the rewrite decision)
     growth: float = 0.0  # tokens a call adds, on average since the last compaction
     compacting: bool = False  # a held build could not be sent: this one rewrites
+    # what the steps foresee of each other, set by the engine from the steps themselves
+    # (no step reads another's configuration): see sent_tokens and refill_ratio
+    sent: Callable[[Message, int], int] | None = None
+    refill_ratio: float = 0.5  # the fit's low-water mark (window.refill_ratio)
 
     def count(self, message: Message) -> int:
         return self.counter.count_message(message)
 
     def sent_tokens(self, message: Message, tokens: int) -> int:
         """At most how many tokens ``message`` (``tokens`` long) is sent as once the
-        editing steps have run, without running them (the policy's truncation says; a
-        step that must foresee it asks here, not the truncation's configuration)."""
-        cut = self.policy.truncate
-        return tokens if cut is None else cut.sent_tokens(message, tokens)
+        editing steps have run, without running them (the steps that cut say so, as
+        :func:`~ctxwarden.pipeline.cascade.sent_tokens_for` finds them; a step that must
+        foresee it asks here, not the truncation's configuration)."""
+        return tokens if self.sent is None else self.sent(message, tokens)
 
     def total(self, messages: Sequence[Message]) -> int:
         return self.counter.total(messages)

@@ -11,7 +11,7 @@ so), so no step reads another's private message metadata.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ctxwarden.core.messages import Message
@@ -40,6 +40,13 @@ class EditStep:
     @property
     def name(self) -> str:
         return self.strategy.name
+
+    @property
+    def sent_tokens(self) -> Callable[[Message, int], int] | None:
+        """The strategy's ``sent_tokens(message, tokens)``, when it foresees the tokens a
+        message is sent at once it ran (the truncation does); ``None`` otherwise."""
+        found = getattr(self.strategy, "sent_tokens", None)
+        return found if callable(found) else None
 
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
         # The newest call block is kept by the fit, but may be cut or masked like any other

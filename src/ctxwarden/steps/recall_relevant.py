@@ -206,7 +206,7 @@ class RecallRelevant:
         hi = draft.start
         sizes = [ctx.count(m) for m in window]
         if sum(sizes) > room:  # the fit will move the window: to its refill target
-            target = int(room * ctx.policy.window.refill_ratio)
+            target = int(room * ctx.refill_ratio)
             used = 0
             for m, size in zip(reversed(window), reversed(sizes), strict=True):
                 used += size

@@ -17,15 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ctxwarden.core.messages import Message
 from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.steps.base import Action, CountedAction, Draft, StepContext, StepResult
 from ctxwarden.steps.state import BuildState
-
-if TYPE_CHECKING:
-    from ctxwarden.pipeline.policy import Policy
 
 __all__ = ["WindowStep", "is_pinned", "leading_system", "newest_call_block", "newest_user"]
 
@@ -70,15 +66,15 @@ def _align(history: Sequence[Message], start: int) -> int:
 
 
 def _cold_start(
-    history: Sequence[Message], sys_end: int, room: int, counter: TokenCounter, policy: Policy
+    history: Sequence[Message], sys_end: int, room: int, counter: TokenCounter, ctx: StepContext
 ) -> int:
     """Walk back from the newest message until well past what the room can hold, a result
-    the model has answered counted at most as its cut (``truncate.sent_tokens``): walking
+    the model has answered counted at most as its cut (``ctx.sent_tokens``): walking
     raw sizes stopped early on a history of long results that truncation shrinks, and the
     build dropped turns its budget had room for (issue 35). Masking shrinks more, but
     counting placeholders made the walk, and a cold build, about twice as long; what it
     leaves before the window goes to the entity ledger."""
-    cut = policy.truncate
+    cut = ctx.sent is not None
     acc, i, answered = 0, len(history), False
     while i > sys_end and acc <= 3 * room:
         i -= 1
@@ -86,8 +82,8 @@ def _cold_start(
         tokens = counter.count_message(m)
         if m.role == "assistant":
             answered = True
-        elif m.role == "tool" and answered and cut is not None:
-            tokens = cut.sent_tokens(m, tokens)
+        elif m.role == "tool" and answered and cut:
+            tokens = ctx.sent_tokens(m, tokens)
         acc += min(tokens, room)
     return i
 
@@ -174,7 +170,7 @@ class WindowStep:
         layers = ctx.total([m for _, m in draft.layers])
         if prev.history_length == 0:
             room = max(ctx.budget - ctx.fixed - layers, 1)
-            start = _cold_start(h, sys_end, room, ctx.counter, ctx.policy)
+            start = _cold_start(h, sys_end, room, ctx.counter, ctx)
         else:
             start = max(prev.window_start, sys_end)
         start = _align(h, max(start, draft.floor, sys_end))
