@@ -237,7 +237,9 @@ class Draft:
     even eviction removes those, and pinned messages in the window). The layout step fills
     ``ordered``, ``layer_of`` and ``breakpoints``. ``compact`` is set by a step of a
     held build (:attr:`StepContext.hold`) that found a rewrite worth its cost: the engine
-    then compacts (:mod:`ctxwarden.pipeline.compaction`).
+    then compacts (:mod:`ctxwarden.pipeline.compaction`). ``memos`` holds what each step
+    carries to the next build, by the step's name (:mod:`ctxwarden.steps.memos`: a step
+    sets its own with :meth:`with_memo`); the engine stores them in the build's state.
     """
 
     history: Sequence[Message]
@@ -250,23 +252,17 @@ class Draft:
     ledger: Message | None = None
     ledger_base: Message | None = None  # an earlier ledger block kept in place before it
     floor: int = 0
-    ledger_from: int = 0
     edits: Mapping[str, Edit] = field(default_factory=dict)
     rejected: frozenset[str] = frozenset()
     protected: frozenset[str] = frozenset()
     anchors: frozenset[str] = frozenset()
     summary_due: SummaryDue | None = None
-    summary_scan: Any = None  # the SummaryScan the layers step left for the next build
-    ledger_memo: Any = None  # the LedgerMemo the ledger step left for the next build
-    recall_memo: Any = None  # the RecallMemo the recall step left for the next build
-    flagged: tuple[int, ...] = ()
-    flagged_upto: int = 0
     ordered: tuple[Message, ...] = ()
     layer_of: Mapping[str, str] = field(default_factory=dict)
     breakpoints: tuple[str, ...] = ()
     folded: tuple[tuple[str, str], ...] = ()  # (layer, text) folded into the system prompt
     compact: str | None = None  # what a held build held back (the engine weighs a rewrite)
-    kept_from: str = ""  # the first message kept after the fit's drops inside the window
+    memos: Mapping[str, Any] = field(default_factory=dict)  # each step's, by its name
 
     def but(self, **changes: Any) -> Draft:
         """A copy with ``changes`` (drafts are never mutated). Steps make several per
@@ -279,6 +275,14 @@ class Draft:
         new.__dict__.update(self.__dict__)
         new.__dict__.update(changes)
         return new
+
+    def with_memo(self, step: str, memo: Any) -> Draft:
+        """A copy holding ``memo`` as the memo of ``step`` for the next build (``None``:
+        none; :mod:`ctxwarden.steps.memos`)."""
+        memos = {k: v for k, v in self.memos.items() if k != step}
+        if memo is not None:
+            memos[step] = memo
+        return self.but(memos=memos)
 
     @property
     def system(self) -> Sequence[Message]:

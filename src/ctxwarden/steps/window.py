@@ -15,15 +15,24 @@ them, removes one, with a warning (see :mod:`ctxwarden.steps.evict`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ctxwarden.core.messages import Message
 from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.steps.base import Action, CountedAction, Draft, StepContext, StepResult
+from ctxwarden.steps.memos import memo_of, register_memo
 from ctxwarden.steps.state import BuildState
 
-__all__ = ["WindowStep", "is_pinned", "leading_system", "newest_call_block", "newest_user"]
+__all__ = [
+    "WindowMemo",
+    "WindowStep",
+    "is_pinned",
+    "leading_system",
+    "newest_call_block",
+    "newest_user",
+]
 
 
 def leading_system(history: Sequence[Message]) -> int:
@@ -160,6 +169,25 @@ def _left_by_cap(
 
 
 @dataclass(frozen=True)
+class WindowMemo:
+    """The window's memo (``memos["window"]``): the pinned and critical positions before
+    ``upto`` (the next build scans only the messages that left the window since)."""
+
+    flagged: tuple[int, ...] = ()
+    upto: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"flagged": list(self.flagged), "upto": self.upto}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WindowMemo:
+        return cls(tuple(int(i) for i in data.get("flagged", ())), int(data.get("upto", 0)))
+
+
+register_memo("window", WindowMemo)
+
+
+@dataclass(frozen=True)
 class WindowStep:
     """Places the window start and collects the pinned messages before it."""
 
@@ -202,9 +230,7 @@ class WindowStep:
             window=window,
             pinned=tuple(pinned),
             protected=frozenset(protected),
-            flagged=flagged,
-            flagged_upto=upto,
-        )
+        ).with_memo("window", WindowMemo(flagged, upto))
         return StepResult(new, actions)
 
     @staticmethod
@@ -239,7 +265,8 @@ class WindowStep:
     ) -> tuple[tuple[int, ...], int]:
         """Pinned / critical positions before ``limit``: the previous build's, extended by
         the messages that left the window since (history only grows)."""
-        found, scanned = prev.flagged, prev.flagged_upto
+        memo = memo_of(prev, "window", WindowMemo) or WindowMemo()
+        found, scanned = memo.flagged, memo.upto
         if not sys_end <= scanned <= limit:
             found, scanned = (), sys_end
         extra = tuple(j for j in range(scanned, limit) if is_pinned(history[j]))
