@@ -343,6 +343,8 @@ def test_a_message_kept_among_dropped_blocks_stays_while_held() -> None:
     from ctxwarden_bench.traces import load_tau_bench
 
     builds = loop(list(load_tau_bench(TAU)[3]), 4000)
-    assert any(b.state.kept_from for b in builds)  # blocks were dropped inside a turn
+    assert any(
+        getattr(b.state.memos.get("fit"), "kept_from", "") for b in builds
+    )  # blocks were dropped inside a turn
     causes = [b.audit.prefix_break.cause for b in builds if b.audit.prefix_break is not None]
     assert causes and not [c for c in causes if "changed" in c]

@@ -14,7 +14,7 @@ from ctxwarden import Message, Policy, build_context
 from ctxwarden.core.errors import ConfigError
 from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.pipeline.policy import LedgerConfig
-from ctxwarden.steps.ledger import LOOKBACK_CHARS_PER_TOKEN, MIN_LOOKBACK
+from ctxwarden.steps.ledger import LOOKBACK_CHARS_PER_TOKEN, MIN_LOOKBACK, ledger_begin
 from ctxwarden_bench.traces import load_tau_bench
 from ctxwarden_bench.traffic import agent_traffic
 
@@ -53,13 +53,13 @@ def test_a_long_history_of_tool_results_is_read_a_bounded_way_back() -> None:
     reach = {}
     for budget in (2000, 8000):
         cold = build_context(history, "gpt-4o", budget, policy=BOUNDED)
-        region = build_context(  # where a look-back of nothing begins: the window's region
-            history, "gpt-4o", budget, policy=Policy(ledger=LedgerConfig(lookback_budgets=0))
-        ).state.ledger_from
-        read = [_size(m) for m in history[cold.state.ledger_from : region]]
+        nothing = Policy(ledger=LedgerConfig(lookback_budgets=0))
+        # where a look-back of nothing begins: the window's region
+        region = ledger_begin(build_context(history, "gpt-4o", budget, policy=nothing).state)
+        read = [_size(m) for m in history[ledger_begin(cold.state) : region]]
         bound = max(3 * budget * LOOKBACK_CHARS_PER_TOKEN, MIN_LOOKBACK)
         assert sum(read[1:]) < bound <= sum(read)
-        reach[budget] = region - cold.state.ledger_from
+        reach[budget] = region - ledger_begin(cold.state)
         assert cold.input_tokens <= budget
     assert reach[8000] > reach[2000]
 
@@ -73,7 +73,7 @@ def test_the_bound_changes_no_agent_loop() -> None:
         bounded = build_context(history[:n], "gpt-4o", 2000, previous=bounded, policy=BOUNDED)
         unbounded = build_context(history[:n], "gpt-4o", 2000, previous=unbounded, policy=UNBOUNDED)
         assert bounded.to_openai() == unbounded.to_openai()
-    assert bounded is not None and bounded.state.ledger_from <= 1
+    assert bounded is not None and ledger_begin(bounded.state) <= 1
 
 
 def test_a_slice_given_its_earlier_ledger_is_read_whole() -> None:
@@ -84,8 +84,8 @@ def test_a_slice_given_its_earlier_ledger_is_read_whole() -> None:
     earlier = EntityLedger()
     bounded = build_context(history, "gpt-4o", 2000, policy=BOUNDED, earlier_entities=earlier)
     unbounded = build_context(history, "gpt-4o", 2000, earlier_entities=earlier)
-    assert build_context(history, "gpt-4o", 2000, policy=BOUNDED).state.ledger_from > 1
-    assert bounded.state.ledger_from == unbounded.state.ledger_from == 1
+    assert ledger_begin(build_context(history, "gpt-4o", 2000, policy=BOUNDED).state) > 1
+    assert ledger_begin(bounded.state) == ledger_begin(unbounded.state) == 1
     with pytest.raises(ConfigError, match="lookback_budgets"):
         LedgerConfig(lookback_budgets=-1.0)
     with pytest.raises(ConfigError, match="lookback_budgets"):

@@ -16,6 +16,7 @@ from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.formats.openai import message_to_openai
 from ctxwarden.pipeline.engine import BuiltContext, build_context
 from ctxwarden.pipeline.policy import Policy
+from ctxwarden.steps.ledger import ledger_begin
 
 COUNTER = TokenCounter.for_model("gpt-4o")
 WORDS = ["flight", "HAT123", "booking", "ZFA04Y", "please", "2024-05-20", "Mia", "refund", "ok"]
@@ -312,8 +313,8 @@ def test_a_cold_build_reads_ledger_values_a_bounded_way_back() -> None:
     cold = build_context(history, "gpt-4o", 1500)
     unbounded = Policy(ledger=LedgerConfig(lookback=None))
     everything = build_context(history, "gpt-4o", 1500, policy=unbounded)
-    assert len(history) - 1100 < cold.state.ledger_from < cold.state.window_start
-    assert everything.state.ledger_from == 1  # just after the system prompt
+    assert len(history) - 1100 < ledger_begin(cold.state) < cold.state.window_start
+    assert ledger_begin(everything.state) == 1  # just after the system prompt
     start = cold.state.window_start
     recent = f"R{(start - 2) // 4:04d}X"  # the turn just before the window
     ledger = next(m.text for m in cold.messages if m.id == "ctxwarden:ledger")
@@ -326,7 +327,7 @@ def test_a_cold_build_reads_ledger_values_a_bounded_way_back() -> None:
     loop = None
     for end in range(10, len(history) + 1, 40):  # an agent loop from the start
         loop = build_context(history[:end], "gpt-4o", 1500, previous=loop)
-    assert loop is not None and loop.state.ledger_from == 1
+    assert loop is not None and ledger_begin(loop.state) == 1
     with pytest.raises(ConfigError, match="lookback"):
         LedgerConfig(lookback=-1)
     with pytest.raises(ConfigError, match="lookback_budgets"):

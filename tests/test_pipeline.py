@@ -19,6 +19,7 @@ from ctxwarden.core.errors import BudgetError, ConfigError
 from ctxwarden.core.pairing import pairing_problems
 from ctxwarden.formats.openai import messages_from_openai, messages_to_openai
 from ctxwarden.steps.drop_tagged import DropTagged
+from ctxwarden.steps.ledger import ledger_memo
 from ctxwarden.steps.state import PREFIX_DIGITS
 from ctxwarden_bench.proxy import conversation
 from ctxwarden_bench.traces import load_tau_bench
@@ -44,10 +45,14 @@ def tau(tau_bench_path: Path) -> list[list[Message]]:
 def test_state_round_trips_every_field(tau: list[list[Message]]) -> None:
     built = _loop(tau[3], 1600)[-1]
     state = built.state
-    assert state.ledger is not None and state.window_start > 0
+    ledger = ledger_memo(state)
+    assert ledger is not None and ledger.memo is not None and state.window_start > 0
+    assert set(state.memos) == {"window", "fit", "ledger"}  # (no summary: no scan)
     back = BuildState.from_dict(json.loads(json.dumps(state.to_dict())))
     assert back == state
-    assert back.ledger is not None and back.ledger.ledger.entries == state.ledger.ledger.entries
+    carried = ledger_memo(back)
+    assert carried is not None and carried.memo is not None
+    assert carried.memo.ledger.entries == ledger.memo.ledger.entries
     assert back.to_dict() == state.to_dict()
 
 
@@ -103,6 +108,67 @@ def test_the_prefix_is_stored_packed_and_a_state_stored_before_still_builds_the_
     assert isinstance(odd.to_dict()["prefix"], list)
     assert BuildState.from_dict(json.loads(json.dumps(odd.to_dict()))) == odd
     assert BuildState.from_dict(replace(state, prefix=()).to_dict()).prefix == ()
+
+
+def _flat(stored: dict[str, Any]) -> dict[str, Any]:
+    """A stored state as version 3 stored it: each step's memo a flat field."""
+    old = {k: v for k, v in stored.items() if k != "memos"}
+    memos = stored["memos"]
+    ledger = memos.get("ledger", {"begin": 0, "memo": None})
+    window = memos.get("window", {"flagged": [], "upto": 0})
+    old.update(
+        version=3,
+        ledger_from=ledger["begin"],
+        ledger=ledger["memo"],
+        flagged=window["flagged"],
+        flagged_upto=window["upto"],
+        recall=memos.get("recall"),
+        summary_scan=memos.get("layers"),
+        kept_from=memos.get("fit", {"kept_from": ""})["kept_from"],
+    )
+    return old
+
+
+def test_a_state_stored_with_flat_memo_fields_reads_the_same(tau: list[list[Message]]) -> None:
+    """Version 3 kept the steps' memos as flat fields of the state (``ledger_from``,
+    ``ledger``, ``flagged``, ``flagged_upto``, ``recall``, ``summary_scan``,
+    ``kept_from``); such a state, stored by a build or a session, reads as the state it
+    was, and the next builds are the same."""
+    from ctxwarden.session.rows import state_for, sticky_from
+
+    chat = messages_from_openai(conversation(80))
+    policy = Policy(recall=ctxwarden.RecallRelevant())
+    for history, budget, pol in ((tau[3], 1600, Policy()), (chat, 3_000, policy)):
+        built, builds = None, []
+        for n in range(4, len(history) + 1):
+            built = build_context(history[:n], "gpt-4o", budget, previous=built, policy=pol)
+            builds.append(built)
+        for chosen in (builds[len(builds) // 2], builds[-2]):
+            state = chosen.state
+            stored = json.loads(json.dumps(state.to_dict()))
+            old = _flat(stored)
+            assert "memos" not in old and BuildState.from_dict(old) == state
+            n = chosen.audit.history_messages + 1
+            new_way = build_context(history[:n], "gpt-4o", budget, previous=state, policy=pol)
+            old_way = build_context(
+                history[:n], "gpt-4o", budget, previous=BuildState.from_dict(old), policy=pol
+            )
+            assert old_way.messages == new_way.messages and old_way.state == new_way.state
+            # a session's stored decisions: the memos it keeps, and positions as seqs
+            seqs = [10 * i for i in range(chosen.audit.history_messages)]
+            sticky = sticky_from(state, seqs)
+            flat = {k: v for k, v in _flat(sticky).items() if k in _V3_STICKY}
+            assert state_for(flat, seqs) == state_for(sticky, seqs)
+    assert "recall" in state.memos  # (the chat recalled: its memo was read too)
+
+
+# what a session stored of a state in version 3 (flagged, ledger, summary_scan were not)
+_V3_STICKY = (
+    *("version", "history_length", "last_id", "window_start", "sticky", "prefix"),
+    *("ledger_from", "recall", "input_tokens", "compacted_tokens", "held_calls", "kept_from"),
+    *("layers_sent", "layers_key", "ledger_sent", "ledger_base_sent", "turns"),
+    *("last_seq", "window_start_seq", "ledger_from_seq"),
+)
 
 
 _CHILD = """

@@ -18,8 +18,9 @@ from ctxwarden.core.handles import handle_for, message_id_of
 from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.formats.openai import message_to_openai
 from ctxwarden.session.recall import RECALL_TOOL_NAME, original_content, recall_arguments
+from ctxwarden.steps.memos import memo_of
 from ctxwarden.steps.recall_gate import MAX_TOOL_SHARE, named_only_there, tool_share
-from ctxwarden.steps.recall_relevant import RECALL_HEADING, RECALL_ID, RecallRelevant
+from ctxwarden.steps.recall_relevant import RECALL_HEADING, RECALL_ID, RecallMemo, RecallRelevant
 from ctxwarden.steps.state import BuildState
 from ctxwarden.store.service_tables import list_builds
 
@@ -250,7 +251,7 @@ def test_the_recall_layer_is_stable_for_an_unchanged_query_and_pure() -> None:
     assert {m.id: m.text for m in second.messages}[RECALL_ID] == block
     # the memo carried in the state gives what a cold recompute gives
     restored = BuildState.from_dict(json.loads(json.dumps(first.state.to_dict())))
-    assert restored.recall == first.state.recall
+    assert memo_of(restored, "recall", RecallMemo) == memo_of(first.state, "recall", RecallMemo)
     cold = build_context(loop, max_input_tokens=1200, previous=None, policy=ALWAYS)
     warm = build_context(loop, max_input_tokens=1200, previous=restored, policy=ALWAYS)
     assert {m.id: m.text for m in cold.messages}[RECALL_ID] == block
@@ -301,9 +302,14 @@ def test_the_step_can_wait_for_a_summary() -> None:
     assert RECALL_ID not in build_context(history, max_input_tokens=1200, policy=OFF).layers
     waiting = Policy(recall=RecallRelevant(only_summarized=True))
     assert RECALL_ID not in build_context(history, max_input_tokens=1200, policy=waiting).layers
-    assert build_context(history, max_input_tokens=1200, policy=waiting).state.recall is None
+    assert (
+        build_context(history, max_input_tokens=1200, policy=waiting).state.memos.get("recall")
+        is None
+    )
     summarised = build_context(history, "gpt-4o", 1500, summarizer="offline", policy=waiting)
-    assert summarised.state.recall is not None  # the step ran: the build keeps a summary
+    assert (
+        memo_of(summarised.state, "recall", RecallMemo) is not None
+    )  # the step ran: the build keeps a summary
     # (the summary's view quotes the ferry's line, so the block does not repeat it: below)
     given = build_context(
         history, max_input_tokens=1500, summary="Earlier: travel.", policy=waiting

@@ -15,6 +15,7 @@ from ctxwarden.memory.layer_state import LayerState
 from ctxwarden.memory.summaries import SummaryState, SummaryTrigger, plan_summary
 from ctxwarden.memory.summary_scan import SummaryScan, scan_key, summary_due_of
 from ctxwarden.pipeline.policy import Policy
+from ctxwarden.steps.memos import memo_of
 from ctxwarden_bench.random_histories import random_history
 
 COUNTER = TokenCounter.for_model("gpt-4o")
@@ -107,9 +108,10 @@ def test_the_scan_round_trips_in_the_build_state() -> None:
     history = random_history(5, max_turns=20)
     built = build_context(history, "gpt-4o", 1500, layers=LayerState())  # a summary may be due
     state = built.state
-    assert state.summary_scan is not None and state.summary_scan.upto == len(history)
+    scan = memo_of(state, "layers", SummaryScan)
+    assert scan is not None and scan.upto == len(history)
     back = BuildState.from_dict(json.loads(json.dumps(state.to_dict())))
-    assert back == state and back.summary_scan == state.summary_scan
+    assert back == state and memo_of(back, "layers", SummaryScan) == scan
 
 
 def test_an_agent_loop_reports_what_a_cold_build_reports() -> None:
@@ -126,5 +128,6 @@ def test_an_agent_loop_reports_what_a_cold_build_reports() -> None:
         built = build_context(part, "gpt-4o", 3000, policy=policy, previous=previous, layers=layers)
         cold = build_context(part, "gpt-4o", 3000, policy=policy, layers=layers)
         assert built.audit.summary_due == cold.audit.summary_due, n
-        assert built.state.summary_scan == cold.state.summary_scan, n
+        scans = [memo_of(b.state, "layers", SummaryScan) for b in (built, cold)]
+        assert scans[0] == scans[1], n
         previous = built

@@ -57,6 +57,7 @@ from ctxwarden.steps.tool_rules import PinResults
 from ctxwarden.steps.window import WindowStep
 
 if TYPE_CHECKING:
+    from ctxwarden.core.messages import Message
     from ctxwarden.pipeline.policy import Policy
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "as_step",
     "check_cascade",
     "load_step",
+    "sent_tokens_for",
     "steps_for",
 ]
 
@@ -204,3 +206,25 @@ def steps_for(policy: Policy) -> tuple[Step, ...]:
         else:
             out.append(named[name])
     return tuple(out)
+
+
+def sent_tokens_for(policy: Policy) -> Callable[[Message, int], int] | None:
+    """How many tokens a message (of a given count) is sent at once the policy's steps
+    ran, as the steps that foresee it say (a step's ``sent_tokens(message, tokens)``:
+    the truncation's), in cascade order; ``None`` when no step says. The engine hands it
+    to the steps (:meth:`~ctxwarden.steps.base.StepContext.sent_tokens`) and the summary
+    triggers, so none of them reads the truncation's configuration."""
+    found: list[Callable[[Message, int], int]] = []
+    for step in steps_for(policy):
+        sent = getattr(step, "sent_tokens", None)
+        if callable(sent):
+            found.append(sent)
+    if len(found) < 2:
+        return found[0] if found else None
+
+    def sent_tokens(message: Message, tokens: int) -> int:
+        for sent in found:
+            tokens = sent(message, tokens)
+        return tokens
+
+    return sent_tokens

@@ -39,7 +39,7 @@ from ctxwarden.memory.layer_state import LayerState
 from ctxwarden.memory.summaries import Summarizer
 from ctxwarden.pipeline.audit import LAYERS, Audit
 from ctxwarden.pipeline.built import BuiltContext
-from ctxwarden.pipeline.cascade import steps_for
+from ctxwarden.pipeline.cascade import sent_tokens_for, steps_for
 from ctxwarden.pipeline.compaction import (
     growth_per_call,
     held_cause,
@@ -189,12 +189,14 @@ def build_context(
 
 def _as_sent(counter: TokenCounter, policy: Policy) -> Any:
     """A message's tokens as the cascade sends it, for the summary triggers: a long tool
-    result counts as its cut (one long search page must not fire a needless summary)."""
-    cut = policy.truncate
+    result counts as its cut (one long search page must not fire a needless summary;
+    :func:`~ctxwarden.pipeline.cascade.sent_tokens_for`)."""
+    sent = sent_tokens_for(policy)
+    if sent is None:
+        return counter.count_message
 
     def count(message: Message) -> int:
-        tokens = counter.count_message(message)
-        return tokens if cut is None else cut.sent_tokens(message, tokens)
+        return sent(message, counter.count_message(message))
 
     return count
 
@@ -254,6 +256,8 @@ def run_build(
         vectors=vectors,
         hold=hold,
         prices=prices,
+        sent=sent_tokens_for(policy),
+        refill_ratio=policy.window.refill_ratio,
         growth=growth_per_call(
             state.input_tokens,
             state.compacted_tokens,
@@ -478,23 +482,17 @@ def _finish(
         window_start=draft.start,
         sticky=sticky,
         prefix=digests,
-        ledger_from=draft.ledger_from,
-        ledger=draft.ledger_memo,
-        flagged=draft.flagged,
-        flagged_upto=draft.flagged_upto,
         layers=layer_state,
         summary_due=draft.summary_due,
-        recall=draft.recall_memo,
-        summary_scan=draft.summary_scan,
         input_tokens=total,
         compacted_tokens=previous.compacted_tokens if ctx.hold else total,
         held_calls=previous.held_calls + 1 if ctx.hold else 0,
-        kept_from=draft.kept_from,
         layers_sent=layers_sent(draft),
         layers_key=layers_key(ctx),
         ledger_sent=draft.ledger.text if draft.ledger is not None else "",
         ledger_base_sent=draft.ledger_base.text if draft.ledger_base is not None else "",
         turns=turns,
+        memos=draft.memos,
     )
     return BuiltContext(ordered, audit, state, model, layer_of)
 

@@ -1,11 +1,12 @@
 """The last build's memos kept by an open session, by sequence number (speed only).
 
-A build's :class:`~ctxwarden.steps.state.LedgerMemo` holds the entity ledger of the
-messages its window no longer shows and the block it rendered; the engine extends it on
-the next build instead of extracting and ranking those messages again. A session stores
-its sticky decisions without it (the ledger of what lies before the slice has its own
-checkpoint), so each :meth:`~ctxwarden.Session.build` used to re-extract and re-rank the
-masked and dropped part of its slice: in the proxy, about half of a steady-state build.
+A build's :class:`~ctxwarden.steps.ledger.LedgerMemo` (in its ``memos["ledger"]``) holds
+the entity ledger of the messages its window no longer shows and the block it rendered;
+the engine extends it on the next build instead of extracting and ranking those messages
+again. A session stores its sticky decisions without it (the ledger of what lies before
+the slice has its own checkpoint), so each :meth:`~ctxwarden.Session.build` used to
+re-extract and re-rank the masked and dropped part of its slice: in the proxy, about half
+of a steady-state build.
 
 :class:`SeqMemo` is that memo with its positions turned into the sequence numbers of the
 messages it covers, kept in memory by the open :class:`~ctxwarden.Session` (never stored:
@@ -26,7 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from ctxwarden.memory.summary_scan import SummaryScan
-from ctxwarden.steps.state import BuildState, LedgerMemo
+from ctxwarden.steps.ledger import LedgerMemo, LedgerSources, ledger_memo
+from ctxwarden.steps.memos import memo_of
+from ctxwarden.steps.state import BuildState
 
 __all__ = ["SeqMemo"]
 
@@ -44,7 +47,8 @@ class SeqMemo:
     @classmethod
     def of(cls, state: BuildState, seqs: Sequence[int]) -> SeqMemo | None:
         """The memos of a build over the slice ``seqs`` (None: it has none)."""
-        memo, scan = state.ledger, state.summary_scan
+        sources, scan = ledger_memo(state), memo_of(state, "layers", SummaryScan)
+        memo = sources.memo if sources is not None else None
         if memo is None or not state.history_length or memo.upto > len(seqs):
             memo = None
         if scan is None or scan.upto > len(seqs):
@@ -59,11 +63,14 @@ class SeqMemo:
         ledger's when ``seqs`` holds the covered messages at consecutive positions, the
         scan when ``seqs`` begins with the slice it summed; else unchanged."""
         if self.scan is not None and tuple(seqs[: len(self.scanned)]) == self.scanned:
-            state = replace(state, summary_scan=self.scan)
+            state = state.with_memo("layers", self.scan)
         if self.memo is None:
             return state
-        first = bisect.bisect_left(seqs, self.seqs[0]) if self.seqs else state.ledger_from
+        sources = ledger_memo(state) or LedgerSources()
+        first = bisect.bisect_left(seqs, self.seqs[0]) if self.seqs else sources.begin
         upto = first + len(self.seqs)
         if tuple(seqs[first:upto]) != self.seqs:
             return state
-        return replace(state, ledger=replace(self.memo, first=first, upto=upto))
+        return state.with_memo(
+            "ledger", replace(sources, memo=replace(self.memo, first=first, upto=upto))
+        )

@@ -69,8 +69,11 @@ def summary_state(record: StoredSession) -> SummaryState:
 
 # Parts of the engine state a session keeps elsewhere (summary, facts and the ledger of
 # what lies before the slice have their own columns) or that count positions of one
-# slice only (the next build reads another slice and finds them again, cheaply).
-_NOT_STORED = ("ledger", "layers", "flagged", "flagged_upto", "summary_due", "summary_scan")
+# slice only (the next build reads another slice and finds them again, cheaply): fields,
+# and step memos (BuildState.memos) by step name. Of the ledger's memo only where its
+# sources begin is stored, as a sequence number (``ledger_from_seq``).
+_NOT_STORED = ("layers", "summary_due")
+_MEMOS_NOT_STORED = ("window", "layers")
 
 
 def sticky_from(state: BuildState, seqs: Sequence[int]) -> dict[str, Any]:
@@ -81,21 +84,30 @@ def sticky_from(state: BuildState, seqs: Sequence[int]) -> dict[str, Any]:
 def _sticky(stored: BuildState, seqs: Sequence[int]) -> dict[str, Any]:
     """:func:`sticky_from` of a state already without its unstored parts (what is not
     stored is not written only to go)."""
+    from ctxwarden.steps.ledger import ledger_begin
+
     data = stored.to_dict()
     for name in _NOT_STORED:
         del data[name]
     if stored.history_length:
         data["last_seq"] = seqs[stored.history_length - 1]
         data["window_start_seq"] = seqs[min(stored.window_start, len(seqs) - 1)]
-        data["ledger_from_seq"] = seqs[min(stored.ledger_from, len(seqs) - 1)]
+        data["ledger_from_seq"] = seqs[min(ledger_begin(stored), len(seqs) - 1)]
     return data
 
 
 def _stored_part(state: BuildState) -> BuildState:
-    """``state`` with the parts a session does not store (:data:`_NOT_STORED`) at their
+    """``state`` with the parts a session does not store (:data:`_NOT_STORED`,
+    :data:`_MEMOS_NOT_STORED`, the ledger's memo but where its sources begin) at their
     defaults: what ``BuildState.from_dict(sticky_from(state, ...))`` gives back,
     positions aside."""
-    return replace(state, **_unstored_defaults())
+    from ctxwarden.steps.ledger import LedgerSources, ledger_memo
+
+    memos = {k: v for k, v in state.memos.items() if k not in _MEMOS_NOT_STORED}
+    ledger = ledger_memo(state)
+    if ledger is not None:
+        memos["ledger"] = LedgerSources(ledger.begin)
+    return replace(state, **_unstored_defaults(), memos=memos)
 
 
 @memoize(64)
@@ -114,7 +126,9 @@ def state_for(
     ``None`` (a cold build) when the last build's newest message is not in this slice.
     ``saved`` is what this process stored last: when ``sticky`` is that, its state is
     taken as built instead of decoded (equal, by :meth:`BuildState.from_dict`'s
-    round trip)."""
+    round trip). A state stored before the step memos had their own mapping (flat
+    fields) is read as well."""
+    from ctxwarden.steps.ledger import LedgerSources, ledger_memo
     from ctxwarden.steps.state import BuildState
 
     last_seq = sticky.get("last_seq")
@@ -126,12 +140,21 @@ def state_for(
     if saved is not None and saved.sticky == sticky:
         state = saved.state
     else:
-        state = BuildState.from_dict({k: v for k, v in sticky.items() if k not in _NOT_STORED})
+        data = {k: v for k, v in sticky.items() if k not in _FLAT_NOT_STORED}
+        memos = data.get("memos")
+        if isinstance(memos, Mapping):
+            data["memos"] = {k: v for k, v in memos.items() if k not in _MEMOS_NOT_STORED}
+        state = BuildState.from_dict(data)
     start = bisect.bisect_left(seqs, int(sticky.get("window_start_seq", 0)))
     ledger_from = bisect.bisect_left(seqs, int(sticky.get("ledger_from_seq", 0)))
-    return replace(
-        state, history_length=at + 1, window_start=min(start, at), ledger_from=ledger_from
-    )
+    ledger = replace(ledger_memo(state) or LedgerSources(), begin=ledger_from)
+    state = replace(state, history_length=at + 1, window_start=min(start, at))
+    return state.with_memo("ledger", ledger)
+
+
+# What a session stored before the step memos had their own mapping and does not keep
+# (a state stored then: flat fields)
+_FLAT_NOT_STORED = (*_NOT_STORED, "ledger", "flagged", "flagged_upto", "summary_scan")
 
 
 @dataclass(frozen=True)
@@ -153,9 +176,10 @@ class SavedState:
         context's digests, and the ledger blocks as sent (a compaction keeps the block it
         sent in place, :func:`~ctxwarden.steps.fit.stacked_ledger`; one the provider never
         answered holds nothing in its cache, so the ledger is rendered anew)."""
-        state = replace(saved.state, prefix=(), kept_from="", ledger_sent="", ledger_base_sent="")
+        state = replace(saved.state, prefix=(), ledger_sent="", ledger_base_sent="")
+        state = state.with_memo("fit", None)  # the fit's earlier drops (kept_from)
         fresh = state.to_dict()
-        sent = {k: fresh[k] for k in ("prefix", "kept_from", "ledger_sent", "ledger_base_sent")}
+        sent = {k: fresh[k] for k in ("prefix", "ledger_sent", "ledger_base_sent", "memos")}
         return cls({**saved.sticky, **sent}, state)
 
 

@@ -237,7 +237,9 @@ class Draft:
     even eviction removes those, and pinned messages in the window). The layout step fills
     ``ordered``, ``layer_of`` and ``breakpoints``. ``compact`` is set by a step of a
     held build (:attr:`StepContext.hold`) that found a rewrite worth its cost: the engine
-    then compacts (:mod:`ctxwarden.pipeline.compaction`).
+    then compacts (:mod:`ctxwarden.pipeline.compaction`). ``memos`` holds what each step
+    carries to the next build, by the step's name (:mod:`ctxwarden.steps.memos`: a step
+    sets its own with :meth:`with_memo`); the engine stores them in the build's state.
     """
 
     history: Sequence[Message]
@@ -250,24 +252,18 @@ class Draft:
     ledger: Message | None = None
     ledger_base: Message | None = None  # an earlier ledger block kept in place before it
     floor: int = 0
-    ledger_from: int = 0
     edits: Mapping[str, Edit] = field(default_factory=dict)
     rejected: frozenset[str] = frozenset()
     protected: frozenset[str] = frozenset()
     anchors: frozenset[str] = frozenset()
     summary_due: SummaryDue | None = None
-    summary_scan: Any = None  # the SummaryScan the layers step left for the next build
-    ledger_memo: Any = None  # the LedgerMemo the ledger step left for the next build
-    recall_memo: Any = None  # the RecallMemo the recall step left for the next build
-    flagged: tuple[int, ...] = ()
-    flagged_upto: int = 0
     ordered: tuple[Message, ...] = ()
     layer_of: Mapping[str, str] = field(default_factory=dict)
     breakpoints: tuple[str, ...] = ()
     folded: tuple[tuple[str, str], ...] = ()  # (layer, text) folded into the system prompt
     compact: str | None = None  # what a held build held back (the engine weighs a rewrite)
-    kept_from: str = ""  # the first message kept after the fit's drops inside the window
     edited_from: str = ""  # the first window message a held build's tail edit changed
+    memos: Mapping[str, Any] = field(default_factory=dict)  # each step's, by its name
 
     def but(self, **changes: Any) -> Draft:
         """A copy with ``changes`` (drafts are never mutated). Steps make several per
@@ -280,6 +276,14 @@ class Draft:
         new.__dict__.update(self.__dict__)
         new.__dict__.update(changes)
         return new
+
+    def with_memo(self, step: str, memo: Any) -> Draft:
+        """A copy holding ``memo`` as the memo of ``step`` for the next build (``None``:
+        none; :mod:`ctxwarden.steps.memos`)."""
+        memos = {k: v for k, v in self.memos.items() if k != step}
+        if memo is not None:
+            memos[step] = memo
+        return self.but(memos=memos)
 
     @property
     def system(self) -> Sequence[Message]:
@@ -297,7 +301,10 @@ class StepContext:
     what the context costs whatever the steps do: reply priming, tool definitions and
     the system prompt. ``hold`` marks a build between compactions: the editing steps send
     every message the previous context held as it was sent (cache-aware compaction,
-    :mod:`ctxwarden.pipeline.compaction`), weighing a change at ``prices`` with ``growth``."""
+    :mod:`ctxwarden.pipeline.compaction`), weighing a change at ``prices`` with ``growth``.
+    ``sent`` (read through :meth:`sent_tokens`) and ``refill_ratio`` are what a step may
+    foresee of the others: the size a message is sent at once cut, and the share of its
+    room the window's fit refills to when it moves (:mod:`~ctxwarden.steps.fit`)."""
 
     counter: TokenCounter
     budget: int
@@ -317,16 +324,20 @@ class StepContext:
     growth: float = 0.0  # tokens a call adds, on average since the last compaction
     calls: int = 0  # the loop's model calls so far: the whole history's assistant turns
     compacting: bool = False  # a held build could not be sent: this one rewrites
+    # what the steps foresee of each other, set by the engine from the steps themselves
+    # (no step reads another's configuration): see sent_tokens and refill_ratio
+    sent: Callable[[Message, int], int] | None = None
+    refill_ratio: float = 0.5  # the fit's low-water mark (window.refill_ratio)
 
     def count(self, message: Message) -> int:
         return self.counter.count_message(message)
 
     def sent_tokens(self, message: Message, tokens: int) -> int:
         """At most how many tokens ``message`` (``tokens`` long) is sent as once the
-        editing steps have run, without running them (the policy's truncation says; a
-        step that must foresee it asks here, not the truncation's configuration)."""
-        cut = self.policy.truncate
-        return tokens if cut is None else cut.sent_tokens(message, tokens)
+        editing steps have run, without running them (the steps that cut say so, as
+        :func:`~ctxwarden.pipeline.cascade.sent_tokens_for` finds them; a step that must
+        foresee it asks here, not the truncation's configuration)."""
+        return tokens if self.sent is None else self.sent(message, tokens)
 
     def total(self, messages: Sequence[Message]) -> int:
         return self.counter.total(messages)

@@ -11,7 +11,7 @@ so), so no step reads another's private message metadata.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ctxwarden.core.messages import Message
@@ -43,6 +43,13 @@ class EditStep:
     @property
     def name(self) -> str:
         return self.strategy.name
+
+    @property
+    def sent_tokens(self) -> Callable[[Message, int], int] | None:
+        """The strategy's ``sent_tokens(message, tokens)``, when it foresees the tokens a
+        message is sent at once it ran (the truncation does); ``None`` otherwise."""
+        found = getattr(self.strategy, "sent_tokens", None)
+        return found if callable(found) else None
 
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
         # The newest call block is kept by the fit, but may be cut or masked like any other
@@ -168,7 +175,7 @@ def tail_edit(
         answers[i] = answers[i + 1] + (window[i].role == "assistant")
     calls = max(ctx.budget - ctx.previous.input_tokens, 0) / ctx.growth
     so_far = ctx.calls  # (carried in the state: a session's history is a slice)
-    low_water = ctx.policy.window.refill_ratio
+    low_water = ctx.refill_ratio
     candidates: list[int] = []
     best = 0
     freed = 0

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ctxwarden.core.messages import Message
 from ctxwarden.core.pairing import Block, group_blocks
@@ -31,13 +32,17 @@ from ctxwarden.steps.ledger import (
     LEDGER_ID,
     LEDGER_MORE_ID,
     LedgerBuilder,
+    LedgerSources,
     ledger_cap,
     ledger_from,
+    ledger_memo,
 )
+from ctxwarden.steps.memos import memo_of, register_memo
 from ctxwarden.steps.state import PREFIX_DIGITS
 from ctxwarden.steps.window import is_pinned
 
 __all__ = [
+    "FitMemo",
     "FitStep",
     "capped_count",
     "ledger_sources",
@@ -74,6 +79,25 @@ def shown_blocks(draft: Draft) -> list[Message]:
 
 
 @dataclass(frozen=True)
+class FitMemo:
+    """The fit's memo (``memos["fit"]``): the first message kept after the drops it made
+    inside the window (its id; ``""``: none), which the next build's drops repeat
+    (:func:`sticky_drops`)."""
+
+    kept_from: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kept_from": self.kept_from}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FitMemo:
+        return cls(str(data.get("kept_from", "")))
+
+
+register_memo("fit", FitMemo)
+
+
+@dataclass(frozen=True)
 class FitStep:
     """Fits the window and renders the ledger (see the module docstring)."""
 
@@ -88,7 +112,8 @@ class FitStep:
         blocks: list[Block] | None = None
         pos: dict[str, int] = {}
         first = ledger_from(draft, ctx)
-        memo = ctx.previous.ledger if ctx.previous.history_length else None
+        carried = ledger_memo(ctx.previous) if ctx.previous.history_length else None
+        memo = carried.memo if carried is not None else None
         builder = LedgerBuilder(
             ctx.counter, ledger_cap(draft, ctx), ctx.earlier, memo, shown_blocks(draft)
         )
@@ -135,10 +160,9 @@ class FitStep:
             window=window,
             ledger=ledger,
             ledger_base=base,
-            ledger_from=first,
-            ledger_memo=builder.memo,
-            kept_from=_kept_from(original, window, actions),
         )
+        new = new.with_memo("ledger", LedgerSources(first, builder.memo))
+        new = new.with_memo("fit", FitMemo(_kept_from(original, window, actions)))
         return StepResult(new, tuple(actions))
 
 
@@ -161,7 +185,8 @@ def sticky_drops(draft: Draft, ctx: StepContext) -> tuple[Draft, tuple[Action, .
     user message, among blocks dropped after it) is not protected once a newer user
     message comes, and dropping it here would rewrite everything after it: a move of the
     window that is the next compaction's to make."""
-    keep_from = ctx.previous.kept_from if ctx.previous.history_length else ""
+    memo = memo_of(ctx.previous, "fit", FitMemo) if ctx.previous.history_length else None
+    keep_from = memo.kept_from if memo is not None else ""
     if not keep_from:
         return draft, ()
     cut = next((i for i, m in enumerate(draft.window) if m.id == keep_from), 0)

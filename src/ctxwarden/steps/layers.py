@@ -34,6 +34,7 @@ from ctxwarden.memory.summaries import plan_summary, summary_view, view_fills
 from ctxwarden.memory.summary_scan import SummaryScan, scan_key, summary_due_of
 from ctxwarden.steps.base import Draft, StepContext, StepResult, system_block
 from ctxwarden.steps.ledger import ledger_cap
+from ctxwarden.steps.memos import memo_of, register_memo
 
 __all__ = [
     "SUMMARY_HEADING",
@@ -44,6 +45,9 @@ __all__ = [
 ]
 
 SUMMARY_HEADING = "Summary of the earlier conversation:\n"
+# The layers step's memo (memos["layers"]): the summary triggers' sums over the history
+register_memo("layers", SummaryScan)
+
 _RESTATED_TURNS = 2  # a fact new at each of this many latest user messages is held back
 
 
@@ -98,9 +102,8 @@ class LayersStep:
             layers.append(("facts", system_block(facts, "ctxwarden:facts")))
         if summary:
             layers.append(("summary", system_block(summary, "ctxwarden:summary")))
-        new = draft.but(
-            layers=(*draft.layers, *layers), floor=floor, summary_due=due, summary_scan=scan
-        )
+        new = draft.but(layers=(*draft.layers, *layers), floor=floor, summary_due=due)
+        new = new.with_memo("layers", scan)
         return StepResult(new, (), tuple(warnings))
 
 
@@ -195,7 +198,7 @@ def summary_due(
             return None, None
         return SummaryDue(plan.reasons, plan.fold[0].id, plan.fold[-1].id, len(plan.fold)), None
     key = scan_key(count_key(ctx.counter), state.summary)
-    scan = ctx.previous.summary_scan if ctx.previous.history_length else None
+    scan = memo_of(ctx.previous, "layers", SummaryScan) if ctx.previous.history_length else None
     if scan is None or not scan.fits(history, key):
         scan = SummaryScan(key=key)
     due, scan = summary_due_of(

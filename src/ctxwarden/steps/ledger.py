@@ -9,9 +9,10 @@ before, kept so the prompt cache still serves it, and the values it does not sho
 
 The region before the window only grows (the window start is sticky), so a conversation's
 ledger is extended, never rebuilt: the previous build's
-:class:`~ctxwarden.steps.state.LedgerMemo` (part of its explicit state) holds the ledger
-up to its window start and the block it rendered, so a build costs the messages that left
-the window since, and re-renders only when the window moved or a batch was masked.
+:class:`LedgerMemo` (part of its explicit state: ``BuildState.memos["ledger"]``, a
+:class:`LedgerSources`) holds the ledger up to its window start and the block it
+rendered, so a build costs the messages that left the window since, and re-renders only
+when the window moved or a batch was masked.
 
 A cold build (no previous state) of a history this process has built before — a
 restarted session in a long-lived worker — finds the ledger of its look-back in
@@ -23,8 +24,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from ctxwarden.core.caching import BoundedCache, memoize
 from ctxwarden.core.messages import Message
@@ -32,14 +34,17 @@ from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.memory.entities import extract_entities
 from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.steps.base import Draft, StepContext, system_block
-from ctxwarden.steps.state import LedgerMemo
+from ctxwarden.steps.memos import memo_of, register_memo
 
 __all__ = [
     "LEDGER_ID",
     "LEDGER_MORE_ID",
     "CarriedLedger",
     "LedgerBuilder",
+    "LedgerMemo",
+    "LedgerSources",
     "Shown",
+    "ledger_memo",
     "ledger_of",
     "seed_tag",
     "shown_values",
@@ -48,6 +53,76 @@ __all__ = [
 LEDGER_ID = "ctxwarden:ledger"
 LEDGER_MORE_ID = "ctxwarden:ledger+"  # the values a kept ledger block does not show
 _FRAMING = 5  # message framing + role tokens around the ledger text
+
+
+@dataclass(frozen=True)
+class LedgerMemo:
+    """The entity ledger of ``history[first:upto]`` less pinned messages (on top of
+    the caller's ``earlier`` seed named by ``seed``), and the block last rendered from it
+    with what it was rendered for (``key``): the next build extends the ledger by the
+    messages that left the window since, and reuses the block when nothing changed."""
+
+    first: int = 0
+    upto: int = 0
+    seed: str = ""
+    ledger: EntityLedger = field(default_factory=EntityLedger)
+    key: str = ""
+    text: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "first": self.first,
+            "upto": self.upto,
+            "seed": self.seed,
+            "ledger": self.ledger.to_dict(),
+            "key": self.key,
+            "text": self.text,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LedgerMemo:
+        text = data.get("text")
+        return cls(
+            first=int(data.get("first", 0)),
+            upto=int(data["upto"]),
+            seed=str(data.get("seed", "")),
+            ledger=EntityLedger.from_dict(data["ledger"]),
+            key=str(data.get("key", "")),
+            text=None if text is None else str(text),
+        )
+
+
+@dataclass(frozen=True)
+class LedgerSources:
+    """The ledger's memo (``memos["ledger"]``; the fit renders the ledger): where its
+    sources begin (``begin``: kept by the next build, which reads no further back) and the
+    ledger of them with the block rendered from it (``memo``; ``None``: none to extend)."""
+
+    begin: int = 0
+    memo: LedgerMemo | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"begin": self.begin, "memo": None if self.memo is None else self.memo.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LedgerSources:
+        memo = data.get("memo")
+        return cls(int(data.get("begin", 0)), None if memo is None else LedgerMemo.from_dict(memo))
+
+
+register_memo("ledger", LedgerSources)
+
+
+def ledger_memo(holder: Any) -> LedgerSources | None:
+    """The ledger's memo in ``holder`` (a build state or a draft), if any."""
+    return memo_of(holder, "ledger", LedgerSources)
+
+
+def ledger_begin(holder: Any) -> int:
+    """Where the ledger's sources begin in ``holder`` (a build state or a draft): a
+    position of the history it was built from (0: no ledger memo)."""
+    memo = ledger_memo(holder)
+    return memo.begin if memo is not None else 0
 
 
 @dataclass(frozen=True)
@@ -302,7 +377,7 @@ def ledger_from(draft: Draft, ctx: StepContext) -> int:
     read, and values between its start and a bound would be in neither)."""
     cfg = ctx.policy.ledger
     if ctx.previous.history_length:
-        return max(draft.sys_end, min(ctx.previous.ledger_from, draft.start))
+        return max(draft.sys_end, min(ledger_begin(ctx.previous), draft.start))
     first = draft.sys_end
     if cfg.lookback is not None:
         first = max(first, draft.start - cfg.lookback)

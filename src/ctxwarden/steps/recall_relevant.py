@@ -37,7 +37,8 @@ It needs ``pip install "ctxwarden[recall]"`` (bm25s, numpy only); without it a b
 with the step on fails with a :class:`~ctxwarden.core.errors.MissingDependencyError` naming
 the extra. The step is pure: the index is built from the history it is given, at most ``lookback``
 messages before the window (and ``max_chars`` of each), and the previous build's
-:class:`RecallMemo` (part of the explicit :class:`~ctxwarden.steps.state.BuildState`)
+:class:`RecallMemo` (part of the explicit :class:`~ctxwarden.steps.state.BuildState`,
+under ``memos["recall"]``)
 gives the same block back without re-indexing when none of its inputs changed. A
 session does not store the memo: its build reads a slice bounded by the budget, so the
 sources, and the work, are bounded there already.
@@ -47,7 +48,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,12 +56,12 @@ from ctxwarden.core.errors import ConfigError, MissingDependencyError
 from ctxwarden.core.handles import handle_for
 from ctxwarden.core.messages import Message
 from ctxwarden.steps.base import Action, Draft, StepContext, StepResult
+from ctxwarden.steps.memos import memo_of, register_memo
 from ctxwarden.steps.recall_fusion import fuse, vector_ranking
 from ctxwarden.steps.recall_gate import chat_shaped, recall_fraction, words_of
-from ctxwarden.steps.state import RecallMemo
 from ctxwarden.steps.window import is_pinned, newest_call_block
 
-__all__ = ["RECALL_HEADING", "RECALL_ID", "RecallRelevant"]
+__all__ = ["RECALL_HEADING", "RECALL_ID", "RecallMemo", "RecallRelevant"]
 
 RECALL_ID = "ctxwarden:recall"
 RECALL_HEADING = (
@@ -68,6 +69,29 @@ RECALL_HEADING = (
 )
 _WORD = re.compile(r"(?u)\b\w\w+\b")
 _SKIPS = 24  # passages tried past the first that does not fit (a shorter one may)
+
+
+@dataclass(frozen=True)
+class RecallMemo:
+    """The recall block last rendered (``text``; ``None``: nothing relevant), the ids it
+    shows with their tokens, and what it was rendered for (``key``): the next build
+    reuses it without re-indexing when the query and the sources are unchanged."""
+
+    key: str
+    text: str | None = None
+    shown: tuple[tuple[str, int], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "text": self.text, "shown": [list(s) for s in self.shown]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RecallMemo:
+        text = data.get("text")
+        shown = tuple((str(i), int(t)) for i, t in data.get("shown", ()))
+        return cls(str(data["key"]), None if text is None else str(text), shown)
+
+
+register_memo("recall", RecallMemo)
 
 
 @dataclass(frozen=True)
@@ -149,12 +173,12 @@ class RecallRelevant:
         key = _key(draft, query, lo, hi, sources, cap, ctx.counter.model, self)
         if vector is not None:
             key += ctx.vectors.digest(vector, [m.id for _, m in sources])
-        memo = ctx.previous.recall if ctx.previous.history_length else None
+        memo = memo_of(ctx.previous, "recall", RecallMemo) if ctx.previous.history_length else None
         if memo is not None and memo.key == key:
             text, shown = memo.text, memo.shown
         else:
             text, shown = self._render(sources, query, cap, draft, ctx, vector)
-        new = draft.but(recall_memo=RecallMemo(key, text, shown))
+        new = draft.with_memo("recall", RecallMemo(key, text, shown))
         if text is None:
             return StepResult(new)
         block = Message.user(text, id=RECALL_ID)  # a system block would join Anthropic's system
@@ -206,7 +230,7 @@ class RecallRelevant:
         hi = draft.start
         sizes = [ctx.count(m) for m in window]
         if sum(sizes) > room:  # the fit will move the window: to its refill target
-            target = int(room * ctx.policy.window.refill_ratio)
+            target = int(room * ctx.refill_ratio)
             used = 0
             for m, size in zip(reversed(window), reversed(sizes), strict=True):
                 used += size

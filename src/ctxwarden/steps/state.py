@@ -10,13 +10,18 @@ functions, and their absence changes no output.
 It holds the sticky decisions (window start, masked and truncated messages), the
 digests of the last context's messages (prefix reuse: :data:`PREFIX_DIGITS` hex digits of
 each fingerprint, stored packed: 8 characters a message, where a whole one took 44),
-the entity ledger of the messages before the window and where it began, the rendered
-ledger block, the pinned positions found so far, the summary and facts
-(:class:`~ctxwarden.steps.layers.LayerState`), when a summary is due, what it would fold,
-and the sums its triggers test
-(:class:`~ctxwarden.memory.summary_scan.SummaryScan`: the next build adds only the new
-messages), and what cache-aware compaction weighs (the context's tokens, its tokens after
-the last compaction, the append-only builds since: :mod:`ctxwarden.pipeline.compaction`).
+the summary and facts (:class:`~ctxwarden.steps.layers.LayerState`), when a summary is
+due and what it would fold, what cache-aware compaction weighs (the context's tokens, its
+tokens after the last compaction, the append-only builds since, the blocks as sent:
+:mod:`ctxwarden.pipeline.compaction`), and each step's own memo under the step's name
+(``memos``, :mod:`ctxwarden.steps.memos`): the window's pinned positions found so far
+(``window``), the fit's earlier drops (``fit``), the entity ledger of the messages before
+the window, where its sources begin and the block rendered from it (``ledger``,
+:class:`~ctxwarden.steps.ledger.LedgerSources`), the recall block (``recall``) and the
+sums the summary triggers test (``layers``,
+:class:`~ctxwarden.memory.summary_scan.SummaryScan`: the next build adds only the new
+messages). A state stored before the memos had their own mapping (version 3 and before,
+flat fields) is read into it.
 
 Positions count messages of the list the build was given; a session translates them to
 stored sequence numbers and back (:mod:`ctxwarden.session.rows`).
@@ -26,25 +31,24 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ctxwarden.core.errors import ConfigError
-from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.memory.layer_state import LayerState
-from ctxwarden.memory.summary_scan import SummaryScan
 from ctxwarden.steps.base import ActionKind
+from ctxwarden.steps.memos import Memo, decode_memo
 
 __all__ = [
     "PREFIX_DIGITS",
     "BuildState",
     "HistoryTurns",
-    "LedgerMemo",
-    "RecallMemo",
     "SummaryDue",
 ]
 
-STATE_VERSION = 3  # 3: ``prefix`` holds digests, packed (2 and 1: whole fingerprints, a list)
+# 4: the steps' memos under ``memos``, by step name (3 and before: flat fields, still read);
+# 3: ``prefix`` holds digests, packed (2 and 1: whole fingerprints, a list)
+STATE_VERSION = 4
 
 PREFIX_DIGITS = 12
 """Hex digits of a message's fingerprint kept in :attr:`BuildState.prefix` (48 bits, as in
@@ -110,63 +114,6 @@ class SummaryDue:
 
 
 @dataclass(frozen=True)
-class LedgerMemo:
-    """The entity ledger of ``history[first:upto]`` less pinned messages (on top of
-    the caller's ``earlier`` seed named by ``seed``), and the block last rendered from it
-    with what it was rendered for (``key``): the next build extends the ledger by the
-    messages that left the window since, and reuses the block when nothing changed."""
-
-    first: int = 0
-    upto: int = 0
-    seed: str = ""
-    ledger: EntityLedger = field(default_factory=EntityLedger)
-    key: str = ""
-    text: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "first": self.first,
-            "upto": self.upto,
-            "seed": self.seed,
-            "ledger": self.ledger.to_dict(),
-            "key": self.key,
-            "text": self.text,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> LedgerMemo:
-        text = data.get("text")
-        return cls(
-            first=int(data.get("first", 0)),
-            upto=int(data["upto"]),
-            seed=str(data.get("seed", "")),
-            ledger=EntityLedger.from_dict(data["ledger"]),
-            key=str(data.get("key", "")),
-            text=None if text is None else str(text),
-        )
-
-
-@dataclass(frozen=True)
-class RecallMemo:
-    """The recall block last rendered (``text``; ``None``: nothing relevant), the ids it
-    shows with their tokens, and what it was rendered for (``key``): the next build
-    reuses it without re-indexing when the query and the sources are unchanged."""
-
-    key: str
-    text: str | None = None
-    shown: tuple[tuple[str, int], ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "text": self.text, "shown": [list(s) for s in self.shown]}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RecallMemo:
-        text = data.get("text")
-        shown = tuple((str(i), int(t)) for i, t in data.get("shown", ()))
-        return cls(str(data["key"]), None if text is None else str(text), shown)
-
-
-@dataclass(frozen=True)
 class HistoryTurns:
     """The whole history's assistant turns and its tokens after the system prompt, summed
     build by build: what a call of the loop adds on average
@@ -187,25 +134,27 @@ class BuildState:
     window_start: int = 0
     sticky: Mapping[str, ActionKind] = field(default_factory=dict)
     prefix: tuple[str, ...] = ()  # the previous context's digests, in order (PREFIX_DIGITS)
-    ledger_from: int = 0  # where the ledger's sources begin
-    ledger: LedgerMemo | None = None
-    flagged: tuple[int, ...] = ()  # pinned / critical positions before ``flagged_upto``
-    flagged_upto: int = 0
     layers: LayerState | None = None  # summary and facts
     summary_due: SummaryDue | None = None
-    recall: RecallMemo | None = None  # the recall step's last block
-    summary_scan: SummaryScan | None = None  # the summary triggers' sums over the history
     # cache-aware compaction (ctxwarden.pipeline.compaction): the context's tokens, its tokens
     # right after the last compaction, and the held (append-only) builds since
     input_tokens: int = 0
     compacted_tokens: int = 0
     held_calls: int = 0
-    kept_from: str = ""  # the fit's drops inside the window end before this message (its id)
     layers_sent: tuple[tuple[str, str, str], ...] = ()  # facts / summary: (layer, id, text)
     layers_key: str = ""  # what those layers were made of (compaction.layers_key)
     ledger_sent: str = ""  # the ledger block's text as sent (held between compactions)
     ledger_base_sent: str = ""  # the ledger block kept before it, as sent ("": none)
     turns: HistoryTurns = HistoryTurns()
+    # each step's own memo, by the step's name (ctxwarden.steps.memos): read with memo_of
+    memos: Mapping[str, Memo] = field(default_factory=dict)
+
+    def with_memo(self, step: str, memo: Memo | None) -> BuildState:
+        """A copy whose memo of ``step`` is ``memo`` (``None``: none)."""
+        memos = {k: v for k, v in self.memos.items() if k != step}
+        if memo is not None:
+            memos[step] = memo
+        return replace(self, memos=memos)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-ready; :meth:`from_dict` gives back an equal state."""
@@ -216,51 +165,39 @@ class BuildState:
             "window_start": self.window_start,
             "sticky": dict(self.sticky),
             "prefix": _pack_prefix(self.prefix),
-            "ledger_from": self.ledger_from,
-            "ledger": None if self.ledger is None else self.ledger.to_dict(),
-            "flagged": list(self.flagged),
-            "flagged_upto": self.flagged_upto,
             "layers": None if self.layers is None else self.layers.to_dict(),
             "summary_due": None if self.summary_due is None else self.summary_due.to_dict(),
-            "recall": None if self.recall is None else self.recall.to_dict(),
-            "summary_scan": None if self.summary_scan is None else self.summary_scan.to_dict(),
             "input_tokens": self.input_tokens,
             "compacted_tokens": self.compacted_tokens,
             "held_calls": self.held_calls,
-            "kept_from": self.kept_from,
             "layers_sent": [list(t) for t in self.layers_sent],
             "layers_key": self.layers_key,
             "ledger_sent": self.ledger_sent,
             "ledger_base_sent": self.ledger_base_sent,
             "turns": [self.turns.turns, self.turns.tokens],
+            "memos": {name: memo.to_dict() for name, memo in self.memos.items()},
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BuildState:
         """The state :meth:`to_dict` wrote, by this version or an earlier one (a version-1
-        dict: its five fields); :class:`~ctxwarden.core.errors.ConfigError` names what is
+        dict: its five fields; before version 4, the memos as flat fields:
+        :func:`_flat_memos`); :class:`~ctxwarden.core.errors.ConfigError` names what is
         malformed."""
         try:
-            ledger, layers, due = data.get("ledger"), data.get("layers"), data.get("summary_due")
-            recall, scan = data.get("recall"), data.get("summary_scan")
+            layers, due = data.get("layers"), data.get("summary_due")
+            stored = {**_flat_memos(data), **dict(data.get("memos") or {})}
             return cls(
                 history_length=int(data.get("history_length", 0)),
                 last_id=str(data.get("last_id", "")),
                 window_start=int(data.get("window_start", 0)),
                 sticky={str(k): v for k, v in dict(data.get("sticky", {})).items()},
                 prefix=_unpack_prefix(data.get("prefix", ()), int(data.get("version", 1))),
-                ledger_from=int(data.get("ledger_from", 0)),
-                ledger=None if ledger is None else LedgerMemo.from_dict(ledger),
-                flagged=tuple(int(i) for i in data.get("flagged", ())),
-                flagged_upto=int(data.get("flagged_upto", 0)),
                 layers=None if layers is None else LayerState.from_dict(layers),
                 summary_due=None if due is None else SummaryDue.from_dict(due),
-                recall=None if recall is None else RecallMemo.from_dict(recall),
-                summary_scan=None if scan is None else SummaryScan.from_dict(scan),
                 input_tokens=int(data.get("input_tokens", 0)),
                 compacted_tokens=int(data.get("compacted_tokens", 0)),
                 held_calls=int(data.get("held_calls", 0)),
-                kept_from=str(data.get("kept_from", "")),
                 layers_sent=tuple(
                     (str(n), str(i), str(t)) for n, i, t in data.get("layers_sent", ())
                 ),
@@ -268,6 +205,29 @@ class BuildState:
                 ledger_sent=str(data.get("ledger_sent", "")),
                 ledger_base_sent=str(data.get("ledger_base_sent", "")),
                 turns=HistoryTurns(*map(int, data.get("turns", (0, 0)))),
+                memos={str(k): decode_memo(str(k), v) for k, v in stored.items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ConfigError(f"not a stored build state ({type(exc).__name__}: {exc})") from None
+
+
+def _flat_memos(data: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The memos a state stored before version 4 kept as flat fields, in the form each
+    step's memo stores now: the ledger's (``ledger_from``, ``ledger``), the window's
+    pinned positions (``flagged``, ``flagged_upto``), the fit's earlier drops
+    (``kept_from``), the recall block (``recall``) and the summary triggers' sums
+    (``summary_scan``, the layers step's)."""
+    found: dict[str, Mapping[str, Any]] = {}
+    if "ledger_from" in data or "ledger" in data:
+        found["ledger"] = {"begin": data.get("ledger_from", 0), "memo": data.get("ledger")}
+    if "flagged" in data or "flagged_upto" in data:
+        found["window"] = {
+            "flagged": data.get("flagged", ()),
+            "upto": data.get("flagged_upto", 0),
+        }
+    if "kept_from" in data:
+        found["fit"] = {"kept_from": data["kept_from"]}
+    for name, key in (("recall", "recall"), ("layers", "summary_scan")):
+        if data.get(key) is not None:
+            found[name] = data[key]
+    return found

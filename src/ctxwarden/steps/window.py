@@ -15,19 +15,24 @@ them, removes one, with a warning (see :mod:`ctxwarden.steps.evict`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ctxwarden.core.messages import Message
 from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.steps.base import Action, CountedAction, Draft, StepContext, StepResult
+from ctxwarden.steps.memos import memo_of, register_memo
 from ctxwarden.steps.state import BuildState
 
-if TYPE_CHECKING:
-    from ctxwarden.pipeline.policy import Policy
-
-__all__ = ["WindowStep", "is_pinned", "leading_system", "newest_call_block", "newest_user"]
+__all__ = [
+    "WindowMemo",
+    "WindowStep",
+    "is_pinned",
+    "leading_system",
+    "newest_call_block",
+    "newest_user",
+]
 
 
 def leading_system(history: Sequence[Message]) -> int:
@@ -70,15 +75,15 @@ def _align(history: Sequence[Message], start: int) -> int:
 
 
 def _cold_start(
-    history: Sequence[Message], sys_end: int, room: int, counter: TokenCounter, policy: Policy
+    history: Sequence[Message], sys_end: int, room: int, counter: TokenCounter, ctx: StepContext
 ) -> int:
     """Walk back from the newest message until well past what the room can hold, a result
-    the model has answered counted at most as its cut (``truncate.sent_tokens``): walking
+    the model has answered counted at most as its cut (``ctx.sent_tokens``): walking
     raw sizes stopped early on a history of long results that truncation shrinks, and the
     build dropped turns its budget had room for (issue 35). Masking shrinks more, but
     counting placeholders made the walk, and a cold build, about twice as long; what it
     leaves before the window goes to the entity ledger."""
-    cut = policy.truncate
+    cut = ctx.sent is not None
     acc, i, answered = 0, len(history), False
     while i > sys_end and acc <= 3 * room:
         i -= 1
@@ -86,8 +91,8 @@ def _cold_start(
         tokens = counter.count_message(m)
         if m.role == "assistant":
             answered = True
-        elif m.role == "tool" and answered and cut is not None:
-            tokens = cut.sent_tokens(m, tokens)
+        elif m.role == "tool" and answered and cut:
+            tokens = ctx.sent_tokens(m, tokens)
         acc += min(tokens, room)
     return i
 
@@ -164,6 +169,25 @@ def _left_by_cap(
 
 
 @dataclass(frozen=True)
+class WindowMemo:
+    """The window's memo (``memos["window"]``): the pinned and critical positions before
+    ``upto`` (the next build scans only the messages that left the window since)."""
+
+    flagged: tuple[int, ...] = ()
+    upto: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"flagged": list(self.flagged), "upto": self.upto}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WindowMemo:
+        return cls(tuple(int(i) for i in data.get("flagged", ())), int(data.get("upto", 0)))
+
+
+register_memo("window", WindowMemo)
+
+
+@dataclass(frozen=True)
 class WindowStep:
     """Places the window start and collects the pinned messages before it."""
 
@@ -174,7 +198,7 @@ class WindowStep:
         layers = ctx.total([m for _, m in draft.layers])
         if prev.history_length == 0:
             room = max(ctx.budget - ctx.fixed - layers, 1)
-            start = _cold_start(h, sys_end, room, ctx.counter, ctx.policy)
+            start = _cold_start(h, sys_end, room, ctx.counter, ctx)
         else:
             start = max(prev.window_start, sys_end)
         start = _align(h, max(start, draft.floor, sys_end))
@@ -206,9 +230,7 @@ class WindowStep:
             window=window,
             pinned=tuple(pinned),
             protected=frozenset(protected),
-            flagged=flagged,
-            flagged_upto=upto,
-        )
+        ).with_memo("window", WindowMemo(flagged, upto))
         return StepResult(new, actions)
 
     @staticmethod
@@ -243,7 +265,8 @@ class WindowStep:
     ) -> tuple[tuple[int, ...], int]:
         """Pinned / critical positions before ``limit``: the previous build's, extended by
         the messages that left the window since (history only grows)."""
-        found, scanned = prev.flagged, prev.flagged_upto
+        memo = memo_of(prev, "window", WindowMemo) or WindowMemo()
+        found, scanned = memo.flagged, memo.upto
         if not sys_end <= scanned <= limit:
             found, scanned = (), sys_end
         extra = tuple(j for j in range(scanned, limit) if is_pinned(history[j]))
