@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from service_harness import (
 )
 
 from ctxwarden import Session, build_context
+from ctxwarden.core.errors import BudgetError
 from ctxwarden.core.messages import Message
 from ctxwarden.formats.anthropic import messages_from_anthropic, messages_to_anthropic
 from ctxwarden.formats.openai import message_to_openai
@@ -219,6 +221,22 @@ def _strings(value: Any) -> list[str]:
     return []
 
 
+def _or_refused(reference: Any, history: Sequence[Message], budget: int) -> Any:
+    """The in-memory build, or ``None`` when it refuses (a system prompt and task the
+    budget cannot hold: a swebench-mini task is 3,757 tokens by gpt-4o's count, more by
+    Claude's estimate)."""
+    try:
+        return reference(history, budget)
+    except BudgetError:
+        return None
+
+
+def _refused(call: Any, error: type[Exception]) -> None:
+    """The proxy refuses what the build refuses: a 400 naming the budget, nothing sent."""
+    with pytest.raises(error, match=r"context_budget_too_small|budget must be at least"):
+        call()
+
+
 def _replay_served(
     runs: Sequence[Sequence[Message]], budget: int, route: str, served: Any
 ) -> tuple[int, int]:
@@ -237,25 +255,38 @@ def _replay_served(
             for k in model_calls(run):
                 before = run[:k]
                 if route == "openai":
-                    want = reference(before, budget)
+                    want = _or_refused(reference, before, budget)
+                    call = partial(
+                        oa.chat.completions.create,
+                        model=model, messages=sent(before), extra_headers=headers,
+                    )  # fmt: skip
+                    if want is None:  # the build cannot hold the request: both refuse
+                        _refused(call, openai.BadRequestError)
+                        calls, equal = calls + 1, equal + 1
+                        continue
                     upstream.reply(Reply(body=_openai_reply(run[k])))
-                    oa.chat.completions.create(
-                        model=model, messages=sent(before), extra_headers=headers
-                    )  # type: ignore[call-overload]
+                    call()
                     got: Any = _wire(upstream.requests[-1].json["messages"])
                     expected: Any = _wire(want.to_openai())
                 else:
-                    upstream.reply(Reply(body=_anthropic_reply(run[k])))
                     system, turns = messages_to_anthropic(before)
                     # the history as this route carries it: consecutive messages of one
                     # role are one turn (an answer's text and its call, results and the
                     # user's next words), stored as the proxy reads them back
                     carried = messages_from_anthropic(system, turns)
-                    want = reference([m.with_id(f"m{i}") for i, m in enumerate(carried)], budget)
-                    an.messages.create(
+                    ided = [m.with_id(f"m{i}") for i, m in enumerate(carried)]
+                    want = _or_refused(reference, ided, budget)
+                    call = partial(
+                        an.messages.create,
                         model=model, max_tokens=256, messages=turns, extra_headers=headers,
                         **({"system": system} if system else {}),
-                    )  # type: ignore[call-overload]  # fmt: skip
+                    )  # fmt: skip
+                    if want is None:
+                        _refused(call, anthropic.BadRequestError)
+                        calls, equal = calls + 1, equal + 1
+                        continue
+                    upstream.reply(Reply(body=_anthropic_reply(run[k])))
+                    call()
                     body = upstream.requests[-1].json
                     got = (body.get("system"), body["messages"])
                     expected = want.to_anthropic()
