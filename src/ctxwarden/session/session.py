@@ -57,8 +57,9 @@ from ctxwarden.session.pending_log import PendingLog
 from ctxwarden.session.read_back import ReadBack
 from ctxwarden.session.tail_memo import TailMemo, check_appended, count_key, with_tail
 from ctxwarden.session.tool_pins import PinnedBlocks
-from ctxwarden.steps.recall_gate import SHAPE_READ, recall_reads_back
+from ctxwarden.steps.recall_gate import SHAPE_READ, history_chat_shaped, recall_reads_back
 from ctxwarden.steps.state import BuildState
+from ctxwarden.steps.window import leading_system
 from ctxwarden.store import SessionStore, StoredMessage, StoredSession, open_store
 from ctxwarden.store._sql import SqlStore
 from ctxwarden.store.ledger_checkpoint import (
@@ -438,11 +439,12 @@ class Session:
         """``read`` completed to the newest :data:`~ctxwarden.steps.recall_gate.SHAPE_READ`
         stored messages, contiguous, and the new start: what the recall gate reads the
         conversation's shape from, as ``build_context`` reads it from the whole history
-        (both before the build, :func:`~ctxwarden.steps.recall_gate.recall_reads_back`,
-        and in it). A slice shorter than that (a tight budget, or a summary that folds
-        all but a few messages) is completed from the messages before it, those a
-        summary folds included, read once (:class:`ReadBack`); pinned messages read ahead
-        of the slice do not count."""
+        (before the build, :func:`~ctxwarden.steps.recall_gate.recall_reads_back`, and in
+        it, where the build reads these too when its slice alone reads otherwise). A
+        slice shorter than that (a tight budget, or a summary that folds all but a few
+        messages) is completed from the messages before it, those a summary folds
+        included, read once (:class:`ReadBack`); pinned messages read ahead of the slice
+        do not count."""
         need = SHAPE_READ - sum(1 for m in read if m.seq >= start)
         lo = max(0, start - need)
         if need <= 0 or lo >= start:
@@ -615,9 +617,15 @@ class Session:
         )
         recall = policy.recall
         if recall is not None:
-            read, start = self._with_shape(read, start, record)
-            if recall_reads_back(recall, [m.message for m in read if m.seq >= start]):
-                read, start = self._with_older(read, start, recall.lookback, record.created_at)
+            shaped, shape_start = self._with_shape(read, start, record)
+            if recall_reads_back(recall, [m.message for m in shaped if m.seq >= shape_start]):
+                read, start = self._with_older(
+                    shaped, shape_start, recall.lookback, record.created_at
+                )
+            elif recall.auto and _chat_shaped(shaped) != _chat_shaped(read):
+                # the slice alone would read as another shape in the build than the newest
+                # messages do (in build_context, over the whole history): build over both
+                read, start = shaped, shape_start
         seqs = [m.seq for m in read]
         history = [m.message for m in read]
         ckpt: LedgerCheckpoint | None = None
@@ -822,3 +830,9 @@ class Session:
     ) -> SummaryWrite | None:
         """:meth:`summarize` for callers without an event loop."""
         return asyncio.run(self.summarize(summarizer, extractor, **kw))
+
+
+def _chat_shaped(read: Sequence[StoredMessage]) -> bool:
+    """The recall gate's shape of a build over ``read`` (as the build will read it)."""
+    history = [m.message for m in read]
+    return history_chat_shaped(history, leading_system(history))

@@ -46,6 +46,7 @@ __all__ = [
     "SHAPE_READ",
     "SHAPE_SPAN",
     "chat_shaped",
+    "history_chat_shaped",
     "named_only_there",
     "recall_fraction",
     "recall_reads_back",
@@ -133,8 +134,13 @@ def recall_reads_back(recall: RecallRelevant | None, newest: Sequence[Message]) 
 def chat_shaped(draft: Draft) -> bool:
     """Rule 1: the conversation's newest :data:`SHAPE_SPAN` messages are not an agent
     loop's (see the module docstring)."""
-    h = draft.history
-    return tool_share(h[max(draft.sys_end, len(h) - SHAPE_SPAN) :]) <= MAX_TOOL_SHARE
+    return history_chat_shaped(draft.history, draft.sys_end)
+
+
+def history_chat_shaped(history: Sequence[Message], sys_end: int) -> bool:
+    """:func:`chat_shaped` of a build over ``history`` (``sys_end``: its leading system
+    messages), before the build: what a session asks of the slice it is about to build."""
+    return tool_share(history[max(sys_end, len(history) - SHAPE_SPAN) :]) <= MAX_TOOL_SHARE
 
 
 def recall_fraction(draft: Draft, query: str, sources: Sequence[tuple[int, Message]]) -> float:
