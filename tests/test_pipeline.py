@@ -17,6 +17,7 @@ import ctxwarden
 from ctxwarden import BuildState, Message, Policy, ToolCall, WindowConfig, build_context
 from ctxwarden.core.errors import BudgetError, ConfigError
 from ctxwarden.core.pairing import pairing_problems
+from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.formats.openai import messages_from_openai, messages_to_openai
 from ctxwarden.steps.drop_tagged import DropTagged
 from ctxwarden.steps.ledger import ledger_memo
@@ -56,26 +57,36 @@ def test_state_round_trips_every_field(tau: list[list[Message]]) -> None:
     assert back.to_dict() == state.to_dict()
 
 
-def test_the_loop_carries_the_whole_history_s_turns_and_tokens(tau: list[list[Message]]) -> None:
-    """A held build weighs compacting against what a call adds on average: the whole
-    history's tokens per assistant turn, summed build by build (a session reads only a
-    slice of its store, so recounting over what a build is given would differ by path);
-    a state stored before the sums counts them over the history it is given."""
-    from ctxwarden.core.tokens.counter import TokenCounter
-    from ctxwarden.steps.state import HistoryTurns
-
+def test_the_loop_carries_its_turns(tau: list[list[Message]]) -> None:
+    """The loop's model calls so far are carried build by build (a session reads only a
+    slice of its store, so recounting over what a build is given would differ by path); a
+    state stored before they were is read as none so far and builds the same context."""
     run = tau[3]
     built = _loop(run, 1600)[-1]
     history = run[: built.audit.history_messages]
-    counter = TokenCounter.for_model("gpt-4o")
-    turns = sum(m.role == "assistant" for m in history)
-    assert built.state.turns == HistoryTurns(turns, sum(map(counter.count_message, history[1:])))
+    assert built.state.turns == sum(m.role == "assistant" for m in history)
     stored = built.state.to_dict()
-    before = {k: v for k, v in stored.items() if k != "turns"}  # stored before the sums
+    before = {k: v for k, v in stored.items() if k != "turns"}  # stored before the count
     nxt = len(history) + 2
     new_way = build_context(run[:nxt], "gpt-4o", 1600, previous=BuildState.from_dict(stored))
     old_way = build_context(run[:nxt], "gpt-4o", 1600, previous=BuildState.from_dict(before))
-    assert old_way.messages == new_way.messages and old_way.state == new_way.state
+    assert old_way.messages == new_way.messages
+    assert new_way.state.turns == sum(m.role == "assistant" for m in run[:nxt])
+
+
+def test_growth_right_after_a_compaction_is_read_from_the_window() -> None:
+    """What a call adds, before a compaction has measured it, is read from the window
+    (which a session holds whole), not from the whole history (which only build_context
+    holds): both paths weigh the same rewrite the same way."""
+    from ctxwarden.pipeline.compaction import window_per_turn
+
+    counter = TokenCounter.for_model("gpt-4o")
+    window = messages_from_openai(conversation(12))[1:]
+    turns = sum(m.role == "assistant" for m in window)
+    assert turns > 0
+    want = sum(map(counter.count_message, window)) / turns
+    assert window_per_turn(window, counter.count_message) == want
+    assert window_per_turn([m for m in window if m.role != "assistant"], len) == 0.0
 
 
 def test_a_damaged_state_is_a_config_error() -> None:

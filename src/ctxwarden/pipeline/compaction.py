@@ -50,10 +50,9 @@ from ctxwarden.core.registry.cache_cost import (
     session_cache_cost,
 )
 from ctxwarden.core.registry.catalog import ModelInfo
-from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.steps.base import Action, Draft, StepContext, system_block
 from ctxwarden.steps.fit import EARLIER
-from ctxwarden.steps.state import BuildState, HistoryTurns
+from ctxwarden.steps.state import BuildState
 
 __all__ = [
     "CacheConfig",
@@ -62,11 +61,12 @@ __all__ = [
     "growth_per_call",
     "held_cause",
     "held_layers",
-    "history_turns",
     "layers_key",
     "layers_sent",
+    "loop_turns",
     "prefix_break",
     "replay_loop",
+    "window_per_turn",
 ]
 
 _NAMED = {"anthropic": ANTHROPIC, "openai": OPENAI}
@@ -249,32 +249,33 @@ def layers_sent(draft: Draft) -> tuple[tuple[str, str, str], ...]:
     return tuple((name, m.id, m.text) for name, m in draft.layers if name in _HELD_LAYERS)
 
 
-def history_turns(
-    history: Sequence[Message],
-    sys_end: int,
-    new: Sequence[Message],
-    new_tokens: int,
-    state: BuildState,
-    counter: TokenCounter,
-) -> HistoryTurns:
-    """The previous build's sums (:class:`~ctxwarden.steps.state.HistoryTurns`) plus the
-    ``new`` messages (``new_tokens`` of them); counted over ``history`` when there are
-    none to carry (a cold build, or a state stored before the sums)."""
-    carried = state.turns
-    if state.history_length and carried.tokens:
-        turns = sum(m.role == "assistant" for m in new)
-        return HistoryTurns(carried.turns + turns, carried.tokens + new_tokens)
-    turns = sum(m.role == "assistant" for m in history)
-    return HistoryTurns(turns, counter.total(history[sys_end:]))
+def loop_turns(history: Sequence[Message], new: Sequence[Message], state: BuildState) -> int:
+    """The whole history's assistant turns (the loop's model calls so far): the previous
+    build's plus the ``new`` messages' (counted over ``history`` on a cold build)."""
+    if state.history_length:
+        return state.turns + sum(m.role == "assistant" for m in new)
+    return sum(m.role == "assistant" for m in history)
+
+
+def window_per_turn(window: Sequence[Message], count: Callable[[Message], int]) -> float:
+    """Tokens per assistant turn over the window (the history from its start on): what a
+    call of this loop adds, on average (:func:`growth_per_call`). Read from the window,
+    which every path holds whole (a session reads each message from the window start), not
+    from the whole history, which only ``build_context`` holds: the paths would weigh a
+    rewrite differently (tau-bench dev run 47, call 26: a session held what
+    ``build_context`` compacted), and a cold build would count every message."""
+    turns = sum(m.role == "assistant" for m in window)
+    return sum(map(count, window)) / turns if turns else 0.0
 
 
 def growth_per_call(
     prev_tokens: int, compacted_tokens: int, held_calls: int, new: int, per_turn: float
 ) -> float:
     """Tokens a call adds: on average since the last compaction; with no such history
-    yet, the larger of this call's new messages (``new``) and the history's tokens per
-    assistant turn (``per_turn``): one short reply must not make the next compaction
-    look hundreds of calls away, and so a rewrite look paid for many times over."""
+    yet, the larger of this call's new messages (``new``) and the window's tokens per
+    assistant turn (``per_turn``, :func:`window_per_turn`): one short reply must not make
+    the next compaction look hundreds of calls away, and so a rewrite look paid for many
+    times over."""
     if held_calls > 0 and prev_tokens > compacted_tokens:
         return (prev_tokens - compacted_tokens) / held_calls
     return float(max(new, per_turn))

@@ -44,10 +44,11 @@ from ctxwarden.pipeline.compaction import (
     growth_per_call,
     held_cause,
     held_layers,
-    history_turns,
     layers_key,
     layers_sent,
+    loop_turns,
     prefix_break,
+    window_per_turn,
 )
 from ctxwarden.pipeline.inputs import all_messages, check_build_arguments
 from ctxwarden.pipeline.policy import Policy
@@ -56,7 +57,7 @@ from ctxwarden.steps.fold import FOLD_SEPARATOR
 from ctxwarden.steps.keep_pairs import keep_pairs_whole
 from ctxwarden.steps.layout import STABLE_LAYERS, LayoutStep
 from ctxwarden.steps.recall_fusion import RecallVectors
-from ctxwarden.steps.state import PREFIX_DIGITS, BuildState, HistoryTurns
+from ctxwarden.steps.state import PREFIX_DIGITS, BuildState
 from ctxwarden.steps.window import leading_system, newest_call_block, newest_user
 from ctxwarden.telemetry import BUILD_SPAN, built_attributes, traced
 
@@ -238,8 +239,10 @@ def run_build(
     prices = policy.cache.decision_prices(info)
     hold = policy.cache.append_only and state.history_length > 0 and bool(state.prefix)
     new = history[state.history_length :]
-    new_tokens = sum(map(counter.count_message, new))
-    turns = history_turns(history, sys_end, new, new_tokens, state, counter)
+    # (a cold build holds nothing: what is new to a loop, and its tokens, are not needed)
+    new_tokens = sum(map(counter.count_message, new)) if state.history_length else 0
+    turns = loop_turns(history, new, state)
+    first_held = hold and not state.held_calls  # right after a compaction, or a cold build
     ctx = StepContext(
         counter=counter,
         budget=budget,
@@ -263,9 +266,11 @@ def run_build(
             state.compacted_tokens,
             state.held_calls,
             new_tokens,
-            turns.tokens / turns.turns if hold and not state.held_calls and turns.turns else 0.0,
+            window_per_turn(history[max(state.window_start, sys_end) :], counter.count_message)
+            if first_held
+            else 0.0,
         ),
-        calls=turns.turns,
+        calls=turns,
     )
     anchors = frozenset(protected)
     start = Draft(history, sys_end, newest, protected=anchors, anchors=anchors)
@@ -417,7 +422,7 @@ def _finish(
     steps: tuple[str, ...],
     layer_state: LayerState | None,
     cause: str | None,
-    turns: HistoryTurns,
+    turns: int,
 ) -> BuiltContext:
     h, ordered, layer_of = draft.history, draft.ordered, draft.layer_of
     digests = tuple(map(_DIGEST, map(_FINGERPRINT, ordered)))

@@ -42,7 +42,6 @@ from ctxwarden.steps.memos import Memo, decode_memo
 __all__ = [
     "PREFIX_DIGITS",
     "BuildState",
-    "HistoryTurns",
     "SummaryDue",
 ]
 
@@ -114,18 +113,6 @@ class SummaryDue:
 
 
 @dataclass(frozen=True)
-class HistoryTurns:
-    """The whole history's assistant turns and its tokens after the system prompt, summed
-    build by build: what a call of the loop adds on average
-    (:func:`~ctxwarden.pipeline.compaction.growth_per_call`). Carried, not recounted, so
-    a session that reads a slice of its store weighs a rewrite as ``build_context`` over
-    the whole history does. ``tokens`` 0: not known (a state stored before these sums)."""
-
-    turns: int = 0
-    tokens: int = 0
-
-
-@dataclass(frozen=True)
 class BuildState:
     """Decisions carried to the next build; see the module docstring."""
 
@@ -145,7 +132,9 @@ class BuildState:
     layers_key: str = ""  # what those layers were made of (compaction.layers_key)
     ledger_sent: str = ""  # the ledger block's text as sent (held between compactions)
     ledger_base_sent: str = ""  # the ledger block kept before it, as sent ("": none)
-    turns: HistoryTurns = HistoryTurns()
+    # the whole history's assistant turns (the loop's model calls so far), carried build by
+    # build: a session reads a slice of its store, so recounting would differ by path
+    turns: int = 0
     # each step's own memo, by the step's name (ctxwarden.steps.memos): read with memo_of
     memos: Mapping[str, Memo] = field(default_factory=dict)
 
@@ -174,7 +163,7 @@ class BuildState:
             "layers_key": self.layers_key,
             "ledger_sent": self.ledger_sent,
             "ledger_base_sent": self.ledger_base_sent,
-            "turns": [self.turns.turns, self.turns.tokens],
+            "turns": self.turns,
             "memos": {name: memo.to_dict() for name, memo in self.memos.items()},
         }
 
@@ -204,7 +193,7 @@ class BuildState:
                 layers_key=str(data.get("layers_key", "")),
                 ledger_sent=str(data.get("ledger_sent", "")),
                 ledger_base_sent=str(data.get("ledger_base_sent", "")),
-                turns=HistoryTurns(*map(int, data.get("turns", (0, 0)))),
+                turns=int(data.get("turns", 0)),
                 memos={str(k): decode_memo(str(k), v) for k, v in stored.items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
