@@ -238,10 +238,9 @@ def run_build(
     protected.update(history[i].id for i in calls)
     prices = policy.cache.decision_prices(info)
     hold = policy.cache.append_only and state.history_length > 0 and bool(state.prefix)
-    new = history[state.history_length :]
     # (a cold build holds nothing: what is new to a loop, and its tokens, are not needed)
-    new_tokens = sum(map(counter.count_message, new)) if state.history_length else 0
-    turns = loop_turns(history, new, state)
+    new = history[state.history_length :] if state.history_length else ()
+    new_tokens = sum(map(counter.count_message, new))
     first_held = hold and not state.held_calls  # right after a compaction, or a cold build
     ctx = StepContext(
         counter=counter,
@@ -270,7 +269,7 @@ def run_build(
             if first_held
             else 0.0,
         ),
-        calls=turns,
+        calls=loop_turns(history, new, state),
     )
     anchors = frozenset(protected)
     start = Draft(history, sys_end, newest, protected=anchors, anchors=anchors)
@@ -293,7 +292,7 @@ def run_build(
     if cause is None and ctx.hold and draft.edited_from:
         cause = "a tail edit: results sent whole cut once answered"
     return _finish(
-        draft, ctx, model, info, tools, actions, warnings, tuple(names), layer_state, cause, turns
+        draft, ctx, model, info, tools, actions, warnings, tuple(names), layer_state, cause
     )
 
 
@@ -422,7 +421,6 @@ def _finish(
     steps: tuple[str, ...],
     layer_state: LayerState | None,
     cause: str | None,
-    turns: int,
 ) -> BuiltContext:
     h, ordered, layer_of = draft.history, draft.ordered, draft.layer_of
     digests = tuple(map(_DIGEST, map(_FINGERPRINT, ordered)))
@@ -496,7 +494,7 @@ def _finish(
         layers_key=layers_key(ctx),
         ledger_sent=draft.ledger.text if draft.ledger is not None else "",
         ledger_base_sent=draft.ledger_base.text if draft.ledger_base is not None else "",
-        turns=turns,
+        turns=ctx.calls,
         memos=draft.memos,
     )
     return BuiltContext(ordered, audit, state, model, layer_of)

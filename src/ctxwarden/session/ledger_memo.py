@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from ctxwarden.memory.summary_scan import SummaryScan
-from ctxwarden.steps.ledger import LedgerMemo, LedgerSources, ledger_memo
+from ctxwarden.steps.ledger import LedgerMemo, LedgerSources, carried_ledger, ledger_memo
 from ctxwarden.steps.memos import memo_of
 from ctxwarden.steps.state import BuildState
 
@@ -47,8 +47,7 @@ class SeqMemo:
     @classmethod
     def of(cls, state: BuildState, seqs: Sequence[int]) -> SeqMemo | None:
         """The memos of a build over the slice ``seqs`` (None: it has none)."""
-        sources, scan = ledger_memo(state), memo_of(state, "layers", SummaryScan)
-        memo = sources.memo if sources is not None else None
+        memo, scan = carried_ledger(state), memo_of(state, "layers", SummaryScan)
         if memo is None or not state.history_length or memo.upto > len(seqs):
             memo = None
         if scan is None or scan.upto > len(seqs):

@@ -446,15 +446,10 @@ class Session:
         included, read once (:class:`ReadBack`); pinned messages read ahead of the slice
         do not count."""
         need = SHAPE_READ - sum(1 for m in read if m.seq >= start)
-        lo = max(0, start - need)
-        if need <= 0 or lo >= start:
+        if need <= 0:
             return read, start
-        before = self._shape_back.rows(
-            self.store, self.tenant, self.session_id, record.created_at, lo, start
-        )
-        merged = {m.seq: m for m in before}
-        merged.update((m.seq, m) for m in read)
-        return [merged[seq] for seq in sorted(merged)], lo
+        lo = max(0, start - need)
+        return self._read_before(self._shape_back, read, start, lo, record.created_at)
 
     def _with_older(
         self, read: list[StoredMessage], start: int, lookback: int, created_at: float
@@ -463,12 +458,17 @@ class Session:
         recall's sources: :func:`~ctxwarden.steps.recall_gate.recall_reads_back`), in
         seq order, and the new start."""
         lo = max(0, start - lookback)
+        return self._read_before(self._read_back, read, start, lo, created_at)
+
+    def _read_before(
+        self, memo: ReadBack, read: list[StoredMessage], start: int, lo: int, created_at: float
+    ) -> tuple[list[StoredMessage], int]:
+        """``read`` with the stored messages ``lo <= seq < start`` (read through
+        ``memo``, once), in seq order, and the new start ``lo``."""
         if lo >= start:
             return read, start
-        older = self._read_back.rows(
-            self.store, self.tenant, self.session_id, created_at, lo, start
-        )
-        merged = {m.seq: m for m in older}
+        before = memo.rows(self.store, self.tenant, self.session_id, created_at, lo, start)
+        merged = {m.seq: m for m in before}
         merged.update((m.seq, m) for m in read)
         return [merged[seq] for seq in sorted(merged)], lo
 

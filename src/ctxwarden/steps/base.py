@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from ctxwarden.core.caching import memoize
 from ctxwarden.core.messages import Message
+from ctxwarden.steps.memos import memos_with
 
 if TYPE_CHECKING:
     from ctxwarden.core.registry.cache_cost import CachePrices
@@ -280,10 +281,7 @@ class Draft:
     def with_memo(self, step: str, memo: Any) -> Draft:
         """A copy holding ``memo`` as the memo of ``step`` for the next build (``None``:
         none; :mod:`ctxwarden.steps.memos`)."""
-        memos = {k: v for k, v in self.memos.items() if k != step}
-        if memo is not None:
-            memos[step] = memo
-        return self.but(memos=memos)
+        return self.but(memos=memos_with(self.memos, step, memo))
 
     @property
     def system(self) -> Sequence[Message]:

@@ -162,8 +162,8 @@ def tail_edit(
     likely to go on). Only cuts that list their cut values in place: the ledger is held
     between compactions, so a value it would take must stay shown."""
     prices = ctx.prices
-    # the growth measured since the last compaction (right after one it is read off the
-    # history, which a session holds only a slice of: the paths would differ)
+    # only with a growth measured since the last compaction (right after one it is only
+    # estimated from the window's tokens per turn)
     if prices is None or ctx.growth <= 0 or ctx.previous.held_calls <= 0:
         return frozenset()
     window = draft.window

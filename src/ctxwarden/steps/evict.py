@@ -35,7 +35,7 @@ from ctxwarden.core.pairing import group_blocks
 from ctxwarden.cutters.text import truncate_text
 from ctxwarden.steps.base import Action, Draft, Edit, StepContext, StepResult
 from ctxwarden.steps.fit import ledger_sources, shown_blocks
-from ctxwarden.steps.ledger import LedgerBuilder, ledger_cap, ledger_memo
+from ctxwarden.steps.ledger import LedgerBuilder, carried_ledger, ledger_cap
 from ctxwarden.steps.priority import eviction_order
 from ctxwarden.steps.truncate import cut_to_share
 from ctxwarden.steps.window import is_pinned
@@ -281,8 +281,7 @@ def _ledger_within(draft: Draft, ctx: StepContext, cap: int, max_tokens: int) ->
     this build's newest turn, so it changes with it anyway: leaving out what the window
     shows (the arguments of the newest call) costs no cached prefix, and under this
     pressure every token of the block is worth a value the context does not show."""
-    carried = ledger_memo(draft)
-    memo = carried.memo if carried is not None else None
+    memo = carried_ledger(draft)
     builder = LedgerBuilder(ctx.counter, cap, ctx.earlier, memo, shown_blocks(draft))
     return builder.shrink(
         draft.history,

@@ -33,9 +33,9 @@ from ctxwarden.steps.ledger import (
     LEDGER_MORE_ID,
     LedgerBuilder,
     LedgerSources,
+    carried_ledger,
     ledger_cap,
     ledger_from,
-    ledger_memo,
 )
 from ctxwarden.steps.memos import memo_of, register_memo
 from ctxwarden.steps.state import PREFIX_DIGITS
@@ -112,8 +112,7 @@ class FitStep:
         blocks: list[Block] | None = None
         pos: dict[str, int] = {}
         first = ledger_from(draft, ctx)
-        carried = ledger_memo(ctx.previous) if ctx.previous.history_length else None
-        memo = carried.memo if carried is not None else None
+        memo = carried_ledger(ctx.previous) if ctx.previous.history_length else None
         builder = LedgerBuilder(
             ctx.counter, ledger_cap(draft, ctx), ctx.earlier, memo, shown_blocks(draft)
         )

@@ -44,6 +44,7 @@ __all__ = [
     "LedgerMemo",
     "LedgerSources",
     "Shown",
+    "carried_ledger",
     "ledger_memo",
     "ledger_of",
     "seed_tag",
@@ -116,6 +117,13 @@ register_memo("ledger", LedgerSources)
 def ledger_memo(holder: Any) -> LedgerSources | None:
     """The ledger's memo in ``holder`` (a build state or a draft), if any."""
     return memo_of(holder, "ledger", LedgerSources)
+
+
+def carried_ledger(holder: Any) -> LedgerMemo | None:
+    """The ledger and block the ledger's memo in ``holder`` (a build state or a draft)
+    carries, if any."""
+    sources = ledger_memo(holder)
+    return sources.memo if sources is not None else None
 
 
 def ledger_begin(holder: Any) -> int:

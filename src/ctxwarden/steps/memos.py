@@ -32,7 +32,7 @@ from typing import Any, Protocol, Self, TypeVar
 
 from ctxwarden.core.errors import ConfigError
 
-__all__ = ["Memo", "StoredMemo", "decode_memo", "memo_of", "register_memo"]
+__all__ = ["Memo", "StoredMemo", "decode_memo", "memo_of", "memos_with", "register_memo"]
 
 
 class Memo(Protocol):
@@ -100,3 +100,12 @@ def memo_of(holder: Any, step: str, kind: type[M]) -> M | None:
     if isinstance(found, StoredMemo):
         return kind.from_dict(found.data)
     raise TypeError(f"the {step!r} memo is a {type(found).__name__}, not a {kind.__name__}")
+
+
+def memos_with(memos: Mapping[str, Any], step: str, memo: Any) -> dict[str, Any]:
+    """``memos`` with ``memo`` as the memo of the step named ``step`` (``None``: with
+    none): what ``with_memo`` of a draft and of a build state hold."""
+    out = {k: v for k, v in memos.items() if k != step}
+    if memo is not None:
+        out[step] = memo
+    return out

@@ -37,7 +37,7 @@ from typing import Any
 from ctxwarden.core.errors import ConfigError
 from ctxwarden.memory.layer_state import LayerState
 from ctxwarden.steps.base import ActionKind
-from ctxwarden.steps.memos import Memo, decode_memo
+from ctxwarden.steps.memos import Memo, decode_memo, memos_with
 
 __all__ = [
     "PREFIX_DIGITS",
@@ -140,10 +140,7 @@ class BuildState:
 
     def with_memo(self, step: str, memo: Memo | None) -> BuildState:
         """A copy whose memo of ``step`` is ``memo`` (``None``: none)."""
-        memos = {k: v for k, v in self.memos.items() if k != step}
-        if memo is not None:
-            memos[step] = memo
-        return replace(self, memos=memos)
+        return replace(self, memos=memos_with(self.memos, step, memo))
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-ready; :meth:`from_dict` gives back an equal state."""

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ctxwarden.core.messages import Message
-from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.steps.base import Action, CountedAction, Draft, StepContext, StepResult
 from ctxwarden.steps.memos import memo_of, register_memo
 from ctxwarden.steps.state import BuildState
@@ -74,24 +73,21 @@ def _align(history: Sequence[Message], start: int) -> int:
     return start
 
 
-def _cold_start(
-    history: Sequence[Message], sys_end: int, room: int, counter: TokenCounter, ctx: StepContext
-) -> int:
+def _cold_start(history: Sequence[Message], sys_end: int, room: int, ctx: StepContext) -> int:
     """Walk back from the newest message until well past what the room can hold, a result
     the model has answered counted at most as its cut (``ctx.sent_tokens``): walking
     raw sizes stopped early on a history of long results that truncation shrinks, and the
     build dropped turns its budget had room for (issue 35). Masking shrinks more, but
     counting placeholders made the walk, and a cold build, about twice as long; what it
     leaves before the window goes to the entity ledger."""
-    cut = ctx.sent is not None
     acc, i, answered = 0, len(history), False
     while i > sys_end and acc <= 3 * room:
         i -= 1
         m = history[i]
-        tokens = counter.count_message(m)
+        tokens = ctx.count(m)
         if m.role == "assistant":
             answered = True
-        elif m.role == "tool" and answered and cut:
+        elif m.role == "tool" and answered:
             tokens = ctx.sent_tokens(m, tokens)
         acc += min(tokens, room)
     return i
@@ -198,7 +194,7 @@ class WindowStep:
         layers = ctx.total([m for _, m in draft.layers])
         if prev.history_length == 0:
             room = max(ctx.budget - ctx.fixed - layers, 1)
-            start = _cold_start(h, sys_end, room, ctx.counter, ctx)
+            start = _cold_start(h, sys_end, room, ctx)
         else:
             start = max(prev.window_start, sys_end)
         start = _align(h, max(start, draft.floor, sys_end))
