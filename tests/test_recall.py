@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 from conftest import SHARED_DATA
+from hypothesis import given
+from hypothesis import strategies as st
 from service_harness import db_url
 
 from ctxwarden import Message, Policy, Session, ToolCall, build_context, recall, recall_tool
@@ -19,7 +21,13 @@ from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.formats.openai import message_to_openai
 from ctxwarden.session.recall import RECALL_TOOL_NAME, original_content, recall_arguments
 from ctxwarden.steps.memos import memo_of
-from ctxwarden.steps.recall_gate import MAX_TOOL_SHARE, named_only_there, tool_share
+from ctxwarden.steps.recall_gate import (
+    FULL_AT,
+    MAX_TOOL_SHARE,
+    named_only_there,
+    tool_share,
+    words_of,
+)
 from ctxwarden.steps.recall_relevant import RECALL_HEADING, RECALL_ID, RecallMemo, RecallRelevant
 from ctxwarden.steps.state import BuildState
 from ctxwarden.store.service_tables import list_builds
@@ -288,6 +296,9 @@ def _agent_loop(question: str) -> list[Message]:
     return out
 
 
+_GATE_WORDS = ["ferry", "ferryboat", "Ferry,", "boat", "the", "ab", "x9y", "Lisbon", "lisbon."]
+
+
 def test_the_gate_reads_the_shape_and_the_names() -> None:
     assert named_only_there("the Lisbon ferry code", ["a concert"], ["Lisbon ferry FERRY"]) == 2
     assert named_only_there("the Lisbon ferry code", ["Lisbon ferry"], ["Lisbon ferry"]) == 0
@@ -295,6 +306,30 @@ def test_the_gate_reads_the_shape_and_the_names() -> None:
     chat = [Message.user("hello there friend"), Message.assistant("hi, how can I help")]
     assert tool_share(chat) == 0.0
     assert tool_share(_agent_loop("x")[-10:]) > MAX_TOOL_SHARE
+
+
+def test_a_shown_text_clears_only_whole_words_it_holds() -> None:
+    # "ferry" inside "ferryboat" is not the word: the text is split, and the word stays
+    # asked; a text holding no asked word at all (not even inside another) clears none
+    assert named_only_there("ferry times", ["the ferryboat"], ["ferry at 9"]) == 1
+    assert named_only_there("ferry times", ["the ferry"], ["ferry at 9, times"]) == 1
+    assert named_only_there("ferry times", ["Ferry! TIMES."], ["ferry times"]) == 0
+
+
+@given(
+    st.lists(st.sampled_from(_GATE_WORDS), min_size=1, max_size=6).map(" ".join),
+    st.lists(st.lists(st.sampled_from(_GATE_WORDS), max_size=8).map(" ".join), max_size=6),
+    st.lists(st.lists(st.sampled_from(_GATE_WORDS), max_size=8).map(" ".join), max_size=6),
+)
+def test_the_gate_counts_as_splitting_every_shown_text_would(
+    query: str, shown: list[str], dropped: list[str]
+) -> None:
+    asked = words_of(query)
+    for text in shown:
+        asked -= words_of(text)
+    found = {w for w in asked if any(w in d.lower() for d in dropped)}
+    # the scan stops once FULL_AT words are found: the gate reads no more than that
+    assert min(named_only_there(query, shown, dropped), FULL_AT) == min(len(found), FULL_AT)
 
 
 def test_the_step_can_wait_for_a_summary() -> None:

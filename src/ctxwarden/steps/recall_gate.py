@@ -93,7 +93,11 @@ def tool_share(window: Sequence[Message]) -> float:
 
 def words_of(text: str) -> set[str]:
     """Lower-cased content words of three letters or more, stop words out."""
-    return {w for w in _WORD.findall(text.lower()) if w not in _STOP}
+    return _words_in(text.lower())
+
+
+def _words_in(low: str) -> set[str]:
+    return {w for w in _WORD.findall(low) if w not in _STOP}
 
 
 def named_only_there(query: str, shown: Iterable[str], dropped: Iterable[str]) -> int:
@@ -105,9 +109,13 @@ def named_only_there(query: str, shown: Iterable[str], dropped: Iterable[str]) -
     if not asked:
         return 0
     for text in shown:
-        asked -= words_of(text)
-        if not asked:
-            return 0
+        low = text.lower()
+        # a word of the text is a substring of it: a text holding none of the asked
+        # words as substrings removes none, and is not split into words (most are not)
+        if any(w in low for w in asked):
+            asked -= _words_in(low)
+            if not asked:
+                return 0
     found: set[str] = set()
     for text in dropped:
         low = text.lower()
