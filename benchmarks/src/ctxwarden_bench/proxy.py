@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxwarden.store import open_store
+from ctxwarden_bench.local_servers import free_port, stop_process
 from ctxwarden_bench.machine_speed import REFERENCE_LOOP, reference_ms
 from ctxwarden_bench.process_cpu import CpuReading, read_cpu, seconds_between
 from ctxwarden_bench.proxy_targets import judge, report
@@ -254,14 +255,6 @@ def _collector_off() -> Iterator[None]:
         yield
     finally:
         gc.enable()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
@@ -505,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     except CtxwardenError as exc:
         tmp.cleanup()
         ap.error(f"--db: {exc}")
-    up_port, px_port = _free_port(), _free_port()
+    up_port, px_port = free_port(), free_port()
     with contextlib.ExitStack() as started:  # (left in reverse: proxy, upstream, files)
         started.callback(tmp.cleanup)
         started.enter_context(running_upstream(up_port))
@@ -514,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
              "--db", db, "--port", str(px_port), "--upstream", f"http://127.0.0.1:{up_port}/v1",
              "--anthropic-upstream", f"http://127.0.0.1:{up_port}"],
         )  # fmt: skip
-        started.callback(_stop, proxy)
+        started.callback(stop_process, proxy)
         _wait(f"http://127.0.0.1:{px_port}/healthz", proxy)
         base = conversation(args.messages)
         kinds = args.kinds.split(",")
@@ -565,11 +558,6 @@ def main(argv: list[str] | None = None) -> int:
                        "targets": [v.as_dict() for v in verdicts]}  # fmt: skip
             args.json.write_text(json.dumps(figures, indent=2))
         return 1 if problems or any(c.errors for c in cases) else 0
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    proc.wait(timeout=10)
 
 
 if __name__ == "__main__":

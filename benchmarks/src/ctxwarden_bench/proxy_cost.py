@@ -168,9 +168,9 @@ def measure(
     files there around the measured calls (``ready``/``go``, ``done``/``stop``); with
     ``cold_mb``, the CPU's caches flushed before each (see the module docstring); with
     ``db``, that store (its own tenant) instead of SQLite in a temporary file."""
-    from ctxwarden_bench.proxy import _free_port  # (the checkout measured: its own)
+    from ctxwarden_bench.local_servers import free_port, stop_process
 
-    port = _free_port()
+    port = free_port()
     # not proxy_upstream.running: a checkout from before that helper may be the one run
     upstream = subprocess.Popen(
         [sys.executable, "-m", "ctxwarden_bench.proxy_upstream", str(port)],
@@ -181,8 +181,7 @@ def measure(
         upstream.stdout.readline()  # it says when it listens
         return asyncio.run(_run(api, stream, sessions, calls, warm, markers, port, cold_mb, db))
     finally:
-        upstream.terminate()
-        upstream.wait(timeout=10)
+        stop_process(upstream)
         if upstream.stdout is not None:
             upstream.stdout.close()
 

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import ctxwarden
+from ctxwarden_bench.local_servers import stop_process
 from ctxwarden_bench.process_cpu import read_cpu, seconds_between
 from ctxwarden_bench.proxy_cost import _environment, checkout_src
 from ctxwarden_bench.proxy_upstream import running as running_upstream
@@ -47,12 +48,13 @@ class _Server:
     def __init__(self, src: Path, upstream: int, key_hash: str, prefix: str, tmp: Path) -> None:
         from ctxwarden.store import open_store
         from ctxwarden.store.service_tables import add_tenant
-        from ctxwarden_bench.proxy import _free_port, _wait
+        from ctxwarden_bench.local_servers import free_port
+        from ctxwarden_bench.proxy import _wait
 
         db = f"sqlite:///{tmp / 'pair.db'}"
         with open_store(db) as store:
             add_tenant(store, "bench", key_hash=key_hash, key_prefix=prefix)
-        port = _free_port()
+        port = free_port()
         env = _environment(src)  # (its src first on the path)
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from ctxwarden.cli.main import main; main()", "serve",
@@ -79,8 +81,7 @@ class _Server:
 
     def stop(self) -> None:
         self.conn.close()
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
+        stop_process(self.proc, timeout=30)
 
 
 def measure(
@@ -89,14 +90,15 @@ def measure(
     """For this checkout and ``against`` (a ``src`` directory): CPU ms per call, of it
     in the kernel, the median call's ms, and the calls measured."""
     from ctxwarden.service.keys import hash_key, new_key, shown_prefix
-    from ctxwarden_bench.proxy import MODEL, _free_port, conversation, history_at
+    from ctxwarden_bench.local_servers import free_port
+    from ctxwarden_bench.proxy import MODEL, conversation, history_at
 
     base = conversation(200)
     bodies = [
         json.dumps({"model": MODEL, "messages": history_at(base, k), "stream": stream}).encode()
         for k in range(steps)
     ]
-    key, port = new_key(), _free_port()
+    key, port = new_key(), free_port()
     servers: list[_Server] = []
     with (
         tempfile.TemporaryDirectory(prefix="ctxwarden-proxy-pair-") as tmp,

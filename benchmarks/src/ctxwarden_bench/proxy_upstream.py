@@ -21,6 +21,8 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
+from ctxwarden_bench.local_servers import stop_process
+
 __all__ = ["REPLY_TEXT", "main", "running", "serve"]
 
 REPLY_TEXT = "The order ships on Monday."
@@ -202,8 +204,7 @@ def running(port: int) -> Iterator[subprocess.Popen[bytes]]:
         proc.stdout.readline()  # it says when it listens
         yield proc
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop_process(proc)
         if proc.stdout is not None:
             proc.stdout.close()
 

@@ -31,12 +31,9 @@ import json
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +42,9 @@ from ctxwarden.formats.responses import message_items, messages_from_responses
 from ctxwarden.session import Session
 from ctxwarden.store import open_store
 from ctxwarden_bench.coding_truncation import find_traces
+from ctxwarden_bench.local_servers import LocalJSONServer, free_port, stop_process
 from ctxwarden_bench.process_cpu import read_cpu, seconds_between
-from ctxwarden_bench.proxy import _build_seconds, _free_port, _stop, _wait
+from ctxwarden_bench.proxy import _build_seconds, _wait
 from ctxwarden_bench.retention import Retention, engine_builder
 from ctxwarden_bench.swebench import BUDGETS, load_swebench, swebench_retention
 
@@ -55,37 +53,22 @@ __all__ = ["ProxyBuilder", "ScriptedUpstream", "SessionBuilder", "main", "with_h
 MODEL = "gpt-4o"
 
 
-class ScriptedUpstream:
+class ScriptedUpstream(LocalJSONServer):
     """A Responses upstream on a free loopback port: answers each request with
     :attr:`output` as a completed response and keeps the last request's body."""
 
+    prefix = "/v1"
+
     def __init__(self) -> None:
+        super().__init__()
         self.output: list[dict[str, Any]] = []
         self.last: dict[str, Any] = {}
         self.calls = 0
-        upstream = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length") or 0))
-                upstream.last = json.loads(body)
-                upstream.calls += 1
-                reply = json.dumps(upstream.response()).encode()
-                self.send_response(200)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+    def answer(self, body: bytes) -> tuple[int, Any]:
+        self.last = json.loads(body)
+        self.calls += 1
+        return 200, self.response()
 
     def response(self) -> dict[str, Any]:
         usage = {"input_tokens": 1000, "input_tokens_details": {"cached_tokens": 0},
@@ -95,15 +78,6 @@ class ScriptedUpstream:
                 "status": "completed", "model": MODEL, "output": self.output,
                 "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
                 "store": False, "usage": usage}  # fmt: skip
-
-    @contextmanager
-    def running(self) -> Iterator[ScriptedUpstream]:
-        self._thread.start()
-        try:
-            yield self
-        finally:
-            self._server.shutdown()
-            self._server.server_close()
 
 
 class SessionBuilder:
@@ -220,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         with open_store(db) as store:
             add_tenant(store, tenant, key_hash=hash_key(key), key_prefix=shown_prefix(key))
         upstream = ScriptedUpstream()
-        port = _free_port()
-        with upstream.running():
+        port = free_port()
+        with upstream:
             proxy = subprocess.Popen(
                 [sys.executable, "-c", "from ctxwarden.cli.main import main; main()", "serve",
                  "--db", db, "--port", str(port), "--upstream", upstream.url],
@@ -260,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                     }  # fmt: skip
                 client.close()
             finally:
-                _stop(proxy)
+                stop_process(proxy)
         branches = _branches(db, tenant)
         figures["branches"] = branches
         print(f"stored sessions: {len(branches)} branches (each call extended its session)")

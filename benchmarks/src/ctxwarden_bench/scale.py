@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ctxwarden_bench.local_servers import free_port, stop_process
 from ctxwarden_bench.scale_upstream import ScaleUpstream, first_turn, next_turn, what_it_says
 
 __all__ = ["main"]
@@ -85,18 +86,10 @@ def _cli() -> str:
     return str(Path(sys.executable).with_name("ctxwarden"))
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _serve(
     db: str, upstream: str, policy: Path, env: dict[str, str], *extra: str
 ) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [_cli(), "serve", "--db", db, "--port", str(port), "--upstream", upstream,
          "--policy", str(policy), *extra],
@@ -130,16 +123,6 @@ def _worker(db: str, broker: str, env: dict[str, str], log: Path) -> subprocess.
             raise SystemExit(f"ctxwarden worker did not start: {log.read_text()[-1500:]}")
         time.sleep(0.1)
     return proc
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _check(store: Any, tenant: str, agent: Agent) -> tuple[int, int, int]:
@@ -230,7 +213,7 @@ def run(dsn: str, broker: str, sessions: int, turns: int, summary_delay: float) 
             attempts = [a for d, _ in pairs for a in job_attempts(store, "bench", d.session)]
     finally:
         for proc in procs:
-            _stop(proc)
+            stop_process(proc, timeout=20)
         upstream.stop()
         try:
             _drop_schema(dsn, schema)

@@ -23,8 +23,9 @@ import re
 import threading
 import time
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from ctxwarden_bench.local_servers import LocalJSONServer
 
 __all__ = ["SUMMARY_MODEL", "ScaleUpstream", "first_turn", "next_turn", "what_it_says"]
 
@@ -133,61 +134,23 @@ def answer(body: dict[str, Any], summary_delay: float) -> tuple[str, dict[str, A
     return "agent", _completion({"role": "assistant", "content": None, "tool_calls": [call]}, model)
 
 
-class ScaleUpstream:
+class ScaleUpstream(LocalJSONServer):
     """The server, on a free loopback port, in a daemon thread (see the module)."""
 
+    prefix = "/v1"
+
     def __init__(self, summary_delay: float = 2.0) -> None:
+        super().__init__()
         self.summary_delay = summary_delay
         self.counts: Counter[str] = Counter()
         self.contexts: list[str] = []  # the messages of every agent request, in order
         self._lock = threading.Lock()
-        upstream = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:  # quiet
-                pass
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("content-length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}")
-                kind = kind_of(body)
-                with upstream._lock:  # counted on arrival: a summary is then being waited on
-                    upstream.counts[kind] += 1
-                    if kind == "agent":
-                        upstream.contexts.append(json.dumps(body.get("messages"), sort_keys=True))
-                _, data = answer(body, upstream.summary_delay)
-                payload = json.dumps(data).encode()
-                try:
-                    self.send_response(200)
-                    self.send_header("content-type", "application/json")
-                    self.send_header("content-length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
-                except OSError:  # the caller went away (a worker killed mid-call)
-                    self.close_connection = True
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-            request_queue_size = 256
-
-        self._httpd = Server(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-
-    @property
-    def url(self) -> str:
-        """The OpenAI-style base URL (ends in ``/v1``)."""
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host!s}:{port}/v1"
-
-    def start(self) -> ScaleUpstream:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)
+    def answer(self, body: bytes) -> tuple[int, Any]:
+        request = json.loads(body or b"{}")
+        kind = kind_of(request)
+        with self._lock:  # counted on arrival: a summary is then being waited on
+            self.counts[kind] += 1
+            if kind == "agent":
+                self.contexts.append(json.dumps(request.get("messages"), sort_keys=True))
+        return 200, answer(request, self.summary_delay)[1]

@@ -21,7 +21,6 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,11 +30,11 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from ctxwarden.core.messages import Message
+from ctxwarden_bench.local_servers import LocalJSONServer, free_port, stop_process
 from ctxwarden_bench.session_path import sent
 
 __all__ = ["SERVED_ROW", "ScriptedUpstream", "ServedPath", "main"]
@@ -57,67 +56,28 @@ _COMPLETION = {
 _REFUSED = {"error": {"message": "refused", "type": "invalid_request", "param": None}}
 
 
-class ScriptedUpstream:
+class ScriptedUpstream(LocalJSONServer):
     """An OpenAI-compatible upstream on a free local port (a thread of this process) that
     keeps every request body it receives and answers 400 to the next ``refuse`` calls,
-    200 with a short completion otherwise. Calls are answered one at a time, in order."""
+    200 with a short completion otherwise."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.bodies: list[dict[str, Any]] = []
         self._refusals = 0
         self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
-
-    @property
-    def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host!s}:{port}"
 
     def refuse(self, calls: int = 1) -> None:
         with self._lock:
             self._refusals += calls
 
-    def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)
-
-    def _answer(self, body: bytes) -> tuple[int, bytes]:
+    def answer(self, body: bytes) -> tuple[int, Any]:
         with self._lock:
             self.bodies.append(json.loads(body or b"{}"))
             if self._refusals:
                 self._refusals -= 1
-                return 400, json.dumps(_REFUSED).encode()
-        return 200, json.dumps(_COMPLETION).encode()
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        upstream = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:  # quiet
-                pass
-
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length") or 0))
-                status, reply = upstream._answer(body)
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-        return Handler
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+                return 400, _REFUSED
+        return 200, _COMPLETION
 
 
 class ServedPath:
@@ -153,14 +113,14 @@ class ServedPath:
             with open_store(self.db) as store:  # migrates it before either process opens it
                 add_tenant(store, self.tenant, key_hash=hash_key(self.key),
                            key_prefix=shown_prefix(self.key))  # fmt: skip
-            self.upstream = ScriptedUpstream()
+            self.upstream = ScriptedUpstream().start()
             env = {**os.environ, "CTXWARDEN_JOB_QUEUE": self.queue}
             jobs = ("--db", self.db, "--broker", broker, "--summarizer", "offline")
             self.worker_log = tmp / "worker.log"
             worker_args = [*jobs, "--queue", self.queue, "--concurrency", "1"]
             worker = self._start("worker", worker_args, env, self.worker_log)
             self.serve_log = tmp / "serve.log"
-            port = _free_port()
+            port = free_port()
             self.url = f"http://127.0.0.1:{port}"
             serve_args = [*jobs, "--port", str(port), "--upstream", self.upstream.url + "/v1"]
             serve = self._start("serve", serve_args, env, self.serve_log)
@@ -214,19 +174,13 @@ class ServedPath:
 
     def close(self) -> None:
         for proc in reversed(self._procs):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
+            stop_process(proc)
         self._procs.clear()
         for out in self._logs:
             out.close()
         self._logs.clear()
         if self.upstream is not None:
-            self.upstream.close()
+            self.upstream.stop()
             self.upstream = None
         self._tmp.cleanup()
 

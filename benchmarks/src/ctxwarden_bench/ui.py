@@ -35,6 +35,7 @@ from ctxwarden.session.session import Session
 from ctxwarden.store.service_tables import list_builds
 from ctxwarden.ui import render_report, render_session, render_turn, session_page, turn_view
 from ctxwarden.ui.chart import chart
+from ctxwarden_bench.local_servers import stop_process
 
 TARGET_SECONDS = 1.0
 
@@ -189,8 +190,7 @@ def _served(s: Session, repeat: int) -> float | None:
         wall, _ = _median(get, repeat)
         return wall
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop_process(proc)
 
 
 def _report(s: Session, repeat: int) -> None:
