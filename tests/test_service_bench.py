@@ -140,7 +140,7 @@ def test_bench_runs_the_responses_route_beside_chat(tmp_path: Path) -> None:
     out = tmp_path / "figures.json"
     done = subprocess.run(
         [sys.executable, "-m", "ctxwarden_bench.proxy", "--clients", "2", "--steps", "2",
-         "--messages", "20", "--kinds", "sdk,responses", "--json", str(out)],
+         "--messages", "20", "--kinds", "sdk,responses,responses-httpx", "--json", str(out)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -148,7 +148,17 @@ def test_bench_runs_the_responses_route_beside_chat(tmp_path: Path) -> None:
     assert figures["problems"] == []
     clients = {(c["target"], c["client"], c["mode"]) for c in figures["cases"]}
     assert {("proxy", "responses", "stream"), ("direct", "responses", "json")} <= clients
+    # pre-built /v1/responses bodies, JSON and streamed, beside the SDK's
+    assert {
+        ("proxy", "responses-httpx", "stream"),
+        ("direct", "responses-httpx", "json"),
+    } <= clients
     assert all(c["errors"] == 0 and c["requests"] == 4 for c in figures["cases"])
-    assert "stored sessions checked: 8; problems: 0" in done.stdout
-    judged = {t["target"]: t for t in figures["targets"]}["p50 added <= 5 ms at 2 clients"]
+    assert "stored sessions checked: 12; problems: 0" in done.stdout
+    targets = {t["target"]: t for t in figures["targets"]}
+    judged = targets["p50 added <= 5 ms at 2 clients"]
     assert "responses json " in judged["figures"] and "sdk json " in judged["figures"]
+    assert "responses-httpx stream " in judged["figures"]
+    # requests per second are judged on the pre-built bodies: here the Responses ones
+    rate = next(t for name, t in targets.items() if name.startswith(">= 150 requests/s"))
+    assert rate["met"] is not None and "responses-httpx json x2" in rate["figures"]

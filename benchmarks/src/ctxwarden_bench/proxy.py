@@ -27,7 +27,11 @@ problem, not for a missed target: those figures belong to the machine and the mi
 ``--kinds responses`` adds a third client: the ``openai`` SDK's ``responses.create``
 through ``/v1/responses``, the same conversation as Responses items (the system prompt as
 ``instructions``, tool calls as ``function_call`` / ``function_call_output`` items), the
-upstream answering with a response object or its stream of events.
+upstream answering with a response object or its stream of events. ``--kinds
+responses-httpx`` posts the same requests as pre-built bodies (as ``httpx`` does on the
+chat route): the SDK prepares each body for tens of ms, so through it the proxy's figures
+include what a cold CPU cache costs it after the client's work; pre-built bodies give the
+route's own cost, comparable with the chat route's ``httpx`` case.
 
 ``--api anthropic`` runs the same through ``/v1/messages``: the conversation in
 Anthropic's format (``system``, alternating turns with ``tool_use`` and ``tool_result``
@@ -300,7 +304,8 @@ async def _one(kind: str, mode: str, http: Any, sdk: Any, url: str, session: str
     if mode == "stream":
         async with http.stream("POST", url, content=body, headers=headers) as r:
             raw = b"".join([c async for c in r.aiter_bytes()])
-            if r.status_code != 200 or not (b"[DONE]" in raw or b"message_stop" in raw):
+            ended = (b"[DONE]", b"message_stop", b"response.completed")
+            if r.status_code != 200 or not any(end in raw for end in ended):
                 raise AssertionError(f"status {r.status_code}")
         return
     r = await http.post(url, content=body, headers=headers)
@@ -471,8 +476,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--messages", type=int, default=200)
     ap.add_argument("--modes", default="json,stream")
     ap.add_argument("--kinds", default="httpx,sdk",
-                    help="httpx (pre-built bodies), sdk, and/or responses (the openai SDK's "
-                    "responses.create through /v1/responses)")  # fmt: skip
+                    help="httpx (pre-built bodies), sdk, responses (the openai SDK's "
+                    "responses.create through /v1/responses) and/or responses-httpx "
+                    "(pre-built /v1/responses bodies)")  # fmt: skip
     ap.add_argument("--api", choices=("openai", "anthropic"), default="openai",
                     help="the route: /v1/chat/completions or /v1/messages")  # fmt: skip
     ap.add_argument("--paired-up-to", type=int, default=1, metavar="CLIENTS",
@@ -511,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         _wait(f"http://127.0.0.1:{px_port}/healthz", proxy)
         base = conversation(args.messages)
         kinds = args.kinds.split(",")
-        routes = {k: "responses" if k == "responses" else args.api for k in kinds}
+        routes = {k: "responses" if k.startswith("responses") else args.api for k in kinds}
         made = {r: prepared(base, max(steps) + 1, r) for r in dict.fromkeys(routes.values())}
         for route, (_, bodies) in made.items():
             print(f"conversation: {len(base)} messages, {len(bodies[False][0]) / 1024:.0f} KB "

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 ADDED_P50_MS = 5.0
 CPU_MS_PER_REQUEST = 5.0
+PREBUILT = frozenset({"httpx", "responses-httpx"})
+"""The clients that post pre-built bodies (chat or Responses): what the proxy can serve."""
 REQUESTS_PER_SECOND = 150.0
 
 
@@ -97,13 +99,13 @@ def _cpu(proxy: list[Case]) -> Verdict:
 def _throughput(proxy: list[Case], direct: dict[tuple[str, str, int], Case], n: int) -> Verdict:
     target = f">= {REQUESTS_PER_SECOND:g} requests/s at {_clients(n)}, pre-built bodies"
     top = [c for c in proxy if c.clients == n]
-    built = [c for c in top if c.client == "httpx"]
+    built = [c for c in top if c.client in PREBUILT]
     through_sdk = [
         f"{_name(c)} {c.per_second:.0f}/s (direct {direct[key].per_second:.0f}/s)"
         if (key := (c.client, c.mode, c.clients)) in direct
         else f"{_name(c)} {c.per_second:.0f}/s"
         for c in top
-        if c.client != "httpx"
+        if c.client not in PREBUILT
     ]
     ceiling = "the same client calling directly: its ceiling"
     beside = f"; through the SDK ({ceiling}): {', '.join(through_sdk)}"
