@@ -43,6 +43,9 @@ __all__ = [
     "Strategy",
     "StrategyContext",
     "StrategyResult",
+    "edits_stick",
+    "held_view",
+    "keeps_pairs",
     "system_block",
 ]
 
@@ -350,9 +353,47 @@ class StepResult:
 
 @runtime_checkable
 class Step(Protocol):
-    """One stage of the build (see the module docstring)."""
+    """One stage of the build (see the module docstring).
+
+    Besides ``name`` and ``__call__`` a step may declare what the engine needs to know
+    of it, as class attributes or methods (a user's step declares none, and gets the
+    safe defaults; the engine reads them through :func:`keeps_pairs`,
+    :func:`edits_stick` and :func:`held_view`, and never by a step's name):
+
+    * ``keeps_pairs: bool`` (default ``False``): the step never leaves a tool call
+      without its results (it edits messages in place, or moves whole blocks), so the
+      engine need not check the window after it;
+    * ``edits_stick: bool`` (default ``True``): a message it masks or truncates stays so
+      in the next builds (``BuildState.sticky``); the eviction's last-resort cuts, made
+      for one build's budget, do not;
+    * ``held(draft, ctx) -> Draft``: between compactions (``ctx.hold``), what the
+      previous context sent of what the step made (the layers step: the facts and
+      summary blocks as they were sent);
+    * ``sent_tokens(message, tokens) -> int``, ``reserve(draft, ctx) -> int`` and
+      ``ledger_cap(draft, ctx, grows) -> int``: what the step lets the others foresee of
+      it (:class:`StepContext`; :mod:`ctxwarden.pipeline.cascade` gathers them).
+    """
 
     @property
     def name(self) -> str: ...
 
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult: ...
+
+
+def keeps_pairs(step: object) -> bool:
+    """Whether ``step`` declares it never splits a tool call from its results
+    (``keeps_pairs``; default ``False``: the engine checks the window after it)."""
+    return bool(getattr(step, "keeps_pairs", False))
+
+
+def edits_stick(step: object) -> bool:
+    """Whether the masks and cuts ``step`` makes stay in the next builds
+    (``edits_stick``; default ``True``)."""
+    return bool(getattr(step, "edits_stick", True))
+
+
+def held_view(step: object) -> Callable[[Draft, StepContext], Draft] | None:
+    """``step``'s ``held(draft, ctx)``: what a build between compactions sends of what
+    the step made; ``None`` when the step declares none."""
+    held = getattr(step, "held", None)
+    return held if callable(held) else None

@@ -28,6 +28,7 @@ If the system prompt and the newest user message still do not fit, the build fai
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from ctxwarden.core.errors import BudgetError
 from ctxwarden.core.messages import Message
@@ -67,6 +68,9 @@ class EvictStep:
     """Brings an over-budget draft within budget (see the module docstring)."""
 
     name: str = "priority"
+    keeps_pairs: ClassVar[bool] = True  # evicts whole blocks, cuts results in place
+    # its cuts are made for this build's budget: the next build decides again
+    edits_stick: ClassVar[bool] = False
 
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
         over = context_tokens(draft, ctx) - ctx.budget

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ctxwarden.core.messages import Message
 from ctxwarden.core.pairing import Block, group_blocks
@@ -102,6 +102,7 @@ class FitStep:
     """Fits the window and renders the ledger (see the module docstring)."""
 
     name: str = "fit"
+    keeps_pairs: ClassVar[bool] = True  # drops whole blocks
 
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
         original = draft.window

@@ -50,7 +50,7 @@ import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from ctxwarden.core.errors import ConfigError, MissingDependencyError
 from ctxwarden.core.handles import handle_for
@@ -134,6 +134,7 @@ class RecallRelevant:
     embeddings: str | None = None
     auto: bool = False
     name: str = field(default="recall")
+    keeps_pairs: ClassVar[bool] = True  # adds a layer, not window messages
 
     def __post_init__(self) -> None:
         if not 0.0 < self.share <= 0.5:

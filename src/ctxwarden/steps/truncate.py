@@ -43,6 +43,7 @@ import json
 import re
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 from ctxwarden.core.caching import BoundedCache
 from ctxwarden.core.errors import ConfigError
@@ -184,6 +185,7 @@ class TruncateToolResults:
     cutters: Mapping[str, Cut | Cutter | str] | tuple[tuple[str, Cutter], ...] = ()
     count_text: Callable[[str], int] | None = field(default=None, compare=False, repr=False)
     name: str = field(default="truncate")
+    keeps_pairs: ClassVar[bool] = True  # cuts results in place
     _config_key: str = field(default="", init=False, compare=False, repr=False)
     _kinds: Mapping[str, Cutter] = field(
         default_factory=lambda: CUTTERS, init=False, compare=False, repr=False, hash=False
