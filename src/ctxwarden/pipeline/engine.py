@@ -39,7 +39,7 @@ from ctxwarden.memory.layer_state import LayerState
 from ctxwarden.memory.summaries import Summarizer
 from ctxwarden.pipeline.audit import LAYERS, Audit
 from ctxwarden.pipeline.built import BuiltContext
-from ctxwarden.pipeline.cascade import sent_tokens_for, steps_for
+from ctxwarden.pipeline.cascade import foreseen, sent_tokens_for, steps_for
 from ctxwarden.pipeline.compaction import (
     growth_per_call,
     held_cause,
@@ -55,6 +55,7 @@ from ctxwarden.steps.base import (
     Action,
     ActionKind,
     Draft,
+    Step,
     StepContext,
     edits_stick,
     held_view,
@@ -249,6 +250,8 @@ def run_build(
     new = history[state.history_length :] if state.history_length else ()
     new_tokens = sum(map(counter.count_message, new))
     first_held = hold and not state.held_calls  # right after a compaction, or a cold build
+    steps = steps_for(policy)
+    seen = foreseen(steps)  # what the steps let each other foresee (none reads another's config)
     ctx = StepContext(
         counter=counter,
         budget=budget,
@@ -265,7 +268,9 @@ def run_build(
         vectors=vectors,
         hold=hold,
         prices=prices,
-        sent=sent_tokens_for(policy),
+        sent=seen.sent,
+        reserve=seen.reserve,
+        ledger_room=seen.ledger_room,
         refill_ratio=policy.window.refill_ratio,
         growth=growth_per_call(
             state.input_tokens,
@@ -280,7 +285,7 @@ def run_build(
     )
     anchors = frozenset(protected)
     start = Draft(history, sys_end, newest, protected=anchors, anchors=anchors)
-    draft, actions, warnings, names, sticking = _fold(start, ctx, policy, pre)
+    draft, actions, warnings, names, sticking = _fold(start, ctx, steps, pre)
     cause = None
     if hold:  # cache-aware compaction: send it held, or compact in one move
         total = REPLY_PRIMING + tools_tokens + ctx.total(draft.ordered)
@@ -288,7 +293,7 @@ def run_build(
         cause = held_cause(draft, actions, total, budget, state.prefix, digests)
         if cause is not None or draft.compact is not None:
             unheld = replace(ctx, hold=False, compacting=True)
-            compacted = _fold(start, unheld, policy, pre)
+            compacted = _fold(start, unheld, steps, pre)
             if cause is None:  # only edits were held back: compact if the rewrite pays
                 cause = _rewrite_pays(draft, compacted[0], total, unheld, tools_tokens)
             if cause is not None:
@@ -341,18 +346,18 @@ def _rewrite_pays(
 def _fold(
     draft: Draft,
     ctx: StepContext,
-    policy: Policy,
+    steps: Sequence[Step],
     pre: tuple[tuple[Action, ...], tuple[str, ...]],
 ) -> tuple[Draft, list[Action], list[str], list[str], list[Action]]:
-    """The policy's steps folded over ``draft``: the final draft, the actions, the
-    warnings, the names of the steps that ran, and the actions whose masks and cuts
-    stay in the next builds (all but those of a step that declares ``edits_stick =
-    False``)."""
+    """The policy's ``steps`` (:func:`~ctxwarden.pipeline.cascade.steps_for`) folded over
+    ``draft``: the final draft, the actions, the warnings, the names of the steps that
+    ran, and the actions whose masks and cuts stay in the next builds (all but those of
+    a step that declares ``edits_stick = False``)."""
     actions: list[Action] = list(pre[0])
     warnings: list[str] = list(pre[1])
     names: list[str] = []
     transient: set[int] = set()  # positions in ``actions`` of a step whose edits do not stick
-    for step in steps_for(policy):
+    for step in steps:
         result = step(draft, ctx)
         first = len(actions)
         # Pair safety after every step that may have broken it: a user's own step, the

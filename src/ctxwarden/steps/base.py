@@ -303,9 +303,14 @@ class StepContext:
     the system prompt. ``hold`` marks a build between compactions: the editing steps send
     every message the previous context held as it was sent (cache-aware compaction,
     :mod:`ctxwarden.pipeline.compaction`), weighing a change at ``prices`` with ``growth``.
-    ``sent`` (read through :meth:`sent_tokens`) and ``refill_ratio`` are what a step may
-    foresee of the others: the size a message is sent at once cut, and the share of its
-    room the window's fit refills to when it moves (:mod:`~ctxwarden.steps.fit`)."""
+    ``sent`` (read through :meth:`sent_tokens`), ``reserve`` (:meth:`reserved`),
+    ``ledger_room`` (:meth:`ledger_cap`) and ``refill_ratio`` are what a step may foresee
+    of the others: the size a message is sent at once cut, the room later steps' layers
+    take (the recall block), the entity ledger's cap, and the share of its room the
+    window's fit refills to when it moves (:mod:`~ctxwarden.steps.fit`). The engine sets
+    them from what the policy's steps declare
+    (:func:`~ctxwarden.pipeline.cascade.foreseen`): no step reads another's
+    configuration."""
 
     counter: TokenCounter
     budget: int
@@ -328,6 +333,8 @@ class StepContext:
     # what the steps foresee of each other, set by the engine from the steps themselves
     # (no step reads another's configuration): see sent_tokens and refill_ratio
     sent: Callable[[Message, int], int] | None = None
+    reserve: Callable[[Draft, StepContext], int] | None = None  # see reserved
+    ledger_room: Callable[[Draft, StepContext, bool], int] | None = None  # see ledger_cap
     refill_ratio: float = 0.5  # the fit's low-water mark (window.refill_ratio)
 
     def count(self, message: Message) -> int:
@@ -339,6 +346,18 @@ class StepContext:
         :func:`~ctxwarden.pipeline.cascade.sent_tokens_for` finds them; a step that must
         foresee it asks here, not the truncation's configuration)."""
         return tokens if self.sent is None else self.sent(message, tokens)
+
+    def reserved(self, draft: Draft) -> int:
+        """The tokens the steps that add a layer of their own later (the recall block)
+        will take of the budget of ``draft``, as they say (a step's ``reserve(draft,
+        ctx)``; 0 when none does): what the newest results must leave them."""
+        return 0 if self.reserve is None else self.reserve(draft, self)
+
+    def ledger_cap(self, draft: Draft, *, grows: bool = True) -> int:
+        """The most the entity-ledger block may take of the budget of ``draft``, as the
+        step that renders it says (its ``ledger_cap(draft, ctx, grows)``; 0: no ledger);
+        ``grows=False``: its fixed cap alone, without the share of a larger budget."""
+        return 0 if self.ledger_room is None else self.ledger_room(draft, self, grows)
 
     def total(self, messages: Sequence[Message]) -> int:
         return self.counter.total(messages)

@@ -36,7 +36,7 @@ from ctxwarden.core.pairing import group_blocks
 from ctxwarden.cutters.text import truncate_text
 from ctxwarden.steps.base import Action, Draft, Edit, StepContext, StepResult
 from ctxwarden.steps.fit import ledger_sources, shown_blocks
-from ctxwarden.steps.ledger import LedgerBuilder, carried_ledger, ledger_cap
+from ctxwarden.steps.ledger import LedgerBuilder, carried_ledger
 from ctxwarden.steps.priority import eviction_order
 from ctxwarden.steps.truncate import cut_to_share
 from ctxwarden.steps.window import is_pinned
@@ -120,7 +120,7 @@ class EvictStep:
         user id, the dates) and could not be ranked against it; in the ledger each
         costs one mention, and the one the next call needs competes on rank."""
         assert draft.ledger is not None
-        cap = ledger_cap(draft, ctx)
+        cap = ctx.ledger_cap(draft)
         room = min(_ledger_tokens(draft, ctx) - over, cap)
         draft = draft.but(ledger=_ledger_within(draft, ctx, cap, room), ledger_base=None)
         return draft, context_tokens(draft, ctx) - ctx.budget
@@ -132,7 +132,7 @@ class EvictStep:
         if draft.ledger is None:
             return draft, over
         before = _ledger_tokens(draft, ctx)
-        smaller = _ledger_within(draft, ctx, ledger_cap(draft, ctx), before - over)
+        smaller = _ledger_within(draft, ctx, ctx.ledger_cap(draft), before - over)
         after = ctx.count(smaller) if smaller else 0
         warnings.append(f"entity ledger cut from {before:,} to {after:,} tokens to fit the budget")
         draft = draft.but(ledger=smaller, ledger_base=None)

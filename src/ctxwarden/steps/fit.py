@@ -104,6 +104,12 @@ class FitStep:
     name: str = "fit"
     keeps_pairs: ClassVar[bool] = True  # drops whole blocks
 
+    def ledger_cap(self, draft: Draft, ctx: StepContext, grows: bool = True) -> int:
+        """The ledger block's cap, which this step renders
+        (:func:`~ctxwarden.steps.ledger.ledger_cap`): the other steps read it as
+        :meth:`StepContext.ledger_cap <ctxwarden.steps.base.StepContext.ledger_cap>`."""
+        return ledger_cap(draft, ctx, grows=grows)
+
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
         original = draft.window
         draft, earlier = sticky_drops(draft, ctx)

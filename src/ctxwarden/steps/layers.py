@@ -34,7 +34,6 @@ from ctxwarden.memory.layer_state import LayerState
 from ctxwarden.memory.summaries import plan_summary, summary_view, view_fills
 from ctxwarden.memory.summary_scan import SummaryScan, scan_key, summary_due_of
 from ctxwarden.steps.base import Draft, StepContext, StepResult, system_block
-from ctxwarden.steps.ledger import ledger_cap
 from ctxwarden.steps.memos import memo_of, register_memo
 
 __all__ = [
@@ -186,7 +185,7 @@ def fill_room(draft: Draft, ctx: StepContext, cut: int, facts: int) -> int:
     gives way (its oldest messages go to the ledger), not the whole summary."""
     room = max(ctx.budget - ctx.fixed, 0)
     tail = ctx.total(draft.history[max(cut, draft.sys_end) :])
-    rest = room - facts - tail - ledger_cap(draft, ctx, grows=False)
+    rest = room - facts - tail - ctx.ledger_cap(draft, grows=False)
     return max(rest, int(room * ctx.policy.summary.max_summary_share))
 
 

@@ -192,6 +192,16 @@ class RecallRelevant:
         )
         return StepResult(new.but(layers=(*new.layers, ("recall", block))), actions)
 
+    def reserve(self, draft: Draft, ctx: StepContext) -> int:
+        """The room the newest results leave for the recall block
+        (:meth:`~ctxwarden.steps.base.StepContext.reserved`, :mod:`~ctxwarden.steps.newest`):
+        the cap, when this step may recall (with ``auto``, the window is chat-shaped);
+        else 0 (an agent loop's newest result is never cut to make room for a recall that
+        its shape rules out)."""
+        if self.auto and not chat_shaped(draft):
+            return 0
+        return self.cap(ctx)
+
     def cap(self, ctx: StepContext) -> int:
         """The most the block may take: ``share`` of the budget, at most ``max_tokens``."""
         return min(self.max_tokens, int(self.share * (ctx.budget - ctx.fixed)))
