@@ -47,13 +47,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ctxwarden.core.errors import ConfigError
-from ctxwarden.steps.base import Draft, Step, StepContext
+from ctxwarden.steps.base import Draft, LedgerBlocks, Step, StepContext
 from ctxwarden.steps.broken_rules import CheckToolRules
 from ctxwarden.steps.edit import EditStep
 from ctxwarden.steps.evict import EvictStep
 from ctxwarden.steps.fit import FitStep
 from ctxwarden.steps.layers import LayersStep
 from ctxwarden.steps.layout import LayoutStep
+from ctxwarden.steps.ledger import EntityLedgerBlocks
 from ctxwarden.steps.tool_rules import PinResults
 from ctxwarden.steps.window import WindowStep
 
@@ -177,7 +178,8 @@ def check_cascade(cascade: Any, steps: tuple[Any, ...]) -> tuple[str, ...]:
 
 # The built-in steps hold no state (frozen, a name each): one of each serves every build.
 _LAYERS, _WINDOW = LayersStep(), WindowStep()
-_FIT, _EVICT, _LAYOUT = FitStep(), EvictStep(), LayoutStep()
+_FIT = FitStep(ledger_blocks=EntityLedgerBlocks())  # the fit settles the ledger with the window
+_EVICT, _LAYOUT = EvictStep(), LayoutStep()
 _PINS, _CHECK_RULES = PinResults(), CheckToolRules()
 
 #: Each built-in name -> the steps it is for a policy (none: off for this policy).
@@ -226,12 +228,12 @@ class Foreseen:
     on the :class:`~ctxwarden.steps.base.StepContext`: ``sent`` (a message's tokens once
     cut: the steps' ``sent_tokens``, chained in order), ``reserve`` (the room their own
     later layers take: the steps' ``reserve(draft, ctx)``, summed) and ``ledger_room``
-    (the entity ledger's cap: the ``ledger_cap(draft, ctx, grows)`` of the step that
+    (the entity ledger: the ``ledger_blocks`` of the step that
     renders it). ``None``: no step says (a count as it is, no room, no ledger)."""
 
     sent: Callable[[Message, int], int] | None = None
     reserve: Callable[[Draft, StepContext], int] | None = None
-    ledger_room: Callable[[Draft, StepContext, bool], int] | None = None
+    ledger: LedgerBlocks | None = None
 
 
 def foreseen(steps: Sequence[Step]) -> Foreseen:
@@ -239,7 +241,7 @@ def foreseen(steps: Sequence[Step]) -> Foreseen:
     the others (:class:`Foreseen`)."""
     sents: list[Callable[[Message, int], int]] = []
     reserves: list[Callable[[Draft, StepContext], int]] = []
-    ledger_room: Callable[[Draft, StepContext, bool], int] | None = None
+    ledger: LedgerBlocks | None = None
     for step in steps:
         sent = getattr(step, "sent_tokens", None)
         if callable(sent):
@@ -247,10 +249,9 @@ def foreseen(steps: Sequence[Step]) -> Foreseen:
         reserve = getattr(step, "reserve", None)
         if callable(reserve):
             reserves.append(reserve)
-        cap = getattr(step, "ledger_cap", None)
-        if callable(cap) and ledger_room is None:
-            ledger_room = cap
-    return Foreseen(_chained(sents), _summed(reserves), ledger_room)
+        if ledger is None:
+            ledger = getattr(step, "ledger_blocks", None)
+    return Foreseen(_chained(sents), _summed(reserves), ledger)
 
 
 def _chained(

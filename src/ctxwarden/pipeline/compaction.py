@@ -16,7 +16,7 @@ cautious by default) — the build runs again unheld: a
 *compaction*, one move that applies every pending mask and cut, slides the window down to
 its low-water mark (``window.refill_ratio`` of its room, so the next calls append for a
 while) and renders the ledger once (the ledger block it sent before stays in place, the
-new values go in a block after it: :func:`~ctxwarden.steps.fit.stacked_ledger`). The
+new values go in a block after it: :func:`~ctxwarden.steps.ledger.stacked_ledger`). The
 audit records the break, its cause and its cost (:class:`PrefixBreak`).
 
 One change is made between compactions: a *tail edit*

@@ -270,7 +270,7 @@ def run_build(
         prices=prices,
         sent=seen.sent,
         reserve=seen.reserve,
-        ledger_room=seen.ledger_room,
+        ledger=seen.ledger,
         refill_ratio=policy.window.refill_ratio,
         growth=growth_per_call(
             state.input_tokens,

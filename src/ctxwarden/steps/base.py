@@ -37,6 +37,8 @@ __all__ = [
     "CountedAction",
     "Draft",
     "Edit",
+    "LedgerBlocks",
+    "LedgerSettling",
     "Step",
     "StepContext",
     "StepResult",
@@ -233,7 +235,7 @@ class Draft:
     blocks after the system prompt, as ``(layer name, message)`` in layout order;
     ``ledger`` the entity-ledger block (placed among the layers by the layout), after
     ``ledger_base`` when the block a compaction sent is kept and ``ledger`` shows only
-    the values it does not (:func:`~ctxwarden.steps.fit.stacked_ledger`);
+    the values it does not (:func:`~ctxwarden.steps.ledger.stacked_ledger`);
     ``floor`` where the summary's coverage ends (the window starts at or after it);
     ``edits`` what editing steps did, by message id; ``rejected`` ids a provider would
     refuse (an unanswered call, an orphan result); ``protected`` ids no step may drop
@@ -304,7 +306,7 @@ class StepContext:
     every message the previous context held as it was sent (cache-aware compaction,
     :mod:`ctxwarden.pipeline.compaction`), weighing a change at ``prices`` with ``growth``.
     ``sent`` (read through :meth:`sent_tokens`), ``reserve`` (:meth:`reserved`),
-    ``ledger_room`` (:meth:`ledger_cap`) and ``refill_ratio`` are what a step may foresee
+    ``ledger`` (:meth:`ledger_cap`) and ``refill_ratio`` are what a step may foresee
     of the others: the size a message is sent at once cut, the room later steps' layers
     take (the recall block), the entity ledger's cap, and the share of its room the
     window's fit refills to when it moves (:mod:`~ctxwarden.steps.fit`). The engine sets
@@ -334,7 +336,7 @@ class StepContext:
     # (no step reads another's configuration): see sent_tokens and refill_ratio
     sent: Callable[[Message, int], int] | None = None
     reserve: Callable[[Draft, StepContext], int] | None = None  # see reserved
-    ledger_room: Callable[[Draft, StepContext, bool], int] | None = None  # see ledger_cap
+    ledger: LedgerBlocks | None = None  # the entity ledger the fit renders: see ledger_cap
     refill_ratio: float = 0.5  # the fit's low-water mark (window.refill_ratio)
 
     def count(self, message: Message) -> int:
@@ -355,12 +357,53 @@ class StepContext:
 
     def ledger_cap(self, draft: Draft, *, grows: bool = True) -> int:
         """The most the entity-ledger block may take of the budget of ``draft``, as the
-        step that renders it says (its ``ledger_cap(draft, ctx, grows)``; 0: no ledger);
-        ``grows=False``: its fixed cap alone, without the share of a larger budget."""
-        return 0 if self.ledger_room is None else self.ledger_room(draft, self, grows)
+        ledger says (:meth:`LedgerBlocks.cap`; 0: no ledger); ``grows=False``: its fixed
+        cap alone, without the share of a larger budget."""
+        return 0 if self.ledger is None else self.ledger.cap(draft, self, grows)
 
     def total(self, messages: Sequence[Message]) -> int:
         return self.counter.total(messages)
+
+
+class LedgerBlocks(Protocol):
+    """The entity ledger's side of the window's fit: what the fit (and the steps that
+    must foresee the ledger) know of it, and all they know
+    (:class:`~ctxwarden.steps.ledger.EntityLedgerBlocks` is the built-in one).
+
+    The ledger is not a step of its own: the window's room is what the ledger block
+    leaves, and the block holds the values of what the window drops, so the fit settles
+    both together, asking :meth:`settle` for a :class:`LedgerSettling` and it for the
+    blocks of each window it tries. The step that renders it declares it
+    (``FitStep.ledger_blocks``); the engine hands it to every step as ``ctx.ledger``."""
+
+    def cap(self, draft: Draft, ctx: StepContext, grows: bool = True) -> int:
+        """The most the ledger block may take of the budget of ``draft``."""
+        ...
+
+    def settle(self, draft: Draft, ctx: StepContext) -> LedgerSettling:
+        """The ledger of this build, before the window is fitted."""
+        ...
+
+    def within(self, draft: Draft, ctx: StepContext, cap: int, max_tokens: int) -> Message | None:
+        """The ledger of ``draft`` (as the fit left it) rendered again within
+        ``max_tokens`` (the eviction's last resort; ``None``: empty)."""
+        ...
+
+
+class LedgerSettling(Protocol):
+    """One build's ledger while the fit tries windows (:meth:`LedgerBlocks.settle`)."""
+
+    def blocks(
+        self, draft: Draft, window: Sequence[Message]
+    ) -> tuple[Message | None, Message | None]:
+        """The ledger blocks sent with ``window`` (``draft``: its start and pinned
+        messages): a block kept as sent before (or ``None``) and the block after it."""
+        ...
+
+    def carried(self, draft: Draft) -> Draft:
+        """``draft`` with the ledger's memo for the next build (after the last
+        :meth:`blocks`)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -389,8 +432,9 @@ class Step(Protocol):
       previous context sent of what the step made (the layers step: the facts and
       summary blocks as they were sent);
     * ``sent_tokens(message, tokens) -> int``, ``reserve(draft, ctx) -> int`` and
-      ``ledger_cap(draft, ctx, grows) -> int``: what the step lets the others foresee of
-      it (:class:`StepContext`; :mod:`ctxwarden.pipeline.cascade` gathers them).
+      ``ledger_blocks`` (a :class:`LedgerBlocks`): what the step lets the others foresee
+      of it (:class:`StepContext`; :func:`~ctxwarden.pipeline.cascade.foreseen` gathers
+      them).
     """
 
     @property

@@ -35,8 +35,6 @@ from ctxwarden.core.messages import Message
 from ctxwarden.core.pairing import group_blocks
 from ctxwarden.cutters.text import truncate_text
 from ctxwarden.steps.base import Action, Draft, Edit, StepContext, StepResult
-from ctxwarden.steps.fit import ledger_sources, shown_blocks
-from ctxwarden.steps.ledger import LedgerBuilder, carried_ledger
 from ctxwarden.steps.priority import eviction_order
 from ctxwarden.steps.truncate import cut_to_share
 from ctxwarden.steps.window import is_pinned
@@ -279,17 +277,6 @@ class EvictStep:
 
 
 def _ledger_within(draft: Draft, ctx: StepContext, cap: int, max_tokens: int) -> Message | None:
-    """The draft's ledger rendered again within ``max_tokens``, with the values of the
-    window's edited messages (a cut newest result among them), leaving out what the
-    shown blocks, the pinned messages and the window hold. A block rendered here fits
-    this build's newest turn, so it changes with it anyway: leaving out what the window
-    shows (the arguments of the newest call) costs no cached prefix, and under this
-    pressure every token of the block is worth a value the context does not show."""
-    memo = carried_ledger(draft)
-    builder = LedgerBuilder(ctx.counter, cap, ctx.earlier, memo, shown_blocks(draft))
-    return builder.shrink(
-        draft.history,
-        ledger_sources(draft, draft.window),
-        max_tokens,
-        [*draft.pinned_messages, *draft.window],
-    )
+    """The draft's ledger rendered again within ``max_tokens``, as the ledger renders it
+    (``ctx.ledger``, :meth:`~ctxwarden.steps.ledger.EntityLedgerBlocks.within`)."""
+    return ctx.ledger.within(draft, ctx, cap, max_tokens) if ctx.ledger is not None else None

@@ -519,7 +519,7 @@ def cut_to_share(
 
 def _listed(out: Sequence[Message], actions: Sequence[Action]) -> dict[str, Edit]:
     """The markers of the results cut here that list their cut values in place: the ledger
-    need not carry those values (:func:`~ctxwarden.steps.fit.ledger_sources`). A masking
+    need not carry those values (:func:`~ctxwarden.steps.ledger.ledger_sources`). A masking
     placeholder that came back with the key lists nothing."""
     cut = {a.message_id for a in actions}
     if not cut:
