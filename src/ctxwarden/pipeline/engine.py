@@ -60,10 +60,11 @@ from ctxwarden.steps.base import (
     edits_stick,
     held_view,
     keeps_pairs,
+    lays_out,
 )
 from ctxwarden.steps.fold import FOLD_SEPARATOR
 from ctxwarden.steps.keep_pairs import keep_pairs_whole
-from ctxwarden.steps.layout import STABLE_LAYERS, LayoutStep
+from ctxwarden.steps.layout import STABLE_LAYERS
 from ctxwarden.steps.recall_fusion import RecallVectors
 from ctxwarden.steps.state import PREFIX_DIGITS, BuildState
 from ctxwarden.steps.window import leading_system, newest_call_block, newest_user
@@ -378,10 +379,11 @@ def _fold(
         held = held_view(step) if ctx.hold else None
         if held is not None:  # between compactions: what was sent of it, as it was
             draft = held(draft, ctx)
-    final = keep_pairs_whole(draft, ctx, "layout")
+    layout = next((step for step in steps if lays_out(step)), None)  # (the layout step)
+    final = keep_pairs_whole(draft, ctx, layout.name if layout is not None else "pairing")
     if final.actions:  # a step left a split pair: take it out and lay out again
         actions.extend(final.actions)
-        draft = LayoutStep()(final.draft, ctx).draft
+        draft = layout(final.draft, ctx).draft if layout is not None else final.draft
     sticking = [a for i, a in enumerate(actions) if i not in transient] if transient else actions
     return draft, actions, warnings, names, sticking
 

@@ -48,6 +48,7 @@ __all__ = [
     "edits_stick",
     "held_view",
     "keeps_pairs",
+    "lays_out",
     "system_block",
 ]
 
@@ -428,6 +429,9 @@ class Step(Protocol):
     * ``edits_stick: bool`` (default ``True``): a message it masks or truncates stays so
       in the next builds (``BuildState.sticky``); the eviction's last-resort cuts, made
       for one build's budget, do not;
+    * ``lays_out: bool`` (default ``False``): the step orders the context to send (the
+      layout); after the last step the engine checks the pairs once more and, when it
+      took a split pair out, runs this step again;
     * ``held(draft, ctx) -> Draft``: between compactions (``ctx.hold``), what the
       previous context sent of what the step made (the layers step: the facts and
       summary blocks as they were sent);
@@ -453,6 +457,12 @@ def edits_stick(step: object) -> bool:
     """Whether the masks and cuts ``step`` makes stay in the next builds
     (``edits_stick``; default ``True``)."""
     return bool(getattr(step, "edits_stick", True))
+
+
+def lays_out(step: object) -> bool:
+    """Whether ``step`` declares it orders the context to send (``lays_out``; default
+    ``False``)."""
+    return bool(getattr(step, "lays_out", False))
 
 
 def held_view(step: object) -> Callable[[Draft, StepContext], Draft] | None:

@@ -39,6 +39,7 @@ class LayoutStep:
 
     name: str = "layout"
     keeps_pairs: ClassVar[bool] = True  # orders the blocks it is given
+    lays_out: ClassVar[bool] = True  # run again after the engine's final pair check
 
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
         layer_of: dict[str, str] = {m.id: "system" for m in draft.system}
