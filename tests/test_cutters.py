@@ -111,3 +111,66 @@ def test_a_policy_with_cutters_stays_hashable_and_equal_by_value() -> None:
     b = TruncateToolResults(cutters={"csv": cut_csv})
     assert a == b and hash(a) == hash(b) and a != TruncateToolResults()
     assert hash(Policy(truncate=a)) == hash(Policy(truncate=b))
+
+
+def looks_like_csv(text: str) -> bool:
+    """A user's detector: the first lines have the same number of commas (two or more)."""
+    head = text.splitlines()[:5]
+    commas = {line.count(",") for line in head}
+    return len(head) >= 2 and len(commas) == 1 and min(commas) >= 2
+
+
+def test_a_kind_registered_with_a_detector_is_detected_and_cut_by_its_cutter() -> None:
+    """Issue 38: a user registers a kind with its detector through the public API (an
+    explicit value of the policy, no module state), and a build detects it on a tool's
+    output no rule names and cuts it with the user's cutter."""
+    from ctxwarden.cutters import Cutter
+
+    truncate = TruncateToolResults(cutters={"csv": Cutter(cut_csv, detect=looks_like_csv)})
+    policy = Policy(truncate=truncate)
+    history = _history(tool="any_tool")
+    assert history[3].kind != "csv"  # the built-in classifier knows no such kind
+    assert truncate.kind_of(history[3]) == "csv"
+    built = build_context(history, "gpt-4o", 8000, policy=policy)
+    sent = next(m.text for m in built.messages if m.role == "tool")
+    assert sent.startswith("id,order,status,total\n417,order-417,shipped,2919.50\n" + CSV_MARK)
+    (action,) = [a for a in built.audit.actions if a.action == "truncated"]
+    assert action.reason == "csv tool result over 500 tokens"
+    # the next build of the loop sends the very same cut (the prefix stays cached)
+    longer = [*history, Message.assistant("It was 2,919.50.")]
+    again = build_context(longer, "gpt-4o", 8000, policy=policy, previous=built)
+    assert next(m.text for m in again.messages if m.role == "tool") == sent
+    # a result the detector does not claim keeps the classifier's kind and its cut
+    log = "\n".join(f"line {i}: step {i} done" for i in range(600))
+    other = [*history[:3], Message.tool(log, tool_call_id="c1"), *history[4:]]
+    plain = build_context(other, "gpt-4o", 8000, policy=Policy())
+    mine = build_context(other, "gpt-4o", 8000, policy=policy)
+    assert [m.text for m in mine.messages] == [m.text for m in plain.messages]
+    # without the detector the kind is cut only where a tool's rule names it
+    only_ruled = Policy(truncate=TruncateToolResults(cutters={"csv": cut_csv}))
+    assert CSV_MARK not in _sent_result(only_ruled, tool="any_tool")
+
+
+def test_a_detector_in_toml_and_a_rule_naming_another_kind_wins() -> None:
+    policy = Policy.from_toml(
+        "[truncate.cutters]\n"
+        'csv = { cut = "test_cutters:cut_csv", detect = "test_cutters:looks_like_csv" }\n'
+        '[tools.export_rows]\ntruncate = "text"\n'
+    )
+    assert policy.truncate is not None and policy.truncate.kinds["csv"].detect is looks_like_csv
+    assert CSV_MARK in _sent_result(policy, tool="any_tool")  # detected: no rule names it
+    assert CSV_MARK not in _sent_result(policy)  # the tool's rule: cut as text
+
+
+@pytest.mark.parametrize(
+    ("table", "named"),
+    [
+        ('csv = { detect = "test_cutters:looks_like_csv" }', "a cutter table has cut ="),
+        ('csv = { cut = "test_cutters:cut_csv", find = "x:y" }', "a cutter table has cut ="),
+        ('csv = { cut = "test_cutters:cut_csv", detect = 3 }', "truncate.cutters.csv.detect"),
+    ],
+)
+def test_a_bad_cutter_table_is_a_config_error(table: str, named: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        Policy.from_toml(f"[truncate.cutters]\n{table}\n")
+    assert named in str(caught.value)

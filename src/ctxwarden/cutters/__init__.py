@@ -16,8 +16,9 @@ from ctxwarden.cutters.by_kind import (
     Cut,
     CutRequest,
     Cutter,
+    Detect,
     truncate_by_kind,
     with_cutters,
 )
 
-__all__ = ["CUTTERS", "Cut", "CutRequest", "Cutter", "truncate_by_kind", "with_cutters"]
+__all__ = ["CUTTERS", "Cut", "CutRequest", "Cutter", "Detect", "truncate_by_kind", "with_cutters"]

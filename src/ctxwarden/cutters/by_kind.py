@@ -4,16 +4,27 @@ A :class:`Cutter` cuts the text of one kind of tool result (:mod:`~ctxwarden.cor
 to about a token target, given what it is asked (:class:`CutRequest`): ``cut(text, ask)``
 returns the cut, or ``None`` when it cannot place a line (then head-and-tail text is
 used). :data:`CUTTERS` holds the built-in kinds; it is read-only, and a policy adds or
-replaces kinds through the truncation step's ``cutters`` (:func:`with_cutters`)::
+replaces kinds through the truncation step's ``cutters`` (:func:`with_cutters`): the
+registry is a value of the policy, never module state. A kind of your own is cut when a
+tool's rule names it, or when its ``detect(text) -> bool`` claims a result (tried before
+the built-in classifier, in the order of the kinds' names; keep it cheap: it reads every
+tool result over the threshold, once per message)::
 
     def cut_csv(text: str, ask: CutRequest) -> str | None:
         ...  # the header row and the rows that hold ask.terms, within ask.target_tokens
 
-    TruncateToolResults(cutters={"csv": cut_csv})
-    # or in TOML:   [truncate.cutters]
-    #               csv = "mypackage.cuts:cut_csv"
-    #               [tools.export_rows]
-    #               truncate = "csv"          # this tool's results are cut as "csv"
+    def looks_like_csv(text: str) -> bool:
+        ...  # the first lines have the same number of commas
+
+    TruncateToolResults(cutters={"csv": Cutter(cut_csv, detect=looks_like_csv)})
+    # or in TOML:
+    #   [truncate.cutters]
+    #   csv = { cut = "mypackage.cuts:cut_csv", detect = "mypackage.cuts:looks_like_csv" }
+    # or, without a detector, cut only where a tool's rule names the kind:
+    #   [truncate.cutters]
+    #   csv = "mypackage.cuts:cut_csv"
+    #   [tools.export_rows]
+    #   truncate = "csv"          # this tool's results are cut as "csv"
 
 :func:`truncate_by_kind` sends a result to the cutter for its kind (``None``, or a kind
 without a cutter: plain text). Before that, a result longer than ``max_chars`` is
@@ -55,6 +66,7 @@ __all__ = [
     "Cut",
     "CutRequest",
     "Cutter",
+    "Detect",
     "examined_part",
     "truncate_by_kind",
     "with_cutters",
@@ -90,13 +102,20 @@ class CutRequest:
 Cut = Callable[[str, CutRequest], str | None]
 
 
+#: Whether a tool result's text is of a kind: ``detect(text) -> bool``.
+Detect = Callable[[str], bool]
+
+
 @dataclass(frozen=True)
 class Cutter:
     """One kind's cut; ``whole`` > 0: it is given texts up to ``whole`` times the cap on
-    what is examined whole, before they are counted (longer ones are cut as text)."""
+    what is examined whole, before they are counted (longer ones are cut as text).
+    ``detect`` (a kind a policy adds): which tool results are of this kind, whatever
+    kind the built-in classifier gives them (``None``: only those a tool's rule names)."""
 
     cut: Cut
     whole: int = 0
+    detect: Detect | None = None
 
 
 def _json(text: str, ask: CutRequest) -> str:
@@ -164,12 +183,16 @@ def with_cutters(
     added: Mapping[str, Any], source: str = "truncate.cutters"
 ) -> Mapping[str, Cutter]:
     """:data:`CUTTERS` with ``added`` over it: each kind name to a :class:`Cutter`, a
-    ``cut(text, ask)`` function, or ``"module:attribute"`` naming one (TOML). A bad name
+    ``cut(text, ask)`` function, ``"module:attribute"`` naming one (TOML), or a table
+    ``{cut = ..., detect = ...}`` of those (a ``detect(text) -> bool`` too). A bad name
     or value is a :class:`ConfigError` naming the kind."""
     out = dict(CUTTERS)
     for kind, given in added.items():
         if not isinstance(kind, str) or not kind.isidentifier():
             raise ConfigError(f"{source}: a kind is a name (letters, digits, _), got {kind!r}")
+        if isinstance(given, Mapping):
+            out[kind] = _table(given, f"{source}.{kind}")
+            continue
         value = _imported(given, f"{source}.{kind}") if isinstance(given, str) else given
         if not isinstance(value, Cutter):
             if not callable(value):
@@ -180,6 +203,26 @@ def with_cutters(
             value = Cutter(value)
         out[kind] = value
     return MappingProxyType(out)
+
+
+def _table(table: Mapping[str, Any], where: str) -> Cutter:
+    """A ``{cut = ..., detect = ...}`` table as a :class:`Cutter` (each a function or
+    ``"module:attribute"``)."""
+    unknown = set(table) - {"cut", "detect"}
+    if unknown or "cut" not in table:
+        raise ConfigError(
+            f"{where}: a cutter table has cut = and optionally detect = "
+            f'(each a function or "module:attribute"), got keys {sorted(table)}'
+        )
+    found: dict[str, Any] = {}
+    for key in ("cut", "detect"):
+        value = table.get(key)
+        if isinstance(value, str):
+            value = _imported(value, f"{where}.{key}")
+        if value is not None and not callable(value):
+            raise ConfigError(f"{where}.{key}: not a function: {table.get(key)!r}")
+        found[key] = value
+    return Cutter(found["cut"], detect=found["detect"])
 
 
 def _imported(target: str, where: str) -> Any:

@@ -42,17 +42,19 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ctxwarden.core.errors import ConfigError
-from ctxwarden.steps.base import Step
+from ctxwarden.steps.base import Draft, LedgerBlocks, Step, StepContext
 from ctxwarden.steps.broken_rules import CheckToolRules
 from ctxwarden.steps.edit import EditStep
 from ctxwarden.steps.evict import EvictStep
 from ctxwarden.steps.fit import FitStep
 from ctxwarden.steps.layers import LayersStep
 from ctxwarden.steps.layout import LayoutStep
+from ctxwarden.steps.ledger import EntityLedgerBlocks
 from ctxwarden.steps.tool_rules import PinResults
 from ctxwarden.steps.window import WindowStep
 
@@ -64,8 +66,10 @@ __all__ = [
     "DEFAULT_CASCADE",
     "REQUIRED",
     "USER_STEPS",
+    "Foreseen",
     "as_step",
     "check_cascade",
+    "foreseen",
     "load_step",
     "sent_tokens_for",
     "steps_for",
@@ -174,7 +178,8 @@ def check_cascade(cascade: Any, steps: tuple[Any, ...]) -> tuple[str, ...]:
 
 # The built-in steps hold no state (frozen, a name each): one of each serves every build.
 _LAYERS, _WINDOW = LayersStep(), WindowStep()
-_FIT, _EVICT, _LAYOUT = FitStep(), EvictStep(), LayoutStep()
+_FIT = FitStep(ledger_blocks=EntityLedgerBlocks())  # the fit settles the ledger with the window
+_EVICT, _LAYOUT = EvictStep(), LayoutStep()
 _PINS, _CHECK_RULES = PinResults(), CheckToolRules()
 
 #: Each built-in name -> the steps it is for a policy (none: off for this policy).
@@ -214,11 +219,44 @@ def sent_tokens_for(policy: Policy) -> Callable[[Message, int], int] | None:
     the truncation's), in cascade order; ``None`` when no step says. The engine hands it
     to the steps (:meth:`~ctxwarden.steps.base.StepContext.sent_tokens`) and the summary
     triggers, so none of them reads the truncation's configuration."""
-    found: list[Callable[[Message, int], int]] = []
-    for step in steps_for(policy):
+    return foreseen(steps_for(policy)).sent
+
+
+@dataclass(frozen=True)
+class Foreseen:
+    """What the steps of a pipeline let the others foresee of them, as the engine puts it
+    on the :class:`~ctxwarden.steps.base.StepContext`: ``sent`` (a message's tokens once
+    cut: the steps' ``sent_tokens``, chained in order), ``reserve`` (the room their own
+    later layers take: the steps' ``reserve(draft, ctx)``, summed) and ``ledger_room``
+    (the entity ledger: the ``ledger_blocks`` of the step that
+    renders it). ``None``: no step says (a count as it is, no room, no ledger)."""
+
+    sent: Callable[[Message, int], int] | None = None
+    reserve: Callable[[Draft, StepContext], int] | None = None
+    ledger: LedgerBlocks | None = None
+
+
+def foreseen(steps: Sequence[Step]) -> Foreseen:
+    """What ``steps`` (a policy's pipeline, :func:`steps_for`) declare of themselves for
+    the others (:class:`Foreseen`)."""
+    sents: list[Callable[[Message, int], int]] = []
+    reserves: list[Callable[[Draft, StepContext], int]] = []
+    ledger: LedgerBlocks | None = None
+    for step in steps:
         sent = getattr(step, "sent_tokens", None)
         if callable(sent):
-            found.append(sent)
+            sents.append(sent)
+        reserve = getattr(step, "reserve", None)
+        if callable(reserve):
+            reserves.append(reserve)
+        if ledger is None:
+            ledger = getattr(step, "ledger_blocks", None)
+    return Foreseen(_chained(sents), _summed(reserves), ledger)
+
+
+def _chained(
+    found: Sequence[Callable[[Message, int], int]],
+) -> Callable[[Message, int], int] | None:
     if len(found) < 2:
         return found[0] if found else None
 
@@ -228,3 +266,15 @@ def sent_tokens_for(policy: Policy) -> Callable[[Message, int], int] | None:
         return tokens
 
     return sent_tokens
+
+
+def _summed(
+    found: Sequence[Callable[[Draft, StepContext], int]],
+) -> Callable[[Draft, StepContext], int] | None:
+    if len(found) < 2:
+        return found[0] if found else None
+
+    def reserve(draft: Draft, ctx: StepContext) -> int:
+        return sum(r(draft, ctx) for r in found)
+
+    return reserve

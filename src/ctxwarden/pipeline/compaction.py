@@ -16,7 +16,7 @@ cautious by default) — the build runs again unheld: a
 *compaction*, one move that applies every pending mask and cut, slides the window down to
 its low-water mark (``window.refill_ratio`` of its room, so the next calls append for a
 while) and renders the ledger once (the ledger block it sent before stays in place, the
-new values go in a block after it: :func:`~ctxwarden.steps.fit.stacked_ledger`). The
+new values go in a block after it: :func:`~ctxwarden.steps.ledger.stacked_ledger`). The
 audit records the break, its cause and its cost (:class:`PrefixBreak`).
 
 One change is made between compactions: a *tail edit*
@@ -33,7 +33,6 @@ the tokens right after the last compaction and the calls since), never in a modu
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,11 +49,13 @@ from ctxwarden.core.registry.cache_cost import (
     session_cache_cost,
 )
 from ctxwarden.core.registry.catalog import ModelInfo
-from ctxwarden.steps.base import Action, Draft, StepContext, system_block
+from ctxwarden.steps.base import Action, Draft
 from ctxwarden.steps.fit import EARLIER
+from ctxwarden.steps.layers import HELD_VIEW_SHARE, held_layers, layers_key, layers_sent
 from ctxwarden.steps.state import BuildState
 
 __all__ = [
+    "HELD_VIEW_SHARE",
     "CacheConfig",
     "LoopReplay",
     "PrefixBreak",
@@ -192,61 +193,6 @@ def held_cause(
         layer = draft.layer_of.get(draft.ordered[at].id, "?") if at < len(draft.ordered) else "?"
         return f"the {layer} changed"
     return None
-
-
-_HELD_LAYERS = frozenset({"facts", "summary"})
-
-
-def layers_key(ctx: StepContext) -> str:
-    """The layer texts the caller passed (``build_context(summary=..., facts=...)``): a
-    held build shows the layers it sent last while these are unchanged (the caller's
-    own decision to change them is not held back)."""
-    raw = f"{ctx.summary_text or ''}|{ctx.facts_text or ''}"
-    return hashlib.sha1(raw.encode()).hexdigest()[:16]
-
-
-def held_layers(draft: Draft, ctx: StepContext) -> Draft:
-    """Between compactions the facts and summary blocks are the ones the previous context
-    sent: a summariser that focuses its view on the newest message, a fact just extracted
-    from it, or a new summary cycle would otherwise rewrite everything after the layers.
-    Nothing is lost meanwhile: the newest message is in the window, and the window keeps
-    its start (the floor a new summary would move it to waits for the next compaction, so
-    what the new summary covers is still shown verbatim). The recall layer follows the
-    query at the tail and is not held."""
-    previous = ctx.previous
-    if not ctx.policy.cache.hold_layers or not ctx.hold or not previous.layers_sent:
-        return draft
-    if previous.layers_key != layers_key(ctx):
-        return draft
-    now = {name: m for name, m in draft.layers}
-    for name, _, text in previous.layers_sent:
-        if name in now and not _mostly_shown(now[name].text, text):
-            return draft  # the view moved to what the held one does not show: renew
-    sent = [(name, system_block(text, block_id)) for name, block_id, text in previous.layers_sent]
-    rest = [(name, m) for name, m in draft.layers if name not in _HELD_LAYERS]
-    floor = min(draft.floor, max(previous.window_start, draft.sys_end))
-    return draft.but(layers=(*sent, *rest), floor=floor)
-
-
-HELD_VIEW_SHARE = 0.5
-"""A layer is held while the held text shows at least this share of the lines the build
-would show now: a summary view focused on a new question that shows mostly other
-sentences is worth its rewrite. LoCoMo dev at 4,000 tokens, answer recall / the loop's
-cost against the full history with caching: 0.530 / 68% at 0.5, 0.543 / 110% at 0.65,
-0.565 / 209% at 0.8, 0.577 / 257% never holding (0.592 / 273% before issue 37)."""
-
-
-def _mostly_shown(now: str, held: str) -> bool:
-    lines = [line for line in now.splitlines() if line.strip()]
-    if not lines:
-        return True
-    shown = set(held.splitlines())
-    return sum(line in shown for line in lines) >= HELD_VIEW_SHARE * len(lines)
-
-
-def layers_sent(draft: Draft) -> tuple[tuple[str, str, str], ...]:
-    """The facts and summary blocks of a build, for the next one to hold."""
-    return tuple((name, m.id, m.text) for name, m in draft.layers if name in _HELD_LAYERS)
 
 
 def loop_turns(history: Sequence[Message], new: Sequence[Message], state: BuildState) -> int:

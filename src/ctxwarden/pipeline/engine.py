@@ -39,11 +39,10 @@ from ctxwarden.memory.layer_state import LayerState
 from ctxwarden.memory.summaries import Summarizer
 from ctxwarden.pipeline.audit import LAYERS, Audit
 from ctxwarden.pipeline.built import BuiltContext
-from ctxwarden.pipeline.cascade import sent_tokens_for, steps_for
+from ctxwarden.pipeline.cascade import foreseen, sent_tokens_for, steps_for
 from ctxwarden.pipeline.compaction import (
     growth_per_call,
     held_cause,
-    held_layers,
     layers_key,
     layers_sent,
     loop_turns,
@@ -52,10 +51,20 @@ from ctxwarden.pipeline.compaction import (
 )
 from ctxwarden.pipeline.inputs import all_messages, check_build_arguments
 from ctxwarden.pipeline.policy import Policy
-from ctxwarden.steps.base import Action, ActionKind, Draft, StepContext
+from ctxwarden.steps.base import (
+    Action,
+    ActionKind,
+    Draft,
+    Step,
+    StepContext,
+    edits_stick,
+    held_view,
+    keeps_pairs,
+    lays_out,
+)
 from ctxwarden.steps.fold import FOLD_SEPARATOR
 from ctxwarden.steps.keep_pairs import keep_pairs_whole
-from ctxwarden.steps.layout import STABLE_LAYERS, LayoutStep
+from ctxwarden.steps.layout import STABLE_LAYERS
 from ctxwarden.steps.recall_fusion import RecallVectors
 from ctxwarden.steps.state import PREFIX_DIGITS, BuildState
 from ctxwarden.steps.window import leading_system, newest_call_block, newest_user
@@ -242,6 +251,8 @@ def run_build(
     new = history[state.history_length :] if state.history_length else ()
     new_tokens = sum(map(counter.count_message, new))
     first_held = hold and not state.held_calls  # right after a compaction, or a cold build
+    steps = steps_for(policy)
+    seen = foreseen(steps)  # what the steps let each other foresee (none reads another's config)
     ctx = StepContext(
         counter=counter,
         budget=budget,
@@ -258,7 +269,9 @@ def run_build(
         vectors=vectors,
         hold=hold,
         prices=prices,
-        sent=sent_tokens_for(policy),
+        sent=seen.sent,
+        reserve=seen.reserve,
+        ledger=seen.ledger,
         refill_ratio=policy.window.refill_ratio,
         growth=growth_per_call(
             state.input_tokens,
@@ -273,7 +286,7 @@ def run_build(
     )
     anchors = frozenset(protected)
     start = Draft(history, sys_end, newest, protected=anchors, anchors=anchors)
-    draft, actions, warnings, names = _fold(start, ctx, policy, pre)
+    draft, actions, warnings, names, sticking = _fold(start, ctx, steps, pre)
     cause = None
     if hold:  # cache-aware compaction: send it held, or compact in one move
         total = REPLY_PRIMING + tools_tokens + ctx.total(draft.ordered)
@@ -281,18 +294,28 @@ def run_build(
         cause = held_cause(draft, actions, total, budget, state.prefix, digests)
         if cause is not None or draft.compact is not None:
             unheld = replace(ctx, hold=False, compacting=True)
-            compacted = _fold(start, unheld, policy, pre)
+            compacted = _fold(start, unheld, steps, pre)
             if cause is None:  # only edits were held back: compact if the rewrite pays
                 cause = _rewrite_pays(draft, compacted[0], total, unheld, tools_tokens)
             if cause is not None:
                 ctx = unheld
-                draft, actions, warnings, names = compacted
+                draft, actions, warnings, names, sticking = compacted
     elif state.history_length and not policy.cache.append_only:
         cause = "cache-aware compaction is off (cache.append_only = false)"
     if cause is None and ctx.hold and draft.edited_from:
         cause = "a tail edit: results sent whole cut once answered"
     return _finish(
-        draft, ctx, model, info, tools, actions, warnings, tuple(names), layer_state, cause
+        draft,
+        ctx,
+        model,
+        info,
+        tools,
+        actions,
+        warnings,
+        tuple(names),
+        layer_state,
+        cause,
+        sticking,
     )
 
 
@@ -324,45 +347,51 @@ def _rewrite_pays(
 def _fold(
     draft: Draft,
     ctx: StepContext,
-    policy: Policy,
+    steps: Sequence[Step],
     pre: tuple[tuple[Action, ...], tuple[str, ...]],
-) -> tuple[Draft, list[Action], list[str], list[str]]:
-    """The policy's steps folded over ``draft``: the final draft, the actions, the
-    warnings and the names of the steps that ran."""
+) -> tuple[Draft, list[Action], list[str], list[str], list[Action]]:
+    """The policy's ``steps`` (:func:`~ctxwarden.pipeline.cascade.steps_for`) folded over
+    ``draft``: the final draft, the actions, the warnings, the names of the steps that
+    ran, and the actions whose masks and cuts stay in the next builds (all but those of
+    a step that declares ``edits_stick = False``)."""
     actions: list[Action] = list(pre[0])
     warnings: list[str] = list(pre[1])
     names: list[str] = []
-    for step in steps_for(policy):
+    transient: set[int] = set()  # positions in ``actions`` of a step whose edits do not stick
+    for step in steps:
         result = step(draft, ctx)
+        first = len(actions)
         # Pair safety after every step that may have broken it: a user's own step, the
-        # window (a call still waiting for its results), and the layout (the final
-        # context). The built-in editing steps replace messages in place and the fit and
-        # eviction move whole blocks, so the final check covers them.
-        if result.draft.window is not draft.window and step.name not in _KEEPS_PAIRS:
+        # window (a call still waiting for its results). The steps that declare
+        # ``keeps_pairs`` replace messages in place or move whole blocks, and the final
+        # check covers them.
+        if result.draft.window is not draft.window and not keeps_pairs(step):
             checked = keep_pairs_whole(result.draft, ctx, step.name)
             actions.extend(result.actions + checked.actions)
             draft = checked.draft
         else:
             actions.extend(result.actions)
             draft = result.draft
+        if not edits_stick(step):
+            transient.update(range(first, first + len(result.actions)))
         warnings.extend(result.warnings)
         names.append(step.name)
-        if step.name == "layers" and ctx.hold:
-            draft = held_layers(draft, ctx)
-    final = keep_pairs_whole(draft, ctx, "layout")
+        held = held_view(step) if ctx.hold else None
+        if held is not None:  # between compactions: what was sent of it, as it was
+            draft = held(draft, ctx)
+    layout = next((step for step in steps if lays_out(step)), None)  # (the layout step)
+    final = keep_pairs_whole(draft, ctx, layout.name if layout is not None else "pairing")
     if final.actions:  # a step left a split pair: take it out and lay out again
         actions.extend(final.actions)
-        draft = LayoutStep()(final.draft, ctx).draft
-    return draft, actions, warnings, names
+        draft = layout(final.draft, ctx).draft if layout is not None else final.draft
+    sticking = [a for i, a in enumerate(actions) if i not in transient] if transient else actions
+    return draft, actions, warnings, names, sticking
 
 
 _FINGERPRINT, _ID = attrgetter("fingerprint"), attrgetter("id")
 _DIGEST = itemgetter(slice(PREFIX_DIGITS))  # what BuildState.prefix keeps of a fingerprint
 _BULK_CONTEXT = 32  # contexts of this many messages or more are measured in C-level passes
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
-
-# Built-in steps that keep calls and results together by construction.
-_KEEPS_PAIRS = frozenset({"truncate", "mask", "recall", "fit", "priority", "layout", "layers"})
 
 
 @memoize(256)
@@ -421,6 +450,7 @@ def _finish(
     steps: tuple[str, ...],
     layer_state: LayerState | None,
     cause: str | None,
+    sticking: Sequence[Action],
 ) -> BuiltContext:
     h, ordered, layer_of = draft.history, draft.ordered, draft.layer_of
     digests = tuple(map(_DIGEST, map(_FINGERPRINT, ordered)))
@@ -448,11 +478,7 @@ def _finish(
     layers["framing"] = REPLY_PRIMING
     kept_ids = set(map(_ID, h[draft.start :]))
     sticky: dict[str, ActionKind] = {k: v for k, v in ctx.previous.sticky.items() if k in kept_ids}
-    sticky.update(
-        (a.message_id, a.action)
-        for a in actions
-        if a.action in ("masked", "truncated") and a.strategy != "priority"
-    )
+    sticky.update((a.message_id, a.action) for a in sticking if a.action in ("masked", "truncated"))
     cost = effective = None
     if info is not None:
         cost = estimate_cost(Usage(input_tokens=total), info)

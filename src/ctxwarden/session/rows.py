@@ -174,7 +174,7 @@ class SavedState:
     def forgotten(cls, saved: SavedState) -> SavedState:
         """``saved`` without what a build holds as sent (:meth:`Session.forget_sent`): the
         context's digests, and the ledger blocks as sent (a compaction keeps the block it
-        sent in place, :func:`~ctxwarden.steps.fit.stacked_ledger`; one the provider never
+        sent in place, :func:`~ctxwarden.steps.ledger.stacked_ledger`; one the provider never
         answered holds nothing in its cache, so the ledger is rendered anew)."""
         state = replace(saved.state, prefix=(), ledger_sent="", ledger_base_sent="")
         state = state.with_memo("fit", None)  # the fit's earlier drops (kept_from)

@@ -37,12 +37,18 @@ __all__ = [
     "CountedAction",
     "Draft",
     "Edit",
+    "LedgerBlocks",
+    "LedgerSettling",
     "Step",
     "StepContext",
     "StepResult",
     "Strategy",
     "StrategyContext",
     "StrategyResult",
+    "edits_stick",
+    "held_view",
+    "keeps_pairs",
+    "lays_out",
     "system_block",
 ]
 
@@ -230,7 +236,7 @@ class Draft:
     blocks after the system prompt, as ``(layer name, message)`` in layout order;
     ``ledger`` the entity-ledger block (placed among the layers by the layout), after
     ``ledger_base`` when the block a compaction sent is kept and ``ledger`` shows only
-    the values it does not (:func:`~ctxwarden.steps.fit.stacked_ledger`);
+    the values it does not (:func:`~ctxwarden.steps.ledger.stacked_ledger`);
     ``floor`` where the summary's coverage ends (the window starts at or after it);
     ``edits`` what editing steps did, by message id; ``rejected`` ids a provider would
     refuse (an unanswered call, an orphan result); ``protected`` ids no step may drop
@@ -300,9 +306,14 @@ class StepContext:
     the system prompt. ``hold`` marks a build between compactions: the editing steps send
     every message the previous context held as it was sent (cache-aware compaction,
     :mod:`ctxwarden.pipeline.compaction`), weighing a change at ``prices`` with ``growth``.
-    ``sent`` (read through :meth:`sent_tokens`) and ``refill_ratio`` are what a step may
-    foresee of the others: the size a message is sent at once cut, and the share of its
-    room the window's fit refills to when it moves (:mod:`~ctxwarden.steps.fit`)."""
+    ``sent`` (read through :meth:`sent_tokens`), ``reserve`` (:meth:`reserved`),
+    ``ledger`` (:meth:`ledger_cap`) and ``refill_ratio`` are what a step may foresee
+    of the others: the size a message is sent at once cut, the room later steps' layers
+    take (the recall block), the entity ledger's cap, and the share of its room the
+    window's fit refills to when it moves (:mod:`~ctxwarden.steps.fit`). The engine sets
+    them from what the policy's steps declare
+    (:func:`~ctxwarden.pipeline.cascade.foreseen`): no step reads another's
+    configuration."""
 
     counter: TokenCounter
     budget: int
@@ -325,6 +336,8 @@ class StepContext:
     # what the steps foresee of each other, set by the engine from the steps themselves
     # (no step reads another's configuration): see sent_tokens and refill_ratio
     sent: Callable[[Message, int], int] | None = None
+    reserve: Callable[[Draft, StepContext], int] | None = None  # see reserved
+    ledger: LedgerBlocks | None = None  # the entity ledger the fit renders: see ledger_cap
     refill_ratio: float = 0.5  # the fit's low-water mark (window.refill_ratio)
 
     def count(self, message: Message) -> int:
@@ -337,8 +350,61 @@ class StepContext:
         foresee it asks here, not the truncation's configuration)."""
         return tokens if self.sent is None else self.sent(message, tokens)
 
+    def reserved(self, draft: Draft) -> int:
+        """The tokens the steps that add a layer of their own later (the recall block)
+        will take of the budget of ``draft``, as they say (a step's ``reserve(draft,
+        ctx)``; 0 when none does): what the newest results must leave them."""
+        return 0 if self.reserve is None else self.reserve(draft, self)
+
+    def ledger_cap(self, draft: Draft, *, grows: bool = True) -> int:
+        """The most the entity-ledger block may take of the budget of ``draft``, as the
+        ledger says (:meth:`LedgerBlocks.cap`; 0: no ledger); ``grows=False``: its fixed
+        cap alone, without the share of a larger budget."""
+        return 0 if self.ledger is None else self.ledger.cap(draft, self, grows)
+
     def total(self, messages: Sequence[Message]) -> int:
         return self.counter.total(messages)
+
+
+class LedgerBlocks(Protocol):
+    """The entity ledger's side of the window's fit: what the fit (and the steps that
+    must foresee the ledger) know of it, and all they know
+    (:class:`~ctxwarden.steps.ledger.EntityLedgerBlocks` is the built-in one).
+
+    The ledger is not a step of its own: the window's room is what the ledger block
+    leaves, and the block holds the values of what the window drops, so the fit settles
+    both together, asking :meth:`settle` for a :class:`LedgerSettling` and it for the
+    blocks of each window it tries. The step that renders it declares it
+    (``FitStep.ledger_blocks``); the engine hands it to every step as ``ctx.ledger``."""
+
+    def cap(self, draft: Draft, ctx: StepContext, grows: bool = True) -> int:
+        """The most the ledger block may take of the budget of ``draft``."""
+        ...
+
+    def settle(self, draft: Draft, ctx: StepContext) -> LedgerSettling:
+        """The ledger of this build, before the window is fitted."""
+        ...
+
+    def within(self, draft: Draft, ctx: StepContext, cap: int, max_tokens: int) -> Message | None:
+        """The ledger of ``draft`` (as the fit left it) rendered again within
+        ``max_tokens`` (the eviction's last resort; ``None``: empty)."""
+        ...
+
+
+class LedgerSettling(Protocol):
+    """One build's ledger while the fit tries windows (:meth:`LedgerBlocks.settle`)."""
+
+    def blocks(
+        self, draft: Draft, window: Sequence[Message]
+    ) -> tuple[Message | None, Message | None]:
+        """The ledger blocks sent with ``window`` (``draft``: its start and pinned
+        messages): a block kept as sent before (or ``None``) and the block after it."""
+        ...
+
+    def carried(self, draft: Draft) -> Draft:
+        """``draft`` with the ledger's memo for the next build (after the last
+        :meth:`blocks`)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -350,9 +416,57 @@ class StepResult:
 
 @runtime_checkable
 class Step(Protocol):
-    """One stage of the build (see the module docstring)."""
+    """One stage of the build (see the module docstring).
+
+    Besides ``name`` and ``__call__`` a step may declare what the engine needs to know
+    of it, as class attributes or methods (a user's step declares none, and gets the
+    safe defaults; the engine reads them through :func:`keeps_pairs`,
+    :func:`edits_stick` and :func:`held_view`, and never by a step's name):
+
+    * ``keeps_pairs: bool`` (default ``False``): the step never leaves a tool call
+      without its results (it edits messages in place, or moves whole blocks), so the
+      engine need not check the window after it;
+    * ``edits_stick: bool`` (default ``True``): a message it masks or truncates stays so
+      in the next builds (``BuildState.sticky``); the eviction's last-resort cuts, made
+      for one build's budget, do not;
+    * ``lays_out: bool`` (default ``False``): the step orders the context to send (the
+      layout); after the last step the engine checks the pairs once more and, when it
+      took a split pair out, runs this step again;
+    * ``held(draft, ctx) -> Draft``: between compactions (``ctx.hold``), what the
+      previous context sent of what the step made (the layers step: the facts and
+      summary blocks as they were sent);
+    * ``sent_tokens(message, tokens) -> int``, ``reserve(draft, ctx) -> int`` and
+      ``ledger_blocks`` (a :class:`LedgerBlocks`): what the step lets the others foresee
+      of it (:class:`StepContext`; :func:`~ctxwarden.pipeline.cascade.foreseen` gathers
+      them).
+    """
 
     @property
     def name(self) -> str: ...
 
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult: ...
+
+
+def keeps_pairs(step: object) -> bool:
+    """Whether ``step`` declares it never splits a tool call from its results
+    (``keeps_pairs``; default ``False``: the engine checks the window after it)."""
+    return bool(getattr(step, "keeps_pairs", False))
+
+
+def edits_stick(step: object) -> bool:
+    """Whether the masks and cuts ``step`` makes stay in the next builds
+    (``edits_stick``; default ``True``)."""
+    return bool(getattr(step, "edits_stick", True))
+
+
+def lays_out(step: object) -> bool:
+    """Whether ``step`` declares it orders the context to send (``lays_out``; default
+    ``False``)."""
+    return bool(getattr(step, "lays_out", False))
+
+
+def held_view(step: object) -> Callable[[Draft, StepContext], Draft] | None:
+    """``step``'s ``held(draft, ctx)``: what a build between compactions sends of what
+    the step made; ``None`` when the step declares none."""
+    held = getattr(step, "held", None)
+    return held if callable(held) else None

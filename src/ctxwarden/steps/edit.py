@@ -45,6 +45,17 @@ class EditStep:
         return self.strategy.name
 
     @property
+    def keeps_pairs(self) -> bool:
+        """The strategy's ``keeps_pairs`` (truncation and masking edit results in place;
+        a user's filter is checked after it unless it says so)."""
+        return bool(getattr(self.strategy, "keeps_pairs", False))
+
+    @property
+    def edits_stick(self) -> bool:
+        """The strategy's ``edits_stick`` (default: its masks and cuts stay)."""
+        return bool(getattr(self.strategy, "edits_stick", True))
+
+    @property
     def sent_tokens(self) -> Callable[[Message, int], int] | None:
         """The strategy's ``sent_tokens(message, tokens)``, when it foresees the tokens a
         message is sent at once it ran (the truncation does); ``None`` otherwise."""

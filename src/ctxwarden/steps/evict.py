@@ -28,14 +28,13 @@ If the system prompt and the newest user message still do not fit, the build fai
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from ctxwarden.core.errors import BudgetError
 from ctxwarden.core.messages import Message
 from ctxwarden.core.pairing import group_blocks
 from ctxwarden.cutters.text import truncate_text
 from ctxwarden.steps.base import Action, Draft, Edit, StepContext, StepResult
-from ctxwarden.steps.fit import ledger_sources, shown_blocks
-from ctxwarden.steps.ledger import LedgerBuilder, carried_ledger, ledger_cap
 from ctxwarden.steps.priority import eviction_order
 from ctxwarden.steps.truncate import cut_to_share
 from ctxwarden.steps.window import is_pinned
@@ -67,6 +66,9 @@ class EvictStep:
     """Brings an over-budget draft within budget (see the module docstring)."""
 
     name: str = "priority"
+    keeps_pairs: ClassVar[bool] = True  # evicts whole blocks, cuts results in place
+    # its cuts are made for this build's budget: the next build decides again
+    edits_stick: ClassVar[bool] = False
 
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
         over = context_tokens(draft, ctx) - ctx.budget
@@ -116,7 +118,7 @@ class EvictStep:
         user id, the dates) and could not be ranked against it; in the ledger each
         costs one mention, and the one the next call needs competes on rank."""
         assert draft.ledger is not None
-        cap = ledger_cap(draft, ctx)
+        cap = ctx.ledger_cap(draft)
         room = min(_ledger_tokens(draft, ctx) - over, cap)
         draft = draft.but(ledger=_ledger_within(draft, ctx, cap, room), ledger_base=None)
         return draft, context_tokens(draft, ctx) - ctx.budget
@@ -128,7 +130,7 @@ class EvictStep:
         if draft.ledger is None:
             return draft, over
         before = _ledger_tokens(draft, ctx)
-        smaller = _ledger_within(draft, ctx, ledger_cap(draft, ctx), before - over)
+        smaller = _ledger_within(draft, ctx, ctx.ledger_cap(draft), before - over)
         after = ctx.count(smaller) if smaller else 0
         warnings.append(f"entity ledger cut from {before:,} to {after:,} tokens to fit the budget")
         draft = draft.but(ledger=smaller, ledger_base=None)
@@ -275,17 +277,6 @@ class EvictStep:
 
 
 def _ledger_within(draft: Draft, ctx: StepContext, cap: int, max_tokens: int) -> Message | None:
-    """The draft's ledger rendered again within ``max_tokens``, with the values of the
-    window's edited messages (a cut newest result among them), leaving out what the
-    shown blocks, the pinned messages and the window hold. A block rendered here fits
-    this build's newest turn, so it changes with it anyway: leaving out what the window
-    shows (the arguments of the newest call) costs no cached prefix, and under this
-    pressure every token of the block is worth a value the context does not show."""
-    memo = carried_ledger(draft)
-    builder = LedgerBuilder(ctx.counter, cap, ctx.earlier, memo, shown_blocks(draft))
-    return builder.shrink(
-        draft.history,
-        ledger_sources(draft, draft.window),
-        max_tokens,
-        [*draft.pinned_messages, *draft.window],
-    )
+    """The draft's ledger rendered again within ``max_tokens``, as the ledger renders it
+    (``ctx.ledger``, :meth:`~ctxwarden.steps.ledger.EntityLedgerBlocks.within`)."""
+    return ctx.ledger.within(draft, ctx, cap, max_tokens) if ctx.ledger is not None else None

@@ -23,20 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ctxwarden.core.messages import Message
 from ctxwarden.core.pairing import Block, group_blocks
-from ctxwarden.steps.base import Action, Draft, StepContext, StepResult, system_block
-from ctxwarden.steps.ledger import (
-    LEDGER_ID,
-    LEDGER_MORE_ID,
-    LedgerBuilder,
-    LedgerSources,
-    carried_ledger,
-    ledger_cap,
-    ledger_from,
-)
+from ctxwarden.steps.base import Action, Draft, LedgerBlocks, StepContext, StepResult
 from ctxwarden.steps.memos import memo_of, register_memo
 from ctxwarden.steps.state import PREFIX_DIGITS
 from ctxwarden.steps.window import is_pinned
@@ -45,9 +36,7 @@ __all__ = [
     "FitMemo",
     "FitStep",
     "capped_count",
-    "ledger_sources",
     "pin_ids",
-    "shown_blocks",
     "window_positions",
 ]
 
@@ -55,27 +44,6 @@ __all__ = [
 def window_positions(draft: Draft) -> dict[str, int]:
     """Message id -> position in the history, for the window's messages."""
     return {m.id: i for i, m in enumerate(draft.history[draft.start :], draft.start)}
-
-
-def ledger_sources(draft: Draft, window: Sequence[Message]) -> list[Message]:
-    """Originals from the window region whose values the context no longer shows:
-    masked, dropped, or truncated without listing its cut values in place (a truncation
-    that lists them keeps the ledger — near the top — unchanged, so the prefix stays
-    cached). Rejected messages are not: they are not history the agent saw."""
-    edits, history, rejected = draft.edits, draft.history, draft.rejected
-    listed = {k for k, e in edits.items() if e.action == "truncated" and e.listed}
-    shown = {m.id for m in window if m.id not in edits or m.id in listed}
-    hidden = {history[i].id for i in draft.pinned}.union(shown, rejected)
-    return [m for m in history[draft.start :] if m.id not in hidden]
-
-
-def shown_blocks(draft: Draft) -> list[Message]:
-    """The blocks sent with the ledger whose values it need not repeat: the system
-    prompt and the facts layer (the pinned messages are added by the ledger's builder).
-    Not the summary or recall layers: with a summariser that focuses, their text follows
-    the newest user message, and a ledger that left out what they show would change
-    with every question (and lose what the next view no longer shows)."""
-    return [*draft.system, *(m for name, m in draft.layers if name == "facts")]
 
 
 @dataclass(frozen=True)
@@ -99,9 +67,18 @@ register_memo("fit", FitMemo)
 
 @dataclass(frozen=True)
 class FitStep:
-    """Fits the window and renders the ledger (see the module docstring)."""
+    """Fits the window and, with it, the entity ledger (see the module docstring).
+
+    ``ledger_blocks`` is the ledger the fit settles with the window
+    (:class:`~ctxwarden.steps.base.LedgerBlocks`; the cascade gives
+    :class:`~ctxwarden.steps.ledger.EntityLedgerBlocks`; ``None``: no ledger). The two
+    are settled together because the room the window has is what the ledger leaves, and
+    the ledger holds what the window drops; the fit knows of the ledger only that typed
+    value, and the other steps read the same one (``ctx.ledger``)."""
 
     name: str = "fit"
+    ledger_blocks: LedgerBlocks | None = None
+    keeps_pairs: ClassVar[bool] = True  # drops whole blocks
 
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
         original = draft.window
@@ -111,11 +88,8 @@ class FitStep:
         # builds fit as they are, and then the window is the draft's, message for message
         blocks: list[Block] | None = None
         pos: dict[str, int] = {}
-        first = ledger_from(draft, ctx)
-        memo = carried_ledger(ctx.previous) if ctx.previous.history_length else None
-        builder = LedgerBuilder(
-            ctx.counter, ledger_cap(draft, ctx), ctx.earlier, memo, shown_blocks(draft)
-        )
+        ledgers = self.ledger_blocks
+        settling = ledgers.settle(draft, ctx) if ledgers is not None else None
         fixed = ctx.fixed + ctx.total([m for _, m in draft.layers])
         limit = ctx.policy.window.max_messages
         actions: list[Action] = list(earlier)
@@ -125,13 +99,8 @@ class FitStep:
         for _ in range(4):
             current = draft.but(start=start, pinned=tuple(pinned))
             window = draft.window if blocks is None else [m for b in blocks for m in b.messages]
-            edited = ledger_sources(current, window)
-            ledger = builder.render(h, first, start, pinned, edited)
-            held = held_ledger(start, ctx)
-            if held is not None:
-                base, ledger = held
-            else:
-                base, ledger = stacked_ledger(ledger, builder, ctx, edited, [h[i] for i in pinned])
+            if settling is not None:  # the ledger for this window, as it will be sent
+                base, ledger = settling.blocks(current, window)
             room = (
                 ctx.budget
                 - fixed
@@ -160,7 +129,8 @@ class FitStep:
             ledger=ledger,
             ledger_base=base,
         )
-        new = new.with_memo("ledger", LedgerSources(first, builder.memo))
+        if settling is not None:
+            new = settling.carried(new)
         new = new.with_memo("fit", FitMemo(_kept_from(original, window, actions)))
         return StepResult(new, tuple(actions))
 
@@ -229,64 +199,6 @@ def _kept_from(
     kept = {m.id for m in window}
     last = max((i for i, m in enumerate(original) if m.id in dropped), default=-1)
     return next((m.id for m in original[last + 1 :] if m.id in kept), "")
-
-
-def held_ledger(start: int, ctx: StepContext) -> tuple[Message | None, Message] | None:
-    """Between compactions (``ctx.hold``, :mod:`ctxwarden.pipeline.compaction`) the ledger
-    blocks are the ones the previous context sent (kept in its state, so a replica holds
-    the same), while the window has not moved: a new result cut on arrival adds its values
-    at the next compaction, not by rewriting the ledger (and everything after it) now.
-    ``None``: send the one just rendered."""
-    previous = ctx.previous
-    if not ctx.hold or previous.window_start != start or not previous.ledger_sent:
-        return None
-    if previous.ledger_base_sent:
-        base = system_block(previous.ledger_base_sent, LEDGER_ID)
-        return base, system_block(previous.ledger_sent, LEDGER_MORE_ID)
-    return None, system_block(previous.ledger_sent, LEDGER_ID)
-
-
-def stacked_ledger(
-    rendered: Message | None,
-    builder: LedgerBuilder,
-    ctx: StepContext,
-    edited: Sequence[Message],
-    pinned: Sequence[Message],
-) -> tuple[Message | None, Message | None]:
-    """The ledger a compaction sends: the block sent before kept in place, and after it
-    a block of the values it does not show (``(kept, more)``); else ``(None, rendered)``.
-
-    Values only accumulate in the ledger as the window moves, so the block a compaction
-    sent still holds (the values of messages that are still out of the context); sent
-    again as it was, the prompt cache still serves it, and a compaction rewrites only
-    the new values after it, not the whole ledger. The kept block is the first of the
-    previous context's ledger blocks, so there are never more than two. It is rendered
-    anew as one block (what every build without a previous one sends) when both would
-    not fit the ledger's cap together (a full rendering ranks every value against the
-    cap), or when the new values take more tokens than the kept block: each rendering
-    anew then at least doubles the kept block, and the values written again at
-    compactions stay within about the size of the ledger.
-    """
-    previous = ctx.previous
-    if (
-        rendered is None
-        or not ctx.policy.cache.append_only
-        or not previous.history_length
-        or not previous.ledger_sent
-    ):
-        return None, rendered
-    kept = previous.ledger_base_sent or previous.ledger_sent
-    if rendered.text == kept:
-        return None, rendered
-    base = system_block(kept, LEDGER_ID)
-    text = builder.beyond(base, edited, pinned)
-    if text is None:  # it shows every value still to show
-        return None, base
-    more = system_block(text, LEDGER_MORE_ID)
-    size, extra = ctx.count(base), ctx.count(more)
-    if size + extra > builder.cap or extra > size:
-        return None, rendered
-    return base, more
 
 
 def _new_start(

@@ -22,9 +22,10 @@ message that does not replace it. The record keeps every value either way.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ctxwarden.core.messages import Message
 from ctxwarden.core.tokens.counter import count_key
@@ -33,14 +34,17 @@ from ctxwarden.memory.layer_state import LayerState
 from ctxwarden.memory.summaries import plan_summary, summary_view, view_fills
 from ctxwarden.memory.summary_scan import SummaryScan, scan_key, summary_due_of
 from ctxwarden.steps.base import Draft, StepContext, StepResult, system_block
-from ctxwarden.steps.ledger import ledger_cap
 from ctxwarden.steps.memos import memo_of, register_memo
 
 __all__ = [
+    "HELD_VIEW_SHARE",
     "SUMMARY_HEADING",
     "LayerState",
     "LayersStep",
     "facts_layer_text",
+    "held_layers",
+    "layers_key",
+    "layers_sent",
     "summary_in_share",
 ]
 
@@ -56,6 +60,11 @@ class LayersStep:
     """Adds the facts and summary layers and reports a summary that is due."""
 
     name: str = "layers"
+    keeps_pairs: ClassVar[bool] = True  # adds layers, not window messages
+
+    def held(self, draft: Draft, ctx: StepContext) -> Draft:
+        """What a build between compactions sends of the layers: :func:`held_layers`."""
+        return held_layers(draft, ctx)
 
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
         layers: list[tuple[str, Message]] = []
@@ -176,7 +185,7 @@ def fill_room(draft: Draft, ctx: StepContext, cut: int, facts: int) -> int:
     gives way (its oldest messages go to the ledger), not the whole summary."""
     room = max(ctx.budget - ctx.fixed, 0)
     tail = ctx.total(draft.history[max(cut, draft.sys_end) :])
-    rest = room - facts - tail - ledger_cap(draft, ctx, grows=False)
+    rest = room - facts - tail - ctx.ledger_cap(draft, grows=False)
     return max(rest, int(room * ctx.policy.summary.max_summary_share))
 
 
@@ -262,3 +271,60 @@ def _newest_users(history: Sequence[Message], n: int) -> list[Message]:
 def _newest_user_text(history: Sequence[Message]) -> str | None:
     newest = _newest_users(history, 1)
     return newest[0].text if newest else None
+
+
+# -- between compactions: the layers as they were sent --------------------------------------
+
+_HELD_LAYERS = frozenset({"facts", "summary"})
+
+
+def layers_key(ctx: StepContext) -> str:
+    """The layer texts the caller passed (``build_context(summary=..., facts=...)``): a
+    held build shows the layers it sent last while these are unchanged (the caller's
+    own decision to change them is not held back)."""
+    raw = f"{ctx.summary_text or ''}|{ctx.facts_text or ''}"
+    return hashlib.sha1(raw.encode()).hexdigest()[:16]
+
+
+def held_layers(draft: Draft, ctx: StepContext) -> Draft:
+    """Between compactions the facts and summary blocks are the ones the previous context
+    sent: a summariser that focuses its view on the newest message, a fact just extracted
+    from it, or a new summary cycle would otherwise rewrite everything after the layers.
+    Nothing is lost meanwhile: the newest message is in the window, and the window keeps
+    its start (the floor a new summary would move it to waits for the next compaction, so
+    what the new summary covers is still shown verbatim). The recall layer follows the
+    query at the tail and is not held."""
+    previous = ctx.previous
+    if not ctx.policy.cache.hold_layers or not ctx.hold or not previous.layers_sent:
+        return draft
+    if previous.layers_key != layers_key(ctx):
+        return draft
+    now = {name: m for name, m in draft.layers}
+    for name, _, text in previous.layers_sent:
+        if name in now and not _mostly_shown(now[name].text, text):
+            return draft  # the view moved to what the held one does not show: renew
+    sent = [(name, system_block(text, block_id)) for name, block_id, text in previous.layers_sent]
+    rest = [(name, m) for name, m in draft.layers if name not in _HELD_LAYERS]
+    floor = min(draft.floor, max(previous.window_start, draft.sys_end))
+    return draft.but(layers=(*sent, *rest), floor=floor)
+
+
+HELD_VIEW_SHARE = 0.5
+"""A layer is held while the held text shows at least this share of the lines the build
+would show now: a summary view focused on a new question that shows mostly other
+sentences is worth its rewrite. LoCoMo dev at 4,000 tokens, answer recall / the loop's
+cost against the full history with caching: 0.530 / 68% at 0.5, 0.543 / 110% at 0.65,
+0.565 / 209% at 0.8, 0.577 / 257% never holding (0.592 / 273% before issue 37)."""
+
+
+def _mostly_shown(now: str, held: str) -> bool:
+    lines = [line for line in now.splitlines() if line.strip()]
+    if not lines:
+        return True
+    shown = set(held.splitlines())
+    return sum(line in shown for line in lines) >= HELD_VIEW_SHARE * len(lines)
+
+
+def layers_sent(draft: Draft) -> tuple[tuple[str, str, str], ...]:
+    """The facts and summary blocks of a build, for the next one to hold."""
+    return tuple((name, m.id, m.text) for name, m in draft.layers if name in _HELD_LAYERS)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ctxwarden.core.messages import Message
 from ctxwarden.formats.anthropic import MAX_CACHE_BREAKPOINTS
@@ -37,6 +38,8 @@ class LayoutStep:
     """Orders the draft's parts into the context to send."""
 
     name: str = "layout"
+    keeps_pairs: ClassVar[bool] = True  # orders the blocks it is given
+    lays_out: ClassVar[bool] = True  # run again after the engine's final pair check
 
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
         layer_of: dict[str, str] = {m.id: "system" for m in draft.system}

@@ -5,7 +5,7 @@ masked or truncated result that does not list its cut values itself, feeds
 :class:`~ctxwarden.memory.entity_ledger.EntityLedger`; its rendering becomes one system
 block near the top of the context (two after a cache-aware compaction: the block sent
 before, kept so the prompt cache still serves it, and the values it does not show,
-:func:`~ctxwarden.steps.fit.stacked_ledger`).
+:func:`~ctxwarden.steps.ledger.stacked_ledger`).
 
 The region before the window only grows (the window start is sticky), so a conversation's
 ledger is extended, never rebuilt: the previous build's
@@ -33,22 +33,28 @@ from ctxwarden.core.messages import Message
 from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.memory.entities import extract_entities
 from ctxwarden.memory.entity_ledger import EntityLedger
-from ctxwarden.steps.base import Draft, StepContext, system_block
+from ctxwarden.steps.base import Draft, LedgerSettling, StepContext, system_block
 from ctxwarden.steps.memos import memo_of, register_memo
 
 __all__ = [
     "LEDGER_ID",
     "LEDGER_MORE_ID",
     "CarriedLedger",
+    "EntityLedgerBlocks",
     "LedgerBuilder",
     "LedgerMemo",
     "LedgerSources",
     "Shown",
     "carried_ledger",
+    "held_ledger",
+    "ledger_cap",
     "ledger_memo",
     "ledger_of",
+    "ledger_sources",
     "seed_tag",
+    "shown_blocks",
     "shown_values",
+    "stacked_ledger",
 ]
 
 LEDGER_ID = "ctxwarden:ledger"
@@ -423,3 +429,148 @@ def ledger_cap(draft: Draft, ctx: StepContext, *, grows: bool = True) -> int:
     free = ctx.budget - ctx.fixed - layers
     cap = max(cfg.max_tokens, int(free * cfg.free_share)) if grows else cfg.max_tokens
     return max(min(cap, int(free * cfg.max_share)), 0)
+
+
+# -- the ledger's side of the window's fit ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EntityLedgerBlocks:
+    """The entity-ledger block(s) of a build
+    (:class:`~ctxwarden.steps.base.LedgerBlocks`): what :class:`~ctxwarden.steps.fit.FitStep`
+    settles with the window, and the other steps foresee through ``ctx.ledger``. It
+    reads the policy's ``[ledger]`` table; no other step does."""
+
+    def cap(self, draft: Draft, ctx: StepContext, grows: bool = True) -> int:
+        """:func:`ledger_cap`."""
+        return ledger_cap(draft, ctx, grows=grows)
+
+    def settle(self, draft: Draft, ctx: StepContext) -> LedgerSettling:
+        """The build's ledger, extending the previous build's memo, before the fit."""
+        memo = carried_ledger(ctx.previous) if ctx.previous.history_length else None
+        first = ledger_from(draft, ctx)
+        builder = LedgerBuilder(
+            ctx.counter, ledger_cap(draft, ctx), ctx.earlier, memo, shown_blocks(draft)
+        )
+        return _Settling(ctx, first, builder)
+
+    def within(self, draft: Draft, ctx: StepContext, cap: int, max_tokens: int) -> Message | None:
+        """The draft's ledger rendered again within ``max_tokens``, with the values of the
+        window's edited messages (a cut newest result among them), leaving out what the
+        shown blocks, the pinned messages and the window hold. A block rendered here fits
+        this build's newest turn, so it changes with it anyway: leaving out what the
+        window shows (the arguments of the newest call) costs no cached prefix, and under
+        this pressure every token of the block is worth a value the context does not
+        show."""
+        memo = carried_ledger(draft)
+        builder = LedgerBuilder(ctx.counter, cap, ctx.earlier, memo, shown_blocks(draft))
+        return builder.shrink(
+            draft.history,
+            ledger_sources(draft, draft.window),
+            max_tokens,
+            [*draft.pinned_messages, *draft.window],
+        )
+
+
+class _Settling:
+    """One build's ledger while the fit tries windows
+    (:class:`~ctxwarden.steps.base.LedgerSettling`)."""
+
+    def __init__(self, ctx: StepContext, first: int, builder: LedgerBuilder) -> None:
+        self.ctx, self.first, self.builder = ctx, first, builder
+
+    def blocks(
+        self, draft: Draft, window: Sequence[Message]
+    ) -> tuple[Message | None, Message | None]:
+        """The blocks sent with ``window``: between compactions the ones sent before
+        (:func:`held_ledger`), after a compaction the block sent before and the values
+        it does not show (:func:`stacked_ledger`), else the block rendered now."""
+        h, start, pinned, ctx = draft.history, draft.start, draft.pinned, self.ctx
+        edited = ledger_sources(draft, window)
+        ledger = self.builder.render(h, self.first, start, pinned, edited)
+        held = held_ledger(start, ctx)
+        if held is not None:
+            return held
+        return stacked_ledger(ledger, self.builder, ctx, edited, [h[i] for i in pinned])
+
+    def carried(self, draft: Draft) -> Draft:
+        return draft.with_memo("ledger", LedgerSources(self.first, self.builder.memo))
+
+
+def ledger_sources(draft: Draft, window: Sequence[Message]) -> list[Message]:
+    """Originals from the window region whose values the context no longer shows:
+    masked, dropped, or truncated without listing its cut values in place (a truncation
+    that lists them keeps the ledger — near the top — unchanged, so the prefix stays
+    cached). Rejected messages are not: they are not history the agent saw."""
+    edits, history, rejected = draft.edits, draft.history, draft.rejected
+    listed = {k for k, e in edits.items() if e.action == "truncated" and e.listed}
+    shown = {m.id for m in window if m.id not in edits or m.id in listed}
+    hidden = {history[i].id for i in draft.pinned}.union(shown, rejected)
+    return [m for m in history[draft.start :] if m.id not in hidden]
+
+
+def shown_blocks(draft: Draft) -> list[Message]:
+    """The blocks sent with the ledger whose values it need not repeat: the system
+    prompt and the facts layer (the pinned messages are added by the ledger's builder).
+    Not the summary or recall layers: with a summariser that focuses, their text follows
+    the newest user message, and a ledger that left out what they show would change
+    with every question (and lose what the next view no longer shows)."""
+    return [*draft.system, *(m for name, m in draft.layers if name == "facts")]
+
+
+def held_ledger(start: int, ctx: StepContext) -> tuple[Message | None, Message] | None:
+    """Between compactions (``ctx.hold``, :mod:`ctxwarden.pipeline.compaction`) the ledger
+    blocks are the ones the previous context sent (kept in its state, so a replica holds
+    the same), while the window has not moved: a new result cut on arrival adds its values
+    at the next compaction, not by rewriting the ledger (and everything after it) now.
+    ``None``: send the one just rendered."""
+    previous = ctx.previous
+    if not ctx.hold or previous.window_start != start or not previous.ledger_sent:
+        return None
+    if previous.ledger_base_sent:
+        base = system_block(previous.ledger_base_sent, LEDGER_ID)
+        return base, system_block(previous.ledger_sent, LEDGER_MORE_ID)
+    return None, system_block(previous.ledger_sent, LEDGER_ID)
+
+
+def stacked_ledger(
+    rendered: Message | None,
+    builder: LedgerBuilder,
+    ctx: StepContext,
+    edited: Sequence[Message],
+    pinned: Sequence[Message],
+) -> tuple[Message | None, Message | None]:
+    """The ledger a compaction sends: the block sent before kept in place, and after it
+    a block of the values it does not show (``(kept, more)``); else ``(None, rendered)``.
+
+    Values only accumulate in the ledger as the window moves, so the block a compaction
+    sent still holds (the values of messages that are still out of the context); sent
+    again as it was, the prompt cache still serves it, and a compaction rewrites only
+    the new values after it, not the whole ledger. The kept block is the first of the
+    previous context's ledger blocks, so there are never more than two. It is rendered
+    anew as one block (what every build without a previous one sends) when both would
+    not fit the ledger's cap together (a full rendering ranks every value against the
+    cap), or when the new values take more tokens than the kept block: each rendering
+    anew then at least doubles the kept block, and the values written again at
+    compactions stay within about the size of the ledger.
+    """
+    previous = ctx.previous
+    if (
+        rendered is None
+        or not ctx.policy.cache.append_only
+        or not previous.history_length
+        or not previous.ledger_sent
+    ):
+        return None, rendered
+    kept = previous.ledger_base_sent or previous.ledger_sent
+    if rendered.text == kept:
+        return None, rendered
+    base = system_block(kept, LEDGER_ID)
+    text = builder.beyond(base, edited, pinned)
+    if text is None:  # it shows every value still to show
+        return None, base
+    more = system_block(text, LEDGER_MORE_ID)
+    size, extra = ctx.count(base), ctx.count(more)
+    if size + extra > builder.cap or extra > size:
+        return None, rendered
+    return base, more

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from ctxwarden.core.caching import BoundedCache
 from ctxwarden.core.errors import ConfigError
@@ -103,6 +104,7 @@ class MaskObservations:
     flush_over_budget: bool = True
     only_over_budget: bool = False
     name: str = field(default="mask")
+    keeps_pairs: ClassVar[bool] = True  # masks results in place
 
     def __post_init__(self) -> None:
         if self.keep_last < 0:

@@ -8,7 +8,10 @@ cutting them to 300 tokens while the budget has room hides the answer. So they a
 verbatim while they fit :func:`newest_room`: the budget less what the context holds
 whatever the window does (system prompt, tool definitions, the summary and facts layers,
 the share recall takes, the entity ledger's cap when something has left or will leave
-the window, the pinned messages, and the rest of the protected newest turn). Older
+the window, the pinned messages, and the rest of the protected newest turn). What the
+recall block and the ledger take is what their steps declare, read from the
+:class:`~ctxwarden.steps.base.StepContext` (:meth:`~ctxwarden.steps.base.StepContext.reserved`,
+:meth:`~ctxwarden.steps.base.StepContext.ledger_cap`), not from their configuration. Older
 window turns are dropped by the fit first: they are already answered, and the ledger
 keeps their values.
 """
@@ -19,8 +22,6 @@ from collections.abc import Sequence
 
 from ctxwarden.core.messages import Message
 from ctxwarden.steps.base import Draft, StepContext
-from ctxwarden.steps.ledger import ledger_cap
-from ctxwarden.steps.recall_gate import recall_reserve
 
 __all__ = ["newest_room", "newest_user_text", "unanswered_results"]
 
@@ -54,7 +55,7 @@ def newest_room(draft: Draft, ctx: StepContext) -> int:
     layers = ctx.total([m for _, m in draft.layers])
     pinned = ctx.total(draft.pinned_messages)
     kept = ctx.total([m for m in window if m.id in draft.protected and m.id not in waiting])
-    room = ctx.budget - ctx.fixed - layers - recall_reserve(draft, ctx) - pinned - kept
+    room = ctx.budget - ctx.fixed - layers - ctx.reserved(draft) - pinned - kept
     # The ledger holds the values of what left the window. When nothing before the window
     # can feed it (all pinned, no earlier entities) and the whole window fits, nothing
     # leaves and it takes no room; else it may take up to its cap.
@@ -64,7 +65,7 @@ def newest_room(draft: Draft, ctx: StepContext) -> int:
         or bool(ctx.earlier)
         or room < _rest_as_sent(window, draft.protected - waiting, ctx)
     )
-    return room - (ledger_cap(draft, ctx) if fed else 0)
+    return room - (ctx.ledger_cap(draft) if fed else 0)
 
 
 def _rest_as_sent(window: Sequence[Message], kept: frozenset[str], ctx: StepContext) -> int:

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from ctxwarden.core.messages import Message
-from ctxwarden.steps.base import Draft, StepContext
+from ctxwarden.steps.base import Draft
 
 if TYPE_CHECKING:
     from ctxwarden.steps.recall_relevant import RecallRelevant
@@ -50,7 +50,6 @@ __all__ = [
     "named_only_there",
     "recall_fraction",
     "recall_reads_back",
-    "recall_reserve",
     "tool_share",
 ]
 
@@ -161,14 +160,3 @@ def recall_fraction(draft: Draft, query: str, sources: Sequence[tuple[int, Messa
     shown += [m.text for name, m in draft.layers if name != "summary"]  # see rule 3
     named = named_only_there(query, shown, (m.text for _, m in reversed(sources)))
     return min(1.0, named / FULL_AT)
-
-
-def recall_reserve(draft: Draft, ctx: StepContext) -> int:
-    """The room the newest results leave for the recall block (:mod:`.newest`): the
-    step's cap when the policy recalls and, with ``auto``, the window is chat-shaped;
-    else 0 (an agent loop's newest result is never cut to make room for a recall that
-    its shape rules out)."""
-    recall = ctx.policy.recall
-    if recall is None or (recall.auto and not chat_shaped(draft)):
-        return 0
-    return recall.cap(ctx)

@@ -50,7 +50,7 @@ import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from ctxwarden.core.errors import ConfigError, MissingDependencyError
 from ctxwarden.core.handles import handle_for
@@ -134,6 +134,7 @@ class RecallRelevant:
     embeddings: str | None = None
     auto: bool = False
     name: str = field(default="recall")
+    keeps_pairs: ClassVar[bool] = True  # adds a layer, not window messages
 
     def __post_init__(self) -> None:
         if not 0.0 < self.share <= 0.5:
@@ -190,6 +191,16 @@ class RecallRelevant:
             for mid, tokens in shown
         )
         return StepResult(new.but(layers=(*new.layers, ("recall", block))), actions)
+
+    def reserve(self, draft: Draft, ctx: StepContext) -> int:
+        """The room the newest results leave for the recall block
+        (:meth:`~ctxwarden.steps.base.StepContext.reserved`, :mod:`~ctxwarden.steps.newest`):
+        the cap, when this step may recall (with ``auto``, the window is chat-shaped);
+        else 0 (an agent loop's newest result is never cut to make room for a recall that
+        its shape rules out)."""
+        if self.auto and not chat_shaped(draft):
+            return 0
+        return self.cap(ctx)
 
     def cap(self, ctx: StepContext) -> int:
         """The most the block may take: ``share`` of the budget, at most ``max_tokens``."""

@@ -43,6 +43,7 @@ import json
 import re
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 from ctxwarden.core.caching import BoundedCache
 from ctxwarden.core.errors import ConfigError
@@ -87,6 +88,10 @@ message, its request (the same object: the session's decoded messages come back 
 after build), the configuration and the counters (``inputs``), so when those are the
 ones kept, the kept outcome is the one computing it gives, and a session's build skips
 the memo's key and the counts for each of its results."""
+
+
+_DETECTED_ATTR = "_cw_detected_kind"
+"""The kind a policy's detectors gave a result: ``(detectors, kind)`` (see ``kind_of``)."""
 
 
 FULL_RESULT_KEY = "…full result"
@@ -184,9 +189,13 @@ class TruncateToolResults:
     cutters: Mapping[str, Cut | Cutter | str] | tuple[tuple[str, Cutter], ...] = ()
     count_text: Callable[[str], int] | None = field(default=None, compare=False, repr=False)
     name: str = field(default="truncate")
+    keeps_pairs: ClassVar[bool] = True  # cuts results in place
     _config_key: str = field(default="", init=False, compare=False, repr=False)
     _kinds: Mapping[str, Cutter] = field(
         default_factory=lambda: CUTTERS, init=False, compare=False, repr=False, hash=False
+    )
+    _detects: tuple[tuple[str, Callable[[str], bool]], ...] = field(
+        default=(), init=False, compare=False, repr=False, hash=False
     )
 
     def __post_init__(self) -> None:
@@ -210,6 +219,8 @@ class TruncateToolResults:
             added = tuple(sorted((k, kinds[k]) for k in given))
             object.__setattr__(self, "cutters", added)
             object.__setattr__(self, "_kinds", kinds)
+            detects = tuple((k, c.detect) for k, c in added if c.detect is not None)
+            object.__setattr__(self, "_detects", detects)
         # The configuration as one string for the memo's keys: a str caches its hash
         # (hashing the tuple on every message of every build showed in the agent loop).
         config: tuple[object, ...] = (
@@ -228,6 +239,26 @@ class TruncateToolResults:
     def kinds(self) -> Mapping[str, Cutter]:
         """Each kind this step cuts -> its cutter: the built-in ones and ``cutters``."""
         return self._kinds
+
+    def kind_of(self, message: Message) -> str | None:
+        """The kind ``message`` is cut as (a tool's rule aside): the first of the kinds
+        ``cutters`` adds, in the order of their names, whose ``detect`` claims its text,
+        else the kind the built-in classifier gave it (``message.kind``). Kept on the
+        message for these detectors, so a session's builds detect once per result."""
+        if not self._detects or not self._cuttable(message):
+            return message.kind
+        kept = message._memo.get(_DETECTED_ATTR)
+        if kept is not None and kept[0] == self._detects:
+            found: str | None = kept[1]
+            return found
+        found = message.kind
+        text = message.text
+        for kind, detect in self._detects:
+            if detect(text):
+                found = kind
+                break
+        message._memo[_DETECTED_ATTR] = (self._detects, found)
+        return found
 
     def truncate(
         self,
@@ -262,7 +293,7 @@ class TruncateToolResults:
         before = count(message)
         if before <= self.threshold_tokens:
             return message
-        kind = message.kind if kind is None else kind
+        kind = self.kind_of(message) if kind is None else kind
         key: Hashable | None = None
         if counter is not None:
             # the cut message itself is memoised (per id: the fingerprint ignores ids),
@@ -359,19 +390,24 @@ class TruncateToolResults:
                 out.append(message)
                 continue
             kind: str | None = message.kind
+            ruled = False
             if ctx.tool_rules:  # a tool's rule: never cut, or cut as a kind it names
                 rule = truncate_rule(messages, index, ctx.tool_rules)
                 if rule is False:
                     out.append(message)
                     continue
                 kind = _rule_kind(message, rule)
+                ruled = isinstance(rule, str)
+            if not ruled and self._detects:  # a kind the policy's cutters detect
+                kind = self.kind_of(message)
             if kind != message.kind and not _recall_result(message, request):
                 # (a built-in kind: cut as a copy of that kind; a kind the policy's
                 # cutters add: the message itself, cut as that kind; see as_kind)
                 subject = as_kind(message, kind)
                 new = self._truncate(subject, count, drafts, counter, request, kind=kind)
                 if new is not subject:
-                    reason = f"{kind} tool result over {over} tokens (its tool's rule)"
+                    why = " (its tool's rule)" if ruled else ""
+                    reason = f"{kind} tool result over {over} tokens{why}"
                     before, after = count(message), count(new)
                     actions.append(
                         same_action(message.id, "truncated", reason, before, after, self.name)
@@ -438,7 +474,8 @@ class TruncateToolResults:
                 continue  # the eviction step cuts a recalled original only if it must
             cutter = replace(self, threshold_tokens=share, target_tokens=share)
             request = requests.get(message.tool_call_id or "")
-            subject, kind = as_kind(message, rule), _rule_kind(message, rule)
+            kind = rule if isinstance(rule, str) else self.kind_of(message)
+            subject = as_kind(message, kind)
             new = cutter._truncate(subject, ctx.count, drafts, counter, request, stated, kind)
             if new is subject:
                 continue
@@ -482,7 +519,7 @@ def cut_to_share(
 
 def _listed(out: Sequence[Message], actions: Sequence[Action]) -> dict[str, Edit]:
     """The markers of the results cut here that list their cut values in place: the ledger
-    need not carry those values (:func:`~ctxwarden.steps.fit.ledger_sources`). A masking
+    need not carry those values (:func:`~ctxwarden.steps.ledger.ledger_sources`). A masking
     placeholder that came back with the key lists nothing."""
     cut = {a.message_id for a in actions}
     if not cut:
