@@ -109,7 +109,7 @@ class FitStep:
             )
             used = ctx.total(window)  # the blocks' messages, in order
             over_count = limit is not None and capped_count(window, draft) > limit
-            low = int(room * ctx.policy.window.refill_ratio)
+            low = int(room * ctx.refill_ratio)
             if used <= room and not over_count and not (ctx.compacting and used > low):
                 break
             # the window must move, or a compaction rewrites it anyway: down to the
