@@ -252,6 +252,28 @@ def test_a_compaction_keeps_the_system_prompt_and_the_task_cached() -> None:
     assert compactions >= 3
 
 
+def test_where_the_wire_hoists_system_blocks_the_layers_stay_before_the_task() -> None:
+    """Anthropic's ``system`` parameter (and Gemini's ``systemInstruction``) comes before
+    every message: a ledger after the task would still precede it on that wire, so for
+    such a model the usual layout is kept and the prefix the audit prices is the one the
+    wire sends."""
+    from ctxwarden.steps.layout import system_in_place
+
+    assert system_in_place(get_model("gpt-4o")) and system_in_place(None)
+    assert not system_in_place(get_model("claude-sonnet-4-5"))
+    assert not system_in_place(get_model("mistral-nemo:12b"))  # one system message: folded
+    run = coding_run(30)
+    previous = None
+    with_ledger = 0
+    for k, m in enumerate(run):
+        if m.role == "assistant":
+            previous = build_context(run[:k], "claude-sonnet-4-5", 6000, previous=previous)
+            if LEDGER_ID in previous.layers:
+                with_ledger += 1
+                assert previous.messages[1].id == LEDGER_ID
+    assert with_ledger >= 3
+
+
 def test_layers_after_the_task_are_recognised_when_the_context_comes_back_as_history() -> None:
     """A framework that hands the built context back as the next history: the ledger
     blocks after the task are carried (their values kept), not stacked as history."""

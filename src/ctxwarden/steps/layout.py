@@ -19,9 +19,11 @@ not held, :mod:`~ctxwarden.pipeline.compaction`) puts the layers after the windo
 message when that shares more tokens with the previous context than the usual layout
 does; between compactions they stay where the previous context had them; a build
 without a previous context uses the usual layout. A cache that follows the messages'
-order (OpenAI's, the bench's idealised one) serves this; Anthropic's API takes every
-system block into its ``system`` parameter, before the messages, so on that wire the
-layers still precede the task.
+order serves this (OpenAI's, the bench's idealised one). Where the wire takes every
+system block before the messages (Anthropic's ``system`` parameter, Gemini's
+``systemInstruction``: :data:`HOISTING_PROVIDERS`), or the layers fold into the one
+system prompt, the layers precede the task there anyway and the usual layout is kept
+(:func:`system_in_place`), so the cache-aware decisions price the prefix the wire sends.
 
 The Anthropic cache breakpoints (at most four): the end of the system prompt, of the
 layers (with the user message they follow), of the pinned messages, and the newest
@@ -38,14 +40,28 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ctxwarden.core.messages import Message
+from ctxwarden.core.registry.catalog import ModelInfo
 from ctxwarden.formats.anthropic import MAX_CACHE_BREAKPOINTS
 from ctxwarden.steps.base import Draft, StepContext, StepResult
 from ctxwarden.steps.fold import fold_system
 from ctxwarden.steps.state import PREFIX_DIGITS
 
-__all__ = ["STABLE_LAYERS", "LayoutStep"]
+__all__ = ["HOISTING_PROVIDERS", "STABLE_LAYERS", "LayoutStep", "system_in_place"]
 
 STABLE_LAYERS = frozenset({"system", "facts", "ledger", "summary", "pinned"})
+HOISTING_PROVIDERS = frozenset({"anthropic", "google"})
+"""Providers whose wire takes every system message before the conversation (Anthropic's
+``system``, Gemini's ``systemInstruction``): there the layers precede the task anyway."""
+
+
+def system_in_place(info: ModelInfo | None) -> bool:
+    """Whether ``info``'s wire keeps a system message where it stands among the others
+    (a model the registry does not know: an OpenAI-style wire, which does)."""
+    if info is None:
+        return True
+    return not info.one_system_message and info.provider not in HOISTING_PROVIDERS
+
+
 # Anthropic cache breakpoints go at the end of each of these groups of stable layers.
 _BREAKPOINT_GROUP = {"system": 0, "facts": 1, "ledger": 1, "summary": 1, "pinned": 2}
 
@@ -58,7 +74,7 @@ class LayoutStep:
 
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
         head = 0
-        if _may_follow_head(draft):
+        if ctx.system_in_place and _may_follow_head(draft):
             head = _held_head(draft, ctx) if ctx.hold else _cheaper_head(draft, ctx)
         ordered, layer_of = _order(draft, head)
         folded: tuple[tuple[str, str], ...] = ()
