@@ -227,6 +227,89 @@ def test_a_compaction_keeps_the_ledger_block_it_sent_and_adds_the_new_values_aft
     )
 
 
+def test_a_compaction_keeps_the_system_prompt_and_the_task_cached() -> None:
+    """A coding agent's one task opens the window through every compaction (the window
+    cannot start after the newest user message): the ledger and the other layers follow
+    it, so a compaction that renders the ledger again still shares the system prompt
+    and the task with the previous context; the Anthropic breakpoints mark the end of
+    the layers after the task."""
+    run = coding_run(30)
+    builds = loop(run, 6000)
+    compactions = 0
+    for before, after in itertools.pairwise(builds):
+        layers = [m for m in after.messages if m.id in (LEDGER_ID, LEDGER_MORE_ID)]
+        if not layers:
+            continue
+        assert [m.id for m in after.messages[:2]] == ["s", run[1].id]
+        assert after.messages[2] == layers[0] and after.layers[run[1].id] == "current"
+        pb = after.audit.prefix_break
+        if pb is None or "window must move" not in pb.cause:
+            continue
+        compactions += 1
+        assert pb.at >= 2 and after.messages[:2] == before.messages[:2]
+        assert pb.shared_tokens > 0 and after.audit.prefix_shared_tokens == pb.shared_tokens
+        assert layers[-1].id in after.audit.cache_breakpoints
+    assert compactions >= 3
+
+
+def test_where_the_wire_hoists_system_blocks_the_layers_stay_before_the_task() -> None:
+    """Anthropic's ``system`` parameter (and Gemini's ``systemInstruction``) comes before
+    every message: a ledger after the task would still precede it on that wire, so for
+    such a model the usual layout is kept and the prefix the audit prices is the one the
+    wire sends."""
+    from ctxwarden.steps.layout import system_in_place
+
+    assert system_in_place(get_model("gpt-4o")) and system_in_place(None)
+    assert not system_in_place(get_model("claude-sonnet-4-5"))
+    assert not system_in_place(get_model("mistral-nemo:12b"))  # one system message: folded
+    run = coding_run(30)
+    previous = None
+    with_ledger = 0
+    for k, m in enumerate(run):
+        if m.role == "assistant":
+            previous = build_context(run[:k], "claude-sonnet-4-5", 6000, previous=previous)
+            if LEDGER_ID in previous.layers:
+                with_ledger += 1
+                assert previous.messages[1].id == LEDGER_ID
+    assert with_ledger >= 3
+
+
+def test_layers_after_the_task_are_recognised_when_the_context_comes_back_as_history() -> None:
+    """A framework that hands the built context back as the next history: the ledger
+    blocks after the task are carried (their values kept), not stacked as history."""
+    from ctxwarden.pipeline.carried import strip_layers
+
+    built = loop(coding_run(30), 6000)[-1]
+    layers = [m for m in built.messages if m.id in (LEDGER_ID, LEDGER_MORE_ID)]
+    assert layers and built.messages[2] == layers[0]
+    stripped, carried = strip_layers(list(built.messages))
+    assert stripped == [m for m in built.messages if m not in layers]
+    body = "\n".join(m.text.split("\n", 1)[1] for m in layers)
+    assert carried.ledger.split("\n", 1)[1] == body
+
+
+def test_the_layers_stay_before_the_window_when_its_start_moves_with_each_question() -> None:
+    """In a chat the window's first message changes at most compactions while the ledger
+    often does not: the layers go after the window's first message only when that keeps
+    more of the previous context cached, and between compactions they stay where they
+    were."""
+    out = [Message.system("You look up orders. " * 20, id="s")]
+    for q in range(12):
+        out.append(Message.user(f"Where is order ORD-{q}?", id=f"u{q}"))
+        for i in range(3):
+            call = ToolCall(f"c{q}{i}", "lookup", json.dumps({"order": f"ORD-{q}", "i": i}))
+            out.append(Message.assistant("", (call,), id=f"a{q}{i}"))
+            out.append(Message.tool(f"ORD-{q}/{i}: " + "item " * 150, f"c{q}{i}", id=f"t{q}{i}"))
+        out.append(Message.assistant(f"Order ORD-{q} is on its way.", id=f"r{q}"))
+    builds = loop(out, 1500)
+    assert any(LEDGER_ID in b.layers for b in builds)
+    for before, after in itertools.pairwise(builds):
+        if after.audit.prefix_break is None:  # held: the layers did not move
+            assert after.messages[: len(before.messages)] == before.messages
+    moved = [b for b in builds if LEDGER_ID in b.layers and b.messages[1].id == LEDGER_ID]
+    assert moved  # the ledger right after the system prompt once the window moved on
+
+
 def test_without_append_only_the_prefix_moves_more_often_and_costs_more() -> None:
     run = agent_run(80)
     held = loop(run, 2000)
@@ -286,7 +369,7 @@ def test_explain_shows_the_prefix_and_the_loop_cost(tmp_path: Path) -> None:
 
 # Issue 37's targets that the default does not meet yet: asserted as they are, expected to
 # fail (strict: a change that meets one makes its test fail until this mark goes).
-CODING_8000_MISSED = "issue 37: coding @8,000 costs 76% of full + cache (target <= 70%)"
+CODING_8000_MISSED = "issue 37: coding @8,000 costs 72% of full + cache (target <= 70%)"
 
 
 @pytest.mark.slow
@@ -317,10 +400,11 @@ def test_default_builds_cost_less_than_the_full_history_with_caching_on_coding(
     budget: int,
 ) -> None:
     """The 44 dev runs as an agent loop, the default policy for gpt-4o. Measured at
-    Anthropic prices: 74.6% @4,000, 76.4% @8,000 (fails: the target is <= 70% @8,000,
-    at or below the sawtooth window's 69%; at gpt-4o's own prices 29% and 45%; 75.5%
-    and 89.0% when the rewrites were weighed at gpt-4o's own prices, before the tail
-    edits). Retention 0.952 and 0.986 (0.952 and 0.985 before)."""
+    Anthropic prices: 56.7% @4,000, 72.3% @8,000 (fails: the target is <= 70% @8,000,
+    at or below the sawtooth window's 69%; at gpt-4o's own prices 27% and 45%); 75.9%
+    and 76.8% while the ledger sat before the task and each compaction wrote the task
+    again (:mod:`ctxwarden.steps.layout`); 75.5% and 89.0% when the rewrites were
+    weighed at gpt-4o's own prices, before the tail edits. Retention 0.959 and 0.986."""
     from ctxwarden_bench.swebench import load_swebench, swebench_retention
 
     runs = load_swebench(SWEBENCH)

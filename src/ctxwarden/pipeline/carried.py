@@ -182,7 +182,8 @@ def _entity(value: str, label: str, source: str) -> Entity:
 
 
 def strip_layers(history: Sequence[Message]) -> tuple[list[Message], Carried]:
-    """``history`` without the layers an earlier build put in its leading system block,
+    """``history`` without the layers an earlier build put in its leading system block
+    (or as system messages of their own after the task, :mod:`~ctxwarden.steps.layout`),
     and what they said.
 
     A system message that is a layer goes; a system message with layers folded after
@@ -192,6 +193,11 @@ def strip_layers(history: Sequence[Message]) -> tuple[list[Message], Carried]:
     out: list[Message] = []
     leading = True
     for m in history:
+        if not leading and m.role == "system" and isinstance(m.content, str):
+            name = layer_name(m.content)  # a layer placed after the task (steps.layout)
+            if name is not None:
+                carried = carried.with_layer(name, m.content)
+                continue
         if not leading or m.role != "system":
             leading = False
             out.append(m)

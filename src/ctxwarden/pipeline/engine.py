@@ -64,7 +64,7 @@ from ctxwarden.steps.base import (
 )
 from ctxwarden.steps.fold import FOLD_SEPARATOR
 from ctxwarden.steps.keep_pairs import keep_pairs_whole
-from ctxwarden.steps.layout import STABLE_LAYERS
+from ctxwarden.steps.layout import STABLE_LAYERS, system_in_place
 from ctxwarden.steps.recall_fusion import RecallVectors
 from ctxwarden.steps.state import PREFIX_DIGITS, BuildState
 from ctxwarden.steps.window import leading_system, newest_call_block, newest_user
@@ -266,6 +266,7 @@ def run_build(
         summary_text=summary,
         facts_text=facts,
         one_system=info is not None and info.one_system_message,
+        system_in_place=system_in_place(info),
         vectors=vectors,
         hold=hold,
         prices=prices,

@@ -327,6 +327,9 @@ class StepContext:
     summary_text: str | None = None  # caller-managed layers (build_context(summary=...))
     facts_text: str | None = None
     one_system: bool = False  # the model takes one system message: layers fold into it
+    # the model's wire keeps a system message where it stands among the others (OpenAI's;
+    # Anthropic's and Gemini's take every one before the messages): steps.layout
+    system_in_place: bool = False
     vectors: Any = None  # RecallVectors (steps.recall_fusion): embedding recall's input
     hold: bool = False  # between compactions: what was sent is sent again as it was
     prices: CachePrices | None = None  # the model's cache prices (the rewrite decision)

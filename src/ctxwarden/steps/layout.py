@@ -3,12 +3,31 @@
     [system prompt][facts][ledger][summary][other layers][pinned][window ...]
         [recall][newest user message ...]
 
-The recall layer (:mod:`~ctxwarden.steps.recall_relevant`) follows the query it answers: it sits
-right before the newest user message, so a new question changes only the tail and the
-window before it stays cached.
+When the window opens with a user message and nothing is pinned before it, the ledger
+and the other layers may go right after that message instead::
 
-and the Anthropic cache breakpoints (at most four): the end of the system prompt, of the
-layers, of the pinned messages, and the newest message.
+    [system prompt][facts][user message][ledger][summary][other layers][window ...]
+
+A coding agent's one task opens its window through every compaction (the window never
+starts after the newest user message), while the ledger changes at most compactions:
+before the task, each new ledger rendering wrote the task again (swebench-mini dev at
+8,000 tokens: at ~90 of ~130 compactions); after it, the system prompt and the task stay
+cached and only what a compaction rewrites anyway is written. In a chat the window's
+first message changes at most compactions and the ledger often does not, so there the
+layers are better before the window. The rule is the cache's own: a compaction (a build
+not held, :mod:`~ctxwarden.pipeline.compaction`) puts the layers after the window's first
+message when that shares more tokens with the previous context than the usual layout
+does; between compactions they stay where the previous context had them; a build
+without a previous context uses the usual layout. A cache that follows the messages'
+order serves this (OpenAI's, the bench's idealised one). Where the wire takes every
+system block before the messages (Anthropic's ``system`` parameter, Gemini's
+``systemInstruction``: :data:`HOISTING_PROVIDERS`), or the layers fold into the one
+system prompt, the layers precede the task there anyway and the usual layout is kept
+(:func:`system_in_place`), so the cache-aware decisions price the prefix the wire sends.
+
+The Anthropic cache breakpoints (at most four): the end of the system prompt, of the
+layers (with the user message they follow), of the pinned messages, and the newest
+message.
 
 For a model whose chat template takes one system message (the registry's
 ``system_messages = "one"``) the layers are folded into the system prompt, after it
@@ -22,13 +41,28 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ctxwarden.core.messages import Message
+from ctxwarden.core.registry.catalog import ModelInfo
 from ctxwarden.formats.anthropic import MAX_CACHE_BREAKPOINTS
 from ctxwarden.steps.base import Draft, StepContext, StepResult
 from ctxwarden.steps.fold import fold_system
+from ctxwarden.steps.state import PREFIX_DIGITS
 
-__all__ = ["STABLE_LAYERS", "LayoutStep"]
+__all__ = ["HOISTING_PROVIDERS", "STABLE_LAYERS", "LayoutStep", "system_in_place"]
 
 STABLE_LAYERS = frozenset({"system", "facts", "ledger", "summary", "pinned"})
+HOISTING_PROVIDERS = frozenset({"anthropic", "google"})
+"""Providers whose wire takes every system message before the conversation (Anthropic's
+``system``, Gemini's ``systemInstruction``): there the layers precede the task anyway."""
+
+
+def system_in_place(info: ModelInfo | None) -> bool:
+    """Whether ``info``'s wire keeps a system message where it stands among the others
+    (a model the registry does not know: an OpenAI-style wire, which does)."""
+    if info is None:
+        return True
+    return not info.one_system_message and info.provider not in HOISTING_PROVIDERS
+
+
 # Anthropic cache breakpoints go at the end of each of these groups of stable layers.
 _BREAKPOINT_GROUP = {"system": 0, "facts": 1, "ledger": 1, "summary": 1, "pinned": 2}
 
@@ -42,48 +76,113 @@ class LayoutStep:
     lays_out: ClassVar[bool] = True  # run again after the engine's final pair check
 
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
-        layer_of: dict[str, str] = {m.id: "system" for m in draft.system}
-        ordered: list[Message] = list(draft.system)
-        facts = [(n, m) for n, m in draft.layers if n == "facts"]
-        recall = [m for n, m in draft.layers if n == "recall"]
-        others = [(n, m) for n, m in draft.layers if n not in ("facts", "recall")]
-        ledger = [("ledger", m) for m in (draft.ledger_base, draft.ledger) if m is not None]
-        for name, m in [*facts, *ledger, *others]:
-            ordered.append(m)
-            layer_of[m.id] = name
-        for m in draft.pinned_messages:
-            ordered.append(m)
-            layer_of[m.id] = "pinned"
-        newest = draft.history[draft.newest].id if draft.newest is not None else None
-        current = False
-        for m in draft.window:
-            if not current and m.id == newest:
-                for r in recall:
-                    ordered.append(r)
-                    layer_of[r.id] = "recall"
-            current = current or m.id == newest
-            ordered.append(m)
-            layer_of[m.id] = "current" if current else "window"
+        head = 0
+        if ctx.system_in_place and _may_follow_head(draft):
+            head = _held_head(draft, ctx) if ctx.hold else _cheaper_head(draft, ctx)
+        ordered, layer_of = _order(draft, head)
         folded: tuple[tuple[str, str], ...] = ()
         if ctx.one_system:  # the model's template takes one system message: fold
             systems = [m for m in ordered if m.role == "system"]
             folded = tuple((layer_of[m.id], m.text) for m in systems[1:])
             ordered = fold_system(ordered)
-        marks = _breakpoints(ordered, layer_of) if ctx.policy.cache_breakpoints else ()
+        marks = (
+            _breakpoints(ordered, layer_of, draft.window[:head])
+            if ctx.policy.cache_breakpoints
+            else ()
+        )
         return StepResult(
             draft.but(ordered=tuple(ordered), layer_of=layer_of, breakpoints=marks, folded=folded)
         )
 
 
-def _breakpoints(ordered: Sequence[Message], layer_of: Mapping[str, str]) -> tuple[str, ...]:
-    """The end of each stable part, and the newest message."""
+def _order(draft: Draft, head: int) -> tuple[list[Message], dict[str, str]]:
+    """The context in layout order, the layers after the window's first ``head``
+    messages (0: before the pinned messages), and each message's layer."""
+    layer_of: dict[str, str] = {m.id: "system" for m in draft.system}
+    ordered: list[Message] = list(draft.system)
+    facts = [(n, m) for n, m in draft.layers if n == "facts"]
+    recall = [m for n, m in draft.layers if n == "recall"]
+    others = [(n, m) for n, m in draft.layers if n not in ("facts", "recall")]
+    ledger = [("ledger", m) for m in (draft.ledger_base, draft.ledger) if m is not None]
+    after = [*ledger, *others]
+    for name, m in [*facts, *(() if head else after)]:
+        ordered.append(m)
+        layer_of[m.id] = name
+    for m in draft.pinned_messages:
+        ordered.append(m)
+        layer_of[m.id] = "pinned"
+    newest = draft.history[draft.newest].id if draft.newest is not None else None
+    current = False
+    for i, m in enumerate(draft.window):
+        if not current and m.id == newest:
+            for r in recall:
+                ordered.append(r)
+                layer_of[r.id] = "recall"
+        current = current or m.id == newest
+        ordered.append(m)
+        layer_of[m.id] = "current" if current else "window"
+        if i + 1 == head:
+            for name, layer in after:
+                ordered.append(layer)
+                layer_of[layer.id] = name
+    return ordered, layer_of
+
+
+def _may_follow_head(draft: Draft) -> bool:
+    """Whether the layers may go after the window's first message: it is a user
+    message, nothing is pinned before it, and there are layers to place."""
+    return (
+        bool(draft.window)
+        and draft.window[0].role == "user"
+        and not draft.pinned
+        and (draft.ledger is not None or any(n not in ("facts", "recall") for n, _ in draft.layers))
+    )
+
+
+def _held_head(draft: Draft, ctx: StepContext) -> int:
+    """Between compactions the window's start stays, and the layers stay where the
+    previous context had them: after the window's first message when a layer followed
+    it there (a message sent last, or one not sent, had none after it)."""
+    sent = ctx.previous.prefix
+    at = draft.window[0].fingerprint[:PREFIX_DIGITS]
+    i = next((k for k, d in enumerate(sent) if d == at), None)
+    if i is None or i + 1 == len(sent):
+        return 0
+    nxt = draft.window[1].fingerprint[:PREFIX_DIGITS] if len(draft.window) > 1 else ""
+    return int(sent[i + 1] != nxt)
+
+
+def _cheaper_head(draft: Draft, ctx: StepContext) -> int:
+    """At a compaction, 1 when the context with the layers after the window's first
+    message shares more tokens with the previous context than the usual layout does
+    (a build without a previous context: 0)."""
+    sent = ctx.previous.prefix
+    if not sent:
+        return 0
+    shared = []
+    for head in (0, 1):
+        ordered, _ = _order(draft, head)
+        n = 0
+        for m, d in zip(ordered, sent, strict=False):
+            if m.fingerprint[:PREFIX_DIGITS] != d:
+                break
+            n += 1
+        shared.append(ctx.total(ordered[:n]))
+    return int(shared[1] > shared[0])
+
+
+def _breakpoints(
+    ordered: Sequence[Message], layer_of: Mapping[str, str], head: Sequence[Message] = ()
+) -> tuple[str, ...]:
+    """The end of each stable part (the task the layers follow counts with them), and
+    the newest message."""
     if not ordered:
         return ()
+    stable = {m.id for m in head}
     last: dict[int, str] = {}
     for m in ordered:  # the stable parts come first: stop at the window
-        group = _BREAKPOINT_GROUP.get(
-            layer_of[m.id], 1 if layer_of[m.id] in STABLE_LAYERS else None
-        )
+        layer = "ledger" if m.id in stable else layer_of[m.id]
+        group = _BREAKPOINT_GROUP.get(layer, 1 if layer in STABLE_LAYERS else None)
         if group is None:
             break
         last[group] = m.id
