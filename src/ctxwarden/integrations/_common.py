@@ -50,11 +50,17 @@ def stable_id(prefix: str, index: int, payload: Any) -> str:
 
 
 def split_system(messages: Sequence[Message]) -> tuple[list[Message], list[Message]]:
-    """The leading system messages (prompt, then ctxwarden's layers) and the rest."""
+    """The leading system messages (prompt, then ctxwarden's layers), with the system
+    layers the layout put later (after the task, :mod:`ctxwarden.steps.layout`), and the
+    rest: for a framework that takes one system prompt, every layer folds into it."""
     i = 0
     while i < len(messages) and messages[i].role == "system":
         i += 1
-    return list(messages[:i]), list(messages[i:])
+    later = [m for m in messages[i:] if m.role == "system" and is_layer(m)]
+    if not later:
+        return list(messages[:i]), list(messages[i:])
+    moved = {id(m) for m in later}
+    return [*messages[:i], *later], [m for m in messages[i:] if id(m) not in moved]
 
 
 def is_layer(message: Message) -> bool:
