@@ -274,6 +274,7 @@ def run_build(
         reserve=seen.reserve,
         ledger=seen.ledger,
         refill_ratio=policy.window.refill_ratio,
+        max_messages=policy.window.max_messages,
         growth=growth_per_call(
             state.input_tokens,
             state.compacted_tokens,

@@ -342,6 +342,7 @@ class StepContext:
     reserve: Callable[[Draft, StepContext], int] | None = None  # see reserved
     ledger: LedgerBlocks | None = None  # the entity ledger the fit renders: see ledger_cap
     refill_ratio: float = 0.5  # the fit's low-water mark (window.refill_ratio)
+    max_messages: int | None = None  # the window's cap, which the fit keeps too
 
     def count(self, message: Message) -> int:
         return self.counter.count_message(message)

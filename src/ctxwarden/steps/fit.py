@@ -91,7 +91,7 @@ class FitStep:
         ledgers = self.ledger_blocks
         settling = ledgers.settle(draft, ctx) if ledgers is not None else None
         fixed = ctx.fixed + ctx.total([m for _, m in draft.layers])
-        limit = ctx.policy.window.max_messages
+        limit = ctx.max_messages
         actions: list[Action] = list(earlier)
         start, pinned = draft.start, list(draft.pinned)
         ledger: Message | None = None
