@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,15 +22,11 @@ from typing import Any
 
 import pytest
 
+from ctxwarden_bench.local_servers import free_port, stop_process
+
 PG_DSN = os.environ.get("CTXWARDEN_TEST_POSTGRES")
 PG_SKIP = "set CTXWARDEN_TEST_POSTGRES to a PostgreSQL DSN to run the service on PostgreSQL"
 CLI = str(Path(sys.executable).with_name("ctxwarden"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -109,12 +103,7 @@ class ProxyServer:
             return status, body.decode()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        stop_process(self.proc, timeout=10)  # SIGTERM, then SIGKILL after 10 s
         if self.proc.stderr:
             self.proc.stderr.close()
 

@@ -26,6 +26,8 @@ import pytest
 from llm_servers import Recorded, Reply, ScriptedServer, openai_completion, openai_stream
 from service_harness import ProxyServer, add_tenant, free_port
 
+from ctxwarden_bench.local_servers import stop_process
+
 PHOENIX = os.environ.get("CTXWARDEN_TEST_PHOENIX", "")
 CLIENT_TRACE = "5af92f3577b34da6a3ce929d0e0e4737"
 CLIENT_PARENT = "10f067aa0ba902b8"
@@ -71,12 +73,7 @@ class Phoenix:
             return list(json.loads(r.read())["data"])
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, timeout=20)
         self.log.close()
 
 

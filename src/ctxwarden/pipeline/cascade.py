@@ -227,9 +227,9 @@ class Foreseen:
     """What the steps of a pipeline let the others foresee of them, as the engine puts it
     on the :class:`~ctxwarden.steps.base.StepContext`: ``sent`` (a message's tokens once
     cut: the steps' ``sent_tokens``, chained in order), ``reserve`` (the room their own
-    later layers take: the steps' ``reserve(draft, ctx)``, summed) and ``ledger_room``
-    (the entity ledger: the ``ledger_blocks`` of the step that
-    renders it). ``None``: no step says (a count as it is, no room, no ledger)."""
+    later layers take: the steps' ``reserve(draft, ctx)``, summed) and ``ledger``
+    (the entity ledger: the ``ledger_blocks`` of the step that renders it). ``None``:
+    no step says (a count as it is, no room, no ledger)."""
 
     sent: Callable[[Message, int], int] | None = None
     reserve: Callable[[Draft, StepContext], int] | None = None
