@@ -76,7 +76,7 @@ def test_empty_content_system_between_and_merged_user_turns() -> None:
         Message.user(""),  # no blocks: a turn of its own, empty
         Message.assistant("ok"),
         Message.user("a"),
-        Message.system("two"),  # not a turn: the users around it merge
+        Message.system("two"),  # after the first turn: in place, text of the users' turn
         Message.user("b"),
         Message.assistant(None, (call,)),
         Message.tool("r", "c1"),
@@ -85,8 +85,40 @@ def test_empty_content_system_between_and_merged_user_turns() -> None:
     ]
     assert request_json(messages) == _ordinary(messages, set())
     assert _ordinary(messages, set())[1].count(b'"role":"user"') == 3
+    system, turns = messages_to_anthropic(messages)
+    assert system == [{"type": "text", "text": "one"}]
+    assert [b["text"] for b in turns[2]["content"]] == ["a", "two", "b"]
     assert request_json([]) == _ordinary([], set()) == (None, b"[]")
     assert request_json(messages[:1]) == _ordinary(messages[:1], set())  # a system only
+
+
+def test_a_system_message_after_the_first_turn_is_sent_in_place_as_user_text() -> None:
+    """A layer after the task, a recall block after tool results, a client's own note:
+    each stays where it stands (the ``system`` parameter keeps only the leading system
+    messages, so changing such a block does not rewrite the cached system prompt), after
+    the results it follows (Anthropic wants ``tool_result`` blocks first in a turn), and
+    its breakpoint marks its own block."""
+    call = ToolCall("c1", "lookup", '{"q": 1}')
+    messages = [
+        Message.system("prompt", id="s"),
+        Message.system("facts", id="f"),
+        Message.user("the task", id="t"),
+        Message.system("ledger", id="l"),
+        Message.assistant(None, (call,), id="a"),
+        Message.tool("r", "c1", id="r"),
+        Message.system("recalled", id="rc"),
+        Message.user("and now?", id="u"),
+    ]
+    for marks in (set(), {"t", "l"}, {"s", "t", "l", "rc"}):
+        assert request_json(messages, marks) == _ordinary(messages, marks)
+    system, turns = messages_to_anthropic(messages, cache_breakpoints={"t", "l"})
+    assert [b["text"] for b in system or []] == ["prompt", "facts"]
+    assert [t["role"] for t in turns] == ["user", "assistant", "user"]
+    task, ledger = turns[0]["content"]
+    assert (task["text"], ledger["text"]) == ("the task", "ledger")
+    assert "cache_control" in task and "cache_control" in ledger
+    assert [b["type"] for b in turns[2]["content"]] == ["tool_result", "text", "text"]
+    assert [b.get("text") for b in turns[2]["content"][1:]] == ["recalled", "and now?"]
 
 
 def test_contexts_only_the_ordinary_conversion_writes_are_refused() -> None:

@@ -10,6 +10,7 @@ import os
 import re
 from pathlib import Path
 
+import orjson
 import pytest
 from typer.testing import CliRunner
 
@@ -248,30 +249,77 @@ def test_a_compaction_keeps_the_system_prompt_and_the_task_cached() -> None:
         compactions += 1
         assert pb.at >= 2 and after.messages[:2] == before.messages[:2]
         assert pb.shared_tokens > 0 and after.audit.prefix_shared_tokens == pb.shared_tokens
-        assert layers[-1].id in after.audit.cache_breakpoints
+        assert {layers[-1].id, run[1].id} <= set(after.audit.cache_breakpoints)
     assert compactions >= 3
 
 
 def test_where_the_wire_hoists_system_blocks_the_layers_stay_before_the_task() -> None:
-    """Anthropic's ``system`` parameter (and Gemini's ``systemInstruction``) comes before
-    every message: a ledger after the task would still precede it on that wire, so for
-    such a model the usual layout is kept and the prefix the audit prices is the one the
-    wire sends."""
+    """Gemini's ``systemInstruction`` comes before every message: a ledger after the task
+    would still precede it on that wire, so for such a model the usual layout is kept
+    and the prefix the audit prices is the one the wire sends."""
     from ctxwarden.steps.layout import system_in_place
 
     assert system_in_place(get_model("gpt-4o")) and system_in_place(None)
-    assert not system_in_place(get_model("claude-sonnet-4-5"))
+    assert not system_in_place(get_model("gemini-2.5-pro"))
     assert not system_in_place(get_model("mistral-nemo:12b"))  # one system message: folded
     run = coding_run(30)
     previous = None
     with_ledger = 0
     for k, m in enumerate(run):
         if m.role == "assistant":
-            previous = build_context(run[:k], "claude-sonnet-4-5", 6000, previous=previous)
+            previous = build_context(run[:k], "gemini-2.5-pro", 6000, previous=previous)
             if LEDGER_ID in previous.layers:
                 with_ledger += 1
                 assert previous.messages[1].id == LEDGER_ID
     assert with_ledger >= 3
+
+
+def test_on_the_anthropic_wire_the_layers_after_the_task_are_text_of_its_user_turn() -> None:
+    """Anthropic's wire sends a system message that follows the task in place, as a text
+    block of the task's user turn: the ``system`` parameter holds the system prompt alone,
+    so a compaction that renders the ledger again leaves the system prompt and the task
+    cached there too (the breakpoints mark the task's end and the ledger's), and the
+    prefix the audit prices is the one that wire sends."""
+    from ctxwarden.formats.anthropic import messages_to_anthropic
+    from ctxwarden.service.anthropic_json import request_json
+    from ctxwarden.steps.layout import system_in_place
+
+    assert system_in_place(get_model("claude-sonnet-4-5"))
+    run = coding_run(30)
+    previous = None
+    after_task = compactions = 0
+    for k, m in enumerate(run):
+        if m.role != "assistant":
+            continue
+        before, previous = (
+            previous,
+            build_context(run[:k], "claude-sonnet-4-5", 6000, previous=previous),
+        )
+        if LEDGER_ID not in previous.layers:
+            continue
+        assert [x.id for x in previous.messages[:3]] == ["s", run[1].id, LEDGER_ID]
+        after_task += 1
+        marks = previous.audit.cache_breakpoints
+        system, turns = messages_to_anthropic(previous.messages, cache_breakpoints=marks)
+        assert system is not None and [b["text"] for b in system] == [run[0].text]
+        task_turn = turns[0]["content"]
+        assert task_turn[0]["text"] == run[1].text and "cache_control" in task_turn[0]
+        ledger = previous.messages[2]
+        assert task_turn[1]["text"] == ledger.text
+        assert request_json(previous.messages, marks) == tuple(  # the proxy's fast path
+            orjson.dumps(x) if x is not None else None for x in (system, turns)
+        )
+        pb = previous.audit.prefix_break
+        if before is not None and pb is not None and "window must move" in pb.cause:
+            # the old request wrote a cache entry at the task's end, which this one reads
+            old_system, old_turns = messages_to_anthropic(
+                before.messages, cache_breakpoints=before.audit.cache_breakpoints
+            )
+            assert old_system == system and old_turns[0]["content"][0]["text"] == run[1].text
+            if LEDGER_ID in before.layers:
+                compactions += 1
+                assert old_turns[0]["content"][0] == task_turn[0]
+    assert after_task >= 3 and compactions >= 1
 
 
 def test_layers_after_the_task_are_recognised_when_the_context_comes_back_as_history() -> None:

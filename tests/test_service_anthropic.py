@@ -372,3 +372,49 @@ def test_count_tokens_asks_the_anthropic_upstream_for_the_request_as_sent(env: E
     env.upstream.reply(Reply(400, anthropic_error("model: unknown", "invalid_request_error")))
     with pytest.raises(anthropic.BadRequestError, match="model: unknown"):
         env.client().messages.count_tokens(model="nope", messages=turns)
+
+
+def test_a_ledger_after_the_task_goes_upstream_as_text_of_the_task_turn(env: Env) -> None:
+    """A coding agent's loop through the proxy under a tight budget: once the window
+    moves, the ledger follows the task. On Anthropic's wire it is a text block of the
+    task's user turn, not part of ``system`` (which would make every new rendering of it
+    rewrite the cached system prompt and task), and the task's block is a breakpoint."""
+    session = sid()
+    system = "You fix bugs in the repository with the read tool."
+    task = "Fix the crash in the request handler; the failing test is tests/test_handler.py."
+    tools = [{"name": "read", "input_schema": {"type": "object"}}]
+    history: list[dict[str, Any]] = [{"role": "user", "content": task}]
+    headers = {**hdr(session), "X-Ctxwarden-Max-Input-Tokens": "1500"}
+    for i in range(12):
+        use = {"type": "tool_use", "id": f"tu_{i}", "name": "read",
+               "input": {"path": f"src/pkg/module_{i}.py"}}  # fmt: skip
+        env.upstream.reply(
+            Reply(body=anthropic_message("Reading.", extra_content=[use], stop_reason="tool_use"))
+        )
+        reply = env.client().messages.create(
+            model=MODEL, max_tokens=256, system=system, messages=history, tools=tools,
+            extra_headers=headers,
+        )  # fmt: skip
+        lines = [f"def handler_{i}_{k}(request_{k}): return route_{i}_{k}(request_{k})"
+                 for k in range(25)]  # fmt: skip
+        history += [
+            {"role": "assistant", "content": reply.content},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": f"tu_{i}", "content": "\n".join(lines)}]},
+        ]  # fmt: skip
+    sent = [r.json for r in env.upstream.requests[-12:]]
+    assert all([b["text"] for b in body["system"]] == [system] for body in sent)
+    with_ledger = [
+        body
+        for body in sent
+        if any(b.get("text", "").startswith("Values from earlier") for b in _blocks(body))
+    ]
+    assert with_ledger, "the budget should have moved the window and filled the ledger"
+    for body in with_ledger:
+        first = body["messages"][0]["content"]
+        assert first[0]["text"] == task and first[0]["cache_control"] == {"type": "ephemeral"}
+        assert first[1]["text"].startswith("Values from earlier")
+
+
+def _blocks(body: dict[str, Any]) -> list[dict[str, Any]]:
+    return [b for m in body["messages"] for b in m["content"] if isinstance(b, dict)]

@@ -3,7 +3,13 @@
 Anthropic differs from OpenAI in five ways that matter here:
 
 * the system prompt is a separate parameter (we send it as a list of text blocks, one
-  per system message, so cache breakpoints can sit between them);
+  per system message, so cache breakpoints can sit between them). A system message
+  *after* the conversation began (a layer the layout put after the task, a recall block
+  before the newest user message, a client's own mid-conversation note) has no place
+  there: it is sent where it stands, as a text block of the user turn it meets (merged
+  with the turn before or after it). Hoisting it into ``system`` instead would make every
+  change to it rewrite the whole cached prompt; in place, the prefix before it stays
+  cached. Claude Code sends its own reminders the same way, as text in a user turn.
 * tool calls are ``tool_use`` blocks inside the assistant turn and results are
   ``tool_result`` blocks inside the next *user* turn; consecutive results (and a user
   text that follows them) are merged into one user turn, as the API requires;
@@ -174,11 +180,13 @@ def messages_to_anthropic(
 
     for block in group_blocks(messages):
         head = block.head
-        if head.role == "system":
+        if head.role == "system" and not turns:
             blocks: list[dict[str, Any]] = [system_block(head)]
             if head.id in cache_breakpoints:
                 mark_cached(blocks)
             system.extend(blocks)
+        elif head.role == "system":  # after the conversation began: in place, as user text
+            add("user", [system_block(head)], head)
         elif head.role in ("user", "tool"):
             if head.role == "tool":  # a tool result outside a call block is an orphan
                 raise InvalidMessageError(

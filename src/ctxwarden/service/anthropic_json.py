@@ -94,9 +94,11 @@ def request_json(
                 role = "user"
             else:
                 owed = set()
-                if role == "system":
+                if role == "system" and not turn:
                     system.append(_blocks(m, m.id in cache_breakpoints))
                     continue
+                if role == "system":  # after the conversation began: in place, as user text
+                    role = "user"
                 if role == "assistant":
                     for call in m.tool_calls:
                         if call.id in calls:

@@ -20,14 +20,16 @@ message when that shares more tokens with the previous context than the usual la
 does; between compactions they stay where the previous context had them; a build
 without a previous context uses the usual layout. A cache that follows the messages'
 order serves this (OpenAI's, the bench's idealised one). Where the wire takes every
-system block before the messages (Anthropic's ``system`` parameter, Gemini's
-``systemInstruction``: :data:`HOISTING_PROVIDERS`), or the layers fold into the one
-system prompt, the layers precede the task there anyway and the usual layout is kept
-(:func:`system_in_place`), so the cache-aware decisions price the prefix the wire sends.
+system block before the messages (Gemini's ``systemInstruction``:
+:data:`HOISTING_PROVIDERS`), or the layers fold into the one system prompt, the layers
+precede the task there anyway and the usual layout is kept (:func:`system_in_place`), so
+the cache-aware decisions price the prefix the wire sends. Anthropic's wire sends a
+system message that follows the task in place, as text of the task's user turn
+(:mod:`~ctxwarden.formats.anthropic`), so there the layers may follow the task too.
 
 The Anthropic cache breakpoints (at most four): the end of the system prompt, of the
-layers (with the user message they follow), of the pinned messages, and the newest
-message.
+layers, of the user message the layers follow (when they follow one), of the pinned
+messages (when they do not: nothing is pinned then), and the newest message.
 
 For a model whose chat template takes one system message (the registry's
 ``system_messages = "one"``) the layers are folded into the system prompt, after it
@@ -50,9 +52,11 @@ from ctxwarden.steps.state import PREFIX_DIGITS
 __all__ = ["HOISTING_PROVIDERS", "STABLE_LAYERS", "LayoutStep", "system_in_place"]
 
 STABLE_LAYERS = frozenset({"system", "facts", "ledger", "summary", "pinned"})
-HOISTING_PROVIDERS = frozenset({"anthropic", "google"})
-"""Providers whose wire takes every system message before the conversation (Anthropic's
-``system``, Gemini's ``systemInstruction``): there the layers precede the task anyway."""
+HOISTING_PROVIDERS = frozenset({"google"})
+"""Providers whose wire takes every system message before the conversation (Gemini's
+``systemInstruction``): there the layers precede the task anyway. Anthropic's wire is not
+one: :func:`~ctxwarden.formats.anthropic.messages_to_anthropic` sends a system message
+that follows the conversation's first message in place, as text of its user turn."""
 
 
 def system_in_place(info: ModelInfo | None) -> bool:
@@ -64,7 +68,18 @@ def system_in_place(info: ModelInfo | None) -> bool:
 
 
 # Anthropic cache breakpoints go at the end of each of these groups of stable layers.
-_BREAKPOINT_GROUP = {"system": 0, "facts": 1, "ledger": 1, "summary": 1, "pinned": 2}
+_BREAKPOINT_GROUP: dict[str, float] = {
+    "system": 0,
+    "facts": 1,
+    "ledger": 1,
+    "summary": 1,
+    "pinned": 2,
+}
+# ... and at the end of the message the layers follow (the task), a group of its own: a
+# compaction that renders the ledger again then reads the task from the cache (Anthropic
+# writes an entry only where a breakpoint is; one at the layers' end alone would make the
+# task be written again). Nothing is pinned when layers follow it: four marks at most.
+_HEAD_GROUP = 1.5
 
 
 @dataclass(frozen=True)
@@ -179,10 +194,14 @@ def _breakpoints(
     if not ordered:
         return ()
     stable = {m.id for m in head}
-    last: dict[int, str] = {}
+    last: dict[float, str] = {}
     for m in ordered:  # the stable parts come first: stop at the window
-        layer = "ledger" if m.id in stable else layer_of[m.id]
-        group = _BREAKPOINT_GROUP.get(layer, 1 if layer in STABLE_LAYERS else None)
+        layer = layer_of[m.id]
+        group = (
+            _HEAD_GROUP
+            if m.id in stable
+            else _BREAKPOINT_GROUP.get(layer, 1 if layer in STABLE_LAYERS else None)
+        )
         if group is None:
             break
         last[group] = m.id
