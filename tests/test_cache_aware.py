@@ -253,24 +253,26 @@ def test_a_compaction_keeps_the_system_prompt_and_the_task_cached() -> None:
     assert compactions >= 3
 
 
-def test_where_the_wire_hoists_system_blocks_the_layers_stay_before_the_task() -> None:
-    """Gemini's ``systemInstruction`` comes before every message: a ledger after the task
-    would still precede it on that wire, so for such a model the usual layout is kept
-    and the prefix the audit prices is the one the wire sends."""
+def test_where_the_template_takes_one_system_message_the_layers_stay_before_the_task() -> None:
+    """A model whose chat template takes one system message gets the layers folded into
+    it: a ledger after the task would still precede it there, so for such a model the
+    usual layout is kept and the prefix the audit prices is the one the wire sends."""
     from ctxwarden.steps.layout import system_in_place
 
     assert system_in_place(get_model("gpt-4o")) and system_in_place(None)
-    assert not system_in_place(get_model("gemini-2.5-pro"))
+    assert system_in_place(get_model("claude-sonnet-4-5"))  # in place, as user text
+    assert system_in_place(get_model("gemini-2.5-pro"))
     assert not system_in_place(get_model("mistral-nemo:12b"))  # one system message: folded
     run = coding_run(30)
     previous = None
     with_ledger = 0
     for k, m in enumerate(run):
         if m.role == "assistant":
-            previous = build_context(run[:k], "gemini-2.5-pro", 6000, previous=previous)
-            if LEDGER_ID in previous.layers:
-                with_ledger += 1
-                assert previous.messages[1].id == LEDGER_ID
+            previous = build_context(run[:k], "mistral-nemo:12b", 6000, previous=previous)
+            assert sum(x.role == "system" for x in previous.messages) == 1
+            if "Values from earlier messages:" in previous.messages[0].text:
+                with_ledger += 1  # folded into the prompt, before the task
+                assert previous.messages[1].id == run[1].id
     assert with_ledger >= 3
 
 
@@ -320,6 +322,32 @@ def test_on_the_anthropic_wire_the_layers_after_the_task_are_text_of_its_user_tu
                 compactions += 1
                 assert old_turns[0]["content"][0] == task_turn[0]
     assert after_task >= 3 and compactions >= 1
+
+
+def test_on_the_gemini_wire_the_layers_after_the_task_are_text_of_its_user_turn() -> None:
+    """Gemini's ``systemInstruction`` holds the system prompt alone; the ledger that a
+    compaction put after the task is a text part of the task's user turn, so the prompt
+    and the task stay a cached prefix when the ledger is rendered again."""
+    from ctxwarden.formats.gemini import messages_to_gemini
+
+    run = coding_run(30)
+    previous = None
+    after_task = 0
+    for k, m in enumerate(run):
+        if m.role != "assistant":
+            continue
+        previous = build_context(run[:k], "gemini-2.5-pro", 6000, previous=previous)
+        if LEDGER_ID not in previous.layers:
+            continue
+        assert [x.id for x in previous.messages[:3]] == ["s", run[1].id, LEDGER_ID]
+        after_task += 1
+        system, contents = messages_to_gemini(previous.messages)
+        assert system == {"parts": [{"text": run[0].text}]}
+        ledger = previous.messages[2]
+        assert contents[0]["parts"][:2] == [{"text": run[1].text}, {"text": ledger.text}]
+        roles = [c["role"] for c in contents]
+        assert all(a != b for a, b in itertools.pairwise(roles))  # turns alternate
+    assert after_task >= 3
 
 
 def test_layers_after_the_task_are_recognised_when_the_context_comes_back_as_history() -> None:

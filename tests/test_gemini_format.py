@@ -150,6 +150,35 @@ def test_messages_from_other_formats_write_valid_gemini() -> None:
     ]  # fmt: skip
 
 
+def test_a_system_message_after_the_first_turn_is_text_of_the_user_turn_it_meets() -> None:
+    """A layer after the task, a recall block after function responses or after a model
+    turn: each is sent where it stands, as text of a user turn (``systemInstruction``
+    keeps the leading system messages only), and the turns still alternate."""
+    from ctxwarden.core.messages import Message
+
+    call = {"functionCall": {"id": "c1", "name": "f", "args": {}}}
+    answer = {"functionResponse": {"id": "c1", "name": "f", "response": {"output": "r1"}}}
+    sent = [
+        {"role": "user", "parts": [{"text": "the task"}]},
+        {"role": "model", "parts": [call]},
+        {"role": "user", "parts": [answer, {"text": "and now?"}]},
+        {"role": "model", "parts": [{"text": "ok"}]},
+        {"role": "user", "parts": [{"text": "more?"}]},
+    ]
+    history = messages_from_gemini({"parts": [{"text": "prompt"}]}, copy.deepcopy(sent))
+    task, call_m, result, asked, ok, more = history[1:]
+    messages = [
+        history[0], Message.system("facts"), task, Message.system("ledger"), call_m, result,
+        Message.system("recalled"), asked, ok, Message.system("recalled again"), more,
+    ]  # fmt: skip
+    system, contents = messages_to_gemini(messages)
+    assert system == {"parts": [{"text": "prompt"}, {"text": "facts"}]}
+    assert [c["role"] for c in contents] == ["user", "model", "user", "model", "user"]
+    assert contents[0]["parts"] == [{"text": "the task"}, {"text": "ledger"}]
+    assert contents[2]["parts"] == [answer, {"text": "recalled"}, {"text": "and now?"}]
+    assert contents[4]["parts"] == [{"text": "recalled again"}, {"text": "more?"}]
+
+
 def test_a_result_added_to_a_replied_call_keeps_its_pairing_without_ids() -> None:
     """The proxy's recall rounds answer a reply's call with a plain tool message: a
     synthetic id is not written, so upstream pairs them by name and order as it sent."""

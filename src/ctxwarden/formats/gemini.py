@@ -28,8 +28,13 @@ mapping, chosen so that :func:`messages_to_gemini` writes back exactly what
   ``T`` of ``contents``, call ``K`` of the turn): the same contents give the same ids
   on every request, and a reply stored as turn ``T`` gets the ids its resent copy will
   get. Synthetic ids are never written upstream (the placeholder has no ``id``).
-* each text part of ``systemInstruction`` is one system message; system messages the
-  build adds (facts, a summary) join it as text parts, in order.
+* each text part of ``systemInstruction`` is one system message, and so are the leading
+  system messages the build adds (facts, a ledger), in order. A system message *after* the
+  conversation began (a layer the layout put after the task, a recall block before the
+  newest question) is sent where it stands, as text of the user turn it meets: appended
+  to a user turn before it, or opening one that the next user message continues (Gemini
+  wants user and model turns to alternate). In ``systemInstruction`` every change to it
+  would rewrite the cached prefix from the start.
 """
 
 from __future__ import annotations
@@ -412,12 +417,22 @@ def messages_to_gemini(
     system_rest: Mapping[str, Any] | None = None
     contents: list[dict[str, Any]] = []
     responses_open = False  # the last turn is a user turn of function responses only
+    opened = False  # the last turn is a user turn opened for a system message in place
     for index, message in enumerate(messages):
         meta = message.meta
-        if message.role == "system":
+        if message.role == "system" and not contents:
             if system_rest is None and isinstance(meta.get(_SYSTEM), Mapping):
                 system_rest = meta[_SYSTEM]
             system.extend(_parts(message.content))
+            continue
+        was_opened, opened = opened, False
+        if message.role == "system":  # after the conversation began: in place, as user text
+            if contents[-1]["role"] == "user":
+                contents[-1]["parts"].extend(_parts(message.content))
+            else:
+                contents.append({"role": "user", "parts": _parts(message.content)})
+                opened = True
+            responses_open = False
         elif message.role == "assistant":
             contents.append({"role": "model", "parts": _model_parts(message)})
             responses_open = False
@@ -425,7 +440,7 @@ def messages_to_gemini(
             if not message.tool_call_id:
                 raise InvalidMessageError("a tool result needs its call's id", index=index)
             part = _response_part(message)
-            if contents and responses_open and not meta.get(_NEW_TURN):
+            if contents and (responses_open or was_opened) and not meta.get(_NEW_TURN):
                 contents[-1]["parts"].append(part)
             else:
                 contents.append({"role": "user", "parts": [part]})
@@ -435,6 +450,8 @@ def messages_to_gemini(
             if meta.get(_JOINED) and contents and contents[-1]["role"] == "user":
                 turn = contents[-1]
                 turn["parts"] = _ordered(turn["parts"], parts, meta.get(_ORDER))
+            elif was_opened:  # the turn a system message opened: this message continues it
+                contents[-1]["parts"].extend(parts)
             else:
                 contents.append({"role": "user", "parts": parts})
             responses_open = False

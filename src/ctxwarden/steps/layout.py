@@ -19,13 +19,13 @@ not held, :mod:`~ctxwarden.pipeline.compaction`) puts the layers after the windo
 message when that shares more tokens with the previous context than the usual layout
 does; between compactions they stay where the previous context had them; a build
 without a previous context uses the usual layout. A cache that follows the messages'
-order serves this (OpenAI's, the bench's idealised one). Where the wire takes every
-system block before the messages (Gemini's ``systemInstruction``:
-:data:`HOISTING_PROVIDERS`), or the layers fold into the one system prompt, the layers
-precede the task there anyway and the usual layout is kept (:func:`system_in_place`), so
-the cache-aware decisions price the prefix the wire sends. Anthropic's wire sends a
-system message that follows the task in place, as text of the task's user turn
-(:mod:`~ctxwarden.formats.anthropic`), so there the layers may follow the task too.
+order serves this (OpenAI's, the bench's idealised one). Anthropic's ``system`` parameter
+and Gemini's ``systemInstruction`` come before every message, so there a system message
+that follows the task is sent in place as text of the task's user turn
+(:mod:`~ctxwarden.formats.anthropic`, :mod:`~ctxwarden.formats.gemini`) and the layers may
+follow the task too. Where the layers fold into the one system prompt (a model whose
+template takes one), they precede the task anyway and the usual layout is kept
+(:func:`system_in_place`), so the cache-aware decisions price the prefix the wire sends.
 
 The Anthropic cache breakpoints (at most four): the end of the system prompt, of the
 layers, of the user message the layers follow (when they follow one), of the pinned
@@ -49,22 +49,19 @@ from ctxwarden.steps.base import Draft, StepContext, StepResult
 from ctxwarden.steps.fold import fold_system
 from ctxwarden.steps.state import PREFIX_DIGITS
 
-__all__ = ["HOISTING_PROVIDERS", "STABLE_LAYERS", "LayoutStep", "system_in_place"]
+__all__ = ["STABLE_LAYERS", "LayoutStep", "system_in_place"]
 
 STABLE_LAYERS = frozenset({"system", "facts", "ledger", "summary", "pinned"})
-HOISTING_PROVIDERS = frozenset({"google"})
-"""Providers whose wire takes every system message before the conversation (Gemini's
-``systemInstruction``): there the layers precede the task anyway. Anthropic's wire is not
-one: :func:`~ctxwarden.formats.anthropic.messages_to_anthropic` sends a system message
-that follows the conversation's first message in place, as text of its user turn."""
 
 
 def system_in_place(info: ModelInfo | None) -> bool:
-    """Whether ``info``'s wire keeps a system message where it stands among the others
-    (a model the registry does not know: an OpenAI-style wire, which does)."""
-    if info is None:
-        return True
-    return not info.one_system_message and info.provider not in HOISTING_PROVIDERS
+    """Whether ``info``'s wire keeps a system message where it stands among the others:
+    OpenAI's does, and so do Anthropic's and Gemini's as ctxwarden writes them
+    (:func:`~ctxwarden.formats.anthropic.messages_to_anthropic` and
+    :func:`~ctxwarden.formats.gemini.messages_to_gemini` send a system message that
+    follows the conversation's first message in place, as text of its user turn); a
+    model whose template takes one system message does not (its layers are folded)."""
+    return info is None or not info.one_system_message
 
 
 # Anthropic cache breakpoints go at the end of each of these groups of stable layers.
