@@ -463,12 +463,17 @@ def _finish(
         layers["system"] -= tokens
     previous = ctx.previous
     broken = None
-    if previous.history_length and previous.prefix:
+    # (the counts only for a context that breaks the previous one's prefix)
+    if (
+        previous.history_length
+        and previous.prefix
+        and digests[: len(previous.prefix)] != tuple(previous.prefix)
+    ):
         broken = prefix_break(
             previous.prefix,
             digests,
             ordered,
-            [ctx.count(m) for m in ordered],
+            list(map(ctx.count, ordered)),
             frozenset(m.id for m in h[previous.history_length :]),
             cause or "the previous context changed",
             policy_prices(ctx, info),
