@@ -185,11 +185,8 @@ class _Rows:
 
 
 def _layers(built: BuiltContext) -> list[str]:
-    ids = map(_MESSAGE_ID, built.messages)  # (in C: a context is hundreds of messages)
-    return list(map(built.layers.get, ids, itertools.repeat("window")))
-
-
-_MESSAGE_ID = attrgetter("id")
+    layer_of = built.layers.get
+    return [layer_of(m.id, "window") for m in built.messages]
 
 
 def _by_id(stored: Sequence[StoredMessage] | None) -> dict[str, StoredMessage]:
