@@ -209,3 +209,26 @@ def test_the_layout_order_in_runs_equals_one_message_at_a_time() -> None:
             want, got = _order_one_at_a_time(draft, head), _order(draft, head)  # type: ignore[arg-type]
             assert [m.id for m in got[0]] == [m.id for m in want[0]]
             assert list(got[1].items()) == list(want[1].items())
+
+
+def test_the_ledger_render_key_hashes_the_bytes_of_one_message_at_a_time() -> None:
+    """``ledger._render_key`` hashes its parts joined: the digest of hashing each message
+    in turn (ids with a lone surrogate too), and a different one for another id."""
+    import hashlib
+
+    from ctxwarden.steps.ledger import _render_key
+
+    history = [Message.user(f"text {i}", id=f"m{i}") for i in range(6)]
+    edited = [Message.tool("cut", "c1", id="t\ud800x"), history[4]]
+    shown = history[2:4]
+
+    h = hashlib.sha1(usedforsecurity=False)
+    for m in shown:
+        h.update(f"{m.fingerprint}|".encode())
+    h.update(f"3|500|gpt-4o|{','.join(map(str, [0, 1]))}|".encode())
+    h.update(history[2].fingerprint.encode())
+    for m in edited:
+        h.update(f"|{m.id}:{m.fingerprint}".encode("utf-8", "surrogatepass"))
+    assert _render_key(history, 3, [0, 1], edited, 500, "gpt-4o", shown) == h.hexdigest()
+    other = [edited[0], history[5]]
+    assert _render_key(history, 3, [0, 1], other, 500, "gpt-4o", shown) != h.hexdigest()
