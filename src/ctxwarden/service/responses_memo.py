@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from itertools import compress, count
+from operator import is_not
 from typing import Any
 
 from ctxwarden.core.messages import Message
@@ -95,7 +97,9 @@ class ItemsMemo:
 def _common(before: Sequence[Any], now: Sequence[Any]) -> int:
     """How many leading items ``before`` and ``now`` share (equal values)."""
     n = min(len(before), len(now))
-    for i in range(n):
+    # the front the body memo gave back as the very objects, found in C; then by value
+    first = next(compress(count(), map(is_not, before, now)), n)
+    for i in range(first, n):
         if before[i] is not now[i] and before[i] != now[i]:
             return i
     return n
