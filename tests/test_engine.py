@@ -427,3 +427,21 @@ def test_a_ledger_cut_to_fit_leaves_out_what_the_window_shows() -> None:
     (warning,) = roomy.audit.warnings
     assert warning.startswith("newest tool result tr cut from 1,648 to ")
     assert "ORD-700" in next(m.text for m in roomy.messages if m.id == "ctxwarden:ledger")
+
+
+def test_a_step_context_counts_with_its_own_counter() -> None:
+    """``StepContext.count`` is its counter's ``count_message`` (set on the instance), in
+    a copy made with another counter too."""
+    from dataclasses import replace
+
+    from ctxwarden.core.tokens.counter import TokenCounter
+    from ctxwarden.pipeline.policy import Policy
+    from ctxwarden.steps.base import StepContext
+    from ctxwarden.steps.state import BuildState
+
+    message = Message.user("how many tokens does this sentence take? " * 20)
+    ours, theirs = TokenCounter.for_model("gpt-4o"), TokenCounter.for_model("claude-sonnet-4-5")
+    ctx = StepContext(counter=ours, budget=1000, policy=Policy(), previous=BuildState())
+    other = replace(ctx, counter=theirs)
+    assert ctx.count(message) == ours.count_message(message)
+    assert other.count(message) == theirs.count_message(message) != ctx.count(message)

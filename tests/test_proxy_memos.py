@@ -194,3 +194,22 @@ def test_the_remembered_tail_is_the_stored_one(tmp_path: Path, budget: int) -> N
             with Session(url, "t") as cold:
                 assert warm.context_messages(budget) == cold.context_messages(budget)
             warm.append([{"role": "assistant", "content": f"answer {turn}"}])
+
+
+@pytest.mark.parametrize("count", [0, 1, 5])
+def test_the_history_chain_hashes_as_one_key_at_a_time(count: int) -> None:
+    """``history._chain`` (two joined runs) gives the running hash and the digest after
+    ``upto`` keys of hashing the keys one at a time; ``None`` past the keys."""
+    import hashlib
+
+    from ctxwarden.service.history import _chain
+
+    keys = [hashlib.sha256(str(i).encode()).digest()[:16] for i in range(count)]
+    for upto in range(count + 2):
+        h = hashlib.sha256()
+        at = h.hexdigest() if upto == 0 else None
+        for i, key in enumerate(keys, 1):
+            h.update(key)
+            at = h.hexdigest() if i == upto else at
+        running, got = _chain(keys, upto)
+        assert (running.hexdigest(), got) == (h.hexdigest(), at)

@@ -11,6 +11,7 @@ from ctxwarden import build_context, pairing_problems
 from ctxwarden.core.errors import InvalidMessageError
 from ctxwarden.core.messages import ImagePart, RawPart, TextPart
 from ctxwarden.formats.responses import (
+    instructions_message,
     message_items,
     messages_from_responses,
     messages_to_responses,
@@ -164,3 +165,25 @@ def test_the_routes_memo_converts_as_a_fresh_conversion_does() -> None:
     edited = [*ITEMS[:6], {**ITEMS[6], "output": "edited"}, *ITEMS[7:]]
     check(edited)
     check(ITEMS[:3])  # a shorter history
+
+
+def test_the_routes_memo_keeps_the_instructions_message_of_its_text() -> None:
+    """:meth:`ItemsMemo.instructions` gives the system message and key a fresh
+    conversion gives, the last call's objects for the same text, new ones for another
+    text or scope; a text that is no string is refused as without the memo."""
+    from ctxwarden.service.history import message_key
+    from ctxwarden.service.responses_memo import ItemsMemo
+
+    memo = ItemsMemo(scopes=2, max_bytes=2 * 40)
+    for text in ("Be brief.", "Be brief!", "x" * 41):  # (the last one too long to keep)
+        first, key = memo.instructions("a", text)
+        want = instructions_message(text)
+        assert first == want and first.meta == want.meta and key == message_key(want)
+        again, again_key = memo.instructions("a", "".join(list(text)))  # equal, not identical
+        assert (again is first) == (len(text) <= 40) and again_key == key
+    kept_b = memo.instructions("b", "Be brief.")[0]
+    assert memo.instructions("a", "Be brief.")[0] is not kept_b  # scopes apart
+    memo.instructions("c", "Be brief.")  # two scopes kept: "b" (used longest ago) goes
+    assert memo.instructions("b", "Be brief.")[0] is not kept_b
+    with pytest.raises(InvalidMessageError):
+        memo.instructions("a", ["not", "a", "string"])

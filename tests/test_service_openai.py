@@ -241,6 +241,19 @@ def test_budget_below_the_system_prompt_is_a_400_with_the_minimum(env: Env) -> N
     assert len(env.upstream.requests) == before  # nothing was forwarded
 
 
+def test_a_message_that_is_no_object_is_a_400_naming_it(env: Env) -> None:
+    """A ``messages`` item that is no JSON object is refused with its index, wherever it
+    stands among objects; nothing is forwarded."""
+    before = len(env.upstream.requests)
+    url, auth = env.proxy.url + "/v1/chat/completions", {"authorization": f"Bearer {env.key}"}
+    user = {"role": "user", "content": "hi"}
+    for messages, index in (([user, "hi"], 1), ([7], 0), ([user, user, [user]], 2)):
+        r = httpx2.post(url, json={"model": "gpt-4o", "messages": messages}, headers=auth)
+        assert r.status_code == 400, r.text
+        assert f"message {index}" in r.json()["error"]["message"], r.text
+    assert len(env.upstream.requests) == before
+
+
 def test_keys_missing_unknown_and_revoked_are_401(env: Env) -> None:
     with pytest.raises(openai.AuthenticationError):
         env.client(key="cwk_not-a-key").chat.completions.create(

@@ -8,6 +8,7 @@ histories both must match the plain computation exactly.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -145,3 +146,89 @@ def test_a_result_kept_for_one_request_is_cut_again_for_another() -> None:
     assert cut is not result  # kept on ``result`` for this request
     again = strategy([asked(RECALL_TOOL_NAME), result], _ctx()).messages[1]
     assert again is result  # a recalled original is never cut again
+
+
+def _order_one_at_a_time(draft: Any, head: int) -> tuple[list[Message], dict[str, str]]:
+    """The layout's order placing one window message at a time, as ``layout._order``
+    did before it placed the window in runs (the reference it must equal)."""
+    layer_of = {m.id: "system" for m in draft.system}
+    ordered = list(draft.system)
+    recall = [m for n, m in draft.layers if n == "recall"]
+    others = [(n, m) for n, m in draft.layers if n not in ("facts", "recall")]
+    ledger = [("ledger", m) for m in (draft.ledger_base, draft.ledger) if m is not None]
+    after = [*ledger, *others]
+    for name, m in [*((n, m) for n, m in draft.layers if n == "facts"), *(() if head else after)]:
+        ordered.append(m)
+        layer_of[m.id] = name
+    for m in draft.pinned_messages:
+        ordered.append(m)
+        layer_of[m.id] = "pinned"
+    newest = draft.history[draft.newest].id if draft.newest is not None else None
+    current = False
+    for i, m in enumerate(draft.window):
+        if not current and m.id == newest:
+            for r in recall:
+                ordered.append(r)
+                layer_of[r.id] = "recall"
+        current = current or m.id == newest
+        ordered.append(m)
+        layer_of[m.id] = "current" if current else "window"
+        if i + 1 == head:
+            for name, layer in after:
+                ordered.append(layer)
+                layer_of[layer.id] = name
+    return ordered, layer_of
+
+
+def test_the_layout_order_in_runs_equals_one_message_at_a_time() -> None:
+    """``layout._order`` (the window placed in runs) gives the order and the layers, in
+    the same insertion order, of placing one message at a time: random windows, newest
+    user messages in or out of them, repeated ids, layers after the first message."""
+    from types import SimpleNamespace
+
+    from ctxwarden.steps.layout import _order
+
+    rng = random.Random(5)
+    for _ in range(2000):
+        n = rng.randrange(0, 7)
+        ids = [f"m{rng.randrange(5)}" if rng.random() < 0.2 else f"m{i}" for i in range(n)]
+        history = [Message.user(f"u{i}", id=ids[i]) for i in range(n)]
+        names = ("facts", "recall", "summary")
+        layers = [(rng.choice(names), Message.user("l", id=f"l{j}")) for j in range(3)]
+        draft = SimpleNamespace(
+            system=(Message.system("s", id="s"),),
+            layers=tuple(layers[: rng.randrange(4)]),
+            ledger_base=None,
+            ledger=Message.user("ledger", id="led") if rng.random() < 0.5 else None,
+            pinned_messages=(),
+            history=history,
+            newest=rng.choice([None, *range(n)]),
+            window=tuple(history[rng.randrange(n + 1) :]),
+        )
+        for head in (0, 1, 2):
+            want, got = _order_one_at_a_time(draft, head), _order(draft, head)  # type: ignore[arg-type]
+            assert [m.id for m in got[0]] == [m.id for m in want[0]]
+            assert list(got[1].items()) == list(want[1].items())
+
+
+def test_the_ledger_render_key_hashes_the_bytes_of_one_message_at_a_time() -> None:
+    """``ledger._render_key`` hashes its parts joined: the digest of hashing each message
+    in turn (ids with a lone surrogate too), and a different one for another id."""
+    import hashlib
+
+    from ctxwarden.steps.ledger import _render_key
+
+    history = [Message.user(f"text {i}", id=f"m{i}") for i in range(6)]
+    edited = [Message.tool("cut", "c1", id="t\ud800x"), history[4]]
+    shown = history[2:4]
+
+    h = hashlib.sha1(usedforsecurity=False)
+    for m in shown:
+        h.update(f"{m.fingerprint}|".encode())
+    h.update(f"3|500|gpt-4o|{','.join(map(str, [0, 1]))}|".encode())
+    h.update(history[2].fingerprint.encode())
+    for m in edited:
+        h.update(f"|{m.id}:{m.fingerprint}".encode("utf-8", "surrogatepass"))
+    assert _render_key(history, 3, [0, 1], edited, 500, "gpt-4o", shown) == h.hexdigest()
+    other = [edited[0], history[5]]
+    assert _render_key(history, 3, [0, 1], other, 500, "gpt-4o", shown) != h.hexdigest()

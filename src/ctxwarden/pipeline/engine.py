@@ -290,9 +290,11 @@ def run_build(
     start = Draft(history, sys_end, newest, protected=anchors, anchors=anchors)
     draft, actions, warnings, names, sticking = _fold(start, ctx, steps, pre)
     cause = None
+    held: tuple[Sequence[Message], tuple[str, ...]] | None = None  # a context's digests
     if hold:  # cache-aware compaction: send it held, or compact in one move
         total = REPLY_PRIMING + tools_tokens + ctx.total(draft.ordered)
         digests = tuple(map(_DIGEST, map(_FINGERPRINT, draft.ordered)))
+        held = (draft.ordered, digests)
         cause = held_cause(draft, actions, total, budget, state.prefix, digests)
         if cause is not None or draft.compact is not None:
             unheld = replace(ctx, hold=False, compacting=True)
@@ -318,6 +320,7 @@ def run_build(
         layer_state,
         cause,
         sticking,
+        held,
     )
 
 
@@ -453,9 +456,15 @@ def _finish(
     layer_state: LayerState | None,
     cause: str | None,
     sticking: Sequence[Action],
+    held: tuple[Sequence[Message], tuple[str, ...]] | None = None,
 ) -> BuiltContext:
+    """The built context of the final ``draft`` (``held``: a context and its digests the
+    build already took, reused when the draft's context is that very one)."""
     h, ordered, layer_of = draft.history, draft.ordered, draft.layer_of
-    digests = tuple(map(_DIGEST, map(_FINGERPRINT, ordered)))
+    if held is not None and held[0] is ordered:
+        digests = held[1]
+    else:
+        digests = tuple(map(_DIGEST, map(_FINGERPRINT, ordered)))
     layers, cacheable, shared, known = _sums(ordered, layer_of, digests, ctx)
     for name, text in draft.folded:  # a layer folded into the system prompt keeps its tokens
         tokens = min(ctx.counter.count_text(FOLD_SEPARATOR + text), layers["system"])
@@ -463,12 +472,17 @@ def _finish(
         layers["system"] -= tokens
     previous = ctx.previous
     broken = None
-    if previous.history_length and previous.prefix:
+    # (the counts only for a context that breaks the previous one's prefix)
+    if (
+        previous.history_length
+        and previous.prefix
+        and digests[: len(previous.prefix)] != tuple(previous.prefix)
+    ):
         broken = prefix_break(
             previous.prefix,
             digests,
             ordered,
-            [ctx.count(m) for m in ordered],
+            list(map(ctx.count, ordered)),
             frozenset(m.id for m in h[previous.history_length :]),
             cause or "the previous context changed",
             policy_prices(ctx, info),

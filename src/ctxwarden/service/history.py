@@ -152,12 +152,10 @@ class Synced:
 
 def _chain(keys: Sequence[bytes], upto: int) -> tuple[Any, str | None]:
     """The running hash over all ``keys`` and its hex digest after the first ``upto``."""
-    h = hashlib.sha256()
-    at: str | None = h.hexdigest() if upto == 0 else None
-    for i, key in enumerate(keys, 1):
-        h.update(key)
-        if i == upto:
-            at = h.hexdigest()
+    # (hashed in two joined runs: the same digests as one key at a time)
+    h = hashlib.sha256(b"".join(keys[:upto]) if upto > 0 else b"")
+    at: str | None = h.hexdigest() if 0 <= upto <= len(keys) else None
+    h.update(b"".join(keys[max(upto, 0) :]))
     return h, at
 
 

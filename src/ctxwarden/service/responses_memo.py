@@ -10,7 +10,9 @@ value: the parsed dicts are new each call) reuses the messages of that common fr
 all but the last (new items may continue its turn), and converts from there
 (:func:`~ctxwarden.formats.responses.convert_items` gives the same messages converting
 from any message's first item). Bounded in scopes and in the bytes of the bodies they
-came from; without it every call converts everything, with the same result.
+came from; without it every call converts everything, with the same result. The
+``instructions`` a call sends (the same text call after call) are kept the same way, as
+their system message and its key (:meth:`ItemsMemo.instructions`).
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from itertools import compress, count
+from operator import is_not
 from typing import Any
 
 from ctxwarden.core.messages import Message
-from ctxwarden.formats.responses import convert_items
+from ctxwarden.formats.responses import convert_items, instructions_message
 from ctxwarden.service.history import message_key
 
 __all__ = ["ItemsMemo"]
@@ -48,6 +52,24 @@ class ItemsMemo:
     def __init__(self, scopes: int = 256, max_bytes: int = 64 * 1024 * 1024) -> None:
         self._last: OrderedDict[Hashable, _Last] = OrderedDict()
         self._scopes, self._max_bytes, self._bytes = scopes, max_bytes, 0
+        self._heads: OrderedDict[Hashable, tuple[str, Message, bytes]] = OrderedDict()
+
+    def instructions(self, scope: Hashable, text: Any) -> tuple[Message, bytes]:
+        """:func:`~ctxwarden.formats.responses.instructions_message` of ``text`` and its
+        key, the last call's when ``text`` is the same (a text longer than the scopes'
+        share of the bytes is not kept)."""
+        kept = self._heads.get(scope)
+        if kept is not None and kept[0] == text:
+            self._heads.move_to_end(scope)
+            return kept[1], kept[2]
+        message = instructions_message(text)  # (not a string: the error it raises)
+        key = message_key(message)
+        if len(text) <= self._max_bytes // self._scopes:
+            self._heads[scope] = (text, message, key)
+            self._heads.move_to_end(scope)
+            while len(self._heads) > self._scopes:
+                self._heads.popitem(last=False)
+        return message, key
 
     def convert(
         self, scope: Hashable, items: Sequence[Any], size: int
@@ -75,7 +97,9 @@ class ItemsMemo:
 def _common(before: Sequence[Any], now: Sequence[Any]) -> int:
     """How many leading items ``before`` and ``now`` share (equal values)."""
     n = min(len(before), len(now))
-    for i in range(n):
+    # the front the body memo gave back as the very objects, found in C; then by value
+    first = next(compress(count(), map(is_not, before, now)), n)
+    for i in range(first, n):
         if before[i] is not now[i] and before[i] != now[i]:
             return i
     return n

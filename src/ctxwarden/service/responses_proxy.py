@@ -46,7 +46,6 @@ from ctxwarden.core.errors import CtxwardenError
 from ctxwarden.core.messages import Message
 from ctxwarden.formats.responses import (
     META,
-    instructions_message,
     message_items,
     messages_from_responses,
     reply_from_output,
@@ -251,7 +250,11 @@ async def responses(request: Request, tenant: CurrentTenant) -> Response:
         raise ServiceError(400, "input must be a string or a non-empty list of items")
     instructions = data.get("instructions")
     try:
-        head = [instructions_message(instructions)] if instructions is not None else []
+        head: list[Message] = []
+        keys: list[bytes] = []
+        if instructions is not None:
+            system, key = _memo(request).instructions(scope, instructions)
+            head, keys = [system], [key]
         if isinstance(given, list):
             items, item_keys = _memo(request).convert(scope, given, len(raw))
         else:
@@ -262,7 +265,7 @@ async def responses(request: Request, tenant: CurrentTenant) -> Response:
     if reading is not None:
         hub.bodies.keep(reading, None)
     parsed = [*head, *items]
-    keys = [*(message_key(m) for m in head), *item_keys]
+    keys += item_keys
     system_text = next((m.text for m in parsed if m.role == "system"), "")
     first_user = next((m.text for m in parsed if m.role == "user"), "")
     client_id = client_session_id(request, tenant, system_text, first_user)

@@ -37,9 +37,11 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from bisect import bisect_left
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ctxwarden.core.errors import ConfigError, StoreError, UnknownModelError
@@ -89,6 +91,8 @@ if TYPE_CHECKING:
     from ctxwarden.steps.tool_rules import ToolRules
 
 __all__ = ["PendingLog", "Session", "SummaryWrite", "count_key"]
+
+_SEQ = attrgetter("seq")
 
 
 _HEAD_SLACK = 8  # system messages that may precede the first pinned conversation messages
@@ -445,7 +449,8 @@ class Session:
         messages) is completed from the messages before it, those a summary folds
         included, read once (:class:`ReadBack`); pinned messages read ahead of the slice
         do not count."""
-        need = SHAPE_READ - sum(1 for m in read if m.seq >= start)
+        # (``read`` is in seq order: those from ``start`` on are its last ones)
+        need = SHAPE_READ - (len(read) - bisect_left(read, start, key=_SEQ))
         if need <= 0:
             return read, start
         lo = max(0, start - need)
@@ -468,6 +473,8 @@ class Session:
         if lo >= start:
             return read, start
         before = memo.rows(self.store, self.tenant, self.session_id, created_at, lo, start)
+        if not read or read[0].seq >= start:  # (both in seq order, ``before`` all older)
+            return [*before, *read], lo
         merged = {m.seq: m for m in before}
         merged.update((m.seq, m) for m in read)
         return [merged[seq] for seq in sorted(merged)], lo

@@ -40,6 +40,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise, repeat
+from operator import attrgetter
 from typing import ClassVar
 
 from ctxwarden.core.messages import Message
@@ -107,6 +109,9 @@ class LayoutStep:
         )
 
 
+_ID = attrgetter("id")
+
+
 def _order(draft: Draft, head: int) -> tuple[list[Message], dict[str, str]]:
     """The context in layout order, the layers after the window's first ``head``
     messages (0: before the pinned messages), and each message's layer."""
@@ -123,17 +128,22 @@ def _order(draft: Draft, head: int) -> tuple[list[Message], dict[str, str]]:
     for m in draft.pinned_messages:
         ordered.append(m)
         layer_of[m.id] = "pinned"
+    # the window in runs (a context is hundreds of messages): "window" up to the newest
+    # user message, the recall block before it, "current" from it on; the other layers
+    # after the first ``head`` messages
+    window = draft.window
+    ids = list(map(_ID, window))
     newest = draft.history[draft.newest].id if draft.newest is not None else None
-    current = False
-    for i, m in enumerate(draft.window):
-        if not current and m.id == newest:
+    at = ids.index(newest) if newest is not None and newest in ids else len(ids)
+    cuts = {0, at, len(ids)} | ({head} if 0 < head <= len(ids) else set())
+    for lo, hi in pairwise(sorted(cuts)):
+        if lo == at:
             for r in recall:
                 ordered.append(r)
                 layer_of[r.id] = "recall"
-        current = current or m.id == newest
-        ordered.append(m)
-        layer_of[m.id] = "current" if current else "window"
-        if i + 1 == head:
+        ordered.extend(window[lo:hi])
+        layer_of.update(zip(ids[lo:hi], repeat("current" if lo >= at else "window")))
+        if hi == head:
             for name, layer in after:
                 ordered.append(layer)
                 layer_of[layer.id] = name

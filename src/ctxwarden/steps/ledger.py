@@ -306,14 +306,12 @@ def _render_key(
     shown: Sequence[Message] = (),
 ) -> str:
     """What a rendered block depends on, besides the ledger: a short digest."""
-    h = hashlib.sha1(usedforsecurity=False)
-    for m in shown:
-        h.update(f"{m.fingerprint}|".encode())
+    # (each part joined, then hashed: the same bytes as one message at a time)
+    h = hashlib.sha1("".join([f"{m.fingerprint}|" for m in shown]).encode(), usedforsecurity=False)
     h.update(f"{start}|{cap}|{model}|{','.join(map(str, pinned))}|".encode())
     if start > 0:
         h.update(history[start - 1].fingerprint.encode())
-    for m in edited:
-        h.update(f"|{m.id}:{m.fingerprint}".encode("utf-8", "surrogatepass"))
+    h.update("".join([f"|{m.id}:{m.fingerprint}" for m in edited]).encode("utf-8", "surrogatepass"))
     return h.hexdigest()
 
 

@@ -104,24 +104,39 @@ def named_only_there(query: str, shown: Iterable[str], dropped: Iterable[str]) -
     first: the scan stops at :data:`FULL_AT`) and in none of the ``shown`` ones. A word
     "occurs" in a dropped text when the lower-cased text contains it (a plain substring
     search, so the scan costs little; "ferry" also meets "ferrys")."""
+    return _named_only_there(query, map(str.lower, shown), map(str.lower, dropped))
+
+
+def _named_only_there(query: str, shown: Iterable[str], dropped: Iterable[str]) -> int:
+    """:func:`named_only_there` of texts already lower-cased."""
     asked = words_of(query)
     if not asked:
         return 0
-    for text in shown:
-        low = text.lower()
+    for low in shown:
         # a word of the text is a substring of it: a text holding none of the asked
         # words as substrings removes none, and is not split into words (most are not)
-        if any(w in low for w in asked):
+        if any(map(low.__contains__, asked)):
             asked -= _words_in(low)
             if not asked:
                 return 0
     found: set[str] = set()
-    for text in dropped:
-        low = text.lower()
+    for low in dropped:
         found |= {w for w in asked - found if w in low}
         if len(found) >= FULL_AT:
             break
     return len(found)
+
+
+_LOWER_ATTR = "recall_gate.lower"
+
+
+def _lowered(message: Message) -> str:
+    """``message.text.lower()``, kept in the message's memo (a pure function of it): the
+    gate reads every window message's, build after build."""
+    found: str | None = message._memo.get(_LOWER_ATTR)
+    if found is None:
+        found = message._memo[_LOWER_ATTR] = message.text.lower()
+    return found
 
 
 def recall_reads_back(recall: RecallRelevant | None, newest: Sequence[Message]) -> bool:
@@ -156,7 +171,7 @@ def recall_fraction(draft: Draft, query: str, sources: Sequence[tuple[int, Messa
     if not sources or not chat_shaped(draft):
         return 0.0
     asking = draft.history[draft.newest].id if draft.newest is not None else None
-    shown = [m.text for m in draft.window if m.id != asking]
-    shown += [m.text for name, m in draft.layers if name != "summary"]  # see rule 3
-    named = named_only_there(query, shown, (m.text for _, m in reversed(sources)))
+    shown = [m._memo.get(_LOWER_ATTR) or _lowered(m) for m in draft.window if m.id != asking]
+    shown += [_lowered(m) for name, m in draft.layers if name != "summary"]  # see rule 3
+    named = _named_only_there(query, shown, (_lowered(m) for _, m in reversed(sources)))
     return min(1.0, named / FULL_AT)

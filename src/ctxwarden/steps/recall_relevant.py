@@ -235,12 +235,14 @@ class RecallRelevant:
         tail the budget holds cannot reach (at the fit's refill target when it moves)."""
         room = ctx.budget - ctx.fixed - ctx.total([m for _, m in draft.layers])
         room -= ctx.total([draft.history[i] for i in draft.pinned])
-        window = [m for m in draft.window if m.id not in draft.protected]
-        room -= ctx.total([m for m in draft.window if m.id in draft.protected])
-        positions = {m.id: i for i, m in enumerate(draft.history[draft.start :], draft.start)}
+        protected = draft.protected
+        window = [m for m in draft.window if m.id not in protected]
+        room -= ctx.total([m for m in draft.window if m.id in protected])
         hi = draft.start
-        sizes = [ctx.count(m) for m in window]
+        sizes = list(map(ctx.count, window))
         if sum(sizes) > room:  # the fit will move the window: to its refill target
+            history = draft.history[draft.start :]
+            positions = {m.id: i for i, m in enumerate(history, draft.start)}
             target = int(room * ctx.refill_ratio)
             used = 0
             for m, size in zip(reversed(window), reversed(sizes), strict=True):
