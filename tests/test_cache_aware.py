@@ -227,6 +227,52 @@ def test_a_compaction_keeps_the_ledger_block_it_sent_and_adds_the_new_values_aft
     )
 
 
+def _renewed(builds: list) -> list[tuple[int, object, object]]:  # type: ignore[type-arg]
+    """(tokens, build, next build) of each compaction that sent the ledger as one new block
+    although the previous context had one."""
+    from ctxwarden.core.tokens.counter import TokenCounter
+
+    count = TokenCounter.for_model("gpt-4o").count_message
+    out = []
+    for i, (a, b) in enumerate(itertools.pairwise(builds)):
+        blocks = [m for m in b.messages if m.id in (LEDGER_ID, LEDGER_MORE_ID)]
+        if b.audit.prefix_break is None or len(blocks) != 1 or not a.state.ledger_sent:
+            continue
+        if blocks[0].text in (a.state.ledger_sent, a.state.ledger_base_sent):
+            continue
+        out.append((count(blocks[0]), b, builds[i + 2] if i + 2 < len(builds) else None))
+    return out
+
+
+def test_a_ledger_rendered_anew_refills_to_its_low_water_mark_when_its_cap_has_grown() -> None:
+    """A ledger a compaction renders anew fills ``window.refill_ratio`` of its cap when
+    that is at least ``ledger.max_tokens`` (the cap grew with the budget), so the next
+    compactions stack their new values after it instead of rendering it whole again;
+    a cap near its floor is filled."""
+    from dataclasses import replace
+
+    base = Policy()
+    grown = replace(base, ledger=replace(base.ledger, max_tokens=100))  # cap ~590 >= 2 * 100
+    from ctxwarden.core.tokens.counter import REPLY_PRIMING, TokenCounter
+
+    run = agent_run(90)
+    fixed = REPLY_PRIMING + TokenCounter.for_model("gpt-4o").count_message(run[0])
+    cap = int((2500 - fixed) * grown.ledger.free_share)
+    renewed = _renewed(loop(run, 2500, grown))
+    assert renewed and all(tokens <= cap * 0.5 for tokens, _, _ in renewed)
+    # the next compaction keeps the block and stacks the new values after it
+    stacked = [
+        n
+        for _, b, n in renewed
+        if n is not None
+        and [m.text for m in n.messages if m.id == LEDGER_ID]
+        == [m.text for m in b.messages if m.id == LEDGER_ID]
+    ]
+    assert stacked
+    full = replace(base, ledger=replace(base.ledger, max_tokens=350))  # cap ~590 < 2 * 350
+    assert any(tokens > cap * 0.5 for tokens, _, _ in _renewed(loop(run, 2500, full)))
+
+
 def test_a_compaction_keeps_the_system_prompt_and_the_task_cached() -> None:
     """A coding agent's one task opens the window through every compaction (the window
     cannot start after the newest user message): the ledger and the other layers follow
@@ -369,7 +415,7 @@ def test_explain_shows_the_prefix_and_the_loop_cost(tmp_path: Path) -> None:
 
 # Issue 37's targets that the default does not meet yet: asserted as they are, expected to
 # fail (strict: a change that meets one makes its test fail until this mark goes).
-CODING_8000_MISSED = "issue 37: coding @8,000 costs 72% of full + cache (target <= 70%)"
+CODING_8000_MISSED = "issue 37: coding @8,000 costs 71% of full + cache (target <= 70%)"
 
 
 @pytest.mark.slow
