@@ -400,6 +400,12 @@ class LedgerBlocks(Protocol):
         ``max_tokens`` (the eviction's last resort; ``None``: empty)."""
         ...
 
+    def regrowth(self, draft: Draft, ctx: StepContext, shown: int) -> int:
+        """Tokens a ledger of ``shown`` tokens, sent by a compaction, grows back into
+        before the next one (0: none foreseen); the fit keeps them out of the window's
+        low-water mark."""
+        ...
+
 
 class LedgerSettling(Protocol):
     """One build's ledger while the fit tries windows (:meth:`LedgerBlocks.settle`)."""

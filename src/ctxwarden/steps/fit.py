@@ -109,7 +109,10 @@ class FitStep:
             )
             used = ctx.total(window)  # the blocks' messages, in order
             over_count = limit is not None and capped_count(window, draft) > limit
-            low = int(room * ctx.refill_ratio)
+            regrowth = 0
+            if ctx.compacting and ledgers is not None:  # room the ledger grows back into
+                regrowth = ledgers.regrowth(draft, ctx, ctx.total([m for m in (base, ledger) if m]))
+            low = int((room - regrowth) * ctx.refill_ratio)
             if used <= room and not over_count and not (ctx.compacting and used > low):
                 break
             # the window must move, or a compaction rewrites it anyway: down to the

@@ -39,6 +39,7 @@ from ctxwarden.steps.memos import memo_of, register_memo
 __all__ = [
     "LEDGER_ID",
     "LEDGER_MORE_ID",
+    "LEDGER_REFILL",
     "CarriedLedger",
     "EntityLedgerBlocks",
     "LedgerBuilder",
@@ -48,6 +49,7 @@ __all__ = [
     "carried_ledger",
     "held_ledger",
     "ledger_cap",
+    "ledger_low_water",
     "ledger_memo",
     "ledger_of",
     "ledger_sources",
@@ -452,6 +454,12 @@ class EntityLedgerBlocks:
         )
         return _Settling(ctx, first, builder)
 
+    def regrowth(self, draft: Draft, ctx: StepContext, shown: int) -> int:
+        """What a ledger refilled to its low-water mark (:func:`ledger_low_water`) grows
+        back into: up to its cap (0 for a ledger filled to its cap when rendered anew)."""
+        cap = ledger_cap(draft, ctx)
+        return max(cap - shown, 0) if ledger_low_water(cap, ctx) is not None else 0
+
     def within(self, draft: Draft, ctx: StepContext, cap: int, max_tokens: int) -> Message | None:
         """The draft's ledger rendered again within ``max_tokens``, with the values of the
         window's edited messages (a cut newest result among them), leaving out what the
@@ -570,5 +578,48 @@ def stacked_ledger(
     more = system_block(text, LEDGER_MORE_ID)
     size, extra = ctx.count(base), ctx.count(more)
     if size + extra > builder.cap or extra > size:
-        return None, rendered
+        return None, _refilled(rendered, builder, ctx, edited, pinned)
     return base, more
+
+
+LEDGER_REFILL = 0.6
+"""The share of its cap a ledger a compaction renders anew fills, when that is at least
+``ledger.max_tokens`` (:func:`ledger_low_water`)."""
+
+
+def ledger_low_water(cap: int, ctx: StepContext) -> int | None:
+    """The tokens a ledger of ``cap`` rendered anew at a compaction fills: its low-water
+    mark, :data:`LEDGER_REFILL` of the cap, when that is at least ``ledger.max_tokens``
+    (the cap grew with the budget); ``None``: the cap (a ledger near its floor holds
+    values a tight budget needs).
+
+    A ledger rendered anew at its cap is full: at the next compaction any new value
+    sends it over the cap and it is rendered anew again, written again whole with the
+    window after it. Rendered to its low-water mark, the next compactions stack their
+    new values after it (:func:`stacked_ledger`) until it fills up, as the window
+    refills; and the window's own low-water mark leaves it the room it grows back into
+    (:meth:`EntityLedgerBlocks.regrowth`), so the context a compaction leaves is no
+    larger than with a full ledger. Issue 37 (swebench-mini dev, agent-loop replay at
+    Anthropic's cache prices, the cost against the full history with caching): at
+    8,000 tokens (cap ~1,970) 72.3% became 68.9%, retention .9861 to .9846 (a low-water
+    mark of 0.5: 68.4% at .9833; 0.6 without the window's share: 71.4% at .9861); at
+    4,000 (cap ~970) a ledger refilled to 60% lost retention, .9588 to .9549, so a cap
+    below ``max_tokens / LEDGER_REFILL`` is filled."""
+    low = int(cap * LEDGER_REFILL)
+    return low if low >= ctx.policy.ledger.max_tokens else None
+
+
+def _refilled(
+    rendered: Message,
+    builder: LedgerBuilder,
+    ctx: StepContext,
+    edited: Sequence[Message],
+    pinned: Sequence[Message],
+) -> Message:
+    """A ledger a compaction renders anew, down to its low-water mark
+    (:func:`ledger_low_water`; else ``rendered``, the ledger at its cap)."""
+    low = ledger_low_water(builder.cap, ctx)
+    if low is None or ctx.count(rendered) <= low:
+        return rendered
+    again = builder.shrink((), edited, low, pinned)
+    return again if again is not None else rendered
