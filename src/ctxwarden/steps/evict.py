@@ -19,11 +19,10 @@ warning (drift is silent; the audit makes it visible):
    that fits without its layers never fails because of them);
 6. the tool results of the newest call block are cut harder, to what is left;
 7. the newest user message, when a call block follows it, is cut head and tail to half of
-   itself (a quarter, ... while that is still over; at least :data:`PROSE_KEPT` tokens):
-   a coding agent's task of 3,700 tokens at a 4,000-token budget otherwise left no room
-   for the command the agent just ran, and the call block was dropped whole, so the model
-   saw its task and nothing of what it had done (swebench-mini dev @4,000: 4 builds; 15 by
-   Gemini's counts);
+   itself (a quarter, ... while that is still over; at least :data:`PROSE_KEPT` tokens): a coding agent's task of
+   3,700 tokens at a 4,000-token budget otherwise left no room for the command the agent
+   just ran, and the call block was dropped whole, so the model saw its task and nothing
+   of what it had done (swebench-mini dev @4,000: 3 builds; 15 by Gemini's counts);
 8. if the call itself still does not fit (its own arguments outgrow the budget), the
    newest call block is dropped whole.
 
@@ -223,7 +222,8 @@ class EvictStep:
         and at least :data:`PROSE_KEPT` tokens of the message stay (its opening and its end:
         what is asked, and how to answer). Cut by a power of two, not by exactly what is
         over, it is the same text on the next calls, which read it from the cache: cut
-        exactly, the task at the head of the context changed at every call."""
+        exactly, the task at the head of the context changed at every call (coding @4,000:
+        58.8% of full + cache against 56.7% without the cut; halved: see below)."""
         if draft.newest is None:
             return draft, over
         newest = draft.history[draft.newest]
