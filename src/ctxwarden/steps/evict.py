@@ -18,12 +18,7 @@ warning (drift is silent; the audit makes it visible):
 5. the recall layer, the summary layer, then the facts layer, are left out (a build
    that fits without its layers never fails because of them);
 6. the tool results of the newest call block are cut harder, to what is left;
-7. the newest user message, when a call block follows it, is cut head and tail to half of
-   itself (a quarter, ... while that is still over; at least :data:`PROSE_KEPT` tokens): a coding agent's task of
-   3,700 tokens at a 4,000-token budget otherwise left no room for the command the agent
-   just ran, and the call block was dropped whole, so the model saw its task and nothing
-   of what it had done (swebench-mini dev @4,000: 3 builds; 15 by Gemini's counts);
-8. if the call itself still does not fit (its own arguments outgrow the budget), the
+7. if the call itself still does not fit (its own arguments outgrow the budget), the
    newest call block is dropped whole.
 
 If the system prompt and the newest user message still do not fit, the build fails with a
@@ -103,8 +98,6 @@ class EvictStep:
                 warnings.append(f"{layer} layer left out: the budget cannot hold it")
         if over > 0:
             draft, over = self._shrink_newest(draft, ctx, over, actions, warnings)
-        if over > 0:
-            draft, over = self._cut_newest_user(draft, ctx, over, actions, warnings)
         if over > 0:
             draft, over = self._drop_newest_call(draft, ctx, actions, warnings)
         if over > 0:
@@ -210,49 +203,6 @@ class EvictStep:
             reason = "the newest tool call's own text cut: the budget cannot hold it whole"
             actions.append(Action(m.id, "truncated", reason, before, after, "priority"))
             warnings.append(f"the text of newest tool call {m.id} was cut to fit the budget")
-        draft = draft.but(window=tuple(window))
-        return draft, context_tokens(draft, ctx) - ctx.budget
-
-    @staticmethod
-    def _cut_newest_user(
-        draft: Draft, ctx: StepContext, over: int, actions: list[Action], warnings: list[str]
-    ) -> tuple[Draft, int]:
-        """The newest user message cut head and tail to a half, a quarter, ... of itself,
-        the first that leaves room, when a call block after it would otherwise be dropped
-        and at least :data:`PROSE_KEPT` tokens of the message stay (its opening and its end:
-        what is asked, and how to answer). Cut by a power of two, not by exactly what is
-        over, it is the same text on the next calls, which read it from the cache: cut
-        exactly, the task at the head of the context changed at every call (coding @4,000:
-        58.8% of full + cache against 56.7% without the cut; halved: see below)."""
-        if draft.newest is None:
-            return draft, over
-        newest = draft.history[draft.newest]
-        calls = draft.anchors - {newest.id}
-        if not any(m.id in calls for m in draft.window) or not isinstance(newest.content, str):
-            return draft, over
-        at = next((i for i, m in enumerate(draft.window) if m.id == newest.id), None)
-        if at is None:
-            return draft, over
-        count_text = ctx.counter.count_text
-        total = count_text(newest.content)
-        keep = total // 2  # halved until it fits: the same cut on the next calls (cached)
-        while keep >= PROSE_KEPT and keep > total - over:
-            keep //= 2
-        if keep < PROSE_KEPT:
-            return draft, over
-        text = truncate_text(newest.content, target_tokens=keep, count=count_text, total=total)
-        if text == newest.content:
-            return draft, over
-        window = list(draft.window)
-        before = ctx.count(newest)
-        window[at] = cut = newest.with_content(text)
-        after = ctx.count(cut)
-        reason = "the newest user message cut: with it whole the newest tool call cannot fit"
-        actions.append(Action(newest.id, "truncated", reason, before, after, "priority"))
-        warnings.append(
-            f"newest user message {newest.id} cut from {before:,} to {after:,} tokens so that "
-            "the newest tool call and its results fit the budget"
-        )
         draft = draft.but(window=tuple(window))
         return draft, context_tokens(draft, ctx) - ctx.budget
 
