@@ -28,6 +28,7 @@ from ctxwarden.core.registry.cache_cost import (
     session_cache_cost,
     tail_edit_pays,
 )
+from ctxwarden.memory.entity_ledger import DEFAULT_HEADER
 from ctxwarden.pipeline.compaction import CacheConfig
 from ctxwarden.pipeline.policy import Policy
 from ctxwarden.session.session import Session
@@ -325,7 +326,7 @@ def test_where_the_template_takes_one_system_message_the_layers_stay_before_the_
         if m.role == "assistant":
             previous = build_context(run[:k], "mistral-nemo:12b", 6000, previous=previous)
             assert sum(x.role == "system" for x in previous.messages) == 1
-            if "Values from earlier messages:" in previous.messages[0].text:
+            if DEFAULT_HEADER in previous.messages[0].text:
                 with_ledger += 1  # folded into the prompt, before the task
                 assert previous.messages[1].id == run[1].id
     assert with_ledger >= 3

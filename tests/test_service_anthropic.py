@@ -15,6 +15,8 @@ import pytest
 from llm_servers import Recorded, Reply, ScriptedServer, anthropic_error, anthropic_message
 from service_harness import ProxyServer, add_tenant, anthropic_rich_stream, cli, module_db, sid
 
+from ctxwarden.memory.entity_ledger import DEFAULT_HEADER
+
 __all__ = ["module_db"]
 
 MODEL = "claude-sonnet-4-5"
@@ -407,13 +409,13 @@ def test_a_ledger_after_the_task_goes_upstream_as_text_of_the_task_turn(env: Env
     with_ledger = [
         body
         for body in sent
-        if any(b.get("text", "").startswith("Values from earlier") for b in _blocks(body))
+        if any(b.get("text", "").startswith(DEFAULT_HEADER) for b in _blocks(body))
     ]
     assert with_ledger, "the budget should have moved the window and filled the ledger"
     for body in with_ledger:
         first = body["messages"][0]["content"]
         assert first[0]["text"] == task and first[0]["cache_control"] == {"type": "ephemeral"}
-        assert first[1]["text"].startswith("Values from earlier")
+        assert first[1]["text"].startswith(DEFAULT_HEADER)
 
 
 def _blocks(body: dict[str, Any]) -> list[dict[str, Any]]:
