@@ -15,6 +15,7 @@ from ctxwarden.core.errors import ConfigError
 from ctxwarden.core.messages import Message
 from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.llm.offline import OfflineSummarizer
+from ctxwarden.pipeline.compaction import RECALL_MOVED
 from ctxwarden.pipeline.engine import build_context
 from ctxwarden.pipeline.policy import Policy
 from ctxwarden.pipeline.summarize import STORE_BUDGETS
@@ -49,7 +50,11 @@ def test_window_summary_and_facts_reach_the_target_within_budget_on_defaults(
     recall: dict[str, dict[str, Any]],
 ) -> None:
     ours = recall["ctxwarden"]
-    assert ours["answer_recall"] >= 0.56
+    assert ours["answer_recall"] >= 0.66  # issue 39's target (0.6601 measured)
+    # the chat loop at Anthropic's cache prices, below the full history with caching
+    # (issue 37): 86.5%, and 57.9% without a summariser
+    assert ours["cache_cost_vs_full"] < 0.9
+    assert recall["ctxwarden, no summariser"]["cache_cost_vs_full"] < 0.65
     assert ours["answer_recall"] > recall["ctxwarden, no summariser"]["answer_recall"]
     assert sum(ours["input_tokens_per_turn"]) / ours["questions"] >= 0.85 * BUDGET  # fills
     assert max(ours["input_tokens_per_turn"]) <= BUDGET
@@ -92,13 +97,19 @@ def test_layers_are_statements_and_the_split_holds(convs: list[dict[str, Any]]) 
     question = Message.user("What is Caroline's necklace a gift from?", id="q")
     built = ours.built([*transcript, question])
     by_id = {m.id: m.text for m in built.messages}
+    # the summary first (held through compactions), then what compactions renew
+    ids = [m.id for m in built.messages]
+    assert ids[:4] == ["sys", "ctxwarden:summary", "ctxwarden:facts", "ctxwarden:ledger"]
     summary = by_id["ctxwarden:summary"].splitlines()
     assert summary[0] == "Summary of the earlier conversation:"
     assert summary[1].startswith("Summary (extractive, offline) of messages session_1-date–")
     for line in summary[2:]:  # a date line, or a sentence someone said
         assert _STAMP.match(line) or _SAID.match(line), line
     said = "Caroline: This necklace is super special to me"
-    assert any(line.startswith(said) for line in summary)  # the view follows the question
+    # the summary block is held as the loop sent it (the prefix stays cached); the answer
+    # comes to the question's tail in the recall block
+    assert built.audit.prefix_break is None or built.audit.prefix_break.cause == RECALL_MOVED
+    assert "necklace is super special to me - a gift from my grandma" in by_id["ctxwarden:recall"]
     stored = built.state.layers.summary.text
     counter = TokenCounter.for_model("gpt-4o")
     assert counter.count_text(stored) > BUDGET // 2  # more stored than shown ...

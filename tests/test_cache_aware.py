@@ -29,11 +29,13 @@ from ctxwarden.core.registry.cache_cost import (
     tail_edit_pays,
 )
 from ctxwarden.memory.entity_ledger import DEFAULT_HEADER
-from ctxwarden.pipeline.compaction import CacheConfig
+from ctxwarden.pipeline.compaction import RECALL_MOVED, CacheConfig, recall_moved
 from ctxwarden.pipeline.policy import Policy
 from ctxwarden.session.session import Session
+from ctxwarden.steps.base import Draft
 from ctxwarden.steps.edit import TAIL_EDIT_ANSWERS
 from ctxwarden.steps.ledger import LEDGER_ID, LEDGER_MORE_ID
+from ctxwarden.steps.recall_relevant import RECALL_ID
 from ctxwarden.steps.state import BuildState
 from ctxwarden_bench.retention import engine_builder, sawtooth_builder
 
@@ -440,6 +442,58 @@ def test_the_layers_stay_before_the_window_when_its_start_moves_with_each_questi
             assert after.messages[: len(before.messages)] == before.messages
     moved = [b for b in builds if LEDGER_ID in b.layers and b.messages[1].id == LEDGER_ID]
     assert moved  # the ledger right after the system prompt once the window moved on
+
+
+def chat(turns: int) -> list[Message]:
+    """A long chat whose user keeps asking about things said long before (recall's case)."""
+    out = [Message.system("You are a travel diary assistant.", id="s")]
+    for t in range(turns):
+        town = f"Town{t % 7}"
+        out.append(Message.user(f"In {town} I met guide{t} and ate dish{t}. " * 6, id=f"u{t}"))
+        out.append(Message.assistant(f"Lovely, {town} again! " * 8, id=f"a{t}"))
+        old = max(t - 20, 0)
+        out.append(Message.user(f"Was dish{old} good, the one guide{old} chose?", id=f"q{t}"))
+        out.append(Message.assistant(f"You loved dish{old}.", id=f"r{t}"))
+    return out
+
+
+def test_the_recall_block_follows_the_request_without_a_compaction() -> None:
+    """Recall places its block right before the newest user message: the next build
+    places a new one before the new request, and the old one is gone. That is a change
+    at the tail, not of the window: the build stays held (only what followed the old
+    block is written again), where it used to compact at every chat turn."""
+    builds = loop(chat(40), 2500)
+    recalled = [b for b in builds if b.audit.layers.get("recall")]
+    assert len(recalled) >= 15
+    moved = [
+        b for b in builds if b.audit.prefix_break and b.audit.prefix_break.cause == RECALL_MOVED
+    ]
+    assert len(moved) > 10
+    for before, after in itertools.pairwise(builds):
+        if after.audit.prefix_break is not None and after.audit.prefix_break.cause == RECALL_MOVED:
+            at = after.audit.prefix_break.at
+            assert before.messages[at].id == RECALL_ID  # the old block, and only it, is gone
+            assert after.messages[:at] == before.messages[:at]
+            assert after.messages[at : len(before.messages) - 1] == before.messages[at + 1 :]
+            assert after.audit.prefix_break.rewritten_tokens < 200
+    compactions = [b for b in builds[1:] if b.state.held_calls == 0]
+    assert len(compactions) < len(builds) // 3
+
+
+def test_recall_moved_reads_only_the_removal_of_the_block_before_a_user_message() -> None:
+    system, u1, a1, u2 = (
+        Message.system("s", id="s"),
+        Message.user("a", id="u1"),
+        Message.assistant("b", id="a1"),
+        Message.user("c", id="u2"),
+    )
+    held = Draft([system, u1, a1, u2], 1, 3, ordered=(system, u1, a1, u2))
+    now = ("S", "U1", "A1", "U2")  # the held build's digests
+    assert recall_moved(held, ("S", "R", "U1"), now)  # [system, recall, u1]: the block went
+    assert not recall_moved(held, ("S", "R", "X"), now)  # and something after it changed
+    assert not recall_moved(held, ("S", "R", "R2", "U1"), now)  # two messages went
+    assert not recall_moved(held, ("S", "U1", "R"), now)  # a block not before a user message
+    assert not recall_moved(held, ("S", "U1"), now)  # nothing went: a plain append
 
 
 def test_without_append_only_the_prefix_moves_more_often_and_costs_more() -> None:

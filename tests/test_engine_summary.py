@@ -14,6 +14,7 @@ from ctxwarden.core.pairing import pairing_problems
 from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.formats.openai import message_to_openai
 from ctxwarden.memory.summaries import SummaryResult, SummaryTrigger
+from ctxwarden.pipeline.compaction import CacheConfig
 from ctxwarden.pipeline.engine import BuiltContext, build_context
 from ctxwarden.pipeline.policy import Policy
 
@@ -120,6 +121,11 @@ def travel_chat(rounds: int) -> list[Message]:
 
 
 SHARED = Policy(summary=SummaryTrigger(max_messages=16, keep_recent=6, summary_share=0.25))
+RENEWED = Policy(
+    summary=SummaryTrigger(max_messages=16, keep_recent=6, summary_share=0.25),
+    cache=CacheConfig(hold_layers=False),
+)
+"""The layers renewed at every build: the summary view follows each request."""
 
 
 def summary_of(built: BuiltContext) -> str:
@@ -138,19 +144,20 @@ def grown(rounds: int, policy: Policy = SHARED, budget: int = 1200) -> BuiltCont
     return built
 
 
-def ask(after: BuiltContext, question: str) -> BuiltContext:
+def ask(after: BuiltContext, question: str, policy: Policy = SHARED) -> BuiltContext:
     history = [*travel_chat(40), Message.user(question, id="q")]
     return build_context(
-        history, "gpt-4o", 1200, summarizer="offline", policy=SHARED, previous=after
+        history, "gpt-4o", 1200, summarizer="offline", policy=policy, previous=after
     )
 
 
-def test_the_summary_shown_is_the_view_for_the_newest_user_message() -> None:
-    base = grown(40)
+def test_the_summary_shown_is_the_view_for_the_newest_user_message_when_renewed() -> None:
+    base = grown(40, RENEWED)
     stored = base.state.layers.summary.text
     counter = TokenCounter.for_model("gpt-4o")
     assert counter.count_text(stored) > 300  # the store holds more than the share shows
-    lima, kyoto = ask(base, "What did I eat in Lima?"), ask(base, "Who came with me to Kyoto?")
+    lima = ask(base, "What did I eat in Lima?", RENEWED)
+    kyoto = ask(base, "Who came with me to Kyoto?", RENEWED)
     for built in (lima, kyoto):
         assert built.audit.layers["summary"] <= 1200 // 4  # heading and framing included
         assert built.input_tokens <= 1200
@@ -161,8 +168,27 @@ def test_the_summary_shown_is_the_view_for_the_newest_user_message() -> None:
             assert line.split(": ", 1)[-1] in stored, line
     assert "ceviche" in summary_of(lima) and "bamboo grove" in summary_of(kyoto)
     assert summary_of(lima) != summary_of(kyoto)
-    again = ask(base, "What did I eat in Lima?")  # deterministic
+    again = ask(base, "What did I eat in Lima?", RENEWED)  # deterministic
     assert [m.fingerprint for m in again.messages] == [m.fingerprint for m in lima.messages]
+
+
+def test_by_default_the_summary_is_held_and_each_question_finds_its_answer() -> None:
+    """The summary block is sent again as it was (the prefix stays cached) and each
+    question's answer is in the context, from the held view or the window. (At 1,200
+    tokens the Kyoto answer is only in the view renewed for it: the held view's price.)"""
+    base = grown(40, budget=1600)
+    for question, answer in (
+        ("What did I eat in Lima?", "ceviche"),
+        ("Who came with me to Kyoto?", "bamboo grove"),
+    ):
+        history = [*travel_chat(40), Message.user(question, id="q")]
+        built = build_context(
+            history, "gpt-4o", 1600, summarizer="offline", policy=SHARED, previous=base
+        )
+        assert summary_of(built) == summary_of(base)  # the summary block as sent
+        assert built.audit.prefix_break is None  # appended: the whole prefix cached
+        assert any(answer in m.text for m in built.messages), question
+        assert built.input_tokens <= 1600
 
 
 def test_the_view_holds_while_the_request_does_not_change() -> None:
@@ -253,7 +279,7 @@ def order_chat(turns: int, *, rest_at: int | None = None) -> list[Message]:
     return msgs
 
 
-def agent_loop(history: list[Message]) -> list[BuiltContext]:
+def agent_loop(history: list[Message], policy: Policy | None = None) -> list[BuiltContext]:
     """One build at each model call (after a user message and after a tool result)."""
     builds: list[BuiltContext] = []
     for end, m in enumerate(history, start=1):
@@ -261,7 +287,12 @@ def agent_loop(history: list[Message]) -> list[BuiltContext]:
             previous = builds[-1] if builds else None
             builds.append(
                 build_context(
-                    history[:end], "gpt-4o", 4000, summarizer="offline", previous=previous
+                    history[:end],
+                    "gpt-4o",
+                    4000,
+                    summarizer="offline",
+                    previous=previous,
+                    policy=policy,
                 )
             )
     return builds
@@ -290,11 +321,26 @@ def test_a_fact_restated_at_every_user_turn_does_not_churn_the_facts_layer() -> 
 
 def test_a_restated_fact_shows_again_once_a_user_turn_leaves_it_alone() -> None:
     history = order_chat(8, rest_at=5)
-    builds = agent_loop(history)
+    builds = agent_loop(history, Policy(cache=CacheConfig(hold_layers=False)))
     rest = facts_of(builds[2 * 5])  # the build for the user message naming no order
     assert "order_id: ORD-1004" in rest
     assert facts_of(builds[2 * 5 + 1]) == rest  # its tool step shares the layer
     assert "order_id" not in facts_of(builds[-1])  # changing at every turn again
+
+
+def test_held_facts_never_show_a_replaced_value_and_the_newest_stays_in_the_context() -> None:
+    """By default the facts block is held between compactions: a fact only added waits
+    (its message is in the window), a replaced value is never shown as current."""
+    history = order_chat(8, rest_at=5)
+    builds = agent_loop(history)
+    for t, b in enumerate(builds):
+        turn = t // 2
+        named = f"ORD-{1000 + min(turn, 4) if turn == 5 else 1000 + turn}"
+        facts = facts_of(b)
+        assert "budget: 300 USD" in facts
+        shown = [line for line in facts.splitlines() if line.startswith("order_id: ")]
+        assert shown in ([], [f"order_id: {named}"]), (t, facts)  # never an older order
+        assert any(named in m.text for m in b.messages), t
 
 
 def test_a_correction_after_a_quiet_turn_shows_at_once() -> None:

@@ -694,11 +694,14 @@ def test_build_shows_the_summary_focused_on_the_question(url: str, sid: str) -> 
     from ctxwarden.core.tokens.counter import TokenCounter
     from ctxwarden.llm.offline import OfflineSummarizer
     from ctxwarden.memory.summaries import summary_view
+    from ctxwarden.pipeline.compaction import CacheConfig
     from ctxwarden.pipeline.policy import Policy
     from ctxwarden.steps.layers import SUMMARY_HEADING
 
     summarizer = OfflineSummarizer(max_tokens=1200, meta_max_tokens=2400)
-    policy = Policy(summary=SHARE)
+    # the view renewed at every build (by default it is held while mostly the same:
+    # tests/test_engine_summary.py)
+    policy = Policy(summary=SHARE, cache=CacheConfig(hold_layers=False))
     counter = TokenCounter.for_model("gpt-4o")
     room = int(1200 * 0.25) - counter.count_message(Message.system(SUMMARY_HEADING))
     with Session(url, sid, summarizer=summarizer, policy=policy) as s:
@@ -726,7 +729,8 @@ def test_build_shows_the_summary_focused_on_the_question(url: str, sid: str) -> 
             assert _summary_layer(plain.build(max_input_tokens=1200)) == views["Oaxaca"]
         # without a share, a summariser that can focus fills what the rest leaves: more
         # of the stored lines than the 25 % share shows, the budget held
-        unshared = s.build(max_input_tokens=1200, policy=Policy())
+        renewed = Policy(cache=CacheConfig(hold_layers=False))
+        unshared = s.build(max_input_tokens=1200, policy=renewed)
         shown_lines = (_summary_layer(unshared) or "").splitlines()
         assert len(views["Oaxaca"].splitlines()) < len(shown_lines) < len(stored.splitlines())
         assert set(shown_lines) <= set(stored.splitlines())
@@ -735,7 +739,7 @@ def test_build_shows_the_summary_focused_on_the_question(url: str, sid: str) -> 
         # summary.max_summary_share, its newest lines (the rest stays stored), and the
         # audit says so
         with Session(url, sid, summarizer=_Unfocused()) as plain:
-            written = plain.build(max_input_tokens=1200, policy=Policy())
+            written = plain.build(max_input_tokens=1200, policy=renewed)
         written_lines = (_summary_layer(written) or "").splitlines()
         assert 0 < len(written_lines) < len(stored.splitlines())
         assert written_lines == stored.splitlines()[-len(written_lines) :]

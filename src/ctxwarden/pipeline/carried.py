@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 #: The layers a build places after the system prompt, in layout order.
-LAYER_ORDER = ("facts", "ledger", "summary")
+LAYER_ORDER = ("summary", "facts", "ledger")
 #: Each layer's first line: the marker it is recognised by.
 LAYER_HEADINGS = {
     "facts": FACTS_HEADING,

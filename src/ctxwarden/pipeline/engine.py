@@ -41,12 +41,14 @@ from ctxwarden.pipeline.audit import LAYERS, Audit
 from ctxwarden.pipeline.built import BuiltContext
 from ctxwarden.pipeline.cascade import foreseen, sent_tokens_for, steps_for
 from ctxwarden.pipeline.compaction import (
+    RECALL_MOVED,
     growth_per_call,
     held_cause,
     layers_key,
     layers_sent,
     loop_turns,
     prefix_break,
+    recall_moved,
     window_per_turn,
 )
 from ctxwarden.pipeline.inputs import all_messages, check_build_arguments
@@ -308,6 +310,8 @@ def run_build(
         cause = "cache-aware compaction is off (cache.append_only = false)"
     if cause is None and ctx.hold and draft.edited_from:
         cause = "a tail edit: results sent whole cut once answered"
+    elif cause is None and held is not None and recall_moved(draft, state.prefix, held[1]):
+        cause = RECALL_MOVED
     return _finish(
         draft,
         ctx,
@@ -381,8 +385,8 @@ def _fold(
             transient.update(range(first, first + len(result.actions)))
         warnings.extend(result.warnings)
         names.append(step.name)
-        held = held_view(step) if ctx.hold else None
-        if held is not None:  # between compactions: what was sent of it, as it was
+        held = held_view(step) if ctx.hold or ctx.compacting else None
+        if held is not None:  # what was sent of it, as it was, while the step says so
             draft = held(draft, ctx)
     layout = next((step for step in steps if lays_out(step)), None)  # (the layout step)
     final = keep_pairs_whole(draft, ctx, layout.name if layout is not None else "pairing")

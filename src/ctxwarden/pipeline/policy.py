@@ -42,7 +42,7 @@ A :class:`Policy` is a frozen dataclass that loads from TOML::
     append_only = true             # between compactions nothing already sent changes
     prices = "cautious"            # weigh rewrites at the model's cache prices or
                                    # Anthropic's, whichever makes writing dearer
-    hold_layers = false            # hold the facts and summary blocks too (default: no)
+    hold_layers = true             # hold the facts and summary blocks too (default: yes)
 
     [[steps]]                      # your own step, after masking (ctxwarden.pipeline.cascade)
     use = "mypackage.steps:DropTagged"

@@ -485,7 +485,8 @@ class Session:
         """The seq from which a build must read every message: where the engine's window
         over the whole history would start — the sticky start (``from_seq``) or, cold,
         where the engine's walk back from the newest message stops (:data:`COLD_REACH`),
-        never before the summary's end — and no later than the last
+        never before the summary's end unless the sticky start is (a held summary keeps
+        the window's start until the next compaction) — and no later than the last
         :data:`RECENT_USERS` user messages (the newest is always kept; the facts layer
         reads both). Once there is a summary, every message it does not cover: its view
         fills what they leave (:func:`~ctxwarden.steps.layers.fill_room`), and the
@@ -498,6 +499,8 @@ class Session:
         walk: list[StoredMessage] | None = None
         if record.summary_upto >= 0:
             begin = floor  # a summary's view fills what the messages it does not cover leave
+            if from_seq is not None:  # a held summary keeps the window's start until the
+                begin = min(begin, from_seq)  # next compaction (steps.layers.held_layers)
         elif from_seq is not None:
             begin = max(floor, from_seq)
         else:

@@ -448,9 +448,10 @@ class Step(Protocol):
     * ``lays_out: bool`` (default ``False``): the step orders the context to send (the
       layout); after the last step the engine checks the pairs once more and, when it
       took a split pair out, runs this step again;
-    * ``held(draft, ctx) -> Draft``: between compactions (``ctx.hold``), what the
-      previous context sent of what the step made (the layers step: the facts and
-      summary blocks as they were sent);
+    * ``held(draft, ctx) -> Draft``: in a build with a previous context (``ctx.hold``,
+      or ``ctx.compacting``: a compaction), what the previous context sent of what the
+      step made, as far as the step keeps it (the layers step: the facts and summary
+      blocks as they were sent);
     * ``sent_tokens(message, tokens) -> int``, ``reserve(draft, ctx) -> int`` and
       ``ledger_blocks`` (a :class:`LedgerBlocks`): what the step lets the others foresee
       of it (:class:`StepContext`; :func:`~ctxwarden.pipeline.cascade.foreseen` gathers
@@ -482,7 +483,7 @@ def lays_out(step: object) -> bool:
 
 
 def held_view(step: object) -> Callable[[Draft, StepContext], Draft] | None:
-    """``step``'s ``held(draft, ctx)``: what a build between compactions sends of what
-    the step made; ``None`` when the step declares none."""
+    """``step``'s ``held(draft, ctx)``: what a build with a previous context sends of
+    what the step made; ``None`` when the step declares none."""
     held = getattr(step, "held", None)
     return held if callable(held) else None

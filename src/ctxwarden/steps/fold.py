@@ -1,7 +1,7 @@
 """One system message where the model's chat template takes one (issue 40, item 4).
 
-A built context carries up to four system messages: the system prompt, then the facts,
-the ledger and the summary layers. Many local models' chat templates (served by Ollama,
+A built context carries up to four system messages: the system prompt, then the summary,
+the facts and the ledger layers. Many local models' chat templates (served by Ollama,
 vLLM, LM Studio) take one system message, first, and raise on a second (Mistral's:
 "Only user and assistant roles are supported, with the exception of an initial optional
 system message!"). For a model the registry marks ``system_messages = "one"`` the layout

@@ -287,34 +287,71 @@ def layers_key(ctx: StepContext) -> str:
 
 
 def held_layers(draft: Draft, ctx: StepContext) -> Draft:
-    """Between compactions the facts and summary blocks are the ones the previous context
-    sent: a summariser that focuses its view on the newest message, a fact just extracted
-    from it, or a new summary cycle would otherwise rewrite everything after the layers.
-    Nothing is lost meanwhile: the newest message is in the window, and the window keeps
-    its start (the floor a new summary would move it to waits for the next compaction, so
-    what the new summary covers is still shown verbatim). The recall layer follows the
+    """The facts and summary blocks the previous context sent, sent again where they still
+    hold (with ``[cache] hold_layers``, the default): a summariser that focuses its view
+    on the newest message, a fact just extracted from it, or a new summary cycle would
+    otherwise rewrite everything after the layers at every call.
+
+    The summary is held, between compactions and through them, while it is mostly what
+    the build would show (:data:`HELD_VIEW_SHARE`): a compaction had to move the window,
+    and the summary before it stays cached. The facts are held between compactions while
+    every value they show is still current (:func:`_still_stated`; a fact only added
+    waits, its message is in the window) and renewed at a compaction whenever they differ
+    (a held block would keep a new fact out for good). Between compactions a layer the
+    previous context did not have waits for the next compaction, and the window keeps its
+    start while the summary is held (the floor a new summary would move it to waits too,
+    so what the new summary covers is still shown verbatim). The recall layer follows the
     query at the tail and is not held."""
     previous = ctx.previous
-    if not ctx.policy.cache.hold_layers or not ctx.hold or not previous.layers_sent:
+    holding = ctx.hold or ctx.compacting
+    if not ctx.policy.cache.hold_layers or not holding or not previous.layers_sent:
         return draft
     if previous.layers_key != layers_key(ctx):
         return draft
-    now = {name: m for name, m in draft.layers}
-    for name, _, text in previous.layers_sent:
-        if name in now and not _mostly_shown(now[name].text, text):
-            return draft  # the view moved to what the held one does not show: renew
-    sent = [(name, system_block(text, block_id)) for name, block_id, text in previous.layers_sent]
+    now = {name: m for name, m in draft.layers if name in _HELD_LAYERS}
+    sent = {name: system_block(text, block_id) for name, block_id, text in previous.layers_sent}
+    shown = {
+        name: sent[name] if name in sent and _holds(name, m.text, sent[name].text, ctx) else m
+        for name, m in now.items()
+    }
+    if ctx.hold:  # between compactions a new layer waits; a held summary stays
+        shown = {name: m for name, m in shown.items() if name in sent}
+        if "summary" in sent and "summary" not in now:
+            shown["summary"] = sent["summary"]
+    layers = [(name, shown[name]) for name in ("facts", "summary") if name in shown]
     rest = [(name, m) for name, m in draft.layers if name not in _HELD_LAYERS]
-    floor = min(draft.floor, max(previous.window_start, draft.sys_end))
-    return draft.but(layers=(*sent, *rest), floor=floor)
+    floor = draft.floor
+    if "summary" in sent and shown.get("summary") is sent["summary"]:
+        floor = min(floor, max(previous.window_start, draft.sys_end))
+    return draft.but(layers=(*layers, *rest), floor=floor)
+
+
+def _holds(name: str, now: str, held: str, ctx: StepContext) -> bool:
+    """Whether the ``held`` block of layer ``name`` is sent again instead of ``now``'s."""
+    if name == "facts":
+        if ctx.compacting:
+            return held == now
+        state = ctx.layer_state
+        return _still_stated(state.facts.render() if state is not None else now, held)
+    return _mostly_shown(now, held)
 
 
 HELD_VIEW_SHARE = 0.5
 """A layer is held while the held text shows at least this share of the lines the build
 would show now: a summary view focused on a new question that shows mostly other
-sentences is worth its rewrite. LoCoMo dev at 4,000 tokens, answer recall / the loop's
-cost against the full history with caching: 0.530 / 68% at 0.5, 0.543 / 110% at 0.65,
-0.565 / 209% at 0.8, 0.577 / 257% never holding (0.592 / 273% before issue 37)."""
+sentences is worth its rewrite. LoCoMo dev at 4,000 tokens, fed session by session,
+answer recall / the chat loop's cost against the full history with caching: 0.6601 / 87%
+with the layers held (0.687 / 271% renewed at every build: the view follows each chat
+turn and rewrites what follows it)."""
+
+
+def _still_stated(now: str, held: str) -> bool:
+    """Whether every line of the held facts block is still a line of ``now`` (every
+    current value, those the layer holds back as the request's subject too): a fact only
+    added since waits for the next compaction (its message is in the window), but a
+    value replaced since must not be shown as current."""
+    stated = set(now.splitlines())
+    return all(line in stated for line in held.splitlines() if line.strip())
 
 
 def _mostly_shown(now: str, held: str) -> bool:

@@ -1,12 +1,20 @@
 """The layout (R10): stable parts first, so provider caches reuse the prefix::
 
-    [system prompt][facts][ledger][summary][other layers][pinned][window ...]
+    [system prompt][summary][other layers][facts][ledger][pinned][window ...]
         [recall][newest user message ...]
 
-When the window opens with a user message and nothing is pinned before it, the ledger
-and the other layers may go right after that message instead::
+The summary comes first: it is held through compactions
+(:func:`~ctxwarden.steps.layers.held_layers`), while the facts are renewed whenever a
+value they show is replaced and the ledger takes in the values of what the window drops
+at most compactions; each rewrites only what follows it (LoCoMo dev at 4,000 tokens,
+the chat loop: 87% of the full history with caching, 121% with the facts and the ledger
+before the summary).
 
-    [system prompt][facts][user message][ledger][summary][other layers][window ...]
+When the window opens with a user message and nothing is pinned before it, the summary,
+the other layers and the ledger may go right after that message instead (the facts stay
+before it)::
+
+    [system prompt][facts][user message][summary][other layers][ledger][window ...]
 
 A coding agent's one task opens its window through every compaction (the window never
 starts after the newest user message), while the ledger changes at most compactions:
@@ -121,8 +129,8 @@ def _order(draft: Draft, head: int) -> tuple[list[Message], dict[str, str]]:
     recall = [m for n, m in draft.layers if n == "recall"]
     others = [(n, m) for n, m in draft.layers if n not in ("facts", "recall")]
     ledger = [("ledger", m) for m in (draft.ledger_base, draft.ledger) if m is not None]
-    after = [*ledger, *others]
-    for name, m in [*facts, *(() if head else after)]:
+    after = [*others, *ledger]
+    for name, m in facts if head else [*others, *facts, *ledger]:
         ordered.append(m)
         layer_of[m.id] = name
     for m in draft.pinned_messages:
