@@ -113,11 +113,20 @@ def test_folded_layers_split_back_and_a_prompt_that_quotes_a_heading_stays() -> 
     assert split_folded(own) == (own, [])
     inline = "Rules.\nQuote the Summary of the earlier conversation: heading as is."
     assert split_folded(inline) == (inline, [])
-    # a tail out of layout order: only the part from which it is a run of layers goes
-    swapped = "\n\n".join([prompt, layers[-1].text, layers[0].text])
+    # a tail out of layout order (this one's or the former one's, facts-ledger-summary):
+    # only the part from which it is a run of layers goes
+    assert [layer_name(m.text) for m in layers] == ["summary", "facts", "ledger"]
+    summary, facts, ledger = layers
+    swapped = "\n\n".join([prompt, ledger.text, facts.text])
     assert split_folded(swapped) == (
-        "\n\n".join([prompt, layers[-1].text]),
-        [(layer_name(layers[0].text), layers[0].text)],
+        "\n\n".join([prompt, ledger.text]),
+        [("facts", facts.text)],
+    )
+    # a history an earlier version folded (facts, ledger, summary) is still recognised
+    former = "\n\n".join([prompt, facts.text, ledger.text, summary.text])
+    assert split_folded(former) == (
+        prompt,
+        [("facts", facts.text), ("ledger", ledger.text), ("summary", summary.text)],
     )
 
 

@@ -88,7 +88,7 @@ def test_a_context_for_a_one_system_model_has_one_first_and_renders() -> None:
     # the prompt first and unchanged (its cache prefix holds), then the same layers
     prompt, layers = split_folded(folded.messages[0].text)
     assert prompt == PROMPT
-    assert [n for n, _ in layers] == ["facts", "ledger", "summary"]
+    assert [n for n, _ in layers] == ["summary", "facts", "ledger"]
     assert [t for _, t in layers] == [m.text for m in separate.messages[1:4]]
     assert folded.messages[1:] == separate.messages[4:]
     assert folded.audit.input_tokens <= 1500
@@ -98,7 +98,7 @@ def test_a_context_for_a_one_system_model_has_one_first_and_renders() -> None:
     assert folded.audit.input_tokens <= separate.audit.input_tokens  # less framing
     # fed back as history, the folded layers are recognised, not stacked
     again, carried = strip_layers(list(folded.messages))
-    assert again[0].text == PROMPT and carried.ledger == layers[1][1]
+    assert again[0].text == PROMPT and carried.ledger == layers[2][1]
 
 
 def test_a_session_builds_one_system_message_too(tmp_path: Any) -> None:

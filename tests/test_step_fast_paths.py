@@ -156,8 +156,9 @@ def _order_one_at_a_time(draft: Any, head: int) -> tuple[list[Message], dict[str
     recall = [m for n, m in draft.layers if n == "recall"]
     others = [(n, m) for n, m in draft.layers if n not in ("facts", "recall")]
     ledger = [("ledger", m) for m in (draft.ledger_base, draft.ledger) if m is not None]
-    after = [*ledger, *others]
-    for name, m in [*((n, m) for n, m in draft.layers if n == "facts"), *(() if head else after)]:
+    facts = [(n, m) for n, m in draft.layers if n == "facts"]
+    after = [*others, *ledger]
+    for name, m in facts if head else [*others, *facts, *ledger]:
         ordered.append(m)
         layer_of[m.id] = name
     for m in draft.pinned_messages:

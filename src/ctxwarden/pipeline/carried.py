@@ -1,7 +1,7 @@
 """Layers of an earlier build found in a history: recognised, carried and replaced, never stacked.
 
-A build adds up to three layers after the system prompt — the facts, the ledger of values
-that left the window, the summary — as system messages of their own or folded into the
+A build adds up to three layers after the system prompt — the summary, the facts, the
+ledger of values that left the window — as system messages of their own or folded into the
 one system prompt (:mod:`~ctxwarden.steps.fold`, and the adapters of frameworks that take
 one prompt). Each begins with its heading, which is
 the marker: the text is the one thing that the OpenAI and Anthropic formats and every
@@ -48,6 +48,9 @@ __all__ = [
 
 #: The layers a build places after the system prompt, in layout order.
 LAYER_ORDER = ("summary", "facts", "ledger")
+#: The order builds placed them in before the summary came first (a history a framework
+#: hands back from an earlier version is still recognised).
+_FORMER_ORDER = ("facts", "ledger", "summary")
 #: Each layer's first line: the marker it is recognised by.
 LAYER_HEADINGS = {
     "facts": FACTS_HEADING,
@@ -96,10 +99,15 @@ def _layers_from(text: str) -> list[tuple[str, str]] | None:
     names = [layer_name(p) for p in pieces]
     if None in names:
         return None
-    order = [LAYER_ORDER.index(n) for n in names if n is not None]
-    if order != sorted(set(order)):
+    if not any(_in_order(names, order) for order in (LAYER_ORDER, _FORMER_ORDER)):
         return None
     return [(n, p) for n, p in zip(names, pieces, strict=True) if n is not None]
+
+
+def _in_order(names: list[str | None], order: tuple[str, ...]) -> bool:
+    """Whether ``names`` follow ``order``, each at most once."""
+    at = [order.index(n) for n in names if n is not None]
+    return at == sorted(set(at))
 
 
 @dataclass(frozen=True)
