@@ -730,7 +730,7 @@ def test_build_shows_the_summary_focused_on_the_question(url: str, sid: str) -> 
         # without a share, a summariser that can focus fills what the rest leaves: more
         # of the stored lines than the 25 % share shows, the budget held
         renewed = Policy(cache=CacheConfig(hold_layers=False))
-        unshared = s.build(max_input_tokens=1200, policy=renewed)
+        unshared = s.build(max_input_tokens=1200, policy=Policy())  # a new policy: renewed
         shown_lines = (_summary_layer(unshared) or "").splitlines()
         assert len(views["Oaxaca"].splitlines()) < len(shown_lines) < len(stored.splitlines())
         assert set(shown_lines) <= set(stored.splitlines())

@@ -279,10 +279,11 @@ _HELD_LAYERS = frozenset({"facts", "summary"})
 
 
 def layers_key(ctx: StepContext) -> str:
-    """The layer texts the caller passed (``build_context(summary=..., facts=...)``): a
-    held build shows the layers it sent last while these are unchanged (the caller's
-    own decision to change them is not held back)."""
-    raw = f"{ctx.summary_text or ''}|{ctx.facts_text or ''}"
+    """The layer texts the caller passed (``build_context(summary=..., facts=...)``) and
+    the policy's ``summary`` settings: a held build shows the layers it sent last while
+    these are unchanged (the caller's own decision to change them, or to size the
+    summary differently, is not held back)."""
+    raw = f"{ctx.summary_text or ''}|{ctx.facts_text or ''}|{ctx.policy.summary!r}"
     return hashlib.sha1(raw.encode()).hexdigest()[:16]
 
 
