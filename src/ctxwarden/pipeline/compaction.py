@@ -60,6 +60,7 @@ __all__ = [
     "CacheConfig",
     "LoopReplay",
     "PrefixBreak",
+    "first_difference",
     "growth_per_call",
     "held_cause",
     "held_layers",
@@ -195,12 +196,21 @@ def held_cause(
         n = min(n, at)
         previous = previous[:n]
     if tuple(digests[:n]) != tuple(previous):
-        at = next((i for i, (a, b) in enumerate(zip(previous, digests, strict=False)) if a != b), n)
+        at = first_difference(previous, digests)
         if recall_moved(draft, previous, digests, at):
             return None
         layer = draft.layer_of.get(draft.ordered[at].id, "?") if at < len(draft.ordered) else "?"
         return f"the {layer} changed"
     return None
+
+
+def first_difference(previous: Sequence[str], digests: Sequence[str]) -> int:
+    """The position of the first digest that differs from the previous context's
+    (``len(previous)`` when none of those both hold does)."""
+    return next(
+        (i for i, (a, b) in enumerate(zip(previous, digests, strict=False)) if a != b),
+        len(previous),
+    )
 
 
 RECALL_MOVED = "the recall block follows the new request (only what came after it is written again)"
@@ -222,7 +232,9 @@ def recall_moved(
     this one, and that message must have sat before a user message."""
     n = len(previous)
     if at is None:
-        at = next((i for i, (a, b) in enumerate(zip(previous, digests, strict=False)) if a != b), n)
+        if tuple(digests[:n]) == tuple(previous):
+            return False  # the whole previous context is a prefix: nothing moved
+        at = first_difference(previous, digests)
     if at >= n or at >= len(draft.ordered) or draft.ordered[at].role != "user":
         return False
     rest = previous[at + 1 :]
@@ -275,7 +287,7 @@ def prefix_break(
     n = len(previous)
     if not n or tuple(digests[:n]) == tuple(previous):
         return None
-    at = next((i for i, (a, b) in enumerate(zip(previous, digests, strict=False)) if a != b), n)
+    at = first_difference(previous, digests)
     shared = sum(counts[:at])
     rewritten = sum(
         c for m, c in zip(ordered[at:], counts[at:], strict=True) if m.id not in new_ids
