@@ -386,7 +386,8 @@ def test_what_the_user_stated_and_the_agent_used_survives_pressure() -> None:
     text = ledger.render(60, count)
     for kept in ("2024-05-27", "Kim", "May 27", "src/app/core.py"):
         assert kept in text, kept
-    assert "HAT000" not in text  # ids seen once in a tool result give way first
+    assert "HAT059" not in text  # ids seen once in a tool result give way first,
+    assert "HAT000" in text  # the last ones a message listed first (read in order)
     # repeated values outrank single ones of the same category; plain numbers never do
     many = EntityLedger()
     for _ in range(4):
@@ -422,13 +423,13 @@ def test_a_ledger_does_not_depend_on_how_its_values_were_batched(
 ) -> None:
     """A session adds values message by message, a cold build range by range: the same
     values in the same order must rank and render alike (matches to what the user said
-    included, whichever came first)."""
+    included, whichever came first). Messages of up to three values, added whole."""
     cats = {"2024-05-27": "date", "May 27": "date", "Sofia Kim": "name", "JFK": "code"}
-    ents = [Entity(v, "v", "m", cats.get(v, "value"), o) for v, o in seen]
+    ents = [Entity(v, "v", f"m{k // 3}", cats.get(v, "value"), o) for k, (v, o) in enumerate(seen)]
     whole = EntityLedger().add(ents)
     batched = EntityLedger()
-    for at in range(0, len(ents), size):
-        batched = batched.add(ents[at : at + size])
+    for at in range(0, len(ents), 3 * size):
+        batched = batched.add(ents[at : at + 3 * size])
     assert batched.entries == whole.entries
     for cap in (12, 25, 200):
         assert batched.render(cap, count) == whole.render(cap, count)
@@ -510,3 +511,31 @@ def test_what_only_the_agent_wrote_or_what_recurs_by_chance_ranks_lower() -> Non
     assert rank_of("1859") == rank_of("1860")  # its arithmetic passed no value on
     assert rank_of("13:00:00") == rank(by["13:00:00"].category, 1, by["13:00:00"].marks)
     assert rank_of("$189") == rank_of("1860")
+
+
+def test_a_ledger_with_room_for_part_of_a_list_keeps_its_first_values() -> None:
+    """Within one tool result the values it lists first count as the most recent: a
+    record's reservations cut to a few keep the first ones, which an agent works through
+    first (tau-bench dev at 1,600 tokens: the next call asked for the first reservation
+    of a user record, and the ledger showed the last three). A later message still comes
+    before an earlier one; in prose the value stated last stays the most recent (the
+    agent's "$1,625 - $1,327 = $298")."""
+
+    def ent(value: str, source: str, origin: str = "tool") -> Entity:
+        return Entity(value, "reservations", source, "id", origin)
+
+    first = ["OWZ4XL", "F3IQK1", "8WMF4C", "L2H5FP"]
+    ledger = EntityLedger().add([ent(v, "m5") for v in first])
+    order = [ledger.entries[i].value for i in ledger._keep_order(ledger.entries, ledger._tiers)]
+    assert order == first
+    text = ledger.render(count(ledger.render(10_000, count)) - 3, count)
+    assert "OWZ4XL" in text and "L2H5FP" not in text  # rendered in first-seen order still
+    later = ledger.add([ent("NEW001", "m7"), ent("NEW002", "m7")])
+    order = [later.entries[i].value for i in later._keep_order(later.entries, later._tiers)]
+    assert order == ["NEW001", "NEW002", *first]
+    assert later.seq == 6 and EntityLedger.from_dict(later.to_dict()).render(
+        30, count
+    ) == later.render(30, count)
+    prose = EntityLedger().add([ent(v, "m9", "assistant") for v in ("$1,625", "$1,327", "$298")])
+    order = [prose.entries[i].value for i in prose._keep_order(prose.entries, prose._tiers)]
+    assert order == ["$298", "$1,327", "$1,625"]

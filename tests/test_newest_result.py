@@ -85,6 +85,64 @@ def test_a_harder_cut_to_fit_keeps_the_named_item_too() -> None:
     assert ASKED in built.messages[-1].text
 
 
+def _user_record_turn() -> tuple[list[Message], list[str]]:
+    """A support agent's long system prompt, then the user record it fetched: the ids the
+    next call needs (the reservations) come last in the record (tau-bench dev's shape)."""
+    rules = " ".join(
+        f"Rule {i}: check the membership tier and the cabin before any change to a booking."
+        for i in range(70)
+    )
+    cards = {f"gift_card_{n}": {"source": "gift_card", "amount": 22} for n in (3481935, 6847880)}
+    cards |= {f"credit_card_{n}": {"brand": "visa", "last_four": "7803"} for n in (2929732, 95251)}
+    reservations = ["JG7FMM", "LQ940Q", "2FBBAH", "X7BYG1", "EQ1G6C", "BOH180"]
+    record = {
+        "name": {"first_name": "Omar", "last_name": "Davis"},
+        "address": {
+            "address1": "281 Spruce Street",
+            "address2": "Suite 942",
+            "city": "San Diego",
+            "country": "USA",
+            "province": "CA",
+            "zip": "92164",
+        },
+        "email": "omar.davis7857@example.com",
+        "dob": "1982-10-19",
+        "payment_methods": cards,
+        "saved_passengers": [{"first_name": "Juan", "last_name": "Ahmed", "dob": "1992-11-19"}],
+        "membership": "regular",
+        "reservations": reservations,
+    }
+    call = ToolCall("c1", "get_user_details", json.dumps({"user_id": "omar_davis_3817"}))
+    return [
+        Message.system(f"You are an airline agent. {rules}", id="sys"),
+        Message.user("Hi, please downgrade all my business flights to economy.", id="u1"),
+        Message.assistant("Sure, what is your user id?", id="a1"),
+        Message.user("omar_davis_3817; I don't know my reservation ids, look them up?", id="u2"),
+        Message.assistant(None, (call,), id="a2"),
+        Message.tool(json.dumps(record), "c1", name="get_user_details", id="t1"),
+    ], reservations
+
+
+@pytest.mark.parametrize("budget", [1_500, 1_550])
+def test_a_result_cut_to_what_is_left_lists_the_ids_it_cut(budget: int) -> None:
+    """When only the system prompt and the newest turn fit (no room for a ledger), the
+    last-resort cut of the newest result lists the ids it cut inside its share, and
+    cuts the result as it came: an earlier cut's markers are not cut again (the old
+    code sent ``"……": "2 more keys cut"`` at 1,500 and no reservation id at either)."""
+    h, reservations = _user_record_turn()
+    built = build_context(h, "gpt-4o", budget)
+    assert built.input_tokens <= budget
+    shown = next(m for m in built.messages if m.id == "t1").text
+    doc = json.loads(shown)  # still JSON
+    assert "……" not in doc and "more keys cut" not in doc.get("…values cut", "")
+    assert any(a.message_id == "t1" for a in built.audit.by_action("truncated"))
+    listed = [r for r in reservations if r in shown]
+    if budget >= 1_550:  # room for the list: every id the next call may pass
+        assert listed == reservations
+    else:  # a shorter list: ids first, the first of them kept, how many more said
+        assert listed[:1] == reservations[:1] and "more" in doc["…values cut"]
+
+
 def test_once_answered_the_threshold_applies() -> None:
     answered = [*history(), Message.assistant("It was cancelled.", id="a2")]
     answered.append(Message.user("Thanks. Anything else open?", id="u2"))

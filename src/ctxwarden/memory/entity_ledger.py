@@ -160,6 +160,9 @@ class EntityLedger:
     Internally each tier keeps its entries' positions in the order they were last seen,
     so the entries a render keeps (highest tier, most recently seen first) are read off
     the ends of those lists: rendering costs what it shows, not the ledger's size.
+    Within one tool result the values it lists first count as the most recent
+    (:func:`_reading_stamps`): a ledger with room for part of a record's list of
+    reservations keeps the first ones, which an agent works through first.
     """
 
     entries: tuple[LedgerEntry, ...] = ()
@@ -207,8 +210,10 @@ class EntityLedger:
         touched: list[int] = []
         tooled: bool | None = None  # a tool used so far (found when first needed)
         marks_of, new = _MARKS.get, tuple.__new__  # LedgerEntry(...) without its Python __new__
-        for e in entities:
-            seq += 1
+        items = list(entities)
+        stamps = _reading_stamps(items, seq)
+        tails = [len(t) for t in tiers]
+        for e, stamp in zip(items, stamps, strict=True):
             mark = marks_of(e.origin, 0)
             if mark & (AGENT | CALL) and e.category == "number":
                 mark = 0  # a number in the agent's arithmetic or prose is not one it reuses
@@ -228,22 +233,32 @@ class EntityLedger:
                     marks &= ~MATCH  # stated outright now: no longer only a match
                 hits = old.hits + 1
                 category = old.category
+                last = max(old.last_seen, stamp)
                 entry = new(
                     LedgerEntry,
-                    (value, old.label, category, old.source_id, old.first_seen, seq, hits, marks),
+                    (value, old.label, category, old.source_id, old.first_seen, last, hits, marks),
                 )
                 entries[i] = entry
+                fresh = last != old.last_seen or _rank_of(entry) != _rank_of(old)
             else:
                 i = index[value] = len(entries)
                 category = e.category or e.label
-                entry = new(LedgerEntry, (value, e.label, category, e.source_id, seq, seq, 1, mark))
+                entry = new(
+                    LedgerEntry, (value, e.label, category, e.source_id, stamp, stamp, 1, mark)
+                )
                 entries.append(entry)
+                fresh = True
             if mark & USER:
                 grown.update(k for k in match_keys(value, category) if k not in stated)
             touched.append(i)
-            tiers[_rank_of(entry)].append((seq, i))
-        if seq == self.seq:
+            if fresh:
+                tiers[_rank_of(entry)].append((entry.last_seen, i))
+        if not items:
             return self
+        seq += len(items)
+        for t, tail in zip(tiers, tails, strict=True):
+            if len(t) - tail > 1:
+                t[tail:] = sorted(t[tail:])
         if grown:
             stated = stated | grown
         # entries that now match what the user stated: those this batch touched, and
@@ -568,6 +583,28 @@ def _line(group: Sequence[LedgerEntry], marked: frozenset[str]) -> str:
             piece += f" ({handle_for(e.source_id)})"
         parts.append(piece)
     return (", " if spaced else " ").join(parts)
+
+
+def _reading_stamps(entities: Sequence[Entity], seq: int) -> list[int]:
+    """Each entity's recency stamp, after ``seq``: a later message's values are more
+    recent than an earlier one's. Within one tool result the values it lists first count
+    as the most recent: a record is read in order (its list of reservations is worked
+    through from the first); within prose, the user's or the agent's, the value stated
+    last is (a sum's result, the date settled on after the ones weighed)."""
+    stamps: list[int] = []
+    k = 0
+    while k < len(entities):
+        end = k + 1
+        source = entities[k].source_id
+        while end < len(entities) and entities[end].source_id == source:
+            end += 1
+        n = end - k
+        if all(e.origin == "tool" for e in entities[k:end]):
+            stamps.extend(seq + k + n - j for j in range(n))
+        else:
+            stamps.extend(range(seq + k + 1, seq + end + 1))
+        k = end
+    return stamps
 
 
 def _pruned(

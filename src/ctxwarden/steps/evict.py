@@ -17,7 +17,14 @@ warning (drift is silent; the audit makes it visible):
    (:func:`~ctxwarden.steps.priority.eviction_order`), a tool call with all its results;
 5. the recall layer, the summary layer, then the facts layer, are left out (a build
    that fits without its layers never fails because of them);
-6. the tool results of the newest call block are cut harder, to what is left;
+6. the tool results of the newest call block are cut harder, to what is left, each
+   from the result as it came and listing the identifiers, dates and amounts it cut
+   within its share (the result cut to three quarters of it, the list taking the rest):
+   the ledger, rendered before this cut,
+   cannot take them, and they are what the next call passes (tau-bench dev at 1,600
+   tokens: the ``reservations`` of a user record cut after its payment methods, and the
+   next call asked for the first of them; every argument value .9722 -> .9732, the
+   ledger's reading order too, :mod:`~ctxwarden.memory.entity_ledger`: .9750);
 7. if the call itself still does not fit (its own arguments outgrow the budget), the
    newest call block is dropped whole.
 
@@ -97,7 +104,9 @@ class EvictStep:
                 over = context_tokens(draft, ctx) - ctx.budget
                 warnings.append(f"{layer} layer left out: the budget cannot hold it")
         if over > 0:
-            draft, over = self._shrink_newest(draft, ctx, over, actions, warnings)
+            draft, over = self._shrink_newest(
+                draft, ctx, over, actions, warnings, listed=True, within=True
+            )
         if over > 0:
             draft, over = self._drop_newest_call(draft, ctx, actions, warnings)
         if over > 0:
@@ -237,8 +246,10 @@ class EvictStep:
         warnings: list[str],
         *,
         listed: bool = False,
+        within: bool = False,
     ) -> tuple[Draft, int]:
-        """Cut the protected block's tool results to share what is left of the budget."""
+        """Cut the protected block's tool results to share what is left of the budget
+        (``listed``: each lists the values it cut; ``within``: inside its share)."""
         results = [m for m in draft.window if m.role == "tool" and m.id in draft.protected]
         if not results:
             return draft, over
@@ -250,17 +261,20 @@ class EvictStep:
         # what the calls asked for and the newest user message names survive the cut
         requests = {c.id: m for m in window for c in m.tool_calls}
         stated = draft.history[draft.newest].text if draft.newest is not None else ""
+        # each is cut from the result as it came (an earlier cut's markers are not values)
+        originals = {m.id: m for m in draft.history[draft.start :] if m.id in sizes}
         for i, m in enumerate(window):
             if m.id not in sizes:
                 continue
             share = max(room * sizes[m.id] // max(total, 1), 16)
+            source = originals.get(m.id, m)
             unpinned = (
-                m
-                if not (m.pinned or m.priority == "critical")
-                else replace(m, pinned=False, priority="high")
+                source
+                if not (source.pinned or source.priority == "critical")
+                else replace(source, pinned=False, priority="high")
             )
             request = requests.get(m.tool_call_id or "")
-            cut = cut_to_share(unpinned, share, ctx, request, stated, listed=listed)
+            cut = cut_to_share(unpinned, share, ctx, request, stated, listed=listed, within=within)
             if cut is unpinned or ctx.count(cut) >= sizes[m.id]:
                 continue  # (a short result "cut" with its values listed grows)
             cut = replace(cut, pinned=m.pinned, priority=m.priority)

@@ -502,18 +502,32 @@ def cut_to_share(
     stated: str,
     *,
     listed: bool,
+    within: bool = False,
 ) -> Message:
     """``message`` cut to about ``share`` tokens as the policy's truncation cuts (its
     kinds and settings; the defaults when it is off), listing the cut values only when
     ``listed``: the eviction step's last resort for the newest results, which asks here
-    rather than reading this step's configuration."""
+    rather than reading this step's configuration. ``within``: the list takes its
+    tokens out of the share (the result is cut to three quarters of it, or to what
+    ``cut_values_tokens`` leaves, and the list has the rest), so the cut and its list
+    together stay within ``share``."""
     base = ctx.policy.truncate or TruncateToolResults()
+    listing = base.cut_values_tokens if listed else 0
+    target = share
+    if within and listing:
+        listing = min(listing, share // 4)
+        target = max(share - listing, 1)
     cutter = replace(
         base,
         threshold_tokens=share,
-        target_tokens=share,
-        cut_values_tokens=base.cut_values_tokens if listed else 0,
+        target_tokens=target,
+        cut_values_tokens=listing,
     )
+    if within and listing:  # the list takes the room the cut left too (cuts land short)
+        plain = replace(cutter, cut_values_tokens=0)
+        cut = plain.truncate(message, ctx.count, ctx.counter.count_text, request, stated)
+        if cut is not message:
+            cutter = replace(cutter, cut_values_tokens=max(share - ctx.count(cut), listing))
     return cutter.truncate(message, ctx.count, ctx.counter.count_text, request, stated)
 
 
