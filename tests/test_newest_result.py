@@ -143,6 +143,17 @@ def test_a_result_cut_to_what_is_left_lists_the_ids_it_cut(budget: int) -> None:
         assert listed[:1] == reservations[:1] and "more" in doc["…values cut"]
 
 
+def test_the_listed_cut_never_pushes_the_newest_call_out() -> None:
+    """The list takes only what the cut leaves of the share: at every budget that holds
+    the call block at all (the old code's too: from 1,360 tokens here), the call and its
+    result are sent, within the budget."""
+    h, _ = _user_record_turn()
+    for budget in range(1_360, 1_700, 10):
+        built = build_context(h, "gpt-4o", budget)
+        assert built.input_tokens <= budget
+        assert {"a2", "t1"} <= {m.id for m in built.messages}, budget
+
+
 def test_once_answered_the_threshold_applies() -> None:
     answered = [*history(), Message.assistant("It was cancelled.", id="a2")]
     answered.append(Message.user("Thanks. Anything else open?", id="u2"))

@@ -523,11 +523,12 @@ def cut_to_share(
         target_tokens=target,
         cut_values_tokens=listing,
     )
-    if within and listing:  # the list takes the room the cut left too (cuts land short)
-        plain = replace(cutter, cut_values_tokens=0)
+    if within and listing:  # the list takes what the cut leaves of the share: cuts land
+        plain = replace(cutter, cut_values_tokens=0)  # short of their target, or over it
         cut = plain.truncate(message, ctx.count, ctx.counter.count_text, request, stated)
-        if cut is not message:
-            cutter = replace(cutter, cut_values_tokens=max(share - ctx.count(cut), listing))
+        if cut is message:
+            return cut
+        cutter = replace(cutter, cut_values_tokens=max(share - ctx.count(cut), 0))
     return cutter.truncate(message, ctx.count, ctx.counter.count_text, request, stated)
 
 
