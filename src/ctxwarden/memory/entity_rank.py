@@ -1,12 +1,11 @@
 """How the entity ledger ranks its values: what survives pressure (issue 12, item 2).
 
 :class:`~ctxwarden.memory.entity_ledger.EntityLedger` keeps its entries highest rank
-first, most recently seen first within a rank (and, within one message, the values it
-lists first). The rank uses signals that hold in any domain, not one data set's keys:
-an entry's category tier
-(:data:`~ctxwarden.memory.entities.CATEGORY_TIERS`: ids, e-mails; then dates, codes,
-names, paths, identifiers, amounts; then times, quantities, plain values; numbers
-last) plus:
+first, most recently seen first within a rank (and, within one tool result, the values
+it lists first). The rank uses signals that hold in any domain, not one data set's keys:
+an entry's category tier (:data:`~ctxwarden.memory.entities.CATEGORY_TIERS`: ids,
+e-mails; then dates, codes, names, paths, identifiers, amounts; then times, quantities,
+plain values; numbers last) plus:
 
 * **+2 stated by the user**: the value occurs in a user message, or matches one there
   by a key: the same month-day in another date format ("May 27" and "2024-05-27"),

@@ -19,12 +19,12 @@ warning (drift is silent; the audit makes it visible):
    that fits without its layers never fails because of them);
 6. the tool results of the newest call block are cut harder, to what is left, each
    from the result as it came and listing the identifiers, dates and amounts it cut
-   within its share (the result cut to three quarters of it, the list taking the rest):
-   the ledger, rendered before this cut,
-   cannot take them, and they are what the next call passes (tau-bench dev at 1,600
-   tokens: the ``reservations`` of a user record cut after its payment methods, and the
-   next call asked for the first of them; every argument value .9722 -> .9732, the
-   ledger's reading order too, :mod:`~ctxwarden.memory.entity_ledger`: .9750);
+   within its share (the result cut to three quarters of it, the list taking what the
+   cut leaves): the ledger, rendered before this cut, cannot take them, and they are
+   what the next call passes (tau-bench dev at 1,600 tokens: the ``reservations`` of a
+   user record cut after its payment methods, and the next call asked for the first of
+   them; every argument value .9722 -> .9732, with the ledger's reading order,
+   :mod:`~ctxwarden.memory.entity_ledger`, .9750);
 7. if the call itself still does not fit (its own arguments outgrow the budget), the
    newest call block is dropped whole.
 
