@@ -513,22 +513,14 @@ def cut_to_share(
     together stay within ``share``."""
     base = ctx.policy.truncate or TruncateToolResults()
     listing = base.cut_values_tokens if listed else 0
-    target = share
-    if within and listing:
-        listing = min(listing, share // 4)
-        target = max(share - listing, 1)
-    cutter = replace(
-        base,
-        threshold_tokens=share,
-        target_tokens=target,
-        cut_values_tokens=listing,
-    )
+    cutter = replace(base, threshold_tokens=share, target_tokens=share, cut_values_tokens=listing)
     if within and listing:  # the list takes what the cut leaves of the share: cuts land
-        plain = replace(cutter, cut_values_tokens=0)  # short of their target, or over it
+        target = max(share - min(listing, share // 4), 1)  # short of their target, or over
+        plain = replace(cutter, target_tokens=target, cut_values_tokens=0)
         cut = plain.truncate(message, ctx.count, ctx.counter.count_text, request, stated)
         if cut is message:
             return cut
-        cutter = replace(cutter, cut_values_tokens=max(share - ctx.count(cut), 0))
+        cutter = replace(plain, cut_values_tokens=max(share - ctx.count(cut), 0))
     return cutter.truncate(message, ctx.count, ctx.counter.count_text, request, stated)
 
 
