@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ctxwarden.core.handles import handle_for
 from ctxwarden.core.messages import Message
 from ctxwarden.formats.openai import message_to_openai
 from ctxwarden_bench.metrics import plain_window
@@ -147,6 +148,12 @@ class PathCheck:
         }
 
 
+def _holds(sent: Message, user: Message) -> bool:
+    """Whether ``sent`` is the user message ``user``: whole, or the agent's task cut to
+    its share (:mod:`ctxwarden.steps.task`: same id, its handle in the text)."""
+    return sent.text == user.text or (sent.id == user.id and handle_for(user.id) in sent.text)
+
+
 def _newest_user(before: Sequence[Message]) -> Message | None:
     return next((m for m in reversed(before) if m.role == "user"), None)
 
@@ -183,7 +190,7 @@ def compare_paths(
                     check.errors += want is not None
                     continue
                 got = sent(built.messages)
-                if user is not None and not any(m.text == user.text for m in built.messages):
+                if user is not None and not any(_holds(m, user) for m in built.messages):
                     check.user_missing += 1
                 if got == want:
                     check.equal += 1

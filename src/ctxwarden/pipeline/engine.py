@@ -21,6 +21,7 @@ import hashlib
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
+from enum import Enum
 from operator import attrgetter, itemgetter, ne
 from typing import Any
 
@@ -69,7 +70,7 @@ from ctxwarden.steps.keep_pairs import keep_pairs_whole
 from ctxwarden.steps.layout import STABLE_LAYERS, system_in_place
 from ctxwarden.steps.recall_fusion import RecallVectors
 from ctxwarden.steps.state import PREFIX_DIGITS, BuildState
-from ctxwarden.steps.window import leading_system, newest_call_block, newest_user
+from ctxwarden.steps.window import agent_task, leading_system, newest_call_block, newest_user
 from ctxwarden.telemetry import BUILD_SPAN, built_attributes, traced
 
 __all__ = ["BuiltContext", "build_context", "run_build"]
@@ -213,6 +214,34 @@ def _as_sent(counter: TokenCounter, policy: Policy) -> Any:
     return count
 
 
+class FindTask(Enum):
+    """:func:`run_build` finds the agent's task in the history it is given."""
+
+    FIND = "find"
+
+
+FIND_TASK = FindTask.FIND
+
+
+def _task_position(
+    history: Sequence[Message],
+    sys_end: int,
+    newest: int | None,
+    task_id: str | FindTask | None,
+    policy: Policy,
+) -> int | None:
+    """The position of the agent run's task (:func:`~ctxwarden.steps.window.agent_task`),
+    or of the message ``task_id`` names; ``None`` when there is none, the policy keeps no
+    task (``window.task_share = 0``), or it is not in ``history``."""
+    if not policy.window.task_share:
+        return None
+    if task_id is FIND_TASK:
+        return agent_task(history, sys_end)
+    if task_id is None:
+        return None
+    return next((i for i in range(sys_end, len(history)) if history[i].id == task_id), None)
+
+
 def run_build(
     history: Sequence[Message],
     *,
@@ -230,9 +259,12 @@ def run_build(
     facts: str | None = None,
     pre: tuple[tuple[Action, ...], tuple[str, ...]] = ((), ()),
     vectors: RecallVectors | None = None,
+    task_id: str | FindTask | None = FIND_TASK,
 ) -> BuiltContext:
     """The build every caller shares: the steps folded over ``history`` and ``state``
-    (``vectors``: embedding recall's input, computed by the caller before the build)."""
+    (``vectors``: embedding recall's input, computed by the caller before the build;
+    ``task_id``: the agent run's task, found in ``history`` unless a caller that holds
+    only a slice of it says which message it is, or ``None``: none)."""
     sys_end = leading_system(history)
     newest = newest_user(history, sys_end)
     tools_tokens = counter.count_tools(tools)
@@ -289,7 +321,8 @@ def run_build(
         calls=loop_turns(history, new, state),
     )
     anchors = frozenset(protected)
-    start = Draft(history, sys_end, newest, protected=anchors, anchors=anchors)
+    task = _task_position(history, sys_end, newest, task_id, policy)
+    start = Draft(history, sys_end, newest, task=task, protected=anchors, anchors=anchors)
     draft, actions, warnings, names, sticking = _fold(start, ctx, steps, pre)
     cause = None
     held: tuple[Sequence[Message], tuple[str, ...]] | None = None  # a context's digests

@@ -99,6 +99,7 @@ class WindowConfig:
     max_messages: int | None = None
     pin_first: int = 0
     refill_ratio: float = 0.5
+    task_share: float = 1 / 16
 
     def __post_init__(self) -> None:
         if self.max_messages is not None and self.max_messages < 1:
@@ -107,6 +108,8 @@ class WindowConfig:
             raise ConfigError(f"window.pin_first must be >= 0, got {self.pin_first}")
         if not 0.1 <= self.refill_ratio <= 1.0:
             raise ConfigError(f"window.refill_ratio must be in [0.1, 1], got {self.refill_ratio}")
+        if not 0.0 <= self.task_share <= 1.0:
+            raise ConfigError(f"window.task_share must be in [0, 1], got {self.task_share}")
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ from ctxwarden.session.ledger_memo import SeqMemo
 from ctxwarden.session.pending_log import PendingLog
 from ctxwarden.session.read_back import ReadBack
 from ctxwarden.session.tail_memo import TailMemo, check_appended, count_key, with_tail
+from ctxwarden.session.task_read import TaskRead
 from ctxwarden.session.tool_pins import PinnedBlocks
 from ctxwarden.steps.recall_gate import SHAPE_READ, history_chat_shaped, recall_reads_back
 from ctxwarden.steps.state import BuildState
@@ -171,6 +172,7 @@ class Session:
         self._logged = ContextMemo()  # how the last build's context was logged (speed only)
         self._saved: session_state.SavedState | None = None  # the sticky state stored last
         self._tails = TailMemo()  # the last build's tail and what came after (speed only)
+        self._task_read = TaskRead()  # the agent run's task, read once (speed only)
         self._rule_pins = PinnedBlocks()  # blocks a tool rule pins, before it (speed only)
         self._read_back = ReadBack()  # the recall's read-back before the slice (speed only)
         self._shape_back = ReadBack()  # the newest messages the recall gate reads (speed only)
@@ -479,6 +481,16 @@ class Session:
         merged.update((m.seq, m) for m in read)
         return [merged[seq] for seq in sorted(merged)], lo
 
+    def _task_of(self, record: StoredSession) -> StoredMessage | None:
+        """The agent run's task as stored (:mod:`.task_read`), its message the one this
+        session's cache holds."""
+        found = self._task_read.task(
+            self.store, self.tenant, self.session_id, record.created_at, record.next_seq
+        )
+        if found is None:
+            return None
+        return replace(found, message=self._cache.setdefault(found.seq, found.message))
+
     def _window_region(
         self, record: StoredSession, budget: int, counter: TokenCounter, from_seq: int | None
     ) -> tuple[int, list[StoredMessage] | None]:
@@ -636,6 +648,9 @@ class Session:
                 # the slice alone would read as another shape in the build than the newest
                 # messages do (in build_context, over the whole history): build over both
                 read, start = shaped, shape_start
+        task = self._task_of(record) if policy.window.task_share else None
+        if task is not None and not any(m.seq == task.seq for m in read):
+            read = sorted([*read, task], key=_SEQ)  # the agent's task stays (steps.task)
         seqs = [m.seq for m in read]
         history = [m.message for m in read]
         ckpt: LedgerCheckpoint | None = None
@@ -677,6 +692,7 @@ class Session:
             tools=kw.get("tools"),
             pre=((), (*notes, *vector_notes)),
             vectors=vectors,
+            task_id=task.message.id if task is not None else None,
         )
         self._ledger_memo = SeqMemo.of(built.state, seqs)
         ahead = ckpt.upto - ckpt.saved if ckpt is not None else 0  # (LEDGER_SAVE_EVERY)

@@ -230,7 +230,9 @@ def edit_marker(action: ActionKind, listed: bool = False) -> Edit:
 class Draft:
     """The context as built so far.
 
-    ``history`` is the caller's list; ``start`` the window start in it; ``window`` the
+    ``history`` is the caller's list; ``start`` the window start in it; ``task`` the
+    position of the agent run's task in it (:func:`~ctxwarden.steps.window.agent_task`,
+    kept in the window and cut to its share by :mod:`~ctxwarden.steps.task`); ``window`` the
     window's messages as they will be sent (edited copies, in order; dropped ones gone);
     ``pinned`` the positions before the window kept as pinned; ``layers`` the system
     blocks after the system prompt, as ``(layer name, message)`` in layout order;
@@ -253,6 +255,7 @@ class Draft:
     sys_end: int
     newest: int | None
     start: int = 0
+    task: int | None = None  # the agent run's task (steps.window.agent_task), if any
     window: tuple[Message, ...] = ()
     pinned: tuple[int, ...] = ()
     layers: tuple[tuple[str, Message], ...] = ()

@@ -21,6 +21,7 @@ else the budget.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -30,6 +31,7 @@ from ctxwarden.core.pairing import Block, group_blocks
 from ctxwarden.steps.base import Action, Draft, LedgerBlocks, StepContext, StepResult
 from ctxwarden.steps.memos import memo_of, register_memo
 from ctxwarden.steps.state import PREFIX_DIGITS
+from ctxwarden.steps.task import cut_task
 from ctxwarden.steps.window import is_pinned
 
 __all__ = [
@@ -53,13 +55,17 @@ class FitMemo:
     (:func:`sticky_drops`)."""
 
     kept_from: str = ""
+    task_cut: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kept_from": self.kept_from}
+        out: dict[str, Any] = {"kept_from": self.kept_from}
+        if self.task_cut:  # (absent in the states stored before it existed)
+            out["task_cut"] = True
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FitMemo:
-        return cls(str(data.get("kept_from", "")))
+        return cls(str(data.get("kept_from", "")), bool(data.get("task_cut", False)))
 
 
 register_memo("fit", FitMemo)
@@ -83,6 +89,10 @@ class FitStep:
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
         original = draft.window
         draft, earlier = sticky_drops(draft, ctx)
+        memo = memo_of(ctx.previous, "fit", FitMemo) if ctx.previous.history_length else None
+        task = cut_task(draft, ctx, moved=memo is not None and memo.task_cut)
+        if task is not None:
+            draft, earlier = task[0], (*earlier, task[1])
         h = draft.history
         # the window's blocks (and positions) are made only once something must go: most
         # builds fit as they are, and then the window is the draft's, message for message
@@ -96,7 +106,7 @@ class FitStep:
         start, pinned = draft.start, list(draft.pinned)
         ledger: Message | None = None
         base: Message | None = None
-        for _ in range(4):
+        for _ in range(5):
             current = draft.but(start=start, pinned=tuple(pinned))
             window = draft.window if blocks is None else [m for b in blocks for m in b.messages]
             if settling is not None:  # the ledger for this window, as it will be sent
@@ -117,6 +127,10 @@ class FitStep:
                 break
             # the window must move, or a compaction rewrites it anyway: down to the
             # low-water mark, so the next turns append without moving it again
+            if blocks is None and task is None and (task := cut_task(draft, ctx, moved=True)):
+                draft = task[0]  # first the agent's task is cut to its share (steps.task)
+                actions.append(task[1])
+                continue
             target = low if used > room or ctx.compacting else room
             if blocks is None:
                 blocks, pos = group_blocks(draft.window), window_positions(draft)
@@ -134,7 +148,8 @@ class FitStep:
         )
         if settling is not None:
             new = settling.carried(new)
-        new = new.with_memo("fit", FitMemo(_kept_from(original, window, actions)))
+        task_cut = task is not None and any(m is task[0].window[task[2]] for m in window)
+        new = new.with_memo("fit", FitMemo(_kept_from(original, window, actions), task_cut))
         return StepResult(new, tuple(actions))
 
 
@@ -164,13 +179,12 @@ def sticky_drops(draft: Draft, ctx: StepContext) -> tuple[Draft, tuple[Action, .
     cut = next((i for i, m in enumerate(draft.window) if m.id == keep_from), 0)
     if cut == 0:
         return draft, ()
-    sent = _sent_digests(ctx)
+    blocks = group_blocks(draft.window[:cut])
+    keeps = _still_sent(blocks, draft, cut, _sent_digests(ctx))
     kept: list[Message] = []
     actions: list[Action] = []
-    for block in group_blocks(draft.window[:cut]):
-        if any(m.id in draft.protected for m in block.messages) or (
-            sent and all(m.fingerprint[:PREFIX_DIGITS] in sent for m in block.messages)
-        ):
+    for block, keep in zip(blocks, keeps, strict=True):
+        if keep:
             kept.extend(block.messages)
             continue
         actions.extend(
@@ -182,12 +196,42 @@ def sticky_drops(draft: Draft, ctx: StepContext) -> tuple[Draft, tuple[Action, .
     return draft.but(window=(*kept, *draft.window[cut:])), tuple(actions)
 
 
-def _sent_digests(ctx: StepContext) -> frozenset[str]:
+def _still_sent(blocks: Sequence[Block], draft: Draft, cut: int, sent: Counter[str]) -> list[bool]:
+    """Which of the ``blocks`` before the window's ``cut`` stay: the protected ones, and
+    between compactions those the previous context sent (``sent``: its digests). Each
+    sent copy vouches for one message: first for the messages kept anyway (from ``cut``
+    on, the protected blocks), then for the other blocks newest first (:func:`_claim`)."""
+    keeps = [any(m.id in draft.protected for m in b.messages) for b in blocks]
+    if not sent:
+        return keeps
+    sent.subtract(m.fingerprint[:PREFIX_DIGITS] for m in draft.window[cut:])
+    for block, keep in zip(blocks, keeps, strict=True):
+        if keep:
+            sent.subtract(m.fingerprint[:PREFIX_DIGITS] for m in block.messages)
+    for i in range(len(blocks) - 1, -1, -1):
+        keeps[i] = keeps[i] or _claim(sent, blocks[i].messages)
+    return keeps
+
+
+def _claim(sent: Counter[str], block: Sequence[Message]) -> bool:
+    """Whether every message of ``block`` was sent: a copy of its digest is left in
+    ``sent`` for each, which it then takes. A digest is a message's content, not its id,
+    and an agent's harness repeats messages word for word ("provide exactly one
+    action"): an older copy the last compaction dropped must not come back on the
+    strength of the newer one that was sent."""
+    digests = Counter(m.fingerprint[:PREFIX_DIGITS] for m in block)
+    if not sent or any(sent[d] < n for d, n in digests.items()):
+        return False
+    sent.subtract(digests)
+    return True
+
+
+def _sent_digests(ctx: StepContext) -> Counter[str]:
     """The digests of the previous context's messages, when the build is held (else
     empty: a compaction or a build without append-only repeats every earlier drop)."""
     if not ctx.hold:
-        return frozenset()
-    return frozenset(d[:PREFIX_DIGITS] for d in ctx.previous.prefix)
+        return Counter()
+    return Counter(d[:PREFIX_DIGITS] for d in ctx.previous.prefix)
 
 
 def _kept_from(

@@ -198,7 +198,17 @@ def _cheaper_head(draft: Draft, ctx: StepContext) -> int:
                 break
             n += 1
         shared.append(ctx.total(ordered[:n]))
+    if shared[1] == shared[0] and _is_task(draft):  # the task stays first: layers after it
+        return 1
     return int(shared[1] > shared[0])
+
+
+def _is_task(draft: Draft) -> bool:
+    """Whether the window opens with the agent's task (:func:`~ctxwarden.steps.window.agent_task`),
+    which stays at its front for good: layers placed after it leave it in the cached prefix
+    when they change."""
+    at = draft.task
+    return at is not None and draft.history[at].id == draft.window[0].id
 
 
 def _breakpoints(

@@ -63,6 +63,17 @@ def newest_call_block(history: Sequence[Message], after: int) -> range:
     return range(0)
 
 
+def agent_task(history: Sequence[Message], sys_end: int) -> int | None:
+    """Position of the agent run's task: the first user message, when the model answered
+    it with a tool call (it started tool work); ``None`` otherwise (a chat, or a run
+    whose first answer was text)."""
+    for i in range(sys_end, len(history) - 1):
+        if history[i].role == "user":
+            reply = history[i + 1]
+            return i if reply.role == "assistant" and reply.tool_calls else None
+    return None
+
+
 def is_pinned(message: Message) -> bool:
     return (message.pinned or message.priority == "critical") and message.role != "system"
 
@@ -200,6 +211,9 @@ class WindowStep:
         start = _align(h, max(start, draft.floor, sys_end))
         if draft.newest is not None and start > draft.newest:
             start = draft.newest
+        task = draft.task  # (run_build finds it: agent_task)
+        if task is not None and (task < draft.floor or task == draft.newest):
+            task = None  # the summary covers it, or it is protected as the newest
         first = _first_messages(h, sys_end, ctx.policy.window.pin_first)
         # Issue 35: the message cap places the start too, so truncation and masking see
         # the window the cap leaves (a 100-message window over the budget made masking
@@ -207,7 +221,11 @@ class WindowStep:
         cap = ctx.policy.window.max_messages
         uncapped = start
         if cap is not None:
-            start = _capped_start(h, start, draft.newest, cap, set(first))
+            start = _capped_start(
+                h, start, draft.newest, cap, {*first, *(() if task is None else (task,))}
+            )
+        if task is not None and start > task:  # the task stays in the window (fit cuts it)
+            uncapped, start = min(uncapped, task), task
         flagged, upto = self._flagged(h, sys_end, start, prev)
         pinned = _whole_blocks(h, [*(j for j in first if j < start), *flagged], start)
         window = tuple(h[start:])
@@ -216,6 +234,8 @@ class WindowStep:
             [m.id for m in window if (m.pinned or m.priority == "critical") and m.role != "system"]
         )
         protected.update(h[j].id for j in first if j >= start)  # pin_first inside the window
+        if task is not None:
+            protected.add(h[task].id)
         if not prev.history_length:
             capped = f" (window.max_messages={cap})" if start > uncapped else ""
             actions = self._cold_prefix(draft, ctx, start, set(pinned), capped)

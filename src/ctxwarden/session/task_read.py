@@ -1,0 +1,65 @@
+"""The agent run's task, read from the head of a stored session (speed: once).
+
+A build over a stored session sees a slice of it (the window and what it needs), where the
+first user message may be long gone; the engine then cannot tell the agent's task
+(:func:`~ctxwarden.steps.window.agent_task`: the first user message, when the model
+answered it with a tool call) from the slice, and would take a later user message for
+it. :class:`TaskRead` reads the session's first messages, decides as ``agent_task`` does
+over the whole history, and remembers the answer once it is final (the first user
+message has an answer), so the build gets the task's stored message to add to its slice
+and names it to the engine (``run_build(task_id=...)``): both paths keep the same
+message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ctxwarden.store.base import SessionStore, StoredMessage
+
+__all__ = ["TaskRead"]
+
+_PAGE = 16
+
+
+@dataclass
+class TaskRead:
+    """The session's task, read once per session (keyed by its ``created_at``)."""
+
+    _known: dict[float, StoredMessage | None] = field(default_factory=dict)
+
+    def task(
+        self, store: SessionStore, tenant: str, session_id: str, created_at: float, end: int
+    ) -> StoredMessage | None:
+        """The task's stored message, or ``None`` (no task, or not yet decidable: the
+        first user message has no answer yet); ``end`` is the session's next seq."""
+        if created_at in self._known:
+            return self._known[created_at]
+        found, final = _read(store, tenant, session_id, end)
+        if final:
+            self._known.clear()  # one session's answer at a time
+            self._known[created_at] = found
+        return found
+
+    def clear(self) -> None:
+        self._known.clear()
+
+
+def _read(
+    store: SessionStore, tenant: str, session_id: str, end: int
+) -> tuple[StoredMessage | None, bool]:
+    """(the task, whether that is final), reading pages from the first message."""
+    head: list[StoredMessage] = []
+    seq = 0
+    while seq < end:
+        head += store.range(tenant, session_id, seq, min(seq + _PAGE, end))
+        seq += _PAGE
+        i = 0
+        while i < len(head) and head[i].message.role == "system":
+            i += 1
+        while i < len(head) and head[i].message.role != "user":
+            i += 1
+        if i + 1 < len(head):
+            reply = head[i + 1].message
+            return (head[i] if reply.role == "assistant" and reply.tool_calls else None), True
+    return None, False
