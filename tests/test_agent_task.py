@@ -181,6 +181,7 @@ def test_a_session_keeps_the_task_as_build_context_does(tmp_path: Path) -> None:
     with Session(url, "imported") as cold:
         cold.append(run[:-1])
         built = cold.build(max_input_tokens=BUDGET)
+        assert cold.recall(handle_for("m1")).content == task_text()  # the handle gives it back
     alone = build_context(run[:-1], "gpt-4o", BUDGET)
     assert built.to_openai() == alone.to_openai()
     assert task_in(built) is not None and handle_for("m1") in task_in(built).text  # type: ignore[union-attr]

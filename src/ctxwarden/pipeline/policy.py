@@ -141,6 +141,9 @@ class LedgerConfig:
     ledger then holds fewer of the values the user stated long ago (that traffic, 1,000
     messages: 43 of 185 in the context instead of 118), so it is a choice, not the
     default. The recorded dev traces (tau-bench, swebench-mini) build the same either way.
+    Both bound what lies *before* the window: an agent run's window starts at its task
+    (``window.task_share``, or its one request when that is the newest user message), so
+    a cold build of such a run reads the values of every message it drops after the task.
     """
 
     enabled: bool = True

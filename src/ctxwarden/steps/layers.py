@@ -81,6 +81,10 @@ class LayersStep:
             facts = facts_layer_text(state.facts, draft.history) or facts
         if facts and state is not None and len(state.facts):
             facts = _facts_within(state.facts, draft.history, facts_cap, ctx, warnings)
+            if ctx.facts_text:  # a built context fed back: its facts, updated by the record's
+                facts = _text_within(
+                    _carried(ctx.facts_text, facts), facts_cap, ctx, "facts", warnings
+                )
         elif facts:
             facts = _text_within(facts, facts_cap, ctx, "facts", warnings)
         focused = False
@@ -114,6 +118,23 @@ class LayersStep:
         new = draft.but(layers=(*draft.layers, *layers), floor=floor, summary_due=due)
         new = new.with_memo("layers", scan)
         return StepResult(new, (), tuple(warnings))
+
+
+def _carried(carried: str, shown: str) -> str:
+    """The facts an earlier build showed (``carried``: fed back as history, or passed as
+    ``facts=``), each replaced by the record's line for its key where the record has one,
+    then the record's other facts (``shown``). The record is made from the history it is
+    given, which may hold less than the one the earlier build read (the agent's task, cut
+    to its share, is fed back cut): a fact it no longer finds stays as it was shown, so a
+    built context built again is itself."""
+    head, *lines = shown.splitlines()
+    mine = {_fact_key(line): line for line in lines}
+    out = [mine.pop(_fact_key(line), line) for line in carried.splitlines()[1:]]
+    return "\n".join([head, *out, *mine.values()])
+
+
+def _fact_key(line: str) -> str:
+    return line.split(": ", 1)[0]
 
 
 def _tokens(text: str, ctx: StepContext) -> int:
