@@ -13,16 +13,13 @@ import pytest
 from ctxwarden import Message, Policy, build_context
 from ctxwarden.core.errors import ConfigError
 from ctxwarden.memory.entity_ledger import EntityLedger
-from ctxwarden.pipeline.policy import LedgerConfig, WindowConfig
+from ctxwarden.pipeline.policy import LedgerConfig
 from ctxwarden.steps.ledger import LOOKBACK_CHARS_PER_TOKEN, MIN_LOOKBACK, ledger_begin
 from ctxwarden_bench.traces import load_tau_bench
 from ctxwarden_bench.traffic import agent_traffic
 
 UNBOUNDED = Policy()
 BOUNDED = Policy(ledger=LedgerConfig(lookback_budgets=3.0))
-# The agent traffic's first request is answered with a tool call, so by default it is the
-# run's task and the window's region starts there: nothing lies before it to bound.
-NO_TASK = WindowConfig(task_share=0.0)
 
 
 def _size(m: Message) -> int:
@@ -54,10 +51,9 @@ def test_a_long_history_of_tool_results_is_read_a_bounded_way_back() -> None:
     crossing it whole), and a larger budget reads further back."""
     history = list(islice(agent_traffic(0), 3000))
     reach = {}
-    bounded = Policy(ledger=LedgerConfig(lookback_budgets=3.0), window=NO_TASK)
     for budget in (2000, 8000):
-        cold = build_context(history, "gpt-4o", budget, policy=bounded)
-        nothing = Policy(ledger=LedgerConfig(lookback_budgets=0), window=NO_TASK)
+        cold = build_context(history, "gpt-4o", budget, policy=BOUNDED)
+        nothing = Policy(ledger=LedgerConfig(lookback_budgets=0))
         # where a look-back of nothing begins: the window's region
         region = ledger_begin(build_context(history, "gpt-4o", budget, policy=nothing).state)
         read = [_size(m) for m in history[ledger_begin(cold.state) : region]]
@@ -88,8 +84,7 @@ def test_a_slice_given_its_earlier_ledger_is_read_whole() -> None:
     earlier = EntityLedger()
     bounded = build_context(history, "gpt-4o", 2000, policy=BOUNDED, earlier_entities=earlier)
     unbounded = build_context(history, "gpt-4o", 2000, earlier_entities=earlier)
-    no_task = Policy(ledger=LedgerConfig(lookback_budgets=3.0), window=NO_TASK)
-    assert ledger_begin(build_context(history, "gpt-4o", 2000, policy=no_task).state) > 1
+    assert ledger_begin(build_context(history, "gpt-4o", 2000, policy=BOUNDED).state) > 1
     assert ledger_begin(bounded.state) == ledger_begin(unbounded.state) == 1
     with pytest.raises(ConfigError, match="lookback_budgets"):
         LedgerConfig(lookback_budgets=-1.0)

@@ -53,7 +53,6 @@ from ctxwarden.steps.base import Action, Draft
 from ctxwarden.steps.fit import EARLIER
 from ctxwarden.steps.layers import HELD_VIEW_SHARE, held_layers, layers_key, layers_sent
 from ctxwarden.steps.state import BuildState
-from ctxwarden.steps.task import TASK_STEP
 
 __all__ = [
     "HELD_VIEW_SHARE",
@@ -200,22 +199,9 @@ def held_cause(
         at = first_difference(previous, digests)
         if recall_moved(draft, previous, digests, at):
             return None
-        if at < len(draft.ordered) and (cut := _task_cut(draft, actions, draft.ordered[at])):
-            return cut
         layer = draft.layer_of.get(draft.ordered[at].id, "?") if at < len(draft.ordered) else "?"
         return f"the {layer} changed"
     return None
-
-
-def _task_cut(draft: Draft, actions: Sequence[Action], changed: Message) -> str | None:
-    """The cause when what changed is the agent's task, cut to its share as the window
-    must move (:mod:`~ctxwarden.steps.task`); ``None`` otherwise."""
-    if draft.task is None or changed.id != draft.history[draft.task].id:
-        return None
-    cut = next((a for a in actions if a.strategy == TASK_STEP and a.message_id == changed.id), None)
-    if cut is None:
-        return None
-    return f"the task is cut to its share ({cut.tokens_before:,} -> {cut.tokens_after:,} tokens)"
 
 
 def first_difference(previous: Sequence[str], digests: Sequence[str]) -> int:

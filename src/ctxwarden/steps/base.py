@@ -232,7 +232,8 @@ class Draft:
 
     ``history`` is the caller's list; ``start`` the window start in it; ``task`` the
     position of the agent run's task in it (:func:`~ctxwarden.steps.window.agent_task`,
-    kept in the window and cut to its share by :mod:`~ctxwarden.steps.task`); ``window`` the
+    a pin), ``task_form`` the task as the pinned layer sends it (:mod:`~ctxwarden.steps.task`:
+    cut to its share); ``window`` the
     window's messages as they will be sent (edited copies, in order; dropped ones gone);
     ``pinned`` the positions before the window kept as pinned; ``layers`` the system
     blocks after the system prompt, as ``(layer name, message)`` in layout order;
@@ -256,6 +257,7 @@ class Draft:
     newest: int | None
     start: int = 0
     task: int | None = None  # the agent run's task (steps.window.agent_task), if any
+    task_form: Message | None = None  # the task as the pinned layer sends it (steps.task)
     window: tuple[Message, ...] = ()
     pinned: tuple[int, ...] = ()
     layers: tuple[tuple[str, Message], ...] = ()
@@ -298,7 +300,15 @@ class Draft:
 
     @property
     def pinned_messages(self) -> list[Message]:
-        return [self.history[i] for i in self.pinned]
+        return self.pinned_at(self.pinned)
+
+    def pinned_at(self, positions: Sequence[int]) -> list[Message]:
+        """The messages at ``positions`` as the pinned layer sends them (the agent's task
+        in its form: :mod:`~ctxwarden.steps.task`)."""
+        task, form = self.task, self.task_form
+        if task is None or form is None or task not in positions:
+            return [self.history[i] for i in positions]
+        return [form if i == task else self.history[i] for i in positions]
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ def context_tokens(draft: Draft, ctx: StepContext) -> int:
     """What the draft sends, counted as the audit counts it."""
     parts = [m for _, m in draft.layers]
     parts.extend(m for m in (draft.ledger_base, draft.ledger) if m is not None)
-    parts.extend(draft.history[i] for i in draft.pinned)
+    parts.extend(draft.pinned_messages)
     parts.extend(draft.window)
     return ctx.fixed + ctx.total(parts)
 
@@ -152,13 +152,13 @@ class EvictStep:
         """Pinned blocks before the window, and pinned blocks inside it that are not the
         newest user message or call block, evicted whole by importance."""
         h = draft.history
-        candidates: list[Message] = [h[i] for i in draft.pinned]
+        candidates: list[Message] = draft.pinned_messages
         anchor = draft.anchors
         in_window = [m for m in draft.window if is_pinned(m) and m.id not in anchor]
         candidates.extend(in_window)
         if not candidates:
             return draft, over
-        blocks = {m.id: b for b in group_blocks([h[i] for i in draft.pinned]) for m in b.messages}
+        blocks = {m.id: b for b in group_blocks(draft.pinned_messages) for m in b.messages}
         blocks.update({m.id: b for b in group_blocks(draft.window) for m in b.messages})
         current = h[draft.newest].text if draft.newest is not None else ""
         gone: set[str] = set()

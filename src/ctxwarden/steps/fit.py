@@ -31,7 +31,7 @@ from ctxwarden.core.pairing import Block, group_blocks
 from ctxwarden.steps.base import Action, Draft, LedgerBlocks, StepContext, StepResult
 from ctxwarden.steps.memos import memo_of, register_memo
 from ctxwarden.steps.state import PREFIX_DIGITS
-from ctxwarden.steps.task import cut_task
+from ctxwarden.steps.task import cut_action, cut_in_window
 from ctxwarden.steps.window import is_pinned
 
 __all__ = [
@@ -55,11 +55,11 @@ class FitMemo:
     (:func:`sticky_drops`)."""
 
     kept_from: str = ""
-    task_cut: bool = False
+    task_cut: bool = False  # the task, in the window, was sent cut (steps.task)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kept_from": self.kept_from}
-        if self.task_cut:  # (absent in the states stored before it existed)
+        if self.task_cut:  # (absent from states stored before it was)
             out["task_cut"] = True
         return out
 
@@ -90,10 +90,8 @@ class FitStep:
         original = draft.window
         draft, earlier = sticky_drops(draft, ctx)
         memo = memo_of(ctx.previous, "fit", FitMemo) if ctx.previous.history_length else None
-        task = cut_task(draft, ctx, moved=memo is not None and memo.task_cut)
-        if task is not None:
-            draft, earlier = task[0], (*earlier, task[1])
-        h = draft.history
+        cut = cut_in_window(draft) if memo is not None and memo.task_cut else None
+        draft = cut or draft  # (the task, cut at an earlier move: steps.task)
         # the window's blocks (and positions) are made only once something must go: most
         # builds fit as they are, and then the window is the draft's, message for message
         blocks: list[Block] | None = None
@@ -114,7 +112,7 @@ class FitStep:
             room = (
                 ctx.budget
                 - fixed
-                - ctx.total([h[i] for i in pinned])
+                - ctx.total(draft.pinned_at(pinned))
                 - ctx.total([m for m in (base, ledger) if m is not None])
             )
             used = ctx.total(window)  # the blocks' messages, in order
@@ -127,9 +125,8 @@ class FitStep:
                 break
             # the window must move, or a compaction rewrites it anyway: down to the
             # low-water mark, so the next turns append without moving it again
-            if blocks is None and task is None and (task := cut_task(draft, ctx, moved=True)):
-                draft = task[0]  # first the agent's task is cut to its share (steps.task)
-                actions.append(task[1])
+            if blocks is None and cut is None and (cut := cut_in_window(draft)) is not None:
+                draft = cut  # first the task is cut to its share (steps.task)
                 continue
             target = low if used > room or ctx.compacting else room
             if blocks is None:
@@ -148,8 +145,11 @@ class FitStep:
         )
         if settling is not None:
             new = settling.carried(new)
-        task_cut = task is not None and any(m is task[0].window[task[2]] for m in window)
-        new = new.with_memo("fit", FitMemo(_kept_from(original, window, actions), task_cut))
+        task_cut = cut_action(new, ctx)  # the task sent cut, pinned or in the window
+        if task_cut is not None:
+            actions.append(task_cut)
+        in_window = draft.task_form is not None and any(m is draft.task_form for m in window)
+        new = new.with_memo("fit", FitMemo(_kept_from(original, window, actions), in_window))
         return StepResult(new, tuple(actions))
 
 
@@ -259,10 +259,11 @@ def _new_start(
     blocks before it join the pinned layer."""
     new_start = start
     moved: list[int] = []
+    task = draft.history[draft.task].id if draft.task is not None else None
     for b in blocks:
         first = pos[b.head.id]
         before_newest = draft.newest is None or first + len(b.messages) <= draft.newest
-        if before_newest and any(is_pinned(m) for m in b.messages):
+        if before_newest and any(is_pinned(m) or m.id == task for m in b.messages):
             moved.extend(range(first, first + len(b.messages)))
             continue
         new_start = max(first, start)

@@ -125,6 +125,11 @@ def _order(draft: Draft, head: int) -> tuple[list[Message], dict[str, str]]:
     messages (0: before the pinned messages), and each message's layer."""
     layer_of: dict[str, str] = {m.id: "system" for m in draft.system}
     ordered: list[Message] = list(draft.system)
+    pinned = draft.pinned_messages
+    if draft.task is not None and draft.task in draft.pinned:  # the task first (steps.task):
+        task = pinned.pop(draft.pinned.index(draft.task))  # the layers' changes leave it cached
+        ordered.append(task)
+        layer_of[task.id] = "pinned"
     facts = [(n, m) for n, m in draft.layers if n == "facts"]
     recall = [m for n, m in draft.layers if n == "recall"]
     others = [(n, m) for n, m in draft.layers if n not in ("facts", "recall")]
@@ -133,7 +138,7 @@ def _order(draft: Draft, head: int) -> tuple[list[Message], dict[str, str]]:
     for name, m in facts if head else [*others, *facts, *ledger]:
         ordered.append(m)
         layer_of[m.id] = name
-    for m in draft.pinned_messages:
+    for m in pinned:
         ordered.append(m)
         layer_of[m.id] = "pinned"
     # the window in runs (a context is hundreds of messages): "window" up to the newest
@@ -198,15 +203,14 @@ def _cheaper_head(draft: Draft, ctx: StepContext) -> int:
                 break
             n += 1
         shared.append(ctx.total(ordered[:n]))
-    if shared[1] == shared[0] and _is_task(draft):  # the task stays first: layers after it
+    if shared[1] == shared[0] and _opens_with_task(draft):  # it stays first: layers after it
         return 1
     return int(shared[1] > shared[0])
 
 
-def _is_task(draft: Draft) -> bool:
-    """Whether the window opens with the agent's task (:func:`~ctxwarden.steps.window.agent_task`),
-    which stays at its front for good: layers placed after it leave it in the cached prefix
-    when they change."""
+def _opens_with_task(draft: Draft) -> bool:
+    """Whether the window opens with the agent's task (:mod:`~ctxwarden.steps.task`): it
+    stays there, so layers placed after it leave it cached when they change."""
     at = draft.task
     return at is not None and draft.history[at].id == draft.window[0].id
 

@@ -474,7 +474,7 @@ class EntityLedgerBlocks:
             draft.history,
             ledger_sources(draft, draft.window),
             max_tokens,
-            [*draft.pinned_messages, *draft.window],
+            [*(draft.history[i] for i in draft.pinned), *draft.window],  # (values, as render)
         )
 
 

@@ -234,7 +234,7 @@ class RecallRelevant:
         out — before the window start, and before the oldest window message the newest
         tail the budget holds cannot reach (at the fit's refill target when it moves)."""
         room = ctx.budget - ctx.fixed - ctx.total([m for _, m in draft.layers])
-        room -= ctx.total([draft.history[i] for i in draft.pinned])
+        room -= ctx.total(draft.pinned_messages)
         protected = draft.protected
         window = [m for m in draft.window if m.id not in protected]
         room -= ctx.total([m for m in draft.window if m.id in protected])

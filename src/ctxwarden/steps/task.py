@@ -1,18 +1,17 @@
-"""The agent run's task, cut to its share of the budget once the window moves.
+"""The agent run's task, pinned, and cut to its share of the budget once the window passes it.
 
 A coding agent's run starts with one long user message (the issue, then the harness's
 rules: 1,100-3,700 tokens in the shared swebench runs) and then makes hundreds of tool
 calls. The window never starts after the newest user message, so while the task is the
-newest it stays; but one later user message (a harness's "provide exactly one action",
-a short follow-up) and the window could start after it: the task left the context in
-31% of the coding agent's builds at 8,000 tokens. The window step now keeps the task
+newest it stays; but one later user message (a harness's "provide exactly one action", a
+short follow-up) and the window could start after it: the task left the context in 31%
+of the coding agent's builds at 8,000 tokens. The task
 (:func:`~ctxwarden.steps.window.agent_task`: the first user message, when the model
-answered it with a tool call) in the window, protected; this module's :func:`cut_task`
-cuts it to ``window.task_share`` of the budget (head and tail, with the whole message's
-handle) at the first build whose window must move, and in every build after (the fit's
-memo), so the cut is one rewrite that a compaction makes anyway, and the prefix stays
-byte-identical between compactions. Pure: the cut is a function of the message and the
-budget.
+answered it with a tool call) is now a pin: in the window it is protected and whole; once
+the window's start passes it, it joins the pinned layer, sent as :func:`task_form`: cut to
+``window.task_share`` of the budget (head and tail, with the whole message's handle). The
+cut is a function of the message and the budget, so it is the same bytes at every build,
+and it begins at the move of the window that rewrites the context anyway.
 """
 
 from __future__ import annotations
@@ -22,48 +21,70 @@ from ctxwarden.core.messages import Message
 from ctxwarden.cutters.text import truncate_text
 from ctxwarden.steps.base import Action, Draft, StepContext
 
-__all__ = ["TASK_STEP", "cut_task", "task_share"]
+__all__ = ["TASK_STEP", "cut_action", "cut_in_window", "task_form", "task_share"]
 
 TASK_STEP = "task"
-"""The strategy the cut's action names (the audit, the prefix break's cause)."""
+"""The strategy the cut's action names in the audit."""
 
 
 def task_share(ctx: StepContext) -> int:
-    """The tokens the task is cut to: ``window.task_share`` of the budget."""
+    """The tokens the pinned task is cut to: ``window.task_share`` of the budget."""
     return int(ctx.budget * ctx.policy.window.task_share)
 
 
-def cut_task(draft: Draft, ctx: StepContext, *, moved: bool) -> tuple[Draft, Action, int] | None:
-    """``draft`` with the task cut to :func:`task_share` in its window, the action that
-    says so, and the task's position in the window; ``None`` when there is nothing to
-    cut (the window has not ``moved``, no task in the window, a task within its share,
-    or content that is not plain text)."""
-    at = draft.task
-    if not moved or at is None or at < draft.floor:
-        return None
-    task = draft.history[at]
-    i = next((k for k, m in enumerate(draft.window) if m.id == task.id), None)
-    if i is None or draft.window[i] is not task or not isinstance(task.content, str):
-        return None
+def task_form(task: Message, ctx: StepContext) -> Message:
+    """``task`` as the pinned layer sends it: within :func:`task_share` tokens, its head
+    and tail and the line naming its handle; ``task`` itself when it fits, or when its
+    content is not plain text (parts, images: sent whole)."""
     share = task_share(ctx)
-    before = ctx.count(task)
-    if before <= share:
-        return None
+    if not isinstance(task.content, str) or ctx.count(task) <= share:
+        return task
     mark = f"\n[the whole task: {handle_for(task.id)}]"
     count_text = ctx.counter.count_text
-    text = truncate_text(task.content, target_tokens=max(share - count_text(mark), 1),
-                         count=count_text)  # fmt: skip
+    target = max(share - count_text(mark), 1)
+    text = truncate_text(task.content, target_tokens=target, count=count_text)
     if text == task.content:
+        return task
+    return task.with_content(text + mark, truncated_from=ctx.count(task))
+
+
+def task_action(draft: Draft) -> tuple[str, Message, Message] | None:
+    """(the task's id, the task, its form) when the context sends the task cut: in the
+    pinned layer, or in the window (:func:`cut_in_window`)."""
+    at, form = draft.task, draft.task_form
+    if at is None or form is None or form is draft.history[at]:
         return None
-    cut: Message = task.with_content(text + mark, truncated_from=before)
-    after = ctx.count(cut)
-    window = (*draft.window[:i], cut, *draft.window[i + 1 :])
+    task = draft.history[at]
+    if at in draft.pinned or any(m is form for m in draft.window):
+        return task.id, task, form
+    return None
+
+
+def cut_in_window(draft: Draft) -> Draft | None:
+    """``draft`` with the task in its window sent as :func:`task_form`; ``None`` when the
+    window does not hold the task whole or its form is the task itself. The task stays in
+    the window while it is the newest user message (a run with no other request: the
+    window never starts after it); the fit cuts it at the first move of the window and in
+    every build after (its memo), as the pinned layer does once the window passes it."""
+    at, form = draft.task, draft.task_form
+    if at is None or form is None or form is draft.history[at]:
+        return None
+    task = draft.history[at]
+    i = next((k for k, m in enumerate(draft.window) if m is task), None)
+    if i is None:
+        return None
+    return draft.but(window=(*draft.window[:i], form, *draft.window[i + 1 :]))
+
+
+def cut_action(draft: Draft, ctx: StepContext) -> Action | None:
+    """The audit's entry for a task the pinned layer sends cut (:func:`task_action`)."""
+    found = task_action(draft)
+    if found is None:
+        return None
+    task_id, task, form = found
     reason = (
-        f"the agent's task, cut to its share of the budget (window.task_share: {share:,} "
-        f"tokens) as the window moved; the whole message: {handle_for(task.id)}"
+        f"the agent's task, cut to its share of the budget (window.task_share: "
+        f"{task_share(ctx):,} tokens) once the window moved; the whole message: "
+        f"{handle_for(task_id)}"
     )
-    return (
-        draft.but(window=window),
-        Action(task.id, "truncated", reason, before, after, TASK_STEP),
-        i,
-    )
+    return Action(task_id, "truncated", reason, ctx.count(task), ctx.count(form), TASK_STEP)

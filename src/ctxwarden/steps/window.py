@@ -23,6 +23,7 @@ from ctxwarden.core.messages import Message
 from ctxwarden.steps.base import Action, CountedAction, Draft, StepContext, StepResult
 from ctxwarden.steps.memos import memo_of, register_memo
 from ctxwarden.steps.state import BuildState
+from ctxwarden.steps.task import task_form
 
 __all__ = [
     "WindowMemo",
@@ -212,30 +213,26 @@ class WindowStep:
         if draft.newest is not None and start > draft.newest:
             start = draft.newest
         task = draft.task  # (run_build finds it: agent_task)
-        if task is not None and (task < draft.floor or task == draft.newest):
-            task = None  # the summary covers it, or it is protected as the newest
+        if task is not None and task < draft.floor:
+            task = None  # the summary covers it
         first = _first_messages(h, sys_end, ctx.policy.window.pin_first)
+        # the task: a pin (steps.task), unless it is the newest user message (protected)
+        pins = first if task is None or task == draft.newest else [*first, task]
         # Issue 35: the message cap places the start too, so truncation and masking see
         # the window the cap leaves (a 100-message window over the budget made masking
         # flush every result although the cap keeps five); pins are outside the cap.
         cap = ctx.policy.window.max_messages
         uncapped = start
         if cap is not None:
-            start = _capped_start(
-                h, start, draft.newest, cap, {*first, *(() if task is None else (task,))}
-            )
-        if task is not None and start > task:  # the task stays in the window (fit cuts it)
-            uncapped, start = min(uncapped, task), task
+            start = _capped_start(h, start, draft.newest, cap, set(pins))
         flagged, upto = self._flagged(h, sys_end, start, prev)
-        pinned = _whole_blocks(h, [*(j for j in first if j < start), *flagged], start)
+        pinned = _whole_blocks(h, [*(j for j in pins if j < start), *flagged], start)
         window = tuple(h[start:])
         protected = set(draft.protected)
         protected.update(  # is_pinned, inline: it asks every message of the window
             [m.id for m in window if (m.pinned or m.priority == "critical") and m.role != "system"]
         )
-        protected.update(h[j].id for j in first if j >= start)  # pin_first inside the window
-        if task is not None:
-            protected.add(h[task].id)
+        protected.update(h[j].id for j in pins if j >= start)  # pin_first inside the window
         if not prev.history_length:
             capped = f" (window.max_messages={cap})" if start > uncapped else ""
             actions = self._cold_prefix(draft, ctx, start, set(pinned), capped)
@@ -246,6 +243,8 @@ class WindowStep:
             window=window,
             pinned=tuple(pinned),
             protected=frozenset(protected),
+            task=task,
+            task_form=task_form(h[task], ctx) if task is not None else None,
         ).with_memo("window", WindowMemo(flagged, upto))
         return StepResult(new, actions)
 
