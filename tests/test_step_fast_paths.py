@@ -202,6 +202,8 @@ def test_the_layout_order_in_runs_equals_one_message_at_a_time() -> None:
             ledger_base=None,
             ledger=Message.user("ledger", id="led") if rng.random() < 0.5 else None,
             pinned_messages=(),
+            pinned=(),
+            task=None,
             history=history,
             newest=rng.choice([None, *range(n)]),
             window=tuple(history[rng.randrange(n + 1) :]),
