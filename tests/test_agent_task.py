@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
+from test_cache_aware import order_questions
 
 from ctxwarden import Session, build_context
 from ctxwarden.core.errors import ConfigError
@@ -195,18 +196,11 @@ def test_task_share_is_checked() -> None:
     assert policy.window.task_share == 0.125
 
 
-def test_in_a_run_of_questions_the_first_one_holds_the_start_and_the_layers_follow_it() -> None:
+def test_in_a_run_of_questions_the_first_one_stays_first_and_the_layers_follow_it() -> None:
     """Each question answered with lookups, then text: the first question started tool
     work, so it is the task; it stays first, whole (it is within its share), and the
     ledger goes after it, where its changes leave it cached."""
-    out = [Message.system("You look up orders. " * 20, id="s")]
-    for q in range(12):
-        out.append(Message.user(f"Where is order ORD-{q}?", id=f"u{q}"))
-        for i in range(3):
-            call = ToolCall(f"c{q}{i}", "lookup", json.dumps({"order": f"ORD-{q}", "i": i}))
-            out.append(Message.assistant("", (call,), id=f"a{q}{i}"))
-            out.append(Message.tool(f"ORD-{q}/{i}: " + "item " * 150, f"c{q}{i}", id=f"t{q}{i}"))
-        out.append(Message.assistant(f"Order ORD-{q} is on its way.", id=f"r{q}"))
+    out = order_questions()
     builds = loop(out, 1500, TASK)
     assert all(b.messages[1].id == "u0" and b.messages[1].text == out[1].text for b in builds)
     layered = [b for b in builds if "ctxwarden:ledger" in b.layers]

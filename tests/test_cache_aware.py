@@ -422,20 +422,26 @@ def test_layers_after_the_task_are_recognised_when_the_context_comes_back_as_his
     assert carried.ledger.split("\n", 1)[1] == body
 
 
-def test_the_layers_stay_before_the_window_when_its_start_moves_with_each_question() -> None:
-    """In a chat the window's first message changes at most compactions while the ledger
-    often does not: the layers go after the window's first message only when that keeps
-    more of the previous context cached, and between compactions they stay where they
-    were."""
+def order_questions(questions: int = 12) -> list[Message]:
+    """A chat of questions, each answered with three lookups (~150-token results) and
+    then text."""
     out = [Message.system("You look up orders. " * 20, id="s")]
-    for q in range(12):
+    for q in range(questions):
         out.append(Message.user(f"Where is order ORD-{q}?", id=f"u{q}"))
         for i in range(3):
             call = ToolCall(f"c{q}{i}", "lookup", json.dumps({"order": f"ORD-{q}", "i": i}))
             out.append(Message.assistant("", (call,), id=f"a{q}{i}"))
             out.append(Message.tool(f"ORD-{q}/{i}: " + "item " * 150, f"c{q}{i}", id=f"t{q}{i}"))
         out.append(Message.assistant(f"Order ORD-{q} is on its way.", id=f"r{q}"))
-    builds = loop(out, 1500)
+    return out
+
+
+def test_the_layers_stay_before_the_window_when_its_start_moves_with_each_question() -> None:
+    """In a chat the window's first message changes at most compactions while the ledger
+    often does not: the layers go after the window's first message only when that keeps
+    more of the previous context cached, and between compactions they stay where they
+    were."""
+    builds = loop(order_questions(), 1500)
     assert any(LEDGER_ID in b.layers for b in builds)
     for before, after in itertools.pairwise(builds):
         if after.audit.prefix_break is None:  # held: the layers did not move

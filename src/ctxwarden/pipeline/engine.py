@@ -226,7 +226,6 @@ FIND_TASK = FindTask.FIND
 def _task_position(
     history: Sequence[Message],
     sys_end: int,
-    newest: int | None,
     task_id: str | FindTask | None,
     policy: Policy,
 ) -> int | None:
@@ -321,7 +320,7 @@ def run_build(
         calls=loop_turns(history, new, state),
     )
     anchors = frozenset(protected)
-    task = _task_position(history, sys_end, newest, task_id, policy)
+    task = _task_position(history, sys_end, task_id, policy)
     start = Draft(history, sys_end, newest, task=task, protected=anchors, anchors=anchors)
     draft, actions, warnings, names, sticking = _fold(start, ctx, steps, pre)
     cause = None

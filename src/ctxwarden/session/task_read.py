@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ctxwarden.steps.window import agent_task, first_request, leading_system
 from ctxwarden.store.base import SessionStore, StoredMessage
 
 __all__ = ["TaskRead"]
@@ -41,25 +42,21 @@ class TaskRead:
             self._known[created_at] = found
         return found
 
-    def clear(self) -> None:
-        self._known.clear()
-
 
 def _read(
     store: SessionStore, tenant: str, session_id: str, end: int
 ) -> tuple[StoredMessage | None, bool]:
-    """(the task, whether that is final), reading pages from the first message."""
+    """(the task, whether that is final: the first request has an answer), reading
+    pages from the first message and deciding as :func:`agent_task` does."""
     head: list[StoredMessage] = []
     seq = 0
     while seq < end:
         head += store.range(tenant, session_id, seq, min(seq + _PAGE, end))
         seq += _PAGE
-        i = 0
-        while i < len(head) and head[i].message.role == "system":
-            i += 1
-        while i < len(head) and head[i].message.role != "user":
-            i += 1
-        if i + 1 < len(head):
-            reply = head[i + 1].message
-            return (head[i] if reply.role == "assistant" and reply.tool_calls else None), True
+        messages = [m.message for m in head]
+        sys_end = leading_system(messages)
+        first = first_request(messages, sys_end)
+        if first is not None and first + 1 < len(messages):
+            at = agent_task(messages, sys_end)
+            return (head[at] if at is not None else None), True
     return None, False

@@ -88,8 +88,8 @@ class FitStep:
 
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
         original = draft.window
-        draft, earlier = sticky_drops(draft, ctx)
         memo = memo_of(ctx.previous, "fit", FitMemo) if ctx.previous.history_length else None
+        draft, earlier = sticky_drops(draft, ctx, memo)
         cut = cut_in_window(draft) if memo is not None and memo.task_cut else None
         draft = cut or draft  # (the task, cut at an earlier move: steps.task)
         # the window's blocks (and positions) are made only once something must go: most
@@ -157,7 +157,9 @@ EARLIER = "window (earlier build)"
 """The strategy of the drops :func:`sticky_drops` repeats: not a move of this build."""
 
 
-def sticky_drops(draft: Draft, ctx: StepContext) -> tuple[Draft, tuple[Action, ...]]:
+def sticky_drops(
+    draft: Draft, ctx: StepContext, memo: FitMemo | None
+) -> tuple[Draft, tuple[Action, ...]]:
     """Blocks an earlier build dropped from inside the window stay dropped.
 
     The window never starts after the newest user message, so in a long turn (a coding
@@ -171,8 +173,7 @@ def sticky_drops(draft: Draft, ctx: StepContext) -> tuple[Draft, tuple[Action, .
     previous context sent stays. A block kept then because it was protected (the newest
     user message, among blocks dropped after it) is not protected once a newer user
     message comes, and dropping it here would rewrite everything after it: a move of the
-    window that is the next compaction's to make."""
-    memo = memo_of(ctx.previous, "fit", FitMemo) if ctx.previous.history_length else None
+    window that is the next compaction's to make. ``memo``: the previous build's."""
     keep_from = memo.kept_from if memo is not None else ""
     if not keep_from:
         return draft, ()

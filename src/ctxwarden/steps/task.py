@@ -48,16 +48,12 @@ def task_form(task: Message, ctx: StepContext) -> Message:
     return task.with_content(text + mark, truncated_from=ctx.count(task))
 
 
-def task_action(draft: Draft) -> tuple[str, Message, Message] | None:
-    """(the task's id, the task, its form) when the context sends the task cut: in the
-    pinned layer, or in the window (:func:`cut_in_window`)."""
+def _cut(draft: Draft) -> tuple[Message, Message] | None:
+    """(the task, its form) when the form is a cut; ``None`` otherwise."""
     at, form = draft.task, draft.task_form
     if at is None or form is None or form is draft.history[at]:
         return None
-    task = draft.history[at]
-    if at in draft.pinned or any(m is form for m in draft.window):
-        return task.id, task, form
-    return None
+    return draft.history[at], form
 
 
 def cut_in_window(draft: Draft) -> Draft | None:
@@ -66,10 +62,10 @@ def cut_in_window(draft: Draft) -> Draft | None:
     the window while it is the newest user message (a run with no other request: the
     window never starts after it); the fit cuts it at the first move of the window and in
     every build after (its memo), as the pinned layer does once the window passes it."""
-    at, form = draft.task, draft.task_form
-    if at is None or form is None or form is draft.history[at]:
+    found = _cut(draft)
+    if found is None:
         return None
-    task = draft.history[at]
+    task, form = found
     i = next((k for k, m in enumerate(draft.window) if m is task), None)
     if i is None:
         return None
@@ -77,14 +73,17 @@ def cut_in_window(draft: Draft) -> Draft | None:
 
 
 def cut_action(draft: Draft, ctx: StepContext) -> Action | None:
-    """The audit's entry for a task the pinned layer sends cut (:func:`task_action`)."""
-    found = task_action(draft)
+    """The audit's entry for a task the context sends cut: in the pinned layer, or in
+    the window (:func:`cut_in_window`); ``None`` when it sends it whole or not at all."""
+    found = _cut(draft)
     if found is None:
         return None
-    task_id, task, form = found
+    task, form = found
+    if draft.task not in draft.pinned and not any(m is form for m in draft.window):
+        return None
     reason = (
         f"the agent's task, cut to its share of the budget (window.task_share: "
         f"{task_share(ctx):,} tokens) once the window moved; the whole message: "
-        f"{handle_for(task_id)}"
+        f"{handle_for(task.id)}"
     )
-    return Action(task_id, "truncated", reason, ctx.count(task), ctx.count(form), TASK_STEP)
+    return Action(task.id, "truncated", reason, ctx.count(task), ctx.count(form), TASK_STEP)

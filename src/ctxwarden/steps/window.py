@@ -28,6 +28,8 @@ from ctxwarden.steps.task import task_form
 __all__ = [
     "WindowMemo",
     "WindowStep",
+    "agent_task",
+    "first_request",
     "is_pinned",
     "leading_system",
     "newest_call_block",
@@ -64,15 +66,20 @@ def newest_call_block(history: Sequence[Message], after: int) -> range:
     return range(0)
 
 
+def first_request(history: Sequence[Message], sys_end: int) -> int | None:
+    """Position of the first user message after the system prompt; ``None``: none."""
+    return next((i for i in range(sys_end, len(history)) if history[i].role == "user"), None)
+
+
 def agent_task(history: Sequence[Message], sys_end: int) -> int | None:
     """Position of the agent run's task: the first user message, when the model answered
-    it with a tool call (it started tool work); ``None`` otherwise (a chat, or a run
-    whose first answer was text)."""
-    for i in range(sys_end, len(history) - 1):
-        if history[i].role == "user":
-            reply = history[i + 1]
-            return i if reply.role == "assistant" and reply.tool_calls else None
-    return None
+    it with a tool call (it started tool work); ``None`` otherwise (a chat, a run whose
+    first answer was text, or a first request not answered yet)."""
+    i = first_request(history, sys_end)
+    if i is None or i + 1 == len(history):
+        return None
+    reply = history[i + 1]
+    return i if reply.role == "assistant" and reply.tool_calls else None
 
 
 def is_pinned(message: Message) -> bool:
