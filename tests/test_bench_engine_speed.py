@@ -143,3 +143,18 @@ def test_cli_json_without_langchain(
 def test_cli_rejects_bad_sizes() -> None:
     with pytest.raises(SystemExit):
         engine_speed.main(["--sizes", "ten"])
+
+
+def test_one_prompt_source_is_a_coding_agents_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--source one-prompt``: one user request, then only the model's steps (the shape
+    whose window region is the whole history), well formed, and timed within budget."""
+    history, about = engine_speed.history_source("one-prompt", 400)
+    assert [i for i, m in enumerate(history) if m.role == "user"] == [1]
+    assert "one user request" in about
+    assert all(blk.sendable for blk in group_blocks(history[1:-5])[:-3])
+    assert sum(m.role == "tool" for m in history) > 100
+    argv = ["--source", "one-prompt", "--sizes", "200", "--repeats", "1", "--calls", "3"]
+    assert engine_speed.main([*argv, "--fresh-runs", "0", "--brief", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["sizes"][0]
+    assert row["history_tokens"] > 2_000 and row["within_budget"] is True
+    assert 0 < row["loop_max_input_tokens"] <= 2_000 and row["loop_calls"] == 3

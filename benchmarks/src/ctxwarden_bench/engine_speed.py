@@ -45,8 +45,10 @@ its whole stable prefix (``prefix_shared_tokens >= cacheable_prefix_tokens``); t
 
 Traffic is a deterministic generator (:func:`agent_traffic`: user turns, assistant tool
 calls, some parallel, JSON results from a 60-token record to a 3,000-token search page,
-an occasional stack trace, assistant replies) or, with ``--source tau``, the tau-bench
-airline trajectories cycled with re-tagged ids::
+an occasional stack trace, assistant replies), with ``--source one-prompt`` the same
+traffic with only its first user message (a coding agent's run: the window's region is
+then the whole history, see :func:`~ctxwarden_bench.traffic.one_prompt_traffic`), or,
+with ``--source tau``, the tau-bench airline trajectories cycled with re-tagged ids::
 
     python -m ctxwarden_bench.engine_speed [--sizes 100,1000,10000] [--budget 2000] [--json]
 """
@@ -73,7 +75,7 @@ from ctxwarden.pipeline.policy import LedgerConfig, Policy
 from ctxwarden_bench.count_cache import build_history, find_tau_bench
 from ctxwarden_bench.engine_speed_report import print_report
 from ctxwarden_bench.prefix_stability import prefix_stability
-from ctxwarden_bench.traffic import agent_traffic
+from ctxwarden_bench.traffic import agent_traffic, one_prompt_traffic
 from ctxwarden_bench.trim_baseline import langchain_messages, trim_messages_timer
 
 __all__ = [
@@ -111,14 +113,18 @@ MODEL = "gpt-4o"
 
 
 def history_source(source: str, n: int, seed: int = 0) -> tuple[list[Message], str]:
-    """``n`` messages of ``source`` ("synthetic" or "tau") and a description of them."""
+    """``n`` messages of ``source`` ("synthetic", "one-prompt" or "tau") and a
+    description of them."""
     if source == "tau":
         path = find_tau_bench()
         if path is None:
             raise SystemExit("--source tau: tau-bench/airline-gpt-4o-dev.json not found")
         return build_history(n, path.parent.parent)[0], f"tau-bench airline, cycled ({path})"
+    if source == "one-prompt":
+        history = list(islice(one_prompt_traffic(seed), n))
+        return history, f"synthetic agent traffic, one user request (seed {seed})"
     if source != "synthetic":
-        raise SystemExit(f"unknown --source {source!r} (synthetic or tau)")
+        raise SystemExit(f"unknown --source {source!r} (synthetic, one-prompt or tau)")
     return list(islice(agent_traffic(seed), n)), f"synthetic agent traffic (seed {seed})"
 
 
@@ -468,7 +474,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--sizes", default="100,1000,10000", help="history lengths, comma-separated"
     )
     parser.add_argument("--budget", type=int, default=2_000, help="input budget (tokens)")
-    parser.add_argument("--source", default="synthetic", choices=("synthetic", "tau"))
+    parser.add_argument("--source", default="synthetic", choices=("synthetic", "one-prompt", "tau"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats (median)")
     parser.add_argument("--calls", type=int, default=200, help="agent-loop calls (mean)")

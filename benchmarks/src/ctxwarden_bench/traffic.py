@@ -14,7 +14,7 @@ from typing import Any
 
 from ctxwarden.core.messages import Message, ToolCall
 
-__all__ = ["agent_traffic", "session_calls"]
+__all__ = ["agent_traffic", "one_prompt_traffic", "session_calls"]
 
 _VOCABULARY = (
     "order refund shipping invoice account customer address payment card delivery "
@@ -25,6 +25,20 @@ _VOCABULARY = (
 )
 _WORDS = _VOCABULARY.split()
 _CITIES = ("Lisbon", "Kraków", "Denver", "Osaka", "Nairobi", "Toronto", "Lyon", "Kyiv")
+
+
+def one_prompt_traffic(seed: int = 0) -> Iterator[Message]:
+    """:func:`agent_traffic` with only its first user message: a coding agent's run (one
+    request, then every tool call and reply the model makes), the shape Claude Code and
+    Codex send. The window never starts after the newest user message, so such a run is
+    the case where the window's region is the whole history."""
+    asked = False
+    for m in agent_traffic(seed):
+        if m.role == "user":
+            if asked:
+                continue
+            asked = True
+        yield m
 
 
 def agent_traffic(seed: int = 0) -> Iterator[Message]:
