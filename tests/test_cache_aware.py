@@ -503,12 +503,16 @@ def test_recall_moved_reads_only_the_removal_of_the_block_before_a_user_message(
 
 
 def test_without_append_only_the_prefix_moves_more_often_and_costs_more() -> None:
+    # (13 breaks against 19, 0.76x the cost. Until the window could start after a long
+    # turn's request, a build without append-only also masked one more result of the
+    # whole turn at every call: 50 breaks, 0.38x; with a request every ten steps, as
+    # before, 13 against 18, 0.83x)
     run = agent_run(80)
     held = loop(run, 2000)
     eager = loop(run, 2000, Policy(cache=CacheConfig(append_only=False)))
     n_held = sum(b.audit.prefix_break is not None for b in held)
     n_eager = sum(b.audit.prefix_break is not None for b in eager)
-    assert 2 * n_held < n_eager
+    assert n_held + 4 < n_eager
 
     def cost(builds: list) -> float:  # type: ignore[type-arg]
         calls = [
@@ -516,7 +520,7 @@ def test_without_append_only_the_prefix_moves_more_often_and_costs_more() -> Non
         ]
         return session_cache_cost(calls, ANTHROPIC).units
 
-    assert cost(held) < 0.7 * cost(eager)
+    assert cost(held) < 0.8 * cost(eager)
 
 
 def test_the_compaction_state_round_trips() -> None:
@@ -561,7 +565,7 @@ def test_explain_shows_the_prefix_and_the_loop_cost(tmp_path: Path) -> None:
 
 # Issue 37's targets that the default does not meet yet: asserted as they are, expected to
 # fail (strict: a change that meets one makes its test fail until this mark goes).
-CODING_8000_MISSED = "issue 37: coding @8,000 costs 100.3% of the sawtooth window (target <= 100%)"
+CODING_8000_MISSED = "issue 37: coding @8,000 costs 100.4% of the sawtooth window (target <= 100%)"
 
 
 @pytest.mark.slow
@@ -592,8 +596,10 @@ def test_default_builds_cost_less_than_the_full_history_with_caching_on_coding(
     budget: int,
 ) -> None:
     """The 44 dev runs as an agent loop, the default policy for gpt-4o. Measured at
-    Anthropic prices: 56.7% @4,000, 68.9% @8,000 (100.3% of the sawtooth window's cost:
-    fails, the target is at or below it; 72.3% before the ledger refilled to its
+    Anthropic prices: 56.7% @4,000, 69.0% @8,000 (100.4% of the sawtooth window's cost:
+    fails, the target is at or below it; 68.9% and 100.3% while a long turn's window
+    could not start after its request, whose tokens per call were read over the whole
+    turn; 72.3% before the ledger refilled to its
     low-water mark, :func:`~ctxwarden.steps.ledger.ledger_low_water`; at gpt-4o's own
     prices 27% and 43%); 75.9%
     and 76.8% while the ledger sat before the task and each compaction wrote the task

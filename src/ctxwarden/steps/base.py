@@ -230,7 +230,9 @@ def edit_marker(action: ActionKind, listed: bool = False) -> Edit:
 class Draft:
     """The context as built so far.
 
-    ``history`` is the caller's list; ``start`` the window start in it; ``task`` the
+    ``history`` is the caller's list; ``start`` the window start in it (``reopened``: the
+    previous build's start, when this one's window opens again at the user request that
+    build sent pinned: :func:`~ctxwarden.steps.window.reopened`); ``task`` the
     position of the agent run's task in it (:func:`~ctxwarden.steps.window.agent_task`,
     a pin), ``task_form`` the task as the pinned layer sends it (:mod:`~ctxwarden.steps.task`:
     cut to its share); ``window`` the
@@ -256,6 +258,7 @@ class Draft:
     sys_end: int
     newest: int | None
     start: int = 0
+    reopened: int | None = None  # the previous start, when the window reopened at a request
     task: int | None = None  # the agent run's task (steps.window.agent_task), if any
     task_form: Message | None = None  # the task as the pinned layer sends it (steps.task)
     window: tuple[Message, ...] = ()

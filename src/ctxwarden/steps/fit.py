@@ -32,7 +32,7 @@ from ctxwarden.steps.base import Action, Draft, LedgerBlocks, StepContext, StepR
 from ctxwarden.steps.memos import memo_of, register_memo
 from ctxwarden.steps.state import PREFIX_DIGITS
 from ctxwarden.steps.task import cut_action, cut_in_window
-from ctxwarden.steps.window import is_pinned
+from ctxwarden.steps.window import is_pinned, long_turn
 
 __all__ = [
     "FitMemo",
@@ -120,7 +120,10 @@ class FitStep:
             regrowth = 0
             if ctx.compacting and ledgers is not None:  # room the ledger grows back into
                 regrowth = ledgers.regrowth(draft, ctx, ctx.total([m for m in (base, ledger) if m]))
-            low = int((room - regrowth) * ctx.refill_ratio)
+            # a request the window passed counts with it, as while the window started at
+            # it: the low-water mark is what it was then (steps.window.reopened)
+            asked = ctx.total(draft.pinned_at([draft.newest])) if draft.newest in pinned else 0
+            low = int((room + asked - regrowth) * ctx.refill_ratio) - asked
             if used <= room and not over_count and not (ctx.compacting and used > low):
                 break
             # the window must move, or a compaction rewrites it anyway: down to the
@@ -148,8 +151,12 @@ class FitStep:
         task_cut = cut_action(new, ctx)  # the task sent cut, pinned or in the window
         if task_cut is not None:
             actions.append(task_cut)
-        in_window = draft.task_form is not None and any(m is draft.task_form for m in window)
-        new = new.with_memo("fit", FitMemo(_kept_from(original, window, actions), in_window))
+        form = draft.task_form
+        in_window = form is not None and (
+            any(m is form for m in window) or (draft.task == draft.newest and draft.task in pinned)
+        )  # (the task in its form, in the window or pinned as the request it is)
+        kept = _kept_from(original, window, actions) or _past_request(draft, start)
+        new = new.with_memo("fit", FitMemo(kept, in_window))
         return StepResult(new, tuple(actions))
 
 
@@ -249,6 +256,15 @@ def _kept_from(
     return next((m.id for m in original[last + 1 :] if m.id in kept), "")
 
 
+def _past_request(draft: Draft, start: int) -> str:
+    """The window's first message when its start is past the newest user message (which
+    is then pinned): the next build that reopens the window at that request, once a newer
+    one came (:func:`~ctxwarden.steps.window.WindowStep`), drops what lay between them
+    again (:func:`sticky_drops`), as a window that had started at the request would."""
+    at, h = draft.newest, draft.history
+    return h[start].id if at is not None and at < start < len(h) else ""
+
+
 def _new_start(
     blocks: Sequence[Block],
     pos: Mapping[str, int],
@@ -264,7 +280,8 @@ def _new_start(
     for b in blocks:
         first = pos[b.head.id]
         before_newest = draft.newest is None or first + len(b.messages) <= draft.newest
-        if before_newest and any(is_pinned(m) or m.id == task for m in b.messages):
+        request = first == draft.newest and long_turn(draft)  # a pin once passed
+        if request or (before_newest and any(is_pinned(m) or m.id == task for m in b.messages)):
             moved.extend(range(first, first + len(b.messages)))
             continue
         new_start = max(first, start)

@@ -98,6 +98,8 @@ class LayoutStep:
     lays_out: ClassVar[bool] = True  # run again after the engine's final pair check
 
     def __call__(self, draft: Draft, ctx: StepContext) -> StepResult:
+        sent = draft
+        draft = _request_first(draft)
         head = 0
         if ctx.system_in_place and _may_follow_head(draft):
             head = _held_head(draft, ctx) if ctx.hold else _cheaper_head(draft, ctx)
@@ -113,8 +115,20 @@ class LayoutStep:
             else ()
         )
         return StepResult(
-            draft.but(ordered=tuple(ordered), layer_of=layer_of, breakpoints=marks, folded=folded)
+            sent.but(ordered=tuple(ordered), layer_of=layer_of, breakpoints=marks, folded=folded)
         )
+
+
+def _request_first(draft: Draft) -> Draft:
+    """The draft as the layout places it: the newest user message, pinned once the
+    window's start passed it (:func:`~ctxwarden.steps.fit._new_start`), at the head of
+    the window, where it stood while the window started at it (so a window that moves
+    past it sends what it sent before)."""
+    at = draft.newest
+    if at is None or at not in draft.pinned:
+        return draft
+    pinned = tuple(i for i in draft.pinned if i != at)
+    return draft.but(pinned=pinned, window=(*draft.pinned_at([at]), *draft.window))
 
 
 _ID = attrgetter("id")

@@ -26,6 +26,7 @@ import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from ctxwarden.core.caching import BoundedCache, memoize
@@ -202,6 +203,8 @@ class LedgerBuilder:
         self.earlier = earlier
         self.memo = memo
         self.shown = tuple(shown)
+        self.turn: TurnDrops | None = None  # (see turn_drops)
+        self.request: int | None = None  # a pinned request, not left out of the block
 
     def _dropped(
         self, history: Sequence[Message], first: int, start: int, pinned: frozenset[int]
@@ -250,7 +253,7 @@ class LedgerBuilder:
         elif carried and self.counter.count_text(carried) + _FRAMING <= self.cap:
             text = carried  # nothing added to a carried block: the block as it was
         else:
-            above = [*self.shown, *(history[i] for i in pinned)]
+            above = [*self.shown, *(history[i] for i in pinned if i != self.request)]
             text = self._text(ledger, self.cap - _FRAMING, edited, above)
         self.memo = LedgerMemo(first, start, seed_tag(self.earlier), ledger, key, text)
         return system_block(text, LEDGER_ID) if text else None
@@ -294,6 +297,8 @@ class LedgerBuilder:
         if edited:
             ledger = ledger.branch().add([e for m in edited for e in extract_entities(m)])
         placed = frozenset(m.id for m in edited)
+        if self.turn is not None:
+            placed |= self.turn.ids()
         skip = Shown(above) if above else None
         return ledger.render(max_tokens, self.counter.count_text, placed, skip) or None
 
@@ -470,6 +475,7 @@ class EntityLedgerBlocks:
         show."""
         memo = carried_ledger(draft)
         builder = LedgerBuilder(ctx.counter, cap, ctx.earlier, memo, shown_blocks(draft))
+        builder.turn = turn_drops(draft)
         return builder.shrink(
             draft.history,
             ledger_sources(draft, draft.window),
@@ -493,11 +499,13 @@ class _Settling:
         it does not show (:func:`stacked_ledger`), else the block rendered now."""
         h, start, pinned, ctx = draft.history, draft.start, draft.pinned, self.ctx
         edited = ledger_sources(draft, window)
+        self.builder.turn, self.builder.request = turn_drops(draft), draft.newest
         ledger = self.builder.render(h, self.first, start, pinned, edited)
-        held = held_ledger(start, ctx)
+        held = held_ledger(start if draft.reopened is None else draft.reopened, ctx)
         if held is not None:
             return held
-        return stacked_ledger(ledger, self.builder, ctx, edited, [h[i] for i in pinned])
+        shown = [h[i] for i in pinned if i != draft.newest]
+        return stacked_ledger(ledger, self.builder, ctx, edited, shown)
 
     def carried(self, draft: Draft) -> Draft:
         return draft.with_memo("ledger", LedgerSources(self.first, self.builder.memo))
@@ -513,6 +521,36 @@ def ledger_sources(draft: Draft, window: Sequence[Message]) -> list[Message]:
     shown = {m.id for m in window if m.id not in edits or m.id in listed}
     hidden = {history[i].id for i in draft.pinned}.union(shown, rejected)
     return [m for m in history[draft.start :] if m.id not in hidden]
+
+
+class TurnDrops:
+    """The messages between the newest user message and the window, when the window's
+    start passed that request (pinned then: :func:`~ctxwarden.steps.fit._new_start`).
+    Their values are listed as those of the window's own dropped messages are (no
+    handle after them, no plain numbers): the same block as while the window started at
+    the request and they were dropped inside it. Their ids are read only when a block is
+    rendered anew (a coding agent's turn is the whole run: thousands of messages)."""
+
+    def __init__(self, history: Sequence[Message], lo: int, hi: int) -> None:
+        self.history, self.lo, self.hi = history, lo, hi
+        self._ids: frozenset[str] | None = None
+
+    def ids(self) -> frozenset[str]:
+        if self._ids is None:
+            self._ids = frozenset(map(_ID, self.history[self.lo : self.hi]))
+        return self._ids
+
+
+_ID = attrgetter("id")
+
+
+def turn_drops(draft: Draft) -> TurnDrops | None:
+    """:class:`TurnDrops` of ``draft`` (``None``: its window starts at or before the
+    newest user message)."""
+    at = draft.newest
+    if at is None or at + 1 >= draft.start:
+        return None
+    return TurnDrops(draft.history, at + 1, draft.start)
 
 
 def shown_blocks(draft: Draft) -> list[Message]:

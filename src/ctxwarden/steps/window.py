@@ -3,8 +3,12 @@
 The window start is sticky: it only moves forward, kept in the previous build's state, so
 consecutive builds share their prefix; a cold build (no state) finds it by walking back
 from the newest message until well past what the budget can hold. It never starts inside
-a tool-call block, never before what the summary covers, never after the newest user
-message.
+a tool-call block, never before what the summary covers, and not after the newest user
+message, unless that request opened a long turn (:func:`long_turn`: a coding agent's
+task, then hundreds of steps): then the request stays as a pin, laid where it stood
+(:mod:`~ctxwarden.steps.layout`), and the window's region is what fits, not the whole run.
+When a new request comes, the window opens again at the one it passed (:func:`reopened`)
+until the next compaction, as a window that had started there would.
 
 Pinned messages — flagged ``pinned``, ``priority="critical"``, or among the first
 ``window.pin_first`` conversation messages — are kept wherever they are: before the
@@ -26,14 +30,17 @@ from ctxwarden.steps.state import BuildState
 from ctxwarden.steps.task import task_form
 
 __all__ = [
+    "LONG_TURN",
     "WindowMemo",
     "WindowStep",
     "agent_task",
     "first_request",
     "is_pinned",
     "leading_system",
+    "long_turn",
     "newest_call_block",
     "newest_user",
+    "reopened",
 ]
 
 
@@ -50,6 +57,31 @@ def newest_user(history: Sequence[Message], start: int) -> int | None:
         if history[i].role == "user":
             return i
     return None
+
+
+LONG_TURN = 64
+"""Messages after the newest user message from which the window may start after it."""
+
+
+def long_turn(draft: Draft) -> bool:
+    """Whether the newest user message opened a long turn (more than :data:`LONG_TURN`
+    messages since: a coding agent's task, then its steps). Then the window may start
+    after it, and it stays as a pin, so the window's region is not the whole turn. A
+    short turn keeps the window at or before its request: moving past it and back at the
+    next request would cost more than the short region does."""
+    return draft.newest is not None and len(draft.history) - draft.newest > LONG_TURN
+
+
+def reopened(history: Sequence[Message], start: int, seen: int, newest: int, lowest: int) -> int:
+    """The window's start when a new user message (at ``newest``) came since the previous
+    build (which saw ``seen`` messages): at the request that build sent pinned, if the
+    window had moved past it (:func:`~ctxwarden.steps.fit._new_start`), so the context
+    keeps it until the next compaction moves the window, as it did while the window
+    started at it. No earlier than ``lowest`` (the summary's floor, the system prompt)."""
+    if not seen or newest < seen or seen > len(history):
+        return start
+    before = next((i for i in range(seen - 1, lowest - 1, -1) if history[i].role == "user"), None)
+    return before if before is not None and before < start else start
 
 
 def newest_call_block(history: Sequence[Message], after: int) -> range:
@@ -217,8 +249,13 @@ class WindowStep:
         else:
             start = max(prev.window_start, sys_end)
         start = _align(h, max(start, draft.floor, sys_end))
+        passed = start
         if draft.newest is not None and start > draft.newest:
-            start = draft.newest
+            if not prev.history_length and not long_turn(draft):
+                start = draft.newest  # (a short turn's window starts at its request)
+        elif draft.newest is not None:
+            seen, lowest = prev.history_length, max(draft.floor, sys_end)
+            start = reopened(h, start, seen, draft.newest, lowest)
         task = draft.task  # (run_build finds it: agent_task)
         if task is not None and task < draft.floor:
             task = None  # the summary covers it
@@ -233,7 +270,8 @@ class WindowStep:
         if cap is not None:
             start = _capped_start(h, start, draft.newest, cap, set(pins))
         flagged, upto = self._flagged(h, sys_end, start, prev)
-        pinned = _whole_blocks(h, [*(j for j in pins if j < start), *flagged], start)
+        request = [draft.newest] if draft.newest is not None and draft.newest < start else []
+        pinned = _whole_blocks(h, [*(j for j in pins if j < start), *flagged, *request], start)
         window = tuple(h[start:])
         protected = set(draft.protected)
         protected.update(  # is_pinned, inline: it asks every message of the window
@@ -247,6 +285,7 @@ class WindowStep:
             actions = _left_by_cap(h, uncapped, start, set(pinned), cap, ctx)
         new = draft.but(
             start=start,
+            reopened=passed if start < passed else None,
             window=window,
             pinned=tuple(pinned),
             protected=frozenset(protected),
