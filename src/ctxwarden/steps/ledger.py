@@ -333,14 +333,17 @@ class Shown:
 
     def __init__(self, messages: Sequence[Message]) -> None:
         self.key = tuple(m.fingerprint for m in messages)
-        self.text, self.tokens = _words(self.key, messages)
+        self.text, self.tokens, self._searched = _words(self.key, messages)
 
     def __call__(self, value: str) -> bool:
         if value in self.tokens:
             return True
         if value.replace("_", "a").isalnum() or value not in self.text:
             return False
-        return _whole(value).search(self.text) is not None
+        found = self._searched.get(value)  # (a ledger block kept in place is searched
+        if found is None:  # at every compaction for the values it holds: once is enough)
+            found = self._searched[value] = _whole(value).search(self.text) is not None
+        return found
 
     def __bool__(self) -> bool:
         return bool(self.key)
@@ -358,19 +361,21 @@ def shown_values(ledger: EntityLedger, messages: Sequence[Message]) -> frozenset
     return frozenset(e.value for e in ledger.entries if shown(e.value))
 
 
-_WORDS: BoundedCache[tuple[str, ...], tuple[str, frozenset[str]]] = BoundedCache("ledger.words", 64)
+_Words = tuple[str, frozenset[str], dict[str, bool]]
+_WORDS: BoundedCache[tuple[str, ...], _Words] = BoundedCache("ledger.words", 64)
 
 
-def _words(key: tuple[str, ...], messages: Sequence[Message]) -> tuple[str, frozenset[str]]:
-    """The text of ``messages`` and its word tokens, memoised by their fingerprints (the
-    system prompt and facts of a conversation recur at every build; bounded, locked)."""
+def _words(key: tuple[str, ...], messages: Sequence[Message]) -> _Words:
+    """The text of ``messages``, its word tokens and the answers of the substring
+    searches made in it so far, memoised by their fingerprints (the system prompt, the
+    facts and a ledger block kept in place recur at every build; bounded, locked)."""
     found = _WORDS.get(key)
     if found is None:
         text = "\n".join(
             [m.text for m in messages]
             + [f"{c.name} {c.arguments}" for m in messages for c in m.tool_calls]
         )
-        found = _WORDS.put(key, (text, frozenset(_WORD.findall(text))))
+        found = _WORDS.put(key, (text, frozenset(_WORD.findall(text)), {}))
     return found
 
 
