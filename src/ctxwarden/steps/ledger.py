@@ -253,10 +253,16 @@ class LedgerBuilder:
         elif carried and self.counter.count_text(carried) + _FRAMING <= self.cap:
             text = carried  # nothing added to a carried block: the block as it was
         else:
-            above = [*self.shown, *(history[i] for i in pinned if i != self.request)]
+            above = [*self.shown, *self.pins_shown(history, pinned)]
             text = self._text(ledger, self.cap - _FRAMING, edited, above)
         self.memo = LedgerMemo(first, start, seed_tag(self.earlier), ledger, key, text)
         return system_block(text, LEDGER_ID) if text else None
+
+    def pins_shown(self, history: Sequence[Message], pinned: Sequence[int]) -> list[Message]:
+        """The pinned messages whose values the block leaves out: all but a request the
+        window passed (:attr:`request`), whose values it did not leave out while the
+        window started at it."""
+        return [history[i] for i in pinned if i != self.request]
 
     def beyond(
         self, base: Message, edited: Sequence[Message], pinned: Sequence[Message]
@@ -509,7 +515,7 @@ class _Settling:
         held = held_ledger(start if draft.reopened is None else draft.reopened, ctx)
         if held is not None:
             return held
-        shown = [h[i] for i in pinned if i != draft.newest]
+        shown = self.builder.pins_shown(h, pinned)
         return stacked_ledger(ledger, self.builder, ctx, edited, shown)
 
     def carried(self, draft: Draft) -> Draft:
