@@ -22,6 +22,7 @@ import openai
 import pytest
 from conftest import SHARED_DATA
 from llm_servers import Reply, ScriptedServer, anthropic_message, openai_completion
+from responses_servers import response_json
 from service_harness import (
     PG_DSN,
     PG_SKIP,
@@ -38,6 +39,11 @@ from ctxwarden.core.handles import HANDLE_PREFIX
 from ctxwarden.core.messages import Message
 from ctxwarden.formats.anthropic import messages_from_anthropic, messages_to_anthropic
 from ctxwarden.formats.openai import message_to_openai
+from ctxwarden.formats.responses import (
+    message_items,
+    messages_from_responses,
+    messages_to_responses,
+)
 from ctxwarden_bench.session_path import (
     SessionBuilder,
     compare_paths,
@@ -277,6 +283,26 @@ def _replay_served(
                     call()
                     got: Any = _wire(upstream.requests[-1].json["messages"])
                     expected: Any = _wire(want.to_openai())
+                elif route == "responses":
+                    # the history as a Responses client holds it: the system prompt as
+                    # instructions, the rest as items (a result carries no tool name there)
+                    items = [i for m in before[1:] for i in message_items(m)]
+                    carried = messages_from_responses(items, before[0].text)
+                    ided = [m.with_id(f"m{i}") for i, m in enumerate(carried)]
+                    want = _or_refused(reference, ided, budget)
+                    call = partial(
+                        oa.responses.create, model=model, instructions=before[0].text,
+                        input=items, extra_headers=headers,
+                    )  # fmt: skip
+                    if want is None:
+                        _refused(call, openai.BadRequestError)
+                        calls, equal = calls + 1, equal + 1
+                        continue
+                    upstream.reply(Reply(body=response_json(message_items(run[k]))))
+                    call()
+                    body = upstream.requests[-1].json
+                    got = (body.get("instructions"), body["input"])
+                    expected = messages_to_responses(want.messages)
                 else:
                     system, turns = messages_to_anthropic(before)
                     # the history as this route carries it: consecutive messages of one
@@ -309,7 +335,7 @@ def _replay_served(
     return calls, equal
 
 
-@pytest.mark.parametrize("route", ["openai", "anthropic"])
+@pytest.mark.parametrize("route", ["openai", "anthropic", "responses"])
 @pytest.mark.parametrize("which", ["tau", "swe"])
 def test_dev_agent_loops_through_serve_send_what_build_context_sends(
     which: str, route: str, served: Any, tau_bench_path: Path
@@ -321,7 +347,7 @@ def test_dev_agent_loops_through_serve_send_what_build_context_sends(
 
 
 @pytest.mark.exhaustive
-@pytest.mark.parametrize("route", ["openai", "anthropic"])
+@pytest.mark.parametrize("route", ["openai", "anthropic", "responses"])
 @pytest.mark.parametrize("which", ["tau", "swe"])
 def test_every_call_of_every_dev_run_through_serve(
     which: str, route: str, served: Any, tau_bench_path: Path

@@ -20,8 +20,11 @@ library's ``build_context`` in an agent loop
 :class:`~ctxwarden.Session` built in process (:class:`SessionBuilder`: the build path
 the proxy takes, its sticky decisions kept in the store); and the proxy process's CPU
 per call (from ``/proc``) and its sync-and-build time per call
-(``ctxwarden_build_seconds``). At the end every stored session is checked: no branch
-(each call's history extended the stored one).
+(``ctxwarden_build_seconds``). All three build from the runs as a Responses client holds
+them (:func:`as_responses_client`: a tool result has no tool name on that wire), so the
+context upstream got is compared with the library's call for call, and the command fails
+when one differs or when a stored session branched (each call's history must extend the
+stored one).
 """
 
 from __future__ import annotations
@@ -48,7 +51,15 @@ from ctxwarden_bench.proxy import _build_seconds, _wait
 from ctxwarden_bench.retention import Retention, engine_builder
 from ctxwarden_bench.swebench import BUDGETS, load_swebench, swebench_retention
 
-__all__ = ["ProxyBuilder", "ScriptedUpstream", "SessionBuilder", "main", "with_history_ids"]
+__all__ = [
+    "ProxyBuilder",
+    "Recorded",
+    "ScriptedUpstream",
+    "SessionBuilder",
+    "as_responses_client",
+    "main",
+    "with_history_ids",
+]
 
 MODEL = "gpt-4o"
 
@@ -158,6 +169,39 @@ def with_history_ids(before: Sequence[Message], ctx: Sequence[Message]) -> list[
     return out
 
 
+def as_responses_client(run: Sequence[Message]) -> list[Message]:
+    """``run`` as a Responses client holds it: each message through the wire format and
+    back, ids kept (a tool result carries no tool name there, and a name is counted), so
+    the library and the session build from what the proxy receives and their contexts
+    can be compared with its call for call."""
+    items = [i for m in run[1:] for i in message_items(m)]
+    back = messages_from_responses(items, run[0].text)
+    if len(back) != len(run):
+        raise ValueError(f"a run of {len(run)} messages came back as {len(back)}")
+    return [m.with_id(old.id) for old, m in zip(run, back, strict=True)]
+
+
+class Recorded:
+    """A :data:`~ctxwarden_bench.retention.Builder` that keeps what ``builder`` built,
+    call by call, as the wire shows it (roles, texts, calls, results' call ids)."""
+
+    def __init__(self, builder: Any) -> None:
+        self.builder = builder
+        self.contexts: list[list[tuple[Any, ...]]] = []
+
+    def __call__(
+        self, before: Sequence[Message], counts: Sequence[int], budget: int
+    ) -> list[Message]:
+        ctx = self.builder(before, counts, budget)
+        self.contexts.append([_shown(m) for m in ctx])
+        return list(ctx)
+
+
+def _shown(m: Message) -> tuple[Any, ...]:
+    calls = tuple((c.id, c.name, c.arguments) for c in m.tool_calls)
+    return m.role, m.text, calls, m.tool_call_id
+
+
 def _row(name: str, r: Retention, budget: int, extra: str = "") -> str:
     return (f"{name:<8} {budget:>6} {r.retention:>9.1%} {r.reduction:>9.1%} {r.calls:>6} "
             f"{r.violations:>10} {r.over_budget:>5} {extra}")  # fmt: skip
@@ -180,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     if path is None:
         ap.error("swebench-mini traces not found (set --data or $CTXWARDEN_DATA)")
     runs = load_swebench(path)
-    runs = runs[: args.runs] if args.runs else runs
+    runs = [as_responses_client(r) for r in (runs[: args.runs] if args.runs else runs)]
     budgets = [int(b) for b in args.budgets.split(",")]
     import openai
 
@@ -188,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     from ctxwarden.store.service_tables import add_tenant
 
     figures: dict[str, Any] = {"runs": len(runs), "budgets": {}}
+    unequal = 0  # calls whose context upstream got is not the library's
     with tempfile.TemporaryDirectory(prefix="ctxwarden-replay-") as tmp:
         db = f"sqlite:///{Path(tmp) / 'replay.db'}"
         key, tenant = new_key(), "replay"
@@ -209,28 +254,36 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{'builder':<8} {'budget':>6} {'retention':>9} {'reduction':>9} "
                       f"{'calls':>6} {'violations':>10} {'over':>5}")  # fmt: skip
                 for budget in budgets:
-                    library = swebench_retention(runs, budget, engine_builder(MODEL))
+                    reference = Recorded(engine_builder(MODEL))
+                    library = swebench_retention(runs, budget, reference)
                     print(_row("library", library, budget), flush=True)
                     with open_store(f"sqlite:///{Path(tmp) / f'session-{budget}.db'}") as own:
                         stored = swebench_retention(runs, budget, SessionBuilder(own))
                     print(_row("session", stored, budget), flush=True)
                     builder = ProxyBuilder(client, upstream, runs)
+                    sent = Recorded(builder)
                     cpu0, built0 = read_cpu(proxy.pid), _build_seconds(base, "responses")
-                    proxied = swebench_retention(runs, budget, builder)
+                    proxied = swebench_retention(runs, budget, sent)
                     cpu = seconds_between(cpu0, read_cpu(proxy.pid))
                     built1 = _build_seconds(base, "responses")
                     calls = max(len(builder.seconds), 1)
                     build_ms = (built1[0] - built0[0]) / max(built1[1] - built0[1], 1) * 1000
                     cpu_ms = cpu / calls * 1000
                     p50 = sorted(builder.seconds)[len(builder.seconds) // 2] * 1000
+                    same = sum(
+                        a == b for a, b in zip(reference.contexts, sent.contexts, strict=True)
+                    )
+                    unequal += len(sent.contexts) - same
                     note = (f"proxy CPU {cpu_ms:.1f} ms/call, sync+build {build_ms:.1f} ms, "
-                            f"SDK call p50 {p50:.0f} ms")  # fmt: skip
+                            f"SDK call p50 {p50:.0f} ms, {same}/{len(sent.contexts)} contexts "
+                            "equal to the library's")  # fmt: skip
                     print(_row("proxy", proxied, budget, note), flush=True)
                     figures["budgets"][str(budget)] = {
                         "library": library.to_json(), "session": stored.to_json(),
                         "proxy": proxied.to_json(),
                         "proxy_cpu_ms_per_call": cpu_ms, "proxy_build_ms": build_ms,
                         "sdk_call_p50_ms": p50, "calls": len(builder.seconds),
+                        "contexts_equal_to_library": same,
                     }  # fmt: skip
                 client.close()
             finally:
@@ -240,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stored sessions: {len(branches)} branches (each call extended its session)")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
-    return 1 if branches else 0
+    return 1 if branches or unequal else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,74 @@
+"""``python -m ctxwarden_bench.responses_replay``: swebench-mini runs through ``/v1/responses``
+with the real ``openai`` SDK, the context upstream got compared with the library's call
+for call."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from conftest import SHARED_DATA
+
+from ctxwarden_bench.responses_replay import as_responses_client, main
+from ctxwarden_bench.swebench import load_swebench
+
+SWEBENCH = SHARED_DATA / "swebench-mini" / "swebench-verified-mini-gemini3-dev.json"
+pytestmark = pytest.mark.skipif(
+    not SWEBENCH.exists(), reason=f"swebench-mini data not found at {SWEBENCH}"
+)
+
+
+def test_a_run_as_a_responses_client_holds_it() -> None:
+    """Ids kept, tool results without the tool name the wire has no place for; the rest
+    (texts, calls, call ids) as recorded."""
+    run = load_swebench(SWEBENCH)[0]
+    assert any(m.role == "tool" and m.name for m in run)  # (the recording names them)
+    held = as_responses_client(run)
+    assert [m.id for m in held] == [m.id for m in run]
+    assert all(m.name is None for m in held if m.role == "tool")
+    for was, now in zip(run, held, strict=True):
+        assert (now.role, now.text, now.tool_calls, now.tool_call_id) == (
+            was.role,
+            was.text,
+            was.tool_calls,
+            was.tool_call_id,
+        )
+
+
+def test_what_upstream_got_is_the_library_context_call_for_call(tmp_path: Path) -> None:
+    out = tmp_path / "figures.json"
+    argv = ["--data", str(SWEBENCH), "--runs", "2", "--budgets", "4000", "--json", str(out)]
+    assert main(argv) == 0
+    row = json.loads(out.read_text())["budgets"]["4000"]
+    calls = row["calls"]
+    assert calls > 10
+    assert row["contexts_equal_to_library"] == calls
+    assert row["proxy"]["retention"] == row["library"]["retention"] == row["session"]["retention"]
+    assert row["proxy"]["violations"] == row["proxy"]["over_budget"] == 0
+    assert row["proxy_cpu_ms_per_call"] > 0
+
+
+def test_a_context_that_differs_fails_the_command(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A library fed the recording's tool names (what the wire cannot carry) builds other
+    contexts: the command says so and exits non-zero."""
+    import ctxwarden_bench.responses_replay as replay
+
+    def named(run: list) -> list:  # type: ignore[type-arg]
+        return [dataclasses.replace(m, name="bash") if m.role == "tool" else m for m in run]
+
+    real = replay.engine_builder
+
+    def naming(model: str):  # type: ignore[no-untyped-def]
+        inner = real(model)  # one builder for the whole replay, as the command makes
+        return lambda before, counts, budget: inner(named(before), counts, budget)
+
+    monkeypatch.setattr(replay, "engine_builder", naming)
+    out = tmp_path / "figures.json"
+    argv = ["--data", str(SWEBENCH), "--runs", "1", "--budgets", "4000", "--json", str(out)]
+    assert main(argv) == 1
+    row = json.loads(out.read_text())["budgets"]["4000"]
+    assert row["contexts_equal_to_library"] < row["calls"]
