@@ -2,8 +2,9 @@
 
 Each shortcut (a prefilter that skips a pattern, capitalised words found without a
 look-behind scan, a ledger that checks only the entries a new statement can match, a
-pruned ledger that keeps its ranking, the look-back ledger memo of cold builds) is
-checked against the plain computation it replaces.
+pruned ledger that keeps its ranking, the look-back ledger memo of cold builds, a side
+branch kept on its ledger, a whole-token test by ``str.find``) is checked against the
+plain computation it replaces.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ctxwarden.memory.entities import Entity
 from ctxwarden.memory.entity_ledger import EntityLedger
 from ctxwarden.memory.entity_patterns import NEEDS, PATTERNS
 from ctxwarden.pipeline.engine import build_context
-from ctxwarden.steps.ledger import ledger_of
+from ctxwarden.steps.ledger import Shown, ledger_of, shows_whole
 
 count = TokenCounter.for_model("gpt-4o").count_text
 
@@ -188,3 +189,41 @@ def test_the_longest_fitting_prefix_is_the_one_a_binary_search_finds(
         assert got == ledger._fit(cap, count), cap
         assert got[2] <= cap and got[2] == count(got[1])
     assert searched >= 10, searched  # the estimate was short for many caps: the search ran
+
+
+_WORDY = st.text(alphabet="ab_1 .-/:éß٣Ж\n", max_size=40)
+
+
+@settings(max_examples=800, deadline=None)
+@given(_WORDY, st.text(alphabet="ab_1 .-/:éß٣Ж", min_size=1, max_size=5))
+def test_a_whole_token_is_what_the_look_around_pattern_finds(text: str, value: str) -> None:
+    """``shows_whole`` and ``Shown`` (its answers kept) answer as the regex they replace,
+    letters and digits of any script counting as word characters."""
+    import re
+
+    want = re.search(r"(?<!\w)" + re.escape(value) + r"(?!\w)", text) is not None
+    assert shows_whole(value, text) is want
+    shown = Shown([Message.system(text)])
+    assert shown(value) is want and shown(value) is want  # (the second from its memo)
+
+
+def test_a_side_branch_is_grown_once_per_key_and_equals_a_fresh_one() -> None:
+    base = EntityLedger().add([Entity("R0001X", "id", "m1", "id", "tool")])
+    extra = [
+        Entity("2024-05-20", "date", "m7", "date", "tool"),
+        Entity("Sofia Kim", "name", "m7", "name", "user"),
+    ]
+    made = 0
+
+    def entities_of_m7() -> list[Entity]:
+        nonlocal made
+        made += 1
+        return extra
+
+    grown = base.grown(("m7", "fp"), entities_of_m7)
+    assert base.grown(("m7", "fp"), entities_of_m7) is grown and made == 1
+    _alike(grown, base.branch().add(extra))
+    assert [e.value for e in base.entries] == ["R0001X"]  # the ledger it grew from is as it was
+    for k in range(entity_ledger._GROWN_KEPT):  # the oldest branch goes when more are kept
+        base.grown(("other", k), lambda: extra[:1])
+    assert base.grown(("m7", "fp"), entities_of_m7) is not grown and made == 2

@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -119,6 +119,7 @@ def listed(value: str) -> str:
 _LIST_SEPARATOR = re.compile(r",\s")
 _SPACED = re.compile(r"\s")  # a value with a space: its line is ", "-separated
 _SKIPS = 32  # entries that do not fit a render tries past before it stops
+_GROWN_KEPT = 4  # side branches a ledger keeps (EntityLedger.grown)
 
 
 _RenderKey = tuple[int, Callable[[str], int], frozenset[str] | None, Callable[[str], bool] | None]
@@ -177,6 +178,8 @@ class EntityLedger:
     _renders: dict[_RenderKey, str] = field(default_factory=dict, compare=False, repr=False)
     # match key -> positions (see _Keys); shared like _index, None: not built
     _keys: _Keys | None = field(default=None, compare=False, repr=False)
+    # side branches grown from this ledger, by what they were grown with (see grown)
+    _grown: dict[Hashable, EntityLedger] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self._tiers:
@@ -362,6 +365,20 @@ class EntityLedger:
         index, tiers, renders = dict(self._index), self._tiers, self._renders
         return EntityLedger(self.entries, self.seq, self.header, index, tiers, _renders=renders)
 
+    def grown(self, key: Hashable, entities: Callable[[], Iterable[Entity]]) -> EntityLedger:
+        """``branch().add(entities())``, kept on this ledger by ``key`` (what the entities
+        came from: equal keys, equal entities). A build renders one ledger with the values
+        of the window's edited messages several times (each try of the fit, the block
+        stacked after a kept one), and the builds after it do again until the window
+        moves: the branch is grown once, and its render memo serves the repeats. The last
+        :data:`_GROWN_KEPT` branches are kept."""
+        found = self._grown.get(key)
+        if found is None:
+            if len(self._grown) >= _GROWN_KEPT:
+                del self._grown[next(iter(self._grown))]
+            found = self._grown[key] = self.branch().add(entities())
+        return found
+
     def values(self) -> list[str]:
         return [e.value for e in self.entries]
 
@@ -507,9 +524,12 @@ class EntityLedger:
         used = _cost(table, count, self.header)
         entries = self.entries
         skipped = 0
+        skip = skip or None  # (asked once: a Shown of no messages is false)
         for _, i in self._ranked_order(entries, self._tiers):
             e = entries[i]
-            if (e.source_id in placed and _rank_of(e) <= LOW_RANK) or (skip and skip(e.value)):
+            if (e.source_id in placed and _rank_of(e) <= LOW_RANK) or (
+                skip is not None and skip(e.value)
+            ):
                 continue  # shown elsewhere; or a plain number of a message one recall away
             step = table.get(e.value)
             if step is None:

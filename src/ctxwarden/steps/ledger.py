@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
-from ctxwarden.core.caching import BoundedCache, memoize
+from ctxwarden.core.caching import BoundedCache
 from ctxwarden.core.messages import Message
 from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.memory.entities import extract_entities
@@ -301,7 +301,8 @@ class LedgerBuilder:
         if max_tokens <= 0:
             return None
         if edited:
-            ledger = ledger.branch().add([e for m in edited for e in extract_entities(m)])
+            key = tuple([(m.id, m.fingerprint) for m in edited])
+            ledger = ledger.grown(key, lambda: [e for m in edited for e in extract_entities(m)])
         placed = frozenset(m.id for m in edited)
         if self.turn is not None:
             placed |= self.turn.ids()
@@ -342,14 +343,17 @@ class Shown:
         self.text, self.tokens, self._searched = _words(self.key, messages)
 
     def __call__(self, value: str) -> bool:
+        found = self._searched.get(value)  # (the same blocks are asked for the same
+        if found is None:  # values at every render: the answer is kept with the text)
+            found = self._searched[value] = self._search(value)
+        return found
+
+    def _search(self, value: str) -> bool:
         if value in self.tokens:
             return True
-        if value.replace("_", "a").isalnum() or value not in self.text:
+        if value.replace("_", "a").isalnum():
             return False
-        found = self._searched.get(value)  # (a ledger block kept in place is searched
-        if found is None:  # at every compaction for the values it holds: once is enough)
-            found = self._searched[value] = _whole(value).search(self.text) is not None
-        return found
+        return shows_whole(value, self.text)
 
     def __bool__(self) -> bool:
         return bool(self.key)
@@ -372,8 +376,8 @@ _WORDS: BoundedCache[tuple[str, ...], _Words] = BoundedCache("ledger.words", 64)
 
 
 def _words(key: tuple[str, ...], messages: Sequence[Message]) -> _Words:
-    """The text of ``messages``, its word tokens and the answers of the substring
-    searches made in it so far, memoised by their fingerprints (the system prompt, the
+    """The text of ``messages``, its word tokens and the answers given so far (whether
+    a value shows in it), memoised by their fingerprints (the system prompt, the
     facts and a ledger block kept in place recur at every build; bounded, locked)."""
     found = _WORDS.get(key)
     if found is None:
@@ -385,9 +389,23 @@ def _words(key: tuple[str, ...], messages: Sequence[Message]) -> _Words:
     return found
 
 
-@memoize(4096)
-def _whole(value: str) -> re.Pattern[str]:
-    return re.compile(r"(?<!\w)" + re.escape(value) + r"(?!\w)")
+def shows_whole(value: str, text: str) -> bool:
+    """Whether ``value`` occurs in ``text`` with no word character (``\\w``: a letter, a
+    digit, ``_``) just before or after it: ``(?<!\\w)value(?!\\w)``, found by ``str.find``
+    (a pattern that opens with a look-behind has no literal prefix to search for: the
+    regex tried every position of a long system prompt)."""
+    end, at = len(value), text.find(value)
+    while at >= 0:
+        before = text[at - 1] if at else ""
+        after = text[at + end : at + end + 1]
+        if not _is_word(before) and not _is_word(after):
+            return True
+        at = text.find(value, at + 1)
+    return False
+
+
+def _is_word(char: str) -> bool:
+    return char.isalnum() or char == "_"
 
 
 #: Characters a budget token stands for in ``ledger.lookback_budgets`` (English text
