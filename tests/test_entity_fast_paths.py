@@ -227,3 +227,28 @@ def test_a_side_branch_is_grown_once_per_key_and_equals_a_fresh_one() -> None:
     for k in range(entity_ledger._GROWN_KEPT):  # the oldest branch goes when more are kept
         base.grown(("other", k), lambda: extra[:1])
     assert base.grown(("m7", "fp"), entities_of_m7) is not grown and made == 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(batches, st.lists(st.integers(1, 4), max_size=10))
+def test_a_ledger_over_its_cap_keeps_the_same_values_however_its_messages_are_added(
+    seen: list[list[tuple[str, str]]], splits: list[int]
+) -> None:
+    """Pruning happens after the message whose values took the ledger over its cap, so
+    an open session (a few messages per add, as the window moves) and a replica (all of
+    them in one add) hold the same ledger: the same values, ranks and renders."""
+    values = [Entity(f"{v}-{i}" if o == "tool" else v, "v", f"m{i}", _CATS.get(v, "value"), o)
+              for i, batch in enumerate(seen) for v, o in batch]  # fmt: skip
+    saved = entity_ledger.MAX_ENTRIES
+    entity_ledger.MAX_ENTRIES = 6
+    try:
+        at, stepwise, messages = 0, EntityLedger(), [b for b in range(len(seen)) if seen[b]]
+        for n in splits or [len(messages)]:
+            chunk = {f"m{b}" for b in messages[at : at + n]}
+            stepwise = stepwise.add([e for e in values if e.source_id in chunk])
+            at += n
+        rest = {f"m{b}" for b in messages[at:]}
+        stepwise = stepwise.add([e for e in values if e.source_id in rest])
+        _alike(stepwise, EntityLedger().add(values))
+    finally:
+        entity_ledger.MAX_ENTRIES = saved

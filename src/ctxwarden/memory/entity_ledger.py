@@ -196,9 +196,26 @@ class EntityLedger:
     def add(self, entities: Iterable[Entity]) -> EntityLedger:
         """A new ledger with ``entities`` added (new values last, known ones refreshed:
         seen once more, marked by who wrote them, ranked again). The result does not
-        depend on how the entities are split into calls: an entry matches the user's
-        words whenever its keys meet those of a value the user stated, whatever came
-        first."""
+        depend on how the entities are split into calls between their messages: an entry
+        matches the user's words whenever its keys meet those of a value the user stated,
+        whatever came first, and a ledger over :data:`MAX_ENTRIES` is pruned after the
+        message whose values took it over, however many messages the call holds (so an
+        open session, which adds what left the window at each build, and a replica, which
+        adds the same messages in one call, keep the same values)."""
+        items = list(entities)
+        if len(self.entries) + len(items) <= MAX_ENTRIES:
+            return self._add(items)  # (no message can take it over: one step)
+        out, at = self, 0
+        while at < len(items):  # the most messages that cannot take it over, or one
+            room, end = MAX_ENTRIES - len(out.entries), _message_end(items, at)
+            while end < len(items) and _message_end(items, end) - at <= room:
+                end = _message_end(items, end)
+            out = out._add(items[at:end])
+            at = end
+        return out
+
+    def _add(self, items: list[Entity]) -> EntityLedger:
+        """:meth:`add`, pruned once at the end."""
         entries = list(self.entries)
         n = len(entries)
         # The value -> position index is shared with the ledger this one came from (it
@@ -213,7 +230,6 @@ class EntityLedger:
         touched: list[int] = []
         tooled: bool | None = None  # a tool used so far (found when first needed)
         marks_of, new = _MARKS.get, tuple.__new__  # LedgerEntry(...) without its Python __new__
-        items = list(entities)
         stamps = _reading_stamps(items, seq)
         tails = [len(t) for t in tiers]
         for e, stamp in zip(items, stamps, strict=True):
@@ -603,6 +619,14 @@ def _line(group: Sequence[LedgerEntry], marked: frozenset[str]) -> str:
             piece += f" ({handle_for(e.source_id)})"
         parts.append(piece)
     return (", " if spaced else " ").join(parts)
+
+
+def _message_end(entities: Sequence[Entity], at: int) -> int:
+    """The end of the run of ``entities`` from ``at`` that one message gave (one source)."""
+    source, end = entities[at].source_id, at + 1
+    while end < len(entities) and entities[end].source_id == source:
+        end += 1
+    return end
 
 
 def _reading_stamps(entities: Sequence[Entity], seq: int) -> list[int]:
