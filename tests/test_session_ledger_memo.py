@@ -1,11 +1,16 @@
-"""An open session reuses its last build's ledger memo (speed only): every context equals
-the one a session object that has never built (a new replica) gives from the store."""
+"""An open session reuses its last build's ledger and window memos (speed only): every
+context equals the one a session object that has never built (a new replica) gives from
+the store."""
 
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
+from ctxwarden.core.messages import Message
 from ctxwarden.formats.openai import message_from_openai
 from ctxwarden.pipeline.policy import Policy
 from ctxwarden.session.session import Session
@@ -36,3 +41,51 @@ def test_a_kept_ledger_memo_changes_no_context(tmp_path: Path) -> None:
         assert ours.to_openai() == theirs.to_openai(), f"turn {turn}"
         assert ours.state.to_dict() == theirs.state.to_dict(), f"turn {turn}"
     assert reused >= 10
+
+
+def test_a_long_turn_keeps_its_window_memo_and_changes_no_context(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A coding agent's run (one request, then its steps): the session's slice is the
+    whole run, and the window step's scan for pinned messages before the window is kept
+    with the ledger's memo, so a build scans only what left the window since; the
+    contexts are a new replica's, which scans it all."""
+    from itertools import islice
+
+    import ctxwarden.steps.window as window
+    from ctxwarden_bench.traffic import one_prompt_traffic
+
+    run = list(islice(one_prompt_traffic(3), 700))
+    for at in (12, 240):  # results the user pinned: the window keeps them as it moves on
+        at = next(i for i in range(at, len(run)) if run[i].role == "tool")
+        run[at] = replace(run[at], pinned=True)
+    scanned = 0
+    real = window.is_pinned
+
+    def counted(message: Message) -> bool:
+        nonlocal scanned
+        scanned += 1
+        return real(message)
+
+    monkeypatch.setattr(window, "is_pinned", counted)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    kept = Session(url, "run", tenant="t")
+    kept.append(run[:500])
+    kept.build(model="gpt-4o", max_input_tokens=2_000)
+    for turn, at in enumerate(range(500, len(run), 25)):
+        kept.append(run[at : at + 25])
+        copy = tmp_path / f"replica-{turn}.db"  # (the store before this build)
+        with sqlite3.connect(tmp_path / "s.db") as src, sqlite3.connect(copy) as dst:
+            src.backup(dst)
+        scanned = 0
+        ours = kept.build(model="gpt-4o", max_input_tokens=2_000)
+        assert scanned <= 150, f"turn {turn}: the window step scanned {scanned} messages"
+        fresh = Session(f"sqlite:///{copy}", "run", tenant="t")
+        scanned = 0
+        theirs = fresh.build(model="gpt-4o", max_input_tokens=2_000)
+        fresh.close()
+        assert scanned > 400  # (a replica scans the run: the memo is what spared it)
+        assert ours.to_openai() == theirs.to_openai(), f"turn {turn}"
+        assert ours.state.to_dict() == theirs.state.to_dict(), f"turn {turn}"
+        assert sum(m.pinned for m in ours.messages) == 2  # (both pins sent, far behind)
+    kept.close()

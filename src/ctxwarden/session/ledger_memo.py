@@ -17,7 +17,11 @@ ledger seed, where the sources begin, the rendered block's key) decide the rest,
 ``build_context(previous=...)``. The build's
 :class:`~ctxwarden.memory.summary_scan.SummaryScan` (the summary triggers' sums over
 the slice) is kept the same way, and given back when the new slice begins with the
-very messages it summed. Without them every output is the same.
+very messages it summed; so is the window's :class:`~ctxwarden.steps.window.WindowMemo`
+(the pinned and critical messages before the window, given back when the new slice
+begins with the messages it scanned: in a coding agent's long turn the slice is the
+whole run, and the window step scanned all of it again at each build). Without them
+every output is the same.
 """
 
 from __future__ import annotations
@@ -30,39 +34,56 @@ from ctxwarden.memory.summary_scan import SummaryScan
 from ctxwarden.steps.ledger import LedgerMemo, LedgerSources, carried_ledger, ledger_memo
 from ctxwarden.steps.memos import memo_of
 from ctxwarden.steps.state import BuildState
+from ctxwarden.steps.window import WindowMemo
 
 __all__ = ["SeqMemo"]
 
 
 @dataclass(frozen=True)
 class SeqMemo:
-    """A :class:`LedgerMemo` whose sources are the messages ``seqs`` (in order), and a
-    :class:`SummaryScan` of the slice ``scanned`` (the summary triggers' sums)."""
+    """A :class:`LedgerMemo` whose sources are the messages ``seqs`` (in order), a
+    :class:`SummaryScan` of the slice ``scanned`` (the summary triggers' sums) and a
+    :class:`WindowMemo` of the slice ``windowed`` (the pinned messages it found)."""
 
     memo: LedgerMemo | None
     seqs: tuple[int, ...]
     scan: SummaryScan | None = None
     scanned: tuple[int, ...] = ()
+    window: WindowMemo | None = None
+    windowed: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, state: BuildState, seqs: Sequence[int]) -> SeqMemo | None:
         """The memos of a build over the slice ``seqs`` (None: it has none)."""
         memo, scan = carried_ledger(state), memo_of(state, "layers", SummaryScan)
+        window = memo_of(state, "window", WindowMemo)
         if memo is None or not state.history_length or memo.upto > len(seqs):
             memo = None
         if scan is None or scan.upto > len(seqs):
             scan = None
-        if memo is None and scan is None:
+        if window is None or window.upto > len(seqs):
+            window = None
+        if memo is None and scan is None and window is None:
             return None
         covered = tuple(seqs[memo.first : memo.upto]) if memo is not None else ()
-        return cls(memo, covered, scan, tuple(seqs[: scan.upto]) if scan is not None else ())
+        return cls(
+            memo,
+            covered,
+            scan,
+            tuple(seqs[: scan.upto]) if scan is not None else (),
+            window,
+            tuple(seqs[: window.upto]) if window is not None else (),
+        )
 
     def for_slice(self, state: BuildState, seqs: Sequence[int]) -> BuildState:
         """``state`` (the stored one, in positions of ``seqs``) with these memos: the
         ledger's when ``seqs`` holds the covered messages at consecutive positions, the
-        scan when ``seqs`` begins with the slice it summed; else unchanged."""
+        scan and the window's when ``seqs`` begins with the slice they read; else
+        unchanged."""
         if self.scan is not None and tuple(seqs[: len(self.scanned)]) == self.scanned:
             state = state.with_memo("layers", self.scan)
+        if self.window is not None and tuple(seqs[: len(self.windowed)]) == self.windowed:
+            state = state.with_memo("window", self.window)
         if self.memo is None:
             return state
         sources = ledger_memo(state) or LedgerSources()
