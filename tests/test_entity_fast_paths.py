@@ -207,26 +207,34 @@ def test_a_whole_token_is_what_the_look_around_pattern_finds(text: str, value: s
     assert shown(value) is want and shown(value) is want  # (the second from its memo)
 
 
-def test_a_side_branch_is_grown_once_per_key_and_equals_a_fresh_one() -> None:
+def test_a_side_branch_is_grown_once_and_from_a_kept_branch_of_its_first_messages() -> None:
     base = EntityLedger().add([Entity("R0001X", "id", "m1", "id", "tool")])
-    extra = [
-        Entity("2024-05-20", "date", "m7", "date", "tool"),
-        Entity("Sofia Kim", "name", "m7", "name", "user"),
-    ]
-    made = 0
+    by_message = {
+        "m7": [Entity("2024-05-20", "date", "m7", "date", "tool")],
+        "m9": [
+            Entity("Sofia Kim", "name", "m9", "name", "user"),
+            Entity("12", "n", "m9", "number", "tool"),
+        ],
+    }
+    asked: list[tuple[str, ...]] = []
 
-    def entities_of_m7() -> list[Entity]:
-        nonlocal made
-        made += 1
-        return extra
+    def values(parts: tuple[str, ...]):  # type: ignore[no-untyped-def]
+        def of(done: int) -> list[Entity]:
+            asked.append(parts[done:])
+            return [e for p in parts[done:] for e in by_message[p]]
 
-    grown = base.grown(("m7", "fp"), entities_of_m7)
-    assert base.grown(("m7", "fp"), entities_of_m7) is grown and made == 1
-    _alike(grown, base.branch().add(extra))
-    assert [e.value for e in base.entries] == ["R0001X"]  # the ledger it grew from is as it was
+        return of
+
+    one = base.grown(("m7",), values(("m7",)))
+    assert base.grown(("m7",), values(("m7",))) is one and asked == [("m7",)]
+    two = base.grown(("m7", "m9"), values(("m7", "m9")))
+    assert asked[-1] == ("m9",)  # grown from the branch kept for m7
+    _alike(two, base.branch().add([*by_message["m7"], *by_message["m9"]]))
+    _alike(one, base.branch().add(by_message["m7"]))  # (the kept branch is as it was)
+    assert [e.value for e in base.entries] == ["R0001X"]  # so is the ledger they grew from
     for k in range(entity_ledger._GROWN_KEPT):  # the oldest branch goes when more are kept
-        base.grown(("other", k), lambda: extra[:1])
-    assert base.grown(("m7", "fp"), entities_of_m7) is not grown and made == 2
+        base.grown((f"other{k}",), lambda done: by_message["m7"])
+    assert base.grown(("m7",), values(("m7",))) is not one and asked[-1] == ("m7",)
 
 
 @settings(max_examples=300, deadline=None)

@@ -179,7 +179,9 @@ class EntityLedger:
     # match key -> positions (see _Keys); shared like _index, None: not built
     _keys: _Keys | None = field(default=None, compare=False, repr=False)
     # side branches grown from this ledger, by what they were grown with (see grown)
-    _grown: dict[Hashable, EntityLedger] = field(default_factory=dict, compare=False, repr=False)
+    _grown: dict[tuple[Hashable, ...], EntityLedger] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         if not self._tiers:
@@ -381,18 +383,26 @@ class EntityLedger:
         index, tiers, renders = dict(self._index), self._tiers, self._renders
         return EntityLedger(self.entries, self.seq, self.header, index, tiers, _renders=renders)
 
-    def grown(self, key: Hashable, entities: Callable[[], Iterable[Entity]]) -> EntityLedger:
-        """``branch().add(entities())``, kept on this ledger by ``key`` (what the entities
-        came from: equal keys, equal entities). A build renders one ledger with the values
-        of the window's edited messages several times (each try of the fit, the block
-        stacked after a kept one), and the builds after it do again until the window
-        moves: the branch is grown once, and its render memo serves the repeats. The last
-        :data:`_GROWN_KEPT` branches are kept."""
-        found = self._grown.get(key)
+    def grown(
+        self, parts: tuple[Hashable, ...], entities: Callable[[int], Iterable[Entity]]
+    ) -> EntityLedger:
+        """``branch().add(entities(0))``: this ledger grown with the values of some
+        messages, named in order by ``parts`` (equal parts, equal values; ``entities(k)``
+        gives those of the messages from the ``k``-th on). Kept on this ledger: a build
+        renders one ledger with the values of the window's edited messages several times
+        (each try of the fit, the block stacked after a kept one), and the builds after
+        it do again until the window moves, most often with one more message edited: a
+        branch kept for the first messages is grown by the rest (the values do not depend
+        on how the messages are split into adds). The last :data:`_GROWN_KEPT` are kept."""
+        found = self._grown.get(parts)
         if found is None:
+            base, done = self, 0
+            for kept, branch in self._grown.items():
+                if done < len(kept) < len(parts) and parts[: len(kept)] == kept:
+                    base, done = branch, len(kept)
             if len(self._grown) >= _GROWN_KEPT:
                 del self._grown[next(iter(self._grown))]
-            found = self._grown[key] = self.branch().add(entities())
+            found = self._grown[parts] = base.branch().add(entities(done))
         return found
 
     def values(self) -> list[str]:

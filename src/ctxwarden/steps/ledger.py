@@ -301,8 +301,10 @@ class LedgerBuilder:
         if max_tokens <= 0:
             return None
         if edited:
-            key = tuple([(m.id, m.fingerprint) for m in edited])
-            ledger = ledger.grown(key, lambda: [e for m in edited for e in extract_entities(m)])
+            parts = tuple([(m.id, m.fingerprint) for m in edited])
+            ledger = ledger.grown(
+                parts, lambda done: [e for m in edited[done:] for e in extract_entities(m)]
+            )
         placed = frozenset(m.id for m in edited)
         if self.turn is not None:
             placed |= self.turn.ids()
