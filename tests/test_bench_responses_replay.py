@@ -37,11 +37,15 @@ def test_a_run_as_a_responses_client_holds_it() -> None:
         )
 
 
-def test_what_upstream_got_is_the_library_context_call_for_call(tmp_path: Path) -> None:
+@pytest.mark.parametrize("client", ["sdk", "httpx"])
+def test_what_upstream_got_is_the_library_context_call_for_call(
+    client: str, tmp_path: Path
+) -> None:
     out = tmp_path / "figures.json"
     argv = ["--data", str(SWEBENCH), "--runs", "2", "--budgets", "4000", "--json", str(out)]
-    assert main(argv) == 0
+    assert main([*argv, "--client", client]) == 0
     row = json.loads(out.read_text())["budgets"]["4000"]
+    assert row["client"] == client
     calls = row["calls"]
     assert calls > 10
     assert row["contexts_equal_to_library"] == calls

@@ -40,6 +40,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from ctxwarden.core.messages import Message
 from ctxwarden.formats.responses import message_items, messages_from_responses
 from ctxwarden.session import Session
@@ -116,8 +118,14 @@ class ProxyBuilder:
     from the proxy: each call sends the history through ``client.responses.create``
     (one session per run and budget), upstream answering with the run's next turn."""
 
-    def __init__(self, client: Any, upstream: ScriptedUpstream, runs: Sequence[Sequence[Message]]):
-        self.client, self.upstream = client, upstream
+    def __init__(
+        self,
+        client: Any,
+        upstream: ScriptedUpstream,
+        runs: Sequence[Sequence[Message]],
+        posted: Any = None,
+    ):
+        self.client, self.upstream, self.posted = client, upstream, posted
         self._runs = {id(run[0]): run for run in runs}
         self._sessions: dict[int, str] = {}
         self.sessions: list[str] = []
@@ -134,10 +142,15 @@ class ProxyBuilder:
         self.upstream.output = message_items(run[len(before)])
         items = [i for m in before[1:] for i in message_items(m)]
         headers = {"X-Ctxwarden-Session": session, "X-Ctxwarden-Max-Input-Tokens": str(budget)}
-        started = time.perf_counter()
-        self.client.responses.create(
-            model=MODEL, instructions=before[0].text, input=items, extra_headers=headers
-        )
+        if self.posted is not None:  # the body built before the clock starts
+            body = orjson.dumps({"model": MODEL, "instructions": before[0].text, "input": items})
+            started = time.perf_counter()
+            self.posted.post("/responses", content=body, headers=headers).raise_for_status()
+        else:
+            started = time.perf_counter()
+            self.client.responses.create(
+                model=MODEL, instructions=before[0].text, input=items, extra_headers=headers
+            )
         self.seconds.append(time.perf_counter() - started)
         sent = self.upstream.last
         return with_history_ids(
@@ -219,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
     ap.add_argument("--runs", type=int, default=0, help="replay only the first N runs")
     ap.add_argument("--json", type=Path, help="write the figures here too")
+    ap.add_argument("--client", choices=("sdk", "httpx"), default="sdk",
+                    help="sdk: the openai SDK's responses.create (default); httpx: the same "
+                    "requests as bodies built before each call, posted over httpx (the "
+                    "route's own cost, without the SDK's preparation between calls)")  # fmt: skip
     args = ap.parse_args(argv)
     path = find_traces(args.data)
     if path is None:
@@ -226,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = load_swebench(path)
     runs = [as_responses_client(r) for r in (runs[: args.runs] if args.runs else runs)]
     budgets = [int(b) for b in args.budgets.split(",")]
+    import httpx
     import openai
 
     from ctxwarden.service.keys import hash_key, new_key, shown_prefix
@@ -249,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
                 _wait(f"http://127.0.0.1:{port}/healthz", proxy)
                 base = f"http://127.0.0.1:{port}/v1"
                 client = openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=120)
+                posted = None
+                if args.client == "httpx":
+                    sent_as = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+                    posted = httpx.Client(base_url=base, timeout=120, headers=sent_as)
                 print(f"{len(runs)} swebench-mini runs; {'':>6}retention, reduction, "
                       "pair violations, calls over budget", flush=True)  # fmt: skip
                 print(f"{'builder':<8} {'budget':>6} {'retention':>9} {'reduction':>9} "
@@ -260,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                     with open_store(f"sqlite:///{Path(tmp) / f'session-{budget}.db'}") as own:
                         stored = swebench_retention(runs, budget, SessionBuilder(own))
                     print(_row("session", stored, budget), flush=True)
-                    builder = ProxyBuilder(client, upstream, runs)
+                    builder = ProxyBuilder(client, upstream, runs, posted)
                     sent = Recorded(builder)
                     cpu0, built0 = read_cpu(proxy.pid), _build_seconds(base, "responses")
                     proxied = swebench_retention(runs, budget, sent)
@@ -275,17 +297,19 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     unequal += len(sent.contexts) - same
                     note = (f"proxy CPU {cpu_ms:.1f} ms/call, sync+build {build_ms:.1f} ms, "
-                            f"SDK call p50 {p50:.0f} ms, {same}/{len(sent.contexts)} contexts "
-                            "equal to the library's")  # fmt: skip
+                            f"{args.client} call p50 {p50:.1f} ms, {same}/{len(sent.contexts)} "
+                            "contexts equal to the library's")  # fmt: skip
                     print(_row("proxy", proxied, budget, note), flush=True)
                     figures["budgets"][str(budget)] = {
                         "library": library.to_json(), "session": stored.to_json(),
                         "proxy": proxied.to_json(),
                         "proxy_cpu_ms_per_call": cpu_ms, "proxy_build_ms": build_ms,
-                        "sdk_call_p50_ms": p50, "calls": len(builder.seconds),
+                        "client": args.client, "call_p50_ms": p50, "calls": len(builder.seconds),
                         "contexts_equal_to_library": same,
                     }  # fmt: skip
                 client.close()
+                if posted is not None:
+                    posted.close()
             finally:
                 stop_process(proxy)
         branches = _branches(db, tenant)
