@@ -52,6 +52,7 @@ def test_what_upstream_got_is_the_library_context_call_for_call(
     assert row["proxy"]["retention"] == row["library"]["retention"] == row["session"]["retention"]
     assert row["proxy"]["violations"] == row["proxy"]["over_budget"] == 0
     assert row["proxy_cpu_ms_per_call"] > 0
+    assert 0 < row["direct_call_p50_ms"] < row["call_p50_ms"]  # (the same request, direct)
 
 
 def test_a_context_that_differs_fails_the_command(

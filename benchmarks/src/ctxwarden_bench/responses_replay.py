@@ -19,7 +19,10 @@ library's ``build_context`` in an agent loop
 (:func:`~ctxwarden_bench.retention.engine_builder`), and a stored
 :class:`~ctxwarden.Session` built in process (:class:`SessionBuilder`: the build path
 the proxy takes, its sticky decisions kept in the store); and the proxy process's CPU
-per call (from ``/proc``) and its sync-and-build time per call
+per call (from ``/proc``), the p50 of a call through the proxy beside the same request
+sent to upstream directly just before it (``--client sdk``, the default: the SDK's
+``responses.create``; ``httpx``: the body built before the clock starts), and its
+sync-and-build time per call
 (``ctxwarden_build_seconds``). All three build from the runs as a Responses client holds
 them (:func:`as_responses_client`: a tool result has no tool name on that wire), so the
 context upstream got is compared with the library's call for call, and the command fails
@@ -54,6 +57,7 @@ from ctxwarden_bench.retention import Retention, engine_builder
 from ctxwarden_bench.swebench import BUDGETS, load_swebench, swebench_retention
 
 __all__ = [
+    "Caller",
     "ProxyBuilder",
     "Recorded",
     "ScriptedUpstream",
@@ -113,23 +117,56 @@ class SessionBuilder:
         return list(session.build(model=MODEL, max_input_tokens=budget).messages)
 
 
+class Caller:
+    """One way of sending a Responses request to ``base_url``: the ``openai`` SDK's
+    ``responses.create`` (``sdk``), or the body built before the clock starts and posted
+    over ``httpx`` (``httpx``: what the route itself costs)."""
+
+    def __init__(self, base_url: str, key: str, client: str) -> None:
+        import httpx
+        import openai
+
+        self.client = client
+        self._sdk = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=120)
+        sent_as = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+        self._http = httpx.Client(base_url=base_url, timeout=120, headers=sent_as)
+
+    def __call__(self, request: dict[str, Any], headers: dict[str, str]) -> float:
+        """Send ``request``; the seconds until its reply was read."""
+        if self.client == "httpx":
+            body = orjson.dumps(request)
+            started = time.perf_counter()
+            self._http.post("/responses", content=body, headers=headers).raise_for_status()
+        else:
+            started = time.perf_counter()
+            self._sdk.responses.create(**request, extra_headers=headers)
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        self._sdk.close()
+        self._http.close()
+
+
 class ProxyBuilder:
     """A :data:`~ctxwarden_bench.retention.Builder` whose context is what upstream got
-    from the proxy: each call sends the history through ``client.responses.create``
-    (one session per run and budget), upstream answering with the run's next turn."""
+    from the proxy: each call sends the history through ``proxy`` (one session per run
+    and budget), upstream answering with the run's next turn; with ``direct``, the same
+    request is sent to upstream itself first (:attr:`direct_seconds`: what the proxy
+    adds is the difference)."""
 
     def __init__(
         self,
-        client: Any,
+        proxy: Caller,
         upstream: ScriptedUpstream,
         runs: Sequence[Sequence[Message]],
-        posted: Any = None,
+        direct: Caller | None = None,
     ):
-        self.client, self.upstream, self.posted = client, upstream, posted
+        self.proxy, self.upstream, self.direct = proxy, upstream, direct
         self._runs = {id(run[0]): run for run in runs}
         self._sessions: dict[int, str] = {}
         self.sessions: list[str] = []
         self.seconds: list[float] = []
+        self.direct_seconds: list[float] = []
 
     def __call__(
         self, before: Sequence[Message], counts: Sequence[int], budget: int
@@ -141,17 +178,11 @@ class ProxyBuilder:
             self.sessions.append(session)
         self.upstream.output = message_items(run[len(before)])
         items = [i for m in before[1:] for i in message_items(m)]
+        request = {"model": MODEL, "instructions": before[0].text, "input": items}
+        if self.direct is not None:
+            self.direct_seconds.append(self.direct(request, {}))
         headers = {"X-Ctxwarden-Session": session, "X-Ctxwarden-Max-Input-Tokens": str(budget)}
-        if self.posted is not None:  # the body built before the clock starts
-            body = orjson.dumps({"model": MODEL, "instructions": before[0].text, "input": items})
-            started = time.perf_counter()
-            self.posted.post("/responses", content=body, headers=headers).raise_for_status()
-        else:
-            started = time.perf_counter()
-            self.client.responses.create(
-                model=MODEL, instructions=before[0].text, input=items, extra_headers=headers
-            )
-        self.seconds.append(time.perf_counter() - started)
+        self.seconds.append(self.proxy(request, headers))
         sent = self.upstream.last
         return with_history_ids(
             before, messages_from_responses(sent["input"], sent.get("instructions"))
@@ -215,6 +246,11 @@ def _shown(m: Message) -> tuple[Any, ...]:
     return m.role, m.text, calls, m.tool_call_id
 
 
+def _p50(seconds: Sequence[float]) -> float:
+    """The median of ``seconds``, in ms."""
+    return sorted(seconds)[len(seconds) // 2] * 1000 if seconds else 0.0
+
+
 def _row(name: str, r: Retention, budget: int, extra: str = "") -> str:
     return (f"{name:<8} {budget:>6} {r.retention:>9.1%} {r.reduction:>9.1%} {r.calls:>6} "
             f"{r.violations:>10} {r.over_budget:>5} {extra}")  # fmt: skip
@@ -243,9 +279,6 @@ def main(argv: list[str] | None = None) -> int:
     runs = load_swebench(path)
     runs = [as_responses_client(r) for r in (runs[: args.runs] if args.runs else runs)]
     budgets = [int(b) for b in args.budgets.split(",")]
-    import httpx
-    import openai
-
     from ctxwarden.service.keys import hash_key, new_key, shown_prefix
     from ctxwarden.store.service_tables import add_tenant
 
@@ -266,11 +299,10 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 _wait(f"http://127.0.0.1:{port}/healthz", proxy)
                 base = f"http://127.0.0.1:{port}/v1"
-                client = openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=120)
-                posted = None
-                if args.client == "httpx":
-                    sent_as = {"authorization": f"Bearer {key}", "content-type": "application/json"}
-                    posted = httpx.Client(base_url=base, timeout=120, headers=sent_as)
+                through, direct = (
+                    Caller(base, key, args.client),
+                    Caller(upstream.url, key, args.client),
+                )
                 print(f"{len(runs)} swebench-mini runs; {'':>6}retention, reduction, "
                       "pair violations, calls over budget", flush=True)  # fmt: skip
                 print(f"{'builder':<8} {'budget':>6} {'retention':>9} {'reduction':>9} "
@@ -282,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                     with open_store(f"sqlite:///{Path(tmp) / f'session-{budget}.db'}") as own:
                         stored = swebench_retention(runs, budget, SessionBuilder(own))
                     print(_row("session", stored, budget), flush=True)
-                    builder = ProxyBuilder(client, upstream, runs, posted)
+                    builder = ProxyBuilder(through, upstream, runs, direct)
                     sent = Recorded(builder)
                     cpu0, built0 = read_cpu(proxy.pid), _build_seconds(base, "responses")
                     proxied = swebench_retention(runs, budget, sent)
@@ -291,25 +323,27 @@ def main(argv: list[str] | None = None) -> int:
                     calls = max(len(builder.seconds), 1)
                     build_ms = (built1[0] - built0[0]) / max(built1[1] - built0[1], 1) * 1000
                     cpu_ms = cpu / calls * 1000
-                    p50 = sorted(builder.seconds)[len(builder.seconds) // 2] * 1000
+                    p50, direct_p50 = _p50(builder.seconds), _p50(builder.direct_seconds)
                     same = sum(
                         a == b for a, b in zip(reference.contexts, sent.contexts, strict=True)
                     )
                     unequal += len(sent.contexts) - same
                     note = (f"proxy CPU {cpu_ms:.1f} ms/call, sync+build {build_ms:.1f} ms, "
-                            f"{args.client} call p50 {p50:.1f} ms, {same}/{len(sent.contexts)} "
+                            f"{args.client} call p50 {p50:.1f} ms (direct {direct_p50:.1f}: "
+                            f"{p50 - direct_p50:+.1f}), {same}/{len(sent.contexts)} "
                             "contexts equal to the library's")  # fmt: skip
                     print(_row("proxy", proxied, budget, note), flush=True)
                     figures["budgets"][str(budget)] = {
                         "library": library.to_json(), "session": stored.to_json(),
                         "proxy": proxied.to_json(),
                         "proxy_cpu_ms_per_call": cpu_ms, "proxy_build_ms": build_ms,
-                        "client": args.client, "call_p50_ms": p50, "calls": len(builder.seconds),
+                        "client": args.client, "call_p50_ms": p50,
+                        "direct_call_p50_ms": direct_p50, "added_p50_ms": p50 - direct_p50,
+                        "calls": len(builder.seconds),
                         "contexts_equal_to_library": same,
                     }  # fmt: skip
-                client.close()
-                if posted is not None:
-                    posted.close()
+                through.close()
+                direct.close()
             finally:
                 stop_process(proxy)
         branches = _branches(db, tenant)
