@@ -145,3 +145,29 @@ def test_a_session_builds_the_same_contexts_over_a_long_turn(tmp_path: Path, bud
                 passed += previous.state.window_start > 1 and k < 150
             s.append([run[k]])
     assert passed > 20
+
+
+def test_a_build_looks_for_the_newest_request_only_among_the_new_messages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The previous build's window memo says where the newest user message was: a build
+    after it walks back only through the messages that came since (a one-request run was
+    walked back to its request at every call), and finds a new request among them."""
+    run = two_requests()
+    full = loop(run, 1_500)
+    starts: list[int] = []
+    real = window.newest_user
+
+    def walked(history: list[Message], start: int) -> int | None:
+        starts.append(len(history) - start)
+        return real(history, start)
+
+    monkeypatch.setattr(window, "newest_user", walked)
+    kept = loop(run, 1_500)
+    assert [b.to_openai() for b in kept] == [b.to_openai() for b in full]
+    assert len(run) > 200 and max(starts) <= 3  # a call, its result, a request: not the run
+    at = next(i for i, m in enumerate(run) if m.id == "u2")
+    built = build_context(run[: at + 1], "gpt-4o", 1_500, previous=kept[74].state)
+    assert any(m.id == "u2" for m in built.messages)
+    assert built.to_openai() == build_context(run[: at + 1], "gpt-4o", 1_500,
+                                              previous=full[74].state).to_openai()  # fmt: skip

@@ -70,7 +70,12 @@ from ctxwarden.steps.keep_pairs import keep_pairs_whole
 from ctxwarden.steps.layout import STABLE_LAYERS, system_in_place
 from ctxwarden.steps.recall_fusion import RecallVectors
 from ctxwarden.steps.state import PREFIX_DIGITS, BuildState
-from ctxwarden.steps.window import agent_task, leading_system, newest_call_block, newest_user
+from ctxwarden.steps.window import (
+    agent_task,
+    leading_system,
+    newest_call_block,
+    newest_user_after,
+)
 from ctxwarden.telemetry import BUILD_SPAN, built_attributes, traced
 
 __all__ = ["BuiltContext", "build_context", "run_build"]
@@ -265,7 +270,7 @@ def run_build(
     ``task_id``: the agent run's task, found in ``history`` unless a caller that holds
     only a slice of it says which message it is, or ``None``: none)."""
     sys_end = leading_system(history)
-    newest = newest_user(history, sys_end)
+    newest = newest_user_after(history, sys_end, state)
     tools_tokens = counter.count_tools(tools)
     fixed = REPLY_PRIMING + tools_tokens + sum(counter.count_message(m) for m in history[:sys_end])
     minimum = fixed + (counter.count_message(history[newest]) if newest is not None else 0)

@@ -18,10 +18,10 @@ ledger seed, where the sources begin, the rendered block's key) decide the rest,
 :class:`~ctxwarden.memory.summary_scan.SummaryScan` (the summary triggers' sums over
 the slice) is kept the same way, and given back when the new slice begins with the
 very messages it summed; so is the window's :class:`~ctxwarden.steps.window.WindowMemo`
-(the pinned and critical messages before the window, given back when the new slice
-begins with the messages it scanned: in a coding agent's long turn the slice is the
-whole run, and the window step scanned all of it again at each build). Without them
-every output is the same.
+(the pinned and critical messages before the window, and where the newest user message
+is: given back when the new slice begins with the whole slice of the build that made it;
+in a coding agent's long turn the slice is the whole run, which the build walked again
+for both at each call). Without them every output is the same.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ __all__ = ["SeqMemo"]
 class SeqMemo:
     """A :class:`LedgerMemo` whose sources are the messages ``seqs`` (in order), a
     :class:`SummaryScan` of the slice ``scanned`` (the summary triggers' sums) and a
-    :class:`WindowMemo` of the slice ``windowed`` (the pinned messages it found)."""
+    :class:`WindowMemo` of the build's whole slice ``windowed`` (the pinned messages
+    before the window, the newest user message)."""
 
     memo: LedgerMemo | None
     seqs: tuple[int, ...]
@@ -61,7 +62,7 @@ class SeqMemo:
             memo = None
         if scan is None or scan.upto > len(seqs):
             scan = None
-        if window is None or window.upto > len(seqs):
+        if window is None or state.history_length > len(seqs):
             window = None
         if memo is None and scan is None and window is None:
             return None
@@ -72,7 +73,7 @@ class SeqMemo:
             scan,
             tuple(seqs[: scan.upto]) if scan is not None else (),
             window,
-            tuple(seqs[: window.upto]) if window is not None else (),
+            tuple(seqs[: state.history_length]) if window is not None else (),
         )
 
     def for_slice(self, state: BuildState, seqs: Sequence[int]) -> BuildState:

@@ -40,6 +40,7 @@ __all__ = [
     "long_turn",
     "newest_call_block",
     "newest_user",
+    "newest_user_after",
     "reopened",
 ]
 
@@ -57,6 +58,19 @@ def newest_user(history: Sequence[Message], start: int) -> int | None:
         if history[i].role == "user":
             return i
     return None
+
+
+def newest_user_after(history: Sequence[Message], sys_end: int, previous: BuildState) -> int | None:
+    """:func:`newest_user` from ``sys_end``, looking only at the messages after the
+    previous build's history when its window memo says where its newest user message was
+    (the history only grows: a coding agent's one request, then thousands of steps, was
+    walked back to at every build)."""
+    seen = previous.history_length
+    memo = memo_of(previous, "window", WindowMemo) if seen else None
+    if memo is None or memo.newest is None or not sys_end <= memo.newest < seen <= len(history):
+        return newest_user(history, sys_end)
+    found = newest_user(history, seen)
+    return memo.newest if found is None else found
 
 
 LONG_TURN = 64
@@ -218,17 +232,25 @@ def _left_by_cap(
 @dataclass(frozen=True)
 class WindowMemo:
     """The window's memo (``memos["window"]``): the pinned and critical positions before
-    ``upto`` (the next build scans only the messages that left the window since)."""
+    ``upto`` (the next build scans only the messages that left the window since), and
+    the position of the newest user message (``None``: none; see
+    :func:`newest_user_after`)."""
 
     flagged: tuple[int, ...] = ()
     upto: int = 0
+    newest: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"flagged": list(self.flagged), "upto": self.upto}
+        return {"flagged": list(self.flagged), "upto": self.upto, "newest": self.newest}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> WindowMemo:
-        return cls(tuple(int(i) for i in data.get("flagged", ())), int(data.get("upto", 0)))
+        newest = data.get("newest")
+        return cls(
+            tuple(int(i) for i in data.get("flagged", ())),
+            int(data.get("upto", 0)),
+            None if newest is None else int(newest),
+        )
 
 
 register_memo("window", WindowMemo)
@@ -291,7 +313,7 @@ class WindowStep:
             protected=frozenset(protected),
             task=task,
             task_form=task_form(h[task], ctx) if task is not None else None,
-        ).with_memo("window", WindowMemo(flagged, upto))
+        ).with_memo("window", WindowMemo(flagged, upto, draft.newest))
         return StepResult(new, actions)
 
     @staticmethod
