@@ -161,7 +161,7 @@ def test_a_state_stored_with_flat_memo_fields_reads_the_same(tau: list[list[Mess
             # (version 3 did not keep where the newest user message was: a build without it
             # walks back to it, the same message)
             window = state.memos["window"]
-            unknown = state.with_memo("window", replace(window, newest=None))
+            unknown = state.with_memo("window", replace(window, newest=None, seen=0))
             assert "memos" not in old and BuildState.from_dict(old) == unknown
             n = chosen.audit.history_messages + 1
             new_way = build_context(history[:n], "gpt-4o", budget, previous=state, policy=pol)

@@ -89,3 +89,28 @@ def test_a_long_turn_keeps_its_window_memo_and_changes_no_context(
         assert ours.state.to_dict() == theirs.state.to_dict(), f"turn {turn}"
         assert sum(m.pinned for m in ours.messages) == 2  # (both pins sent, far behind)
     kept.close()
+
+
+def test_two_open_sessions_taking_turns_build_what_one_builds(tmp_path: Path) -> None:
+    """Two replicas of one session, each with the memos of its own last build (two calls
+    old), take turns; a request comes between them. Each build must be the one a single
+    open session makes (a memo of an older build than the stored state must not hide the
+    new request)."""
+    from test_long_turn import two_requests
+
+    run = two_requests()
+    url, alone = f"sqlite:///{tmp_path / 'pair.db'}", f"sqlite:///{tmp_path / 'one.db'}"
+    pair = [Session(url, "run", tenant="t"), Session(url, "run", tenant="t")]
+    single = Session(alone, "run", tenant="t")
+    pair[0].append(run[:60])  # (one store: the other replica reads it)
+    single.append(run[:60])
+    for call, at in enumerate(range(60, len(run), 2)):
+        replica = pair[call % 2]
+        replica.append(run[at : at + 2])
+        single.append(run[at : at + 2])
+        ours = replica.build(model="gpt-4o", max_input_tokens=1_500)
+        theirs = single.build(model="gpt-4o", max_input_tokens=1_500)
+        assert ours.to_openai() == theirs.to_openai(), f"call {call} (history {at + 2})"
+    assert any(m.get("content") == "Now also find order 99." for m in ours.to_openai())
+    for s in (*pair, single):
+        s.close()

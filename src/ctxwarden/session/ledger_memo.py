@@ -62,7 +62,7 @@ class SeqMemo:
             memo = None
         if scan is None or scan.upto > len(seqs):
             scan = None
-        if window is None or state.history_length > len(seqs):
+        if window is None or window.seen > len(seqs):
             window = None
         if memo is None and scan is None and window is None:
             return None
@@ -73,7 +73,7 @@ class SeqMemo:
             scan,
             tuple(seqs[: scan.upto]) if scan is not None else (),
             window,
-            tuple(seqs[: state.history_length]) if window is not None else (),
+            tuple(seqs[: window.seen]) if window is not None else (),
         )
 
     def for_slice(self, state: BuildState, seqs: Sequence[int]) -> BuildState:

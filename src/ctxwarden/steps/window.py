@@ -65,9 +65,11 @@ def newest_user_after(history: Sequence[Message], sys_end: int, previous: BuildS
     previous build's history when its window memo says where its newest user message was
     (the history only grows: a coding agent's one request, then thousands of steps, was
     walked back to at every build)."""
-    seen = previous.history_length
-    memo = memo_of(previous, "window", WindowMemo) if seen else None
-    if memo is None or memo.newest is None or not sys_end <= memo.newest < seen <= len(history):
+    memo = memo_of(previous, "window", WindowMemo) if previous.history_length else None
+    if memo is None or memo.newest is None:
+        return newest_user(history, sys_end)
+    seen = memo.seen  # (not the state's length: a session's memo may be of an older build)
+    if not sys_end <= memo.newest < seen <= len(history):
         return newest_user(history, sys_end)
     found = newest_user(history, seen)
     return memo.newest if found is None else found
@@ -233,15 +235,21 @@ def _left_by_cap(
 class WindowMemo:
     """The window's memo (``memos["window"]``): the pinned and critical positions before
     ``upto`` (the next build scans only the messages that left the window since), and
-    the position of the newest user message (``None``: none; see
-    :func:`newest_user_after`)."""
+    the position of the newest user message among the first ``seen`` messages (``None``:
+    none; see :func:`newest_user_after`)."""
 
     flagged: tuple[int, ...] = ()
     upto: int = 0
     newest: int | None = None
+    seen: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"flagged": list(self.flagged), "upto": self.upto, "newest": self.newest}
+        return {
+            "flagged": list(self.flagged),
+            "upto": self.upto,
+            "newest": self.newest,
+            "seen": self.seen,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> WindowMemo:
@@ -250,6 +258,7 @@ class WindowMemo:
             tuple(int(i) for i in data.get("flagged", ())),
             int(data.get("upto", 0)),
             None if newest is None else int(newest),
+            int(data.get("seen", 0)),
         )
 
 
@@ -313,7 +322,7 @@ class WindowStep:
             protected=frozenset(protected),
             task=task,
             task_form=task_form(h[task], ctx) if task is not None else None,
-        ).with_memo("window", WindowMemo(flagged, upto, draft.newest))
+        ).with_memo("window", WindowMemo(flagged, upto, draft.newest, len(h)))
         return StepResult(new, actions)
 
     @staticmethod
