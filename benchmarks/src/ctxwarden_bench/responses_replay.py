@@ -127,24 +127,30 @@ class Caller:
         import openai
 
         self.client = client
-        self._sdk = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=120)
-        sent_as = {"authorization": f"Bearer {key}", "content-type": "application/json"}
-        self._http = httpx.Client(base_url=base_url, timeout=120, headers=sent_as)
+        self._sdk: openai.OpenAI | None = None
+        self._http: httpx.Client | None = None
+        if client == "httpx":
+            sent_as = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+            self._http = httpx.Client(base_url=base_url, timeout=120, headers=sent_as)
+        else:
+            self._sdk = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=120)
 
     def __call__(self, request: dict[str, Any], headers: dict[str, str]) -> float:
         """Send ``request``; the seconds until its reply was read."""
-        if self.client == "httpx":
+        if self._http is not None:
             body = orjson.dumps(request)
             started = time.perf_counter()
             self._http.post("/responses", content=body, headers=headers).raise_for_status()
         else:
+            assert self._sdk is not None
             started = time.perf_counter()
             self._sdk.responses.create(**request, extra_headers=headers)
         return time.perf_counter() - started
 
     def close(self) -> None:
-        self._sdk.close()
-        self._http.close()
+        for client in (self._sdk, self._http):
+            if client is not None:
+                client.close()
 
 
 class ProxyBuilder:

@@ -53,8 +53,9 @@ def leading_system(history: Sequence[Message]) -> int:
     return i
 
 
-def newest_user(history: Sequence[Message], start: int) -> int | None:
-    for i in range(len(history) - 1, start - 1, -1):
+def newest_user(history: Sequence[Message], start: int, end: int | None = None) -> int | None:
+    """Position of the last user message in ``history[start:end]`` (``None``: none)."""
+    for i in range(len(history) - 1 if end is None else end - 1, start - 1, -1):
         if history[i].role == "user":
             return i
     return None
@@ -96,7 +97,7 @@ def reopened(history: Sequence[Message], start: int, seen: int, newest: int, low
     started at it. No earlier than ``lowest`` (the summary's floor, the system prompt)."""
     if not seen or newest < seen or seen > len(history):
         return start
-    before = next((i for i in range(seen - 1, lowest - 1, -1) if history[i].role == "user"), None)
+    before = newest_user(history, lowest, seen)
     return before if before is not None and before < start else start
 
 
