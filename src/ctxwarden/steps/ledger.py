@@ -258,6 +258,21 @@ class LedgerBuilder:
         self.memo = LedgerMemo(first, start, seed_tag(self.earlier), ledger, key, text)
         return system_block(text, LEDGER_ID) if text else None
 
+    def extend(
+        self, history: Sequence[Message], first: int, start: int, pinned: Sequence[int]
+    ) -> None:
+        """The ledger for a window starting at ``start``, as :meth:`render` extends it,
+        without a block: a build that sends the blocks held since the last compaction
+        (:func:`held_ledger`) needs none, and rendering one (growing the window's edited
+        messages into a branch, ranking and counting it) was most of the ledger's cost
+        in a coding agent's loop. The next :meth:`render` renders anew."""
+        if self.cap <= 0:
+            return
+        ledger = self._dropped(history, first, start, frozenset(pinned))
+        memo = self.memo
+        if memo is None or memo.ledger is not ledger:
+            self.memo = LedgerMemo(first, start, seed_tag(self.earlier), ledger)
+
     def pins_shown(self, history: Sequence[Message], pinned: Sequence[int]) -> list[Message]:
         """The pinned messages whose values the block leaves out: all but a request the
         window passed (:attr:`request`), whose values it did not leave out while the
@@ -529,12 +544,13 @@ class _Settling:
         (:func:`held_ledger`), after a compaction the block sent before and the values
         it does not show (:func:`stacked_ledger`), else the block rendered now."""
         h, start, pinned, ctx = draft.history, draft.start, draft.pinned, self.ctx
+        held = held_ledger(start if draft.reopened is None else draft.reopened, ctx)
+        if held is not None:  # no block to render: extend the ledger for the next build
+            self.builder.extend(h, self.first, start, pinned)
+            return held
         edited = ledger_sources(draft, window)
         self.builder.turn, self.builder.request = turn_drops(draft), draft.newest
         ledger = self.builder.render(h, self.first, start, pinned, edited)
-        held = held_ledger(start if draft.reopened is None else draft.reopened, ctx)
-        if held is not None:
-            return held
         shown = self.builder.pins_shown(h, pinned)
         return stacked_ledger(ledger, self.builder, ctx, edited, shown)
 
