@@ -132,11 +132,15 @@ class FitStep:
                 draft = cut  # first the task is cut to its share (steps.task)
                 continue
             target = low if used > room or ctx.compacting else room
+            grouped = blocks is not None
             if blocks is None:
                 blocks, pos = group_blocks(draft.window), window_positions(draft)
             blocks, dropped = _drop_oldest(blocks, target, draft, limit, ctx)
             actions.extend(dropped)
-            start, pinned = _new_start(blocks, pos, start, pinned, draft)
+            moved = _new_start(blocks, pos, start, pinned, draft)
+            if grouped and not dropped and moved == (start, pinned):
+                break  # nothing left to drop: every further try is this one again
+            start, pinned = moved
             blocks = [b for b in blocks if pos[b.head.id] >= start]  # the rest is pinned now
         window = draft.window if blocks is None else tuple(m for b in blocks for m in b.messages)
         new = draft.but(
