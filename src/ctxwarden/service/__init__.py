@@ -45,6 +45,9 @@ def serve(
     options["http"] = _http_protocol(config)
     options.update(uvicorn)
     app = create_app(config)
+    from ctxwarden.service.warm import warm_up
+
+    warm_up()  # the first call finds the encoding loaded and the steps imported
     _tune_gc()
     server.run(app, host=host, port=port, **options)
 
