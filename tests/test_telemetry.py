@@ -115,6 +115,17 @@ def test_build_context_makes_one_build_span_with_the_audit(
     assert len(spans.get_finished_spans()) == 1
 
 
+def test_the_servers_warm_up_build_makes_no_span(spans: InMemorySpanExporter) -> None:
+    """``ctxwarden serve`` builds once before it listens (:mod:`ctxwarden.service.warm`):
+    no build a user asked for, so none in their traces; a build after it is traced."""
+    from ctxwarden.service.warm import warm_up
+
+    warm_up()
+    assert spans.get_finished_spans() == ()
+    build_context(_agent_history(), "gpt-4o", 4_000)
+    assert len(_named(spans, "ctxwarden.build")) == 1
+
+
 def test_a_second_build_reports_the_prefix_it_kept(spans: InMemorySpanExporter) -> None:
     history = _agent_history()
     first = build_context(history, "gpt-4o", 4_000)

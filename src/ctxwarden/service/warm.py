@@ -9,12 +9,14 @@ at 10 messages: 305 ms, then 4-5 ms; 29 ms with the warm-up). ``ctxwarden serve`
 does it once at startup, before it listens (and before it freezes what startup made
 out of the collector's walks, :func:`ctxwarden.service._tune_gc`). The build is
 :func:`~ctxwarden.build_context` of a small made-up tool loop: pure, nothing stored, and
-no build after it depends on it (the caches it fills are keyed by content).
+no build after it depends on it (the caches it fills are keyed by content); it makes no
+span (:func:`~ctxwarden.telemetry.spans.untraced`).
 """
 
 from __future__ import annotations
 
 from ctxwarden.core.messages import Message, ToolCall
+from ctxwarden.telemetry.spans import untraced
 
 __all__ = ["warm_up"]
 
@@ -28,9 +30,10 @@ def warm_up(model: str = "gpt-4o") -> None:
     from ctxwarden.pipeline.engine import build_context
 
     history = _loop()
-    built = build_context(history, model, _BUDGET)
     answer = Message(role="tool", content="order 1004", tool_call_id="call_2", name="bash")
-    build_context([*history, *_reply(2), answer], model, _BUDGET, previous=built)
+    with untraced():  # no span in the user's traces for a build no one asked for
+        built = build_context(history, model, _BUDGET)
+        build_context([*history, *_reply(2), answer], model, _BUDGET, previous=built)
 
 
 def _loop() -> list[Message]:

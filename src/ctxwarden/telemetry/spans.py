@@ -9,10 +9,11 @@ import os
 import sys
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, ParamSpec, TypeVar
 
 __all__ = ["BUILD_SPAN", "SUMMARIZE_SPAN", "continued", "trace_headers", "traced",
-           "traced_async", "tracer", "tracing"]  # fmt: skip
+           "traced_async", "tracer", "tracing", "untraced"]  # fmt: skip
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -21,6 +22,7 @@ BUILD_SPAN = "ctxwarden.build"
 SUMMARIZE_SPAN = "ctxwarden.summarize"
 _UNSET = object()
 _PROVIDER_FROM_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ  # the API loads that one
+_QUIET: ContextVar[bool] = ContextVar("ctxwarden_untraced", default=False)
 
 
 def tracing() -> Any:
@@ -28,7 +30,7 @@ def tracing() -> Any:
     provider (an SDK), else ``None``: the API's default provider only makes no-op spans,
     and FastAPI imports the API in every server."""
     trace = sys.modules.get("opentelemetry.trace")
-    if trace is None:
+    if trace is None or _QUIET.get():
         return None
     # the global as set: ``get_tracer_provider`` reads the environment on every call
     # until one is set (microseconds); that variable is read once, at import
@@ -112,6 +114,18 @@ def trace_headers() -> dict[str, str]:
     out: dict[str, str] = {}
     propagate.inject(out)
     return out
+
+
+@contextmanager
+def untraced() -> Iterator[None]:
+    """Run the block as a process that does not trace (:func:`tracing` is ``None``): work
+    no caller asked for, such as the build ``ctxwarden serve`` makes before it listens
+    (:mod:`ctxwarden.service.warm`), makes no span in the user's traces."""
+    token = _QUIET.set(True)
+    try:
+        yield
+    finally:
+        _QUIET.reset(token)
 
 
 @contextmanager
