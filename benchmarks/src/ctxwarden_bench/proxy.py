@@ -66,7 +66,7 @@ from ctxwarden_bench.proxy_targets import judge, report
 from ctxwarden_bench.proxy_upstream import REPLY_TEXT
 from ctxwarden_bench.proxy_upstream import running as running_upstream
 
-__all__ = ["Case", "conversation", "main"]
+__all__ = ["Case", "conversation", "main", "percentile_ms"]
 
 MODEL = "gpt-4o"
 ANTHROPIC_MODEL = "claude-sonnet-4-5"
@@ -228,8 +228,14 @@ class Case:
         return self.cpu_seconds / self.requests * 1000
 
     def pct(self, q: float) -> float:
-        data = sorted(self.latencies)
-        return data[min(len(data) - 1, int(q * len(data)))] * 1000 if data else float("nan")
+        return percentile_ms(self.latencies, q)
+
+
+def percentile_ms(seconds: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``seconds`` (the nearest rank at or above it), in ms; NaN
+    when there are none."""
+    data = sorted(seconds)
+    return data[min(len(data) - 1, int(q * len(data)))] * 1000 if data else float("nan")
 
 
 def _build_seconds(base_url: str, api: str) -> tuple[float, float]:

@@ -52,7 +52,7 @@ from ctxwarden.store import open_store
 from ctxwarden_bench.coding_truncation import find_traces
 from ctxwarden_bench.local_servers import LocalJSONServer, free_port, stop_process
 from ctxwarden_bench.process_cpu import read_cpu, seconds_between
-from ctxwarden_bench.proxy import _build_seconds, _wait
+from ctxwarden_bench.proxy import _build_seconds, _wait, percentile_ms
 from ctxwarden_bench.retention import Retention, engine_builder
 from ctxwarden_bench.swebench import BUDGETS, load_swebench, swebench_retention
 
@@ -252,11 +252,6 @@ def _shown(m: Message) -> tuple[Any, ...]:
     return m.role, m.text, calls, m.tool_call_id
 
 
-def _p50(seconds: Sequence[float]) -> float:
-    """The median of ``seconds``, in ms."""
-    return sorted(seconds)[len(seconds) // 2] * 1000 if seconds else 0.0
-
-
 def _row(name: str, r: Retention, budget: int, extra: str = "") -> str:
     return (f"{name:<8} {budget:>6} {r.retention:>9.1%} {r.reduction:>9.1%} {r.calls:>6} "
             f"{r.violations:>10} {r.over_budget:>5} {extra}")  # fmt: skip
@@ -329,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
                     calls = max(len(builder.seconds), 1)
                     build_ms = (built1[0] - built0[0]) / max(built1[1] - built0[1], 1) * 1000
                     cpu_ms = cpu / calls * 1000
-                    p50, direct_p50 = _p50(builder.seconds), _p50(builder.direct_seconds)
+                    p50 = percentile_ms(builder.seconds, 0.5)
+                    direct_p50 = percentile_ms(builder.direct_seconds, 0.5)
                     same = sum(
                         a == b for a, b in zip(reference.contexts, sent.contexts, strict=True)
                     )
