@@ -1,0 +1,254 @@
+"""Where the cache cost goes: prefix breaks by cause, beside the sawtooth window (issue 37).
+
+A dev trace is replayed as an agent loop (a build before every assistant message,
+``previous=`` chained, the default policy for gpt-4o) beside the plain sawtooth window
+(:func:`~ctxwarden_bench.metrics.sawtooth_window`) at the same calls. For each, at
+Anthropic's cache prices (0.1x read, 1.25x write; the idealised cache of the bench, no
+minimum length): the calls, the mean context, the tokens read from the cache and written,
+the calls whose previous context is not a whole prefix (breaks), and the cost. For ours,
+every break's cause as the audit names it (numbers left out, so that one cause is one row),
+with the tokens it wrote again that an earlier call had sent and what that cost over
+reading them; and the median context right before a break and right after it (how far a
+compaction takes the context down, so how many calls it covers).
+
+``LoopCost`` (the bench's cost columns) says *whether* a default build costs more than the
+sawtooth; this says *why*, in the terms a change to the policy moves. Session 32 read it
+on the dev data (issue 37's note): the extra cost at 4,000 (coding) and 2,000 (tau-bench)
+tokens comes from compactions that leave the context near the budget, so the next call
+breaks again.
+
+Run: ``python -m ctxwarden_bench.break_causes --rows coding@4000,tau@2000``
+(``--runs N`` for the first N runs of each trace, ``--json PATH`` for the figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ctxwarden.core.errors import BudgetError
+from ctxwarden.core.messages import Message
+from ctxwarden.core.registry.cache_cost import ANTHROPIC, CallPrefix
+from ctxwarden.core.tokens.counter import TokenCounter
+from ctxwarden_bench.metrics import cache_calls
+from ctxwarden_bench.retention import SawtoothBuilder, engine_builder
+
+__all__ = ["BreakCause", "LoopSide", "RowCauses", "break_causes", "main"]
+
+MODEL = "gpt-4o"
+ROWS = ("coding@4000", "coding@8000", "tau@2000", "tau@4000")
+_NUMBER = re.compile(r"\d[\d,]*")
+
+
+@dataclass
+class LoopSide:
+    """One builder's calls over a row, priced at Anthropic's cache prices."""
+
+    calls: int = 0
+    input_tokens: int = 0
+    read_tokens: int = 0
+    breaks: int = 0
+
+    @property
+    def written_tokens(self) -> int:
+        return self.input_tokens - self.read_tokens
+
+    @property
+    def units(self) -> float:
+        return ANTHROPIC.read * self.read_tokens + ANTHROPIC.write * self.written_tokens
+
+    def add(self, calls: Sequence[CallPrefix]) -> None:
+        for i, c in enumerate(calls):
+            self.calls += 1
+            self.input_tokens += c.input_tokens
+            self.read_tokens += c.shared_tokens
+            self.breaks += bool(i) and not c.whole_prefix
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls,
+            "input_tokens": self.input_tokens,
+            "read_tokens": self.read_tokens,
+            "written_tokens": self.written_tokens,
+            "breaks": self.breaks,
+            "units": round(self.units, 1),
+        }
+
+
+@dataclass
+class BreakCause:
+    """The breaks of one cause: how many, and the tokens they wrote again."""
+
+    cause: str
+    count: int = 0
+    rewritten_tokens: int = 0
+
+    @property
+    def units(self) -> float:
+        """What writing them again cost over reading them, at Anthropic's prices."""
+        return (ANTHROPIC.write - ANTHROPIC.read) * self.rewritten_tokens
+
+
+@dataclass
+class RowCauses:
+    """One row (a trace at a budget): ours and the sawtooth, ours' breaks by cause."""
+
+    name: str
+    budget: int
+    ours: LoopSide = field(default_factory=LoopSide)
+    sawtooth: LoopSide = field(default_factory=LoopSide)
+    causes: dict[str, BreakCause] = field(default_factory=dict)
+    before_break: list[int] = field(default_factory=list)  # context of the call before
+    after_break: list[int] = field(default_factory=list)
+    errors: int = 0  # builds that raised BudgetError (the plain window was sent)
+
+    @property
+    def vs_sawtooth(self) -> float:
+        return self.ours.units / self.sawtooth.units if self.sawtooth.units else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "row": self.name,
+            "budget": self.budget,
+            "ours": self.ours.to_json(),
+            "sawtooth": self.sawtooth.to_json(),
+            "ours_vs_sawtooth": round(self.vs_sawtooth, 4),
+            "causes": [
+                {"cause": c.cause, "breaks": c.count, "rewritten_tokens": c.rewritten_tokens}
+                for c in sorted(self.causes.values(), key=lambda c: -c.rewritten_tokens)
+            ],
+            "median_before_break": _median(self.before_break),
+            "median_after_break": _median(self.after_break),
+            "errors": self.errors,
+        }
+
+
+def _median(values: Sequence[int]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def break_causes(runs: Sequence[Sequence[Message]], budget: int, name: str = "") -> RowCauses:
+    """Replay ``runs`` as agent loops at ``budget``, ours (default policy) beside the
+    sawtooth window (see the module docstring)."""
+    counter = TokenCounter.for_model(MODEL)
+    row = RowCauses(name, budget)
+    for run in runs:
+        counts = [counter.count_message(m) for m in run]
+        engine, sawtooth = engine_builder(MODEL), SawtoothBuilder()
+        ours: list[list[Message]] = []
+        saws: list[list[Message]] = []
+        before = 0
+        for k, m in enumerate(run):
+            if m.role != "assistant" or not k:
+                continue
+            saws.append(sawtooth(run[:k], counts[:k], budget))
+            try:
+                built = engine.build(run[:k], budget)
+            except BudgetError:  # the caller's fallback, as the retention rows send it
+                row.errors += 1
+                ours.append(engine(run[:k], counts[:k], budget))
+                continue
+            ours.append(list(built.messages))
+            audit = built.audit
+            if audit.prefix_break is not None:
+                cause = _NUMBER.sub("N", audit.prefix_break.cause)
+                entry = row.causes.setdefault(cause, BreakCause(cause))
+                entry.count += 1
+                entry.rewritten_tokens += audit.prefix_break.rewritten_tokens
+                row.before_break.append(before)
+                row.after_break.append(audit.input_tokens)
+            before = audit.input_tokens
+        row.ours.add(cache_calls(ours, counter))
+        row.sawtooth.add(cache_calls(saws, counter))
+    return row
+
+
+def _loaders(data: str | None) -> dict[str, Callable[[], list[list[Message]]]]:
+    from ctxwarden_bench.coding_truncation import find_traces
+    from ctxwarden_bench.count_cache import find_tau_bench
+    from ctxwarden_bench.swebench import load_swebench
+    from ctxwarden_bench.traces import load_tau_bench
+
+    def coding() -> list[list[Message]]:
+        path = find_traces(data)
+        if path is None:
+            raise SystemExit("swebench-mini traces not found (set --data or $CTXWARDEN_DATA)")
+        return [list(r) for r in load_swebench(path)]
+
+    def tau() -> list[list[Message]]:
+        path = find_tau_bench(data)
+        if path is None:
+            raise SystemExit("tau-bench traces not found (set --data or $CTXWARDEN_DATA)")
+        return load_tau_bench(path)
+
+    return {"coding": coding, "tau": tau}
+
+
+def _parse_rows(text: str) -> list[tuple[str, int]]:
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        trace, _, budget = part.partition("@")
+        if trace not in ("coding", "tau") or not budget.isdigit() or int(budget) <= 0:
+            raise SystemExit(f"--rows: {part!r} is not TRACE@BUDGET (coding or tau, e.g. tau@2000)")
+        out.append((trace, int(budget)))
+    return out
+
+
+def report(row: RowCauses) -> str:
+    """The row as the terminal shows it."""
+    lines = [f"{row.name} @{row.budget:,}: ours {row.vs_sawtooth:.1%} of the sawtooth's cost"]
+    lines.append(
+        f"  {'':9} {'calls':>6} {'mean ctx':>9} {'read':>10} {'written':>10} "
+        f"{'breaks':>7} {'cost (units)':>13}"
+    )
+    for label, side in (("ours", row.ours), ("sawtooth", row.sawtooth)):
+        mean = side.input_tokens / side.calls if side.calls else 0
+        lines.append(
+            f"  {label:9} {side.calls:>6} {mean:>9,.0f} {side.read_tokens:>10,} "
+            f"{side.written_tokens:>10,} {side.breaks:>7} {side.units:>13,.0f}"
+        )
+    lines.append(
+        f"  ours' context around a break (median): {_median(row.before_break) or 0:,.0f} "
+        f"tokens on the call before, {_median(row.after_break) or 0:,.0f} after"
+    )
+    lines.append(f"  {'breaks':>7} {'rewritten':>10} {'units':>9}  cause")
+    for c in sorted(row.causes.values(), key=lambda c: -c.rewritten_tokens):
+        lines.append(f"  {c.count:>7} {c.rewritten_tokens:>10,} {c.units:>9,.0f}  {c.cause}")
+    if row.errors:
+        lines.append(f"  {row.errors} build(s) raised BudgetError (the plain window was sent)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ctxwarden_bench.break_causes",
+                                 description=__doc__.split("\n\n")[0])  # fmt: skip
+    ap.add_argument("--data", help="the shared data folder (default: $CTXWARDEN_DATA)")
+    ap.add_argument("--rows", default=",".join(ROWS), help="TRACE@BUDGET, comma-separated")
+    ap.add_argument("--runs", type=int, default=0, help="only the first N runs of each trace")
+    ap.add_argument("--json", type=Path, help="write the figures here too")
+    args = ap.parse_args(argv)
+    rows = _parse_rows(args.rows)
+    loaders = _loaders(args.data)
+    loaded: dict[str, list[list[Message]]] = {}
+    out = []
+    for trace, budget in rows:
+        if trace not in loaded:
+            runs = loaders[trace]()
+            loaded[trace] = runs[: args.runs] if args.runs else runs
+        row = break_causes(loaded[trace], budget, trace)
+        print(report(row), flush=True)
+        out.append(row.to_json())
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

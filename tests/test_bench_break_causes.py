@@ -1,0 +1,52 @@
+"""The break-causes bench (issue 37): it prices the same calls as the bench's cost columns,
+and every break it counts has the cause the audit gave it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import SHARED_DATA, TAU_BENCH
+
+from ctxwarden_bench.break_causes import _parse_rows, break_causes, main
+
+SWEBENCH = SHARED_DATA / "swebench-mini" / "swebench-verified-mini-gemini3-dev.json"
+
+
+@pytest.mark.skipif(not SWEBENCH.exists(), reason=f"swebench-mini data not found at {SWEBENCH}")
+def test_it_prices_the_calls_the_bench_prices() -> None:
+    from ctxwarden_bench.retention import engine_builder
+    from ctxwarden_bench.swebench import load_swebench, swebench_retention
+
+    runs = load_swebench(SWEBENCH)[:3]
+    row = break_causes(runs, 4000, "coding")
+    bench = swebench_retention(runs, 4000, engine_builder()).cost
+    assert row.ours.units == pytest.approx(bench.anthropic)
+    assert row.sawtooth.units == pytest.approx(bench.sawtooth_anthropic)
+    assert row.ours.calls == bench.calls
+    # each call whose previous context is not a prefix is a break the audit named
+    assert row.ours.breaks == sum(c.count for c in row.causes.values()) > 0
+    assert len(row.before_break) == len(row.after_break) == row.ours.breaks
+    assert all("N" in c or not any(ch.isdigit() for ch in c) for c in row.causes)
+
+
+@pytest.mark.skipif(not TAU_BENCH.exists(), reason=f"tau-bench data not found at {TAU_BENCH}")
+def test_the_command_prints_each_row_and_writes_the_figures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "causes.json"
+    args = ["--data", str(SHARED_DATA), "--rows", "tau@2000", "--runs", "2", "--json", str(out)]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "tau @2,000: ours" in printed and "of the sawtooth's cost" in printed
+    (row,) = json.loads(out.read_text("utf-8"))
+    assert row["row"] == "tau" and row["budget"] == 2000
+    assert row["ours"]["breaks"] == sum(c["breaks"] for c in row["causes"])
+    assert row["ours"]["calls"] == row["sawtooth"]["calls"] > 0
+
+
+@pytest.mark.parametrize("bad", ["tau", "tau@", "chat@2000", "coding@-5", "coding@4k"])
+def test_a_malformed_row_is_named(bad: str) -> None:
+    with pytest.raises(SystemExit, match="is not TRACE@BUDGET"):
+        _parse_rows(f"coding@4000,{bad}")
