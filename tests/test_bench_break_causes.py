@@ -46,6 +46,26 @@ def test_the_command_prints_each_row_and_writes_the_figures(
     assert row["ours"]["calls"] == row["sawtooth"]["calls"] > 0
 
 
+@pytest.mark.skipif(not TAU_BENCH.exists(), reason=f"tau-bench data not found at {TAU_BENCH}")
+def test_a_policy_file_replaces_the_default(tmp_path: Path) -> None:
+    """A lower low-water mark makes each compaction drop more, so it breaks the prefix
+    less often and sends less: the policy the file names is the one replayed."""
+    from ctxwarden.pipeline.policy import Policy
+    from ctxwarden_bench.traces import load_tau_bench
+
+    runs = load_tau_bench(TAU_BENCH)[:4]
+    default = break_causes(runs, 2000, "tau")
+    path = tmp_path / "policy.toml"
+    path.write_text("[window]\nrefill_ratio = 0.2\n", encoding="utf-8")
+    low = break_causes(runs, 2000, "tau", Policy.from_toml(path))
+    assert low.ours.input_tokens < default.ours.input_tokens
+    assert low.sawtooth.units == default.sawtooth.units  # the baseline is the same
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[window]\nrefill_ratio = 3\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match=r"--policy: .*refill_ratio"):
+        main(["--data", str(SHARED_DATA), "--rows", "tau@2000", "--policy", str(bad)])
+
+
 @pytest.mark.parametrize("bad", ["tau", "tau@", "chat@2000", "coding@-5", "coding@4k"])
 def test_a_malformed_row_is_named(bad: str) -> None:
     with pytest.raises(SystemExit, match="is not TRACE@BUDGET"):

@@ -18,7 +18,9 @@ tokens comes from compactions that leave the context near the budget, so the nex
 breaks again.
 
 Run: ``python -m ctxwarden_bench.break_causes --rows coding@4000,tau@2000``
-(``--runs N`` for the first N runs of each trace, ``--json PATH`` for the figures).
+(``--runs N`` for the first N runs of each trace, ``--json PATH`` for the figures,
+``--policy FILE`` for a policy of your own instead of the default: what a change to the
+low-water mark or the ledger would cost, and why).
 """
 
 from __future__ import annotations
@@ -134,14 +136,16 @@ def _median(values: Sequence[int]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def break_causes(runs: Sequence[Sequence[Message]], budget: int, name: str = "") -> RowCauses:
-    """Replay ``runs`` as agent loops at ``budget``, ours (default policy) beside the
-    sawtooth window (see the module docstring)."""
+def break_causes(
+    runs: Sequence[Sequence[Message]], budget: int, name: str = "", policy: Any = None
+) -> RowCauses:
+    """Replay ``runs`` as agent loops at ``budget``, ours (the default policy, or
+    ``policy``) beside the sawtooth window (see the module docstring)."""
     counter = TokenCounter.for_model(MODEL)
     row = RowCauses(name, budget)
     for run in runs:
         counts = [counter.count_message(m) for m in run]
-        engine, sawtooth = engine_builder(MODEL), SawtoothBuilder()
+        engine, sawtooth = engine_builder(MODEL, policy=policy), SawtoothBuilder()
         ours: list[list[Message]] = []
         saws: list[list[Message]] = []
         before = 0
@@ -233,8 +237,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", default=",".join(ROWS), help="TRACE@BUDGET, comma-separated")
     ap.add_argument("--runs", type=int, default=0, help="only the first N runs of each trace")
     ap.add_argument("--json", type=Path, help="write the figures here too")
+    ap.add_argument("--policy", type=Path, help="a policy TOML file instead of the default")
     args = ap.parse_args(argv)
     rows = _parse_rows(args.rows)
+    policy = None
+    if args.policy is not None:
+        from ctxwarden.core.errors import ConfigError
+        from ctxwarden.pipeline.policy import Policy
+
+        try:
+            policy = Policy.from_toml(args.policy)
+        except ConfigError as exc:
+            raise SystemExit(f"--policy: {exc}") from exc
     loaders = _loaders(args.data)
     loaded: dict[str, list[list[Message]]] = {}
     out = []
@@ -242,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         if trace not in loaded:
             runs = loaders[trace]()
             loaded[trace] = runs[: args.runs] if args.runs else runs
-        row = break_causes(loaded[trace], budget, trace)
+        row = break_causes(loaded[trace], budget, trace, policy)
         print(report(row), flush=True)
         out.append(row.to_json())
     if args.json:
