@@ -66,6 +66,15 @@ def test_a_policy_file_replaces_the_default(tmp_path: Path) -> None:
         main(["--data", str(SHARED_DATA), "--rows", "tau@2000", "--policy", str(bad)])
 
 
+@pytest.mark.skipif(not TAU_BENCH.exists(), reason=f"tau-bench data not found at {TAU_BENCH}")
+def test_a_budget_below_the_system_prompt_counts_each_build_as_an_error() -> None:
+    from ctxwarden_bench.traces import load_tau_bench
+
+    row = break_causes(load_tau_bench(TAU_BENCH)[:1], 300, "tau")
+    assert row.errors == row.ours.calls > 0  # each priced as the plain window a caller sends
+    assert not row.causes and row.to_json()["median_after_break"] is None
+
+
 @pytest.mark.parametrize("bad", ["tau", "tau@", "chat@2000", "coding@-5", "coding@4k"])
 def test_a_malformed_row_is_named(bad: str) -> None:
     with pytest.raises(SystemExit, match="is not TRACE@BUDGET"):

@@ -40,7 +40,7 @@ from ctxwarden.core.messages import Message
 from ctxwarden.core.registry.cache_cost import ANTHROPIC, CallPrefix
 from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden_bench.metrics import cache_calls
-from ctxwarden_bench.retention import SawtoothBuilder, engine_builder
+from ctxwarden_bench.retention import SawtoothBuilder, engine_builder, plain_builder
 
 __all__ = ["BreakCause", "LoopSide", "RowCauses", "break_causes", "main"]
 
@@ -157,7 +157,7 @@ def break_causes(
                 built = engine.build(run[:k], budget)
             except BudgetError:  # the caller's fallback, as the retention rows send it
                 row.errors += 1
-                ours.append(engine(run[:k], counts[:k], budget))
+                ours.append(plain_builder()(run[:k], counts[:k], budget))
                 continue
             ours.append(list(built.messages))
             audit = built.audit
