@@ -234,7 +234,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ctxwarden_bench.break_causes",
                                  description=__doc__.split("\n\n")[0])  # fmt: skip
     ap.add_argument("--data", help="the shared data folder (default: $CTXWARDEN_DATA)")
-    ap.add_argument("--rows", default=",".join(ROWS), help="TRACE@BUDGET, comma-separated")
+    ap.add_argument(
+        "--rows",
+        default=",".join(ROWS),
+        help="TRACE@BUDGET, comma-separated; TRACE is coding (swebench-mini) or tau "
+        "(tau-bench airline); default: %(default)s",
+    )
     ap.add_argument("--runs", type=int, default=0, help="only the first N runs of each trace")
     ap.add_argument("--json", type=Path, help="write the figures here too")
     ap.add_argument("--policy", type=Path, help="a policy TOML file instead of the default")
