@@ -37,51 +37,33 @@ from typing import Any
 
 from ctxwarden.core.errors import BudgetError
 from ctxwarden.core.messages import Message
-from ctxwarden.core.registry.cache_cost import ANTHROPIC, CallPrefix
+from ctxwarden.core.registry.cache_cost import ANTHROPIC, CacheCost, session_cache_cost
 from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden_bench.metrics import cache_calls
 from ctxwarden_bench.retention import SawtoothBuilder, engine_builder, plain_builder
 
-__all__ = ["BreakCause", "LoopSide", "RowCauses", "break_causes", "main"]
+__all__ = ["BreakCause", "RowCauses", "break_causes", "main", "side_json"]
 
 MODEL = "gpt-4o"
 ROWS = ("coding@4000", "coding@8000", "tau@2000", "tau@4000")
 _NUMBER = re.compile(r"\d[\d,]*")
 
 
-@dataclass
-class LoopSide:
-    """One builder's calls over a row, priced at Anthropic's cache prices."""
+_NONE = CacheCost(0, 0, 0, 0.0, 0, 0)
 
-    calls: int = 0
-    input_tokens: int = 0
-    read_tokens: int = 0
-    breaks: int = 0
 
-    @property
-    def written_tokens(self) -> int:
-        return self.input_tokens - self.read_tokens
-
-    @property
-    def units(self) -> float:
-        return ANTHROPIC.read * self.read_tokens + ANTHROPIC.write * self.written_tokens
-
-    def add(self, calls: Sequence[CallPrefix]) -> None:
-        for i, c in enumerate(calls):
-            self.calls += 1
-            self.input_tokens += c.input_tokens
-            self.read_tokens += c.shared_tokens
-            self.breaks += bool(i) and not c.whole_prefix
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "calls": self.calls,
-            "input_tokens": self.input_tokens,
-            "read_tokens": self.read_tokens,
-            "written_tokens": self.written_tokens,
-            "breaks": self.breaks,
-            "units": round(self.units, 1),
-        }
+def side_json(side: CacheCost) -> dict[str, Any]:
+    """One builder's calls over a row (:class:`CacheCost` at Anthropic's prices) as JSON:
+    tokens written are those not read from the cache; breaks, the later calls whose
+    previous context is not a whole prefix."""
+    return {
+        "calls": side.calls,
+        "input_tokens": side.input_tokens,
+        "read_tokens": side.shared_tokens,
+        "written_tokens": side.input_tokens - side.shared_tokens,
+        "breaks": side.later_calls - side.whole_prefix_calls,
+        "units": round(side.units, 1),
+    }
 
 
 @dataclass
@@ -104,8 +86,8 @@ class RowCauses:
 
     name: str
     budget: int
-    ours: LoopSide = field(default_factory=LoopSide)
-    sawtooth: LoopSide = field(default_factory=LoopSide)
+    ours: CacheCost = _NONE  # at Anthropic's prices, summed over the runs
+    sawtooth: CacheCost = _NONE
     causes: dict[str, BreakCause] = field(default_factory=dict)
     before_break: list[int] = field(default_factory=list)  # context of the call before
     after_break: list[int] = field(default_factory=list)
@@ -119,8 +101,8 @@ class RowCauses:
         return {
             "row": self.name,
             "budget": self.budget,
-            "ours": self.ours.to_json(),
-            "sawtooth": self.sawtooth.to_json(),
+            "ours": side_json(self.ours),
+            "sawtooth": side_json(self.sawtooth),
             "ours_vs_sawtooth": round(self.vs_sawtooth, 4),
             "causes": [
                 {"cause": c.cause, "breaks": c.count, "rewritten_tokens": c.rewritten_tokens}
@@ -169,8 +151,8 @@ def break_causes(
                 row.before_break.append(before)
                 row.after_break.append(audit.input_tokens)
             before = audit.input_tokens
-        row.ours.add(cache_calls(ours, counter))
-        row.sawtooth.add(cache_calls(saws, counter))
+        row.ours += session_cache_cost(cache_calls(ours, counter), ANTHROPIC)
+        row.sawtooth += session_cache_cost(cache_calls(saws, counter), ANTHROPIC)
     return row
 
 
@@ -213,10 +195,11 @@ def report(row: RowCauses) -> str:
         f"{'breaks':>7} {'cost (units)':>13}"
     )
     for label, side in (("ours", row.ours), ("sawtooth", row.sawtooth)):
+        f = side_json(side)
         mean = side.input_tokens / side.calls if side.calls else 0
         lines.append(
-            f"  {label:9} {side.calls:>6} {mean:>9,.0f} {side.read_tokens:>10,} "
-            f"{side.written_tokens:>10,} {side.breaks:>7} {side.units:>13,.0f}"
+            f"  {label:9} {side.calls:>6} {mean:>9,.0f} {f['read_tokens']:>10,} "
+            f"{f['written_tokens']:>10,} {f['breaks']:>7} {side.units:>13,.0f}"
         )
     lines.append(
         f"  ours' context around a break (median): {_median(row.before_break) or 0:,.0f} "
