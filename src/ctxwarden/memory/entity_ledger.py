@@ -432,9 +432,14 @@ class EntityLedger:
         costs a token per value), comma-separated when one of them has a space. A run
         of values from a source in ``marked`` is followed by its handle."""
         groups: dict[str, list[LedgerEntry]] = {}
+        entries = self.entries
         for i in sorted(positions):
-            e = self.entries[i]
-            groups.setdefault(e.label, []).append(e)
+            e = entries[i]
+            group = groups.get(e.label)
+            if group is None:
+                groups[e.label] = [e]
+            else:
+                group.append(e)
         if not groups:
             return ""
         lines = [f"{label}: {_line(group, marked)}" for label, group in groups.items()]
@@ -551,11 +556,9 @@ class EntityLedger:
         entries = self.entries
         skipped = 0
         skip = skip or None  # (asked once: a Shown of no messages is false)
-        for _, i in self._ranked_order(entries, self._tiers):
+        for r, i in self._ranked_order(entries, self._tiers):
             e = entries[i]
-            if (e.source_id in placed and _rank_of(e) <= LOW_RANK) or (
-                skip is not None and skip(e.value)
-            ):
+            if (r <= LOW_RANK and e.source_id in placed) or (skip is not None and skip(e.value)):
                 continue  # shown elsewhere; or a plain number of a message one recall away
             step = table.get(e.value)
             if step is None:
@@ -620,7 +623,11 @@ class EntityLedger:
 
 def _line(group: Sequence[LedgerEntry], marked: frozenset[str]) -> str:
     """One label's values; after a run from a ``marked`` source, its handle."""
-    spaced = any(_SPACED.search(e.value) for e in group)
+    values = [e.value for e in group]
+    # (one search of the values joined by a character that is not a space)
+    spaced = _SPACED.search("\x00".join(values)) is not None
+    if not marked:
+        return ", ".join(map(listed, values)) if spaced else " ".join(values)
     parts: list[str] = []
     for k, e in enumerate(group):
         piece = listed(e.value) if spaced else e.value
