@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import re
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -208,10 +208,8 @@ class EntityLedger:
         if len(self.entries) + len(items) <= MAX_ENTRIES:
             return self._add(items)  # (no message can take it over: one step)
         out, at = self, 0
-        while at < len(items):  # the most messages that cannot take it over, or one
-            room, end = MAX_ENTRIES - len(out.entries), _message_end(items, at)
-            while end < len(items) and _message_end(items, end) - at <= room:
-                end = _message_end(items, end)
+        while at < len(items):  # up to the message that takes it over, if any
+            end = _taking_over(out, items, at)
             out = out._add(items[at:end])
             at = end
         return out
@@ -636,6 +634,26 @@ def _line(group: Sequence[LedgerEntry], marked: frozenset[str]) -> str:
             piece += f" ({handle_for(e.source_id)})"
         parts.append(piece)
     return (", " if spaced else " ").join(parts)
+
+
+def _taking_over(ledger: EntityLedger, items: Sequence[Entity], at: int) -> int:
+    """The end of the messages of ``items`` from ``at`` that one ``_add`` takes: up to and
+    with the first whose new values take ``ledger`` over :data:`MAX_ENTRIES` (the ledger
+    is pruned after it), or all of them. New values, not entities: a ledger near its cap
+    sees mostly values it holds (a coding agent's paths and names recur in every
+    result), and an add per message copied the whole ledger for each of them."""
+    index = ledger._index
+    known: Container[str] = (
+        index if len(index) == len(ledger.entries) else {e.value for e in ledger.entries}
+    )
+    room, new = MAX_ENTRIES - len(ledger.entries), set[str]()
+    end = at
+    while end < len(items):
+        start, end = end, _message_end(items, end)
+        new.update(e.value for e in items[start:end] if e.value not in known)
+        if len(new) > room:
+            break
+    return end
 
 
 def _message_end(entities: Sequence[Entity], at: int) -> int:
