@@ -147,6 +147,8 @@ def test_the_cache_section_of_a_policy() -> None:
     policy = Policy.from_toml('[cache]\nappend_only = false\nprices = "openai"\n')
     assert policy.cache == CacheConfig(append_only=False, prices="openai")
     assert Policy.from_toml('[cache]\nprices = "model"\n').cache.prices == "model"
+    assert Policy().cache.early_compaction
+    assert not Policy.from_toml("[cache]\nearly_compaction = false\n").cache.early_compaction
     with pytest.raises(ConfigError, match=r"cache\.prices"):
         Policy.from_toml('[cache]\nprices = "cheap"\n')
 
@@ -175,6 +177,29 @@ def loop(history: list[Message], budget: int, policy: Policy | None = None) -> l
             )
             builds.append(previous)
     return builds
+
+
+def _causes(builds: list) -> list[str]:  # type: ignore[type-arg]
+    return [b.audit.prefix_break.cause for b in builds[1:] if b.audit.prefix_break is not None]
+
+
+def test_an_early_compaction_for_held_back_edits_can_be_turned_off() -> None:
+    """By default a held build that fits also compacts when applying the masks it held
+    back now pays for the rewrite; ``[cache] early_compaction = false`` sends it held
+    (no second build of the context to weigh it), and only a build that must shrink
+    compacts."""
+    run = agent_run(40)
+    on = loop(run, 2500)
+    off = loop(run, 2500, Policy.from_toml("[cache]\nearly_compaction = false\n"))
+    early = [c for c in _causes(on) if "applying them frees" in c]
+    assert early and early[0].startswith("mask: ")
+    assert _causes(off) and not any("applying them frees" in c for c in _causes(off))
+    assert all(b.audit.input_tokens <= 2500 for b in off + on)
+    # the two loops are the same up to the early compaction
+    at = next(i for i, b in enumerate(on) if b.audit.prefix_break is not None
+              and "applying them frees" in b.audit.prefix_break.cause)  # fmt: skip
+    assert [b.messages for b in off[:at]] == [b.messages for b in on[:at]]
+    assert off[at].messages != on[at].messages
 
 
 def test_between_compactions_every_build_keeps_the_previous_context_whole() -> None:

@@ -335,7 +335,7 @@ def run_build(
         digests = tuple(map(_DIGEST, map(_FINGERPRINT, draft.ordered)))
         held = (draft.ordered, digests)
         cause = held_cause(draft, actions, total, budget, state.prefix, digests)
-        if cause is not None or draft.compact is not None:
+        if cause is not None or (draft.compact is not None and policy.cache.early_compaction):
             unheld = replace(ctx, hold=False, compacting=True)
             compacted = _fold(start, unheld, steps, pre)
             if cause is None:  # only edits were held back: compact if the rewrite pays

@@ -43,6 +43,8 @@ A :class:`Policy` is a frozen dataclass that loads from TOML::
     prices = "cautious"            # weigh rewrites at the model's cache prices or
                                    # Anthropic's, whichever makes writing dearer
     hold_layers = true             # hold the facts and summary blocks too (default: yes)
+    early_compaction = true        # also compact before it must when held-back masks
+                                   # and cuts pay for the rewrite (false: no second build)
 
     [[steps]]                      # your own step, after masking (ctxwarden.pipeline.cascade)
     use = "mypackage.steps:DropTagged"
