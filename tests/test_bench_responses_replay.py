@@ -67,8 +67,8 @@ def test_a_context_that_differs_fails_the_command(
 
     real = replay.engine_builder
 
-    def naming(model: str):  # type: ignore[no-untyped-def]
-        inner = real(model)  # one builder for the whole replay, as the command makes
+    def naming(model: str, policy: object = None):  # type: ignore[no-untyped-def]
+        inner = real(model, policy=policy)  # one builder for the whole replay, as made
         return lambda before, counts, budget: inner(named(before), counts, budget)
 
     monkeypatch.setattr(replay, "engine_builder", naming)
@@ -77,3 +77,34 @@ def test_a_context_that_differs_fails_the_command(
     assert main(argv) == 1
     row = json.loads(out.read_text())["budgets"]["4000"]
     assert row["contexts_equal_to_library"] < row["calls"]
+
+
+def test_a_policy_file_is_the_one_all_three_build_with(tmp_path: Path) -> None:
+    """``--policy``: the library, the stored session and ``ctxwarden serve --policy``
+    build with the file's policy. Without early compactions the second run at 8,000
+    tokens gets other contexts than the default's, so a server that ignored the file
+    would send other contexts than the library and fail the command."""
+    from ctxwarden.pipeline.policy import Policy
+    from ctxwarden_bench.responses_replay import Recorded
+    from ctxwarden_bench.retention import engine_builder
+    from ctxwarden_bench.swebench import swebench_retention
+
+    path = tmp_path / "policy.toml"
+    path.write_text("[cache]\nearly_compaction = false\n", encoding="utf-8")
+    runs = [as_responses_client(r) for r in load_swebench(SWEBENCH)[:2]]
+    default, own = (
+        Recorded(engine_builder()),
+        Recorded(engine_builder(policy=Policy.from_toml(path))),
+    )
+    swebench_retention(runs, 8000, default)
+    swebench_retention(runs, 8000, own)
+    assert default.contexts != own.contexts  # (the file changes what is built here)
+    out = tmp_path / "figures.json"
+    argv = ["--data", str(SWEBENCH), "--runs", "2", "--budgets", "8000", "--json", str(out)]
+    assert main([*argv, "--client", "httpx", "--policy", str(path)]) == 0
+    row = json.loads(out.read_text())["budgets"]["8000"]
+    assert row["contexts_equal_to_library"] == row["calls"] == len(own.contexts)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[cache]\nprices = "cheap"\n', encoding="utf-8")
+    with pytest.raises(SystemExit, match=r"--policy: .*cache\.prices"):
+        main(["--data", str(SWEBENCH), "--runs", "1", "--policy", str(bad)])

@@ -1,7 +1,7 @@
 """The swebench-mini runs replayed through ``/v1/responses`` with the real ``openai`` SDK.
 
 Run: ``python -m ctxwarden_bench.responses_replay [--data PATH] [--budgets 4000,8000]
-[--runs N]``.
+[--runs N] [--client sdk|httpx] [--policy FILE]``.
 
 Each recorded run of the coding agent (``../shared/data/swebench-mini``) is replayed as
 a Responses client would hold it: at every bash call, the agent sends its history up to
@@ -101,8 +101,9 @@ class SessionBuilder:
     """A :data:`~ctxwarden_bench.retention.Builder` that appends each call's new messages
     to a stored session (one per run) and builds it: the proxy's build, without HTTP."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, policy: Any = None) -> None:
         self.store = store
+        self.policy = policy
         self._sessions: dict[int, tuple[Session, list[int]]] = {}
 
     def __call__(
@@ -110,7 +111,8 @@ class SessionBuilder:
     ) -> list[Message]:
         found = self._sessions.get(id(before[0]))
         if found is None:
-            found = self._sessions[id(before[0])] = (Session(self.store, uuid.uuid4().hex), [0])
+            made = Session(self.store, uuid.uuid4().hex, policy=self.policy)
+            found = self._sessions[id(before[0])] = (made, [0])
         session, seen = found
         session.append(before[seen[0] :])
         seen[0] = len(before)
@@ -273,7 +275,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="sdk: the openai SDK's responses.create (default); httpx: the same "
                     "requests as bodies built before each call, posted over httpx (the "
                     "route's own cost, without the SDK's preparation between calls)")  # fmt: skip
+    ap.add_argument("--policy", type=Path, help="a policy TOML file for all three builders "
+                    "(`ctxwarden serve --policy`) instead of the default")  # fmt: skip
     args = ap.parse_args(argv)
+    policy = None
+    if args.policy is not None:
+        from ctxwarden.core.errors import ConfigError
+        from ctxwarden.pipeline.policy import Policy
+
+        try:
+            policy = Policy.from_toml(args.policy)
+        except ConfigError as exc:
+            raise SystemExit(f"--policy: {exc}") from exc
+    served = ["--policy", str(args.policy)] if args.policy is not None else []
     path = find_traces(args.data)
     if path is None:
         ap.error("swebench-mini traces not found (set --data or $CTXWARDEN_DATA)")
@@ -295,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         with upstream:
             proxy = subprocess.Popen(
                 [sys.executable, "-c", "from ctxwarden.cli.main import main; main()", "serve",
-                 "--db", db, "--port", str(port), "--upstream", upstream.url],
+                 "--db", db, "--port", str(port), "--upstream", upstream.url, *served],
             )  # fmt: skip
             try:
                 _wait(f"http://127.0.0.1:{port}/healthz", proxy)
@@ -309,11 +323,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{'builder':<8} {'budget':>6} {'retention':>9} {'reduction':>9} "
                       f"{'calls':>6} {'violations':>10} {'over':>5}")  # fmt: skip
                 for budget in budgets:
-                    reference = Recorded(engine_builder(MODEL))
+                    reference = Recorded(engine_builder(MODEL, policy=policy))
                     library = swebench_retention(runs, budget, reference)
                     print(_row("library", library, budget), flush=True)
                     with open_store(f"sqlite:///{Path(tmp) / f'session-{budget}.db'}") as own:
-                        stored = swebench_retention(runs, budget, SessionBuilder(own))
+                        stored = swebench_retention(runs, budget, SessionBuilder(own, policy))
                     print(_row("session", stored, budget), flush=True)
                     builder = ProxyBuilder(through, upstream, runs, direct)
                     sent = Recorded(builder)
