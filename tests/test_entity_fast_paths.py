@@ -260,3 +260,21 @@ def test_a_ledger_over_its_cap_keeps_the_same_values_however_its_messages_are_ad
         _alike(stepwise, EntityLedger().add(values))
     finally:
         entity_ledger.MAX_ENTRIES = saved
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    batches,
+    st.integers(0, 40),
+    st.sets(st.sampled_from(_VALUES)),
+    st.sets(st.sampled_from([f"m{i}" for i in range(10)])),
+)
+def test_whether_a_render_gives_a_block_is_known_without_rendering_it(
+    seen: list[list[tuple[str, str]]], max_tokens: int, shown: set[str], placed: set[str]
+) -> None:
+    """``shows_any`` (a compaction asks it before rendering the values a kept ledger block
+    does not show) answers as ``render`` does, at caps down to a value or none."""
+    ledger = EntityLedger().add([e for i, b in enumerate(seen) for e in _entities(b, i)])
+    skip = shown.__contains__ if shown else None
+    got = ledger.shows_any(max_tokens, count, frozenset(placed), skip)
+    assert got == bool(ledger.render(max_tokens, count, frozenset(placed), skip))

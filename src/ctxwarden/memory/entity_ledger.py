@@ -548,6 +548,26 @@ class EntityLedger:
             return [], "", 0
         order: list[int] = []
         steps: list[int] = []  # each kept entry's estimated cost
+        for i, step in self._chosen(max_tokens, count, skip, placed):
+            order.append(i)
+            steps.append(step)
+        if not order:
+            return [], "", 0
+        text = self._render(order)
+        tokens = count(text)
+        if tokens <= max_tokens:
+            return order, text, tokens
+        return self._most_that_fit(order, steps, tokens, max_tokens, count)
+
+    def _chosen(
+        self,
+        max_tokens: int,
+        count: Callable[[str], int],
+        skip: Callable[[str], bool] | None,
+        placed: frozenset[str],
+    ) -> Iterator[tuple[int, int]]:
+        """The entries :meth:`_fit` takes, best first, each with its estimated cost: the
+        values not shown elsewhere whose estimated costs fit ``max_tokens`` together."""
         labels: set[str] = set()
         table = _costs(count)
         used = _cost(table, count, self.header)
@@ -567,19 +587,26 @@ class EntityLedger:
             if used + step > max_tokens:
                 skipped += 1  # a shorter value further down may still fit
                 if skipped > _SKIPS:
-                    break
+                    return
                 continue
             used += step
             labels.add(e.label)
-            order.append(i)
-            steps.append(step)
-        if not order:
-            return [], "", 0
-        text = self._render(order)
-        tokens = count(text)
-        if tokens <= max_tokens:
-            return order, text, tokens
-        return self._most_that_fit(order, steps, tokens, max_tokens, count)
+            yield i, step
+
+    def shows_any(
+        self,
+        max_tokens: int,
+        count: Callable[[str], int],
+        placed: frozenset[str] | None = None,
+        skip: Callable[[str], bool] | None = None,
+    ) -> bool:
+        """Whether :meth:`render` with these arguments gives a block (not ""), found from
+        its first value alone: the longest prefix of the values that fits is not empty
+        exactly when the first fits alone (:meth:`_most_that_fit` tries it last)."""
+        if not self.entries or max_tokens <= 0:
+            return False
+        first = next(self._chosen(max_tokens, count, skip, placed or frozenset()), None)
+        return first is not None and count(self._render([first[0]])) <= max_tokens
 
     def _most_that_fit(
         self,

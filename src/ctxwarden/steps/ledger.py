@@ -33,7 +33,7 @@ from ctxwarden.core.caching import BoundedCache
 from ctxwarden.core.messages import Message
 from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.memory.entities import extract_entities
-from ctxwarden.memory.entity_ledger import EntityLedger
+from ctxwarden.memory.entity_ledger import DEFAULT_HEADER, EntityLedger
 from ctxwarden.steps.base import Draft, LedgerSettling, StepContext, system_block
 from ctxwarden.steps.memos import memo_of, register_memo
 
@@ -289,6 +289,17 @@ class LedgerBuilder:
             return None
         return self._text(memo.ledger, self.cap - _FRAMING, edited, [*self.shown, *pinned, base])
 
+    def shows_beyond(
+        self, base: Message, edited: Sequence[Message], pinned: Sequence[Message]
+    ) -> bool:
+        """Whether :meth:`beyond` gives a block (not ``None``), without rendering it."""
+        memo = self.memo
+        if memo is None or self.cap - _FRAMING <= 0:
+            return False
+        above = [*self.shown, *pinned, base]
+        ledger, placed, skip = self._prepared(memo.ledger, edited, above)
+        return ledger.shows_any(self.cap - _FRAMING, self.counter.count_text, placed, skip)
+
     def shrink(
         self,
         history: Sequence[Message],
@@ -315,6 +326,15 @@ class LedgerBuilder:
         its handle where room allows (an edited message shows its own handle)."""
         if max_tokens <= 0:
             return None
+        ledger, placed, skip = self._prepared(ledger, edited, above)
+        return ledger.render(max_tokens, self.counter.count_text, placed, skip) or None
+
+    def _prepared(
+        self, ledger: EntityLedger, edited: Sequence[Message], above: Sequence[Message]
+    ) -> tuple[EntityLedger, frozenset[str], Shown | None]:
+        """What :meth:`_text` renders: ``ledger`` with the values of the ``edited``
+        messages, the ids of the messages that show their own handle, and what the
+        context shows elsewhere."""
         if edited:
             parts = tuple([(m.id, m.fingerprint) for m in edited])
             ledger = ledger.grown(
@@ -323,8 +343,7 @@ class LedgerBuilder:
         placed = frozenset(m.id for m in edited)
         if self.turn is not None:
             placed |= self.turn.ids()
-        skip = Shown(above) if above else None
-        return ledger.render(max_tokens, self.counter.count_text, placed, skip) or None
+        return ledger, placed, Shown(above) if above else None
 
 
 def _render_key(
@@ -657,11 +676,19 @@ def stacked_ledger(
     if rendered.text == kept:
         return None, rendered
     base = system_block(kept, LEDGER_ID)
+    size = ctx.count(base)
+    heading = builder.memo.ledger.header if builder.memo is not None else DEFAULT_HEADER
+    if size + ctx.count(system_block(heading, LEDGER_MORE_ID)) > builder.cap:
+        # no block of values fits beside it (a block is its heading and more): rendered
+        # anew if there is a value it does not show, found without rendering them
+        if not builder.shows_beyond(base, edited, pinned):
+            return None, base
+        return None, _refilled(rendered, builder, ctx, edited, pinned)
     text = builder.beyond(base, edited, pinned)
     if text is None:  # it shows every value still to show
         return None, base
     more = system_block(text, LEDGER_MORE_ID)
-    size, extra = ctx.count(base), ctx.count(more)
+    extra = ctx.count(more)
     if size + extra > builder.cap or extra > size:
         return None, _refilled(rendered, builder, ctx, edited, pinned)
     return base, more
