@@ -278,3 +278,15 @@ def test_whether_a_render_gives_a_block_is_known_without_rendering_it(
     skip = shown.__contains__ if shown else None
     got = ledger.shows_any(max_tokens, count, frozenset(placed), skip)
     assert got == bool(ledger.render(max_tokens, count, frozenset(placed), skip))
+
+
+def test_handles_that_would_displace_every_value_leave_the_values_as_they_were() -> None:
+    """A handle may take the place of the lowest-ranked values, never of all of them: a
+    block of handles without a value is no block (it rendered as nothing, and the values
+    that fit were lost with it)."""
+    made = [("2024-05-27", "tool"), ("May 27", "assistant"), ("Sofia Kim", "assistant")]
+    ledger = EntityLedger().add(_entities(made, 0))
+    skip = {"2024-05-27"}.__contains__
+    text = ledger.render(15, count, frozenset(), skip)
+    assert text.splitlines()[1:] == ["v: May 27, Sofia Kim"]
+    assert ledger.shows_any(15, count, frozenset(), skip)

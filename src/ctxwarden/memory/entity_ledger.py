@@ -487,6 +487,8 @@ class EntityLedger:
         limit = tokens  # never a bigger block
         while chosen:
             kept = [i for i in order if i not in gone]
+            if not kept:  # every value gave way: handles of no value are no block
+                return text
             candidate = self._render(kept, frozenset(chosen))
             over = count(candidate) - limit
             if over <= 0:
