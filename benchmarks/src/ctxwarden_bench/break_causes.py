@@ -40,7 +40,7 @@ from ctxwarden.core.messages import Message
 from ctxwarden.core.registry.cache_cost import ANTHROPIC, CacheCost, session_cache_cost
 from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden_bench.metrics import cache_calls
-from ctxwarden_bench.retention import SawtoothBuilder, engine_builder, plain_builder
+from ctxwarden_bench.retention import SawtoothBuilder, engine_builder, plain_builder, policy_file
 
 __all__ = ["BreakCause", "RowCauses", "break_causes", "main", "side_json"]
 
@@ -228,15 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", type=Path, help="a policy TOML file instead of the default")
     args = ap.parse_args(argv)
     rows = _parse_rows(args.rows)
-    policy = None
-    if args.policy is not None:
-        from ctxwarden.core.errors import ConfigError
-        from ctxwarden.pipeline.policy import Policy
-
-        try:
-            policy = Policy.from_toml(args.policy)
-        except ConfigError as exc:
-            raise SystemExit(f"--policy: {exc}") from exc
+    policy = policy_file(args.policy)
     loaders = _loaders(args.data)
     loaded: dict[str, list[list[Message]]] = {}
     out = []

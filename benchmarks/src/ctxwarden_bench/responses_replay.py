@@ -53,7 +53,7 @@ from ctxwarden_bench.coding_truncation import find_traces
 from ctxwarden_bench.local_servers import LocalJSONServer, free_port, stop_process
 from ctxwarden_bench.process_cpu import read_cpu, seconds_between
 from ctxwarden_bench.proxy import _build_seconds, _wait, percentile_ms
-from ctxwarden_bench.retention import Retention, engine_builder
+from ctxwarden_bench.retention import Retention, engine_builder, policy_file
 from ctxwarden_bench.swebench import BUDGETS, load_swebench, swebench_retention
 
 __all__ = [
@@ -278,15 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", type=Path, help="a policy TOML file for all three builders "
                     "(`ctxwarden serve --policy`) instead of the default")  # fmt: skip
     args = ap.parse_args(argv)
-    policy = None
-    if args.policy is not None:
-        from ctxwarden.core.errors import ConfigError
-        from ctxwarden.pipeline.policy import Policy
-
-        try:
-            policy = Policy.from_toml(args.policy)
-        except ConfigError as exc:
-            raise SystemExit(f"--policy: {exc}") from exc
+    policy = policy_file(args.policy)
     served = ["--policy", str(args.policy)] if args.policy is not None else []
     path = find_traces(args.data)
     if path is None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ctxwarden.core.messages import Message
@@ -44,6 +45,7 @@ __all__ = [
     "message_text",
     "newest_kept",
     "plain_builder",
+    "policy_file",
     "sawtooth_builder",
 ]
 
@@ -178,6 +180,20 @@ class SawtoothBuilder:
 def sawtooth_builder() -> Builder:
     """A fresh :class:`SawtoothBuilder` (the cache-friendly baseline's row)."""
     return SawtoothBuilder()
+
+
+def policy_file(path: Path | None) -> Any:
+    """The policy a bench command's ``--policy FILE`` names (``None``: the default); a
+    file that is not a policy stops the command with what is wrong in it."""
+    if path is None:
+        return None
+    from ctxwarden.core.errors import ConfigError
+    from ctxwarden.pipeline.policy import Policy
+
+    try:
+        return Policy.from_toml(path)
+    except ConfigError as exc:
+        raise SystemExit(f"--policy: {exc}") from exc
 
 
 def engine_builder(
