@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import re
 from collections import Counter
-from collections.abc import Callable, Container, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -218,11 +218,7 @@ class EntityLedger:
         """:meth:`add`, pruned once at the end."""
         entries = list(self.entries)
         n = len(entries)
-        # The value -> position index is shared with the ledger this one came from (it
-        # only grows); if another ledger grew it since, it holds values we lack: rebuild.
-        index = self._index
-        if len(index) != len(entries):
-            index = {e.value: i for i, e in enumerate(entries)}
+        index = self._own_index()
         tiers = [list(t) for t in self._tiers]
         seq = self.seq
         stated = self._stated_keys()
@@ -309,6 +305,15 @@ class EntityLedger:
         )
         object.__setattr__(out, "_stated", stated)
         return out
+
+    def _own_index(self) -> dict[str, int]:
+        """Value -> position of this ledger's entries. The index is shared with the ledger
+        this one came from (it only grows); if another ledger grew it since, it holds
+        values this one lacks, and a new one is made."""
+        index = self._index
+        if len(index) != len(self.entries):
+            index = {e.value: i for i, e in enumerate(self.entries)}
+        return index
 
     def _tooled(self) -> bool:
         """Whether a tool was called or returned a value among the values so far."""
@@ -671,10 +676,7 @@ def _taking_over(ledger: EntityLedger, items: Sequence[Entity], at: int) -> int:
     is pruned after it), or all of them. New values, not entities: a ledger near its cap
     sees mostly values it holds (a coding agent's paths and names recur in every
     result), and an add per message copied the whole ledger for each of them."""
-    index = ledger._index
-    known: Container[str] = (
-        index if len(index) == len(ledger.entries) else {e.value for e in ledger.entries}
-    )
+    known = ledger._own_index()
     room, new = MAX_ENTRIES - len(ledger.entries), set[str]()
     end = at
     while end < len(items):
