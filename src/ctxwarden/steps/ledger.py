@@ -298,7 +298,7 @@ class LedgerBuilder:
             return False
         above = [*self.shown, *pinned, base]
         ledger, placed, skip = self._prepared(memo.ledger, edited, above)
-        return ledger.shows_any(self.cap - _FRAMING, self.counter.count_text, placed, skip)
+        return ledger.shows_any(self.cap - _FRAMING, self.counter.count_lines, placed, skip)
 
     def shrink(
         self,
@@ -327,7 +327,7 @@ class LedgerBuilder:
         if max_tokens <= 0:
             return None
         ledger, placed, skip = self._prepared(ledger, edited, above)
-        return ledger.render(max_tokens, self.counter.count_text, placed, skip) or None
+        return ledger.render(max_tokens, self.counter.count_lines, placed, skip) or None
 
     def _prepared(
         self, ledger: EntityLedger, edited: Sequence[Message], above: Sequence[Message]

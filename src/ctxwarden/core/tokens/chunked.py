@@ -44,7 +44,9 @@ __all__ = [
     "MAX_COUNTED_CHARS",
     "count_is_exact",
     "count_long",
+    "line_pieces",
     "safe_chunks",
+    "word_pieces",
 ]
 
 DIRECT_CHARS = 65_536
@@ -84,6 +86,38 @@ def safe_chunks(text: str, size: int = CHUNK_CHARS) -> list[tuple[int, int]]:
     if start < n or not spans:
         spans.append((start, n))
     return spans
+
+
+def line_pieces(text: str) -> list[str]:
+    """``text`` cut after each newline that a printable ASCII character other than ``/``
+    follows (a safe point, :data:`_SAFE`'s first kind, read narrowly): pieces whose
+    counts add up to the text's. A block of labelled lines (the entity ledger) is cut
+    into its lines, so a count of it again with a few lines changed encodes only those
+    (:meth:`~ctxwarden.core.tokens.counter.TokenCounter.count_lines`)."""
+    lines = text.split("\n")
+    pieces: list[str] = []
+    current = lines[0]
+    for line in lines[1:]:
+        if line and "!" <= line[0] <= "~" and line[0] != "/":
+            pieces.append(current + "\n")
+            current = line
+        else:
+            current += "\n" + line
+    pieces.append(current)
+    return pieces
+
+
+_WORD_START = re.compile(r"(?<=[!-~])(?= [A-Za-z])")  # :data:`_SAFE`'s second kind
+
+
+def word_pieces(text: str) -> list[str]:
+    """``text`` cut before each space that follows a printable ASCII character and
+    precedes an ASCII letter (a safe point): pieces whose counts add up to the text's.
+    A long line of space-separated values is cut into its values."""
+    cuts = [m.start() for m in _WORD_START.finditer(text)]
+    if not cuts:
+        return [text]
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
 
 
 def _encode_len(encoding: Any, text: str) -> int:

@@ -111,6 +111,8 @@ from ctxwarden.core.tokens.chunked import (
     MAX_COUNTED_CHARS,
     count_is_exact,
     count_long,
+    line_pieces,
+    word_pieces,
 )
 from ctxwarden.core.tokens.encodings import get_encoding
 from ctxwarden.core.tokens.images import image_tokens
@@ -278,6 +280,10 @@ def _resolve(model: str, registry: Registry) -> _Resolution:
 # ledger or a cut-values note is counted while being made and again as a message.
 _TEXT_CACHE_SIZE = 2048
 _TEXT_CACHE_CHARS = 32_768
+# Raw counts of the lines of texts counted by lines (TokenCounter.count_lines), and of
+# the values of a longer line that changed
+_LINE_CACHE_SIZE = 16_384
+_WORDS_FROM = 256  # a line this long is counted by its words when it changed
 
 
 _MEMO_OF = attrgetter("_memo")  # a Message's memo of pure results (see Message._memo)
@@ -330,6 +336,9 @@ class TokenCounter:
         # recent texts (drafts are often counted twice), oldest first out
         self._texts: BoundedCache[str, int] = BoundedCache(
             f"counter.texts[{model}]", _TEXT_CACHE_SIZE, recency=False
+        )
+        self._lines: BoundedCache[str, int] = BoundedCache(
+            f"counter.lines[{model}]", _LINE_CACHE_SIZE, recency=False
         )
 
     @classmethod
@@ -402,6 +411,33 @@ class TokenCounter:
         if self.scripts is None:  # exact: the raw count, without _scaled's generator
             return self._raw(text)
         return self._scaled(0, (text,))
+
+    def count_lines(self, text: str) -> int:
+        """``count_text(text)``, the same number, from counts of its lines kept between
+        calls: for a block counted again and again with a few lines changed (the entity
+        ledger, rendered for each try of a fit and at every compaction), only the changed
+        lines are encoded. The text is cut only where the encodings' pieces end
+        (:func:`~ctxwarden.core.tokens.chunked.line_pieces`), so the lines' tokens add up
+        to the text's."""
+        if len(text) <= _TEXT_CACHE_CHARS and "\n" in text and self._texts.get(text) is None:
+            self._texts.put(text, sum(map(self._line_raw, line_pieces(text))))
+        return self.count_text(text)  # (its raw count is cached now)
+
+    def _line_raw(self, line: str) -> int:
+        found = self._lines.get(line)
+        if found is None:
+            if len(line) < _WORDS_FROM:
+                found = self._encoded(line)
+            else:  # a long line with a value more or less: the other values' counts stand
+                found = sum(map(self._word_raw, word_pieces(line)))
+            self._lines.put(line, found)
+        return found
+
+    def _word_raw(self, word: str) -> int:
+        found = self._lines.get(word)
+        if found is None:
+            found = self._lines.put(word, self._encoded(word))
+        return found
 
     # -- messages ---------------------------------------------------------------------------
 
