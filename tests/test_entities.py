@@ -296,7 +296,10 @@ def test_ledger_keep_order_is_rank_then_recency(batches: list[list[tuple[str, st
             -ledger.entries[i].last_seen,
         ),
     )
-    assert list(ledger._keep_order(ledger.entries, ledger._tiers)) == expected
+    assert list(ledger._keep_order()) == expected
+    # (the ranks every add keeps are the entries' ranks, and a branch shares them)
+    ranks = tuple(rank(e.category, e.hits, e.marks, len(e.value)) for e in ledger.entries)
+    assert ledger._ranks == ranks and ledger.branch()._ranks == ranks
     assert EntityLedger.from_dict(ledger.to_dict()).render(50, count) == ledger.render(50, count)
 
 
@@ -393,7 +396,7 @@ def test_what_the_user_stated_and_the_agent_used_survives_pressure() -> None:
     for _ in range(4):
         many = many.add([ent("LAX", "origin", "code", "tool"), ent("12", "n", "number", "user")])
     many = many.add([ent(f"C{i}DE", "code", "code", "tool") for i in range(40)])
-    top = [many.entries[i].value for i in many._keep_order(many.entries, many._tiers)]
+    top = [many.entries[i].value for i in many._keep_order()]
     assert top[0] == "LAX" and top[-1] == "12"
     assert many.entries[1].marks & USER
 
@@ -447,7 +450,7 @@ def test_a_match_that_leaves_the_rank_unchanged_lists_the_value_once() -> None:
         ledger.add([Entity("Al Smith", "name", "m2", "name", "user")]),
         top.add([Entity("Sofia", "first_name", "m2", "name", "user")]),
     ):
-        order = list(grown._keep_order(grown.entries, grown._tiers))
+        order = list(grown._keep_order())
         assert sorted(order) == list(range(len(grown.entries)))
         lines = grown.render(200, count).splitlines()[1:]
         values = [v for line in lines for v in line.split(": ", 1)[1].split(", ")]
@@ -526,16 +529,16 @@ def test_a_ledger_with_room_for_part_of_a_list_keeps_its_first_values() -> None:
 
     first = ["OWZ4XL", "F3IQK1", "8WMF4C", "L2H5FP"]
     ledger = EntityLedger().add([ent(v, "m5") for v in first])
-    order = [ledger.entries[i].value for i in ledger._keep_order(ledger.entries, ledger._tiers)]
+    order = [ledger.entries[i].value for i in ledger._keep_order()]
     assert order == first
     text = ledger.render(count(ledger.render(10_000, count)) - 3, count)
     assert "OWZ4XL" in text and "L2H5FP" not in text  # rendered in first-seen order still
     later = ledger.add([ent("NEW001", "m7"), ent("NEW002", "m7")])
-    order = [later.entries[i].value for i in later._keep_order(later.entries, later._tiers)]
+    order = [later.entries[i].value for i in later._keep_order()]
     assert order == ["NEW001", "NEW002", *first]
     assert later.seq == 6 and EntityLedger.from_dict(later.to_dict()).render(
         30, count
     ) == later.render(30, count)
     prose = EntityLedger().add([ent(v, "m9", "assistant") for v in ("$1,625", "$1,327", "$298")])
-    order = [prose.entries[i].value for i in prose._keep_order(prose.entries, prose._tiers)]
+    order = [prose.entries[i].value for i in prose._keep_order()]
     assert order == ["$298", "$1,327", "$1,625"]

@@ -182,12 +182,20 @@ class EntityLedger:
     _grown: dict[tuple[Hashable, ...], EntityLedger] = field(
         default_factory=dict, compare=False, repr=False
     )
+    # each entry's rank, by position: kept by every add, so a render's walk down the
+    # tiers reads a rank instead of computing it for every entry it visits
+    _ranks: tuple[int, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        entries = self.entries
+        ranks = self._ranks
+        if len(ranks) != len(entries):
+            ranks = tuple(map(_rank_of, entries))
+            object.__setattr__(self, "_ranks", ranks)
         if not self._tiers:
             tiers: list[list[tuple[int, int]]] = [[] for _ in range(_TIERS)]
-            for i, e in enumerate(self.entries):
-                tiers[_rank_of(e)].append((e.last_seen, i))
+            for i, e in enumerate(entries):
+                tiers[ranks[i]].append((e.last_seen, i))
             for t in tiers:
                 t.sort()
             object.__setattr__(self, "_tiers", tuple(tuple(t) for t in tiers))
@@ -220,6 +228,7 @@ class EntityLedger:
         n = len(entries)
         index = self._own_index()
         tiers = [list(t) for t in self._tiers]
+        ranks = list(self._ranks)
         seq = self.seq
         stated = self._stated_keys()
         grown: set[str] = set()  # keys the user states for the first time in this batch
@@ -254,7 +263,9 @@ class EntityLedger:
                     (value, old.label, category, old.source_id, old.first_seen, last, hits, marks),
                 )
                 entries[i] = entry
-                fresh = last != old.last_seen or _rank_of(entry) != _rank_of(old)
+                r = _rank_of(entry)
+                fresh = last != old.last_seen or r != ranks[i]
+                ranks[i] = r
             else:
                 i = index[value] = len(entries)
                 category = e.category or e.label
@@ -262,12 +273,14 @@ class EntityLedger:
                     LedgerEntry, (value, e.label, category, e.source_id, stamp, stamp, 1, mark)
                 )
                 entries.append(entry)
+                r = _rank_of(entry)
+                ranks.append(r)
                 fresh = True
             if mark & USER:
                 grown.update(k for k in match_keys(value, category) if k not in stated)
             touched.append(i)
             if fresh:
-                tiers[_rank_of(entry)].append((entry.last_seen, i))
+                tiers[r].append((entry.last_seen, i))
         if not items:
             return self
         seq += len(items)
@@ -294,14 +307,22 @@ class EntityLedger:
         if grown and keys is not None:
             found = keys.positions
             touched = sorted({*touched, *(i for k in grown for i in found.get(k, ()))})
-        self._mark_matches(entries, tiers, stated, touched)
+        self._mark_matches(entries, tiers, ranks, stated, touched)
         if pruning:
-            return _pruned(entries, tiers, seq, self.header)
+            return _pruned(entries, tiers, ranks, seq, self.header)
         stale = sum(map(len, tiers)) - len(entries)
         if stale > len(entries):  # compact: refreshed values left old pairs behind
-            return EntityLedger(tuple(entries), seq, self.header, index, _keys=keys)
+            return EntityLedger(
+                tuple(entries), seq, self.header, index, _keys=keys, _ranks=tuple(ranks)
+            )
         out = EntityLedger(
-            tuple(entries), seq, self.header, index, tuple(map(tuple, tiers)), _keys=keys
+            tuple(entries),
+            seq,
+            self.header,
+            index,
+            tuple(map(tuple, tiers)),
+            _keys=keys,
+            _ranks=tuple(ranks),
         )
         object.__setattr__(out, "_stated", stated)
         return out
@@ -333,6 +354,7 @@ class EntityLedger:
     def _mark_matches(
         entries: list[LedgerEntry],
         tiers: list[list[tuple[int, int]]],
+        ranks: list[int],
         stated: frozenset[str],
         positions: Iterable[int],
     ) -> None:
@@ -345,46 +367,26 @@ class EntityLedger:
             if entry.marks & (USER | MATCH):
                 continue
             if not stated.isdisjoint(match_keys(entry.value, entry.category)):
-                before = _rank_of(entry)
                 entries[i] = entry = LedgerEntry(*entry[:7], entry.marks | MATCH)
                 # a rank unchanged (too short for a bonus, or at the top) keeps its pair:
                 # a second one with the same recency would list the value twice
-                if _rank_of(entry) != before:
-                    bisect.insort(tiers[_rank_of(entry)], (entry.last_seen, i))
+                r = _rank_of(entry)
+                if r != ranks[i]:
+                    ranks[i] = r
+                    bisect.insort(tiers[r], (entry.last_seen, i))
 
-    @staticmethod
-    def _keep_order(
-        entries: Sequence[LedgerEntry],
-        tiers: Sequence[Sequence[tuple[int, int]]],
-        limit: int | None = None,
-    ) -> Iterator[int]:
+    def _keep_order(self, limit: int | None = None) -> Iterator[int]:
         """Positions, best first: highest rank, then most recently seen."""
-        return (i for _, i in EntityLedger._ranked_order(entries, tiers, limit))
-
-    @staticmethod
-    def _ranked_order(
-        entries: Sequence[LedgerEntry],
-        tiers: Sequence[Sequence[tuple[int, int]]],
-        limit: int | None = None,
-    ) -> Iterator[tuple[int, int]]:
-        """``(rank, position)`` pairs in :meth:`_keep_order`'s order."""
-        given = 0
-        for r in range(len(tiers) - 1, -1, -1):
-            for last_seen, i in reversed(tiers[r]):
-                e = entries[i]
-                if e.last_seen != last_seen or _rank_of(e) != r:
-                    continue  # refreshed or ranked up since: another pair stands for it
-                if limit is not None and given >= limit:
-                    return
-                given += 1
-                yield r, i
+        return (i for _, i in _ranked_order(self.entries, self._tiers, self._ranks, limit))
 
     def branch(self) -> EntityLedger:
         """The same ledger with an index of its own: grow it without making the ledger
         it came from rebuild its index on its next ``add`` (a side branch). Its renders
         are the same texts, so the render memo is shared."""
         index, tiers, renders = dict(self._index), self._tiers, self._renders
-        return EntityLedger(self.entries, self.seq, self.header, index, tiers, _renders=renders)
+        return EntityLedger(
+            self.entries, self.seq, self.header, index, tiers, _renders=renders, _ranks=self._ranks
+        )
 
     def grown(
         self, parts: tuple[Hashable, ...], entities: Callable[[int], Iterable[Entity]]
@@ -475,7 +477,8 @@ class EntityLedger:
         if not shown:
             return text
         table = _costs(count)
-        low = [i for i in order if _rank_of(entries[i]) <= LOW_RANK]
+        ranks = self._ranks
+        low = [i for i in order if ranks[i] <= LOW_RANK]
         slack = sum(table.get(entries[i].value, 1) for i in low)
         if slack <= 0:
             return text
@@ -581,7 +584,7 @@ class EntityLedger:
         entries = self.entries
         skipped = 0
         skip = skip or None  # (asked once: a Shown of no messages is false)
-        for r, i in self._ranked_order(entries, self._tiers):
+        for r, i in _ranked_order(entries, self._tiers, self._ranks):
             e = entries[i]
             if (r <= LOW_RANK and e.source_id in placed) or (skip is not None and skip(e.value)):
                 continue  # shown elsewhere; or a plain number of a message one recall away
@@ -717,23 +720,51 @@ def _reading_stamps(entities: Sequence[Entity], seq: int) -> list[int]:
     return stamps
 
 
+def _ranked_order(
+    entries: Sequence[LedgerEntry],
+    tiers: Sequence[Sequence[tuple[int, int]]],
+    ranks: Sequence[int],
+    limit: int | None = None,
+) -> Iterator[tuple[int, int]]:
+    """``(rank, position)`` pairs of a ledger's entries (``ranks``: each one's rank), best
+    first: highest rank, then most recently seen; a stale pair (its entry refreshed or
+    ranked up since) is passed over, another pair stands for it."""
+    given = 0
+    for r in range(len(tiers) - 1, -1, -1):
+        for last_seen, i in reversed(tiers[r]):
+            if ranks[i] != r or entries[i].last_seen != last_seen:
+                continue
+            if limit is not None and given >= limit:
+                return
+            given += 1
+            yield r, i
+
+
 def _pruned(
     entries: Sequence[LedgerEntry],
     tiers: Sequence[Sequence[tuple[int, int]]],
+    ranks: Sequence[int],
     seq: int,
     header: str,
 ) -> EntityLedger:
     """The ledger of the best ``MAX_ENTRIES // 2`` of ``entries`` (first-seen order kept),
     its tiers carried over from the ranking already done instead of ranking them again."""
     ranked: dict[int, int] = {}  # position -> tier, best first (a position may recur)
-    for r, i in EntityLedger._ranked_order(entries, tiers, MAX_ENTRIES // 2):
+    for r, i in _ranked_order(entries, tiers, ranks, MAX_ENTRIES // 2):
         ranked.setdefault(i, r)
     order = sorted(ranked)
     moved = {i: j for j, i in enumerate(order)}
     kept: list[list[tuple[int, int]]] = [[] for _ in range(_TIERS)]
     for i, r in reversed(ranked.items()):  # each tier oldest first
         kept[r].append((entries[i].last_seen, moved[i]))
-    return EntityLedger(tuple(entries[i] for i in order), seq, header, {}, tuple(map(tuple, kept)))
+    return EntityLedger(
+        tuple(entries[i] for i in order),
+        seq,
+        header,
+        {},
+        tuple(map(tuple, kept)),
+        _ranks=tuple(ranked[i] for i in order),
+    )
 
 
 def _entry(row: Sequence[Any]) -> LedgerEntry:
