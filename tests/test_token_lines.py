@@ -71,3 +71,19 @@ def test_a_ledger_rendered_again_with_a_value_more_counts_what_its_text_counts()
     for rendered in (first, second):
         assert counter.count_lines(rendered) == TokenCounter("gpt-4o").count_text(rendered)
         assert counter.count_lines(rendered) <= 600
+
+
+def test_the_line_counts_kept_are_bounded_in_characters(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a proxy counts the blocks of many sessions with one counter: what it keeps of their
+    # lines stays within its characters, and an evicted line is counted again the same
+    from ctxwarden.core.tokens import counter as counter_module
+
+    monkeypatch.setattr(counter_module, "_LINE_CACHE_CHARS", 20_000)
+    counter = TokenCounter("gpt-4o")
+    fresh = TokenCounter("gpt-4o")
+    for n in range(40):
+        text = "\n".join(
+            f"label{k}: " + " ".join(f"v{n}x{k}y{j}" for j in range(60)) for k in range(4)
+        )
+        assert counter.count_lines(text) == fresh.count_text(text)
+    assert 0 < counter._lines._weight <= 20_000

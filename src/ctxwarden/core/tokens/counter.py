@@ -281,14 +281,16 @@ def _resolve(model: str, registry: Registry) -> _Resolution:
 _TEXT_CACHE_SIZE = 2048
 _TEXT_CACHE_CHARS = 32_768
 # Raw counts of the lines of texts counted by lines (TokenCounter.count_lines), and of
-# the values of a longer line that changed
+# the values of a longer line that changed: at most this many, of this many characters
 _LINE_CACHE_SIZE = 16_384
+_LINE_CACHE_CHARS = 4_000_000
 _WORDS_FROM = 256  # a line this long is counted by its words when it changed
 
 
 _MEMO_OF = attrgetter("_memo")  # a Message's memo of pure results (see Message._memo)
 _KEPT_PREFIX = "_cw_tokens_"  # + the way of counting (see TokenCounter.__init__)
 _TOKENS = itemgetter(0)
+_SECOND = itemgetter(1)
 _BULK = 12  # fewer messages are measured one call each (the maps cost more than they save)
 
 
@@ -337,8 +339,12 @@ class TokenCounter:
         self._texts: BoundedCache[str, int] = BoundedCache(
             f"counter.texts[{model}]", _TEXT_CACHE_SIZE, recency=False
         )
-        self._lines: BoundedCache[str, int] = BoundedCache(
-            f"counter.lines[{model}]", _LINE_CACHE_SIZE, recency=False
+        self._lines: BoundedCache[str, tuple[int, int]] = BoundedCache(  # (tokens, chars)
+            f"counter.lines[{model}]",
+            _LINE_CACHE_SIZE,
+            recency=False,
+            max_weight=_LINE_CACHE_CHARS,
+            weigh=_SECOND,
         )
 
     @classmethod
@@ -425,19 +431,20 @@ class TokenCounter:
 
     def _line_raw(self, line: str) -> int:
         found = self._lines.get(line)
-        if found is None:
-            if len(line) < _WORDS_FROM:
-                found = self._encoded(line)
-            else:  # a long line with a value more or less: the other values' counts stand
-                found = sum(map(self._word_raw, word_pieces(line)))
-            self._lines.put(line, found)
-        return found
+        if found is not None:
+            return found[0]
+        if len(line) < _WORDS_FROM:
+            tokens = self._encoded(line)
+        else:  # a long line with a value more or less: the other values' counts stand
+            tokens = sum(map(self._word_raw, word_pieces(line)))
+        self._lines.put(line, (tokens, len(line)))
+        return tokens
 
     def _word_raw(self, word: str) -> int:
         found = self._lines.get(word)
-        if found is None:
-            found = self._lines.put(word, self._encoded(word))
-        return found
+        if found is not None:
+            return found[0]
+        return self._lines.put(word, (self._encoded(word), len(word)))[0]
 
     # -- messages ---------------------------------------------------------------------------
 
