@@ -87,3 +87,15 @@ def test_the_line_counts_kept_are_bounded_in_characters(monkeypatch: pytest.Monk
         )
         assert counter.count_lines(text) == fresh.count_text(text)
     assert 0 < counter._lines._weight <= 20_000
+
+
+@pytest.mark.parametrize("model", ["gpt-4o", "claude-sonnet-4-5"])
+def test_lone_surrogates_count_the_same_by_lines(model: str) -> None:
+    # a text from a client may hold a lone surrogate: the whole text and its lines are
+    # both encoded with it replaced, so the counts agree
+    counter = TokenCounter(model)
+    for text in [
+        "Values:\nid: a\ud800b c\nname: \ud83d\ude00 x",
+        "h\n" + "x " * 300 + "\ud800 y\nq: 1",
+    ]:
+        assert counter.count_lines(text) == TokenCounter(model).count_text(text)
