@@ -61,9 +61,10 @@ MAX_COUNTED_CHARS = 500_000
 """Characters of one text encoded at most; the rest is estimated (configurable per
 :class:`~ctxwarden.core.tokens.counter.TokenCounter`, ``max_counted_chars``)."""
 
+_WORD_SAFE = r"(?<=[!-~])(?= [A-Za-z])"  # a word's leading space after printable ASCII
 _SAFE = re.compile(
     r"(?<=\n)(?=[^\s/])"  # a newline, then neither whitespace nor '/'
-    r"|(?<=[!-~])(?= [A-Za-z])"  # a word's leading space after printable ASCII
+    rf"|{_WORD_SAFE}"
     r"|(?<=[!-/:-~])(?=[0-9])"  # digits after a printable non-digit
     r"|(?<=[0-9])(?=[A-Za-z])"  # a letter after a digit
 )
@@ -107,7 +108,7 @@ def line_pieces(text: str) -> list[str]:
     return pieces
 
 
-_WORD_START = re.compile(r"(?<=[!-~])(?= [A-Za-z])")  # :data:`_SAFE`'s second kind
+_WORD_START = re.compile(_WORD_SAFE)  # :data:`_SAFE`'s second kind alone
 
 
 def word_pieces(text: str) -> list[str]:

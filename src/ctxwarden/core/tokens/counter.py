@@ -430,21 +430,22 @@ class TokenCounter:
         return self.count_text(text)  # (its raw count is cached now)
 
     def _line_raw(self, line: str) -> int:
+        if len(line) < _WORDS_FROM:
+            return self._piece_raw(line)
         found = self._lines.get(line)
         if found is not None:
             return found[0]
-        if len(line) < _WORDS_FROM:
-            tokens = self._encoded(line)
-        else:  # a long line with a value more or less: the other values' counts stand
-            tokens = sum(map(self._word_raw, word_pieces(line)))
+        # a long line with a value more or less: the other values' counts stand
+        tokens = sum(map(self._piece_raw, word_pieces(line)))
         self._lines.put(line, (tokens, len(line)))
         return tokens
 
-    def _word_raw(self, word: str) -> int:
-        found = self._lines.get(word)
+    def _piece_raw(self, piece: str) -> int:
+        """Raw tokens of a piece encoded whole, kept in the line memo."""
+        found = self._lines.get(piece)
         if found is not None:
             return found[0]
-        return self._lines.put(word, (self._encoded(word), len(word)))[0]
+        return self._lines.put(piece, (self._encoded(piece), len(piece)))[0]
 
     # -- messages ---------------------------------------------------------------------------
 
