@@ -89,6 +89,21 @@ def test_the_line_counts_kept_are_bounded_in_characters(monkeypatch: pytest.Monk
     assert 0 < counter._lines._weight <= 20_000
 
 
+def test_the_text_counts_kept_are_bounded_in_characters() -> None:
+    # recent texts up to 32 K characters each are kept counted (a draft counted twice);
+    # 2,048 of them would be 64 M characters, so what is kept is bounded in characters too
+    # (8 M), and a text counted again after it left counts the same
+    counter, fresh = TokenCounter("gpt-4o"), TokenCounter("gpt-4o")
+    texts = [f"result {n}: " + "token " * 5_000 for n in range(400)]  # ~30 K characters each
+    counts = [counter.count_text(t) for t in texts]
+    assert counts == [fresh.count_text(t) for t in texts]
+    assert 7_000_000 < counter._texts._weight <= 8_000_000
+    assert len(counter._texts._data) < len(texts)
+    assert counter.count_text(texts[0]) == counts[0]  # evicted: counted again, the same
+    lined = "\n".join(texts[1][k : k + 200] for k in range(0, 30_000, 200))
+    assert counter.count_lines(lined) == fresh.count_text(lined)
+
+
 @pytest.mark.parametrize("model", ["gpt-4o", "claude-sonnet-4-5"])
 def test_lone_surrogates_count_the_same_by_lines(model: str) -> None:
     # a text from a client may hold a lone surrogate: the whole text and its lines are

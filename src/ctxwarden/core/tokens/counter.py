@@ -280,6 +280,7 @@ def _resolve(model: str, registry: Registry) -> _Resolution:
 # ledger or a cut-values note is counted while being made and again as a message.
 _TEXT_CACHE_SIZE = 2048
 _TEXT_CACHE_CHARS = 32_768
+_TEXT_CACHE_TOTAL = 8_000_000  # characters in all (2,048 texts of 32 K would be 64 M)
 # Raw counts of the lines of texts counted by lines (TokenCounter.count_lines), and of
 # the values of a longer line that changed: at most this many, of this many characters
 _LINE_CACHE_SIZE = 16_384
@@ -336,8 +337,12 @@ class TokenCounter:
         )
         self._kept = _KEPT_PREFIX + hashlib.sha1(repr(self.counting).encode()).hexdigest()[:16]
         # recent texts (drafts are often counted twice), oldest first out
-        self._texts: BoundedCache[str, int] = BoundedCache(
-            f"counter.texts[{model}]", _TEXT_CACHE_SIZE, recency=False
+        self._texts: BoundedCache[str, tuple[int, int]] = BoundedCache(  # (tokens, chars)
+            f"counter.texts[{model}]",
+            _TEXT_CACHE_SIZE,
+            recency=False,
+            max_weight=_TEXT_CACHE_TOTAL,
+            weigh=_SECOND,
         )
         self._lines: BoundedCache[str, tuple[int, int]] = BoundedCache(  # (tokens, chars)
             f"counter.lines[{model}]",
@@ -357,11 +362,12 @@ class TokenCounter:
 
     def _raw(self, text: str) -> int:
         found = self._texts.get(text)
-        if found is None:
-            found = self._encoded(text)
-            if len(text) <= _TEXT_CACHE_CHARS:
-                self._texts.put(text, found)
-        return found
+        if found is not None:
+            return found[0]
+        tokens = self._encoded(text)
+        if len(text) <= _TEXT_CACHE_CHARS:
+            self._texts.put(text, (tokens, len(text)))
+        return tokens
 
     def _encoded(self, text: str) -> int:
         """Tokens of ``text``, uncached: a text up to :data:`DIRECT_CHARS` long is encoded
@@ -426,7 +432,7 @@ class TokenCounter:
         (:func:`~ctxwarden.core.tokens.chunked.line_pieces`), so the lines' tokens add up
         to the text's."""
         if len(text) <= _TEXT_CACHE_CHARS and "\n" in text and self._texts.get(text) is None:
-            self._texts.put(text, sum(map(self._line_raw, line_pieces(text))))
+            self._texts.put(text, (sum(map(self._line_raw, line_pieces(text))), len(text)))
         return self.count_text(text)  # (its raw count is cached now)
 
     def _line_raw(self, line: str) -> int:
