@@ -53,6 +53,13 @@ def test_what_upstream_got_is_the_library_context_call_for_call(
     assert row["proxy"]["violations"] == row["proxy"]["over_budget"] == 0
     assert row["proxy_cpu_ms_per_call"] > 0
     assert 0 < row["direct_call_p50_ms"] < row["call_p50_ms"]  # (the same request, direct)
+    # the two per-call targets judged on the figures beside them, and the machine's spell
+    cpu, p50 = row["targets"]
+    assert cpu.startswith("CPU per call <= 5 ms: ")
+    assert ("met" in cpu) == (row["proxy_cpu_ms_per_call"] <= 5)
+    assert p50.startswith("p50 added <= 5 ms: ")
+    assert ("met" in p50) == (row["added_p50_ms"] <= 5)
+    assert row["reference_ms_before"] > 0 and row["reference_ms_after"] > 0
 
 
 def test_a_context_that_differs_fails_the_command(

@@ -51,8 +51,10 @@ from ctxwarden.session import Session
 from ctxwarden.store import open_store
 from ctxwarden_bench.coding_truncation import find_traces
 from ctxwarden_bench.local_servers import LocalJSONServer, free_port, stop_process
+from ctxwarden_bench.machine_speed import REFERENCE_LOOP, reference_ms
 from ctxwarden_bench.process_cpu import read_cpu, seconds_between
 from ctxwarden_bench.proxy import _build_seconds, _wait, percentile_ms
+from ctxwarden_bench.proxy_targets import ADDED_P50_MS, CPU_MS_PER_REQUEST
 from ctxwarden_bench.retention import Retention, engine_builder, policy_file
 from ctxwarden_bench.swebench import BUDGETS, load_swebench, swebench_retention
 
@@ -254,6 +256,17 @@ def _shown(m: Message) -> tuple[Any, ...]:
     return m.role, m.text, calls, m.tool_call_id
 
 
+def _verdicts(cpu_ms: float, added_p50_ms: float) -> list[str]:
+    """The proxy's two per-call targets on this replay, the chat route's (issue 13's
+    :mod:`~ctxwarden_bench.proxy_targets`), judged: met or MISSED, with the figure."""
+    return [
+        f"CPU per call <= {CPU_MS_PER_REQUEST:g} ms: "
+        f"{'met' if cpu_ms <= CPU_MS_PER_REQUEST else 'MISSED'} ({cpu_ms:.1f})",
+        f"p50 added <= {ADDED_P50_MS:g} ms: "
+        f"{'met' if added_p50_ms <= ADDED_P50_MS else 'MISSED'} ({added_p50_ms:+.1f})",
+    ]
+
+
 def _row(name: str, r: Retention, budget: int, extra: str = "") -> str:
     return (f"{name:<8} {budget:>6} {r.retention:>9.1%} {r.reduction:>9.1%} {r.calls:>6} "
             f"{r.violations:>10} {r.over_budget:>5} {extra}")  # fmt: skip
@@ -323,10 +336,12 @@ def main(argv: list[str] | None = None) -> int:
                     print(_row("session", stored, budget), flush=True)
                     builder = ProxyBuilder(through, upstream, runs, direct)
                     sent = Recorded(builder)
+                    speed0 = reference_ms()
                     cpu0, built0 = read_cpu(proxy.pid), _build_seconds(base, "responses")
                     proxied = swebench_retention(runs, budget, sent)
                     cpu = seconds_between(cpu0, read_cpu(proxy.pid))
                     built1 = _build_seconds(base, "responses")
+                    speed1 = reference_ms()
                     calls = max(len(builder.seconds), 1)
                     build_ms = (built1[0] - built0[0]) / max(built1[1] - built0[1], 1) * 1000
                     cpu_ms = cpu / calls * 1000
@@ -341,6 +356,11 @@ def main(argv: list[str] | None = None) -> int:
                             f"{p50 - direct_p50:+.1f}), {same}/{len(sent.contexts)} "
                             "contexts equal to the library's")  # fmt: skip
                     print(_row("proxy", proxied, budget, note), flush=True)
+                    verdicts = _verdicts(cpu_ms, p50 - direct_p50)
+                    print(f"{'':<8} {budget:>6} {'; '.join(verdicts)} (issue 36); the machine: "
+                          f"reference loop {speed0:.2f} ms before, {speed1:.2f} ms after "
+                          f"(`python -m timeit \"{REFERENCE_LOOP}\"`, lower is faster)",
+                          flush=True)  # fmt: skip
                     figures["budgets"][str(budget)] = {
                         "library": library.to_json(), "session": stored.to_json(),
                         "proxy": proxied.to_json(),
@@ -349,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
                         "direct_call_p50_ms": direct_p50, "added_p50_ms": p50 - direct_p50,
                         "calls": len(builder.seconds),
                         "contexts_equal_to_library": same,
+                        "targets": verdicts,
+                        "reference_ms_before": speed0, "reference_ms_after": speed1,
                     }  # fmt: skip
                 through.close()
                 direct.close()
