@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import SHARED_DATA, TAU_BENCH
+from conftest import LOCOMO, SHARED_DATA, TAU_BENCH
 
 from ctxwarden_bench.break_causes import _parse_rows, break_causes, main, side_json
 
@@ -74,6 +74,32 @@ def test_a_budget_below_the_system_prompt_counts_each_build_as_an_error() -> Non
     row = break_causes(load_tau_bench(TAU_BENCH)[:1], 300, "tau")
     assert row.errors == row.ours.calls > 0  # each priced as the plain window a caller sends
     assert not row.causes and row.to_json()["median_after_break"] is None
+
+
+@pytest.mark.skipif(not LOCOMO.exists(), reason=f"LoCoMo data not found at {LOCOMO}")
+def test_the_locomo_row_prices_the_chat_loop_the_bench_prices(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The LoCoMo row replays the chat loop the bench's LoCoMo cost columns price (the
+    offline summariser, its layers and recall): the same cost, each break with its cause,
+    the recall block's among them (it follows every new request)."""
+    from ctxwarden.pipeline.policy import Policy
+    from ctxwarden_bench.break_causes import _chat_loop
+    from ctxwarden_bench.traces import load_locomo, locomo_loop_cost, locomo_transcript
+
+    transcripts = [locomo_transcript(c) for c in load_locomo(LOCOMO)[:1]]
+    row = break_causes(transcripts, 4000, "locomo", None, _chat_loop)
+    bench = locomo_loop_cost(transcripts, 4000, Policy())["ctxwarden"]
+    assert row.ours.units == pytest.approx(bench["cache_cost_units"], abs=1)  # (rounded there)
+    assert row.ours.units / row.sawtooth.units == pytest.approx(
+        bench["cache_cost_vs_sawtooth"], abs=1e-4
+    )
+    breaks = side_json(row.ours)["breaks"]
+    assert breaks == sum(c.count for c in row.causes.values()) > 0
+    assert any(c.startswith("the recall block follows") for c in row.causes)
+    args = ["--data", str(SHARED_DATA), "--rows", "locomo@4000", "--runs", "1"]
+    assert main(args) == 0
+    assert "locomo @4,000: ours" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("bad", ["tau", "tau@", "chat@2000", "coding@-5", "coding@4k"])

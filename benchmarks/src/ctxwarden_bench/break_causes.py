@@ -17,7 +17,12 @@ on the dev data (issue 37's note): the extra cost at 4,000 (coding) and 2,000 (t
 tokens comes from compactions that leave the context near the budget, so the next call
 breaks again.
 
-Run: ``python -m ctxwarden_bench.break_causes --rows coding@4000,tau@2000``
+The LoCoMo row (``locomo@4000``) replays the chat loop the bench's LoCoMo cost columns
+price (:func:`~ctxwarden_bench.traces.locomo_loop_cost`): ``build_context`` with the
+offline summariser, so the summary, facts and recall layers' breaks show beside the
+window's.
+
+Run: ``python -m ctxwarden_bench.break_causes --rows coding@4000,tau@2000,locomo@4000``
 (``--runs N`` for the first N runs of each trace, ``--json PATH`` for the figures,
 ``--policy FILE`` for a policy of your own instead of the default: what a change to the
 low-water mark or the ledger would cost, and why).
@@ -39,13 +44,15 @@ from ctxwarden.core.errors import BudgetError
 from ctxwarden.core.messages import Message
 from ctxwarden.core.registry.cache_cost import ANTHROPIC, CacheCost, session_cache_cost
 from ctxwarden.core.tokens.counter import TokenCounter
+from ctxwarden.pipeline.built import BuiltContext
+from ctxwarden_bench.data_files import find_data
 from ctxwarden_bench.metrics import cache_calls
 from ctxwarden_bench.retention import SawtoothBuilder, engine_builder, plain_builder, policy_file
 
 __all__ = ["BreakCause", "RowCauses", "break_causes", "main", "side_json"]
 
 MODEL = "gpt-4o"
-ROWS = ("coding@4000", "coding@8000", "tau@2000", "tau@4000")
+ROWS = ("coding@4000", "coding@8000", "tau@2000", "tau@4000", "locomo@4000")
 _NUMBER = re.compile(r"\d[\d,]*")
 
 
@@ -118,16 +125,48 @@ def _median(values: Sequence[int]) -> float | None:
     return statistics.median(values) if values else None
 
 
+Build = Callable[[Sequence[Message]], BuiltContext]
+"""One loop's builds: the history so far in, the built context out (chained)."""
+
+
+def _engine_loop(budget: int, policy: Any) -> Build:
+    """The bench's agent loop (no summariser): what the coding and tau-bench rows build."""
+    engine = engine_builder(MODEL, policy=policy)
+    return lambda history: engine.build(history, budget)
+
+
+def _chat_loop(budget: int, policy: Any) -> Build:
+    """The LoCoMo loop's builds: ``build_context`` with the offline summariser, its summary,
+    facts and recall as the bench's LoCoMo cost row builds them
+    (:func:`~ctxwarden_bench.traces.locomo_loop_cost`)."""
+    from ctxwarden.pipeline.policy import Policy
+    from ctxwarden_bench.metrics import EngineStrategy
+
+    strategy = EngineStrategy(MODEL, budget, policy=policy if policy is not None else Policy())
+
+    def build(history: Sequence[Message]) -> BuiltContext:
+        strategy(history)
+        built: BuiltContext = strategy.last
+        return built
+
+    return build
+
+
 def break_causes(
-    runs: Sequence[Sequence[Message]], budget: int, name: str = "", policy: Any = None
+    runs: Sequence[Sequence[Message]],
+    budget: int,
+    name: str = "",
+    policy: Any = None,
+    loop: Callable[[int, Any], Build] = _engine_loop,
 ) -> RowCauses:
     """Replay ``runs`` as agent loops at ``budget``, ours (the default policy, or
-    ``policy``) beside the sawtooth window (see the module docstring)."""
+    ``policy``; each run's builds made by ``loop(budget, policy)``) beside the sawtooth
+    window (see the module docstring)."""
     counter = TokenCounter.for_model(MODEL)
     row = RowCauses(name, budget)
     for run in runs:
         counts = [counter.count_message(m) for m in run]
-        engine, sawtooth = engine_builder(MODEL, policy=policy), SawtoothBuilder()
+        build, sawtooth = loop(budget, policy), SawtoothBuilder()
         ours: list[list[Message]] = []
         saws: list[list[Message]] = []
         before = 0
@@ -136,7 +175,7 @@ def break_causes(
                 continue
             saws.append(sawtooth(run[:k], counts[:k], budget))
             try:
-                built = engine.build(run[:k], budget)
+                built = build(run[:k])
             except BudgetError:  # the caller's fallback, as the retention rows send it
                 row.errors += 1
                 ours.append(plain_builder()(run[:k], counts[:k], budget))
@@ -174,15 +213,30 @@ def _loaders(data: str | None) -> dict[str, Callable[[], list[list[Message]]]]:
             raise SystemExit("tau-bench traces not found (set --data or $CTXWARDEN_DATA)")
         return load_tau_bench(path)
 
-    return {"coding": coding, "tau": tau}
+    def locomo() -> list[list[Message]]:
+        from ctxwarden_bench.traces import load_locomo, locomo_transcript
+
+        found = find_data(_LOCOMO, data)
+        if found is None:
+            raise SystemExit("LoCoMo conversations not found (set --data or $CTXWARDEN_DATA)")
+        return [locomo_transcript(c) for c in load_locomo(found)]
+
+    return {"coding": coding, "tau": tau, "locomo": locomo}
+
+
+_LOCOMO = Path("locomo") / "locomo-dev.json"
+_LOOPS: dict[str, Callable[[int, Any], Build]] = {"locomo": _chat_loop}
+"""The traces whose loop is not the bench's agent loop (default :func:`_engine_loop`)."""
 
 
 def _parse_rows(text: str) -> list[tuple[str, int]]:
     out = []
     for part in filter(None, (p.strip() for p in text.split(","))):
         trace, _, budget = part.partition("@")
-        if trace not in ("coding", "tau") or not budget.isdigit() or int(budget) <= 0:
-            raise SystemExit(f"--rows: {part!r} is not TRACE@BUDGET (coding or tau, e.g. tau@2000)")
+        if trace not in ("coding", "tau", "locomo") or not budget.isdigit() or int(budget) <= 0:
+            raise SystemExit(
+                f"--rows: {part!r} is not TRACE@BUDGET (coding, tau or locomo, e.g. tau@2000)"
+            )
         out.append((trace, int(budget)))
     return out
 
@@ -220,8 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--rows",
         default=",".join(ROWS),
-        help="TRACE@BUDGET, comma-separated; TRACE is coding (swebench-mini) or tau "
-        "(tau-bench airline); default: %(default)s",
+        help="TRACE@BUDGET, comma-separated; TRACE is coding (swebench-mini), tau "
+        "(tau-bench airline) or locomo (the LoCoMo chat loop, with the offline summariser); "
+        "default: %(default)s",
     )
     ap.add_argument("--runs", type=int, default=0, help="only the first N runs of each trace")
     ap.add_argument("--json", type=Path, help="write the figures here too")
@@ -236,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         if trace not in loaded:
             runs = loaders[trace]()
             loaded[trace] = runs[: args.runs] if args.runs else runs
-        row = break_causes(loaded[trace], budget, trace, policy)
+        row = break_causes(loaded[trace], budget, trace, policy, _LOOPS.get(trace, _engine_loop))
         print(report(row), flush=True)
         out.append(row.to_json())
     if args.json:

@@ -72,6 +72,7 @@ from ctxwarden.core.tokens.counter import (
     script_chars,
 )
 from ctxwarden.core.tokens.encodings import get_encoding
+from ctxwarden_bench.data_files import find_data
 
 __all__ = [
     "Family",
@@ -298,14 +299,6 @@ def _deepseek() -> Family:
 # -- corpus ---------------------------------------------------------------------------------
 
 
-def _find(rel: str, data: str | Path | None) -> Path | None:
-    roots = [data] if data else [os.environ.get("CTXWARDEN_DATA"), "../shared/data", "data"]
-    for root in roots:
-        if root and (Path(root) / rel).is_file():
-            return Path(root) / rel
-    return None
-
-
 def _tau_texts(path: Path) -> list[str]:
     """Distinct message contents and tool-call arguments (the system prompt counted once)."""
     seen: dict[str, None] = {}
@@ -420,8 +413,8 @@ def corpus(
     :func:`script_samples` added to the last three."""
     kinds: dict[str, list[str]] = {}
     notes = []
-    tau = _find("tau-bench/airline-gpt-4o-dev.json", data)
-    locomo = _find("locomo/locomo-dev.json", data)
+    tau = find_data("tau-bench/airline-gpt-4o-dev.json", data)
+    locomo = find_data("locomo/locomo-dev.json", data)
     if tau:
         kinds["tau-bench"] = _tau_texts(tau)
     else:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import time
@@ -33,6 +32,7 @@ from typing import Any
 from ctxwarden.core.messages import Message, ToolCall
 from ctxwarden.core.tokens.counter import TokenCounter
 from ctxwarden.formats.openai import messages_from_openai
+from ctxwarden_bench.data_files import find_data
 
 __all__ = ["CountCacheResult", "build_history", "find_tau_bench", "main", "run"]
 
@@ -74,11 +74,7 @@ class CountCacheResult:
 
 def find_tau_bench(data: str | Path | None = None) -> Path | None:
     """The tau-bench file under ``data``, ``$CTXWARDEN_DATA``, ``../shared/data`` or ``./data``."""
-    roots = [data] if data else [os.environ.get("CTXWARDEN_DATA"), "../shared/data", "data"]
-    for root in roots:
-        if root and (Path(root) / _TAU_BENCH).is_file():
-            return Path(root) / _TAU_BENCH
-    return None
+    return find_data(_TAU_BENCH, data)
 
 
 def _tau_history(path: Path, n: int) -> list[Message]:
