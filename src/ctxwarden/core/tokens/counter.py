@@ -295,6 +295,12 @@ _SECOND = itemgetter(1)
 _BULK = 12  # fewer messages are measured one call each (the maps cost more than they save)
 
 
+def _raw_counts(name: str, entries: int, chars: int) -> BoundedCache[str, tuple[int, int]]:
+    """A memo of raw counts by text, ``(tokens, characters)``: at most ``entries`` texts of
+    ``chars`` characters in all, the oldest out first (no lock on a read)."""
+    return BoundedCache(name, entries, recency=False, max_weight=chars, weigh=_SECOND)
+
+
 class TokenCounter:
     """Counts tokens for one model; per-message counts are cached by fingerprint.
 
@@ -337,20 +343,8 @@ class TokenCounter:
         )
         self._kept = _KEPT_PREFIX + hashlib.sha1(repr(self.counting).encode()).hexdigest()[:16]
         # recent texts (drafts are often counted twice), oldest first out
-        self._texts: BoundedCache[str, tuple[int, int]] = BoundedCache(  # (tokens, chars)
-            f"counter.texts[{model}]",
-            _TEXT_CACHE_SIZE,
-            recency=False,
-            max_weight=_TEXT_CACHE_TOTAL,
-            weigh=_SECOND,
-        )
-        self._lines: BoundedCache[str, tuple[int, int]] = BoundedCache(  # (tokens, chars)
-            f"counter.lines[{model}]",
-            _LINE_CACHE_SIZE,
-            recency=False,
-            max_weight=_LINE_CACHE_CHARS,
-            weigh=_SECOND,
-        )
+        self._texts = _raw_counts(f"counter.texts[{model}]", _TEXT_CACHE_SIZE, _TEXT_CACHE_TOTAL)
+        self._lines = _raw_counts(f"counter.lines[{model}]", _LINE_CACHE_SIZE, _LINE_CACHE_CHARS)
 
     @classmethod
     def for_model(cls, model: str, registry: Registry | None = None) -> TokenCounter:
