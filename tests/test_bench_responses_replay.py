@@ -55,10 +55,12 @@ def test_what_upstream_got_is_the_library_context_call_for_call(
     assert 0 < row["direct_call_p50_ms"] < row["call_p50_ms"]  # (the same request, direct)
     # the two per-call targets judged on the figures beside them, and the machine's spell
     cpu, p50 = row["targets"]
-    assert cpu.startswith("CPU per call <= 5 ms: ")
-    assert ("met" in cpu) == (row["proxy_cpu_ms_per_call"] <= 5)
-    assert p50.startswith("p50 added <= 5 ms: ")
-    assert ("met" in p50) == (row["added_p50_ms"] <= 5)
+    assert cpu["target"] == "CPU per call <= 5 ms"
+    assert cpu["met"] == (row["proxy_cpu_ms_per_call"] <= 5)
+    assert cpu["figures"] == f"{row['proxy_cpu_ms_per_call']:.1f}"
+    assert p50["target"] == "p50 added <= 5 ms"
+    assert p50["met"] == (row["added_p50_ms"] <= 5)
+    assert p50["figures"] == f"{row['added_p50_ms']:+.1f}"
     assert row["reference_ms_before"] > 0 and row["reference_ms_after"] > 0
 
 

@@ -42,6 +42,11 @@ class Verdict:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def word(self) -> str:
+        """How a report says it: met, MISSED or unknown."""
+        return {True: "met", False: "MISSED", None: "unknown"}[self.met]
+
 
 def _name(c: Case) -> str:
     return f"{c.client} {c.mode} x{c.clients}"
@@ -128,5 +133,4 @@ def _stream_errors(proxy: list[Case], n: int) -> Verdict:
 def report(verdicts: Sequence[Verdict]) -> None:
     print("issue 13's targets (2 cores, 200 messages, one worker):")
     for v in verdicts:
-        word = {True: "met", False: "MISSED", None: "unknown"}[v.met]
-        print(f"  {word:<8}{v.target}: {v.figures}")
+        print(f"  {v.word:<8}{v.target}: {v.figures}")

@@ -19,7 +19,6 @@ the turn fragment the page's script asks for, the same page fetched from a runni
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -35,17 +34,17 @@ from ctxwarden.session.session import Session
 from ctxwarden.store.service_tables import list_builds
 from ctxwarden.ui import render_report, render_session, render_turn, session_page, turn_view
 from ctxwarden.ui.chart import chart
+from ctxwarden_bench.data_files import find_data
 from ctxwarden_bench.local_servers import stop_process
 
 TARGET_SECONDS = 1.0
 
 
 def _trace(data: str | None) -> Path:
-    roots = [data] if data else [os.environ.get("CTXWARDEN_DATA"), "../shared/data", "data"]
-    for root in roots:
-        if root and (Path(root) / "tau-bench/airline-gpt-4o-dev.json").exists():
-            return Path(root) / "tau-bench/airline-gpt-4o-dev.json"
-    sys.exit("tau-bench data not found: give --data DIR (holding tau-bench/) or CTXWARDEN_DATA")
+    found = find_data("tau-bench/airline-gpt-4o-dev.json", data)
+    if found is None:
+        sys.exit("tau-bench data not found: give --data DIR (holding tau-bench/) or CTXWARDEN_DATA")
+    return found
 
 
 def _messages(path: Path) -> Iterator[Message]:
