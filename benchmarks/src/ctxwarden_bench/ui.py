@@ -144,9 +144,9 @@ def _served(s: Session, repeat: int) -> float | None:
     extra."""
     import socket
     import subprocess
-    import urllib.request
 
     try:
+        import httpx
         import uvicorn  # noqa: F401
     except ImportError:
         return None
@@ -171,23 +171,27 @@ def _served(s: Session, repeat: int) -> float | None:
     proc = subprocess.Popen([*cmd, *args], stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(base + "/readyz", timeout=1):
+        with httpx.Client(base_url=base, timeout=30) as client:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    client.get("/readyz", timeout=1)
                     break
-            except OSError:
-                time.sleep(0.1)
-        req = urllib.request.Request(f"{base}/ui/sessions/{s.session_id}")
-        req.add_header("Cookie", f"ctxwarden_ui={hash_key(key)}")
+                except httpx.TransportError:
+                    time.sleep(0.1)
+            # signed in as a browser is: the key posted to the form, the signed cookie kept
+            signed = client.post("/ui/login", data={"key": key})
+            if signed.status_code != 303:
+                raise RuntimeError(f"signing in to the page failed: HTTP {signed.status_code}")
 
-        def get() -> int:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                return len(r.read())
+            def get() -> int:
+                answer = client.get(f"/ui/sessions/{s.session_id}")
+                answer.raise_for_status()
+                return len(answer.content)
 
-        get()  # the first request opens the session and warms the templates
-        wall, _ = _median(get, repeat)
-        return wall
+            get()  # the first request opens the session and warms the templates
+            wall, _ = _median(get, repeat)
+            return wall
     finally:
         stop_process(proc)
 
