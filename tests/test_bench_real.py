@@ -424,3 +424,14 @@ def test_get_summarizer_rejects_what_it_cannot_use() -> None:
     with pytest.raises(ConfigError, match="provider spec"):
         get_summarizer(42)
     assert get_summarizer("offline").real is False
+
+
+def test_cli_report_piped_keeps_whole_tables(tmp_path: Path) -> None:
+    """Piped or logged (not a terminal), the report prints as report.md has it: every
+    cell whole, not cut to fit 80 columns."""
+    result = CliRunner().invoke(app, ["bench", "--out", str(tmp_path), "--no-traces"])
+    assert result.exit_code == 0, result.output
+    report = (tmp_path / "report.md").read_text("utf-8")
+    table = [line for line in report.splitlines() if line.startswith("| ctxwarden |")]
+    assert table and all(line in result.output for line in table)
+    assert "…" not in result.output

@@ -19,6 +19,7 @@ it replays the few tau-bench runs the bench ships (and the report says so).
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -170,7 +171,11 @@ def bench(
             broker=broker,
             served_db=served_db,
         )
-    Console().print(Markdown((out / "report.md").read_text("utf-8")))
+    text = (out / "report.md").read_text("utf-8")
+    if sys.stdout.isatty():
+        Console().print(Markdown(text))
+    else:  # piped or logged: the tables whole (rich would cut their cells to 80 columns)
+        typer.echo(text)
     for name, note in report.get("sampled", {}).items():
         console.print(f"[yellow]{name}[/] {note}")
     for name, note in report.get("skipped", {}).items():
