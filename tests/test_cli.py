@@ -373,3 +373,18 @@ def test_session_summarize_then_build_with_the_summary_view(tmp_path: Path) -> N
     assert any("1500" in str(m["content"]) for m in sent if m["role"] == "system")
     bad = invoke("session", "summarize", *db, "--summarizer", "nope:model")
     assert bad.exit_code == 2 and bad.stderr.count("\n") == 1 and "error:" in bad.stderr
+
+
+def test_help_reads_as_written() -> None:
+    """Help texts are Markdown: a docstring's hard-wrapped lines reflow into one line
+    where the terminal has room, and text in brackets (TOML tables, pip extras) shows
+    as typed, neither eaten as markup nor shown escaped."""
+    runner = CliRunner()
+    root = runner.invoke(app, ["--help"], env={"COLUMNS": "240"}).output
+    assert "a JSON list of OpenAI chat messages, or an object with 'messages' and optional" in root
+    bench = runner.invoke(app, ["bench", "--help"], env={"COLUMNS": "240"}).output
+    assert '"./benchmarks[peers]"' in bench
+    models = runner.invoke(app, ["models", "--help"], env={"COLUMNS": "240"}).output
+    assert '[models."my-llama"]' in models and '\\[models."my-llama"]' not in models
+    summarize = runner.invoke(app, ["session", "summarize", "--help"], env={"COLUMNS": "240"})
+    assert "(its [summary] trigger)" in summarize.output

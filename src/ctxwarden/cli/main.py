@@ -23,6 +23,8 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    # docstrings and help are Markdown: hard-wrapped lines reflow, [brackets] stay as typed
+    rich_markup_mode="markdown",
 )
 
 

@@ -26,7 +26,7 @@ def models(
     Add or override models with a TOML file in the shape of
     ctxwarden/core/registry/models.toml, e.g.
 
-        \\[models."my-llama"]
+        [models."my-llama"]
         provider = "ollama"
         context_window = 32768
         max_output_tokens = 8192

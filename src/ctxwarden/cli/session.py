@@ -145,7 +145,7 @@ def summarize(
     ),
     summarizer: SessionSummarizerOpt = "offline",
     policy: Annotated[
-        Path | None, typer.Option("--policy", help="Policy TOML file (its \\[summary] trigger).")
+        Path | None, typer.Option("--policy", help="Policy TOML file (its [summary] trigger).")
     ] = None,
     registry: RegistryOpt = None,
     summarizer_timeout: SummarizerTimeoutOpt = None,

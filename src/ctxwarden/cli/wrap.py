@@ -86,7 +86,10 @@ def wrap(
     ] = None,
     session: Annotated[
         str | None,
-        typer.Option("--session", help="The run's id, in CTXWARDEN_SESSION (default: wrap-<hex>)."),
+        typer.Option(
+            "--session",
+            help="The run's id, in CTXWARDEN_SESSION (default: wrap- and a random hex id).",
+        ),
     ] = None,
     session_header: Annotated[
         bool,
