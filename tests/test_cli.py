@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -357,6 +358,7 @@ def test_session_summarize_then_build_with_the_summary_view(tmp_path: Path) -> N
     policy.write_text("[summary]\nmax_messages = 30\nkeep_recent = 10\nsummary_share = 0.3\n")
     db = ["--db", f"sqlite:///{tmp_path / 's.db'}", "--session", "s1"]
     assert invoke("session", "add", *db, chat).exit_code == 0
+    assert "summary version 0, covers no message yet" in invoke("session", "show", *db).stdout
     folded = invoke("session", "summarize", *db, "--policy", str(policy))
     assert folded.exit_code == 0, folded.output
     assert folded.stdout.startswith("folded ") and "summary version" in folded.stdout
@@ -364,8 +366,9 @@ def test_session_summarize_then_build_with_the_summary_view(tmp_path: Path) -> N
     assert again.exit_code == 0 and "nothing folded" in again.stdout
     shown = invoke("session", "show", *db)
     assert "1500" in shown.stdout  # the budget is a stored fact
+    assert re.search(r"summary version 1, covers messages 0-\d+\n", shown.stdout)
     built = invoke(
-        "session", "build", *db, "-m", "gpt-4o", "--max-input-tokens", "1200",
+        "session", "build", *db, "-m", "gpt-4o", "-b", "1200",
         "--policy", str(policy), "--summarizer", "offline",
     )  # fmt: skip
     assert built.exit_code == 0, built.output

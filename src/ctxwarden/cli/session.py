@@ -104,7 +104,8 @@ def build(
     tenant: Tenant = "default",
     model: Annotated[str, typer.Option("--model", "-m", help="Model to build for.")] = "gpt-4o",
     max_input_tokens: Annotated[
-        int | None, typer.Option("--max-input-tokens", help="Input budget (default: policy/model).")
+        int | None,
+        typer.Option("--max-input-tokens", "-b", help="Input budget (default: policy/model)."),
     ] = None,
     policy: Annotated[Path | None, typer.Option("--policy", help="Policy TOML file.")] = None,
     report: Annotated[
@@ -215,9 +216,14 @@ def show(
             html.write_text(render_report(s.store, tenant, record, s.registry), "utf-8")
             typer.echo(f"wrote {html}", err=True)
         usage = record.total_usage
+        covered = (  # (messages are numbered from 0, as in `session export`)
+            f"covers messages 0-{record.summary_upto}"
+            if record.summary_upto >= 0
+            else "covers no message yet"
+        )
         typer.echo(
             f"session {session} (tenant {tenant}): {record.next_seq} messages, "
-            f"summary version {record.version}, covers up to message {record.summary_upto}"
+            f"summary version {record.version}, {covered}"
         )
         typer.echo(
             f"usage: {usage.input_tokens} input ({usage.cached_input_tokens} cached), "
