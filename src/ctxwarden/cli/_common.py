@@ -4,12 +4,14 @@ option and its loader, and reading a transcript."""
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, ParamSpec, TypeVar
 
 import typer
+from rich.console import Console
 
 from ctxwarden.core.errors import CtxwardenError, InvalidMessageError, UsageError
 from ctxwarden.core.registry.catalog import Registry, load_registry
@@ -86,3 +88,16 @@ def transcript_from(file: str | None, example: bool) -> Transcript:
             "no transcript: give a JSON FILE, '-' for stdin, or --example for the bundled one"
         )
     return parse_transcript(text, source="<stdin>")
+
+
+#: Columns a table is laid out in when stdout is not a terminal (a pipe, a file, a CI log):
+#: rich would take 80 and cut the cells of a wide table ("full+cac…").
+PIPED_WIDTH = 160
+
+
+def stdout_console() -> Console:
+    """The console a command prints its tables to: the terminal's width, or
+    :data:`PIPED_WIDTH` columns when stdout is not a terminal (``COLUMNS`` still wins)."""
+    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
+        return Console()
+    return Console(width=PIPED_WIDTH)

@@ -26,6 +26,7 @@ from ctxwarden.cli._common import (
     RegistryOpt,
     SummarizerTimeoutOpt,
     registry_from,
+    stdout_console,
     summarizer_spec,
     transcript_from,
 )
@@ -154,7 +155,7 @@ def explain(
             file, model, max_input_tokens, policy, spec, example, registry, loop=True
         )
         audit = built.audit.to_dict()
-    console = Console()
+    console = stdout_console()
     render_audit(audit, console)
     if from_report is None and replay is not None:
         console.print(

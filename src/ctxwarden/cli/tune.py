@@ -21,6 +21,8 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from ctxwarden.cli._common import stdout_console
+
 __all__ = ["tune"]
 
 
@@ -128,7 +130,7 @@ def tune(
             ),
             progress=progress,
         )
-    console = Console()
+    console = stdout_console()
     result = output.result
     console.print(rich_table(comparison(result)))
     console.print(rich_table(knobs(result)))
