@@ -493,7 +493,10 @@ def test_messages_to_openai_is_the_wire_form() -> None:
     assert b.to_openai() == messages_to_openai(b.messages)
 
 
-def test_a_newest_call_too_big_to_fit_is_dropped_loudly_not_an_error() -> None:
+def test_a_newest_call_too_big_to_fit_is_sent_with_its_arguments_cut() -> None:
+    """A call whose own arguments outgrow the budget (a heredoc writing a file) is sent
+    with them cut, still a JSON object, beside the result it asked for: without it the
+    model sees neither and writes the file again."""
     heredoc = json.dumps({"command": "cat > big.py <<'EOF'\n" + "x = 1\n" * 3000 + "EOF"})
     h = [
         Message.system("You are a coding agent."),
@@ -503,9 +506,63 @@ def test_a_newest_call_too_big_to_fit_is_dropped_loudly_not_an_error() -> None:
     ]
     built = build_context(h, "gpt-4o", 1000)
     assert built.input_tokens <= 1000
-    assert {m.id for m in built.messages} >= {h[0].id, h[1].id}
-    assert any(w.startswith("newest tool call") for w in built.audit.warnings)
+    assert [m.id for m in built.messages] == [m.id for m in h]
+    call = built.messages[2].tool_calls[0]
+    assert (call.id, call.name) == ("c1", "bash") and len(call.arguments) < len(heredoc)
+    assert json.loads(call.arguments)["command"].startswith("cat > big.py <<'EOF'\nx = 1\n")
+    assert built.messages[3].text == h[3].text  # the result it asked for, whole
+    cut = [a for a in built.audit.actions if a.message_id == h[2].id]
+    assert [(a.action, a.strategy) for a in cut] == [("truncated", "priority")]
+    assert any("arguments of newest tool call" in w for w in built.audit.warnings)
+    assert not any(w.startswith("newest tool call") for w in built.audit.warnings)
     assert pairing_problems(list(built.messages)) == []
+    _system, sent = built.to_anthropic()  # the cut input is still an object for Anthropic
+    use = next(
+        b for m in sent for b in m["content"] if isinstance(b, dict) and b["type"] == "tool_use"
+    )
+    assert use["input"] == json.loads(call.arguments)
+
+
+def test_a_newest_call_that_cannot_fit_even_cut_is_dropped_loudly_not_an_error() -> None:
+    """When even the call's cut arguments leave no room for the block, it is dropped
+    whole with a warning; the request stays."""
+    h = [
+        Message.system("You are a coding agent. " + "Follow the house rules. " * 40),
+        Message.user("Write big.py."),
+        Message.assistant(
+            None, tool_calls=(ToolCall("c1", "bash", json.dumps({"command": "x" * 4000})),)
+        ),
+        Message.tool(
+            "<returncode>0</returncode><output>" + "ok " * 50 + "</output>", tool_call_id="c1"
+        ),
+    ]
+    count = TokenCounter.for_model("gpt-4o").count_message
+    budget = count(h[0]) + count(h[1]) + 12
+    built = build_context(h, "gpt-4o", budget)
+    assert built.input_tokens <= budget
+    assert [m.id for m in built.messages] == [h[0].id, h[1].id]
+    assert any(
+        w.startswith("newest tool call c1") or w.startswith(f"newest tool call {h[2].id}")
+        for w in built.audit.warnings
+    )
+    assert pairing_problems(list(built.messages)) == []
+
+
+def test_the_ledger_takes_back_the_room_a_cut_call_left(tau: list[list[Message]]) -> None:
+    """tau-bench dev run 38 at 1,600 tokens (a 1,252-token system prompt): the newest
+    ``book_reservation`` is 300 tokens of arguments. The ledger is cut to nothing to make
+    room; the call's arguments are then cut, and the ledger takes back what is left, so
+    the model sees its call, the error it got, and the values of the run."""
+    run, loop = tau[38], None
+    for k in range(1, 33):  # the agent loop: a build before every assistant message
+        if run[k].role == "assistant":
+            loop = build_context(run[:k], "gpt-4o", 1600, previous=loop)
+    assert loop is not None
+    sent = list(loop.messages)
+    assert sent[-1].id == run[31].id and sent[-2].id == run[30].id  # the call and its result
+    assert json.loads(sent[-2].tool_calls[0].arguments)["user_id"] == "mohamed_silva_9265"
+    assert loop.audit.layers["ledger"] > 0 and loop.input_tokens <= 1600
+    assert any("rendered again" in w for w in loop.audit.warnings)
 
 
 def test_a_newest_call_whose_own_text_outgrows_the_budget_keeps_the_call_and_its_result() -> None:

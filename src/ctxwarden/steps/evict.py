@@ -25,8 +25,14 @@ warning (drift is silent; the audit makes it visible):
    user record cut after its payment methods, and the next call asked for the first of
    them; every argument value .9722 -> .9732, with the ledger's reading order,
    :mod:`~ctxwarden.memory.entity_ledger`, .9750);
-7. if the call itself still does not fit (its own arguments outgrow the budget), the
-   newest call block is dropped whole.
+7. if the call itself still does not fit (its own arguments outgrow the budget), its
+   arguments are cut to what is left, JSON kept valid (an object stays an object: each
+   provider takes it back as the call's input), long strings and arrays first: the model
+   sees the call it made, shortened, beside the result it asked for, where without it
+   the model would see neither and call again (tau-bench dev at 1,600 tokens: a
+   ``book_reservation`` of 300 tokens, tried three times; swebench-mini dev at 4,000: a
+   3,745-token task leaving 141 tokens for each command and its output);
+8. if that is not enough either, the newest call block is dropped whole.
 
 If the system prompt and the newest user message still do not fit, the build fails with a
 :class:`~ctxwarden.core.errors.BudgetError` naming the minimum budget.
@@ -38,8 +44,10 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from ctxwarden.core.errors import BudgetError
+from ctxwarden.core.kinds import load_json
 from ctxwarden.core.messages import Message
 from ctxwarden.core.pairing import group_blocks
+from ctxwarden.cutters.json_doc import truncate_json
 from ctxwarden.cutters.text import truncate_text
 from ctxwarden.steps.base import Action, Draft, Edit, StepContext, StepResult
 from ctxwarden.steps.priority import eviction_order
@@ -107,6 +115,11 @@ class EvictStep:
             draft, over = self._shrink_newest(
                 draft, ctx, over, actions, warnings, listed=True, within=True
             )
+        if over > 0:
+            cut = len(actions)
+            draft, over = self._cut_newest_arguments(draft, ctx, over, actions, warnings)
+            if len(actions) > cut and over < 0:
+                draft, over = self._regrow_ledger(draft, ctx, over, warnings)
         if over > 0:
             draft, over = self._drop_newest_call(draft, ctx, actions, warnings)
         if over > 0:
@@ -216,6 +229,69 @@ class EvictStep:
         return draft, context_tokens(draft, ctx) - ctx.budget
 
     @staticmethod
+    def _cut_newest_arguments(
+        draft: Draft, ctx: StepContext, over: int, actions: list[Action], warnings: list[str]
+    ) -> tuple[Draft, int]:
+        """The arguments of the newest tool calls cut to share what the budget leaves
+        them (:func:`~ctxwarden.cutters.json_doc.truncate_json`: valid JSON, the shape
+        kept); a call whose arguments would not stay a JSON object, as they were, is
+        left whole."""
+        window = list(draft.window)
+        count_text = ctx.counter.count_text
+        for i, m in enumerate(window):
+            if over <= 0:
+                break
+            if not (m.role == "assistant" and m.tool_calls and m.id in draft.anchors):
+                continue
+            sizes = [count_text(c.arguments) for c in m.tool_calls]
+            total = sum(sizes)
+            room = max(total - over, 0)
+            calls = []
+            for call, size in zip(m.tool_calls, sizes, strict=True):
+                share = room * size // max(total, 1)
+                cut = call.arguments
+                if size > share:
+                    cut = truncate_json(call.arguments, target_tokens=share, count=count_text)
+                calls.append(
+                    call if _reshaped(call.arguments, cut) else replace(call, arguments=cut)
+                )
+            if all(a is b for a, b in zip(calls, m.tool_calls, strict=True)):
+                continue
+            before = ctx.count(m)
+            cut_call = replace(m, tool_calls=tuple(calls))
+            after = ctx.count(cut_call)
+            if after >= before:
+                continue
+            window[i] = cut_call
+            over -= before - after
+            reason = "the newest tool call's arguments cut: the budget cannot hold them whole"
+            actions.append(Action(m.id, "truncated", reason, before, after, "priority"))
+            warnings.append(f"the arguments of newest tool call {m.id} were cut to fit the budget")
+        draft = draft.but(window=tuple(window))
+        return draft, context_tokens(draft, ctx) - ctx.budget
+
+    @staticmethod
+    def _regrow_ledger(
+        draft: Draft, ctx: StepContext, over: int, warnings: list[str]
+    ) -> tuple[Draft, int]:
+        """The ledger again, in the room the arguments' cut left (it was cut before, for
+        room that cut has made since), at most its cap."""
+        if ctx.ledger is None:
+            return draft, over
+        cap = ctx.ledger_cap(draft)
+        had = _ledger_tokens(draft, ctx)
+        room = min(had - over, cap)
+        grown = _ledger_within(draft, ctx, cap, room) if room > had else None
+        if grown is None or ctx.count(grown) <= had:
+            return draft, over
+        draft = draft.but(ledger=grown, ledger_base=None)
+        warnings.append(
+            f"entity ledger rendered again in {ctx.count(grown):,} tokens: the room the "
+            "arguments' cut left"
+        )
+        return draft, context_tokens(draft, ctx) - ctx.budget
+
+    @staticmethod
     def _drop_newest_call(
         draft: Draft, ctx: StepContext, actions: list[Action], warnings: list[str]
     ) -> tuple[Draft, int]:
@@ -288,6 +364,16 @@ class EvictStep:
             warnings.append("the newest tool-call block was cut to fit the budget")
         draft = draft.but(window=tuple(window), edits=edits)
         return draft, context_tokens(draft, ctx) - ctx.budget
+
+
+def _reshaped(arguments: str, cut: str) -> bool:
+    """Whether ``cut`` is no cut of ``arguments`` a provider takes back in its place: the
+    same text, or a JSON object that stopped being one (Anthropic's and Gemini's calls
+    carry their input as an object)."""
+    if cut == arguments:
+        return True
+    was_object = isinstance(load_json(arguments)[1], dict)
+    return was_object and not isinstance(load_json(cut)[1], dict)
 
 
 def _ledger_within(draft: Draft, ctx: StepContext, cap: int, max_tokens: int) -> Message | None:
