@@ -420,3 +420,39 @@ def test_a_ledger_after_the_task_goes_upstream_as_text_of_the_task_turn(env: Env
 
 def _blocks(body: dict[str, Any]) -> list[dict[str, Any]]:
     return [b for m in body["messages"] for b in m["content"] if isinstance(b, dict)]
+
+
+def test_a_tool_use_too_big_for_the_budget_goes_upstream_cut_beside_its_result(env: Env) -> None:
+    """Claude Code writing a file through the proxy under a tight budget: the newest
+    ``tool_use`` (a heredoc) outgrows what is left, so its input goes upstream cut, still
+    an object, beside the ``tool_result`` it asked for, its thinking block as received;
+    the store keeps the call whole."""
+    session = sid()
+    heredoc = "cat > big.py <<'EOF'\n" + "x = 1\n" * 2000 + "EOF"
+    write = {"type": "tool_use", "id": "tu_big", "name": "bash", "input": {"command": heredoc}}
+    history: list[dict[str, Any]] = [
+        {"role": "user", "content": "Write big.py."},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": THOUGHT, "signature": SIGNATURE},
+            {"type": "text", "text": "Writing it."}, write]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "tu_big", "content": "written"}]},
+    ]  # fmt: skip
+    raw = env.client().messages.with_raw_response.create(
+        model=MODEL, max_tokens=256, system="You are a coding agent.", messages=history,
+        tools=[{"name": "bash", "input_schema": {"type": "object"}}],
+        thinking={"type": "enabled", "budget_tokens": 1024},
+        extra_headers={**hdr(session), "X-Ctxwarden-Max-Input-Tokens": "1200"},
+    )  # fmt: skip
+    assert int(raw.headers["x-ctxwarden-input-tokens"]) <= 1200
+    sent = env.upstream.requests[-1].json["messages"]
+    turn = sent[1]["content"]
+    assert turn[0] == {"type": "thinking", "thinking": THOUGHT, "signature": SIGNATURE}
+    use = next(b for b in turn if b["type"] == "tool_use")
+    assert (use["id"], use["name"]) == ("tu_big", "bash")
+    assert isinstance(use["input"], dict)
+    assert use["input"]["command"].startswith("cat > big.py <<'EOF'\nx = 1\n")
+    assert len(use["input"]["command"]) < len(heredoc)
+    assert sent[2]["content"][0]["tool_use_id"] == "tu_big"  # the result it asked for
+    stored = next(m for m in env.stored(session) if m.get("tool_calls"))
+    assert json.loads(stored["tool_calls"][0]["function"]["arguments"]) == write["input"]
