@@ -407,3 +407,41 @@ def test_a_body_with_nan_is_refused_as_on_the_other_routes(env: Env) -> None:
     assert r.status_code == 400, r.text
     assert r.json()["error"]["type"] == "invalid_request_error"
     assert len(env.upstream.requests) == sent
+
+
+def test_a_function_call_too_big_for_the_budget_goes_upstream_cut_beside_its_output(
+    env: Env,
+) -> None:
+    """Codex writing a file through /v1/responses under a tight budget: the newest
+    ``function_call`` (a heredoc) outgrows what is left, so its ``arguments`` go upstream
+    cut, still a JSON object, beside the ``function_call_output`` it asked for; the
+    reasoning item before it passes as received and the store keeps the call whole."""
+    session = sid()
+    heredoc = "cat > big.py <<'EOF'\n" + "x = 1\n" * 2000 + "EOF"
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [],
+                 "encrypted_content": "gAAAAB-opaque-write"}  # fmt: skip
+    call = {"type": "function_call", "call_id": "call_big", "name": "shell",
+            "arguments": json.dumps({"command": heredoc})}  # fmt: skip
+    items = [
+        {"role": "user", "content": "Write big.py."},
+        reasoning,
+        call,
+        {"type": "function_call_output", "call_id": "call_big", "output": "written"},
+    ]
+    raw = env.client().responses.with_raw_response.create(
+        model=MODEL, input=items, instructions=INSTRUCTIONS, tools=TOOLS,  # type: ignore[arg-type]
+        extra_headers=hdr(session, budget=1200),
+    )  # fmt: skip
+    assert int(raw.headers["x-ctxwarden-input-tokens"]) <= 1200
+    sent = env.upstream.requests[-1].json["input"]
+    assert reasoning in sent
+    sent_call = next(i for i in sent if i.get("type") == "function_call")
+    assert (sent_call["call_id"], sent_call["name"]) == ("call_big", "shell")
+    command = json.loads(sent_call["arguments"])["command"]
+    assert command.startswith("cat > big.py <<'EOF'\nx = 1\n") and len(command) < len(heredoc)
+    assert sent[-1] == items[-1]  # the output it asked for
+    _, stored = env.stored(session)
+    assert (
+        next(i for i in stored if i.get("type") == "function_call")["arguments"]
+        == call["arguments"]
+    )
