@@ -253,7 +253,7 @@ class EvictStep:
                 if size > share:
                     cut = truncate_json(call.arguments, target_tokens=share, count=count_text)
                 calls.append(
-                    call if _reshaped(call.arguments, cut) else replace(call, arguments=cut)
+                    call if _unusable_cut(call.arguments, cut) else replace(call, arguments=cut)
                 )
             if all(a is b for a, b in zip(calls, m.tool_calls, strict=True)):
                 continue
@@ -366,10 +366,9 @@ class EvictStep:
         return draft, context_tokens(draft, ctx) - ctx.budget
 
 
-def _reshaped(arguments: str, cut: str) -> bool:
-    """Whether ``cut`` is no cut of ``arguments`` a provider takes back in its place: the
-    same text, or a JSON object that stopped being one (Anthropic's and Gemini's calls
-    carry their input as an object)."""
+def _unusable_cut(arguments: str, cut: str) -> bool:
+    """Whether ``cut`` cannot stand in for ``arguments``: it cut nothing, or a JSON object
+    stopped being one (Anthropic's and Gemini's calls carry their input as an object)."""
     if cut == arguments:
         return True
     was_object = isinstance(load_json(arguments)[1], dict)
