@@ -40,6 +40,7 @@ If the system prompt and the newest user message still do not fit, the build fai
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -202,31 +203,23 @@ class EvictStep:
         """The text beside the newest call's tool calls (the model's reasoning before
         it) cut head and tail to what the budget leaves, at least :data:`PROSE_KEPT`
         tokens; the calls themselves stay whole."""
-        window = list(draft.window)
         count_text = ctx.counter.count_text
-        for i, m in enumerate(window):
-            if over <= 0:
-                break
-            if not (m.role == "assistant" and m.tool_calls and m.id in draft.anchors):
-                continue
+
+        def cut(m: Message, over: int) -> Message | None:
             if not isinstance(m.content, str) or not m.content:
-                continue
+                return None
             total = count_text(m.content)
             keep = max(total - over, PROSE_KEPT)
             if keep >= total:
-                continue
+                return None
             text = truncate_text(m.content, target_tokens=keep, count=count_text, total=total)
-            if text == m.content:
-                continue
-            before = ctx.count(m)
-            window[i] = cut = m.with_content(text)
-            after = ctx.count(cut)
-            over -= before - after
-            reason = "the newest tool call's own text cut: the budget cannot hold it whole"
-            actions.append(Action(m.id, "truncated", reason, before, after, "priority"))
-            warnings.append(f"the text of newest tool call {m.id} was cut to fit the budget")
-        draft = draft.but(window=tuple(window))
-        return draft, context_tokens(draft, ctx) - ctx.budget
+            return m.with_content(text) if text != m.content else None
+
+        what = (
+            "the newest tool call's own text cut: the budget cannot hold it whole",
+            "the text of newest tool call {} was cut to fit the budget",
+        )
+        return _cut_newest_calls(draft, ctx, over, actions, warnings, cut, what)
 
     @staticmethod
     def _cut_newest_arguments(
@@ -236,39 +229,30 @@ class EvictStep:
         them (:func:`~ctxwarden.cutters.json_doc.truncate_json`: valid JSON, the shape
         kept); a call whose arguments would not stay a JSON object, as they were, is
         left whole."""
-        window = list(draft.window)
         count_text = ctx.counter.count_text
-        for i, m in enumerate(window):
-            if over <= 0:
-                break
-            if not (m.role == "assistant" and m.tool_calls and m.id in draft.anchors):
-                continue
+
+        def cut(m: Message, over: int) -> Message | None:
             sizes = [count_text(c.arguments) for c in m.tool_calls]
             total = sum(sizes)
             room = max(total - over, 0)
             calls = []
             for call, size in zip(m.tool_calls, sizes, strict=True):
                 share = room * size // max(total, 1)
-                cut = call.arguments
+                args = call.arguments
                 if size > share:
-                    cut = truncate_json(call.arguments, target_tokens=share, count=count_text)
+                    args = truncate_json(call.arguments, target_tokens=share, count=count_text)
                 calls.append(
-                    call if _unusable_cut(call.arguments, cut) else replace(call, arguments=cut)
+                    call if _unusable_cut(call.arguments, args) else replace(call, arguments=args)
                 )
             if all(a is b for a, b in zip(calls, m.tool_calls, strict=True)):
-                continue
-            before = ctx.count(m)
-            cut_call = replace(m, tool_calls=tuple(calls))
-            after = ctx.count(cut_call)
-            if after >= before:
-                continue
-            window[i] = cut_call
-            over -= before - after
-            reason = "the newest tool call's arguments cut: the budget cannot hold them whole"
-            actions.append(Action(m.id, "truncated", reason, before, after, "priority"))
-            warnings.append(f"the arguments of newest tool call {m.id} were cut to fit the budget")
-        draft = draft.but(window=tuple(window))
-        return draft, context_tokens(draft, ctx) - ctx.budget
+                return None
+            return replace(m, tool_calls=tuple(calls))
+
+        what = (
+            "the newest tool call's arguments cut: the budget cannot hold them whole",
+            "the arguments of newest tool call {} were cut to fit the budget",
+        )
+        return _cut_newest_calls(draft, ctx, over, actions, warnings, cut, what)
 
     @staticmethod
     def _regrow_ledger(
@@ -364,6 +348,39 @@ class EvictStep:
             warnings.append("the newest tool-call block was cut to fit the budget")
         draft = draft.but(window=tuple(window), edits=edits)
         return draft, context_tokens(draft, ctx) - ctx.budget
+
+
+def _cut_newest_calls(
+    draft: Draft,
+    ctx: StepContext,
+    over: int,
+    actions: list[Action],
+    warnings: list[str],
+    cut: Callable[[Message, int], Message | None],
+    what: tuple[str, str],
+) -> tuple[Draft, int]:
+    """Each message of the newest call block that makes calls, replaced by ``cut(message,
+    tokens over budget)`` when that is shorter (``None``: nothing to cut), until the draft
+    fits; each cut audited (``what``: the action's reason, the warning with ``{}`` for
+    the message's id)."""
+    window = list(draft.window)
+    for i, m in enumerate(window):
+        if over <= 0:
+            break
+        if not (m.role == "assistant" and m.tool_calls and m.id in draft.anchors):
+            continue
+        shorter = cut(m, over)
+        if shorter is None:
+            continue
+        before, after = ctx.count(m), ctx.count(shorter)
+        if after >= before:
+            continue
+        window[i] = shorter
+        over -= before - after
+        actions.append(Action(m.id, "truncated", what[0], before, after, "priority"))
+        warnings.append(what[1].format(m.id))
+    draft = draft.but(window=tuple(window))
+    return draft, context_tokens(draft, ctx) - ctx.budget
 
 
 def _unusable_cut(arguments: str, cut: str) -> bool:
