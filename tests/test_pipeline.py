@@ -592,3 +592,25 @@ def test_a_newest_call_whose_own_text_outgrows_the_budget_keeps_the_call_and_its
     assert not any(w.startswith("newest tool call") for w in built.audit.warnings)
     assert any("text of newest tool call" in w for w in built.audit.warnings)
     assert pairing_problems(list(built.messages)) == []
+
+
+@pytest.mark.slow
+def test_no_default_build_of_the_dev_traces_drops_the_newest_call_block(
+    tau: list[list[Message]],
+) -> None:
+    """The bench's "newest dropped" column, on the dev traces where it was not 0: tau-bench
+    at 1,600 tokens (3 builds: a 300-token call beside a 1,252-token system prompt) and the
+    swebench-mini run whose 3,745-token task leaves 141 tokens at 4,000 (4 builds)."""
+    from conftest import SHARED_DATA
+
+    from ctxwarden_bench.retention import engine_builder
+    from ctxwarden_bench.swebench import load_swebench, swebench_retention
+    from ctxwarden_bench.traces import tau_retention
+
+    tau_row = tau_retention(tau, 1600, engine_builder())
+    assert (tau_row.newest_dropped, tau_row.violations, tau_row.over_budget) == (0, 0, 0)
+    swebench = SHARED_DATA / "swebench-mini" / "swebench-verified-mini-gemini3-dev.json"
+    if swebench.exists():
+        run = load_swebench(swebench)[24]
+        coding = swebench_retention([run], 4000, engine_builder())
+        assert (coding.newest_dropped, coding.violations, coding.over_budget) == (0, 0, 0)
