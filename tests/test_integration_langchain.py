@@ -315,3 +315,30 @@ def test_a_system_prompt_given_back_with_its_layers_is_not_stacked() -> None:
         prompt, layers = split_folded(str(call[0].content))
         assert prompt == replay.system
         assert len({name for name, _ in layers}) == len(layers)
+
+
+def test_a_call_sent_cut_goes_back_to_langchain_cut() -> None:
+    """The build's last resort cuts the newest call's arguments when they outgrow the
+    budget: the AI message given back carries them cut in ``tool_calls`` and in OpenAI's
+    raw ``additional_kwargs``, still an object; they went back whole before."""
+    from ctxwarden.integrations._langchain_messages import message_back
+
+    heredoc = "cat > big.py <<'EOF'\n" + "x = 1\n" * 2000 + "EOF"
+    raw = {"id": "c1", "type": "function",
+           "function": {"name": "bash", "arguments": json.dumps({"command": heredoc})}}  # fmt: skip
+    call = {"name": "bash", "args": {"command": heredoc}, "id": "c1", "type": "tool_call"}
+    ai = AIMessage(
+        "Writing it.", tool_calls=[call], additional_kwargs={"tool_calls": [raw]}, id="ai1"
+    )
+    history = [HumanMessage("Write big.py.", id="h1"), ai,
+               ToolMessage("written", tool_call_id="c1", id="t1")]  # fmt: skip
+    ours, originals = convert_history(SystemMessage("You are a coding agent."), history)
+    built = ctxwarden.build_context(ours, "gpt-4o", 600)
+    back = [message_back(m, originals) for m in built.messages]
+    sent = next(m for m in back if isinstance(m, AIMessage))
+    command = sent.tool_calls[0]["args"]["command"]
+    assert command.startswith("cat > big.py <<'EOF'\nx = 1\n") and len(command) < len(heredoc)
+    arguments = sent.additional_kwargs["tool_calls"][0]["function"]["arguments"]
+    assert json.loads(arguments) == sent.tool_calls[0]["args"]
+    assert isinstance(back[-1], ToolMessage) and back[-1].content == "written"
+    assert ai.tool_calls[0]["args"]["command"] == heredoc  # the state keeps the original

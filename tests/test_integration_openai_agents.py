@@ -18,6 +18,7 @@ pytest.importorskip("agents", reason="needs ctxwarden[openai-agents]")
 
 from agents import Agent, FunctionTool, RunConfig, Runner
 from agents.memory import Session
+from agents.run import ModelInputData
 from agents.testing import ScriptedModel, assistant_message, function_call
 from openai.types.responses import ResponseReasoningItem
 from openai.types.responses.response_reasoning_item import Summary
@@ -272,3 +273,37 @@ async def test_output_fed_back_as_history_is_not_stacked() -> None:
         assert counter.count_messages(received, tools).tokens <= FED_BUDGET, k
         assert pairing_problems(received) == [], k
     assert shown > len(model.calls) // 2
+
+
+def test_a_call_sent_cut_goes_to_the_model_cut() -> None:
+    """The build's last resort cuts the newest call's arguments (and its text) when they
+    outgrow the budget: the filter gives the model the items as built, each call with
+    its arguments as cut and the text as cut, the reasoning item before them as given
+    (they went to the model whole before, over the budget the build counted)."""
+    heredoc = json.dumps({"command": "cat > big.py <<'EOF'\n" + "x = 1\n" * 2000 + "EOF"})
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [],
+                 "encrypted_content": "gAAAAB-opaque"}  # fmt: skip
+    text = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+            "content": [{"type": "output_text", "text": "Writing it. " * 300,
+                         "annotations": []}]}  # fmt: skip
+    call = {"type": "function_call", "call_id": "c9", "name": "bash", "arguments": heredoc}
+    items = [
+        {"role": "user", "content": "Write big.py."},
+        reasoning,
+        text,
+        call,
+        {"type": "function_call_output", "call_id": "c9", "output": "written"},
+    ]
+    data = ModelInputData(input=items, instructions="You are a coding agent.")  # type: ignore[arg-type]
+    ctx = context_filter(model=MODEL, max_input_tokens=900)
+    out = ctx.build(data)
+    sent = [dict(i) for i in out.input]  # type: ignore[call-overload]
+    assert reasoning in sent and sent[-1] == items[-1]
+    sent_call = next(i for i in sent if i.get("type") == "function_call")
+    built_call = next(m for m in ctx.last_build.messages if m.tool_calls).tool_calls[0]  # type: ignore[union-attr]
+    assert sent_call["arguments"] == built_call.arguments != heredoc
+    assert json.loads(sent_call["arguments"])["command"].startswith("cat > big.py")
+    sent_text = next(i for i in sent if i.get("type") == "message" and i.get("role") == "assistant")
+    assert len(sent_text["content"][0]["text"]) < len(text["content"][0]["text"])  # type: ignore[index]
+    received = [Message.system(out.instructions or ""), *messages_from_items(out.input)]
+    assert TokenCounter.for_model(MODEL).count_messages(received).tokens <= 900

@@ -614,3 +614,29 @@ def test_no_default_build_of_the_dev_traces_drops_the_newest_call_block(
         run = load_swebench(swebench)[24]
         coding = swebench_retention([run], 4000, engine_builder())
         assert (coding.newest_dropped, coding.violations, coding.over_budget) == (0, 0, 0)
+
+
+def test_the_newest_calls_prose_beside_a_thinking_block_is_cut_the_block_kept() -> None:
+    """The newest call's text is cut the same when it is one text part beside other parts
+    (a signed thinking block, a reasoning item): the text part cut, the others as they came."""
+    from ctxwarden.core.messages import RawPart, TextPart
+
+    thinking = RawPart({"type": "thinking", "thinking": "Plan the read.", "signature": "sig"})
+    prose = "THOUGHT: the handler may skip middleware. " * 200
+    h = [
+        Message.system("You are a coding agent."),
+        Message.user("Fix the middleware bug."),
+        Message.assistant(
+            (thinking, TextPart(prose)),
+            tool_calls=(ToolCall("c1", "bash", json.dumps({"command": "sed -n 1,9p base.py"})),),
+        ),
+        Message.tool("    1  def load_middleware(self):", tool_call_id="c1"),
+    ]
+    built = build_context(h, "gpt-4o", 600)
+    assert built.input_tokens <= 600
+    call = next(m for m in built.messages if m.tool_calls)
+    assert call.tool_calls == h[2].tool_calls and isinstance(call.content, tuple)
+    assert call.content[0] == thinking
+    assert isinstance(call.content[1], TextPart) and len(call.content[1].text) < len(prose)
+    assert call.content[1].text.startswith("THOUGHT: the handler may skip middleware.")
+    assert any(m.text == h[3].text for m in built.messages)

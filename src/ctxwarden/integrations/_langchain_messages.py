@@ -174,4 +174,37 @@ def message_back(m: Message, originals: Mapping[str, tuple[BaseMessage, Message]
     lc, first = found
     if m.content == first.content and m.tool_calls == first.tool_calls:
         return lc
-    return lc.model_copy(update={"content": _content_to(m.content)})
+    update: dict[str, Any] = {"content": _content_to(m.content)}
+    if m.tool_calls != first.tool_calls and isinstance(lc, AIMessage):
+        update.update(_calls_back(lc, m))
+    return lc.model_copy(update=update)
+
+
+def _calls_back(lc: AIMessage, m: Message) -> dict[str, Any]:
+    """An AI message's calls as the build sent them (the eviction's last resort cuts the
+    newest call's arguments): in ``tool_calls``, and in OpenAI's raw ``additional_kwargs``
+    where a client reads them instead. (A ``tool_use`` block of the content is a part
+    the build keeps whole, so a call that has one is never sent cut.)"""
+    built = {c.id: c for c in m.tool_calls}
+    update: dict[str, Any] = {
+        "tool_calls": [
+            {**tc, "args": built[tc["id"]].parsed_arguments()}
+            if tc["id"] is not None and tc["id"] in built
+            else tc
+            for tc in lc.tool_calls
+        ]
+    }
+    raw = lc.additional_kwargs.get("tool_calls")
+    if isinstance(raw, list):
+        update["additional_kwargs"] = {
+            **lc.additional_kwargs,
+            "tool_calls": [
+                {**r, "function": {**r["function"], "arguments": built[r["id"]].arguments}}
+                if isinstance(r, dict)
+                and r.get("id") in built
+                and isinstance(r.get("function"), dict)
+                else r
+                for r in raw
+            ],
+        }
+    return update

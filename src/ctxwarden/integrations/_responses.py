@@ -193,7 +193,8 @@ def _output(content: str | tuple[Part, ...] | None) -> str | list[dict[str, Any]
 
 def items_from_message(message: Message, first: Message | None = None) -> list[dict[str, Any]]:
     """The items of one of our messages: as given when ``message`` is unchanged from its
-    conversion ``first``; a changed tool result or input message gets its new content."""
+    conversion ``first``; a changed tool result or input message gets its new content, a
+    changed assistant message its text and its calls' arguments as built."""
     items: list[dict[str, Any]] = list(message.meta.get(META, {}).get("items", []))
     if not items:  # not from the SDK: an input message of its role
         role = "developer" if message.role == "system" else message.role
@@ -201,7 +202,11 @@ def items_from_message(message: Message, first: Message | None = None) -> list[d
     unchanged = first is None or (
         message.content == first.content and message.tool_calls == first.tool_calls
     )
-    if unchanged or len(items) != 1:
+    if unchanged:
+        return items
+    if message.role == "assistant":
+        return _assistant_items(message, items)
+    if len(items) != 1:
         return items
     item = items[0]
     if _kind(item) in _OUTPUTS:
@@ -209,3 +214,41 @@ def items_from_message(message: Message, first: Message | None = None) -> list[d
     if _kind(item) == "message":
         return [{**item, "content": _output(message.content)}]
     return items
+
+
+def _assistant_items(message: Message, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A changed assistant message's items (the eviction's last resort cuts the newest
+    call's text or its arguments): each call with its arguments as built, its text item
+    with the text as built; reasoning and hosted-tool items as given."""
+    calls = {c.id: c.arguments for c in message.tool_calls}
+    texts = [p.text for p in message.content or () if isinstance(p, TextPart)]
+    text = message.content if isinstance(message.content, str) else None
+    if text is None and len(texts) == 1:  # (beside reasoning items: the one text part)
+        text = texts[0]
+    out: list[dict[str, Any]] = []
+    for item in items:
+        kind = _kind(item)
+        if kind in _CALLS and item.get("call_id") in calls:
+            out.append(_with_arguments(item, calls[item["call_id"]]))
+        elif kind == "message" and text is not None:
+            parts = [p for p in item.get("content") or () if isinstance(p, Mapping)]
+            part = parts[0] if len(parts) == 1 else {"type": "output_text", "annotations": []}
+            out.append({**item, "content": [{**part, "text": text}]})
+        else:
+            out.append(item)
+    return out
+
+
+def _with_arguments(item: dict[str, Any], arguments: str) -> dict[str, Any]:
+    """A call item carrying ``arguments`` (the JSON text of our call): a function call's
+    ``arguments``, the ``input`` or ``action`` of the others in the form they came in."""
+    if _kind(item) == "function_call":
+        return item if item.get("arguments") == arguments else {**item, "arguments": arguments}
+    key = "input" if "input" in item else "action"
+    if isinstance(item.get(key), str):
+        return {**item, key: arguments}
+    try:
+        payload = json.loads(arguments)
+    except ValueError:
+        return item
+    return {**item, key: payload}

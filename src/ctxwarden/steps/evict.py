@@ -46,7 +46,7 @@ from typing import ClassVar
 
 from ctxwarden.core.errors import BudgetError
 from ctxwarden.core.kinds import load_json
-from ctxwarden.core.messages import Message
+from ctxwarden.core.messages import Message, TextPart
 from ctxwarden.core.pairing import group_blocks
 from ctxwarden.cutters.json_doc import truncate_json
 from ctxwarden.cutters.text import truncate_text
@@ -202,18 +202,20 @@ class EvictStep:
     ) -> tuple[Draft, int]:
         """The text beside the newest call's tool calls (the model's reasoning before
         it) cut head and tail to what the budget leaves, at least :data:`PROSE_KEPT`
-        tokens; the calls themselves stay whole."""
+        tokens; the calls themselves stay whole, and so do the parts beside one text
+        part (a reasoning item, a signed thinking block: sent as they came)."""
         count_text = ctx.counter.count_text
 
         def cut(m: Message, over: int) -> Message | None:
-            if not isinstance(m.content, str) or not m.content:
+            prose = _prose(m)
+            if not prose:
                 return None
-            total = count_text(m.content)
+            total = count_text(prose)
             keep = max(total - over, PROSE_KEPT)
             if keep >= total:
                 return None
-            text = truncate_text(m.content, target_tokens=keep, count=count_text, total=total)
-            return m.with_content(text) if text != m.content else None
+            text = truncate_text(prose, target_tokens=keep, count=count_text, total=total)
+            return _with_prose(m, text) if text != prose else None
 
         what = (
             "the newest tool call's own text cut: the budget cannot hold it whole",
@@ -381,6 +383,24 @@ def _cut_newest_calls(
         warnings.append(what[1].format(m.id))
     draft = draft.but(window=tuple(window))
     return draft, context_tokens(draft, ctx) - ctx.budget
+
+
+def _prose(m: Message) -> str | None:
+    """The message's text when it has one text to cut: its content, or its one text part
+    (``None``: no text, or several parts of it)."""
+    if isinstance(m.content, str):
+        return m.content
+    texts = [p for p in m.content or () if isinstance(p, TextPart)]
+    return texts[0].text if len(texts) == 1 else None
+
+
+def _with_prose(m: Message, text: str) -> Message:
+    """``m`` with ``text`` in place of :func:`_prose`'s (its other parts as they were)."""
+    if isinstance(m.content, str) or m.content is None:
+        return m.with_content(text)
+    return m.with_content(
+        tuple(TextPart(text) if isinstance(p, TextPart) else p for p in m.content)
+    )
 
 
 def _unusable_cut(arguments: str, cut: str) -> bool:
