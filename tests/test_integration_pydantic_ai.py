@@ -3,6 +3,7 @@ in ``Agent.run``'s real loop, with pydantic-ai's own ``FunctionModel``."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -259,3 +260,32 @@ def test_a_compaction_survives_a_tight_budget_unchanged() -> None:
     }
     ours = _ours(out)
     assert ours[0].text == "be brief" and pairing_problems(ours) == []
+
+
+@pytest.mark.parametrize("as_dict", [True, False])
+def test_a_call_sent_cut_goes_to_the_model_cut(as_dict: bool) -> None:
+    """The build's last resort cuts the newest call's text and arguments when they
+    outgrow the budget: the processor gives the model that response with its text part
+    and its call's arguments as cut (in the form they came in: a dict or a JSON string),
+    beside the result; it gave back the original parts before, over the budget."""
+    heredoc = "cat > big.py <<'EOF'\n" + "x = 1\n" * 2000 + "EOF"
+    args: Any = {"command": heredoc} if as_dict else json.dumps({"command": heredoc})
+    prose = "I will write the file now. " * 200
+    history: list[ModelMessage] = [
+        ModelRequest(
+            parts=[SystemPromptPart("You are a coding agent."), UserPromptPart("Write it")]
+        ),
+        ModelResponse(parts=[TextPart(prose), ToolCallPart("bash", args, tool_call_id="c1")]),
+        ModelRequest(parts=[ToolReturnPart("bash", "written", tool_call_id="c1")]),
+    ]
+    processor = history_processor(model=MODEL, max_input_tokens=700)
+    out = processor(history)
+    response = next(m for m in out if isinstance(m, ModelResponse))
+    text, call = response.parts
+    assert isinstance(text, TextPart) and isinstance(call, ToolCallPart)
+    assert text.content.startswith("I will write the file now.") and len(text.content) < len(prose)
+    assert isinstance(call.args, dict if as_dict else str)
+    command = call.args_as_dict()["command"]
+    assert command.startswith("cat > big.py <<'EOF'\nx = 1\n") and len(command) < len(heredoc)
+    assert TokenCounter.for_model(MODEL).count_messages(_ours(out)).tokens <= 700
+    assert history[1].parts[1].args == args  # the history keeps the original

@@ -135,6 +135,8 @@ def messages_back(
                 replace(cast(Any, p), content=m.text) if type(p) is pm.ToolReturnPart else p
                 for p in parts
             ]
+        elif m != first and isinstance(original, pm.ModelResponse):
+            parts = _response_parts(m, parts)
         if groups and groups[-1][0] == k:
             groups[-1][1].extend(parts)
         else:
@@ -148,6 +150,25 @@ def messages_back(
         out.append(original if same else replace(cast(Any, original), parts=parts))
     if layers:
         out = _with_layers(out, layers)
+    return out
+
+
+def _response_parts(m: Message, parts: list[Any]) -> list[Any]:
+    """A response's parts as the build sent ``m`` (the eviction's last resort cuts the
+    newest call's text or arguments): its one text part with the built text, each call
+    with its built arguments in the form it came in (a JSON string or a dict)."""
+    calls = {c.id: c for c in m.tool_calls}
+    texts = [p for p in parts if isinstance(p, pm.TextPart)]
+    out: list[Any] = []
+    for p in parts:
+        if isinstance(p, pm.ToolCallPart) and p.tool_call_id in calls:
+            built = calls[p.tool_call_id]
+            if built.arguments != p.args_as_json_str():
+                args = built.arguments if isinstance(p.args, str) else built.parsed_arguments()
+                p = replace(p, args=args)
+        elif isinstance(p, pm.TextPart) and len(texts) == 1 and p.content != m.text:
+            p = replace(p, content=m.text)
+        out.append(p)
     return out
 
 
