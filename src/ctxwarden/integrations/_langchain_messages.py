@@ -4,7 +4,8 @@ Tool calls (``args`` as JSON text), ids, multimodal content blocks (text and
 ``image_url`` parts as ours, any other block kept verbatim as a raw part) and every
 other field (under ``meta["langchain"]``, JSON-safe so a session can store it). Within
 one model call, the built messages map back to the very objects the request held
-(:func:`message_back`); a masked or truncated tool result is a copy with its new content.
+(:func:`message_back`); a masked or truncated tool result is a copy with its new content,
+and an AI message whose call the build cut (its last resort) a copy with the cut arguments.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ mapping keeps what the build needs to decide and what the API needs to accept:
 
 Every message keeps its exact items under ``meta["openai_agents"]["items"]``, so going
 back returns the items as given; a tool result the build masked or truncated goes back
-as its item with the new ``output``.
+as its item with the new ``output``, and an assistant message whose text or call the build
+cut (its last resort) as its items with the new text and arguments.
 """
 
 from __future__ import annotations
