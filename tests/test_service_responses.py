@@ -445,3 +445,31 @@ def test_a_function_call_too_big_for_the_budget_goes_upstream_cut_beside_its_out
         next(i for i in stored if i.get("type") == "function_call")["arguments"]
         == call["arguments"]
     )
+
+
+def test_a_custom_tool_call_too_big_for_the_budget_goes_upstream_cut(env: Env) -> None:
+    """Codex's ``apply_patch`` is a custom tool: its call carries the patch as ``input``
+    text. One too big for the budget goes upstream with that input cut, as the build
+    counted it, beside its output (it went whole before, over the budget)."""
+    session = sid()
+    patch = "*** Begin Patch\n*** Add File: big.py\n" + "+x = 1\n" * 2000 + "*** End Patch"
+    call = {"type": "custom_tool_call", "call_id": "call_patch", "name": "apply_patch",
+            "input": patch}  # fmt: skip
+    items = [
+        {"role": "user", "content": "Add big.py."},
+        call,
+        {"type": "custom_tool_call_output", "call_id": "call_patch", "output": "Done!"},
+    ]
+    raw = env.client().responses.with_raw_response.create(
+        model=MODEL, input=items, instructions=INSTRUCTIONS, tools=TOOLS,  # type: ignore[arg-type]
+        extra_headers=hdr(session, budget=1200),
+    )  # fmt: skip
+    assert int(raw.headers["x-ctxwarden-input-tokens"]) <= 1200
+    sent = env.upstream.requests[-1].json["input"]
+    sent_call = next(i for i in sent if i.get("type") == "custom_tool_call")
+    assert (sent_call["call_id"], sent_call["name"]) == ("call_patch", "apply_patch")
+    assert sent_call["input"].startswith("*** Begin Patch") and len(sent_call["input"]) < len(patch)
+    assert sent[-1] == items[-1]
+    counter = TokenCounter.for_model(MODEL)
+    received = messages_from_responses(sent, INSTRUCTIONS)
+    assert counter.count_messages(received).tokens <= 1200

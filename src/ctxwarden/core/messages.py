@@ -34,6 +34,7 @@ __all__ = [
     "ToolCall",
     "check_message_list",
     "detect_kind",
+    "sole_text",
     "wire_dict",
 ]
 
@@ -315,6 +316,16 @@ class Message(_Memoised):
 # imports them before any submodule runs): the model delegates to them without importing
 # the formats, which import the model (no import circle).
 _CODECS: dict[str, Callable[..., Any]] = {}
+
+
+def sole_text(message: Message) -> str | None:
+    """The message's one text: its content when that is a string, or its one text part
+    beside others (a reasoning item, a signed thinking block); ``None`` when it has no text
+    or several parts of it (a cut of it has one place to go)."""
+    if isinstance(message.content, str):
+        return message.content
+    texts = [p.text for p in message.content or () if isinstance(p, TextPart)]
+    return texts[0] if len(texts) == 1 else None
 
 
 def register_codec(name: str, function: Callable[..., Any]) -> None:

@@ -43,6 +43,7 @@ from ctxwarden.core.messages import ImagePart, Message, Part, RawPart, TextPart,
 
 __all__ = [
     "META",
+    "call_item",
     "convert_items",
     "instructions_message",
     "message_items",
@@ -142,6 +143,25 @@ def _call(item: Mapping[str, Any]) -> ToolCall:
     name = item.get("name")
     return ToolCall(id=item["call_id"], name=name if isinstance(name, str) else kind,
                     arguments=arguments)  # fmt: skip
+
+
+def call_item(item: Mapping[str, Any], arguments: str) -> dict[str, Any]:
+    """``item`` (a call item) carrying ``arguments``, our call's JSON text: as it came when
+    they are the ones it gave (:func:`_call`), else with a function call's ``arguments``,
+    or the ``input`` or ``action`` of another kind in the form it came in (text, or the
+    JSON parsed), replaced (the eviction's last resort cuts a call's arguments)."""
+    if _call(item).arguments == arguments:
+        return dict(item)
+    if isinstance(item.get("arguments"), str):
+        return {**item, "arguments": arguments}
+    key = "input" if "input" in item else "action"
+    if isinstance(item.get(key), str):
+        return {**item, key: arguments}
+    try:
+        payload = json.loads(arguments)
+    except ValueError:
+        return dict(item)
+    return {**item, key: payload}
 
 
 def _assistant(items: Sequence[Mapping[str, Any]], index: int) -> Message:
@@ -373,8 +393,7 @@ def _changed(message: Message, items: list[dict[str, Any]]) -> list[dict[str, An
             call_id = item.get("call_id")
             call = calls.pop(call_id, None) if isinstance(call_id, str) else None
             if call is not None:
-                out.append({**item, "arguments": call.arguments}
-                           if item_kind(item) == "function_call" else item)  # fmt: skip
+                out.append(call_item(item, call.arguments))
             elif item_kind(item) == "message" and not text_done:
                 text_done = True
                 plain = _plain_assistant(replace(message, content=message.text, tool_calls=()))

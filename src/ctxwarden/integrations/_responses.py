@@ -27,7 +27,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ctxwarden.core.errors import InvalidMessageError
-from ctxwarden.core.messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
+from ctxwarden.core.messages import (
+    ImagePart,
+    Message,
+    Part,
+    RawPart,
+    TextPart,
+    ToolCall,
+    sole_text,
+)
+from ctxwarden.formats.responses import call_item
 from ctxwarden.formats.responses import item_kind as _kind
 from ctxwarden.integrations._common import stable_id
 
@@ -222,15 +231,12 @@ def _assistant_items(message: Message, items: list[dict[str, Any]]) -> list[dict
     call's text or its arguments): each call with its arguments as built, its text item
     with the text as built; reasoning and hosted-tool items as given."""
     calls = {c.id: c.arguments for c in message.tool_calls}
-    texts = [p.text for p in message.content or () if isinstance(p, TextPart)]
-    text = message.content if isinstance(message.content, str) else None
-    if text is None and len(texts) == 1:  # (beside reasoning items: the one text part)
-        text = texts[0]
+    text = sole_text(message)  # (beside reasoning items: the one text part)
     out: list[dict[str, Any]] = []
     for item in items:
         kind = _kind(item)
         if kind in _CALLS and item.get("call_id") in calls:
-            out.append(_with_arguments(item, calls[item["call_id"]]))
+            out.append(call_item(item, calls[item["call_id"]]))
         elif kind == "message" and text is not None:
             parts = [p for p in item.get("content") or () if isinstance(p, Mapping)]
             part = parts[0] if len(parts) == 1 else {"type": "output_text", "annotations": []}
@@ -238,18 +244,3 @@ def _assistant_items(message: Message, items: list[dict[str, Any]]) -> list[dict
         else:
             out.append(item)
     return out
-
-
-def _with_arguments(item: dict[str, Any], arguments: str) -> dict[str, Any]:
-    """A call item carrying ``arguments`` (the JSON text of our call): a function call's
-    ``arguments``, the ``input`` or ``action`` of the others in the form they came in."""
-    if _kind(item) == "function_call":
-        return item if item.get("arguments") == arguments else {**item, "arguments": arguments}
-    key = "input" if "input" in item else "action"
-    if isinstance(item.get(key), str):
-        return {**item, key: arguments}
-    try:
-        payload = json.loads(arguments)
-    except ValueError:
-        return item
-    return {**item, key: payload}

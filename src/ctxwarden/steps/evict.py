@@ -46,7 +46,7 @@ from typing import ClassVar
 
 from ctxwarden.core.errors import BudgetError
 from ctxwarden.core.kinds import load_json
-from ctxwarden.core.messages import Message, TextPart
+from ctxwarden.core.messages import Message, TextPart, sole_text
 from ctxwarden.core.pairing import group_blocks
 from ctxwarden.cutters.json_doc import truncate_json
 from ctxwarden.cutters.text import truncate_text
@@ -207,7 +207,7 @@ class EvictStep:
         count_text = ctx.counter.count_text
 
         def cut(m: Message, over: int) -> Message | None:
-            prose = _prose(m)
+            prose = sole_text(m)
             if not prose:
                 return None
             total = count_text(prose)
@@ -385,17 +385,9 @@ def _cut_newest_calls(
     return draft, context_tokens(draft, ctx) - ctx.budget
 
 
-def _prose(m: Message) -> str | None:
-    """The message's text when it has one text to cut: its content, or its one text part
-    (``None``: no text, or several parts of it)."""
-    if isinstance(m.content, str):
-        return m.content
-    texts = [p for p in m.content or () if isinstance(p, TextPart)]
-    return texts[0].text if len(texts) == 1 else None
-
-
 def _with_prose(m: Message, text: str) -> Message:
-    """``m`` with ``text`` in place of :func:`_prose`'s (its other parts as they were)."""
+    """``m`` with ``text`` in place of its :func:`~ctxwarden.core.messages.sole_text`
+    (its other parts as they were)."""
     if isinstance(m.content, str) or m.content is None:
         return m.with_content(text)
     return m.with_content(
