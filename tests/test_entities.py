@@ -542,3 +542,62 @@ def test_a_ledger_with_room_for_part_of_a_list_keeps_its_first_values() -> None:
     prose = EntityLedger().add([ent(v, "m9", "assistant") for v in ("$1,625", "$1,327", "$298")])
     order = [prose.entries[i].value for i in prose._keep_order()]
     assert order == ["$298", "$1,327", "$1,625"]
+
+
+def test_the_fields_an_agent_passes_outrank_the_others_of_each_record() -> None:
+    """A value whose JSON key labels a value the agent passed in a tool call ranks up (the
+    agent working through records passes the same fields of each: tau-bench dev at 1,600
+    tokens, the flight numbers and dates of the next reservation to change had given way
+    to its passengers' birth dates). Marked whichever came first, the call or the value;
+    a value found in free text (labelled by its category, not a key) takes no such mark."""
+    from ctxwarden.memory.entity_rank import KIND
+
+    def ent(value: str, label: str, category: str, source: str, origin: str = "tool") -> Entity:
+        return Entity(value, label, source, category, origin)
+
+    def record(n: int) -> list[Entity]:
+        return [
+            ent(f"HAT{n:03d}", "flight_number", "id", f"m{n}"),
+            ent(f"2024-05-{n:02d}", "flights.date", "date", f"m{n}"),
+            ent(f"19{n:02d}-01-01", "dob", "date", f"m{n}"),
+            ent(f"2024-04-{n:02d}T10:00:00", "created_at", "date", f"m{n}"),
+        ]
+
+    records = [e for n in range(10, 16) for e in record(n)]
+    call = [
+        ent("HAT001", "flight_number", "id", "c1", "call"),
+        ent("2024-05-01", "flights.date", "date", "c1", "call"),
+    ]
+    before, after = EntityLedger().add(records + call), EntityLedger().add(call + records)
+    assert before.entries != after.entries  # (first-seen order differs)
+    for ledger in (before, after):
+        by = {e.value: e for e in ledger.entries}
+        assert by["2024-05-12"].marks & KIND and by["HAT012"].marks & KIND
+        assert not by["1912-01-01"].marks & KIND
+        text = ledger.render(60, count)
+        assert "2024-05-15" in text and "HAT015" in text and "1915-01-01" not in text
+    plain = EntityLedger().add(records)  # no call: the dates rank alike, the newest first
+    assert "1915-01-01" in plain.render(60, count)
+    coding = EntityLedger().add(
+        [ent("src/a.py", "path", "path", "m1"), ent("src/b.py", "path", "path", "c1", "call")]
+    )
+    assert not any(e.marks & KIND for e in coding.entries)
+
+
+def test_ledgers_stored_before_kinds_were_marked_load_marked() -> None:
+    """A session's ledger stored by an earlier version (calls marked, kinds not) loads
+    as the same values grown now would be: ranked alike, rendered alike."""
+    from ctxwarden.memory.entity_rank import KIND
+
+    values = [
+        Entity("HAT001", "flight_number", "m1", "id", "call"),
+        *(Entity(f"HAT{n:03d}", "flight_number", "m2", "id", "tool") for n in range(2, 9)),
+        *(Entity(f"19{n:02d}-01-01", "dob", "m2", "date", "tool") for n in range(2, 9)),
+    ]
+    now = EntityLedger().add(values)
+    stored = now.to_dict()
+    for row in stored["entries"]:
+        row[7] &= ~KIND
+    loaded = EntityLedger.from_dict(stored)
+    assert loaded.entries == now.entries
+    assert loaded.render(25, count) == now.render(25, count)

@@ -31,6 +31,7 @@ from ctxwarden.memory.entities import Entity
 from ctxwarden.memory.entity_rank import (
     AGENT,
     CALL,
+    KIND,
     LOW_RANK,
     MATCH,
     MAX_RANK,
@@ -38,6 +39,7 @@ from ctxwarden.memory.entity_rank import (
     PROSE,
     TOOL,
     USER,
+    kind_of,
     match_keys,
     rank,
 )
@@ -175,6 +177,8 @@ class EntityLedger:
     _tiers: tuple[tuple[tuple[int, int], ...], ...] = field(default=(), compare=False, repr=False)
     # the match keys of the values the user stated (None: not computed yet)
     _stated: frozenset[str] | None = field(default=None, compare=False, repr=False)
+    # the kinds (kind_of) of the values the agent passed in tool calls (None: not yet)
+    _kinds: frozenset[str] | None = field(default=None, compare=False, repr=False)
     _renders: dict[_RenderKey, str] = field(default_factory=dict, compare=False, repr=False)
     # match key -> positions (see _Keys); shared like _index, None: not built
     _keys: _Keys | None = field(default=None, compare=False, repr=False)
@@ -232,6 +236,8 @@ class EntityLedger:
         seq = self.seq
         stated = self._stated_keys()
         grown: set[str] = set()  # keys the user states for the first time in this batch
+        kinds = self._passed_kinds()
+        new_kinds: set[str] = set()  # kinds the agent passes for the first time in it
         touched: list[int] = []
         tooled: bool | None = None  # a tool used so far (found when first needed)
         marks_of, new = _MARKS.get, tuple.__new__  # LedgerEntry(...) without its Python __new__
@@ -255,6 +261,8 @@ class EntityLedger:
                 marks = old.marks | mark
                 if marks & USER:
                     marks &= ~MATCH  # stated outright now: no longer only a match
+                if (kinds or marks & CALL) and not marks & KIND:
+                    marks = _of_kind(old.label, marks, kinds, new_kinds)
                 hits = old.hits + 1
                 category = old.category
                 last = max(old.last_seen, stamp)
@@ -269,6 +277,8 @@ class EntityLedger:
             else:
                 i = index[value] = len(entries)
                 category = e.category or e.label
+                if kinds or mark & CALL:
+                    mark = _of_kind(e.label, mark, kinds, new_kinds)
                 entry = new(
                     LedgerEntry, (value, e.label, category, e.source_id, stamp, stamp, 1, mark)
                 )
@@ -308,6 +318,9 @@ class EntityLedger:
             found = keys.positions
             touched = sorted({*touched, *(i for k in grown for i in found.get(k, ()))})
         self._mark_matches(entries, tiers, ranks, stated, touched)
+        if new_kinds:
+            _mark_kinds(entries, tiers, ranks, new_kinds)
+            kinds = kinds | new_kinds
         if pruning:
             return _pruned(entries, tiers, ranks, seq, self.header)
         stale = sum(map(len, tiers)) - len(entries)
@@ -325,6 +338,7 @@ class EntityLedger:
             _ranks=tuple(ranks),
         )
         object.__setattr__(out, "_stated", stated)
+        object.__setattr__(out, "_kinds", kinds)
         return out
 
     def _own_index(self) -> dict[str, int]:
@@ -348,6 +362,20 @@ class EntityLedger:
                 k for e in self.entries if e.marks & USER for k in match_keys(e.value, e.category)
             )
             object.__setattr__(self, "_stated", found)
+        return found
+
+    def _passed_kinds(self) -> frozenset[str]:
+        """The kinds of the values the agent passed (computed once per ledger): those of
+        the entries marked as passed or as of a passed kind (a pruned ledger may have
+        lost the passed values of a kind whose other values it keeps)."""
+        found = self._kinds
+        if found is None:
+            found = frozenset(
+                k
+                for e in self.entries
+                if e.marks & (CALL | KIND) and (k := kind_of(e.label)) is not None
+            )
+            object.__setattr__(self, "_kinds", found)
         return found
 
     @staticmethod
@@ -424,9 +452,17 @@ class EntityLedger:
         """The ledger :meth:`to_dict` wrote; ``ValueError`` names what is malformed."""
         try:
             entries = tuple(_entry(row) for row in data["entries"])
-            return cls(entries, int(data["seq"]), str(data.get("header", DEFAULT_HEADER)))
+            seq, header = int(data["seq"]), str(data.get("header", DEFAULT_HEADER))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a stored entity ledger ({type(exc).__name__}: {exc})") from exc
+        ledger = cls(entries, seq, header)
+        # a ledger stored before kinds were marked: its values of a passed kind, marked
+        marked = list(entries)
+        if _mark_kinds(
+            marked, [[] for _ in range(_TIERS)], list(ledger._ranks), ledger._passed_kinds()
+        ):
+            return cls(tuple(marked), seq, header)
+        return ledger
 
     def stated(self) -> list[str]:
         """The values the user stated or that match them, in first-seen order."""
@@ -671,6 +707,41 @@ def _line(group: Sequence[LedgerEntry], marked: frozenset[str]) -> str:
             piece += f" ({handle_for(e.source_id)})"
         parts.append(piece)
     return (", " if spaced else " ").join(parts)
+
+
+def _of_kind(label: str, marks: int, kinds: frozenset[str], new_kinds: set[str]) -> int:
+    """``marks`` with :data:`KIND` when the value labelled ``label`` is of a kind the
+    agent passed; a value it passes now of a kind not yet passed adds that kind to
+    ``new_kinds`` (the values of it seen before are marked after the batch)."""
+    kind = kind_of(label)
+    if kind is None:
+        return marks
+    if kind not in kinds:
+        if not marks & CALL:
+            return marks
+        new_kinds.add(kind)
+    return marks | KIND
+
+
+def _mark_kinds(
+    entries: list[LedgerEntry],
+    tiers: list[list[tuple[int, int]]],
+    ranks: list[int],
+    new_kinds: set[str] | frozenset[str],
+) -> bool:
+    """Mark every entry of one of ``new_kinds`` (kinds the agent passed for the first
+    time) as of a passed kind; whether any was. Rare: once per kind in a conversation."""
+    changed = False
+    for i, entry in enumerate(entries):
+        if entry.marks & KIND or kind_of(entry.label) not in new_kinds:
+            continue
+        entries[i] = entry = LedgerEntry(*entry[:7], entry.marks | KIND)
+        changed = True
+        r = _rank_of(entry)
+        if r != ranks[i]:  # (see _mark_matches: an unchanged rank keeps its pair)
+            ranks[i] = r
+            bisect.insort(tiers[r], (entry.last_seen, i))
+    return changed
 
 
 def _taking_over(ledger: EntityLedger, items: Sequence[Entity], at: int) -> int:

@@ -24,7 +24,8 @@ warning (drift is silent; the audit makes it visible):
    what the next call passes (tau-bench dev at 1,600 tokens: the ``reservations`` of a
    user record cut after its payment methods, and the next call asked for the first of
    them; every argument value .9722 -> .9732, with the ledger's reading order,
-   :mod:`~ctxwarden.memory.entity_ledger`, .9750);
+   :mod:`~ctxwarden.memory.entity_ledger`, .9750; with the fields the agent passes
+   ranked up, :mod:`~ctxwarden.memory.entity_rank`, .9812);
 7. if the call itself still does not fit (its own arguments outgrow the budget), its
    arguments are cut to what is left, JSON kept valid (an object stays an object: each
    provider takes it back as the call's input), long strings and arrays first: the model
