@@ -220,6 +220,20 @@ ROUND_TRIP = [
     ),
     ToolMessage("a cat", tool_call_id="call_1", name="lookup", id="t1", status="success"),
     AIMessage([{"type": "text", "text": "A cat.", "annotations": []}], id="a2"),
+    # Anthropic's chat model: each call a tool_use block and a tool_calls entry
+    AIMessage(
+        [
+            {"type": "text", "text": "Checking."},
+            {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {"q": "dog"}},
+        ],
+        tool_calls=[{"name": "lookup", "args": {"q": "dog"}, "id": "toolu_1"}],
+        id="a3",
+    ),
+    AIMessage(
+        [{"type": "tool_use", "id": "toolu_2", "name": "lookup", "input": {"q": "owl"}}],
+        tool_calls=[{"name": "lookup", "args": {"q": "owl"}, "id": "toolu_2"}],
+        id="a4",
+    ),
 ]
 
 
@@ -342,3 +356,71 @@ def test_a_call_sent_cut_goes_back_to_langchain_cut() -> None:
     assert json.loads(arguments) == sent.tool_calls[0]["args"]
     assert isinstance(back[-1], ToolMessage) and back[-1].content == "written"
     assert ai.tool_calls[0]["args"]["command"] == heredoc  # the state keeps the original
+
+
+def _bash_tool(outputs: list[str]) -> StructuredTool:
+    def bash(command: str) -> str:
+        outputs.append(command)
+        return "written"
+
+    return StructuredTool.from_function(bash, name="bash", description="Run a shell command.")
+
+
+def test_anthropics_chat_model_through_the_middleware_counts_each_call_once() -> None:
+    """``ChatAnthropic`` gives each call twice in its AI message: a ``tool_use`` block of
+    the content and an entry of ``tool_calls``. Through ``create_agent`` with the real
+    chat model against a local server that speaks Anthropic's Messages API: the build
+    counts the call once (as the same message with its call in ``tool_calls`` alone), and
+    when the call outgrows the budget its block goes to Anthropic cut, in its place after
+    the text, once. Before, the block was a part beside the call: counted twice, the call
+    block was dropped from the request whole (the model saw neither its call nor the
+    result it asked for)."""
+    pytest.importorskip("langchain_anthropic", reason="needs langchain-anthropic (dev extra)")
+    from langchain_anthropic import ChatAnthropic
+    from llm_servers import Reply, ScriptedServer
+
+    from ctxwarden.core.tokens.counter import TokenCounter
+
+    heredoc = "cat > big.py <<'EOF'\n" + "x = 1\n" * 2000 + "EOF"
+    use = {"type": "tool_use", "id": "toolu_01", "name": "bash", "input": {"command": heredoc}}
+    first = {
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-haiku-4-5",
+        "content": [{"type": "text", "text": "Writing big.py."}, use],
+        "stop_reason": "tool_use", "stop_sequence": None,
+        "usage": {"input_tokens": 10, "output_tokens": 5},
+    }  # fmt: skip
+    done = {**first, "id": "msg_2", "stop_reason": "end_turn",
+            "content": [{"type": "text", "text": "Done."}]}  # fmt: skip
+    server = ScriptedServer().start()
+    try:
+        server.reply(Reply(body=first), Reply(body=done))
+        chat = ChatAnthropic(
+            model="claude-haiku-4-5", base_url=server.url, api_key="sk-ant-test", max_retries=0
+        )  # type: ignore[call-arg]
+        middleware = ContextMiddleware(model="claude-haiku-4-5", max_input_tokens=800)
+        outputs: list[str] = []
+        agent = create_agent(chat, [_bash_tool(outputs)], system_prompt="You are a coding agent.",
+                             middleware=[middleware])  # fmt: skip
+        result = agent.invoke({"messages": [HumanMessage("Write big.py.")]})
+        bodies = [r.json for r in server.requests]
+    finally:
+        server.stop()
+    assert outputs == [heredoc]  # the tool ran the call as the model made it
+    ai = next(m for m in result["messages"] if isinstance(m, AIMessage) and m.tool_calls)
+    assert [b["type"] for b in ai.content] == ["text", "tool_use"]  # type: ignore[index,union-attr]
+    assert ai.tool_calls[0]["args"]["command"] == heredoc  # the state keeps the original
+
+    ours = message_from_langchain(ai)
+    plain = message_from_langchain(AIMessage("Writing big.py.", tool_calls=ai.tool_calls, id=ai.id))
+    counter = TokenCounter.for_model("claude-haiku-4-5")
+    assert counter.count_message(ours) == counter.count_message(plain)
+    assert message_to_langchain(ours) == ai  # and back without loss
+
+    sent = bodies[1]["messages"][1]
+    assert sent["role"] == "assistant"
+    assert [b["type"] for b in sent["content"]] == ["text", "tool_use"]
+    command = sent["content"][1]["input"]["command"]
+    assert command.startswith("cat > big.py <<'EOF'\nx = 1\n") and len(command) < len(heredoc)
+    assert bodies[1]["messages"][2]["content"][0]["tool_use_id"] == "toolu_01"
+    audit = middleware.last_audit
+    assert audit is not None and audit.input_tokens <= 800

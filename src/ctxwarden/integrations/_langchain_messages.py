@@ -6,6 +6,11 @@ other field (under ``meta["langchain"]``, JSON-safe so a session can store it). 
 one model call, the built messages map back to the very objects the request held
 (:func:`message_back`); a masked or truncated tool result is a copy with its new content,
 and an AI message whose call the build cut (its last resort) a copy with the cut arguments.
+
+An AI message from Anthropic's chat model holds each call twice: as a ``tool_use`` block of
+its content and in ``tool_calls``. The call is ours once (a tool call: counted once, its
+arguments the eviction can cut); the block waits under ``meta["langchain"]["tool_use"]``
+and goes back in its place, its ``input`` the call's arguments as built.
 """
 
 from __future__ import annotations
@@ -111,23 +116,74 @@ def message_from_langchain(message: BaseMessage, *, index: int = 0) -> Message:
         )
     fields = message.model_dump(mode="json", exclude_defaults=True, exclude=_MODELLED)
     calls: tuple[ToolCall, ...] = ()
+    content: Any = message.content
+    info: dict[str, Any] = {"type": kind, "id": message.id, "fields": fields}
     if isinstance(message, AIMessage):
         calls = tuple(
             ToolCall(id=c.get("id") or "", name=c["name"], arguments=json.dumps(c["args"]))
             for c in message.tool_calls
         )
+        content, uses = _without_call_blocks(content, {c.id for c in calls if c.id})
+        if uses:
+            info["tool_use"] = uses
     try:
         return Message(
             role=role,  # type: ignore[arg-type]
-            content=_content_from(message.content),
+            content=_content_from(content),
             id=message.id or stable_id("lc", index, message.model_dump(mode="json")),
             name=message.name,
             tool_calls=calls,
             tool_call_id=getattr(message, "tool_call_id", None) if role == "tool" else None,
-            meta={"langchain": {"type": kind, "id": message.id, "fields": fields}},
+            meta={"langchain": info},
         )
     except InvalidMessageError as exc:
         raise InvalidMessageError(exc.reason, index=index, field=exc.field) from None
+
+
+def _without_call_blocks(content: Any, ids: set[str]) -> tuple[Any, list[list[Any]]]:
+    """``content`` without its ``tool_use`` blocks of the calls ``ids`` names, and those
+    blocks with their places (``[index, block]``: JSON, a session stores them)."""
+    if isinstance(content, str) or not ids:
+        return content, []
+    kept: list[Any] = []
+    uses: list[list[Any]] = []
+    for i, block in enumerate(content):
+        if (
+            isinstance(block, Mapping)
+            and block.get("type") == "tool_use"
+            and block.get("id") in ids
+        ):
+            uses.append([i, dict(block)])
+        else:
+            kept.append(block)
+    if not uses:
+        return content, []
+    return (kept or ""), uses
+
+
+def _content_back(message: Message) -> str | list[str | dict[str, Any]]:
+    """The LangChain content of ``message``: its parts, and each ``tool_use`` block set
+    aside on the way in back in its place, its ``input`` the arguments of the call as
+    built (the eviction may have cut them; a block whose call is gone stays out)."""
+    content = _content_to(message.content)
+    uses = (message.meta.get("langchain") or {}).get("tool_use")
+    if not uses:
+        return content
+    out: list[str | dict[str, Any]]
+    if isinstance(content, str):  # (the text a cut left, or none beside the calls)
+        out = [{"type": "text", "text": content}] if content else []
+    else:
+        out = list(content)
+    built = {c.id: c for c in message.tool_calls}
+    for at, block in uses:
+        call = built.get(block.get("id"))
+        if call is None:
+            continue
+        arguments = call.parsed_arguments()
+        if block.get("input") != arguments:
+            block = {**block, "input": arguments}
+        out.insert(min(at, len(out)), block)
+    return out
 
 
 def message_to_langchain(message: Message) -> BaseMessage:
@@ -136,7 +192,7 @@ def message_to_langchain(message: Message) -> BaseMessage:
     info = message.meta.get("langchain") or {}
     kind = info.get("type") or _BY_ROLE[message.role]
     data: dict[str, Any] = dict(info.get("fields") or {})
-    data["content"] = _content_to(message.content)
+    data["content"] = _content_back(message)
     data["id"] = info["id"] if "langchain" in message.meta else message.id
     if message.name is not None:
         data["name"] = message.name
@@ -175,7 +231,7 @@ def message_back(m: Message, originals: Mapping[str, tuple[BaseMessage, Message]
     lc, first = found
     if m.content == first.content and m.tool_calls == first.tool_calls:
         return lc
-    update: dict[str, Any] = {"content": _content_to(m.content)}
+    update: dict[str, Any] = {"content": _content_back(m)}
     if m.tool_calls != first.tool_calls and isinstance(lc, AIMessage):
         update.update(_calls_back(lc, m))
     return lc.model_copy(update=update)
@@ -184,8 +240,8 @@ def message_back(m: Message, originals: Mapping[str, tuple[BaseMessage, Message]
 def _calls_back(lc: AIMessage, m: Message) -> dict[str, Any]:
     """An AI message's calls as the build sent them (the eviction's last resort cuts the
     newest call's arguments): in ``tool_calls``, and in OpenAI's raw ``additional_kwargs``
-    where a client reads them instead. (A ``tool_use`` block of the content is a part
-    the build keeps whole, so a call that has one is never sent cut.)"""
+    where a client reads them instead (a ``tool_use`` block of the content:
+    :func:`_content_back`)."""
     built = {c.id: c for c in m.tool_calls}
     update: dict[str, Any] = {
         "tool_calls": [
