@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 from collections import Counter
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 
 import ctxwarden
 from ctxwarden import Message, StrategyContext, TokenCounter, TruncateToolResults
+from ctxwarden_bench.data_files import find_data
 
 __all__ = ["find_traces", "main", "measure", "needed_tokens"]
 
@@ -38,15 +38,11 @@ _CAMEL = re.compile(r"[a-z][A-Z]")
 
 
 def find_traces(data: str | None = None) -> Path | None:
-    """The swebench-mini file under ``data``, ``$CTXWARDEN_DATA``, ``../shared/data`` or
-    ``./data``."""
-    roots = [data] if data else [os.environ.get("CTXWARDEN_DATA"), "../shared/data", "data"]
-    for root in roots:
-        if root and (Path(root) / _FILE).is_file():
-            return Path(root) / _FILE
-        if root and Path(root).is_file():
-            return Path(root)
-    return None
+    """The swebench-mini file: ``data`` itself when it is a file, else found under it,
+    ``$CTXWARDEN_DATA``, ``../shared/data`` or ``./data`` (:func:`find_data`)."""
+    if data and Path(data).is_file():
+        return Path(data)
+    return find_data(_FILE, data)
 
 
 def _occurs(token: str, text: str) -> bool:
