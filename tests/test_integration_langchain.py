@@ -234,6 +234,30 @@ ROUND_TRIP = [
         tool_calls=[{"name": "lookup", "args": {"q": "owl"}, "id": "toolu_2"}],
         id="a4",
     ),
+    # LangChain's standard v1 content, and OpenAI's Responses API in responses/v1
+    AIMessage(
+        content_blocks=[
+            {"type": "text", "text": "Checking."},
+            {"type": "tool_call", "id": "call_5", "name": "lookup", "args": {"q": "elk"}},
+        ],
+        id="a5",
+        response_metadata={"output_version": "v1"},
+    ),
+    AIMessage(
+        [
+            {"type": "reasoning", "id": "rs_1", "summary": []},
+            {
+                "type": "function_call",
+                "id": "fc_1",
+                "call_id": "call_6",
+                "name": "lookup",
+                "arguments": '{"q": "yak"}',
+            },
+        ],
+        tool_calls=[{"name": "lookup", "args": {"q": "yak"}, "id": "call_6"}],
+        id="a6",
+        response_metadata={"output_version": "responses/v1"},
+    ),
 ]
 
 
@@ -424,3 +448,45 @@ def test_anthropics_chat_model_through_the_middleware_counts_each_call_once() ->
     assert bodies[1]["messages"][2]["content"][0]["tool_use_id"] == "toolu_01"
     audit = middleware.last_audit
     assert audit is not None and audit.input_tokens <= 800
+
+
+@pytest.mark.parametrize(
+    ("kind", "block", "key"),
+    [
+        ("tool_use", {"id": "c1", "name": "bash"}, "input"),
+        ("tool_call", {"id": "c1", "name": "bash"}, "args"),
+        ("function_call", {"id": "fc_1", "call_id": "c1", "name": "bash"}, "arguments"),
+    ],
+)
+def test_a_call_repeated_in_the_content_is_counted_once_and_goes_back_cut(
+    kind: str, block: dict[str, Any], key: str
+) -> None:
+    """Each content block that repeats a call of ``tool_calls`` (Anthropic's ``tool_use``,
+    LangChain's standard ``tool_call``, OpenAI Responses' ``function_call``) is the call
+    once: counted as the message without it, and when the build cuts the call's
+    arguments the block goes back in its place holding them cut, in its own form."""
+    from ctxwarden.core.tokens.counter import TokenCounter
+    from ctxwarden.integrations._langchain_messages import message_back
+
+    heredoc = "cat > big.py <<'EOF'\n" + "x = 1\n" * 2000 + "EOF"
+    args = {"command": heredoc}
+    own = json.dumps(args) if key == "arguments" else args
+    content = [{"type": "text", "text": "Writing it."}, {"type": kind, **block, key: own}]
+    call = {"name": "bash", "args": args, "id": "c1", "type": "tool_call"}
+    ai = AIMessage(content, tool_calls=[call], id="ai1")  # type: ignore[arg-type]
+    counter = TokenCounter.for_model("gpt-4o")
+    plain = AIMessage("Writing it.", tool_calls=[call], id="ai1")
+    assert counter.count_message(message_from_langchain(ai)) == counter.count_message(
+        message_from_langchain(plain)
+    )
+    history = [HumanMessage("Write big.py.", id="h1"), ai,
+               ToolMessage("written", tool_call_id="c1", id="t1")]  # fmt: skip
+    ours, originals = convert_history(SystemMessage("You are a coding agent."), history)
+    built = ctxwarden.build_context(ours, "gpt-4o", 600)
+    sent = next(m for m in (message_back(m, originals) for m in built.messages) if m.type == "ai")
+    assert isinstance(sent, AIMessage) and len(sent.content) == 2
+    back = sent.content[1]
+    assert isinstance(back, dict) and back["type"] == kind and back.get("id") == block["id"]
+    cut = json.loads(back[key]) if key == "arguments" else back[key]
+    assert cut == sent.tool_calls[0]["args"] and len(cut["command"]) < len(heredoc)
+    assert ai.content[1][key] == own  # type: ignore[index]  # the state keeps the original

@@ -7,10 +7,12 @@ one model call, the built messages map back to the very objects the request held
 (:func:`message_back`); a masked or truncated tool result is a copy with its new content,
 and an AI message whose call the build cut (its last resort) a copy with the cut arguments.
 
-An AI message from Anthropic's chat model holds each call twice: as a ``tool_use`` block of
-its content and in ``tool_calls``. The call is ours once (a tool call: counted once, its
-arguments the eviction can cut); the block waits under ``meta["langchain"]["tool_use"]``
-and goes back in its place, its ``input`` the call's arguments as built.
+An AI message may hold each call twice: in ``tool_calls`` and as a block of its content
+(Anthropic's chat model: ``tool_use``; LangChain's standard ``v1`` content: ``tool_call``;
+OpenAI's Responses API in ``responses/v1``: ``function_call``). The call is ours once (a
+tool call: counted once, its arguments the eviction can cut); the block waits under
+``meta["langchain"]["call_blocks"]`` and goes back in its place, holding the call's
+arguments as built.
 """
 
 from __future__ import annotations
@@ -52,6 +54,13 @@ _CLASSES: dict[str, type[BaseMessage]] = {
 }
 _BY_ROLE = {"system": "system", "user": "human", "assistant": "ai", "tool": "tool"}
 _MODELLED = {"content", "id", "name", "tool_calls", "tool_call_id", "type"}
+#: Content blocks that repeat a call of ``tool_calls``: type -> (the key of the call's id,
+#: the key of its arguments). ``arguments`` is JSON text, the others an object.
+_CALL_BLOCKS = {
+    "tool_use": ("id", "input"),
+    "tool_call": ("id", "args"),
+    "function_call": ("call_id", "arguments"),
+}
 
 
 # -- conversion -----------------------------------------------------------------------------
@@ -123,9 +132,9 @@ def message_from_langchain(message: BaseMessage, *, index: int = 0) -> Message:
             ToolCall(id=c.get("id") or "", name=c["name"], arguments=json.dumps(c["args"]))
             for c in message.tool_calls
         )
-        content, uses = _without_call_blocks(content, {c.id for c in calls if c.id})
-        if uses:
-            info["tool_use"] = uses
+        content, blocks = _without_call_blocks(content, {c.id for c in calls if c.id})
+        if blocks:
+            info["call_blocks"] = blocks
     try:
         return Message(
             role=role,  # type: ignore[arg-type]
@@ -140,34 +149,39 @@ def message_from_langchain(message: BaseMessage, *, index: int = 0) -> Message:
         raise InvalidMessageError(exc.reason, index=index, field=exc.field) from None
 
 
+def _call_block_id(block: Any) -> str | None:
+    """The id of the call a content block repeats (None: the block is no call)."""
+    if not isinstance(block, Mapping):
+        return None
+    keys = _CALL_BLOCKS.get(str(block.get("type")))
+    found = block.get(keys[0]) if keys else None
+    return found if isinstance(found, str) else None
+
+
 def _without_call_blocks(content: Any, ids: set[str]) -> tuple[Any, list[list[Any]]]:
-    """``content`` without its ``tool_use`` blocks of the calls ``ids`` names, and those
+    """``content`` without its blocks that repeat the calls ``ids`` names, and those
     blocks with their places (``[index, block]``: JSON, a session stores them)."""
     if isinstance(content, str) or not ids:
         return content, []
     kept: list[Any] = []
-    uses: list[list[Any]] = []
+    blocks: list[list[Any]] = []
     for i, block in enumerate(content):
-        if (
-            isinstance(block, Mapping)
-            and block.get("type") == "tool_use"
-            and block.get("id") in ids
-        ):
-            uses.append([i, dict(block)])
+        if _call_block_id(block) in ids:
+            blocks.append([i, dict(block)])
         else:
             kept.append(block)
-    if not uses:
+    if not blocks:
         return content, []
-    return (kept or ""), uses
+    return (kept or ""), blocks
 
 
 def _content_back(message: Message) -> str | list[str | dict[str, Any]]:
-    """The LangChain content of ``message``: its parts, and each ``tool_use`` block set
-    aside on the way in back in its place, its ``input`` the arguments of the call as
-    built (the eviction may have cut them; a block whose call is gone stays out)."""
+    """The LangChain content of ``message``: its parts, and each call's block set aside
+    on the way in back in its place, holding the arguments of the call as built (the
+    eviction may have cut them; a block whose call is gone stays out)."""
     content = _content_to(message.content)
-    uses = (message.meta.get("langchain") or {}).get("tool_use")
-    if not uses:
+    blocks = (message.meta.get("langchain") or {}).get("call_blocks")
+    if not blocks:
         return content
     out: list[str | dict[str, Any]]
     if isinstance(content, str):  # (the text a cut left, or none beside the calls)
@@ -175,13 +189,14 @@ def _content_back(message: Message) -> str | list[str | dict[str, Any]]:
     else:
         out = list(content)
     built = {c.id: c for c in message.tool_calls}
-    for at, block in uses:
-        call = built.get(block.get("id"))
+    for at, block in blocks:
+        call = built.get(_call_block_id(block) or "")
         if call is None:
             continue
-        arguments = call.parsed_arguments()
-        if block.get("input") != arguments:
-            block = {**block, "input": arguments}
+        key = _CALL_BLOCKS[block["type"]][1]
+        arguments = call.arguments if key == "arguments" else call.parsed_arguments()
+        if block.get(key) != arguments:
+            block = {**block, key: arguments}
         out.insert(min(at, len(out)), block)
     return out
 
@@ -240,7 +255,7 @@ def message_back(m: Message, originals: Mapping[str, tuple[BaseMessage, Message]
 def _calls_back(lc: AIMessage, m: Message) -> dict[str, Any]:
     """An AI message's calls as the build sent them (the eviction's last resort cuts the
     newest call's arguments): in ``tool_calls``, and in OpenAI's raw ``additional_kwargs``
-    where a client reads them instead (a ``tool_use`` block of the content:
+    where a client reads them instead (a block of the content that repeats a call:
     :func:`_content_back`)."""
     built = {c.id: c for c in m.tool_calls}
     update: dict[str, Any] = {
