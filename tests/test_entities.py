@@ -601,3 +601,21 @@ def test_ledgers_stored_before_kinds_were_marked_load_marked() -> None:
     loaded = EntityLedger.from_dict(stored)
     assert loaded.entries == now.entries
     assert loaded.render(25, count) == now.render(25, count)
+
+
+def test_markup_tags_are_not_values() -> None:
+    """A harness wraps a tool's output and a task in tags (``<returncode>0</returncode>``,
+    ``<output_head>``, ``<pr_description>``): a closing tag is no path and a tag's name no
+    identifier (every coding result had put ``/returncode``, ``/output`` and ``output_head``
+    in the ledger, repeated so often that they ranked first). What the tags wrap is read as
+    before, and a comparison written without spaces still names its identifier."""
+    text = (
+        "<returncode>0</returncode>\n<output_head>\nfoo_bar = 1 in django/db/models.py and"
+        " /testbed/x.py\n</output_head>\n<pr_description>Fix it</pr_description>\n"
+        "if size<max_len: pass"
+    )
+    found = {e.value: e.category for e in extract_from_text(text)}
+    for tag in ("/returncode", "/output_head", "/pr_description", "output_head", "pr_description"):
+        assert tag not in found, tag
+    assert found["django/db/models.py"] == "path" and found["/testbed/x.py"] == "path"
+    assert found["foo_bar"] == "identifier" and found["max_len"] == "identifier"

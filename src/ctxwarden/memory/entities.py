@@ -287,6 +287,12 @@ def extract_from_text(text: str, source_id: str = "", origin: str = "") -> list[
     return [_entity(v, c, source_id, c, origin) for v, c in _text_values(text).items()]
 
 
+def _tag_name(text: str, start: int, end: int) -> bool:
+    """Whether ``text[start:end]`` names a markup tag (``<output_head>``, ``</pr_description>``):
+    the wrapping a harness puts around a tool's output or a task, not a value of it."""
+    return text[end : end + 1] == ">" and text[max(start - 2, 0) : start].endswith(("<", "</"))
+
+
 def _text_values(text: str) -> dict[str, str]:
     """:func:`extract_from_text`'s values and their categories, in its order."""
     if len(text) > MAX_SCAN_CHARS:
@@ -326,7 +332,7 @@ def _text_values(text: str) -> dict[str, str]:
             if category == "date-written":
                 category_out = "date"
             elif category == "identifier":
-                if len(value) < 4:
+                if len(value) < 4 or _tag_name(text, m.start(), m.end()):
                     continue
                 category_out = _identifier_category(value)
             elif category == "id":
