@@ -251,7 +251,7 @@ ROUND_TRIP = [
                 "id": "fc_1",
                 "call_id": "call_6",
                 "name": "lookup",
-                "arguments": '{"q": "yak"}',
+                "arguments": '{"q":"yak"}',
             },
         ],
         tool_calls=[{"name": "lookup", "args": {"q": "yak"}, "id": "call_6"}],

@@ -194,11 +194,25 @@ def _content_back(message: Message) -> str | list[str | dict[str, Any]]:
         if call is None:
             continue
         key = _CALL_BLOCKS[block["type"]][1]
-        arguments = call.arguments if key == "arguments" else call.parsed_arguments()
-        if block.get(key) != arguments:
-            block = {**block, key: arguments}
+        if _held_arguments(block, key) != call.parsed_arguments():  # (the block as it came)
+            block = {
+                **block,
+                key: call.arguments if key == "arguments" else call.parsed_arguments(),
+            }
         out.insert(min(at, len(out)), block)
     return out
+
+
+def _held_arguments(block: Mapping[str, Any], key: str) -> Any:
+    """The arguments a call's block holds, parsed when they are JSON text (the block's
+    own spacing is kept when they are the call's: ``{"q":"yak"}`` is ``{"q": "yak"}``)."""
+    held = block.get(key)
+    if key == "arguments" and isinstance(held, str):
+        try:
+            return json.loads(held)
+        except ValueError:
+            return None
+    return held
 
 
 def message_to_langchain(message: Message) -> BaseMessage:
