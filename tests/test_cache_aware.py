@@ -622,9 +622,10 @@ def test_default_builds_cost_less_than_the_full_history_with_caching_on_coding(
 ) -> None:
     """The 44 dev runs as an agent loop, the default policy for gpt-4o. Measured at
     Anthropic prices: 56.6% @4,000, 68.8% @8,000 (100.1% of the sawtooth window's cost:
-    fails, the target is at or below it; 100.4% before markup tags left the ledger; 68.9% and 100.3% while a long turn's window
-    could not start after its request, whose tokens per call were read over the whole
-    turn; 72.3% before the ledger refilled to its
+    fails, the target is at or below it; 100.4% before markup tags left the ledger;
+    68.9% and 100.3% while a long turn's window could not start after its request,
+    whose tokens per call were read over the whole turn; 72.3% before the ledger
+    refilled to its
     low-water mark, :func:`~ctxwarden.steps.ledger.ledger_low_water`; at gpt-4o's own
     prices 27% and 43%); 75.9%
     and 76.8% while the ledger sat before the task and each compaction wrote the task

@@ -390,7 +390,10 @@ def _bash_tool(outputs: list[str]) -> StructuredTool:
     return StructuredTool.from_function(bash, name="bash", description="Run a shell command.")
 
 
-def test_anthropics_chat_model_through_the_middleware_counts_each_call_once() -> None:
+@pytest.mark.parametrize("stored", [False, True], ids=["state", "session"])
+def test_anthropics_chat_model_through_the_middleware_counts_each_call_once(
+    stored: bool, tmp_path: Any
+) -> None:
     """``ChatAnthropic`` gives each call twice in its AI message: a ``tool_use`` block of
     the content and an entry of ``tool_calls``. Through ``create_agent`` with the real
     chat model against a local server that speaks Anthropic's Messages API: the build
@@ -398,7 +401,7 @@ def test_anthropics_chat_model_through_the_middleware_counts_each_call_once() ->
     when the call outgrows the budget its block goes to Anthropic cut, in its place after
     the text, once. Before, the block was a part beside the call: counted twice, the call
     block was dropped from the request whole (the model saw neither its call nor the
-    result it asked for)."""
+    result it asked for). The same with ``session=``: built from the stored messages."""
     pytest.importorskip("langchain_anthropic", reason="needs langchain-anthropic (dev extra)")
     from langchain_anthropic import ChatAnthropic
     from llm_servers import Reply, ScriptedServer
@@ -421,7 +424,10 @@ def test_anthropics_chat_model_through_the_middleware_counts_each_call_once() ->
         chat = ChatAnthropic(
             model="claude-haiku-4-5", base_url=server.url, api_key="sk-ant-test", max_retries=0
         )  # type: ignore[call-arg]
-        middleware = ContextMiddleware(model="claude-haiku-4-5", max_input_tokens=800)
+        session = ctxwarden.Session(f"sqlite:///{tmp_path / 's.db'}", "a1") if stored else None
+        middleware = ContextMiddleware(
+            model="claude-haiku-4-5", max_input_tokens=800, session=session
+        )
         outputs: list[str] = []
         agent = create_agent(chat, [_bash_tool(outputs)], system_prompt="You are a coding agent.",
                              middleware=[middleware])  # fmt: skip
