@@ -410,10 +410,19 @@ class EntityLedger:
     def branch(self) -> EntityLedger:
         """The same ledger with an index of its own: grow it without making the ledger
         it came from rebuild its index on its next ``add`` (a side branch). Its renders
-        are the same texts, so the render memo is shared."""
+        are the same texts, so the render memo is shared, and so are what the user stated
+        and the kinds the agent passed (the same entries: not found again)."""
         index, tiers, renders = dict(self._index), self._tiers, self._renders
         return EntityLedger(
-            self.entries, self.seq, self.header, index, tiers, _renders=renders, _ranks=self._ranks
+            self.entries,
+            self.seq,
+            self.header,
+            index,
+            tiers,
+            _stated=self._stated,
+            _kinds=self._kinds,
+            _renders=renders,
+            _ranks=self._ranks,
         )
 
     def grown(
@@ -457,12 +466,14 @@ class EntityLedger:
             raise ValueError(f"not a stored entity ledger ({type(exc).__name__}: {exc})") from exc
         ledger = cls(entries, seq, header)
         # a ledger stored before kinds were marked: its values of a passed kind, marked
-        marked = list(entries)
-        if _mark_kinds(
-            marked, [[] for _ in range(_TIERS)], list(ledger._ranks), ledger._passed_kinds()
-        ):
-            return cls(tuple(marked), seq, header)
-        return ledger
+        kinds = ledger._passed_kinds()
+        marked = tuple(
+            e
+            if e.marks & KIND or kind_of(e.label) not in kinds
+            else e._replace(marks=e.marks | KIND)
+            for e in entries
+        )
+        return ledger if marked == entries else cls(marked, seq, header)
 
     def stated(self) -> list[str]:
         """The values the user stated or that match them, in first-seen order."""
@@ -727,21 +738,18 @@ def _mark_kinds(
     entries: list[LedgerEntry],
     tiers: list[list[tuple[int, int]]],
     ranks: list[int],
-    new_kinds: set[str] | frozenset[str],
-) -> bool:
+    new_kinds: set[str],
+) -> None:
     """Mark every entry of one of ``new_kinds`` (kinds the agent passed for the first
-    time) as of a passed kind; whether any was. Rare: once per kind in a conversation."""
-    changed = False
+    time) as of a passed kind. Rare: once per kind in a conversation."""
     for i, entry in enumerate(entries):
         if entry.marks & KIND or kind_of(entry.label) not in new_kinds:
             continue
         entries[i] = entry = LedgerEntry(*entry[:7], entry.marks | KIND)
-        changed = True
         r = _rank_of(entry)
         if r != ranks[i]:  # (see _mark_matches: an unchanged rank keeps its pair)
             ranks[i] = r
             bisect.insort(tiers[r], (entry.last_seen, i))
-    return changed
 
 
 def _taking_over(ledger: EntityLedger, items: Sequence[Entity], at: int) -> int:
