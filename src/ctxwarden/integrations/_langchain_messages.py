@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from ctxwarden.core.errors import InvalidMessageError, MissingDependencyError
+from ctxwarden.core.kinds import load_json
 from ctxwarden.core.messages import ImagePart, Message, Part, RawPart, TextPart, ToolCall
 from ctxwarden.integrations._common import stable_id
 
@@ -55,7 +56,7 @@ _CLASSES: dict[str, type[BaseMessage]] = {
 _BY_ROLE = {"system": "system", "user": "human", "assistant": "ai", "tool": "tool"}
 _MODELLED = {"content", "id", "name", "tool_calls", "tool_call_id", "type"}
 #: Content blocks that repeat a call of ``tool_calls``: type -> (the key of the call's id,
-#: the key of its arguments). ``arguments`` is JSON text, the others an object.
+#: the key of its arguments, JSON text or an object).
 _CALL_BLOCKS = {
     "tool_use": ("id", "input"),
     "tool_call": ("id", "args"),
@@ -194,25 +195,12 @@ def _content_back(message: Message) -> str | list[str | dict[str, Any]]:
         if call is None:
             continue
         key = _CALL_BLOCKS[block["type"]][1]
-        if _held_arguments(block, key) != call.parsed_arguments():  # (the block as it came)
-            block = {
-                **block,
-                key: call.arguments if key == "arguments" else call.parsed_arguments(),
-            }
+        held, arguments = block.get(key), call.parsed_arguments()
+        as_text = isinstance(held, str)  # (OpenAI's JSON text; the others an object)
+        if (load_json(held)[1] if as_text else held) != arguments:  # else: as it came
+            block = {**block, key: call.arguments if as_text else arguments}
         out.insert(min(at, len(out)), block)
     return out
-
-
-def _held_arguments(block: Mapping[str, Any], key: str) -> Any:
-    """The arguments a call's block holds, parsed when they are JSON text (the block's
-    own spacing is kept when they are the call's: ``{"q":"yak"}`` is ``{"q": "yak"}``)."""
-    held = block.get(key)
-    if key == "arguments" and isinstance(held, str):
-        try:
-            return json.loads(held)
-        except ValueError:
-            return None
-    return held
 
 
 def message_to_langchain(message: Message) -> BaseMessage:
