@@ -409,6 +409,17 @@ def test_a_body_with_nan_is_refused_as_on_the_other_routes(env: Env) -> None:
     assert len(env.upstream.requests) == sent
 
 
+def _sent_within(env: Env, session: str, items: list[dict[str, Any]], budget: int) -> Any:
+    """The input items upstream got for ``items`` sent under ``budget``, which the proxy's
+    input-token header says it kept."""
+    raw = env.client().responses.with_raw_response.create(
+        model=MODEL, input=items, instructions=INSTRUCTIONS, tools=TOOLS,  # type: ignore[arg-type]
+        extra_headers=hdr(session, budget=budget),
+    )  # fmt: skip
+    assert int(raw.headers["x-ctxwarden-input-tokens"]) <= budget
+    return env.upstream.requests[-1].json["input"]
+
+
 def test_a_function_call_too_big_for_the_budget_goes_upstream_cut_beside_its_output(
     env: Env,
 ) -> None:
@@ -428,12 +439,7 @@ def test_a_function_call_too_big_for_the_budget_goes_upstream_cut_beside_its_out
         call,
         {"type": "function_call_output", "call_id": "call_big", "output": "written"},
     ]
-    raw = env.client().responses.with_raw_response.create(
-        model=MODEL, input=items, instructions=INSTRUCTIONS, tools=TOOLS,  # type: ignore[arg-type]
-        extra_headers=hdr(session, budget=1200),
-    )  # fmt: skip
-    assert int(raw.headers["x-ctxwarden-input-tokens"]) <= 1200
-    sent = env.upstream.requests[-1].json["input"]
+    sent = _sent_within(env, session, items, 1200)
     assert reasoning in sent
     sent_call = next(i for i in sent if i.get("type") == "function_call")
     assert (sent_call["call_id"], sent_call["name"]) == ("call_big", "shell")
@@ -460,12 +466,7 @@ def test_a_custom_tool_call_too_big_for_the_budget_goes_upstream_cut(env: Env) -
         call,
         {"type": "custom_tool_call_output", "call_id": "call_patch", "output": "Done!"},
     ]
-    raw = env.client().responses.with_raw_response.create(
-        model=MODEL, input=items, instructions=INSTRUCTIONS, tools=TOOLS,  # type: ignore[arg-type]
-        extra_headers=hdr(session, budget=1200),
-    )  # fmt: skip
-    assert int(raw.headers["x-ctxwarden-input-tokens"]) <= 1200
-    sent = env.upstream.requests[-1].json["input"]
+    sent = _sent_within(env, session, items, 1200)
     sent_call = next(i for i in sent if i.get("type") == "custom_tool_call")
     assert (sent_call["call_id"], sent_call["name"]) == ("call_patch", "apply_patch")
     assert sent_call["input"].startswith("*** Begin Patch") and len(sent_call["input"]) < len(patch)
