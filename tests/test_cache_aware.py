@@ -590,7 +590,7 @@ def test_explain_shows_the_prefix_and_the_loop_cost(tmp_path: Path) -> None:
 
 # Issue 37's targets that the default does not meet yet: asserted as they are, expected to
 # fail (strict: a change that meets one makes its test fail until this mark goes).
-CODING_8000_MISSED = "issue 37: coding @8,000 costs 100.1% of the sawtooth window (target <= 100%)"
+CODING_8000_MISSED = "issue 37: coding @8,000 costs 100.3% of the sawtooth window (target <= 100%)"
 
 
 @pytest.mark.slow
@@ -621,8 +621,10 @@ def test_default_builds_cost_less_than_the_full_history_with_caching_on_coding(
     budget: int,
 ) -> None:
     """The 44 dev runs as an agent loop, the default policy for gpt-4o. Measured at
-    Anthropic prices: 56.6% @4,000, 68.8% @8,000 (100.1% of the sawtooth window's cost:
-    fails, the target is at or below it; 100.4% before markup tags left the ledger;
+    Anthropic prices: 56.5% @4,000, 68.9% @8,000 (100.3% of the sawtooth window's cost:
+    fails, the target is at or below it; 56.6% and 100.1% while a repeated nag took the
+    sent copy's place and the sent one left between compactions, the held context a
+    little smaller; 100.4% before markup tags left the ledger;
     68.9% and 100.3% while a long turn's window could not start after its request,
     whose tokens per call were read over the whole turn; 72.3% before the ledger
     refilled to its
@@ -659,3 +661,40 @@ def test_a_message_kept_among_dropped_blocks_stays_while_held() -> None:
     )  # blocks were dropped inside a turn
     causes = [b.audit.prefix_break.cause for b in builds if b.audit.prefix_break is not None]
     assert causes and not [c for c in causes if "changed" in c]
+
+
+def test_a_request_repeated_word_for_word_does_not_push_out_the_sent_one() -> None:
+    """An agent's harness repeats its nag ("provide exactly one action") word for word.
+    The first nag, kept while the blocks after it were dropped, stays in the held builds
+    once the second comes: the new copy was never sent, so it does not take the sent
+    one's place (it did, and the first left the window between compactions: "the window
+    changed", a rewrite of everything after it; swebench-mini dev runs 21, 30, 31 and 39
+    @4,000, 26 and 31 @8,000)."""
+    nag = "Please always provide EXACTLY ONE action in triple backticks."
+    history = agent_run(4)
+
+    def steps(first: int, n: int) -> list[Message]:
+        calls = [
+            ToolCall(f"c{i}", "lookup", json.dumps({"order": f"ORD-{i}"}))
+            for i in range(first, first + n)
+        ]
+        return [
+            m
+            for c in calls
+            for m in (
+                Message.assistant("", (c,), id=f"a{c.id}"),
+                Message.tool(f"order {c.arguments}: " + "item " * 120, c.id, id=f"t{c.id}"),
+            )
+        ]
+
+    history += [Message.assistant("Two commands.", id="x1"), Message.user(nag, id="q1")]
+    history += steps(100, 14)
+    history += [Message.assistant("Two more.", id="x2"), Message.user(nag, id="q2")]
+    history += steps(200, 3)
+    builds = loop(history, 2000)
+    assert any(getattr(b.state.memos.get("fit"), "kept_from", "") for b in builds)
+    assert not [c for c in _causes(builds) if "changed" in c]
+    at = [k for k, m in enumerate(history) if m.role == "assistant"]  # where loop() built
+    q2 = next(k for k, m in enumerate(history) if m.id == "q2")
+    after_q2 = [b for k, b in zip(at, builds, strict=True) if k > q2]
+    assert after_q2 and all("q1" in [m.id for m in b.messages] for b in after_q2)

@@ -192,7 +192,7 @@ def sticky_drops(
     if cut == 0:
         return draft, ()
     blocks = group_blocks(draft.window[:cut])
-    keeps = _still_sent(blocks, draft, cut, _sent_digests(ctx))
+    keeps = _still_sent(blocks, draft, cut, _sent_digests(ctx), ctx.previous.history_length)
     kept: list[Message] = []
     actions: list[Action] = []
     for block, keep in zip(blocks, keeps, strict=True):
@@ -208,15 +208,22 @@ def sticky_drops(
     return draft.but(window=(*kept, *draft.window[cut:])), tuple(actions)
 
 
-def _still_sent(blocks: Sequence[Block], draft: Draft, cut: int, sent: Counter[str]) -> list[bool]:
+def _still_sent(
+    blocks: Sequence[Block], draft: Draft, cut: int, sent: Counter[str], new_from: int
+) -> list[bool]:
     """Which of the ``blocks`` before the window's ``cut`` stay: the protected ones, and
     between compactions those the previous context sent (``sent``: its digests). Each
     sent copy vouches for one message: first for the messages kept anyway (from ``cut``
-    on, the protected blocks), then for the other blocks newest first (:func:`_claim`)."""
+    on, the protected blocks), then for the other blocks newest first (:func:`_claim`).
+    A message new to this build (``draft.history[new_from:]``) was not sent, so it takes
+    no copy: the harness's "provide exactly one action", repeated as the new request,
+    had taken the copy of the older one the previous context sent, which then left the
+    window between compactions (a rewrite of everything after it)."""
     keeps = [any(m.id in draft.protected for m in b.messages) for b in blocks]
     if not sent:
         return keeps
-    sent.subtract(m.fingerprint[:PREFIX_DIGITS] for m in draft.window[cut:])
+    new = {m.id for m in draft.history[new_from:]}
+    sent.subtract(m.fingerprint[:PREFIX_DIGITS] for m in draft.window[cut:] if m.id not in new)
     for block, keep in zip(blocks, keeps, strict=True):
         if keep:
             sent.subtract(m.fingerprint[:PREFIX_DIGITS] for m in block.messages)
