@@ -619,6 +619,40 @@ def test_no_default_build_of_the_dev_traces_drops_the_newest_call_block(
         assert (coding.newest_dropped, coding.violations, coding.over_budget) == (0, 0, 0)
 
 
+def test_the_newest_calls_cut_prose_lists_the_names_it_cut() -> None:
+    """The newest call's text, cut head and tail to fit, lists the paths and names of its
+    cut middle, as a cut result does, in the room the cut leaves: the next command reuses
+    what the reasoning settled on (swebench-mini dev @4,000, responses-client runs:
+    retention .9619 -> .9643; the cut is no longer, the block fits the same budget)."""
+    middle = " ".join(f"Step {i}: the handler may skip it." for i in range(200))
+    thought = (
+        "THOUGHT: Let me look at the handler first. "
+        + middle
+        + " The fix belongs in django/core/handlers/exception.py at convert_exception_to_response. "
+        + middle
+        + " So I read the file."
+    )
+    command = json.dumps({"command": "sed -n '1,40p' django/core/handlers/base.py"})
+    h = [
+        Message.system("You are a coding agent."),
+        Message.user("Fix the middleware bug."),
+        Message.assistant(thought, tool_calls=(ToolCall("c1", "bash", command),)),
+        Message.tool("    1  def load_middleware(self, is_async=False):", tool_call_id="c1"),
+    ]
+    built = build_context(h, "gpt-4o", 1000)
+    assert built.input_tokens <= 1000
+    call = next(m for m in built.messages if m.tool_calls)
+    assert call.tool_calls == h[2].tool_calls and len(call.text) < len(thought)
+    head, _, listing = call.text.rpartition("\n[values in the cut part: ")
+    assert "django/core/handlers/exception.py" not in head  # cut from the prose ...
+    assert "django/core/handlers/exception.py" in listing  # ... and listed after it
+    assert "convert_exception_to_response" in listing
+    assert "django/core/handlers/base.py" not in listing  # the call's own, shown whole
+    off = Policy.from_toml("[truncate]\ncut_values_tokens = 0\n")
+    plain = next(m for m in build_context(h, "gpt-4o", 1000, policy=off).messages if m.tool_calls)
+    assert "values in the cut part" not in plain.text and len(plain.text) < len(thought)
+
+
 def test_the_newest_calls_prose_beside_a_thinking_block_is_cut_the_block_kept() -> None:
     """The newest call's text is cut the same when it is one text part beside other parts
     (a signed thinking block, a reasoning item): the text part cut, the others as they came."""

@@ -9,7 +9,11 @@ warning (drift is silent; the audit makes it visible):
    calls whole: the results the model asked for matter more than its own prose about
    asking (swebench-mini dev @4,000: 19 builds dropped the newest call block whole, a
    3,000-token thought beside a 20-token command; with this, 4, and retention
-   0.952 -> 0.959; @8,000 0.985 -> 0.986);
+   0.952 -> 0.959; @8,000 0.985 -> 0.986). The cut lists the paths, names and values of
+   its cut middle as a cut result does (:mod:`~ctxwarden.cutters.values`), in the room
+   the list takes from the cut (a quarter of it at most, ``truncate.cut_values_tokens``:
+   0 lists nothing): the next command reuses what the reasoning settled on (the same
+   runs as a Responses client sends them, @4,000: 0.9619 -> 0.9643);
 2. the tool results of the newest call block are cut to share what is left (never to
    something longer: a short result with its values listed grows);
 3. the entity ledger is rendered smaller;
@@ -51,9 +55,10 @@ from ctxwarden.core.messages import Message, TextPart, sole_text
 from ctxwarden.core.pairing import group_blocks
 from ctxwarden.cutters.json_doc import truncate_json
 from ctxwarden.cutters.text import truncate_text
+from ctxwarden.cutters.values import with_cut_values
 from ctxwarden.steps.base import Action, Draft, Edit, StepContext, StepResult
 from ctxwarden.steps.priority import eviction_order
-from ctxwarden.steps.truncate import cut_to_share
+from ctxwarden.steps.truncate import TruncateToolResults, cut_to_share
 from ctxwarden.steps.window import is_pinned
 
 __all__ = ["PROSE_KEPT", "EvictStep", "context_tokens"]
@@ -207,6 +212,8 @@ class EvictStep:
         part (a reasoning item, a signed thinking block: sent as they came)."""
         count_text = ctx.counter.count_text
 
+        base = ctx.policy.truncate or TruncateToolResults()
+
         def cut(m: Message, over: int) -> Message | None:
             prose = sole_text(m)
             if not prose:
@@ -215,8 +222,20 @@ class EvictStep:
             keep = max(total - over, PROSE_KEPT)
             if keep >= total:
                 return None
-            text = truncate_text(prose, target_tokens=keep, count=count_text, total=total)
-            return _with_prose(m, text) if text != prose else None
+            listing = min(base.cut_values_tokens, keep // 4)
+            text = truncate_text(prose, target_tokens=keep - listing, count=count_text, total=total)
+            if text == prose:
+                return None
+            if listing:  # what it cut, listed in the room the list was kept (else the cut's)
+                text, listed = with_cut_values(
+                    Message.assistant(prose, id=m.id),
+                    text,
+                    max_tokens=keep - count_text(text),
+                    count=count_text,
+                )
+                if not listed:
+                    text = truncate_text(prose, target_tokens=keep, count=count_text, total=total)
+            return _with_prose(m, text)
 
         what = (
             "the newest tool call's own text cut: the budget cannot hold it whole",

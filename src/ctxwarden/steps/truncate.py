@@ -158,7 +158,9 @@ class TruncateToolResults:
     ``cut_values_tokens`` more tokens (0 turns it off; see
     :mod:`~ctxwarden.cutters.values`): the agent keeps them while the result is
     in the window, and the entity ledger — whose changes would break the cached prefix —
-    takes them only once the result is masked or leaves.
+    takes them only once the result is masked or leaves. The eviction step's cut of the
+    newest call's own text lists its cut values the same way, within the same setting
+    (:mod:`~ctxwarden.steps.evict`).
 
     ``max_chars`` caps how much of one result is examined (the first and last parts of a
     longer one; JSON is parsed whole up to 16 times that). ``count_text`` (a text
