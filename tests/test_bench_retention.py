@@ -19,7 +19,13 @@ from ctxwarden_bench.retention import (
     newest_kept,
     plain_builder,
 )
-from ctxwarden_bench.swebench import distinctive, load_swebench, needed_tokens, swebench_retention
+from ctxwarden_bench.swebench import (
+    distinctive,
+    group_of,
+    load_swebench,
+    needed_tokens,
+    swebench_retention,
+)
 from ctxwarden_bench.traces import needed_values
 
 DATA = Path(os.environ.get("CTXWARDEN_DATA", Path(__file__).parents[2] / "shared" / "data"))
@@ -52,6 +58,30 @@ def test_swebench_needed_tokens_follow_the_data_readme() -> None:
     assert needed_tokens(command, earlier, given) == ["src/pkg/core_utils.py"]
     assert distinctive("parseArgs") and distinctive("1234") and not distinctive("grep")
     assert not distinctive("a.b")  # shorter than 4
+
+
+def test_swebench_names_leave_out_a_sentences_full_stop_and_a_call_chains_dot() -> None:
+    """The README's split keeps ``.``, so a word that ends a sentence (``expected.``)
+    and a method called on a call's result (``.strip``) are needed tokens wherever an
+    earlier message ends a sentence with the word or calls the method: the measure
+    asked counts them, the names column leaves them out."""
+    command = "python -c \"print(run().strip()); print('works as expected.')\" src/pkg/a.py"
+    earlier = Mentions(
+        [Message.user("It works as expected. Then x.strip() and .strip src/pkg/a.py")]
+    )
+    found = needed_tokens(command, earlier, Mentions())
+    assert found == [".strip", "expected.", "src/pkg/a.py"]
+    assert [group_of(t, command) for t in found] == ["punctuated", "punctuated", "names"]
+    assert group_of(".gitignore", "cat .gitignore") == "names"  # a dot file is a name
+    run = [
+        Message.system("You run one bash command per turn.", id="s"),
+        Message.user("Fix it.", id="task"),
+        bash("c1", "ls", "a1"),
+        Message.tool("src/pkg/a.py works as expected. Use x.strip()", "c1", id="t1"),
+        bash("c2", command, "a2"),
+    ]
+    row = swebench_retention([run], 100_000, plain_builder()).to_json()
+    assert (row["values_names"], row["values_punctuated"], row["retention_names"]) == (1, 1, 1.0)
 
 
 def test_swebench_retention_drops_what_a_small_window_cannot_hold() -> None:

@@ -456,11 +456,14 @@ def _cache_cells(row: Mapping[str, Any]) -> list[str]:
 
 
 def _retention_table(scenario: Mapping[str, Any]) -> str:
-    """Retention rows: every needed value, the id subset (tau-bench), reduction, and
-    the invariant and budget checks of the same builds."""
+    """Retention rows: every needed value, the id subset (tau-bench) or the names
+    (swebench-mini: :func:`~ctxwarden_bench.swebench.group_of`), reduction, and the
+    invariant and budget checks of the same builds."""
     rows = scenario["strategies"]
     ids = any("retention_ids" in s for s in rows.values())
-    header = ["strategy", "retention", *(["ids"] if ids else []), "reduction"]
+    names = any("retention_names" in s for s in rows.values())
+    header = ["strategy", "retention", *(["ids"] if ids else []), *(["names"] if names else [])]
+    header.append("reduction")
     header += [*_CACHE_COLUMNS, "violations", "newest dropped", "over budget", "errors"]
     header.append("input tokens")
     return _table(
@@ -470,6 +473,7 @@ def _retention_table(scenario: Mapping[str, Any]) -> str:
                 name,
                 f"{100 * s['retention']:.1f}%",
                 *([f"{100 * s.get('retention_ids', 0):.1f}%"] if ids else []),
+                *([f"{100 * s.get('retention_names', 0):.1f}%"] if names else []),
                 f"{100 * s['reduction']:.1f}%",
                 *_cache_cells(s),
                 str(s["violations"]),

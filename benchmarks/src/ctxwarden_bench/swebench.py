@@ -9,6 +9,8 @@ that occur in the system prompt or the task (the first user message), since ever
 strategy keeps those; keep those that occur verbatim, word-bounded, in an earlier
 message. Retention is the share of those uses still in the built context, by the same
 word-bounded match (:mod:`ctxwarden_bench.retention`); reduction as for tau-bench.
+Beside it, the share of the *names* among them (:func:`group_of`): 112 of the 3,303 uses
+are a word with a sentence's full stop or a method with a call chain's dot.
 
 Measured on the 44-run dev file: 3,303 uses (the README says 3,086; its exact
 tokenisation is not given, and the variants tried, ``\\b`` boundaries, exclusion by
@@ -37,7 +39,14 @@ from ctxwarden_bench.retention import (
     call_retention,
 )
 
-__all__ = ["BUDGETS", "distinctive", "load_swebench", "needed_tokens", "swebench_retention"]
+__all__ = [
+    "BUDGETS",
+    "distinctive",
+    "group_of",
+    "load_swebench",
+    "needed_tokens",
+    "swebench_retention",
+]
 
 BUDGETS = (4000, 8000)
 
@@ -62,8 +71,22 @@ def _needed(m: Message, earlier: Mentions, before: Sequence[Message]) -> list[tu
     for c in m.tool_calls:
         command = c.parsed_arguments().get("command")
         if isinstance(command, str):
-            out += [(t, "tokens") for t in needed_tokens(command, earlier, given)]
+            out += [(t, group_of(t, command)) for t in needed_tokens(command, earlier, given)]
     return out
+
+
+def group_of(token: str, command: str) -> str:
+    """``"punctuated"`` for a needed token that the README's split leaves with a
+    sentence's full stop at its end (``expected.`` of ``print("... as expected.")``) or a
+    call chain's dot at its start (``.strip`` of ``f().strip()``): the measure counts the
+    word or the method, which is no path or name the agent reuses, wherever an earlier
+    message ends a sentence with it or calls it; ``"names"`` for the rest. The bench
+    reports the retention of all of them (the measure asked) and of the names alone."""
+    if token.endswith("."):
+        return "punctuated"
+    if token.startswith(".") and (f"){token}" in command or f"]{token}" in command):
+        return "punctuated"
+    return "names"
 
 
 _GIVEN: dict[str, Mentions] = {}
