@@ -63,8 +63,9 @@ def test_swebench_needed_tokens_follow_the_data_readme() -> None:
 def test_swebench_names_leave_out_a_sentences_full_stop_and_a_call_chains_dot() -> None:
     """The README's split keeps ``.``, so a word that ends a sentence (``expected.``)
     and a method called on a call's result (``.strip``) are needed tokens wherever an
-    earlier message ends a sentence with the word or calls the method: the measure
-    asked counts them, the names column leaves them out."""
+    earlier message ends a sentence with the word or calls the method, and it splits a
+    backslash off an escape, gluing its letter to the word after it: the measure asked
+    counts them, the names column leaves them out."""
     command = "python -c \"print(run().strip()); print('works as expected.')\" src/pkg/a.py"
     earlier = Mentions(
         [Message.user("It works as expected. Then x.strip() and .strip src/pkg/a.py")]
@@ -73,6 +74,9 @@ def test_swebench_names_leave_out_a_sentences_full_stop_and_a_call_chains_dot() 
     assert found == [".strip", "expected.", "src/pkg/a.py"]
     assert [group_of(t, command) for t in found] == ["punctuated", "punctuated", "names"]
     assert group_of(".gitignore", "cat .gitignore") == "names"  # a dot file is a name
+    escaped = 'printf "done\\nos.makedirs\\n" && ls /tmp/nos.makedirs_log'
+    assert group_of("nos.makedirs", escaped) == "punctuated"  # "\\n" glued to a name
+    assert group_of("nos.makedirs", "ls nos.makedirs") == "names"
     run = [
         Message.system("You run one bash command per turn.", id="s"),
         Message.user("Fix it.", id="task"),

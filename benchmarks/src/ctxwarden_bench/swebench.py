@@ -9,8 +9,9 @@ that occur in the system prompt or the task (the first user message), since ever
 strategy keeps those; keep those that occur verbatim, word-bounded, in an earlier
 message. Retention is the share of those uses still in the built context, by the same
 word-bounded match (:mod:`ctxwarden_bench.retention`); reduction as for tau-bench.
-Beside it, the share of the *names* among them (:func:`group_of`): 112 of the 3,303 uses
-are a word with a sentence's full stop or a method with a call chain's dot.
+Beside it, the share of the *names* among them (:func:`group_of`): 127 of the 3,303 uses
+are a word with a sentence's full stop, a method with a call chain's dot, or a name with
+an escape's letter glued to it.
 
 Measured on the 44-run dev file: 3,303 uses (the README says 3,086; its exact
 tokenisation is not given, and the variants tried, ``\\b`` boundaries, exclusion by
@@ -24,6 +25,7 @@ a window that stops at the first block that does not fit keeps 84.2% / 94.0% at
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -77,16 +79,28 @@ def _needed(m: Message, earlier: Mentions, before: Sequence[Message]) -> list[tu
 
 def group_of(token: str, command: str) -> str:
     """``"punctuated"`` for a needed token that the README's split leaves with a
-    sentence's full stop at its end (``expected.`` of ``print("... as expected.")``) or a
-    call chain's dot at its start (``.strip`` of ``f().strip()``): the measure counts the
-    word or the method, which is no path or name the agent reuses, wherever an earlier
-    message ends a sentence with it or calls it; ``"names"`` for the rest. The bench
-    reports the retention of all of them (the measure asked) and of the names alone."""
+    sentence's full stop at its end (``expected.`` of ``print("... as expected.")``), a
+    call chain's dot at its start (``.strip`` of ``f().strip()``) or an escape's letter
+    glued to it (``nos.makedirs`` of ``"\\nos.makedirs(d)"``): the measure counts the
+    word, the method or the glued token, no path or name the agent reuses, wherever an
+    earlier message ends a sentence with it, calls it or holds the same escape;
+    ``"names"`` for the rest. The bench reports the retention of all of them (the
+    measure asked) and of the names alone."""
     if token.endswith("."):
         return "punctuated"
     if token.startswith(".") and (f"){token}" in command or f"]{token}" in command):
         return "punctuated"
+    if token[:1] in _ESCAPES and _escaped(command, token):
+        return "punctuated"
     return "names"
+
+
+_ESCAPES = frozenset("ntr")  # \n, \t, \r: the split keeps their letter on the next word
+
+
+def _escaped(command: str, token: str) -> bool:
+    """Whether ``token`` follows a backslash in ``command`` (an escape glued to it)."""
+    return re.search(r"\\" + re.escape(token) + r"(?![\w./-])", command) is not None
 
 
 _GIVEN: dict[str, Mentions] = {}
