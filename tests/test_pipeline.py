@@ -565,6 +565,18 @@ def test_the_ledger_takes_back_the_room_a_cut_call_left(tau: list[list[Message]]
     assert any("rendered again" in w for w in loop.audit.warnings)
 
 
+def _one_command(task: str, thought: str, command: str, output: str) -> list[Message]:
+    """A coding agent's first turn: its task, its reasoning beside one bash command, the
+    command's output."""
+    call = ToolCall("c1", "bash", json.dumps({"command": command}))
+    return [
+        Message.system("You are a coding agent."),
+        Message.user(task),
+        Message.assistant(thought, tool_calls=(call,)),
+        Message.tool(output, tool_call_id="c1"),
+    ]
+
+
 def test_a_newest_call_whose_own_text_outgrows_the_budget_keeps_the_call_and_its_result() -> None:
     """A coding agent's long reasoning beside a short command (swebench-mini dev: a
     3,000-token thought before a 20-token ``sed``): the text is cut head and tail, the
@@ -573,13 +585,12 @@ def test_a_newest_call_whose_own_text_outgrows_the_budget_keeps_the_call_and_its
         f"Step {i}: the middleware chain may skip handler_{i} when MiddlewareNotUsed is raised."
         for i in range(300)
     )
-    command = json.dumps({"command": "sed -n '97,140p' django/core/handlers/base.py"})
-    h = [
-        Message.system("You are a coding agent."),
-        Message.user("Fix the middleware bug in django/core/handlers/base.py."),
-        Message.assistant(thought, tool_calls=(ToolCall("c1", "bash", command),)),
-        Message.tool("    97  def load_middleware(self, is_async=False):", tool_call_id="c1"),
-    ]
+    h = _one_command(
+        "Fix the middleware bug in django/core/handlers/base.py.",
+        thought,
+        "sed -n '97,140p' django/core/handlers/base.py",
+        "    97  def load_middleware(self, is_async=False):",
+    )
     built = build_context(h, "gpt-4o", 1000)
     assert built.input_tokens <= 1000
     call = next(m for m in built.messages if m.tool_calls)
@@ -632,13 +643,12 @@ def test_the_newest_calls_cut_prose_lists_the_names_it_cut() -> None:
         + middle
         + " So I read the file."
     )
-    command = json.dumps({"command": "sed -n '1,40p' django/core/handlers/base.py"})
-    h = [
-        Message.system("You are a coding agent."),
-        Message.user("Fix the middleware bug."),
-        Message.assistant(thought, tool_calls=(ToolCall("c1", "bash", command),)),
-        Message.tool("    1  def load_middleware(self, is_async=False):", tool_call_id="c1"),
-    ]
+    h = _one_command(
+        "Fix the middleware bug.",
+        thought,
+        "sed -n '1,40p' django/core/handlers/base.py",
+        "    1  def load_middleware(self, is_async=False):",
+    )
     built = build_context(h, "gpt-4o", 1000)
     assert built.input_tokens <= 1000
     call = next(m for m in built.messages if m.tool_calls)
