@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import re
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -468,10 +468,7 @@ class EntityLedger:
         # a ledger stored before kinds were marked: its values of a passed kind, marked
         kinds = ledger._passed_kinds()
         marked = tuple(
-            e
-            if e.marks & KIND or kind_of(e.label) not in kinds
-            else e._replace(marks=e.marks | KIND)
-            for e in entries
+            e._replace(marks=e.marks | KIND) if _unmarked_of(e, kinds) else e for e in entries
         )
         return ledger if marked == entries else cls(marked, seq, header)
 
@@ -734,6 +731,12 @@ def _of_kind(label: str, marks: int, kinds: frozenset[str], new_kinds: set[str])
     return marks | KIND
 
 
+def _unmarked_of(entry: LedgerEntry, kinds: Set[str]) -> bool:
+    """Whether ``entry`` is of one of ``kinds`` (kinds the agent passed) and not yet
+    marked so."""
+    return not entry.marks & KIND and kind_of(entry.label) in kinds
+
+
 def _mark_kinds(
     entries: list[LedgerEntry],
     tiers: list[list[tuple[int, int]]],
@@ -743,7 +746,7 @@ def _mark_kinds(
     """Mark every entry of one of ``new_kinds`` (kinds the agent passed for the first
     time) as of a passed kind. Rare: once per kind in a conversation."""
     for i, entry in enumerate(entries):
-        if entry.marks & KIND or kind_of(entry.label) not in new_kinds:
+        if not _unmarked_of(entry, new_kinds):
             continue
         entries[i] = entry = LedgerEntry(*entry[:7], entry.marks | KIND)
         r = _rank_of(entry)

@@ -58,7 +58,7 @@ from ctxwarden.cutters.text import truncate_text
 from ctxwarden.cutters.values import with_cut_values
 from ctxwarden.steps.base import Action, Draft, Edit, StepContext, StepResult
 from ctxwarden.steps.priority import eviction_order
-from ctxwarden.steps.truncate import TruncateToolResults, cut_to_share
+from ctxwarden.steps.truncate import cut_to_share, cut_values_room
 from ctxwarden.steps.window import is_pinned
 
 __all__ = ["PROSE_KEPT", "EvictStep", "context_tokens"]
@@ -212,7 +212,7 @@ class EvictStep:
         part (a reasoning item, a signed thinking block: sent as they came)."""
         count_text = ctx.counter.count_text
 
-        base = ctx.policy.truncate or TruncateToolResults()
+        room_for_list = cut_values_room(ctx)
 
         def cut(m: Message, over: int) -> Message | None:
             prose = sole_text(m)
@@ -222,7 +222,7 @@ class EvictStep:
             keep = max(total - over, PROSE_KEPT)
             if keep >= total:
                 return None
-            listing = min(base.cut_values_tokens, keep // 4)
+            listing = min(room_for_list, keep // 4)
             text = truncate_text(prose, target_tokens=keep - listing, count=count_text, total=total)
             if text == prose:
                 return None

@@ -76,7 +76,13 @@ from ctxwarden.steps.mask import is_masked
 from ctxwarden.steps.newest import newest_user_text, unanswered_results
 from ctxwarden.steps.tool_rules import as_kind, truncate_rule
 
-__all__ = ["TruncateToolResults", "cut_to_share", "lists_cut_values", "truncated_from"]
+__all__ = [
+    "TruncateToolResults",
+    "cut_to_share",
+    "cut_values_room",
+    "lists_cut_values",
+    "truncated_from",
+]
 
 
 _MEMO: BoundedCache[Hashable, Message] = BoundedCache("truncate.cuts", 4096)
@@ -513,7 +519,7 @@ def cut_to_share(
     tokens out of the share (the result is cut to three quarters of it, or to what
     ``cut_values_tokens`` leaves, and the list has the rest), so the cut and its list
     together stay within ``share``."""
-    base = ctx.policy.truncate or TruncateToolResults()
+    base = _policy_cutter(ctx)
     listing = base.cut_values_tokens if listed else 0
     cutter = replace(base, threshold_tokens=share, target_tokens=share, cut_values_tokens=listing)
     if within and listing:  # the list takes what the cut leaves of the share: cuts land
@@ -524,6 +530,18 @@ def cut_to_share(
             return cut
         cutter = replace(plain, cut_values_tokens=max(share - ctx.count(cut), 0))
     return cutter.truncate(message, ctx.count, ctx.counter.count_text, request, stated)
+
+
+def cut_values_room(ctx: StepContext) -> int:
+    """The tokens a cut may list the values it removed in, as the policy's truncation
+    sets it (``cut_values_tokens``; 0: no list): the eviction step's cut of the newest
+    call's own text asks here rather than reading this step's configuration."""
+    return _policy_cutter(ctx).cut_values_tokens
+
+
+def _policy_cutter(ctx: StepContext) -> TruncateToolResults:
+    """The policy's truncation, or the defaults when it is off."""
+    return ctx.policy.truncate or TruncateToolResults()
 
 
 def _listed(out: Sequence[Message], actions: Sequence[Action]) -> dict[str, Edit]:
