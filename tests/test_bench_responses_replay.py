@@ -64,6 +64,18 @@ def test_what_upstream_got_is_the_library_context_call_for_call(
     assert row["reference_ms_before"] > 0 and row["reference_ms_after"] > 0
 
 
+def test_each_budget_is_replayed_through_a_proxy_of_its_own(tmp_path: Path) -> None:
+    """A proxy that had replayed the runs at one budget would meet every message of the
+    next budget's pass in its caches (entities, token counts, cuts): its CPU per call
+    would be a second sight's, which no message a real proxy receives gets."""
+    out = tmp_path / "figures.json"
+    argv = ["--data", str(SWEBENCH), "--runs", "1", "--budgets", "4000,8000", "--client"]
+    assert main([*argv, "httpx", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["budgets"]
+    assert rows["4000"]["proxy_pid"] != rows["8000"]["proxy_pid"]
+    assert all(r["contexts_equal_to_library"] == r["calls"] > 0 for r in rows.values())
+
+
 def test_a_context_that_differs_fails_the_command(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -6,7 +6,8 @@ Run: ``python -m ctxwarden_bench.responses_replay [--data PATH] [--budgets 4000,
 Each recorded run of the coding agent (``../shared/data/swebench-mini``) is replayed as
 a Responses client would hold it: at every bash call, the agent sends its history up to
 there (the system prompt as ``instructions``, the rest as input items) with
-``client.responses.create`` to ``ctxwarden serve`` (its own process, SQLite in a
+``client.responses.create`` to ``ctxwarden serve`` (a process of its own for each
+budget, so that no message is in its caches before the run sends it; SQLite in a
 temporary file), under ``X-Ctxwarden-Max-Input-Tokens``. The upstream is scripted: it
 records the request the proxy forwarded and answers with the run's own next assistant
 turn as a response (a message and a ``function_call`` item), so the agent's next call
@@ -39,7 +40,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -283,6 +285,22 @@ def _branches(db: str, tenant: str) -> list[str]:
         return sorted(s.session_id for s in store.list_sessions(tenant) if "~b" in s.session_id)
 
 
+@contextmanager
+def _serving(db: str, upstream_url: str, served: Sequence[str]) -> Iterator[tuple[Any, str]]:
+    """``ctxwarden serve`` on ``db`` in a new process, forwarding to ``upstream_url``:
+    the process and its ``/v1`` base URL; stopped on the way out."""
+    port = free_port()
+    proxy = subprocess.Popen(
+        [sys.executable, "-c", "from ctxwarden.cli.main import main; main()", "serve",
+         "--db", db, "--port", str(port), "--upstream", upstream_url, *served],
+    )  # fmt: skip
+    try:
+        _wait(f"http://127.0.0.1:{port}/healthz", proxy)
+        yield proxy, f"http://127.0.0.1:{port}/v1"
+    finally:
+        stop_process(proxy)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ctxwarden_bench.responses_replay",
                                  description=__doc__)  # fmt: skip
@@ -316,30 +334,26 @@ def main(argv: list[str] | None = None) -> int:
         with open_store(db) as store:
             add_tenant(store, tenant, key_hash=hash_key(key), key_prefix=shown_prefix(key))
         upstream = ScriptedUpstream()
-        port = free_port()
         with upstream:
-            proxy = subprocess.Popen(
-                [sys.executable, "-c", "from ctxwarden.cli.main import main; main()", "serve",
-                 "--db", db, "--port", str(port), "--upstream", upstream.url, *served],
-            )  # fmt: skip
-            try:
-                _wait(f"http://127.0.0.1:{port}/healthz", proxy)
-                base = f"http://127.0.0.1:{port}/v1"
-                through, direct = (
-                    Caller(base, key, args.client),
-                    Caller(upstream.url, key, args.client),
-                )
-                print(f"{len(runs)} swebench-mini runs; {'':>6}retention, reduction, "
-                      "pair violations, calls over budget", flush=True)  # fmt: skip
-                print(f"{'builder':<8} {'budget':>6} {'retention':>9} {'reduction':>9} "
-                      f"{'calls':>6} {'violations':>10} {'over':>5}")  # fmt: skip
-                for budget in budgets:
-                    reference = Recorded(engine_builder(MODEL, policy=policy))
-                    library = swebench_retention(runs, budget, reference)
-                    print(_row("library", library, budget), flush=True)
-                    with open_store(f"sqlite:///{Path(tmp) / f'session-{budget}.db'}") as own:
-                        stored = swebench_retention(runs, budget, SessionBuilder(own, policy))
-                    print(_row("session", stored, budget), flush=True)
+            print(f"{len(runs)} swebench-mini runs; {'':>6}retention, reduction, "
+                  "pair violations, calls over budget", flush=True)  # fmt: skip
+            print(f"{'builder':<8} {'budget':>6} {'retention':>9} {'reduction':>9} "
+                  f"{'calls':>6} {'violations':>10} {'over':>5}")  # fmt: skip
+            for budget in budgets:
+                reference = Recorded(engine_builder(MODEL, policy=policy))
+                library = swebench_retention(runs, budget, reference)
+                print(_row("library", library, budget), flush=True)
+                with open_store(f"sqlite:///{Path(tmp) / f'session-{budget}.db'}") as own:
+                    stored = swebench_retention(runs, budget, SessionBuilder(own, policy))
+                print(_row("session", stored, budget), flush=True)
+                # a proxy of its own per budget: one that had replayed these runs at
+                # another budget would find their messages' entities, counts and cuts
+                # in its caches, which no message a real proxy receives does
+                with _serving(db, upstream.url, served) as (proxy, base):
+                    through, direct = (
+                        Caller(base, key, args.client),
+                        Caller(upstream.url, key, args.client),
+                    )
                     builder = ProxyBuilder(through, upstream, runs, direct)
                     sent = Recorded(builder)
                     speed0 = reference_ms()
@@ -348,41 +362,38 @@ def main(argv: list[str] | None = None) -> int:
                     cpu = seconds_between(cpu0, read_cpu(proxy.pid))
                     built1 = _build_seconds(base, "responses")
                     speed1 = reference_ms()
-                    calls = max(len(builder.seconds), 1)
-                    build_ms = (built1[0] - built0[0]) / max(built1[1] - built0[1], 1) * 1000
-                    cpu_ms = cpu / calls * 1000
-                    p50 = percentile_ms(builder.seconds, 0.5)
-                    direct_p50 = percentile_ms(builder.direct_seconds, 0.5)
-                    same = sum(
-                        a == b for a, b in zip(reference.contexts, sent.contexts, strict=True)
-                    )
-                    unequal += len(sent.contexts) - same
-                    note = (f"proxy CPU {cpu_ms:.1f} ms/call, sync+build {build_ms:.1f} ms, "
-                            f"{args.client} call p50 {p50:.1f} ms (direct {direct_p50:.1f}: "
-                            f"{p50 - direct_p50:+.1f}), {same}/{len(sent.contexts)} "
-                            "contexts equal to the library's")  # fmt: skip
-                    print(_row("proxy", proxied, budget, note), flush=True)
-                    verdicts = _verdicts(cpu_ms, p50 - direct_p50)
-                    judged = "; ".join(f"{v.target}: {v.word} ({v.figures})" for v in verdicts)
-                    print(f"{'':<8} {budget:>6} {judged} (issue 36); the machine: "
-                          f"reference loop {speed0:.2f} ms before, {speed1:.2f} ms after "
-                          f"(`python -m timeit \"{REFERENCE_LOOP}\"`, lower is faster)",
-                          flush=True)  # fmt: skip
-                    figures["budgets"][str(budget)] = {
-                        "library": library.to_json(), "session": stored.to_json(),
-                        "proxy": proxied.to_json(),
-                        "proxy_cpu_ms_per_call": cpu_ms, "proxy_build_ms": build_ms,
-                        "client": args.client, "call_p50_ms": p50,
-                        "direct_call_p50_ms": direct_p50, "added_p50_ms": p50 - direct_p50,
-                        "calls": len(builder.seconds),
-                        "contexts_equal_to_library": same,
-                        "targets": [v.as_dict() for v in verdicts],
-                        "reference_ms_before": speed0, "reference_ms_after": speed1,
-                    }  # fmt: skip
-                through.close()
-                direct.close()
-            finally:
-                stop_process(proxy)
+                    through.close()
+                    direct.close()
+                calls = max(len(builder.seconds), 1)
+                build_ms = (built1[0] - built0[0]) / max(built1[1] - built0[1], 1) * 1000
+                cpu_ms = cpu / calls * 1000
+                p50 = percentile_ms(builder.seconds, 0.5)
+                direct_p50 = percentile_ms(builder.direct_seconds, 0.5)
+                same = sum(a == b for a, b in zip(reference.contexts, sent.contexts, strict=True))
+                unequal += len(sent.contexts) - same
+                note = (f"proxy CPU {cpu_ms:.1f} ms/call, sync+build {build_ms:.1f} ms, "
+                        f"{args.client} call p50 {p50:.1f} ms (direct {direct_p50:.1f}: "
+                        f"{p50 - direct_p50:+.1f}), {same}/{len(sent.contexts)} "
+                        "contexts equal to the library's")  # fmt: skip
+                print(_row("proxy", proxied, budget, note), flush=True)
+                verdicts = _verdicts(cpu_ms, p50 - direct_p50)
+                judged = "; ".join(f"{v.target}: {v.word} ({v.figures})" for v in verdicts)
+                print(f"{'':<8} {budget:>6} {judged} (issue 36); the machine: "
+                      f"reference loop {speed0:.2f} ms before, {speed1:.2f} ms after "
+                      f"(`python -m timeit \"{REFERENCE_LOOP}\"`, lower is faster)",
+                      flush=True)  # fmt: skip
+                figures["budgets"][str(budget)] = {
+                    "library": library.to_json(), "session": stored.to_json(),
+                    "proxy": proxied.to_json(),
+                    "proxy_cpu_ms_per_call": cpu_ms, "proxy_build_ms": build_ms,
+                    "client": args.client, "call_p50_ms": p50,
+                    "direct_call_p50_ms": direct_p50, "added_p50_ms": p50 - direct_p50,
+                    "calls": len(builder.seconds),
+                    "proxy_pid": proxy.pid,
+                    "contexts_equal_to_library": same,
+                    "targets": [v.as_dict() for v in verdicts],
+                    "reference_ms_before": speed0, "reference_ms_after": speed1,
+                }  # fmt: skip
         branches = _branches(db, tenant)
         figures["branches"] = branches
         print(f"stored sessions: {len(branches)} branches (each call extended its session)")
