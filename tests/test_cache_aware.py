@@ -224,6 +224,93 @@ def test_an_early_compaction_for_held_back_edits_can_be_turned_off() -> None:
     assert off[at].messages != on[at].messages
 
 
+def _full_compactions(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A counter of the compacting builds the engine folds in full (not forecasts)."""
+    import ctxwarden.pipeline.engine as engine
+
+    fold, folded = engine._fold, [0]
+
+    def counted(draft, ctx, steps, pre):  # type: ignore[no-untyped-def]
+        folded[0] += ctx.compacting and not ctx.forecast
+        return fold(draft, ctx, steps, pre)
+
+    monkeypatch.setattr(engine, "_fold", counted)
+    return folded
+
+
+def _always_weighed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ctxwarden.pipeline.engine as engine
+
+    monkeypatch.setattr(engine, "_rewrite_may_pay", lambda *_: True)
+
+
+def test_an_early_compaction_is_foreseen_before_it_is_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A held build with edits held back weighs an early compaction; it first foresees it
+    with the ledger blocks as sent (no ledger rendered, the bulk of a compacting build),
+    and builds it in full only when that forecast is near paying
+    (``engine.FORECAST_MARGIN``). The contexts are those of weighing every one in full."""
+    run = agent_run(40)
+    folded = _full_compactions(monkeypatch)
+    foreseen = loop(run, 2500)
+    built = folded[0]
+    _always_weighed(monkeypatch)
+    folded[0] = 0
+    weighed = loop(run, 2500)
+    assert built < folded[0]  # fewer compactions built in full
+    assert [b.messages for b in foreseen] == [b.messages for b in weighed]
+    assert [b.audit.prefix_break for b in foreseen] == [b.audit.prefix_break for b in weighed]
+    assert any("applying them frees" in c for c in _causes(foreseen))  # (still compacts early)
+
+
+@pytest.mark.skipif(not SWEBENCH.exists(), reason=f"swebench-mini data not found at {SWEBENCH}")
+def test_the_forecast_leaves_the_coding_runs_contexts_as_they_were(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On coding agent runs (swebench-mini dev) at 8,000 tokens, where most calls weigh an
+    early compaction: the same contexts as weighing each one in full, with a fraction of
+    the full compacting builds."""
+    from ctxwarden_bench.responses_replay import Recorded
+    from ctxwarden_bench.swebench import load_swebench, swebench_retention
+
+    runs = load_swebench(SWEBENCH)[:8]
+    folded = _full_compactions(monkeypatch)
+    foreseen = Recorded(engine_builder())
+    swebench_retention(runs, 8000, foreseen)
+    built = folded[0]
+    _always_weighed(monkeypatch)
+    folded[0] = 0
+    weighed = Recorded(engine_builder())
+    swebench_retention(runs, 8000, weighed)
+    assert foreseen.contexts == weighed.contexts
+    assert built < 0.7 * folded[0]
+
+
+def test_a_held_build_whose_window_moves_settles_no_ledger_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A held build whose window must move is not sent (the engine compacts), so its fit
+    stops at the move: no ledger is settled for the moved window in it (a rendering the
+    compacting build does again), and the loop is the same."""
+    import ctxwarden.steps.ledger as ledger
+
+    run = agent_run(40)
+    plain = loop(run, 2500)
+    seen, held = [], ledger.held_ledger
+
+    def spy(start, ctx):  # type: ignore[no-untyped-def]
+        seen.append(ctx.hold and start != ctx.previous.window_start)
+        return held(start, ctx)
+
+    monkeypatch.setattr(ledger, "held_ledger", spy)
+    watched = loop(run, 2500)
+    assert any("window must move" in c for c in _causes(watched))
+    assert seen and not any(seen)
+    assert [b.messages for b in watched] == [b.messages for b in plain]
+    assert _causes(watched) == _causes(plain)
+
+
 def test_between_compactions_every_build_keeps_the_previous_context_whole() -> None:
     builds = loop(agent_run(40), 2500)
     breaks = [b.audit.prefix_break for b in builds[1:] if b.audit.prefix_break is not None]

@@ -352,6 +352,10 @@ class StepContext:
     growth: float = 0.0  # tokens a call adds, on average since the last compaction
     calls: int = 0  # the loop's model calls so far: the whole history's assistant turns
     compacting: bool = False  # a held build could not be sent: this one rewrites
+    # a compaction foreseen, not sent: the entity ledger's blocks are the ones sent
+    # before, neither rendered nor extended (pipeline.engine weighs an early compaction
+    # on it first: the ledger is most of a compacting build's work)
+    forecast: bool = False
     # what the steps foresee of each other, set by the engine from the steps themselves
     # (no step reads another's configuration): see sent_tokens and refill_ratio
     sent: Callable[[Message, int], int] | None = None

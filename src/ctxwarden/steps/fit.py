@@ -142,6 +142,11 @@ class FitStep:
                 break  # nothing left to drop: every further try is this one again
             start, pinned = moved
             blocks = [b for b in blocks if pos[b.head.id] >= start]  # the rest is pinned now
+            if ctx.hold and dropped:
+                # a held build whose window moves is not sent: the engine compacts
+                # (compaction.held_cause), and a ledger settled with the moved window
+                # (rendered anew: it is not the one sent) would be built for nothing
+                break
         window = draft.window if blocks is None else tuple(m for b in blocks for m in b.messages)
         new = draft.but(
             start=start,

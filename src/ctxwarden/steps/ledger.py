@@ -55,6 +55,7 @@ __all__ = [
     "ledger_of",
     "ledger_sources",
     "seed_tag",
+    "sent_ledger",
     "shown_blocks",
     "shown_values",
     "stacked_ledger",
@@ -563,6 +564,8 @@ class _Settling:
         (:func:`held_ledger`), after a compaction the block sent before and the values
         it does not show (:func:`stacked_ledger`), else the block rendered now."""
         h, start, pinned, ctx = draft.history, draft.start, draft.pinned, self.ctx
+        if ctx.forecast:  # a compaction foreseen: the blocks as sent, nothing extended
+            return sent_ledger(ctx)
         held = held_ledger(start if draft.reopened is None else draft.reopened, ctx)
         if held is not None:  # no block to render: extend the ledger for the next build
             self.builder.extend(h, self.first, start, pinned)
@@ -628,7 +631,7 @@ def shown_blocks(draft: Draft) -> list[Message]:
     return [*draft.system, *(m for name, m in draft.layers if name == "facts")]
 
 
-def held_ledger(start: int, ctx: StepContext) -> tuple[Message | None, Message] | None:
+def held_ledger(start: int, ctx: StepContext) -> tuple[Message | None, Message | None] | None:
     """Between compactions (``ctx.hold``, :mod:`ctxwarden.pipeline.compaction`) the ledger
     blocks are the ones the previous context sent (kept in its state, so a replica holds
     the same), while the window has not moved: a new result cut on arrival adds its values
@@ -637,6 +640,15 @@ def held_ledger(start: int, ctx: StepContext) -> tuple[Message | None, Message] 
     previous = ctx.previous
     if not ctx.hold or previous.window_start != start or not previous.ledger_sent:
         return None
+    return sent_ledger(ctx)
+
+
+def sent_ledger(ctx: StepContext) -> tuple[Message | None, Message | None]:
+    """The ledger blocks the previous context sent (``(kept, more)`` or ``(None, block)``;
+    ``(None, None)``: none)."""
+    previous = ctx.previous
+    if not previous.ledger_sent:
+        return None, None
     if previous.ledger_base_sent:
         base = system_block(previous.ledger_base_sent, LEDGER_ID)
         return base, system_block(previous.ledger_sent, LEDGER_MORE_ID)
