@@ -311,6 +311,34 @@ def test_a_held_build_whose_window_moves_settles_no_ledger_for_it(
     assert _causes(watched) == _causes(plain)
 
 
+def test_a_compaction_settles_no_ledger_for_a_window_it_moves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the window's low-water mark does not depend on the ledger's blocks (a ledger
+    with a low-water mark, counted exactly: ``EntityLedgerBlocks.compaction_share``), a
+    compaction whose window must move settles the ledger only for the window it moves
+    to: the same contexts and breaks as settling it for both, with fewer settlings."""
+    import ctxwarden.steps.ledger as ledger
+
+    run = agent_run(60, result_tokens=400)
+    settled, blocks = [0], ledger._Settling.blocks
+
+    def counted(self, draft, window):  # type: ignore[no-untyped-def]
+        settled[0] += self.ctx.compacting and not self.ctx.forecast
+        return blocks(self, draft, window)
+
+    monkeypatch.setattr(ledger._Settling, "blocks", counted)
+    moved = loop(run, 8000)
+    fewer = settled[0]
+    monkeypatch.setattr(ledger.EntityLedgerBlocks, "compaction_share", lambda *_: None)
+    settled[0] = 0
+    both = loop(run, 8000)
+    assert any("window must move" in c for c in _causes(moved))
+    assert 0 < fewer < settled[0]
+    assert [b.messages for b in moved] == [b.messages for b in both]
+    assert _causes(moved) == _causes(both)
+
+
 def test_between_compactions_every_build_keeps_the_previous_context_whole() -> None:
     builds = loop(agent_run(40), 2500)
     breaks = [b.audit.prefix_break for b in builds[1:] if b.audit.prefix_break is not None]

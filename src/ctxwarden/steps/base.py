@@ -426,6 +426,11 @@ class LedgerBlocks(Protocol):
         low-water mark."""
         ...
 
+    def compaction_share(self, draft: Draft, ctx: StepContext) -> int | None:
+        """What the blocks a compaction sends and their :meth:`regrowth` take together,
+        when that is known before they are settled (``None``: it depends on them)."""
+        ...
+
 
 class LedgerSettling(Protocol):
     """One build's ledger while the fit tries windows (:meth:`LedgerBlocks.settle`)."""

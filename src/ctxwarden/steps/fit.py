@@ -107,31 +107,35 @@ class FitStep:
         for _ in range(5):
             current = draft.but(start=start, pinned=tuple(pinned))
             window = draft.window if blocks is None else [m for b in blocks for m in b.messages]
-            if settling is not None:  # the ledger for this window, as it will be sent
-                base, ledger = settling.blocks(current, window)
-            room = (
-                ctx.budget
-                - fixed
-                - ctx.total(draft.pinned_at(pinned))
-                - ctx.total([m for m in (base, ledger) if m is not None])
-            )
+            free = ctx.budget - fixed - ctx.total(draft.pinned_at(pinned))
             used = ctx.total(window)  # the blocks' messages, in order
-            over_count = limit is not None and capped_count(window, draft) > limit
-            regrowth = 0
-            if ctx.compacting and ledgers is not None:  # room the ledger grows back into
-                regrowth = ledgers.regrowth(draft, ctx, ctx.total([m for m in (base, ledger) if m]))
             # a request the window passed counts with it, as while the window started at
             # it: the low-water mark is what it was then (steps.window.reopened)
             asked = ctx.total(draft.pinned_at([draft.newest])) if draft.newest in pinned else 0
-            low = int((room + asked - regrowth) * ctx.refill_ratio) - asked
-            if used <= room and not over_count and not (ctx.compacting and used > low):
-                break
+            share = (
+                ledgers.compaction_share(draft, ctx)
+                if blocks is None and ledgers is not None and ctx.compacting and not ctx.forecast
+                else None
+            )
+            low = _low_water(free - share, asked, ctx) if share is not None else None
+            if low is None or used <= low:  # (else the window moves whatever the blocks)
+                if settling is not None:  # the ledger for this window, as it will be sent
+                    base, ledger = settling.blocks(current, window)
+                shown = ctx.total([m for m in (base, ledger) if m is not None])
+                room = free - shown
+                over_count = limit is not None and capped_count(window, draft) > limit
+                regrowth = 0
+                if ctx.compacting and ledgers is not None:  # room the ledger grows back into
+                    regrowth = ledgers.regrowth(draft, ctx, shown)
+                low = _low_water(room - regrowth, asked, ctx)
+                if used <= room and not over_count and not (ctx.compacting and used > low):
+                    break
             # the window must move, or a compaction rewrites it anyway: down to the
             # low-water mark, so the next turns append without moving it again
             if blocks is None and cut is None and (cut := cut_in_window(draft)) is not None:
                 draft = cut  # first the task is cut to its share (steps.task)
                 continue
-            target = low if used > room or ctx.compacting else room
+            target = low if ctx.compacting or used > room else room
             grouped = blocks is not None
             if blocks is None:
                 blocks, pos = group_blocks(draft.window), window_positions(draft)
@@ -167,6 +171,13 @@ class FitStep:
         kept = _kept_from(original, window, actions) or _past_request(draft, start)
         new = new.with_memo("fit", FitMemo(kept, in_window))
         return StepResult(new, tuple(actions))
+
+
+def _low_water(room: int, asked: int, ctx: StepContext) -> int:
+    """The window's low-water mark in ``room`` (what the ledger leaves it, less the room
+    the ledger grows back into), a request the window passed (``asked`` tokens) counted
+    with it."""
+    return int((room + asked) * ctx.refill_ratio) - asked
 
 
 EARLIER = "window (earlier build)"

@@ -531,6 +531,23 @@ class EntityLedgerBlocks:
         cap = ledger_cap(draft, ctx)
         return max(cap - shown, 0) if ledger_low_water(cap, ctx) is not None else 0
 
+    def compaction_share(self, draft: Draft, ctx: StepContext) -> int | None:
+        """The ledger's cap, when the blocks a compaction sends are sure to fit it and grow
+        back to it (:meth:`regrowth`): a ledger with a low-water mark, counted exactly (a
+        block's framing is then 4 tokens, within the ``_FRAMING`` every rendering leaves
+        it), the block sent before within the cap (a compaction may send it again as it
+        was). The window's low-water mark then does not depend on the blocks, and the fit
+        settles none for a window that must move anyway (it renders them for the window
+        it moves to). ``None``: the blocks' size counts."""
+        cap = ledger_cap(draft, ctx)
+        if ledger_low_water(cap, ctx) is None or not ctx.counter.exact:
+            return None
+        previous = ctx.previous
+        kept = previous.ledger_base_sent or previous.ledger_sent
+        if kept and ctx.count(system_block(kept, LEDGER_ID)) > cap:
+            return None
+        return cap
+
     def within(self, draft: Draft, ctx: StepContext, cap: int, max_tokens: int) -> Message | None:
         """The draft's ledger rendered again within ``max_tokens``, with the values of the
         window's edited messages (a cut newest result among them), leaving out what the
