@@ -335,8 +335,8 @@ def run_build(
         digests = tuple(map(_DIGEST, map(_FINGERPRINT, draft.ordered)))
         held = (draft.ordered, digests)
         cause = held_cause(draft, actions, total, budget, state.prefix, digests)
-        unheld = replace(ctx, hold=False, compacting=True)
         early = cause is None and draft.compact is not None and policy.cache.early_compaction
+        unheld = replace(ctx, hold=False, compacting=True) if cause is not None or early else ctx
         if early:  # only edits were held back: foreseen first, without the ledger's work
             ahead = _fold(start, replace(unheld, forecast=True), steps, pre)[0]
             early = _rewrite_may_pay(ahead, total, unheld, tools_tokens)
