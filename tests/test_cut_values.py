@@ -117,3 +117,33 @@ def test_the_truncation_marks_what_it_listed_as_a_typed_edit() -> None:
     cut = next(m for m in result.messages if m.id == "t1")
     assert lists_cut_values(cut)
     assert not lists_cut_values(cut.with_content("[masked]", masked_from=900))
+
+
+def test_a_text_cut_again_lists_the_same_values_from_one_extraction(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The newest call's own text is cut again at every try (and a result once more when
+    answered): its values are read once, and listed as a first read lists them."""
+    import ctxwarden.memory.entities as entities
+
+    prose = "Checking the fix. " + " ".join(
+        f"Look at src/pkg/mod_{i}.py:{100 + i} and REF{i:04d}X." for i in range(60)
+    )
+    heads = [prose[:n] for n in (900, 600, 300)]
+
+    def notes(message_id: str) -> list[tuple[str, int]]:
+        original = Message.assistant(prose, id=message_id)
+        return [
+            with_cut_values(original, h, max_tokens=80, count=COUNTER.count_text) for h in heads
+        ]
+
+    first_reads = [notes(f"a-prose-{k}")[k] for k in range(3)]  # each cut a first read
+    reads: list[str] = []
+    read = entities._text_values
+
+    def counted(text: str) -> dict[str, str]:
+        reads.append(text)
+        return read(text)
+
+    monkeypatch.setattr(entities, "_text_values", counted)
+    again = notes("a-prose-once")
+    assert reads == [prose]  # one read of the text for the three cuts
+    assert again == first_reads and all(listed for _, listed in again)

@@ -20,6 +20,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from ctxwarden.core.caching import memoize
 from ctxwarden.core.kinds import load_json
 from ctxwarden.core.messages import Message
 from ctxwarden.cutters.html_page import html_to_text
@@ -58,10 +59,12 @@ def _is_name(token: str) -> bool:
     )
 
 
-def _names(text: str, source_id: str) -> list[Entity]:
+@memoize(256)
+def _names(text: str, source_id: str) -> tuple[Entity, ...]:
     """Paths, dotted names and identifiers of a code listing, log or diff: the modules it
     imports, then the names it defines, then by how often they occur (first seen breaks
-    ties); ``self.x`` counts as ``x``."""
+    ties); ``self.x`` counts as ``x``. Memoised: a result is cut again, smaller, once
+    answered, and the newest call's text at every try, from the same text."""
     seen: dict[str, int] = {}
     for raw in _TOKEN.findall(text):
         token = raw.strip(".-/") if raw[-1:] in ".-/" or raw[:1] in ".-" else raw
@@ -74,7 +77,7 @@ def _names(text: str, source_id: str) -> list[Entity]:
     order = list(seen)
     rank = {t: k for k, t in enumerate(order)}
     order.sort(key=lambda t: (t not in modules, t not in defined, -seen[t], rank[t]))
-    return [Entity(t, "name", source_id, "path" if "/" in t else "name") for t in order]
+    return tuple(Entity(t, "name", source_id, "path" if "/" in t else "name") for t in order)
 
 
 def _cut_sample(text: str, truncated_text: str) -> str:
@@ -121,7 +124,9 @@ def _entities(original: Message, truncated_text: str) -> list[Entity]:
     is_json, data = load_json(text)
     if is_json:
         return extract_from_json(data, original.id)
-    return extract_from_text(text, original.id)
+    # the values of its text, as extract_from_text finds them (the origin aside), and
+    # cached: the newest call's own text is cut again at each try with the same text
+    return extract_entities(original)
 
 
 def _lost(original: Message, truncated_text: str) -> list[Entity]:
