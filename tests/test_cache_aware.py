@@ -165,6 +165,33 @@ def test_room_a_tail_edit_frees_is_weighed_at_the_lower_low_water_share() -> Non
     assert not tail_edit_pays(rewritten, freed, calls, so_far, 0.25, ANTHROPIC)
 
 
+def test_an_early_compaction_that_keeps_the_previous_context_whole_rewrites_only_its_tail() -> None:
+    """The rewrite an early compaction is weighed by starts where it first differs from
+    the previous context; one that sends the previous context whole and adds to it keeps
+    all of it (it was weighed as rewriting everything, as if nothing were kept)."""
+    from ctxwarden.core.tokens.counter import TokenCounter
+    from ctxwarden.pipeline.engine import _DIGEST, _FINGERPRINT, _rewrite_terms
+    from ctxwarden.steps.base import StepContext
+
+    counter = TokenCounter.for_model("gpt-4o")
+    sent = [
+        Message.system("You fix bugs.", id="s"),
+        Message.user("Fix the failing test in tests/test_io.py", id="u"),
+        Message.assistant("Looking at the file first.", id="a"),
+    ]
+    added = Message.user("It still fails on Windows paths.", id="u2")
+    prefix = tuple(_DIGEST(_FINGERPRINT(m)) for m in sent)
+    ctx = StepContext(
+        counter=counter, budget=4000, policy=Policy(), previous=BuildState(prefix=prefix)
+    )
+    compacted = Draft(history=[*sent, added], sys_end=1, newest=3, ordered=(*sent, added))
+    kept, rewritten, _, _ = _rewrite_terms(compacted, 1000, ctx, 0)
+    assert rewritten == counter.total([added]) and kept > counter.total(sent)
+    changed = Draft(history=sent, sys_end=1, newest=2, ordered=(sent[0], sent[2]))
+    kept, rewritten, _, _ = _rewrite_terms(changed, 1000, ctx, 0)  # differs at the second
+    assert rewritten == counter.total([sent[2]])
+
+
 def test_the_cache_section_of_a_policy() -> None:
     policy = Policy.from_toml('[cache]\nappend_only = false\nprices = "openai"\n')
     assert policy.cache == CacheConfig(append_only=False, prices="openai")

@@ -43,6 +43,7 @@ from ctxwarden.pipeline.built import BuiltContext
 from ctxwarden.pipeline.cascade import foreseen, sent_tokens_for, steps_for
 from ctxwarden.pipeline.compaction import (
     RECALL_MOVED,
+    first_difference,
     growth_per_call,
     held_cause,
     layers_key,
@@ -392,7 +393,7 @@ def _rewrite_terms(
     total = REPLY_PRIMING + tools_tokens + ctx.total(compacted.ordered)
     previous = ctx.previous.prefix
     digests = tuple(map(_DIGEST, map(_FINGERPRINT, compacted.ordered)))
-    at = next((i for i, (a, b) in enumerate(zip(previous, digests, strict=False)) if a != b), 0)
+    at = first_difference(previous, digests)
     kept = REPLY_PRIMING + tools_tokens + ctx.total(compacted.ordered[:at])
     calls = max(ctx.budget - held_total, 0) / ctx.growth if ctx.growth > 0 else 0.0
     return kept, total - kept, held_total - total, calls
