@@ -1,5 +1,6 @@
 """What the bench runs beside ctxwarden on this machine: a JSON upstream on a loopback
-port, in a thread of this process, and the way to stop a process it started.
+port, in a thread of this process; ``ctxwarden serve`` in a process of its own
+(:func:`serving`, :func:`start_serve`); and the way to stop a process it started.
 
 Each bench upstream (the scripted chat model of :mod:`~ctxwarden_bench.served_path`,
 the Responses model of :mod:`~ctxwarden_bench.responses_replay`, the agent and
@@ -12,12 +13,29 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import sys
 import threading
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Self
 
-__all__ = ["LocalJSONServer", "free_port", "stop_process"]
+__all__ = [
+    "CLI",
+    "LocalJSONServer",
+    "free_port",
+    "serving",
+    "start_serve",
+    "stop_process",
+    "wait_healthy",
+]
+
+#: The ``ctxwarden`` command of the interpreter running the bench (and of the ``src``
+#: first on its path): ``[*CLI, "serve", ...]``.
+CLI = (sys.executable, "-c", "from ctxwarden.cli.main import main; main()")
 
 
 class _Server(ThreadingHTTPServer):
@@ -111,3 +129,58 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[Any], timeout: float = 30.0) -> None:
+    """Return once ``url`` (a server's ``/healthz``) answers; ``SystemExit`` when ``proc``
+    exits first or it does not answer within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"ctxwarden serve exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"{url} did not answer in {timeout:.0f} s")
+
+
+def start_serve(
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    quiet: bool = False,
+    timeout: float = 30.0,
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``ctxwarden serve ARGS`` in a process of its own on a free loopback port, once it
+    answers: the process and its base URL (``http://127.0.0.1:PORT``). ``quiet`` sends its
+    output to nowhere; a server that exits or does not answer is stopped, and the
+    error raised (the caller stops it otherwise: :func:`stop_process`)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [*CLI, "serve", *args, "--port", str(port)],
+        env=None if env is None else dict(env),
+        stdout=subprocess.DEVNULL if quiet else None,
+        stderr=subprocess.DEVNULL if quiet else None,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base + "/healthz", proc, timeout)
+    except BaseException:
+        stop_process(proc)
+        raise
+    return proc, base
+
+
+@contextmanager
+def serving(
+    args: Sequence[str], *, env: Mapping[str, str] | None = None, quiet: bool = False
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """:func:`start_serve` for the ``with`` block: the process and its base URL, stopped
+    on the way out."""
+    proc, base = start_serve(args, env=env, quiet=quiet)
+    try:
+        yield proc, base
+    finally:
+        stop_process(proc)

@@ -48,8 +48,6 @@ import gc
 import json
 import random
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -59,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxwarden.store import open_store
-from ctxwarden_bench.local_servers import free_port, stop_process
+from ctxwarden_bench.local_servers import free_port, serving
 from ctxwarden_bench.machine_speed import REFERENCE_LOOP, reference_ms
 from ctxwarden_bench.process_cpu import CpuReading, read_cpu, seconds_between
 from ctxwarden_bench.proxy_targets import judge, report
@@ -265,21 +263,6 @@ def _collector_off() -> Iterator[None]:
         yield
     finally:
         gc.enable()
-
-
-def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"ctxwarden serve exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"{url} did not answer in {timeout:.0f} s")
 
 
 async def _one(kind: str, mode: str, http: Any, sdk: Any, url: str, session: str,
@@ -510,17 +493,14 @@ def main(argv: list[str] | None = None) -> int:
     except CtxwardenError as exc:
         tmp.cleanup()
         ap.error(f"--db: {exc}")
-    up_port, px_port = free_port(), free_port()
+    up_port = free_port()
     with contextlib.ExitStack() as started:  # (left in reverse: proxy, upstream, files)
         started.callback(tmp.cleanup)
         started.enter_context(running_upstream(up_port))
-        proxy = subprocess.Popen(
-            [sys.executable, "-c", "from ctxwarden.cli.main import main; main()", "serve",
-             "--db", db, "--port", str(px_port), "--upstream", f"http://127.0.0.1:{up_port}/v1",
-             "--anthropic-upstream", f"http://127.0.0.1:{up_port}"],
+        proxy, proxy_url = started.enter_context(
+            serving(["--db", db, "--upstream", f"http://127.0.0.1:{up_port}/v1",
+                     "--anthropic-upstream", f"http://127.0.0.1:{up_port}"])
         )  # fmt: skip
-        started.callback(stop_process, proxy)
-        _wait(f"http://127.0.0.1:{px_port}/healthz", proxy)
         base = conversation(args.messages)
         kinds = args.kinds.split(",")
         routes = {k: "responses" if k.startswith("responses") else args.api for k in kinds}
@@ -537,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
                 for kind in kinds:
                     histories, bodies = made[routes[kind]]
                     targets = [("direct", f"http://127.0.0.1:{up_port}/v1", None),
-                               ("proxy", f"http://127.0.0.1:{px_port}/v1", proxy.pid)]  # fmt: skip
+                               ("proxy", proxy_url + "/v1", proxy.pid)]  # fmt: skip
                     groups = [targets] if clients <= args.paired_up_to else [[t] for t in targets]
                     for group in groups:
                         run = (group, kind, mode, clients, n, key, bodies, histories, routes[kind])

@@ -25,8 +25,6 @@ import argparse
 import http.client
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -48,21 +46,17 @@ class _Server:
     def __init__(self, src: Path, upstream: int, key_hash: str, prefix: str, tmp: Path) -> None:
         from ctxwarden.store import open_store
         from ctxwarden.store.service_tables import add_tenant
-        from ctxwarden_bench.local_servers import free_port
-        from ctxwarden_bench.proxy import _wait
+        from ctxwarden_bench.local_servers import start_serve
 
         db = f"sqlite:///{tmp / 'pair.db'}"
         with open_store(db) as store:
             add_tenant(store, "bench", key_hash=key_hash, key_prefix=prefix)
-        port = free_port()
-        env = _environment(src)  # (its src first on the path)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from ctxwarden.cli.main import main; main()", "serve",
-             "--db", db, "--port", str(port), "--upstream", f"http://127.0.0.1:{upstream}/v1"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        _wait(f"http://127.0.0.1:{port}/healthz", self.proc)
-        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        self.proc, base = start_serve(
+            ["--db", db, "--upstream", f"http://127.0.0.1:{upstream}/v1"],
+            env=_environment(src),  # (its src first on the path)
+            quiet=True,
+        )
+        self.conn = http.client.HTTPConnection(base.removeprefix("http://"), timeout=60)
         self.cpu = self.sys = 0.0
         self.latencies: list[float] = []
 

@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -52,10 +50,10 @@ from ctxwarden.formats.responses import message_items, messages_from_responses
 from ctxwarden.session import Session
 from ctxwarden.store import open_store
 from ctxwarden_bench.coding_truncation import find_traces
-from ctxwarden_bench.local_servers import LocalJSONServer, free_port, stop_process
+from ctxwarden_bench.local_servers import LocalJSONServer, serving
 from ctxwarden_bench.machine_speed import REFERENCE_LOOP, reference_ms
 from ctxwarden_bench.process_cpu import read_cpu, seconds_between
-from ctxwarden_bench.proxy import _build_seconds, _wait, percentile_ms
+from ctxwarden_bench.proxy import _build_seconds, percentile_ms
 from ctxwarden_bench.proxy_targets import ADDED_P50_MS, CPU_MS_PER_REQUEST, Verdict
 from ctxwarden_bench.retention import Retention, engine_builder, policy_file
 from ctxwarden_bench.swebench import BUDGETS, load_swebench, swebench_retention
@@ -289,16 +287,8 @@ def _branches(db: str, tenant: str) -> list[str]:
 def _serving(db: str, upstream_url: str, served: Sequence[str]) -> Iterator[tuple[Any, str]]:
     """``ctxwarden serve`` on ``db`` in a new process, forwarding to ``upstream_url``:
     the process and its ``/v1`` base URL; stopped on the way out."""
-    port = free_port()
-    proxy = subprocess.Popen(
-        [sys.executable, "-c", "from ctxwarden.cli.main import main; main()", "serve",
-         "--db", db, "--port", str(port), "--upstream", upstream_url, *served],
-    )  # fmt: skip
-    try:
-        _wait(f"http://127.0.0.1:{port}/healthz", proxy)
-        yield proxy, f"http://127.0.0.1:{port}/v1"
-    finally:
-        stop_process(proxy)
+    with serving(["--db", db, "--upstream", upstream_url, *served]) as (proxy, base):
+        yield proxy, base + "/v1"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,7 @@ from ctxwarden.store.service_tables import list_builds
 from ctxwarden.ui import render_report, render_session, render_turn, session_page, turn_view
 from ctxwarden.ui.chart import chart
 from ctxwarden_bench.data_files import find_data
-from ctxwarden_bench.local_servers import stop_process
+from ctxwarden_bench.local_servers import start_serve, stop_process
 
 TARGET_SECONDS = 1.0
 
@@ -142,9 +142,6 @@ def _served(s: Session, repeat: int) -> float | None:
     """The page through a real ``ctxwarden serve`` on loopback: the client's median wall
     time (server time plus moving the page over loopback); ``None`` without the server
     extra."""
-    import socket
-    import subprocess
-
     try:
         import httpx
         import uvicorn  # noqa: F401
@@ -155,30 +152,11 @@ def _served(s: Session, repeat: int) -> float | None:
 
     key = new_key()
     add_tenant(s.store, s.tenant, key_hash=hash_key(key), key_prefix=shown_prefix(key))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    cmd = [sys.executable, "-c", "from ctxwarden.cli.main import main; main()"]
-    args = [
-        "serve",
-        "--db",
-        s.store.url,
-        "--port",
-        str(port),
-        "--upstream",
-        "http://127.0.0.1:9/v1",
-    ]
-    proc = subprocess.Popen([*cmd, *args], stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
+    proc, base = start_serve(
+        ["--db", s.store.url, "--upstream", "http://127.0.0.1:9/v1"], quiet=True
+    )
     try:
-        with httpx.Client(base_url=base, timeout=30) as client:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                try:
-                    client.get("/readyz", timeout=1)
-                    break
-                except httpx.TransportError:
-                    time.sleep(0.1)
+        with httpx.Client(base_url=base, timeout=30) as client:  # (it answered /healthz)
             # signed in as a browser is: the key posted to the form, the signed cookie kept
             signed = client.post("/ui/login", data={"key": key})
             if signed.status_code != 303:
