@@ -338,16 +338,10 @@ def test_a_held_build_whose_window_moves_settles_no_ledger_for_it(
     assert _causes(watched) == _causes(plain)
 
 
-def test_a_compaction_settles_no_ledger_for_a_window_it_moves(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Where the window's low-water mark does not depend on the ledger's blocks (a ledger
-    with a low-water mark, counted exactly: ``EntityLedgerBlocks.compaction_share``), a
-    compaction whose window must move settles the ledger only for the window it moves
-    to: the same contexts and breaks as settling it for both, with fewer settlings."""
+def _compacting_settlings(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A counter of the ledger settlings of compacting builds (forecasts apart)."""
     import ctxwarden.steps.ledger as ledger
 
-    run = agent_run(60, result_tokens=400)
     settled, blocks = [0], ledger._Settling.blocks
 
     def counted(self, draft, window):  # type: ignore[no-untyped-def]
@@ -355,15 +349,78 @@ def test_a_compaction_settles_no_ledger_for_a_window_it_moves(
         return blocks(self, draft, window)
 
     monkeypatch.setattr(ledger._Settling, "blocks", counted)
+    return settled
+
+
+def _unbounded_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fit as if nothing bounded the blocks a compaction sends: it settles them for
+    every window it tries."""
+    import ctxwarden.steps.ledger as ledger
+
+    monkeypatch.setattr(ledger.EntityLedgerBlocks, "compaction_span", lambda *_: None)
+
+
+def test_a_compaction_settles_no_ledger_for_a_window_it_moves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the window's low-water mark does not depend on the ledger's blocks (a ledger
+    with a low-water mark, counted exactly: ``EntityLedgerBlocks.compaction_span`` is the
+    cap at both ends), a compaction whose window must move settles the ledger only for
+    the window it moves to: the same contexts and breaks as settling it for both, with
+    fewer settlings."""
+    run = agent_run(60, result_tokens=400)
+    settled = _compacting_settlings(monkeypatch)
     moved = loop(run, 8000)
     fewer = settled[0]
-    monkeypatch.setattr(ledger.EntityLedgerBlocks, "compaction_share", lambda *_: None)
+    _unbounded_blocks(monkeypatch)
     settled[0] = 0
     both = loop(run, 8000)
     assert any("window must move" in c for c in _causes(moved))
     assert 0 < fewer < settled[0]
     assert [b.messages for b in moved] == [b.messages for b in both]
     assert _causes(moved) == _causes(both)
+
+
+@pytest.mark.skipif(not SWEBENCH.exists(), reason=f"swebench-mini data not found at {SWEBENCH}")
+def test_a_compaction_whose_move_is_the_same_wherever_the_blocks_fall_settles_them_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At 4,000 tokens the ledger has no low-water mark: the blocks a compaction sends
+    take anything up to the cap, so the window's low-water mark lies between those of
+    the two ends. Where the window is above both and a move to either keeps the same
+    blocks, the ledger is settled only for the window it moves to. On coding agent runs
+    (swebench-mini dev): the same contexts and audited breaks as settling it for both,
+    with fewer settlings. (Run 38 holds a compaction where the ledger carried from the
+    previous build ends past the window's start: it is settled for both windows then.)"""
+    from ctxwarden_bench.swebench import load_swebench, swebench_retention
+
+    every = load_swebench(SWEBENCH)
+    runs = [*every[:6], every[38]]
+
+    def replay() -> tuple[list[list[Message]], list[str]]:
+        contexts: list[list[Message]] = []
+        causes: list[str] = []
+        builder = engine_builder()
+
+        def recorded(before, counts, budget):  # type: ignore[no-untyped-def]
+            ctx = builder(before, counts, budget)
+            contexts.append(ctx)
+            made = builder._built.audit.prefix_break
+            causes.append("" if made is None else f"{made.cause} {made.rewritten_tokens}")
+            return ctx
+
+        swebench_retention(runs, 4000, recorded)
+        return contexts, causes
+
+    settled = _compacting_settlings(monkeypatch)
+    once = replay()
+    fewer = settled[0]
+    _unbounded_blocks(monkeypatch)
+    settled[0] = 0
+    both = replay()
+    assert any("window must move" in c for c in once[1])
+    assert 0 < fewer < 0.9 * settled[0]
+    assert once == both
 
 
 def test_between_compactions_every_build_keeps_the_previous_context_whole() -> None:

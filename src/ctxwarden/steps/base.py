@@ -426,9 +426,10 @@ class LedgerBlocks(Protocol):
         low-water mark."""
         ...
 
-    def compaction_share(self, draft: Draft, ctx: StepContext) -> int | None:
-        """What the blocks a compaction sends and their :meth:`regrowth` take together,
-        when that is known before they are settled (``None``: it depends on them)."""
+    def compaction_span(self, draft: Draft, ctx: StepContext) -> tuple[int, int] | None:
+        """The least and the most that the blocks a compaction sends and their
+        :meth:`regrowth` can take together, known before they are settled (one number
+        twice: exactly that; ``None``: nothing is known)."""
         ...
 
 

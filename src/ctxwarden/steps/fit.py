@@ -112,12 +112,12 @@ class FitStep:
             # a request the window passed counts with it, as while the window started at
             # it: the low-water mark is what it was then (steps.window.reopened)
             asked = ctx.total(draft.pinned_at([draft.newest])) if draft.newest in pinned else 0
-            share = (
-                ledgers.compaction_share(draft, ctx)
+            span = (
+                ledgers.compaction_span(draft, ctx)
                 if blocks is None and ledgers is not None and ctx.compacting and not ctx.forecast
                 else None
             )
-            low = _low_water(free - share, asked, ctx) if share is not None else None
+            low, planned = _planned_move(span, draft, free, used, asked, limit, ctx)
             if low is None or used <= low:  # (else the window moves whatever the blocks)
                 if settling is not None:  # the ledger for this window, as it will be sent
                     base, ledger = settling.blocks(current, window)
@@ -138,7 +138,7 @@ class FitStep:
             target = low if ctx.compacting or used > room else room
             grouped = blocks is not None
             if blocks is None:
-                blocks, pos = group_blocks(draft.window), window_positions(draft)
+                blocks, pos = planned or group_blocks(draft.window), window_positions(draft)
             blocks, dropped = _drop_oldest(blocks, target, draft, limit, ctx)
             actions.extend(dropped)
             moved = _new_start(blocks, pos, start, pinned, draft)
@@ -171,6 +171,44 @@ class FitStep:
         kept = _kept_from(original, window, actions) or _past_request(draft, start)
         new = new.with_memo("fit", FitMemo(kept, in_window))
         return StepResult(new, tuple(actions))
+
+
+def _planned_move(
+    span: tuple[int, int] | None,
+    draft: Draft,
+    free: int,
+    used: int,
+    asked: int,
+    limit: int | None,
+    ctx: StepContext,
+) -> tuple[int | None, list[Block] | None]:
+    """The window's low-water mark in a compaction, when it is known before the ledger's
+    blocks are settled (``span``: the least and the most they and their regrowth take,
+    :meth:`~ctxwarden.steps.base.LedgerBlocks.compaction_span`), and the window's blocks
+    when they were grouped to know it; ``(None, None)``: the blocks must be settled first.
+
+    One number (a ledger with a low-water mark): the mark is that of the room it leaves.
+    A span: the mark lies between those of its ends, and it is known when the window is
+    above the higher one (it moves wherever the blocks fall) and a move down to either
+    end keeps the same blocks (no block's edge lies between them): the ledger is then
+    settled only for the window it moves to, not first for the one it leaves (most of a
+    compaction's work on a coding agent's loop at 4,000 tokens, where the ledger has no
+    low-water mark)."""
+    if span is None:
+        return None, None
+    least, most = span
+    low = _low_water(free - most, asked, ctx)
+    if least == most:
+        return low, None
+    high = _low_water(free - least, asked, ctx)
+    if used <= high:
+        return None, None
+    blocks = group_blocks(draft.window)
+    kept_low, dropped = _drop_oldest(blocks, low, draft, limit, ctx)
+    kept_high, _ = _drop_oldest(blocks, high, draft, limit, ctx)
+    if not dropped or len(kept_low) != len(kept_high):
+        return None, None
+    return low, blocks
 
 
 def _low_water(room: int, asked: int, ctx: StepContext) -> int:

@@ -531,22 +531,34 @@ class EntityLedgerBlocks:
         cap = ledger_cap(draft, ctx)
         return max(cap - shown, 0) if ledger_low_water(cap, ctx) is not None else 0
 
-    def compaction_share(self, draft: Draft, ctx: StepContext) -> int | None:
-        """The ledger's cap, when the blocks a compaction sends are sure to fit it and grow
-        back to it (:meth:`regrowth`): a ledger with a low-water mark, counted exactly (a
-        block's framing is then 4 tokens, within the ``_FRAMING`` every rendering leaves
-        it), the block sent before within the cap (a compaction may send it again as it
-        was). The window's low-water mark then does not depend on the blocks, and the fit
-        settles none for a window that must move anyway (it renders them for the window
-        it moves to). ``None``: the blocks' size counts."""
+    def compaction_span(self, draft: Draft, ctx: StepContext) -> tuple[int, int] | None:
+        """What the blocks a compaction sends and the room they grow back into
+        (:meth:`regrowth`) take together, known before they are settled: for a ledger with
+        a low-water mark exactly its cap (``(cap, cap)``), else from nothing to the cap
+        (``(0, cap)``). Both need the blocks within the cap: counted exactly (a block's
+        framing is then 4 tokens, within the ``_FRAMING`` every rendering leaves it), the
+        block sent before within the cap (a compaction may send it again as it was). The
+        fit settles no blocks for a window that must move wherever in the span they
+        fall, and to the same window (it settles them for the window it moves to).
+        That needs the ledger carried from the previous build to extend to the window
+        it leaves (as settling for that window first would extend it, then again).
+        ``None``: the blocks' size is not bounded so, or the ledger does not extend."""
         cap = ledger_cap(draft, ctx)
-        if ledger_low_water(cap, ctx) is None or not ctx.counter.exact:
+        if not ctx.counter.exact:
             return None
         previous = ctx.previous
+        memo = carried_ledger(previous) if previous.history_length else None
+        if (
+            memo is None
+            or memo.first != ledger_from(draft, ctx)
+            or memo.seed != seed_tag(ctx.earlier)
+            or memo.upto > draft.start
+        ):
+            return None
         kept = previous.ledger_base_sent or previous.ledger_sent
         if kept and ctx.count(system_block(kept, LEDGER_ID)) > cap:
             return None
-        return cap
+        return (cap, cap) if ledger_low_water(cap, ctx) is not None else (0, cap)
 
     def within(self, draft: Draft, ctx: StepContext, cap: int, max_tokens: int) -> Message | None:
         """The draft's ledger rendered again within ``max_tokens``, with the values of the
