@@ -130,12 +130,14 @@ class FitStep:
                 low = _low_water(room - regrowth, asked, ctx)
                 if used <= room and not over_count and not (ctx.compacting and used > low):
                     break
+                target = low if ctx.compacting or used > room else room
+            else:  # a compaction's move, known before the blocks (no room settled for it)
+                target = low
             # the window must move, or a compaction rewrites it anyway: down to the
             # low-water mark, so the next turns append without moving it again
             if blocks is None and cut is None and (cut := cut_in_window(draft)) is not None:
                 draft = cut  # first the task is cut to its share (steps.task)
                 continue
-            target = low if ctx.compacting or used > room else room
             grouped = blocks is not None
             if blocks is None:
                 blocks, pos = planned or group_blocks(draft.window), window_positions(draft)
