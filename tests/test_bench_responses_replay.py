@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,28 @@ def test_each_budget_is_replayed_through_a_proxy_of_its_own(tmp_path: Path) -> N
     rows = json.loads(out.read_text())["budgets"]
     assert rows["4000"]["proxy_pid"] != rows["8000"]["proxy_pid"]
     assert all(r["contexts_equal_to_library"] == r["calls"] > 0 for r in rows.values())
+
+
+@pytest.mark.skipif(
+    not (shutil.which("valgrind") and shutil.which("callgrind_control")),
+    reason="needs valgrind (apt-get install valgrind)",
+)
+def test_the_proxy_counted_under_callgrind_gives_one_figure_per_call(tmp_path: Path) -> None:
+    """``--callgrind``: the proxy's instructions per call, counted only while the proxied
+    pass runs, the same from one run to the next; the CPU and p50 targets are not judged
+    on a process valgrind slows ~50x, and the contexts are still the library's."""
+    figures = []
+    for k in range(2):
+        out = tmp_path / f"figures-{k}.json"
+        argv = ["--data", str(SWEBENCH), "--runs", "1", "--budgets", "4000", "--callgrind"]
+        assert main([*argv, "--client", "httpx", "--json", str(out)]) == 0
+        row = json.loads(out.read_text())["budgets"]["4000"]
+        assert row["contexts_equal_to_library"] == row["calls"] > 0
+        assert row["targets"] == []
+        figures.append(row["proxy_instructions_per_call"])
+    # more than the build's share alone (millions per call); the same within 1%
+    assert all(f > 5e6 for f in figures), figures
+    assert abs(figures[0] / figures[1] - 1) < 0.01, figures
 
 
 def test_a_context_that_differs_fails_the_command(

@@ -152,14 +152,16 @@ def start_serve(
     env: Mapping[str, str] | None = None,
     quiet: bool = False,
     timeout: float = 30.0,
+    wrapper: Sequence[str] = (),
 ) -> tuple[subprocess.Popen[bytes], str]:
     """``ctxwarden serve ARGS`` in a process of its own on a free loopback port, once it
     answers: the process and its base URL (``http://127.0.0.1:PORT``). ``quiet`` sends its
-    output to nowhere; a server that exits or does not answer is stopped, and the
-    error raised (the caller stops it otherwise: :func:`stop_process`)."""
+    output to nowhere; ``wrapper`` is a command that runs it (``valgrind ...``); a server
+    that exits or does not answer is stopped, and the error raised (the caller stops it
+    otherwise: :func:`stop_process`)."""
     port = free_port()
     proc = subprocess.Popen(
-        [*CLI, "serve", *args, "--port", str(port)],
+        [*wrapper, *CLI, "serve", *args, "--port", str(port)],
         env=None if env is None else dict(env),
         stdout=subprocess.DEVNULL if quiet else None,
         stderr=subprocess.DEVNULL if quiet else None,
@@ -175,11 +177,16 @@ def start_serve(
 
 @contextmanager
 def serving(
-    args: Sequence[str], *, env: Mapping[str, str] | None = None, quiet: bool = False
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    quiet: bool = False,
+    timeout: float = 30.0,
+    wrapper: Sequence[str] = (),
 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """:func:`start_serve` for the ``with`` block: the process and its base URL, stopped
     on the way out."""
-    proc, base = start_serve(args, env=env, quiet=quiet)
+    proc, base = start_serve(args, env=env, quiet=quiet, timeout=timeout, wrapper=wrapper)
     try:
         yield proc, base
     finally:

@@ -52,7 +52,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-__all__ = ["checkout_src", "main", "measure"]
+__all__ = ["callgrind_control", "callgrind_instructions", "checkout_src", "main", "measure"]
 
 _TOTALS = ("totals:", "summary:")
 _ROUTES = {
@@ -257,11 +257,13 @@ def _instructions_per_call(args: argparse.Namespace, src: Path | None) -> float:
         )
         try:
             _wait_for(markers / "ready", proc)
-            _control("-i", "on", proc.pid)
+            callgrind_control("-i", "on", proc.pid)
             (markers / "go").touch()
             _wait_for(markers / "done", proc)
-            _control("-i", "off", proc.pid)
-            _control("-d", proc.pid)  # (the counts are in the dump, not in the file at exit)
+            callgrind_control("-i", "off", proc.pid)
+            callgrind_control(
+                "-d", proc.pid
+            )  # (the counts are in the dump, not in the file at exit)
             (markers / "stop").touch()
             stdout, _ = proc.communicate(timeout=600)
         finally:
@@ -270,14 +272,15 @@ def _instructions_per_call(args: argparse.Namespace, src: Path | None) -> float:
         if proc.returncode != 0:
             raise SystemExit(f"the process under callgrind failed (exit {proc.returncode})")
         calls, _cpu = json.loads(stdout.decode().strip().splitlines()[-1])
-        return _totals(out) / int(calls)
+        return callgrind_instructions(out) / int(calls)
 
 
-def _control(*words: object) -> None:
+def callgrind_control(*words: object) -> None:
+    """``callgrind_control WORDS`` (``-i on PID``: count from now on; ``-d PID``: dump)."""
     subprocess.run(["callgrind_control", *map(str, words)], capture_output=True, check=True)
 
 
-def _totals(out: Path) -> int:
+def callgrind_instructions(out: Path) -> int:
     """The instructions callgrind counted: its dump's and its file at exit's, added (each
     file's ``totals:`` line, or ``summary:`` where that is the one that counts)."""
     found = 0

@@ -1,7 +1,7 @@
 """The swebench-mini runs replayed through ``/v1/responses`` with the real ``openai`` SDK.
 
 Run: ``python -m ctxwarden_bench.responses_replay [--data PATH] [--budgets 4000,8000]
-[--runs N] [--client sdk|httpx] [--policy FILE]``.
+[--runs N] [--client sdk|httpx] [--policy FILE] [--callgrind]``.
 
 Each recorded run of the coding agent (``../shared/data/swebench-mini``) is replayed as
 a Responses client would hold it: at every bash call, the agent sends its history up to
@@ -29,12 +29,19 @@ them (:func:`as_responses_client`: a tool result has no tool name on that wire),
 context upstream got is compared with the library's call for call, and the command fails
 when one differs or when a stored session branched (each call's history must extend the
 stored one).
+
+``--callgrind`` runs the proxy under ``valgrind --tool=callgrind``, counting only while
+the proxied pass runs, and reports the instructions it executed per call instead of
+judging its CPU and p50: on a machine whose speed swings 2x within minutes, the CPU
+figure cannot tell two versions apart and the count can (two runs of the first 10 runs
+@4,000 differed by 0.03%). ``--runs 10`` takes about a minute.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import tempfile
 import time
 import uuid
@@ -54,6 +61,7 @@ from ctxwarden_bench.local_servers import LocalJSONServer, serving
 from ctxwarden_bench.machine_speed import REFERENCE_LOOP, reference_ms
 from ctxwarden_bench.process_cpu import read_cpu, seconds_between
 from ctxwarden_bench.proxy import _build_seconds, percentile_ms
+from ctxwarden_bench.proxy_cost import callgrind_control, callgrind_instructions
 from ctxwarden_bench.proxy_targets import ADDED_P50_MS, CPU_MS_PER_REQUEST, Verdict
 from ctxwarden_bench.retention import Retention, engine_builder, policy_file
 from ctxwarden_bench.swebench import BUDGETS, load_swebench, swebench_retention
@@ -284,11 +292,35 @@ def _branches(db: str, tenant: str) -> list[str]:
 
 
 @contextmanager
-def _serving(db: str, upstream_url: str, served: Sequence[str]) -> Iterator[tuple[Any, str]]:
+def _serving(
+    db: str, upstream_url: str, served: Sequence[str], counted: Path | None = None
+) -> Iterator[tuple[Any, str]]:
     """``ctxwarden serve`` on ``db`` in a new process, forwarding to ``upstream_url``:
-    the process and its ``/v1`` base URL; stopped on the way out."""
-    with serving(["--db", db, "--upstream", upstream_url, *served]) as (proxy, base):
+    the process and its ``/v1`` base URL; stopped on the way out. With ``counted``, under
+    callgrind (writing there), instrumented only once switched on (:func:`_counting`)."""
+    wrapper: list[str] = []
+    if counted is not None:
+        wrapper = ["valgrind", "-q", "--tool=callgrind", "--instr-atstart=no",
+                   f"--callgrind-out-file={counted}"]  # fmt: skip
+    args = ["--db", db, "--upstream", upstream_url, *served]
+    timeout = 600.0 if counted else 30.0  # valgrind starts the interpreter ~50x slower
+    with serving(args, wrapper=wrapper, timeout=timeout) as (proxy, base):
         yield proxy, base + "/v1"
+
+
+@contextmanager
+def _counting(pid: int, on: bool) -> Iterator[None]:
+    """Callgrind's instrumentation of ``pid`` on for the block and its counts dumped
+    after it (nothing when ``on`` is false)."""
+    if not on:
+        yield
+        return
+    callgrind_control("-i", "on", pid)
+    try:
+        yield
+    finally:
+        callgrind_control("-i", "off", pid)
+        callgrind_control("-d", pid)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -302,9 +334,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="sdk: the openai SDK's responses.create (default); httpx: the same "
                     "requests as bodies built before each call, posted over httpx (the "
                     "route's own cost, without the SDK's preparation between calls)")  # fmt: skip
+    ap.add_argument("--callgrind", action="store_true",
+                    help="run the proxy under valgrind's callgrind and report the "
+                    "instructions it executes per call (a figure two versions can be "
+                    "compared by on a noisy machine; its CPU and p50 are then not "
+                    "judged)")  # fmt: skip
     ap.add_argument("--policy", type=Path, help="a policy TOML file for all three builders "
                     "(`ctxwarden serve --policy`) instead of the default")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.callgrind and not (shutil.which("valgrind") and shutil.which("callgrind_control")):
+        ap.error("--callgrind needs valgrind (apt-get install valgrind)")
     policy = policy_file(args.policy)
     served = ["--policy", str(args.policy)] if args.policy is not None else []
     path = find_traces(args.data)
@@ -339,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
                 # a proxy of its own per budget: one that had replayed these runs at
                 # another budget would find their messages' entities, counts and cuts
                 # in its caches, which no message a real proxy receives does
-                with _serving(db, upstream.url, served) as (proxy, base):
+                counted = Path(tmp) / f"callgrind-{budget}.out" if args.callgrind else None
+                with _serving(db, upstream.url, served, counted) as (proxy, base):
                     through, direct = (
                         Caller(base, key, args.client),
                         Caller(upstream.url, key, args.client),
@@ -348,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
                     sent = Recorded(builder)
                     speed0 = reference_ms()
                     cpu0, built0 = read_cpu(proxy.pid), _build_seconds(base, "responses")
-                    proxied = swebench_retention(runs, budget, sent)
+                    with _counting(proxy.pid, counted is not None):
+                        proxied = swebench_retention(runs, budget, sent)
                     cpu = seconds_between(cpu0, read_cpu(proxy.pid))
                     built1 = _build_seconds(base, "responses")
                     speed1 = reference_ms()
@@ -361,17 +402,23 @@ def main(argv: list[str] | None = None) -> int:
                 direct_p50 = percentile_ms(builder.direct_seconds, 0.5)
                 same = sum(a == b for a, b in zip(reference.contexts, sent.contexts, strict=True))
                 unequal += len(sent.contexts) - same
+                instructions = callgrind_instructions(counted) / calls if counted else None
                 note = (f"proxy CPU {cpu_ms:.1f} ms/call, sync+build {build_ms:.1f} ms, "
                         f"{args.client} call p50 {p50:.1f} ms (direct {direct_p50:.1f}: "
                         f"{p50 - direct_p50:+.1f}), {same}/{len(sent.contexts)} "
                         "contexts equal to the library's")  # fmt: skip
+                if instructions is not None:
+                    note = (f"proxy {instructions / 1e6:.2f}M instructions/call "
+                            f"(callgrind), {same}/{len(sent.contexts)} contexts equal to "
+                            "the library's")  # fmt: skip
                 print(_row("proxy", proxied, budget, note), flush=True)
-                verdicts = _verdicts(cpu_ms, p50 - direct_p50)
-                judged = "; ".join(f"{v.target}: {v.word} ({v.figures})" for v in verdicts)
-                print(f"{'':<8} {budget:>6} {judged} (issue 36); the machine: "
-                      f"reference loop {speed0:.2f} ms before, {speed1:.2f} ms after "
-                      f"(`python -m timeit \"{REFERENCE_LOOP}\"`, lower is faster)",
-                      flush=True)  # fmt: skip
+                verdicts = [] if counted else _verdicts(cpu_ms, p50 - direct_p50)
+                if verdicts:
+                    judged = "; ".join(f"{v.target}: {v.word} ({v.figures})" for v in verdicts)
+                    print(f"{'':<8} {budget:>6} {judged} (issue 36); the machine: "
+                          f"reference loop {speed0:.2f} ms before, {speed1:.2f} ms after "
+                          f"(`python -m timeit \"{REFERENCE_LOOP}\"`, lower is faster)",
+                          flush=True)  # fmt: skip
                 figures["budgets"][str(budget)] = {
                     "library": library.to_json(), "session": stored.to_json(),
                     "proxy": proxied.to_json(),
@@ -383,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
                     "contexts_equal_to_library": same,
                     "targets": [v.as_dict() for v in verdicts],
                     "reference_ms_before": speed0, "reference_ms_after": speed1,
+                    "proxy_instructions_per_call": instructions,
                 }  # fmt: skip
         branches = _branches(db, tenant)
         figures["branches"] = branches
