@@ -147,3 +147,24 @@ def test_a_text_cut_again_lists_the_same_values_from_one_extraction(monkeypatch)
     again = notes("a-prose-once")
     assert reads == [prose]  # one read of the text for the three cuts
     assert again == first_reads and all(listed for _, listed in again)
+
+
+def test_a_harness_tag_around_a_code_result_is_not_listed_as_a_cut_name() -> None:
+    """A coding agent's harness wraps a command's output in tags (``<output_head>``,
+    ``</warning>``): the note lists the names of the cut code, never the wrapping, which
+    had taken its first places (the dev runs @4,000: 53 of 2,042 listed values)."""
+    code = "\n".join(f"    value_{i} = record.field_{i} or defaults.FIELD_{i}" for i in range(60))
+    text = (
+        "<returncode>0</returncode>\n<warning>\nThe output was too long.\n</warning>"
+        f"<output_head>\nclass Record:\n{code}\n</output_head>\n<elided_chars>\n120 "
+        "characters elided\n</elided_chars>\n<output_tail>\nimport os.path\n</output_tail>"
+    )
+    original = Message.tool(text, "c1", id="t1")
+    assert original.kind == "code"
+    head = "<returncode>0</returncode>"
+    note, listed = with_cut_values(original, head, max_tokens=60, count=COUNTER.count_text)
+    values = note.split("[values in the cut part: ", 1)[1].rstrip("]").split(", ")
+    assert listed >= 5 and values[:2] == ["os.path", "value_0"], values
+    assert "value_0" in values
+    tags = {"output_head", "/output_head", "/warning", "elided_chars", "/elided_chars"}
+    assert tags.isdisjoint(values), values

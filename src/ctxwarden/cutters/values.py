@@ -49,6 +49,9 @@ _CAMEL = re.compile(r"[a-z][A-Z]")
 _DEFINED = re.compile(r"\b(?:def|class|function|func|fn|struct|interface|trait|enum)\s+(\w+)")
 _IMPORTED = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import|import\s+([\w.]+))", re.MULTILINE)
 _OWN = ("self.", "cls.", "this.")
+#: A bare markup tag (``<output_head>``, ``</warning>``): the wrapping a harness puts
+#: around a tool's output, no name in it (the text extraction skips them the same way).
+_TAG = re.compile(r"</?[A-Za-z_][\w-]*>")
 
 
 def _is_name(token: str) -> bool:
@@ -66,7 +69,7 @@ def _names(text: str, source_id: str) -> tuple[Entity, ...]:
     ties); ``self.x`` counts as ``x``. Memoised: a result is cut again, smaller, once
     answered, and the newest call's text at every try, from the same text."""
     seen: dict[str, int] = {}
-    for raw in _TOKEN.findall(text):
+    for raw in _TOKEN.findall(_TAG.sub(" ", text) if "<" in text else text):
         token = raw.strip(".-/") if raw[-1:] in ".-/" or raw[:1] in ".-" else raw
         if token.startswith(_OWN):  # self.rhs is the attribute rhs
             token = token.split(".", 1)[1]
