@@ -59,6 +59,19 @@ def test_emails_urls_and_paths() -> None:
     assert "and/or" not in got
 
 
+def test_a_relative_path_keeps_the_dots_it_starts_from() -> None:
+    """``./runtests.py`` is not ``/runtests.py``: stripping a value's punctuation must not
+    turn a relative path into an absolute one, in text, in a long JSON string (a shell
+    command) or as a short JSON value; a sentence's full stop after it still goes."""
+    got = found("Run ./runtests.py first, then ../tools/lint.sh. See (./docs/index.md).")
+    assert got["./runtests.py"] == got["../tools/lint.sh"] == got["./docs/index.md"] == "path"
+    assert not {"/runtests.py", "/tools/lint.sh", "/docs/index.md"} & got.keys()
+    command = {"command": "cd tests && ./runtests.py staticfiles_tests.test_storage --verbosity 2"}
+    assert "./runtests.py" in {e.value for e in extract_from_json(command)}
+    assert [e.value for e in extract_from_json({"script": "../bin/run.py"})] == ["../bin/run.py"]
+    assert "x.py" in found("It is in x.py.")  # not a relative path: the full stop goes
+
+
 def test_dates_times_amounts_quantities_numbers() -> None:
     got = found(
         "Fly on May 20th or 2024-05-21T10:30:00, back 20 May 2024 / 05/27/2024 at 3:45 PM. "

@@ -233,6 +233,7 @@ def _shouting(text: str) -> bool:
 
 
 _STRIPPED = ".,;:!?)(\"'"  # off both ends of a value
+_RELATIVE = ("./", "../")  # a path's start that stripping would make another path
 
 
 def _clean(value: str) -> str:
@@ -240,8 +241,10 @@ def _clean(value: str) -> str:
 
 
 def _clean_words(words: list[str]) -> str:
-    """:func:`_clean` of a value already split into its words."""
-    return " ".join(words).strip(_STRIPPED)
+    """:func:`_clean` of a value already split into its words. A relative path keeps the
+    dots it starts from: ``./runtests.py`` is not ``/runtests.py``."""
+    value = " ".join(words)
+    return value.rstrip(_STRIPPED) if value.startswith(_RELATIVE) else value.strip(_STRIPPED)
 
 
 def _bounded(text: str) -> str:
