@@ -98,6 +98,19 @@ def test_proper_names_not_at_sentence_start() -> None:
         assert not_a_name not in got
 
 
+def test_a_comment_opens_a_sentence() -> None:
+    """The first word of a code comment (``# Determine ...``, ``// Sort ...``) or a
+    Markdown heading is a sentence's first word, not a name: a tool result's source code
+    had filled the ledger's names with them (``Determine Restore Return ... Save``)."""
+    got = found(
+        "    # Determine the paths first.\n    x = run(paths)  # Sort them by length\n"
+        "    // Normalize the name here.\n# Overview\n    # ask the Django docs\n"
+    )
+    for not_a_name in ("Determine", "Sort", "Normalize", "Overview"):
+        assert not_a_name not in got
+    assert got["Django"] == "name"  # a name further on in a comment is still one
+
+
 # -- other languages -----------------------------------------------------------------------------
 
 

@@ -112,7 +112,7 @@ _QUANTITY_NEED = NEEDS["quantity"]
 # UUID without a digit or a capital gives nothing (no id, no code), so "-" is not one.
 _SIGNS = re.compile(r"[/\\@_]")
 _ORDINAL = re.compile(r"^\d+(?:st|nd|rd|th|-?го|-?й|-?ий)$", re.IGNORECASE)
-_SENTENCE_END = re.compile(r"(?:^|[.!?:;…\n•*>\-–—]|\d\.)[\s\"'“„«(\[]*$")
+_SENTENCE_END = re.compile(r"(?:^|[.!?:;…\n•*>\-–—#]|//|\d\.)[\s\"'“„«(\[]*$")
 _DIGIT = re.compile(r"\d")
 _LETTERS = re.compile(r"[^\W\d_]")
 _OPENERS = re.compile(r"[\s\"'“„«(\[]*")
