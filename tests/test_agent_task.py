@@ -3,9 +3,9 @@
 A coding agent's run opens with one long task; a later user message (a harness's "provide
 exactly one action", a short follow-up) lets the window start after it, and the task leaves
 the context (31% of the swebench-mini builds at 8,000 tokens). With ``window.task_share``
-(off by default) the task is a pin: whole in the window, cut to its share of the budget
-(head and tail, with its handle) once the window moves, in the pinned layer once the
-window passes it; every path keeps the same.
+(off by default) the task is a pin: whole while it is the newest user message, cut to its
+share of the budget (head and tail, with its handle) when a later request's window must
+move, in the pinned layer once the window passes it; every path keeps the same.
 """
 
 from __future__ import annotations
@@ -123,6 +123,34 @@ def test_the_task_stays_after_a_later_user_message_and_is_cut_once_the_window_mo
     assert handle_for("m1") in action.reason and "window.task_share" in action.reason
     # once cut, the same bytes in every later build: the prefix stays cached
     assert len({task_in(b).fingerprint for b in builds[cut_at:]}) == 1  # type: ignore[union-attr]
+
+
+def test_the_task_is_sent_whole_while_it_is_the_newest_request() -> None:
+    """The newest user message is sent as the user wrote it, the task too: with no later
+    request the window moves (and, past 64 messages, starts after the task, pinned as
+    the request), and every build sends the task whole. (The rule used to cut it at the
+    window's first move: the request the model was answering, sent cut.)"""
+    run = coding_run(40, ())
+    builds = loop(run, BUDGET, TASK)
+    for i, built in enumerate(builds):
+        task = task_in(built)
+        assert task is not None and task.text == run[1].text, f"build {i}"
+        assert not any(a.strategy == "task" for a in built.audit.actions)
+    assert any(b.audit.prefix_break is not None for b in builds)  # the window moved
+    assert any(b.state.window_start > 1 for b in builds)  # and passed the task
+
+
+def test_a_later_request_does_not_cut_a_task_the_budget_holds() -> None:
+    """The task is cut when a later request's window must move, not because a later
+    request came: under a budget that holds the whole run nothing moves and nothing is
+    cut (the fit had remembered the whole task in the window as a cut one, and cut it at
+    the first build after the correction: 4 prefix breaks in a run that needed none)."""
+    run = coding_run()
+    budget = 20_000
+    assert TASK.window.task_share * budget < TokenCounter.for_model("gpt-4o").count_message(run[1])
+    builds = loop(run, budget, TASK)
+    assert all(b.audit.prefix_break is None for b in builds)
+    assert all(task_in(b).text == run[1].text for b in builds)  # type: ignore[union-attr]
 
 
 def test_without_the_rule_the_task_leaves_after_a_later_user_message() -> None:

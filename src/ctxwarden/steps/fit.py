@@ -166,10 +166,11 @@ class FitStep:
         task_cut = cut_action(new, ctx)  # the task sent cut, pinned or in the window
         if task_cut is not None:
             actions.append(task_cut)
-        form = draft.task_form
-        in_window = form is not None and (
-            any(m is form for m in window) or (draft.task == draft.newest and draft.task in pinned)
-        )  # (the task in its form, in the window or pinned as the request it is)
+        form = draft.task_form  # (the task itself while it is the newest request)
+        is_cut = (
+            form is not None and draft.task is not None and form is not draft.history[draft.task]
+        )
+        in_window = is_cut and any(m is form for m in window)  # the task sent cut in the window
         kept = _kept_from(original, window, actions) or _past_request(draft, start)
         new = new.with_memo("fit", FitMemo(kept, in_window))
         return StepResult(new, tuple(actions))

@@ -7,11 +7,14 @@ newest it stays; but one later user message (a harness's "provide exactly one ac
 short follow-up) and the window could start after it: the task left the context in 31%
 of the coding agent's builds at 8,000 tokens. The task
 (:func:`~ctxwarden.steps.window.agent_task`: the first user message, when the model
-answered it with a tool call) is now a pin: in the window it is protected and whole; once
-the window's start passes it, it joins the pinned layer, sent as :func:`task_form`: cut to
-``window.task_share`` of the budget (head and tail, with the whole message's handle). The
-cut is a function of the message and the budget, so it is the same bytes at every build,
-and it begins at the move of the window that rewrites the context anyway.
+answered it with a tool call) is now a pin: while it is the newest user message it is sent
+whole, as every request is (in the window, or pinned as the request a long turn's window
+passed); once a later request came, the first move of the window cuts it to
+``window.task_share`` of the budget (head and tail, with the whole message's handle:
+:func:`task_form`) before it drops anything, and once the window's start passes it, it
+joins the pinned layer so. The cut is a function of the message and the budget, so it is
+the same bytes at every build, and it begins at a move of the window that rewrites the
+context anyway.
 """
 
 from __future__ import annotations
@@ -58,10 +61,11 @@ def _cut(draft: Draft) -> tuple[Message, Message] | None:
 
 def cut_in_window(draft: Draft) -> Draft | None:
     """``draft`` with the task in its window sent as :func:`task_form`; ``None`` when the
-    window does not hold the task whole or its form is the task itself. The task stays in
-    the window while it is the newest user message (a run with no other request: the
-    window never starts after it); the fit cuts it at the first move of the window and in
-    every build after (its memo), as the pinned layer does once the window passes it."""
+    window does not hold the task whole or its form is the task itself (so while it is
+    the newest user message: :class:`~ctxwarden.steps.window.WindowStep` gives it no other
+    form then). The fit cuts it at the first move of the window after a later request,
+    and in every build after (its memo), as the pinned layer does once the window passes
+    it."""
     found = _cut(draft)
     if found is None:
         return None

@@ -322,7 +322,13 @@ class WindowStep:
             pinned=tuple(pinned),
             protected=frozenset(protected),
             task=task,
-            task_form=task_form(h[task], ctx) if task is not None else None,
+            # the newest request is sent whole (as any request is); a task, cut once a
+            # later request came (steps.task)
+            task_form=None
+            if task is None
+            else h[task]
+            if task == draft.newest
+            else task_form(h[task], ctx),
         ).with_memo("window", WindowMemo(flagged, upto, draft.newest, len(h)))
         return StepResult(new, actions)
 
