@@ -377,6 +377,18 @@ def test_tool_call_json_reply_round_trip(env: Env) -> None:
     assert env.stored(session)[-1]["tool_calls"][0]["id"] == "c1"
 
 
+def test_a_model_id_with_a_colon_is_looked_up_on_the_openai_route(env: Env) -> None:
+    """An Ollama model's id has a colon (``llama3.1:8b``): ``models.retrieve`` of one
+    neither side knows is OpenAI's 404, not Gemini's (whose routes are ``POST
+    /v1/models/MODEL:METHOD``); the schema test had found it with a generated id."""
+    env.upstream.reply(Reply(404, openai_error("no such model", "invalid_request_error")))
+    with pytest.raises(openai.NotFoundError) as missing:
+        env.client().models.retrieve("acme-llm:latest")
+    error = missing.value.response.json()["error"]
+    assert error["code"] == "model_not_found" and "acme-llm:latest" in error["message"]
+    assert "status" not in error  # (Gemini's shape: {"error": {"code": 404, "status": ...}})
+
+
 def test_models_retrieve_passes_the_upstreams_model_else_the_registrys(env: Env) -> None:
     """``client.models.retrieve``: the upstream's answer when it has the model (asked with
     the server's key, an OpenRouter-style id with a slash kept whole), else the registry's

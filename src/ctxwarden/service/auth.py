@@ -23,12 +23,14 @@ from ctxwarden.store.service_tables import tenant_by_key_hash
 __all__ = ["CurrentTenant", "authenticate", "hub_of", "is_gemini_path"]
 
 
-def is_gemini_path(path: str) -> bool:
-    """A Gemini API route: ``/v1beta/...``, or ``/v1/models/MODEL:METHOD`` (google-genai
-    calls the ``v1`` API unless told ``api_version="v1beta"``)."""
+def is_gemini_path(path: str, method: str) -> bool:
+    """A Gemini API route: ``/v1beta/...``, or ``POST /v1/models/MODEL:METHOD`` (google-genai
+    calls the ``v1`` API unless told ``api_version="v1beta"``). ``GET /v1/models/ID`` is the
+    OpenAI (or Anthropic) model lookup, whatever the id holds: an Ollama model's has a colon
+    (``llama3.1:8b``), and its 404 takes that route's shape, not Gemini's."""
     if path.startswith("/v1beta/"):
         return True
-    return path.startswith("/v1/models/") and ":" in path.rsplit("/", 1)[-1]
+    return method == "POST" and path.startswith("/v1/models/") and ":" in path.rsplit("/", 1)[-1]
 
 
 def hub_of(request: Request) -> Hub:
@@ -43,7 +45,7 @@ def _key(request: Request) -> str | None:
         if scheme.lower() == "bearer" and value.strip():
             return value.strip()
     key = request.headers.get("x-api-key") or request.headers.get("x-goog-api-key")
-    if not (key and key.strip()) and is_gemini_path(request.url.path):
+    if not (key and key.strip()) and is_gemini_path(request.url.path, request.method):
         key = request.query_params.get("key")
     return key.strip() if key and key.strip() else None
 

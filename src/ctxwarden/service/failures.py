@@ -35,7 +35,7 @@ def api_of(scope: Scope) -> str:
     ``/v1/messages`` and for the model routes when the request carries
     ``anthropic-version`` (the anthropic SDK's always does); OpenAI's everywhere else."""
     path: str = scope.get("path", "")
-    if is_gemini_path(path):
+    if is_gemini_path(path, scope.get("method", "")):
         return "gemini"
     if path.startswith("/v1/messages"):
         return "anthropic"
