@@ -131,6 +131,17 @@ def agent_task(history: Sequence[Message], sys_end: int) -> int | None:
     return i if reply.role == "assistant" and reply.tool_calls else None
 
 
+def _sent_task(
+    history: Sequence[Message], task: int | None, newest: int | None, ctx: StepContext
+) -> Message | None:
+    """The agent's task as the context sends it: whole while it is the newest user
+    message (as every request is), else its form (:func:`~ctxwarden.steps.task.task_form`:
+    cut to its share once a later request's window must move)."""
+    if task is None:
+        return None
+    return history[task] if task == newest else task_form(history[task], ctx)
+
+
 def is_pinned(message: Message) -> bool:
     return (message.pinned or message.priority == "critical") and message.role != "system"
 
@@ -322,13 +333,7 @@ class WindowStep:
             pinned=tuple(pinned),
             protected=frozenset(protected),
             task=task,
-            # the newest request is sent whole (as any request is); a task, cut once a
-            # later request came (steps.task)
-            task_form=None
-            if task is None
-            else h[task]
-            if task == draft.newest
-            else task_form(h[task], ctx),
+            task_form=_sent_task(h, task, draft.newest, ctx),
         ).with_memo("window", WindowMemo(flagged, upto, draft.newest, len(h)))
         return StepResult(new, actions)
 
