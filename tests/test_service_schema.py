@@ -1,9 +1,14 @@
 """The OpenAPI schema of ``ctxwarden serve`` checked by schemathesis against the running
 process: generated requests for every documented operation, authenticated as a tenant,
-never get a 5xx, and answers match the schema."""
+never get a 5xx, and answers match the schema.
+
+Under CI (``CI`` set) the cases are drawn from a fixed seed, so a run repeats the last one
+(a rare path found at random failed the suite at random: a model id with a colon); on a
+developer's machine each run draws new ones, to keep finding them."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,7 +46,7 @@ def test_operations_follow_the_schema(served: tuple[ProxyServer, str]) -> None:
 
         @given(case=operation.as_strategy())
         @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck),
-                  database=None)  # fmt: skip
+                  database=None, derandomize=bool(os.environ.get("CI")))  # fmt: skip
         def check(case: Any) -> None:
             # a schema-valid body may still be refused with a documented 400 (a tool
             # result without its call, a budget too small): positive acceptance is off
