@@ -49,10 +49,20 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["callgrind_control", "callgrind_instructions", "checkout_src", "main", "measure"]
+__all__ = [
+    "callgrind_command",
+    "callgrind_control",
+    "callgrind_counting",
+    "callgrind_instructions",
+    "checkout_src",
+    "main",
+    "measure",
+]
 
 _TOTALS = ("totals:", "summary:")
 _ROUTES = {
@@ -248,22 +258,17 @@ def _instructions_per_call(args: argparse.Namespace, src: Path | None) -> float:
     """Instructions per measured call under callgrind (with ``src`` first on the path)."""
     with tempfile.TemporaryDirectory(prefix="ctxwarden-callgrind-") as tmp:
         markers, out = Path(tmp), Path(tmp) / "callgrind.out"
-        valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
         proc = subprocess.Popen(
-            [*valgrind, f"--callgrind-out-file={out}", *_child(str(markers)), *_child_args(args)],
+            [*callgrind_command(out), *_child(str(markers)), *_child_args(args)],
             env=_environment(src),
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
         )
         try:
             _wait_for(markers / "ready", proc)
-            callgrind_control("-i", "on", proc.pid)
-            (markers / "go").touch()
-            _wait_for(markers / "done", proc)
-            callgrind_control("-i", "off", proc.pid)
-            callgrind_control(
-                "-d", proc.pid
-            )  # (the counts are in the dump, not in the file at exit)
+            with callgrind_counting(proc.pid):
+                (markers / "go").touch()
+                _wait_for(markers / "done", proc)
             (markers / "stop").touch()
             stdout, _ = proc.communicate(timeout=600)
         finally:
@@ -273,6 +278,25 @@ def _instructions_per_call(args: argparse.Namespace, src: Path | None) -> float:
             raise SystemExit(f"the process under callgrind failed (exit {proc.returncode})")
         calls, _cpu = json.loads(stdout.decode().strip().splitlines()[-1])
         return callgrind_instructions(out) / int(calls)
+
+
+def callgrind_command(out: Path) -> list[str]:
+    """The command that runs a process under callgrind, writing to ``out``, counting
+    nothing until switched on (:func:`callgrind_counting`)."""
+    return ["valgrind", "-q", "--tool=callgrind", "--instr-atstart=no",
+            f"--callgrind-out-file={out}"]  # fmt: skip
+
+
+@contextmanager
+def callgrind_counting(pid: int) -> Iterator[None]:
+    """Callgrind counts ``pid``'s instructions while the block runs, then dumps them (the
+    counts are in the dump, not in the file at exit). Nothing is dumped when the block
+    fails: its caller reads no count then, and the failure is not hidden by a control
+    call on a process that may be gone."""
+    callgrind_control("-i", "on", pid)
+    yield
+    callgrind_control("-i", "off", pid)
+    callgrind_control("-d", pid)
 
 
 def callgrind_control(*words: object) -> None:

@@ -46,7 +46,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,11 @@ from ctxwarden_bench.local_servers import LocalJSONServer, serving
 from ctxwarden_bench.machine_speed import REFERENCE_LOOP, reference_ms
 from ctxwarden_bench.process_cpu import read_cpu, seconds_between
 from ctxwarden_bench.proxy import _build_seconds, percentile_ms
-from ctxwarden_bench.proxy_cost import callgrind_control, callgrind_instructions
+from ctxwarden_bench.proxy_cost import (
+    callgrind_command,
+    callgrind_counting,
+    callgrind_instructions,
+)
 from ctxwarden_bench.proxy_targets import ADDED_P50_MS, CPU_MS_PER_REQUEST, Verdict
 from ctxwarden_bench.retention import Retention, engine_builder, policy_file
 from ctxwarden_bench.swebench import BUDGETS, load_swebench, swebench_retention
@@ -297,30 +301,13 @@ def _serving(
 ) -> Iterator[tuple[Any, str]]:
     """``ctxwarden serve`` on ``db`` in a new process, forwarding to ``upstream_url``:
     the process and its ``/v1`` base URL; stopped on the way out. With ``counted``, under
-    callgrind (writing there), instrumented only once switched on (:func:`_counting`)."""
-    wrapper: list[str] = []
-    if counted is not None:
-        wrapper = ["valgrind", "-q", "--tool=callgrind", "--instr-atstart=no",
-                   f"--callgrind-out-file={counted}"]  # fmt: skip
+    callgrind (writing there), counting only once switched on
+    (:func:`~ctxwarden_bench.proxy_cost.callgrind_counting`)."""
+    wrapper = callgrind_command(counted) if counted is not None else []
     args = ["--db", db, "--upstream", upstream_url, *served]
     timeout = 600.0 if counted else 30.0  # valgrind starts the interpreter ~50x slower
     with serving(args, wrapper=wrapper, timeout=timeout) as (proxy, base):
         yield proxy, base + "/v1"
-
-
-@contextmanager
-def _counting(pid: int, on: bool) -> Iterator[None]:
-    """Callgrind's instrumentation of ``pid`` on for the block and its counts dumped
-    after it (nothing when ``on`` is false)."""
-    if not on:
-        yield
-        return
-    callgrind_control("-i", "on", pid)
-    try:
-        yield
-    finally:
-        callgrind_control("-i", "off", pid)
-        callgrind_control("-d", pid)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -388,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
                     sent = Recorded(builder)
                     speed0 = reference_ms()
                     cpu0, built0 = read_cpu(proxy.pid), _build_seconds(base, "responses")
-                    with _counting(proxy.pid, counted is not None):
+                    with callgrind_counting(proxy.pid) if counted else nullcontext():
                         proxied = swebench_retention(runs, budget, sent)
                     cpu = seconds_between(cpu0, read_cpu(proxy.pid))
                     built1 = _build_seconds(base, "responses")
@@ -403,14 +390,13 @@ def main(argv: list[str] | None = None) -> int:
                 same = sum(a == b for a, b in zip(reference.contexts, sent.contexts, strict=True))
                 unequal += len(sent.contexts) - same
                 instructions = callgrind_instructions(counted) / calls if counted else None
-                note = (f"proxy CPU {cpu_ms:.1f} ms/call, sync+build {build_ms:.1f} ms, "
-                        f"{args.client} call p50 {p50:.1f} ms (direct {direct_p50:.1f}: "
-                        f"{p50 - direct_p50:+.1f}), {same}/{len(sent.contexts)} "
-                        "contexts equal to the library's")  # fmt: skip
-                if instructions is not None:
-                    note = (f"proxy {instructions / 1e6:.2f}M instructions/call "
-                            f"(callgrind), {same}/{len(sent.contexts)} contexts equal to "
-                            "the library's")  # fmt: skip
+                equal = f"{same}/{len(sent.contexts)} contexts equal to the library's"
+                if instructions is None:
+                    note = (f"proxy CPU {cpu_ms:.1f} ms/call, sync+build {build_ms:.1f} ms, "
+                            f"{args.client} call p50 {p50:.1f} ms (direct {direct_p50:.1f}: "
+                            f"{p50 - direct_p50:+.1f}), {equal}")  # fmt: skip
+                else:
+                    note = f"proxy {instructions / 1e6:.2f}M instructions/call (callgrind), {equal}"
                 print(_row("proxy", proxied, budget, note), flush=True)
                 verdicts = [] if counted else _verdicts(cpu_ms, p50 - direct_p50)
                 if verdicts:
