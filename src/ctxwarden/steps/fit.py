@@ -31,7 +31,7 @@ from ctxwarden.core.pairing import Block, group_blocks
 from ctxwarden.steps.base import Action, Draft, LedgerBlocks, StepContext, StepResult
 from ctxwarden.steps.memos import memo_of, register_memo
 from ctxwarden.steps.state import PREFIX_DIGITS
-from ctxwarden.steps.task import cut_action, cut_in_window
+from ctxwarden.steps.task import cut_action, cut_in_window, sent_cut_in
 from ctxwarden.steps.window import is_pinned, long_turn
 
 __all__ = [
@@ -166,11 +166,7 @@ class FitStep:
         task_cut = cut_action(new, ctx)  # the task sent cut, pinned or in the window
         if task_cut is not None:
             actions.append(task_cut)
-        form = draft.task_form  # (the task itself while it is the newest request)
-        is_cut = (
-            form is not None and draft.task is not None and form is not draft.history[draft.task]
-        )
-        in_window = is_cut and any(m is form for m in window)  # the task sent cut in the window
+        in_window = sent_cut_in(draft, window)  # (the task itself while it is the newest request)
         kept = _kept_from(original, window, actions) or _past_request(draft, start)
         new = new.with_memo("fit", FitMemo(kept, in_window))
         return StepResult(new, tuple(actions))

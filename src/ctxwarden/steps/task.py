@@ -19,12 +19,14 @@ context anyway.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ctxwarden.core.handles import handle_for
 from ctxwarden.core.messages import Message
 from ctxwarden.cutters.text import truncate_text
 from ctxwarden.steps.base import Action, Draft, StepContext
 
-__all__ = ["TASK_STEP", "cut_action", "cut_in_window", "task_form", "task_share"]
+__all__ = ["TASK_STEP", "cut_action", "cut_in_window", "sent_cut_in", "task_form", "task_share"]
 
 TASK_STEP = "task"
 """The strategy the cut's action names in the audit."""
@@ -57,6 +59,12 @@ def _cut(draft: Draft) -> tuple[Message, Message] | None:
     if at is None or form is None or form is draft.history[at]:
         return None
     return draft.history[at], form
+
+
+def sent_cut_in(draft: Draft, window: Sequence[Message]) -> bool:
+    """Whether ``window`` sends the task cut (its form, not the task itself)."""
+    found = _cut(draft)
+    return found is not None and any(m is found[1] for m in window)
 
 
 def cut_in_window(draft: Draft) -> Draft | None:
